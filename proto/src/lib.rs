@@ -1,0 +1,14 @@
+//! fjord's vocabulary: identifiers, positions, keys and (later) wire messages.
+//!
+//! This is the leaf crate of the workspace. It has no sockets, no files and no async
+//! runtime, so that every service and the extension can share it and so that its decoders
+//! can be fuzzed in isolation. Validation happens here, when bytes or text become domain
+//! types: a value of a type from this crate is always well-formed.
+
+pub mod id;
+pub mod lsn;
+pub mod reltag;
+
+pub use id::{IdParseError, TenantId, TimelineId};
+pub use lsn::{Lsn, LsnParseError};
+pub use reltag::{BlockNumber, ForkNumber, Oid, RelTag};
