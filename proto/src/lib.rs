@@ -6,9 +6,11 @@
 //! types: a value of a type from this crate is always well-formed.
 
 pub mod id;
+pub mod key;
 pub mod lsn;
 pub mod reltag;
 
 pub use id::{IdParseError, TenantId, TimelineId};
+pub use key::{Key, KeyError, KeyKind, KeyRange, SlruKind, KEY_SIZE_BYTES};
 pub use lsn::{Lsn, LsnParseError};
 pub use reltag::{BlockNumber, ForkNumber, Oid, RelTag};
