@@ -1,1 +1,1 @@
-//! placeholder
+//! Placeholder: this crate has no code yet (see README.md).

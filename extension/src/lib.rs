@@ -1,1 +1,30 @@
-//! placeholder
+//! The `fjord` PostgreSQL extension: the compute node's half of fjord.
+//!
+//! Loaded through `shared_preload_libraries`, it installs fjord's storage manager through
+//! the `smgr_select_hook` that patch 0001 adds to PostgreSQL. Today that storage manager
+//! is a pass-through to md.c that counts what goes through it: the hook path is exercised
+//! for real by every test, and later work makes permanent relations read from the
+//! pageserver instead. `CREATE EXTENSION fjord` adds SQL functions in the `fjord` schema
+//! that show what the extension is doing.
+//!
+//! Invariant: nothing here runs unless the library was preloaded. Loaded any other way
+//! (a plain `LOAD` or `CREATE EXTENSION` without preloading), the functions report the
+//! storage manager as inactive; they never install hooks mid-session, because backends
+//! that started earlier would keep md.c and the cluster would disagree with itself.
+
+use pgrx::prelude::*;
+
+mod smgr;
+mod status;
+
+::pgrx::pg_module_magic!(name, version);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    // SAFETY: a plain read of a PostgreSQL global from the process that is loading us.
+    let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
+    if !preloading {
+        return;
+    }
+    smgr::install();
+}

@@ -76,13 +76,23 @@ SRC
     apt-get update -qq
 }
 
+# Bump when the build recipe below changes in a way that changes its output.
+PG_BUILD_RECIPE=1
+PG_CFLAGS="-O2 -g -fno-omit-frame-pointer"
+
 pg_build_key() {
+    local p
     {
+        echo "recipe $PG_BUILD_RECIPE"
         echo "$PG_DEB_VERSION"
         sha256sum "$PG_TARBALL" | cut -d' ' -f1
-        cat "$FJORD_ROOT"/compute/patches/*.patch
+        # Only the diffs matter, not the patches' descriptive headers.
+        for p in "$FJORD_ROOT"/compute/patches/*.patch; do
+            basename "$p"
+            sed -n '/^diff /,$p' "$p"
+        done
         pg_configure_flags
-        cat "$FJORD_ROOT/scripts/lib/postgres.sh"
+        echo "$PG_CFLAGS"
     } | sha256sum | cut -c1-16
 }
 
@@ -119,21 +129,36 @@ pg_build() {
     (
         cd "$tmp/src" &&
             ./configure --prefix="$PG_BUILD_DIR/install" $(pg_configure_flags) \
-                CFLAGS="-O2 -g -fno-omit-frame-pointer" >"$tmp/configure.log" 2>&1 &&
+                CFLAGS="$PG_CFLAGS" >"$tmp/configure.log" 2>&1 &&
             make -j"$jobs" world-bin >"$tmp/build.log" 2>&1 &&
             make -C src/test/regress -j"$jobs" all >>"$tmp/build.log" 2>&1 &&
             make install-world-bin >"$tmp/install.log" 2>&1
     ) || die "PostgreSQL build failed; see the logs in $tmp"
     # make install wrote to the final prefix; move the rest next to it.
-    mkdir -p "$tmp/regress"
-    local r="$tmp/src/src/test/regress"
-    cp -a "$r/pg_regress" "$r/regress.so" "$r/parallel_schedule" "$r/serial_schedule" \
-        "$r/resultmap" "$r/sql" "$r/expected" "$r/data" "$tmp/regress/"
-    rm -rf "$PG_BUILD_DIR/src" "$PG_BUILD_DIR/regress" "$PG_BUILD_DIR"/*.log
+    rm -rf "$PG_BUILD_DIR/src" "$PG_BUILD_DIR"/*.log
     mkdir -p "$PG_BUILD_DIR"
-    mv "$tmp/src" "$tmp/regress" "$tmp"/*.log "$PG_BUILD_DIR/"
+    mv "$tmp/src" "$tmp"/*.log "$PG_BUILD_DIR/"
     rmdir "$tmp"
     chmod -R a+rX "$PG_BUILD_DIR"
     touch "$PG_BUILD_DIR/.complete"
     log "PostgreSQL $upstream built"
+}
+
+# pg_regress_assemble: gathers what an installcheck-style run of the regression suite needs
+# into $PG_BUILD_DIR/regress: pg_regress, the suite's inputs, and the C libraries its tests
+# load (regress.so, and refint.so and autoinc.so from contrib/spi, which the triggers test
+# expects beside regress.so, as the regress Makefile arranges). Versioned by its own stamp
+# so that changing this step does not rebuild PostgreSQL.
+PG_REGRESS_RECIPE=2
+pg_regress_assemble() {
+    local stamp="$PG_BUILD_DIR/regress/.complete-$PG_REGRESS_RECIPE"
+    [ -f "$stamp" ] && return
+    local r="$PG_BUILD_DIR/src/src/test/regress" out="$PG_BUILD_DIR/regress"
+    rm -rf "$out"
+    mkdir -p "$out"
+    cp -a "$r/pg_regress" "$r/regress.so" "$r/parallel_schedule" "$r/resultmap" \
+        "$r/sql" "$r/expected" "$r/data" "$out/"
+    cp -a "$PG_BUILD_DIR/src/contrib/spi/refint.so" "$PG_BUILD_DIR/src/contrib/spi/autoinc.so" "$out/"
+    chmod -R a+rX "$out"
+    touch "$stamp"
 }

@@ -1,0 +1,40 @@
+"""pytest configuration for fjord's integration tests (see test_runner/README.md)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fixtures.paths import pg_bin_dir
+from fixtures.postgres import PgServer
+
+
+def pytest_sessionstart(session):
+    if os.geteuid() == 0:
+        pytest.exit("run the tests through ./scripts/test, which runs them as an unprivileged "
+                    "user: postgres refuses to run as root", returncode=2)
+    if not (pg_bin_dir() / "postgres").exists():
+        pytest.exit(f"no PostgreSQL build at {pg_bin_dir()}; run ./scripts/setup first", returncode=2)
+
+
+@pytest.fixture
+def pg_factory(tmp_path: Path):
+    """Makes PgServer instances in this test's directory and stops them all at the end."""
+    servers: list[PgServer] = []
+
+    def make(name: str = "pg", settings: dict[str, str] | None = None) -> PgServer:
+        server = PgServer(tmp_path, name, settings)
+        servers.append(server)
+        return server
+
+    yield make
+    for s in servers:
+        s.stop("immediate")
+
+
+@pytest.fixture
+def fjord_pg(pg_factory) -> PgServer:
+    """A running server from our build with the fjord library preloaded."""
+    return pg_factory("fjord", {"shared_preload_libraries": "'fjord'"}).initdb().start()
