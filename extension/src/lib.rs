@@ -16,6 +16,7 @@ use pgrx::prelude::*;
 
 mod smgr;
 mod status;
+mod walredo;
 
 ::pgrx::pg_module_magic!(name, version);
 

@@ -90,7 +90,7 @@ pub fn is_installed() -> bool {
     // SAFETY: a plain read of a hook pointer in our own process.
     let hook = unsafe { pg_sys::smgr_select_hook };
     // Compare addresses: the hook may have been replaced by another extension after us.
-    hook.map(|f| f as usize) == Some(fjord_smgr_select as usize)
+    hook.map(|f| f as *const () as usize) == Some(fjord_smgr_select as *const () as usize)
 }
 
 #[pg_guard]

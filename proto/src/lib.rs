@@ -9,6 +9,7 @@ pub mod id;
 pub mod key;
 pub mod lsn;
 pub mod reltag;
+pub mod walredo;
 
 pub use id::{IdParseError, TenantId, TimelineId};
 pub use key::{Key, KeyError, KeyKind, KeyRange, SlruKind, KEY_SIZE_BYTES};

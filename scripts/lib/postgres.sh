@@ -55,7 +55,10 @@ pg_fetch_source() {
 }
 
 ensure_deb_src() {
-    if apt-cache showsrc postgresql-15 2>/dev/null | grep -q '^Version: 15\.'; then
+    # Capture first: under pipefail, grep -q closing the pipe early would fail the check.
+    local served
+    served=$(apt-cache showsrc postgresql-15 2>/dev/null || true)
+    if grep -q '^Version: 15\.' <<<"$served"; then
         return
     fi
     [ "$(id -u)" -eq 0 ] || die "no deb-src entry for Debian's sources; run scripts/setup as root once"
