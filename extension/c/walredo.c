@@ -16,6 +16,9 @@
  *	 'P' push:   rel blkno page[8192]   -- the base image
  *	 'A' apply:  start_lsn u64 (0 if unknown) end_lsn u64 record[xl_tot_len]
  *	 'G' get:    rel blkno              -- answered with the 8192-byte page
+ *	 'M' mask:   rmid u8 blkno u32 page[8192] -- answered with the page after
+ *				 the resource manager's rm_mask (what wal_consistency_checking
+ *				 ignores: hint bits, unused space, page LSN and so on)
  *
  * Each message is a tag byte, a big-endian u32 payload length, then the
  * payload (integers big-endian).  Any error is FATAL: it is written to
@@ -588,6 +591,27 @@ get_page(const char *p, uint32 len)
 	write_exact(page.data, BLCKSZ);
 }
 
+/* Applies a resource manager's rm_mask to a page: for consistency checks. */
+static void
+mask_page(const char *p, uint32 len)
+{
+	uint8		rmid;
+	PGAlignedBlock page;
+
+	if (len != 1 + 4 + BLCKSZ)
+		ereport(FATAL,
+				(errcode(ERRCODE_PROTOCOL_VIOLATION),
+				 errmsg("wal redo: mask message has %u bytes, expected %d", len, 1 + 4 + BLCKSZ)));
+	rmid = (uint8) p[0];
+	if (rmid > RM_MAX_BUILTIN_ID || RmgrTable[rmid].rm_mask == NULL)
+		ereport(FATAL,
+				(errcode(ERRCODE_PROTOCOL_VIOLATION),
+				 errmsg("wal redo: resource manager %u has no mask function", rmid)));
+	memcpy(page.data, p + 5, BLCKSZ);
+	RmgrTable[rmid].rm_mask(page.data, get_u32(p + 1));
+	write_exact(page.data, BLCKSZ);
+}
+
 /* The largest message: a maximal WAL record plus its two LSNs. */
 /* PostgreSQL 15 caps a record at 1020 MB (XLogRecordMaxSize, private to xloginsert.c). */
 #define WAL_RECORD_BYTES_MAX (1020 * 1024 * 1024)
@@ -682,6 +706,9 @@ fjord_wal_redo_main(int argc, char *argv[])
 				break;
 			case 'G':
 				get_page(payload, len);
+				break;
+			case 'M':
+				mask_page(payload, len);
 				break;
 			default:
 				ereport(FATAL,

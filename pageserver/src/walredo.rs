@@ -41,10 +41,11 @@ pub struct WalRedoConfig {
 pub enum WalRedoError {
     #[error("could not start the wal redo process {bin}: {source}")]
     Spawn { bin: String, source: std::io::Error },
-    #[error("wal redo of block {blkno} of {rel} failed: {reason}; the redo process said: {stderr}")]
-    Failed { rel: RelTag, blkno: BlockNumber, reason: String, stderr: String },
-    #[error("wal redo of block {blkno} of {rel} timed out after {timeout:?}; the redo process said: {stderr}")]
-    Timeout { rel: RelTag, blkno: BlockNumber, timeout: Duration, stderr: String },
+    /// `what` names the request: "wal redo of block 7 of base/5/16384" or "masking ...".
+    #[error("{what} failed: {reason}; the redo process said: {stderr}")]
+    Failed { what: String, reason: String, stderr: String },
+    #[error("{what} timed out after {timeout:?}; the redo process said: {stderr}")]
+    Timeout { what: String, timeout: Duration, stderr: String },
 }
 
 /// One WAL record to replay, with the LSN where it ends (the LSN it is stored under).
@@ -246,8 +247,7 @@ impl WalRedoManager {
         if let Some(page) = base {
             if page.len() != PAGE_SIZE_BYTES {
                 return Err(WalRedoError::Failed {
-                    rel,
-                    blkno,
+                    what: format!("wal redo of block {blkno} of {rel}"),
                     reason: format!("base image has {} bytes, expected {PAGE_SIZE_BYTES}", page.len()),
                     stderr: String::new(),
                 });
@@ -260,10 +260,32 @@ impl WalRedoManager {
         }
         WalRedoRequest::GetPage { rel, blkno }.encode(&mut msg);
 
+        self.exchange(&msg, || format!("wal redo of block {blkno} of {rel}"))
+    }
+
+    /// Applies PostgreSQL's own `rm_mask` of resource manager `rmid` to `page` (block
+    /// `blkno`): what `wal_consistency_checking` ignores when it compares pages (hint bits,
+    /// unused space, the page LSN). For consistency checks in tests and tools.
+    pub fn mask_page(&self, rmid: u8, blkno: BlockNumber, page: &[u8]) -> Result<Bytes, WalRedoError> {
+        let what = || format!("masking block {blkno} for resource manager {rmid}");
+        if page.len() != PAGE_SIZE_BYTES {
+            return Err(WalRedoError::Failed {
+                what: what(),
+                reason: format!("the page has {} bytes, expected {PAGE_SIZE_BYTES}", page.len()),
+                stderr: String::new(),
+            });
+        }
+        let mut msg = Vec::with_capacity(PAGE_SIZE_BYTES + 16);
+        WalRedoRequest::MaskPage { rmid, blkno, page: page.to_vec() }.encode(&mut msg);
+        self.exchange(&msg, what)
+    }
+
+    /// Sends `msg` to a process of the pool and reads one page back.
+    fn exchange(&self, msg: &[u8], what: impl Fn() -> String) -> Result<Bytes, WalRedoError> {
         let mut process = self.checkout()?;
         let deadline = Instant::now() + self.config.request_timeout;
         let mut page = vec![0u8; PAGE_SIZE_BYTES];
-        let result = write_all_until(&mut process.stdin, &msg, deadline)
+        let result = write_all_until(&mut process.stdin, msg, deadline)
             .and_then(|()| read_exact_until(&mut process.stdout, &mut page, deadline));
         match result {
             Ok(()) => {
@@ -276,8 +298,8 @@ impl WalRedoManager {
                 drop(process);
                 self.release_slot();
                 Err(match failure {
-                    IoFailure::Timeout => WalRedoError::Timeout { rel, blkno, timeout: self.config.request_timeout, stderr },
-                    IoFailure::Failed(reason) => WalRedoError::Failed { rel, blkno, reason, stderr },
+                    IoFailure::Timeout => WalRedoError::Timeout { what: what(), timeout: self.config.request_timeout, stderr },
+                    IoFailure::Failed(reason) => WalRedoError::Failed { what: what(), reason, stderr },
                 })
             }
         }

@@ -242,3 +242,24 @@ fn concurrent_requests_share_a_bounded_pool() {
     }
     assert!(redo.processes_running() <= 2);
 }
+
+#[test]
+fn masks_pages_with_postgres_rm_mask() {
+    let redo = manager(1);
+    let h = &heap_insert_histories(1)[0];
+    let page = redo.redo(h.rel, h.blkno, h.base.as_deref(), &h.records).expect("redo");
+    // heap_mask ignores the page LSN (and hint bits): two pages differing only there are
+    // equal once masked, and the mask leaves the tuples alone.
+    let mut other_lsn = page.to_vec();
+    other_lsn[0..8].copy_from_slice(&[0xAB; 8]);
+    let a = redo.mask_page(RM_HEAP_ID, h.blkno, &page).expect("mask");
+    let b = redo.mask_page(RM_HEAP_ID, h.blkno, &other_lsn).expect("mask");
+    assert_eq!(a, b);
+    assert_eq!(line_pointers(&a), line_pointers(&page));
+    assert_ne!(a, page, "the mask changed something (at least the LSN)");
+
+    // The XLOG resource manager has no mask function: a clear error, and the pool goes on.
+    let err = redo.mask_page(0, h.blkno, &page).expect_err("no mask for RM_XLOG_ID");
+    assert!(err.to_string().contains("has no mask function"), "{err}");
+    redo.mask_page(RM_HEAP_ID, h.blkno, &page).expect("the next request works");
+}

@@ -11,9 +11,12 @@
 //! | `P` | push page | rel block, 8192-byte page | none |
 //! | `A` | apply record | start LSN `u64` (0 if unknown), end LSN `u64`, the whole WAL record | none |
 //! | `G` | get page | rel block | the 8192-byte page |
+//! | `M` | mask page | resource manager id `u8`, block number `u32`, 8192-byte page | the page after that resource manager's `rm_mask` |
 //!
 //! A request is `B`, then optionally `P` (the base image), then any number of `A` in LSN
-//! order, then `G`. The process answers nothing else: any error is fatal for it, and its
+//! order, then `G`. `M` stands alone: it applies PostgreSQL's own masking (what
+//! `wal_consistency_checking` ignores: hint bits, unused space, the page LSN) so that tests
+//! can compare pages as PostgreSQL itself would. The process answers nothing else: any error is fatal for it, and its
 //! message goes to stderr. The decoder exists for tests and fuzzing of the encoder's
 //! counterpart; it validates everything the C side validates.
 
@@ -31,6 +34,7 @@ pub enum WalRedoRequest {
     PushPage { rel: RelTag, blkno: BlockNumber, page: Vec<u8> },
     ApplyRecord { start_lsn: Lsn, end_lsn: Lsn, record: Vec<u8> },
     GetPage { rel: RelTag, blkno: BlockNumber },
+    MaskPage { rmid: u8, blkno: BlockNumber, page: Vec<u8> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -97,6 +101,12 @@ impl WalRedoRequest {
                 put_rel_block(buf, rel, *blkno);
                 b'G'
             }
+            WalRedoRequest::MaskPage { rmid, blkno, page } => {
+                buf.push(*rmid);
+                buf.extend_from_slice(&blkno.0.to_be_bytes());
+                buf.extend_from_slice(page);
+                b'M'
+            }
         };
         let len = u32::try_from(buf.len() - start - 5).expect("wal redo message fits in u32");
         buf[start] = tag;
@@ -120,6 +130,7 @@ impl WalRedoRequest {
                     return Err(WalRedoProtocolError::BadPageSize(len - REL_BLOCK_BYTES));
                 }
             }
+            b'M' => check_len(len == 5 + PAGE_SIZE_BYTES, "5 + 8192")?,
             b'A' => check_len((16 + 24..=MESSAGE_BYTES_MAX).contains(&len), "between 40 and the maximal record")?,
             other => return Err(WalRedoProtocolError::UnknownTag(other)),
         }
@@ -141,6 +152,7 @@ impl WalRedoRequest {
                 let (rel, blkno) = get_rel_block(p)?;
                 WalRedoRequest::PushPage { rel, blkno, page: p[REL_BLOCK_BYTES..].to_vec() }
             }
+            b'M' => WalRedoRequest::MaskPage { rmid: p[0], blkno: BlockNumber(be_u32(&p[1..])), page: p[5..].to_vec() },
             _ => WalRedoRequest::ApplyRecord {
                 start_lsn: Lsn(be_u64(p)),
                 end_lsn: Lsn(be_u64(&p[8..])),
@@ -171,6 +183,11 @@ mod tests {
             (rel_strategy(), any::<u32>()).prop_map(|(rel, b)| WalRedoRequest::GetPage { rel, blkno: BlockNumber(b) }),
             (rel_strategy(), any::<u32>(), any::<u8>()).prop_map(|(rel, b, fill)| WalRedoRequest::PushPage {
                 rel,
+                blkno: BlockNumber(b),
+                page: vec![fill; PAGE_SIZE_BYTES]
+            }),
+            (any::<u8>(), any::<u32>(), any::<u8>()).prop_map(|(rmid, b, fill)| WalRedoRequest::MaskPage {
+                rmid,
                 blkno: BlockNumber(b),
                 page: vec![fill; PAGE_SIZE_BYTES]
             }),
