@@ -1,0 +1,334 @@
+//! Byte forms of the values under the pageserver's non-page keys: directories, sizes and
+//! the checkpoint.
+//!
+//! A directory is a set, stored whole under one key and rewritten when it changes:
+//!
+//! ```text
+//! [kind u8][version u8][count u32 LE][entry]...      entries strictly ascending
+//! ```
+//!
+//! | directory | kind | entry (little-endian) |
+//! |---|---|---|
+//! | databases | `D` | spcnode `u32`, dbnode `u32` (8 bytes) |
+//! | relations of one database | `R` | relnode `u32`, fork `u8` (5 bytes) |
+//! | segments of one SLRU | `S` | segno `u32` (4 bytes) |
+//! | prepared transactions | `T` | xid `u32` (4 bytes) |
+//!
+//! A relation fork's or SLRU segment's size is a `u32` LE block count (4 bytes). The
+//! checkpoint is `[version u8 = 1][start LSN u64 LE][the whole checkpoint WAL record]`:
+//! the record, not a struct of our own, so that only `pgwal` knows the `CheckPoint` layout.
+//!
+//! Invariants: each value has exactly one byte form (sorted, no duplicates, exact length),
+//! so equal sets are equal bytes; every decoder validates kind, version, length, order and
+//! field ranges and returns a [`DecodeError`] naming what is wrong, never panics. The kind
+//! byte differs per directory so that a value read under the wrong key fails loudly.
+
+use std::collections::BTreeSet;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use proto::{ForkNumber, Lsn, Oid};
+
+/// The version of every directory encoding written by this build.
+pub const DIRECTORY_VERSION: u8 = 1;
+/// The version of the checkpoint value written by this build.
+pub const CHECKPOINT_VALUE_VERSION: u8 = 1;
+
+const HEADER_BYTES: usize = 6;
+
+/// Stored bytes that are not a valid value of the kind expected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what}: {reason}")]
+pub struct DecodeError {
+    pub what: &'static str,
+    pub reason: String,
+}
+
+fn err(what: &'static str, reason: impl Into<String>) -> DecodeError {
+    DecodeError { what, reason: reason.into() }
+}
+
+/// One kind of directory: its name in errors, kind byte and entry codec.
+trait Entry: Ord + Copy {
+    const WHAT: &'static str;
+    const KIND: u8;
+    const LEN: usize;
+    fn put(&self, buf: &mut BytesMut);
+    fn get(bytes: &[u8]) -> Result<Self, String>;
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn encode_set<T: Entry>(set: &BTreeSet<T>) -> Bytes {
+    let mut buf = BytesMut::with_capacity(HEADER_BYTES + set.len() * T::LEN);
+    buf.put_u8(T::KIND);
+    buf.put_u8(DIRECTORY_VERSION);
+    let count = u32::try_from(set.len()).expect("a directory has fewer than 2^32 entries");
+    buf.put_u32_le(count);
+    for entry in set {
+        entry.put(&mut buf);
+    }
+    buf.freeze()
+}
+
+fn decode_set<T: Entry>(bytes: &[u8]) -> Result<BTreeSet<T>, DecodeError> {
+    if bytes.len() < HEADER_BYTES {
+        return Err(err(T::WHAT, format!("{} bytes, shorter than the {HEADER_BYTES}-byte header", bytes.len())));
+    }
+    if bytes[0] != T::KIND {
+        return Err(err(T::WHAT, format!("kind byte {:#04x}, expected {:#04x}", bytes[0], T::KIND)));
+    }
+    if bytes[1] != DIRECTORY_VERSION {
+        return Err(err(T::WHAT, format!("format version {}, this build reads only version {DIRECTORY_VERSION}", bytes[1])));
+    }
+    let count = u32_at(bytes, 2) as usize;
+    let expected = count.checked_mul(T::LEN).and_then(|n| n.checked_add(HEADER_BYTES));
+    if expected != Some(bytes.len()) {
+        return Err(err(T::WHAT, format!("{count} entries announced in {} bytes", bytes.len())));
+    }
+    let mut set = BTreeSet::new();
+    let mut last: Option<T> = None;
+    for (i, chunk) in bytes[HEADER_BYTES..].chunks_exact(T::LEN).enumerate() {
+        let entry = T::get(chunk).map_err(|reason| err(T::WHAT, format!("entry {i}: {reason}")))?;
+        if last.is_some_and(|l| l >= entry) {
+            return Err(err(T::WHAT, format!("entry {i} is not in ascending order")));
+        }
+        last = Some(entry);
+        set.insert(entry);
+    }
+    Ok(set)
+}
+
+/// A database: (tablespace, database) oids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DbEntry {
+    pub spcnode: Oid,
+    pub dbnode: Oid,
+}
+
+impl Entry for DbEntry {
+    const WHAT: &'static str = "database directory";
+    const KIND: u8 = b'D';
+    const LEN: usize = 8;
+    fn put(&self, buf: &mut BytesMut) {
+        buf.put_u32_le(self.spcnode);
+        buf.put_u32_le(self.dbnode);
+    }
+    fn get(b: &[u8]) -> Result<Self, String> {
+        Ok(DbEntry { spcnode: u32_at(b, 0), dbnode: u32_at(b, 4) })
+    }
+}
+
+/// A relation fork inside one database's directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RelEntry {
+    pub relnode: Oid,
+    pub forknum: ForkNumber,
+}
+
+impl Entry for RelEntry {
+    const WHAT: &'static str = "relation directory";
+    const KIND: u8 = b'R';
+    const LEN: usize = 5;
+    fn put(&self, buf: &mut BytesMut) {
+        buf.put_u32_le(self.relnode);
+        buf.put_u8(self.forknum as u8);
+    }
+    fn get(b: &[u8]) -> Result<Self, String> {
+        let relnode = u32_at(b, 0);
+        if relnode == 0 {
+            return Err("relnode 0 is not a relation".into());
+        }
+        let forknum = ForkNumber::from_u8(b[4]).ok_or_else(|| format!("invalid fork number {}", b[4]))?;
+        Ok(RelEntry { relnode, forknum })
+    }
+}
+
+/// A number stored as a 4-byte entry: an SLRU segment or a prepared transaction's xid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct U32Entry<const KIND: u8>(u32);
+
+impl Entry for U32Entry<b'S'> {
+    const WHAT: &'static str = "SLRU directory";
+    const KIND: u8 = b'S';
+    const LEN: usize = 4;
+    fn put(&self, buf: &mut BytesMut) {
+        buf.put_u32_le(self.0);
+    }
+    fn get(b: &[u8]) -> Result<Self, String> {
+        Ok(U32Entry(u32_at(b, 0)))
+    }
+}
+
+impl Entry for U32Entry<b'T'> {
+    const WHAT: &'static str = "two-phase directory";
+    const KIND: u8 = b'T';
+    const LEN: usize = 4;
+    fn put(&self, buf: &mut BytesMut) {
+        buf.put_u32_le(self.0);
+    }
+    fn get(b: &[u8]) -> Result<Self, String> {
+        let xid = u32_at(b, 0);
+        if xid < 3 {
+            return Err(format!("xid {xid} is not a normal transaction id"));
+        }
+        Ok(U32Entry(xid))
+    }
+}
+
+pub fn encode_db_dir(dbs: &BTreeSet<DbEntry>) -> Bytes {
+    encode_set(dbs)
+}
+
+pub fn decode_db_dir(bytes: &[u8]) -> Result<BTreeSet<DbEntry>, DecodeError> {
+    decode_set(bytes)
+}
+
+pub fn encode_rel_dir(rels: &BTreeSet<RelEntry>) -> Bytes {
+    encode_set(rels)
+}
+
+pub fn decode_rel_dir(bytes: &[u8]) -> Result<BTreeSet<RelEntry>, DecodeError> {
+    decode_set(bytes)
+}
+
+pub fn encode_slru_dir(segments: &BTreeSet<u32>) -> Bytes {
+    encode_set(&segments.iter().map(|&s| U32Entry::<b'S'>(s)).collect())
+}
+
+pub fn decode_slru_dir(bytes: &[u8]) -> Result<BTreeSet<u32>, DecodeError> {
+    Ok(decode_set::<U32Entry<b'S'>>(bytes)?.into_iter().map(|e| e.0).collect())
+}
+
+pub fn encode_twophase_dir(xids: &BTreeSet<u32>) -> Bytes {
+    encode_set(&xids.iter().map(|&x| U32Entry::<b'T'>(x)).collect())
+}
+
+pub fn decode_twophase_dir(bytes: &[u8]) -> Result<BTreeSet<u32>, DecodeError> {
+    Ok(decode_set::<U32Entry<b'T'>>(bytes)?.into_iter().map(|e| e.0).collect())
+}
+
+/// A relation fork's or SLRU segment's length in blocks.
+pub fn encode_block_count(blocks: u32) -> Bytes {
+    Bytes::copy_from_slice(&blocks.to_le_bytes())
+}
+
+pub fn decode_block_count(bytes: &[u8]) -> Result<u32, DecodeError> {
+    let b: [u8; 4] = bytes.try_into().map_err(|_| err("block count", format!("{} bytes, expected 4", bytes.len())))?;
+    Ok(u32::from_le_bytes(b))
+}
+
+/// The latest checkpoint: the whole WAL record and the LSN it starts at.
+pub fn encode_checkpoint(start_lsn: Lsn, record: &[u8]) -> Bytes {
+    let mut buf = BytesMut::with_capacity(9 + record.len());
+    buf.put_u8(CHECKPOINT_VALUE_VERSION);
+    buf.put_u64_le(start_lsn.0);
+    buf.put_slice(record);
+    buf.freeze()
+}
+
+/// The start LSN and the record bytes; the record itself is checked by `pgwal` when parsed.
+pub fn decode_checkpoint(bytes: &Bytes) -> Result<(Lsn, Bytes), DecodeError> {
+    const WHAT: &str = "checkpoint value";
+    if bytes.len() < 9 {
+        return Err(err(WHAT, format!("{} bytes, shorter than the 9-byte header", bytes.len())));
+    }
+    if bytes[0] != CHECKPOINT_VALUE_VERSION {
+        return Err(err(WHAT, format!("format version {}, this build reads only version {CHECKPOINT_VALUE_VERSION}", bytes[0])));
+    }
+    let lsn = Lsn(u64::from_le_bytes(bytes[1..9].try_into().expect("8 bytes")));
+    Ok((lsn, bytes.slice(9..)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rel(relnode: Oid, fork: u8) -> RelEntry {
+        RelEntry { relnode, forknum: ForkNumber::from_u8(fork).unwrap() }
+    }
+
+    #[test]
+    fn golden_rel_dir() {
+        let set: BTreeSet<RelEntry> = [rel(16384, 0), rel(1259, 2), rel(16384, 3)].into();
+        let bytes = encode_rel_dir(&set);
+        let expected: Vec<u8> = [
+            &[b'R', 1, 3, 0, 0, 0][..],
+            &[0xEB, 0x04, 0, 0, 2],
+            &[0x00, 0x40, 0, 0, 0],
+            &[0x00, 0x40, 0, 0, 3],
+        ]
+        .concat();
+        assert_eq!(&bytes[..], &expected[..]);
+        assert_eq!(decode_rel_dir(&bytes).unwrap(), set);
+        assert_eq!(decode_rel_dir(&encode_rel_dir(&BTreeSet::new())).unwrap(), BTreeSet::new());
+    }
+
+    #[test]
+    fn corrupt_directories_are_refused_with_the_reason() {
+        let good = encode_rel_dir(&[rel(5, 0), rel(6, 0)].into()).to_vec();
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (vec![], "invalid relation directory: 0 bytes, shorter than the 6-byte header"),
+            (good[..good.len() - 1].to_vec(), "invalid relation directory: 2 entries announced in 15 bytes"),
+            ([&good[..], &[0]].concat(), "invalid relation directory: 2 entries announced in 17 bytes"),
+            ({ let mut b = good.clone(); b[0] = b'D'; b }, "invalid relation directory: kind byte 0x44, expected 0x52"),
+            ({ let mut b = good.clone(); b[1] = 2; b }, "invalid relation directory: format version 2, this build reads only version 1"),
+            ({ let mut b = good.clone(); b[10] = 9; b }, "invalid relation directory: entry 0: invalid fork number 9"),
+            ({ let mut b = good.clone(); b[6] = 0; b }, "invalid relation directory: entry 0: relnode 0 is not a relation"),
+            ({ let mut b = good.clone(); b[11] = 5; b }, "invalid relation directory: entry 1 is not in ascending order"),
+            (
+                { let mut b = good.clone(); b[2] = 0xff; b[5] = 0xff; b },
+                "invalid relation directory: 4278190335 entries announced in 16 bytes",
+            ),
+        ];
+        for (bytes, message) in cases {
+            assert_eq!(decode_rel_dir(&bytes).unwrap_err().to_string(), message);
+        }
+        // A database directory is not a relation directory, and vice versa.
+        let dbs = encode_db_dir(&[DbEntry { spcnode: 1663, dbnode: 5 }].into());
+        assert!(decode_rel_dir(&dbs).is_err());
+        assert!(decode_slru_dir(&dbs).is_err());
+        assert_eq!(
+            decode_twophase_dir(&encode_set(&[U32Entry::<b'T'>(2)].into())).unwrap_err().to_string(),
+            "invalid two-phase directory: entry 0: xid 2 is not a normal transaction id"
+        );
+        assert_eq!(decode_block_count(&[1, 2, 3]).unwrap_err().to_string(), "invalid block count: 3 bytes, expected 4");
+        assert!(decode_checkpoint(&Bytes::from_static(&[2, 0, 0, 0, 0, 0, 0, 0, 0])).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn directories_round_trip(
+            dbs in proptest::collection::btree_set((any::<u32>(), any::<u32>()), 0..50),
+            rels in proptest::collection::btree_set((1..u32::MAX, 0u8..4), 0..50),
+            segs in proptest::collection::btree_set(any::<u32>(), 0..50),
+            xids in proptest::collection::btree_set(3..u32::MAX, 0..50),
+            blocks in any::<u32>(),
+            lsn in any::<u64>(),
+            record in proptest::collection::vec(any::<u8>(), 0..100),
+        ) {
+            let dbs: BTreeSet<DbEntry> = dbs.into_iter().map(|(spcnode, dbnode)| DbEntry { spcnode, dbnode }).collect();
+            prop_assert_eq!(decode_db_dir(&encode_db_dir(&dbs)).unwrap(), dbs);
+            let rels: BTreeSet<RelEntry> = rels.into_iter().map(|(r, f)| rel(r, f)).collect();
+            prop_assert_eq!(decode_rel_dir(&encode_rel_dir(&rels)).unwrap(), rels);
+            prop_assert_eq!(decode_slru_dir(&encode_slru_dir(&segs)).unwrap(), segs.clone());
+            prop_assert_eq!(decode_twophase_dir(&encode_twophase_dir(&xids)).unwrap(), xids);
+            prop_assert_eq!(decode_block_count(&encode_block_count(blocks)).unwrap(), blocks);
+            let (l, r) = decode_checkpoint(&encode_checkpoint(Lsn(lsn), &record)).unwrap();
+            prop_assert_eq!(l, Lsn(lsn));
+            prop_assert_eq!(&r[..], &record[..]);
+        }
+
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = decode_db_dir(&bytes);
+            let _ = decode_rel_dir(&bytes);
+            let _ = decode_slru_dir(&bytes);
+            let _ = decode_twophase_dir(&bytes);
+            let _ = decode_block_count(&bytes);
+            let _ = decode_checkpoint(&Bytes::from(bytes));
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! A real PostgreSQL 15 cluster from our build, for the pageserver's integration tests:
+//! `initdb`, configuration, start, `psql`, clean stop, all in a temporary directory.
+//!
+//! postgres refuses to run as root. When the tests run as root, every PostgreSQL program
+//! runs through `runuser -u <FJORD_PG_USER, default fjord> --`, and the temporary directory
+//! is handed to that user; the pageserver itself (this process) reads the files as root.
+//! Reaching a binary: `FJORD_PG_BIN`, or `target/pg15/bin` as `scripts/setup` builds it.
+
+#![allow(dead_code)]
+
+use std::ffi::CString;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+pub fn pg_bin_dir() -> PathBuf {
+    let dir = std::env::var_os("FJORD_PG_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/pg15/bin"));
+    assert!(dir.join("postgres").exists(), "no postgres in {}; run ./scripts/setup first", dir.display());
+    dir
+}
+
+/// When running as root: the unprivileged user's name, uid and gid.
+pub fn unprivileged_user() -> Option<(String, u32, u32)> {
+    // SAFETY: plain libc calls; getpwnam's result is read before any other call.
+    unsafe {
+        if libc::geteuid() != 0 {
+            return None;
+        }
+        let user = std::env::var("FJORD_PG_USER").unwrap_or_else(|_| "fjord".to_string());
+        let cuser = CString::new(user.clone()).expect("user name has no NUL");
+        let pw = libc::getpwnam(cuser.as_ptr());
+        assert!(!pw.is_null(), "running as root, but there is no user {user} to run postgres as");
+        Some((user, (*pw).pw_uid, (*pw).pw_gid))
+    }
+}
+
+fn chown(path: &Path, uid: u32, gid: u32) {
+    let c = CString::new(path.as_os_str().as_bytes()).expect("path has no NUL");
+    // SAFETY: a valid C string.
+    let rc = unsafe { libc::chown(c.as_ptr(), uid, gid) };
+    assert_eq!(rc, 0, "chown {}: {}", path.display(), std::io::Error::last_os_error());
+}
+
+pub struct PgCluster {
+    pub dir: tempfile::TempDir,
+    pub pgdata: PathBuf,
+    pub bin: PathBuf,
+    port: u16,
+    running: bool,
+}
+
+impl PgCluster {
+    /// A fresh `initdb` in a new temporary directory under /tmp.
+    pub fn initdb() -> PgCluster {
+        let dir = tempfile::Builder::new().prefix("fjord-pg-").tempdir_in("/tmp").expect("create a temporary directory");
+        if let Some((_, uid, gid)) = unprivileged_user() {
+            chown(dir.path(), uid, gid);
+        }
+        let cluster = PgCluster { pgdata: dir.path().join("pgdata"), dir, bin: pg_bin_dir(), port: 5432, running: false };
+        let pgdata = cluster.pgdata.display().to_string();
+        cluster.run("initdb", &["-D", &pgdata, "--no-sync", "--encoding=UTF8", "--locale=C", "--auth=trust", "-U", "postgres"]);
+        cluster
+    }
+
+    /// A command running PostgreSQL program `program`, as the unprivileged user if needed.
+    pub fn command(&self, program: &str) -> Command {
+        let bin = self.bin.join(program);
+        match unprivileged_user() {
+            Some((user, _, _)) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", &user, "--"]).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        }
+    }
+
+    fn run(&self, program: &str, args: &[&str]) -> String {
+        let out = self.command(program).args(args).output().unwrap_or_else(|e| panic!("run {program}: {e}"));
+        assert!(
+            out.status.success(),
+            "{program} {args:?} failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Appends settings to `postgresql.conf`.
+    pub fn configure(&self, settings: &[(&str, &str)]) {
+        let mut f = std::fs::OpenOptions::new().append(true).open(self.pgdata.join("postgresql.conf")).expect("open postgresql.conf");
+        writeln!(f, "\n# written by fjord's pageserver tests").unwrap();
+        for (k, v) in settings {
+            writeln!(f, "{k} = {v}").unwrap();
+        }
+    }
+
+    pub fn start(&mut self) {
+        let pgdata = self.pgdata.display().to_string();
+        let log = self.dir.path().join("postgres.log").display().to_string();
+        let opts = format!("-p {} -k {} -c listen_addresses=''", self.port, self.dir.path().display());
+        self.run("pg_ctl", &["-D", &pgdata, "-l", &log, "-w", "-t", "60", "-o", &opts, "start"]);
+        self.running = true;
+    }
+
+    /// A clean shutdown: a shutdown checkpoint is the last WAL record.
+    pub fn stop(&mut self) {
+        let pgdata = self.pgdata.display().to_string();
+        self.run("pg_ctl", &["-D", &pgdata, "-m", "fast", "-w", "-t", "60", "stop"]);
+        self.running = false;
+    }
+
+    /// Runs `sql` (any number of statements, fed on stdin) in database `db`; returns the
+    /// unaligned, tuples-only output. Any error fails the test.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        let sock = self.dir.path().display().to_string();
+        let port = self.port.to_string();
+        let mut child = self
+            .command("psql")
+            .args(["-X", "-q", "-A", "-t", "-F", "|", "-v", "ON_ERROR_STOP=1"])
+            .args(["-h", &sock, "-p", &port, "-U", "postgres", "-d", db, "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start psql");
+        child.stdin.take().expect("stdin").write_all(sql.as_bytes()).expect("write to psql");
+        let out = child.wait_with_output().expect("wait for psql");
+        assert!(out.status.success(), "psql in {db} failed: {}\n{sql}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `psql` returning rows split on `|`.
+    pub fn rows(&self, db: &str, sql: &str) -> Vec<Vec<String>> {
+        self.psql(db, sql).lines().filter(|l| !l.is_empty()).map(|l| l.split('|').map(str::to_string).collect()).collect()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        if self.running {
+            let pgdata = self.pgdata.display().to_string();
+            let _ = self.command("pg_ctl").args(["-D", &pgdata, "-m", "immediate", "-w", "stop"]).output();
+        }
+    }
+}
+
+/// The WAL redo configuration for our build, as root running as the unprivileged user.
+pub fn walredo_config() -> pageserver::walredo::WalRedoConfig {
+    pageserver::walredo::WalRedoConfig {
+        postgres_bin: pg_bin_dir().join("postgres"),
+        processes_max: 2,
+        request_timeout: Duration::from_secs(60),
+        run_as: unprivileged_user().map(|(_, uid, gid)| (uid, gid)),
+    }
+}
