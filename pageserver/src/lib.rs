@@ -28,6 +28,7 @@ pub mod error;
 pub mod import;
 pub mod layer;
 pub mod layer_map;
+pub mod page_service;
 pub mod pageapi;
 pub mod reconstruct;
 pub mod tenant;
