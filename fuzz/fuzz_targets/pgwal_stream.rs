@@ -7,7 +7,11 @@ use pgwal::{parse_metadata, DecoderConfig, WalStreamDecoder};
 use proto::Lsn;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(mut decoder) = WalStreamDecoder::new(Lsn(0x0100_0000), DecoderConfig::default()) else { return };
+    // Start where the first page says it is (xlp_pageaddr, bytes 8..16), rounded down to a
+    // segment start, so that real WAL seeds decode and mutations explore from there.
+    let pageaddr = data.get(8..16).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+    let start = Lsn(pageaddr - pageaddr % proto::lsn::WAL_SEGMENT_SIZE_BYTES);
+    let Ok(mut decoder) = WalStreamDecoder::new(start, DecoderConfig::default()) else { return };
     // Feed in two pieces so that reassembly across feeds is exercised too.
     let half = data.len() / 2;
     decoder.feed_bytes(&data[..half]);
