@@ -48,6 +48,13 @@ impl TenantRegistry {
     pub fn get(&self, id: TenantId) -> Option<Arc<Tenant>> {
         self.tenants.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
     }
+
+    /// Every tenant id, sorted.
+    pub fn ids(&self) -> Vec<TenantId> {
+        let mut ids: Vec<TenantId> = self.tenants.read().unwrap_or_else(|p| p.into_inner()).keys().copied().collect();
+        ids.sort();
+        ids
+    }
 }
 
 pub struct PageService {

@@ -1,0 +1,97 @@
+//! `pageserver`: serves pages of every tenant's timelines to computes.
+//!
+//! Reads its configuration from a TOML file (`--config`), then applies flags; every
+//! setting has a default that works on a laptop. Runs until SIGINT or SIGTERM.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use pageserver::server::{http, Pageserver, PageserverConfig};
+
+/// fjord's pageserver: stores every page version of its tenants' timelines and serves
+/// GetPage@LSN to computes.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// TOML configuration file; flags override what it says.
+    #[arg(short = 'c', long)]
+    config: Option<PathBuf>,
+    /// Directory for tenants and their layer files.
+    #[arg(short = 'D', long)]
+    workdir: Option<PathBuf>,
+    /// Address of the page service (computes connect here).
+    #[arg(long)]
+    listen_pg: Option<std::net::SocketAddr>,
+    /// Address of the HTTP management API and /metrics.
+    #[arg(long)]
+    listen_http: Option<std::net::SocketAddr>,
+    /// Bin directory of fjord's PostgreSQL build, whose `postgres` runs WAL redo.
+    #[arg(long)]
+    pg_bin_dir: Option<PathBuf>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_target(false)
+        .init();
+    let args = Args::parse();
+    let mut conf = match &args.config {
+        Some(path) => PageserverConfig::load(path)?,
+        None => PageserverConfig::default(),
+    };
+    if let Some(v) = args.workdir {
+        conf.workdir = v;
+    }
+    if let Some(v) = args.listen_pg {
+        conf.listen_pg_addr = v;
+    }
+    if let Some(v) = args.listen_http {
+        conf.listen_http_addr = v;
+    }
+    if let Some(v) = args.pg_bin_dir {
+        conf.pg_bin_dir = v;
+    }
+    if args.print_config {
+        print!("{}", toml::to_string(&conf).context("render the configuration")?);
+        return Ok(());
+    }
+    // SAFETY: a plain libc call.
+    if unsafe { libc::geteuid() } == 0 {
+        anyhow::bail!("cannot run the pageserver as root: its WAL redo processes are postgres, which refuses root");
+    }
+
+    let ps = Arc::new(Pageserver::open(conf).context("start the pageserver")?);
+    let page_service = ps.start_page_service()?;
+    tracing::info!("page service listening on {}", page_service.addr);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("start tokio")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(ps.conf.listen_http_addr)
+            .await
+            .with_context(|| format!("listen for HTTP on {}", ps.conf.listen_http_addr))?;
+        tracing::info!("management API listening on http://{}", ps.conf.listen_http_addr);
+        axum::serve(listener, http::router(Arc::clone(&ps)))
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("serve HTTP")?;
+        anyhow::Ok(())
+    })?;
+    page_service.shutdown();
+    tracing::info!("pageserver stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("install a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("got SIGINT, shutting down"),
+        _ = term.recv() => tracing::info!("got SIGTERM, shutting down"),
+    }
+}

@@ -1,0 +1,229 @@
+//! The management API: JSON over HTTP (axum), plus Prometheus `/metrics`.
+//!
+//! | method | path | what |
+//! |---|---|---|
+//! | GET | `/v1/status` | liveness, version |
+//! | GET | `/v1/tenant` | tenant ids |
+//! | POST | `/v1/tenant` | create a tenant: `{"tenant_id": "..."}` (optional; random if absent) |
+//! | GET | `/v1/tenant/{tenant}/timeline` | the tenant's timelines with their LSNs |
+//! | POST | `/v1/tenant/{tenant}/timeline` | create: `{"timeline_id"?, "ancestor_timeline_id"?, "ancestor_lsn"?}` |
+//! | GET | `/v1/tenant/{tenant}/timeline/{timeline}` | one timeline's status |
+//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/import` | `{"pgdata": "/path"}`: bootstrap from a shut-down data directory on this host |
+//! | GET | `/metrics` | Prometheus text format |
+//!
+//! Errors are `{"error": "..."}` with a status code chosen in one place, [`ApiError`].
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
+use proto::{Lsn, TenantId, TimelineId};
+use serde::{Deserialize, Serialize};
+
+use super::{ManagementError, Pageserver};
+use crate::timeline::Timeline;
+
+/// Maps domain errors to HTTP, in one place.
+pub struct ApiError(ManagementError);
+
+impl From<ManagementError> for ApiError {
+    fn from(e: ManagementError) -> Self {
+        ApiError(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = match &self.0 {
+            ManagementError::TenantNotFound(_) | ManagementError::TimelineNotFound(..) => StatusCode::NOT_FOUND,
+            ManagementError::Conflict(_) => StatusCode::CONFLICT,
+            ManagementError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ManagementError::Internal(e) => {
+                tracing::error!("management request failed: {e:#}");
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        let message = match &self.0 {
+            ManagementError::Internal(e) => format!("{e:#}"),
+            other => other.to_string(),
+        };
+        (status, Json(serde_json::json!({ "error": message }))).into_response()
+    }
+}
+
+fn parse<T: std::str::FromStr>(what: &str, s: &str) -> Result<T, ApiError>
+where
+    T::Err: std::fmt::Display,
+{
+    s.parse().map_err(|e: T::Err| ApiError(ManagementError::BadRequest(format!("invalid {what}: {e}"))))
+}
+
+#[derive(Serialize)]
+struct TimelineInfo {
+    tenant_id: String,
+    timeline_id: String,
+    ancestor_timeline_id: Option<String>,
+    ancestor_lsn: Option<String>,
+    last_record_lsn: String,
+    disk_consistent_lsn: String,
+    gc_cutoff_lsn: String,
+    layers: usize,
+}
+
+fn timeline_info(t: &Timeline) -> TimelineInfo {
+    TimelineInfo {
+        tenant_id: t.tenant_id().to_string(),
+        timeline_id: t.timeline_id().to_string(),
+        ancestor_timeline_id: t.ancestor_timeline_id().map(|id| id.to_string()),
+        ancestor_lsn: t.ancestor_lsn().map(|l| l.to_string()),
+        last_record_lsn: t.last_record_lsn().to_string(),
+        disk_consistent_lsn: t.disk_consistent_lsn().to_string(),
+        gc_cutoff_lsn: t.gc_cutoff_lsn().to_string(),
+        layers: t.layers().len(),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CreateTenant {
+    tenant_id: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CreateTimeline {
+    timeline_id: Option<String>,
+    ancestor_timeline_id: Option<String>,
+    ancestor_lsn: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Import {
+    pgdata: std::path::PathBuf,
+}
+
+/// Parses a JSON request body ourselves, so that a malformed one gets the same
+/// `{"error": ...}` answer as every other bad request. An empty body means "all defaults".
+fn json_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError(ManagementError::BadRequest(format!("invalid request body: {e}"))))
+}
+
+fn random_id() -> [u8; 16] {
+    rand::random()
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ManagementError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError(ManagementError::Internal(anyhow::anyhow!("management task failed: {e}"))))?
+        .map_err(ApiError)
+}
+
+pub fn router(ps: Arc<Pageserver>) -> Router {
+    Router::new()
+        .route("/v1/status", get(|| async { Json(serde_json::json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") })) }))
+        .route("/v1/tenant", get(list_tenants).post(create_tenant))
+        .route("/v1/tenant/{tenant}/timeline", get(list_timelines).post(create_timeline))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}", get(get_timeline))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/import", post(import))
+        .route("/metrics", get(metrics))
+        .with_state(ps)
+}
+
+async fn list_tenants(State(ps): State<Arc<Pageserver>>) -> Json<Vec<String>> {
+    Json(ps.tenants.ids().iter().map(|id| id.to_string()).collect())
+}
+
+async fn create_tenant(State(ps): State<Arc<Pageserver>>, body: Bytes) -> Result<impl IntoResponse, ApiError> {
+    let req: CreateTenant = json_body(&body)?;
+    let id = match req.tenant_id {
+        Some(s) => parse::<TenantId>("tenant id", &s)?,
+        None => TenantId(random_id()),
+    };
+    blocking(move || ps.create_tenant(id)).await?;
+    Ok((StatusCode::CREATED, Json(serde_json::json!({ "tenant_id": id.to_string() }))))
+}
+
+async fn list_timelines(State(ps): State<Arc<Pageserver>>, Path(tenant): Path<String>) -> Result<Json<Vec<TimelineInfo>>, ApiError> {
+    let tenant = ps.tenant(parse("tenant id", &tenant)?)?;
+    Ok(Json(tenant.timelines().iter().map(|t| timeline_info(t)).collect()))
+}
+
+async fn create_timeline(
+    State(ps): State<Arc<Pageserver>>,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let tenant: TenantId = parse("tenant id", &tenant)?;
+    let req: CreateTimeline = json_body(&body)?;
+    let timeline = match req.timeline_id {
+        Some(s) => parse::<TimelineId>("timeline id", &s)?,
+        None => TimelineId(random_id()),
+    };
+    let ancestor = match (req.ancestor_timeline_id, req.ancestor_lsn) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(ApiError(ManagementError::BadRequest("ancestor_lsn needs ancestor_timeline_id".into())));
+        }
+        (Some(a), lsn) => Some((parse::<TimelineId>("ancestor timeline id", &a)?, lsn.map(|l| parse::<Lsn>("ancestor LSN", &l)).transpose()?)),
+    };
+    let created = blocking(move || ps.create_timeline(tenant, timeline, ancestor)).await?;
+    Ok((StatusCode::CREATED, Json(timeline_info(&created))))
+}
+
+async fn get_timeline(State(ps): State<Arc<Pageserver>>, Path((tenant, timeline)): Path<(String, String)>) -> Result<Json<TimelineInfo>, ApiError> {
+    let t = ps.timeline(parse("tenant id", &tenant)?, parse("timeline id", &timeline)?)?;
+    Ok(Json(timeline_info(&t)))
+}
+
+async fn import(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let req: Import = json_body(&body)?;
+    let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    let summary = blocking(move || ps.import(tenant, timeline, &req.pgdata)).await?;
+    Ok(Json(serde_json::json!({
+        "import_lsn": summary.import_lsn.to_string(),
+        "checkpoint_lsn": summary.checkpoint_lsn.to_string(),
+        "system_identifier": summary.system_identifier.to_string(),
+        "databases": summary.databases,
+    })))
+}
+
+/// Gauges read off the tenants at scrape time.
+async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError> {
+    let internal = |e: prometheus::Error| ApiError(ManagementError::Internal(anyhow::anyhow!("render metrics: {e}")));
+    let registry = Registry::new();
+    let gauge = |name: &str, help: &str| -> Result<IntGaugeVec, ApiError> {
+        let g = IntGaugeVec::new(Opts::new(name, help), &["tenant_id", "timeline_id"]).map_err(internal)?;
+        registry.register(Box::new(g.clone())).map_err(internal)?;
+        Ok(g)
+    };
+    let last = gauge("pageserver_last_record_lsn", "The LSN up to which WAL has been ingested")?;
+    let disk = gauge("pageserver_disk_consistent_lsn", "The LSN up to which ingested WAL is in layer files")?;
+    let layers = gauge("pageserver_layers", "Layer files of the timeline")?;
+    for id in ps.tenants.ids() {
+        let Some(tenant) = ps.tenants.get(id) else { continue };
+        for t in tenant.timelines() {
+            let labels = [id.to_string(), t.timeline_id().to_string()];
+            let labels = [labels[0].as_str(), labels[1].as_str()];
+            last.with_label_values(&labels).set(i64::try_from(t.last_record_lsn().0).unwrap_or(i64::MAX));
+            disk.with_label_values(&labels).set(i64::try_from(t.disk_consistent_lsn().0).unwrap_or(i64::MAX));
+            layers.with_label_values(&labels).set(i64::try_from(t.layers().len()).unwrap_or(i64::MAX));
+        }
+    }
+    let mut out = Vec::new();
+    TextEncoder::new().encode(&registry.gather(), &mut out).map_err(internal)?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
+}

@@ -1,0 +1,152 @@
+//! The pageserver as a process: configuration, the tenants it serves, the page service and
+//! the HTTP management API. `src/bin/pageserver.rs` is the thin `main` around this.
+//!
+//! Invariants:
+//! - Every tenant directory under `<workdir>/tenants/` is loaded at start; one that fails
+//!   to load stops the start with an error naming it, rather than serving a partial set.
+//! - Tenant and timeline creation is serialized by one lock, so two requests creating the
+//!   same id cannot both succeed.
+
+pub mod config;
+pub mod http;
+
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use proto::{Lsn, TenantId, TimelineId};
+
+use crate::import::{import_datadir, ImportSummary};
+use crate::page_service::{PageService, PageServiceHandle, TenantRegistry};
+use crate::reconstruct::PgReconstructor;
+use crate::tenant::Tenant;
+use crate::timeline::Timeline;
+use crate::value::Reconstructor;
+use crate::walredo::{WalRedoConfig, WalRedoManager};
+use crate::CreateTimelineError;
+pub use config::PageserverConfig;
+
+pub struct Pageserver {
+    pub conf: PageserverConfig,
+    pub tenants: Arc<TenantRegistry>,
+    reconstructor: Arc<dyn Reconstructor>,
+    create_lock: Mutex<()>,
+}
+
+/// Why a management request was refused; mapped to HTTP status codes in one place
+/// (`http::ApiError`).
+#[derive(Debug, thiserror::Error)]
+pub enum ManagementError {
+    #[error("tenant {0} not found")]
+    TenantNotFound(TenantId),
+    #[error("timeline {1} of tenant {0} not found")]
+    TimelineNotFound(TenantId, TimelineId),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl Pageserver {
+    /// Loads every tenant in the work directory.
+    pub fn open(conf: PageserverConfig) -> anyhow::Result<Pageserver> {
+        conf.validate()?;
+        let tenants_dir = conf.tenants_dir();
+        std::fs::create_dir_all(&tenants_dir).with_context(|| format!("create {}", tenants_dir.display()))?;
+        let redo = Arc::new(WalRedoManager::new(WalRedoConfig {
+            postgres_bin: conf.pg_bin_dir.join("postgres"),
+            processes_max: conf.wal_redo_processes_max,
+            request_timeout: conf.wal_redo_timeout(),
+            run_as: None,
+        }));
+        let registry = Arc::new(TenantRegistry::default());
+        for entry in std::fs::read_dir(&tenants_dir).with_context(|| format!("list {}", tenants_dir.display()))? {
+            let entry = entry.with_context(|| format!("list {}", tenants_dir.display()))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(id) = name.parse::<TenantId>() else {
+                if !crate::crashsafe::is_temp_name(&name) {
+                    tracing::warn!("ignoring {} in the tenants directory: not a tenant id", entry.path().display());
+                }
+                continue;
+            };
+            let tenant = Tenant::load(&tenants_dir, id, conf.storage.clone()).with_context(|| format!("load tenant {id}"))?;
+            tracing::info!(tenant = %id, timelines = tenant.timelines().len(), "loaded tenant");
+            registry.insert(Arc::new(tenant));
+        }
+        Ok(Pageserver { conf, tenants: registry, reconstructor: Arc::new(PgReconstructor::new(redo)), create_lock: Mutex::new(()) })
+    }
+
+    /// Starts the page service on its configured address.
+    pub fn start_page_service(&self) -> anyhow::Result<PageServiceHandle> {
+        let listener = TcpListener::bind(self.conf.listen_pg_addr)
+            .with_context(|| format!("listen for the page service on {}", self.conf.listen_pg_addr))?;
+        let service = Arc::new(PageService::new(Arc::clone(&self.tenants), Arc::clone(&self.reconstructor), self.conf.wait_lsn_timeout()));
+        Ok(service.start(listener)?)
+    }
+
+    pub fn tenant(&self, id: TenantId) -> Result<Arc<Tenant>, ManagementError> {
+        self.tenants.get(id).ok_or(ManagementError::TenantNotFound(id))
+    }
+
+    pub fn timeline(&self, tenant: TenantId, timeline: TimelineId) -> Result<Arc<Timeline>, ManagementError> {
+        self.tenant(tenant)?.get_timeline(timeline).ok_or(ManagementError::TimelineNotFound(tenant, timeline))
+    }
+
+    pub fn create_tenant(&self, id: TenantId) -> Result<Arc<Tenant>, ManagementError> {
+        let _guard = self.create_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if self.tenants.get(id).is_some() {
+            return Err(ManagementError::Conflict(format!("tenant {id} already exists")));
+        }
+        let tenant = Arc::new(Tenant::create(&self.conf.tenants_dir(), id, self.conf.storage.clone())?);
+        self.tenants.insert(Arc::clone(&tenant));
+        tracing::info!(tenant = %id, "created tenant");
+        Ok(tenant)
+    }
+
+    /// Creates an empty timeline, or a branch of `ancestor` at `ancestor_lsn` (default: the
+    /// ancestor's last record LSN).
+    pub fn create_timeline(
+        &self,
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+        ancestor: Option<(TimelineId, Option<Lsn>)>,
+    ) -> Result<Arc<Timeline>, ManagementError> {
+        let _guard = self.create_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let tenant = self.tenant(tenant_id)?;
+        let created = match ancestor {
+            None => tenant.create_timeline(timeline_id),
+            Some((ancestor_id, at)) => {
+                let at = match at {
+                    Some(lsn) => lsn,
+                    None => self.timeline(tenant_id, ancestor_id)?.last_record_lsn(),
+                };
+                tenant.branch_timeline(timeline_id, ancestor_id, at)
+            }
+        };
+        created.map_err(|e| match e {
+            CreateTimelineError::AlreadyExists(_) => ManagementError::Conflict(e.to_string()),
+            CreateTimelineError::AncestorNotFound(id) => ManagementError::TimelineNotFound(tenant_id, id),
+            other => ManagementError::BadRequest(other.to_string()),
+        })
+    }
+
+    /// Fills an empty timeline from a shut-down PostgreSQL data directory on this host.
+    pub fn import(&self, tenant: TenantId, timeline: TimelineId, pgdata: &std::path::Path) -> Result<ImportSummary, ManagementError> {
+        if pgdata.as_os_str().is_empty() {
+            return Err(ManagementError::BadRequest("import needs \"pgdata\": the path of a shut-down data directory".into()));
+        }
+        let timeline = self.timeline(tenant, timeline)?;
+        if timeline.last_record_lsn().is_valid() {
+            return Err(ManagementError::Conflict(format!(
+                "timeline {} already has data up to {}; import needs an empty timeline",
+                timeline.timeline_id(),
+                timeline.last_record_lsn()
+            )));
+        }
+        let summary = import_datadir(&timeline, pgdata).map_err(|e| ManagementError::BadRequest(format!("{e:#}")))?;
+        timeline.freeze_and_flush()?;
+        Ok(summary)
+    }
+}
