@@ -146,17 +146,35 @@ inmem_unlink(RelFileNodeBackend rnode, ForkNumber forknum, bool isRedo)
 {
 }
 
+/* True if the page is the one this request rebuilds. */
+static bool
+is_target(SMgrRelation reln, ForkNumber forknum, BlockNumber blkno)
+{
+	return target_set && RelFileNodeEquals(target_tag.rnode, reln->smgr_rnode.node) &&
+		target_tag.forkNum == forknum && target_tag.blockNum == blkno;
+}
+
+/*
+ * Keeps a page written out of the buffer pool, if it is the target: it may be
+ * read back later in the same request.  Every other page (visibility map and
+ * free space map pages that redo touches on the side, init-mode buffers of
+ * skipped blocks) is nobody's business and is dropped, so no request can run
+ * out of slots however many side pages it touches.
+ */
 static void
 inmem_store(SMgrRelation reln, ForkNumber forknum, BlockNumber blkno, char *buffer)
 {
-	InmemPage  *page = inmem_lookup(reln, forknum, blkno);
+	InmemPage  *page;
 
+	if (!is_target(reln, forknum, blkno))
+		return;
+	page = inmem_lookup(reln, forknum, blkno);
 	if (page == NULL)
 	{
 		if (inmem_used >= INMEM_PAGES_MAX)
 			ereport(FATAL,
 					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-					 errmsg("wal redo: more than %d pages evicted while rebuilding one page",
+					 errmsg("wal redo: more than %d pages kept while rebuilding one page",
 							INMEM_PAGES_MAX)));
 		page = &inmem_pages[inmem_used++];
 		INIT_BUFFERTAG(page->tag, reln->smgr_rnode.node, forknum, blkno);
@@ -202,28 +220,20 @@ inmem_writeback(SMgrRelation reln, ForkNumber forknum, BlockNumber blkno,
 }
 
 /*
- * The size of a fork as redo sees it: just past the target block, or past
- * the highest page written during this request.  Without this,
- * XLogReadBufferExtended() would "extend" the relation block by block up to
- * the target.
+ * The size of a fork as redo sees it.  The target's fork ends just past the
+ * target block.  Every other fork is as large as can be: otherwise
+ * XLogReadBufferExtended() and vm_extend() would "extend" the visibility map
+ * or free space map block by block up to whatever block a record touches on
+ * the side (for a 2 GB heap, the FSM page alone is past block 60).  Such
+ * pages read as zeros and are dropped when written (see inmem_store).
  */
 static BlockNumber
 inmem_nblocks(SMgrRelation reln, ForkNumber forknum)
 {
-	BlockNumber n = 0;
-
 	if (target_set && RelFileNodeEquals(target_tag.rnode, reln->smgr_rnode.node) &&
 		target_tag.forkNum == forknum)
-		n = target_tag.blockNum + 1;
-	for (int i = 0; i < inmem_used; i++)
-	{
-		BufferTag  *t = &inmem_pages[i].tag;
-
-		if (RelFileNodeEquals(t->rnode, reln->smgr_rnode.node) &&
-			t->forkNum == forknum && t->blockNum + 1 > n)
-			n = t->blockNum + 1;
-	}
-	return n;
+		return target_tag.blockNum + 1;
+	return MaxBlockNumber;
 }
 
 static void
@@ -276,7 +286,8 @@ create_private_shared_memory(void)
 	int			numSemas;
 
 	size = CalculateShmemSize(&numSemas);
-	hdr = (PGShmemHeader *) malloc(size);
+	/* Zeroed: ControlFile lives here and nothing fills it (no pg_control). */
+	hdr = (PGShmemHeader *) calloc(1, size);
 	if (hdr == NULL)
 		ereport(FATAL,
 				(errcode(ERRCODE_OUT_OF_MEMORY),
@@ -388,7 +399,7 @@ write_exact(const char *buf, size_t len)
 		if (n <= 0)
 			ereport(FATAL,
 					(errcode_for_file_access(),
-					 errmsg("wal redo: could not write the page to stdout: %m")));
+					 errmsg("wal redo: could not write the answer to stdout: %m")));
 		done += n;
 	}
 }
@@ -444,6 +455,16 @@ check_target(const BufferTag *tag, const char *what)
 
 /* ---- the requests ---- */
 
+/* Forgets the fork sizes smgr cached for a relation (they depend on the target). */
+static void
+forget_cached_sizes(RelFileNode rnode)
+{
+	SMgrRelation reln = smgropen(rnode, InvalidBackendId);
+
+	for (int fork = 0; fork <= MAX_FORKNUM; fork++)
+		reln->smgr_cached_nblocks[fork] = InvalidBlockNumber;
+}
+
 static void
 begin_redo(const char *p, uint32 len)
 {
@@ -455,14 +476,22 @@ begin_redo(const char *p, uint32 len)
 		ereport(FATAL,
 				(errcode(ERRCODE_PROTOCOL_VIOLATION),
 				 errmsg("wal redo: begin message has %u bytes, expected %d", len, REL_BLOCK_BYTES)));
+
+	/*
+	 * inmem_nblocks() answers differently for the target's fork than for any
+	 * other, and smgr caches its answers while InRecovery: forget them for
+	 * the old target's relation and the new one.
+	 */
+	if (target_set)
+		forget_cached_sizes(target_tag.rnode);
 	parse_rel_block(p, len, &target_tag);
 	target_set = true;
+	forget_cached_sizes(target_tag.rnode);
 
 	/* Start clean: nothing of an earlier request may leak into this page. */
 	inmem_used = 0;
 	reln = smgropen(target_tag.rnode, InvalidBackendId);
 	fork = target_tag.forkNum;
-	reln->smgr_cached_nblocks[fork] = InvalidBlockNumber;
 	DropRelFileNodeBuffers(reln, &fork, 1, &first);
 }
 
@@ -713,7 +742,7 @@ fjord_wal_redo_main(int argc, char *argv[])
 			default:
 				ereport(FATAL,
 						(errcode(ERRCODE_PROTOCOL_VIOLATION),
-						 errmsg("wal redo: unrecognized message tag: %d", header[0])));
+						 errmsg("wal redo: unrecognized message tag: %u", (unsigned char) header[0])));
 		}
 	}
 }

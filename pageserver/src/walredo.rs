@@ -62,6 +62,8 @@ struct RedoProcess {
     stdin: ChildStdin,
     stdout: ChildStdout,
     stderr: Arc<Mutex<VecDeque<String>>>,
+    /// Ends at EOF on stderr, i.e. when the process is gone.
+    stderr_reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl RedoProcess {
@@ -82,27 +84,33 @@ impl RedoProcess {
         let stdin = child.stdin.take().expect("stdin is piped");
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr_pipe = child.stderr.take().expect("stderr is piped");
-        set_nonblocking(stdin.as_raw_fd()).map_err(spawn_err)?;
-        set_nonblocking(stdout.as_raw_fd()).map_err(spawn_err)?;
         let stderr = Arc::new(Mutex::new(VecDeque::new()));
-        spawn_stderr_reader(stderr_pipe, Arc::clone(&stderr), child.id());
-        Ok(RedoProcess { child, stdin, stdout, stderr })
+        let stderr_reader = spawn_stderr_reader(stderr_pipe, Arc::clone(&stderr), child.id());
+        // From here on, dropping the process kills and reaps the child.
+        let process = RedoProcess { child, stdin, stdout, stderr, stderr_reader };
+        set_nonblocking(process.stdin.as_raw_fd()).map_err(spawn_err)?;
+        set_nonblocking(process.stdout.as_raw_fd()).map_err(spawn_err)?;
+        Ok(process)
     }
 
-    fn stderr_text(&self) -> String {
-        // Give the process a moment to finish writing why it died.
-        std::thread::sleep(Duration::from_millis(20));
-        let lines = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
-        if lines.is_empty() {
-            "(nothing)".to_string()
-        } else {
-            lines.iter().cloned().collect::<Vec<_>>().join(" | ")
+    /// What the process wrote to stderr; call after `kill`, so that everything it wrote
+    /// before dying has been read.
+    fn stderr_text(&mut self) -> String {
+        if let Some(reader) = self.stderr_reader.take() {
+            let _ = reader.join();
         }
+        let lines = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
+        lines.iter().cloned().collect::<Vec<_>>().join(" | ")
     }
 
     fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// False if the process has exited (say, killed while idle).
+    fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 }
 
@@ -112,8 +120,8 @@ impl Drop for RedoProcess {
     }
 }
 
-fn spawn_stderr_reader(pipe: ChildStderr, lines: Arc<Mutex<VecDeque<String>>>, pid: u32) {
-    std::thread::Builder::new()
+fn spawn_stderr_reader(pipe: ChildStderr, lines: Arc<Mutex<VecDeque<String>>>, pid: u32) -> Option<std::thread::JoinHandle<()>> {
+    let spawned = std::thread::Builder::new()
         .name(format!("walredo-stderr-{pid}"))
         .spawn(move || {
             use std::io::BufRead;
@@ -126,8 +134,15 @@ fn spawn_stderr_reader(pipe: ChildStderr, lines: Arc<Mutex<VecDeque<String>>>, p
                 }
                 l.push_back(line);
             }
-        })
-        .expect("spawn a thread to read wal redo stderr");
+        });
+    match spawned {
+        Ok(handle) => Some(handle),
+        Err(e) => {
+            // The process still works; only its error messages are lost.
+            tracing::error!(pid, "could not start a thread to read wal redo stderr: {e}");
+            None
+        }
+    }
 }
 
 fn set_nonblocking(fd: i32) -> std::io::Result<()> {
@@ -249,7 +264,7 @@ impl WalRedoManager {
                 return Err(WalRedoError::Failed {
                     what: format!("wal redo of block {blkno} of {rel}"),
                     reason: format!("base image has {} bytes, expected {PAGE_SIZE_BYTES}", page.len()),
-                    stderr: String::new(),
+                    stderr: "(the request was not sent)".to_string(),
                 });
             }
             WalRedoRequest::PushPage { rel, blkno, page: page.to_vec() }.encode(&mut msg);
@@ -260,7 +275,9 @@ impl WalRedoManager {
         }
         WalRedoRequest::GetPage { rel, blkno }.encode(&mut msg);
 
-        self.exchange(&msg, || format!("wal redo of block {blkno} of {rel}"))
+        // A long chain of records takes longer: allow 1 ms per record on top.
+        let allowance = Duration::from_millis(u64::try_from(records.len()).unwrap_or(u64::MAX));
+        self.exchange(&msg, allowance, || format!("wal redo of block {blkno} of {rel}"))
     }
 
     /// Applies PostgreSQL's own `rm_mask` of resource manager `rmid` to `page` (block
@@ -272,18 +289,27 @@ impl WalRedoManager {
             return Err(WalRedoError::Failed {
                 what: what(),
                 reason: format!("the page has {} bytes, expected {PAGE_SIZE_BYTES}", page.len()),
-                stderr: String::new(),
+                stderr: "(the request was not sent)".to_string(),
             });
         }
         let mut msg = Vec::with_capacity(PAGE_SIZE_BYTES + 16);
         WalRedoRequest::MaskPage { rmid, blkno, page: page.to_vec() }.encode(&mut msg);
-        self.exchange(&msg, what)
+        self.exchange(&msg, Duration::ZERO, what)
     }
 
     /// Sends `msg` to a process of the pool and reads one page back.
-    fn exchange(&self, msg: &[u8], what: impl Fn() -> String) -> Result<Bytes, WalRedoError> {
-        let mut process = self.checkout()?;
-        let deadline = Instant::now() + self.config.request_timeout;
+    fn exchange(&self, msg: &[u8], allowance: Duration, what: impl Fn() -> String) -> Result<Bytes, WalRedoError> {
+        // The deadline covers waiting for a free process too: one tenant's long redo chains
+        // must not make another's reads hang without an answer.
+        let timeout = self.config.request_timeout + allowance;
+        let deadline = Instant::now() + timeout;
+        let Some(mut process) = self.checkout(deadline)? else {
+            return Err(WalRedoError::Timeout {
+                what: what(),
+                timeout,
+                stderr: format!("(no redo process became free; all {} were busy)", self.config.processes_max),
+            });
+        };
         let mut page = vec![0u8; PAGE_SIZE_BYTES];
         let result = write_all_until(&mut process.stdin, msg, deadline)
             .and_then(|()| read_exact_until(&mut process.stdout, &mut page, deadline));
@@ -295,28 +321,41 @@ impl WalRedoManager {
             Err(failure) => {
                 process.kill();
                 let stderr = process.stderr_text();
+                let stderr = if stderr.is_empty() { "(nothing)".to_string() } else { stderr };
                 drop(process);
                 self.release_slot();
                 Err(match failure {
-                    IoFailure::Timeout => WalRedoError::Timeout { what: what(), timeout: self.config.request_timeout, stderr },
+                    IoFailure::Timeout => WalRedoError::Timeout { what: what(), timeout, stderr },
                     IoFailure::Failed(reason) => WalRedoError::Failed { what: what(), reason, stderr },
                 })
             }
         }
     }
 
-    fn checkout(&self) -> Result<RedoProcess, WalRedoError> {
+    /// A process for one request: an idle one, a new one, or (if all are busy) the first
+    /// to become free before `deadline`. `None` when the deadline passed.
+    fn checkout(&self, deadline: Instant) -> Result<Option<RedoProcess>, WalRedoError> {
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            if let Some(p) = pool.idle.pop() {
-                return Ok(p);
+            while let Some(mut p) = pool.idle.pop() {
+                if p.is_alive() {
+                    p.stderr.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                    return Ok(Some(p));
+                }
+                // It died while idle (say, killed by the OOM killer): replace it.
+                tracing::warn!("an idle wal redo process had exited; starting a new one");
+                pool.running -= 1;
             }
             if pool.running < self.config.processes_max {
                 pool.running += 1;
                 drop(pool);
-                return RedoProcess::spawn(&self.config).inspect_err(|_| self.release_slot());
+                return RedoProcess::spawn(&self.config).map(Some).inspect_err(|_| self.release_slot());
             }
-            pool = self.freed.wait(pool).unwrap_or_else(|p| p.into_inner());
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            pool = self.freed.wait_timeout(pool, left).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
 

@@ -4,7 +4,8 @@
 //! protocol version, tenant and timeline; the server answers `HelloOk` or `Error` and
 //! closes. After that the client sends requests, each with a `request_id` of its choosing,
 //! and may send many before reading answers (pipelining); the server answers each request
-//! exactly once, in order, echoing its id.
+//! exactly once, in order, echoing its id. Id 0 is reserved for errors that answer no
+//! request (a refused `Hello`, a malformed message), so requests use ids from 1.
 //!
 //! Every message is framed as a tag byte, a big-endian `u32` payload length, and the
 //! payload; integers are big-endian. The decoder validates everything (tags, lengths,
@@ -112,6 +113,8 @@ pub enum PagestreamError {
     BadBool(u8),
     #[error("error message is not valid UTF-8")]
     BadUtf8,
+    #[error("request id 0 is reserved for connection-level errors")]
+    ReservedId,
 }
 
 // Tags: requests are lowercase, responses uppercase, so a stream read in the wrong
@@ -177,6 +180,12 @@ impl Fields<'_> {
     }
     fn u64(&mut self) -> u64 {
         u64::from_be_bytes(self.take())
+    }
+    fn request_id(&mut self) -> Result<u64, PagestreamError> {
+        match self.u64() {
+            0 => Err(PagestreamError::ReservedId),
+            id => Ok(id),
+        }
     }
     fn lsns(&mut self) -> Result<ReadLsns, PagestreamError> {
         let request_lsn = Lsn(self.u64());
@@ -286,11 +295,11 @@ impl Request {
             }
             T_GET_PAGE => {
                 expect_len(tag, len, len == 8 + LSNS_BYTES + REL_BYTES + 4, "41")?;
-                Request::GetPage { id: f.u64(), lsns: f.lsns()?, rel: f.rel()?, blkno: BlockNumber(f.u32()) }
+                Request::GetPage { id: f.request_id()?, lsns: f.lsns()?, rel: f.rel()?, blkno: BlockNumber(f.u32()) }
             }
             T_NBLOCKS | T_EXISTS => {
                 expect_len(tag, len, len == 8 + LSNS_BYTES + REL_BYTES, "37")?;
-                let (id, lsns, rel) = (f.u64(), f.lsns()?, f.rel()?);
+                let (id, lsns, rel) = (f.request_id()?, f.lsns()?, f.rel()?);
                 if tag == T_NBLOCKS {
                     Request::Nblocks { id, lsns, rel }
                 } else {
@@ -299,11 +308,11 @@ impl Request {
             }
             T_DB_SIZE => {
                 expect_len(tag, len, len == 8 + LSNS_BYTES + 8, "32")?;
-                Request::DbSize { id: f.u64(), lsns: f.lsns()?, spcnode: f.u32(), dbnode: f.u32() }
+                Request::DbSize { id: f.request_id()?, lsns: f.lsns()?, spcnode: f.u32(), dbnode: f.u32() }
             }
             T_SLRU => {
                 expect_len(tag, len, len == 8 + LSNS_BYTES + 5, "29")?;
-                let (id, lsns) = (f.u64(), f.lsns()?);
+                let (id, lsns) = (f.request_id()?, f.lsns()?);
                 let k = f.u8();
                 let kind = SlruKind::from_u32(u32::from(k)).ok_or(PagestreamError::BadSlruKind(k))?;
                 Request::GetSlruSegment { id, lsns, kind, segno: f.u32() }

@@ -110,7 +110,9 @@ impl PageService {
                 let stream = match conn {
                     Ok(s) => s,
                     Err(e) => {
+                        // Out of file descriptors, most likely: back off instead of spinning.
                         tracing::warn!("could not accept a page service connection: {e}");
+                        std::thread::sleep(Duration::from_millis(100));
                         continue;
                     }
                 };
@@ -163,6 +165,11 @@ impl PageService {
 
         loop {
             let Some(req) = read_request(&mut reader, &mut writer)? else { return Ok(()) };
+            if matches!(req, Request::Hello { .. }) {
+                let msg = "Hello may only be sent once, as the first message";
+                send_error(&mut writer, 0, ErrorCode::Protocol, msg)?;
+                return Err(ConnectionError::Protocol(msg.into()));
+            }
             out.clear();
             self.handle_request(&api, req).encode(&mut out);
             writer.write_all(&out)?;
@@ -182,7 +189,8 @@ impl PageService {
         let id = req.id();
         let t = self.wait_lsn_timeout;
         let result = match req {
-            Request::Hello { .. } => return error_response(id, ErrorCode::Protocol, "Hello may only be sent once".into()),
+            // The connection loop answers a second Hello itself; this keeps the match total.
+            Request::Hello { .. } => return error_response(0, ErrorCode::Protocol, "Hello may only be sent once".into()),
             Request::GetPage { lsns, rel, blkno, .. } => {
                 api.get_page(rel, blkno, read_lsn(api, lsns), t).map(|page| Response::Page { id, page: page.to_vec() })
             }

@@ -145,12 +145,12 @@ fn pipelined_requests_are_answered_in_order() {
     let f = start();
     let mut c = Client::hello(&f);
     let mut batch = Vec::new();
-    for id in 0..200u64 {
+    for id in 1..=200u64 {
         Request::GetPage { id, lsns: lsns(0x200, 0x100), rel: rel(16384), blkno: BlockNumber((id % 2) as u32) }
             .encode(&mut batch);
     }
     c.send_raw(&batch);
-    for id in 0..200u64 {
+    for id in 1..=200u64 {
         let want = if id % 2 == 0 { page(3) } else { page(2) };
         assert_eq!(c.recv(), Some(Response::Page { id, page: want.to_vec() }));
     }
@@ -217,6 +217,12 @@ fn bad_handshakes_and_malformed_messages_are_refused() {
     let mut c = Client::connect(&f);
     c.send(&Request::Nblocks { id: 1, lsns: lsns(0x200, 0x100), rel: rel(16384) });
     assert!(matches!(c.recv(), Some(Response::Error { code: ErrorCode::Protocol, .. })));
+
+    // A second Hello closes the connection.
+    let mut c = Client::hello(&f);
+    c.send(&Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: TENANT, timeline: TIMELINE });
+    assert!(matches!(c.recv(), Some(Response::Error { id: 0, code: ErrorCode::Protocol, .. })));
+    assert_eq!(c.recv(), None);
 
     // Garbage after a good handshake: a protocol error, then the connection closes, and
     // the service goes on serving others.

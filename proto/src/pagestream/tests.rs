@@ -23,13 +23,13 @@ fn request() -> impl Strategy<Value = Request> {
             tenant: TenantId(t),
             timeline: TimelineId(l)
         }),
-        (any::<u64>(), lsns(), rel(), any::<u32>())
+        (1u64.., lsns(), rel(), any::<u32>())
             .prop_map(|(id, lsns, rel, b)| Request::GetPage { id, lsns, rel, blkno: BlockNumber(b) }),
-        (any::<u64>(), lsns(), rel()).prop_map(|(id, lsns, rel)| Request::Nblocks { id, lsns, rel }),
-        (any::<u64>(), lsns(), rel()).prop_map(|(id, lsns, rel)| Request::Exists { id, lsns, rel }),
-        (any::<u64>(), lsns(), any::<u32>(), any::<u32>())
+        (1u64.., lsns(), rel()).prop_map(|(id, lsns, rel)| Request::Nblocks { id, lsns, rel }),
+        (1u64.., lsns(), rel()).prop_map(|(id, lsns, rel)| Request::Exists { id, lsns, rel }),
+        (1u64.., lsns(), any::<u32>(), any::<u32>())
             .prop_map(|(id, lsns, spcnode, dbnode)| Request::DbSize { id, lsns, spcnode, dbnode }),
-        (any::<u64>(), lsns(), 0u32..3, any::<u32>()).prop_map(|(id, lsns, k, segno)| Request::GetSlruSegment {
+        (1u64.., lsns(), 0u32..3, any::<u32>()).prop_map(|(id, lsns, k, segno)| Request::GetSlruSegment {
             id,
             lsns,
             kind: SlruKind::from_u32(k).unwrap(),
@@ -131,6 +131,10 @@ fn rejects_bad_requests_with_clear_errors() {
     let mut bad = buf.clone();
     bad[1..5].copy_from_slice(&u32::MAX.to_be_bytes());
     assert!(matches!(Request::decode(&bad), Err(PagestreamError::TooLong(_))));
+
+    let mut zero = Vec::new();
+    Request::Nblocks { id: 0, lsns: l, rel: r }.encode(&mut zero);
+    assert_eq!(Request::decode(&zero).unwrap_err().to_string(), "request id 0 is reserved for connection-level errors");
 
     // A response read as a request fails on its tag.
     let mut resp = Vec::new();
