@@ -31,6 +31,7 @@ pub mod layer_map;
 pub mod page_service;
 pub mod pageapi;
 pub mod reconstruct;
+#[cfg(feature = "server")]
 pub mod server;
 pub mod tenant;
 pub mod timeline;
