@@ -37,6 +37,8 @@ pub mod tenant;
 pub mod timeline;
 pub mod value;
 pub mod walingest;
+#[cfg(feature = "server")]
+pub mod walreceiver;
 pub mod walredo;
 
 pub use config::StorageConfig;

@@ -71,7 +71,9 @@ fn main() -> anyhow::Result<()> {
     tracing::info!("page service listening on {}", page_service.addr);
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("start tokio")?;
+    let ps2 = Arc::clone(&ps);
     runtime.block_on(async move {
+        let ps = ps2;
         let listener = tokio::net::TcpListener::bind(ps.conf.listen_http_addr)
             .await
             .with_context(|| format!("listen for HTTP on {}", ps.conf.listen_http_addr))?;
@@ -82,6 +84,7 @@ fn main() -> anyhow::Result<()> {
             .context("serve HTTP")?;
         anyhow::Ok(())
     })?;
+    ps.stop_wal_receivers();
     page_service.shutdown();
     tracing::info!("pageserver stopped");
     Ok(())

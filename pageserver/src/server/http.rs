@@ -9,6 +9,7 @@
 //! | POST | `/v1/tenant/{tenant}/timeline` | create: `{"timeline_id"?, "ancestor_timeline_id"?, "ancestor_lsn"?}` |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}` | one timeline's status |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/import` | `{"pgdata": "/path"}`: bootstrap from a shut-down data directory on this host |
+//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | `{"host", "port", "user"}`: follow a server's WAL over streaming replication |
 //! | GET | `/metrics` | Prometheus text format |
 //!
 //! Errors are `{"error": "..."}` with a status code chosen in one place, [`ApiError`].
@@ -73,10 +74,12 @@ struct TimelineInfo {
     disk_consistent_lsn: String,
     gc_cutoff_lsn: String,
     layers: usize,
+    wal_receiver: Option<crate::walreceiver::WalReceiverStatus>,
 }
 
-fn timeline_info(t: &Timeline) -> TimelineInfo {
+fn timeline_info(ps: &Pageserver, t: &Timeline) -> TimelineInfo {
     TimelineInfo {
+        wal_receiver: ps.wal_receiver_status(t.tenant_id(), t.timeline_id()),
         tenant_id: t.tenant_id().to_string(),
         timeline_id: t.timeline_id().to_string(),
         ancestor_timeline_id: t.ancestor_timeline_id().map(|id| id.to_string()),
@@ -135,6 +138,7 @@ pub fn router(ps: Arc<Pageserver>) -> Router {
         .route("/v1/tenant/{tenant}/timeline", get(list_timelines).post(create_timeline))
         .route("/v1/tenant/{tenant}/timeline/{timeline}", get(get_timeline))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/import", post(import))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver", post(start_wal_receiver))
         .route("/metrics", get(metrics))
         .with_state(ps)
 }
@@ -155,7 +159,7 @@ async fn create_tenant(State(ps): State<Arc<Pageserver>>, body: Bytes) -> Result
 
 async fn list_timelines(State(ps): State<Arc<Pageserver>>, Path(tenant): Path<String>) -> Result<Json<Vec<TimelineInfo>>, ApiError> {
     let tenant = ps.tenant(parse("tenant id", &tenant)?)?;
-    Ok(Json(tenant.timelines().iter().map(|t| timeline_info(t)).collect()))
+    Ok(Json(tenant.timelines().iter().map(|t| timeline_info(&ps, t)).collect()))
 }
 
 async fn create_timeline(
@@ -176,13 +180,14 @@ async fn create_timeline(
         }
         (Some(a), lsn) => Some((parse::<TimelineId>("ancestor timeline id", &a)?, lsn.map(|l| parse::<Lsn>("ancestor LSN", &l)).transpose()?)),
     };
+    let ps2 = Arc::clone(&ps);
     let created = blocking(move || ps.create_timeline(tenant, timeline, ancestor)).await?;
-    Ok((StatusCode::CREATED, Json(timeline_info(&created))))
+    Ok((StatusCode::CREATED, Json(timeline_info(&ps2, &created))))
 }
 
 async fn get_timeline(State(ps): State<Arc<Pageserver>>, Path((tenant, timeline)): Path<(String, String)>) -> Result<Json<TimelineInfo>, ApiError> {
     let t = ps.timeline(parse("tenant id", &tenant)?, parse("timeline id", &timeline)?)?;
-    Ok(Json(timeline_info(&t)))
+    Ok(Json(timeline_info(&ps, &t)))
 }
 
 async fn import(
@@ -199,6 +204,18 @@ async fn import(
         "system_identifier": summary.system_identifier.to_string(),
         "databases": summary.databases,
     })))
+}
+
+async fn start_wal_receiver(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    let source: crate::walreceiver::WalSource = serde_json::from_slice(&body)
+        .map_err(|e| ApiError(ManagementError::BadRequest(format!("invalid request body: {e}"))))?;
+    blocking(move || ps.start_wal_receiver(tenant, timeline, source)).await?;
+    Ok(StatusCode::ACCEPTED)
 }
 
 /// Gauges read off the tenants at scrape time.

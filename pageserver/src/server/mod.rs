@@ -10,6 +10,7 @@
 pub mod config;
 pub mod http;
 
+use std::collections::HashMap;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
@@ -22,6 +23,7 @@ use crate::reconstruct::PgReconstructor;
 use crate::tenant::Tenant;
 use crate::timeline::Timeline;
 use crate::value::Reconstructor;
+use crate::walreceiver::{WalReceiver, WalReceiverStatus, WalSource};
 use crate::walredo::{WalRedoConfig, WalRedoManager};
 use crate::CreateTimelineError;
 pub use config::PageserverConfig;
@@ -31,6 +33,7 @@ pub struct Pageserver {
     pub tenants: Arc<TenantRegistry>,
     reconstructor: Arc<dyn Reconstructor>,
     create_lock: Mutex<()>,
+    receivers: Mutex<HashMap<(TenantId, TimelineId), WalReceiver>>,
 }
 
 /// Why a management request was refused; mapped to HTTP status codes in one place
@@ -75,7 +78,13 @@ impl Pageserver {
             tracing::info!(tenant = %id, timelines = tenant.timelines().len(), "loaded tenant");
             registry.insert(Arc::new(tenant));
         }
-        Ok(Pageserver { conf, tenants: registry, reconstructor: Arc::new(PgReconstructor::new(redo)), create_lock: Mutex::new(()) })
+        Ok(Pageserver {
+            conf,
+            tenants: registry,
+            reconstructor: Arc::new(PgReconstructor::new(redo)),
+            create_lock: Mutex::new(()),
+            receivers: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Starts the page service on its configured address.
@@ -148,5 +157,33 @@ impl Pageserver {
         let summary = import_datadir(&timeline, pgdata).map_err(|e| ManagementError::BadRequest(format!("{e:#}")))?;
         timeline.freeze_and_flush()?;
         Ok(summary)
+    }
+
+    /// Starts following `source`'s WAL into the timeline, replacing any receiver it had.
+    pub fn start_wal_receiver(&self, tenant: TenantId, timeline: TimelineId, source: WalSource) -> Result<(), ManagementError> {
+        let t = self.timeline(tenant, timeline)?;
+        if !t.last_record_lsn().is_valid() {
+            return Err(ManagementError::Conflict(format!(
+                "timeline {timeline} has no data yet; import or branch it before streaming WAL into it"
+            )));
+        }
+        let receiver = WalReceiver::start(t, Arc::clone(&self.reconstructor), source);
+        let old = self.receivers.lock().unwrap_or_else(|p| p.into_inner()).insert((tenant, timeline), receiver);
+        if let Some(old) = old {
+            old.stop();
+        }
+        Ok(())
+    }
+
+    pub fn wal_receiver_status(&self, tenant: TenantId, timeline: TimelineId) -> Option<WalReceiverStatus> {
+        self.receivers.lock().unwrap_or_else(|p| p.into_inner()).get(&(tenant, timeline)).map(WalReceiver::status)
+    }
+
+    /// Stops every WAL receiver (at shutdown).
+    pub fn stop_wal_receivers(&self) {
+        let receivers: Vec<WalReceiver> = self.receivers.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, r)| r).collect();
+        for r in receivers {
+            r.stop();
+        }
     }
 }
