@@ -283,13 +283,23 @@ impl WalIngest {
 fn truncate_slru(m: &mut Modification<'_>, slru: SlruKind, cutoff_page: u32, precedes: fn(u32, u32) -> bool) -> anyhow::Result<()> {
     let cutoff = cutoff_page - cutoff_page % SLRU_PAGES_PER_SEGMENT;
     let mut segments = m.slru_dir(slru)?;
-    let before = segments.len();
-    segments.retain(|&segno| {
-        let first = segno.wrapping_mul(SLRU_PAGES_PER_SEGMENT);
-        let last = first.wrapping_add(SLRU_PAGES_PER_SEGMENT - 1);
-        !(precedes(first, cutoff) && precedes(last, cutoff))
-    });
-    if segments.len() != before {
+    let removed: Vec<u32> = segments
+        .iter()
+        .copied()
+        .filter(|&segno| {
+            let first = segno.wrapping_mul(SLRU_PAGES_PER_SEGMENT);
+            let last = first.wrapping_add(SLRU_PAGES_PER_SEGMENT - 1);
+            precedes(first, cutoff) && precedes(last, cutoff)
+        })
+        .collect();
+    if !removed.is_empty() {
+        for segno in &removed {
+            segments.remove(segno);
+            // An empty size, not just a missing directory entry: after wraparound the same
+            // segment number comes back, and its pages must start as zeros, not as the
+            // pages of 2^32 transactions ago.
+            m.put_slru_segment_size(slru, *segno, 0);
+        }
         m.put_slru_dir(slru, &segments);
     }
     Ok(())

@@ -160,6 +160,16 @@ fn commits_and_aborts_set_clog_bits_and_drop_relations() {
     f.ingest(RM_CLOG_ID, CLOG_ZEROPAGE, 0, &le(&[64]));
     f.ingest(RM_CLOG_ID, CLOG_TRUNCATE, 0, &le(&[70, 3, 1]));
     f.check(|d, lsn| assert_eq!(d.list_slru_segments(SlruKind::Clog, lsn).unwrap(), [2].into()));
+    // After wraparound segment 0 comes back: a commit on it must start from a zero page,
+    // not from the truncated segment's old contents.
+    let mut commit = Vec::new();
+    commit.extend_from_slice(&0i64.to_le_bytes());
+    f.ingest(RM_XACT_ID, XLOG_XACT_COMMIT, 32764, &commit);
+    f.check(|d, lsn| {
+        let seg = d.get_slru_segment(SlruKind::Clog, 0, lsn).unwrap();
+        assert_eq!(clog_get_status(&seg[..PAGE_SIZE_BYTES], 32764), XidStatus::Committed);
+        assert_eq!(clog_get_status(&seg[..PAGE_SIZE_BYTES], 32767), XidStatus::InProgress, "old bits are gone");
+    });
 }
 
 #[test]
