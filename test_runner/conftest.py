@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.pageserver import Pageserver
 from fixtures.paths import pg_bin_dir
 from fixtures.postgres import PgServer
 
@@ -38,3 +39,11 @@ def pg_factory(tmp_path: Path):
 def fjord_pg(pg_factory) -> PgServer:
     """A running server from our build with the fjord library preloaded."""
     return pg_factory("fjord", {"shared_preload_libraries": "'fjord'"}).initdb().start()
+
+
+@pytest.fixture
+def pageserver(tmp_path: Path):
+    """A running pageserver process with its own work directory and ports."""
+    ps = Pageserver(tmp_path).start()
+    yield ps
+    ps.stop()

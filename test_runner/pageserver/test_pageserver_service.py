@@ -10,19 +10,12 @@ from pathlib import Path
 import pytest
 
 from fixtures.logs import unexpected_lines
-from fixtures.pageserver import HttpError, Pageserver
+from fixtures.pageserver import HttpError
 from fixtures.pagestream import PageServiceClient, PageServiceError, RelTag, lsn_int
 from fixtures.paths import pg_bin_dir
 
 TENANT = "11111111111111111111111111111111"
 TIMELINE = "22222222222222222222222222222222"
-
-
-@pytest.fixture
-def pageserver(tmp_path):
-    ps = Pageserver(tmp_path).start()
-    yield ps
-    ps.stop()
 
 
 def initdb(tmp_path: Path) -> Path:

@@ -12,19 +12,11 @@ from __future__ import annotations
 import pytest
 
 from fixtures.logs import unexpected_lines
-from fixtures.pageserver import Pageserver
 from fixtures.pagestream import PageServiceClient, RelTag, lsn_int
 from fixtures.postgres import wait_until
 
 TENANT = "33333333333333333333333333333333"
 TIMELINE = "44444444444444444444444444444444"
-
-
-@pytest.fixture
-def pageserver(tmp_path):
-    ps = Pageserver(tmp_path).start()
-    yield ps
-    ps.stop()
 
 
 def timeline_status(ps):
