@@ -9,7 +9,6 @@ of the server.
 
 from __future__ import annotations
 
-import pytest
 
 from fixtures.logs import unexpected_lines
 from fixtures.pagestream import PageServiceClient, RelTag, lsn_int
