@@ -9,7 +9,6 @@ of the server.
 
 from __future__ import annotations
 
-
 from fixtures.logs import unexpected_lines
 from fixtures.pagestream import PageServiceClient, RelTag, lsn_int
 from fixtures.postgres import wait_until
