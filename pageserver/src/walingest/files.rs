@@ -1,5 +1,7 @@
-//! Ingest from PostgreSQL's own WAL files (`pg_wal/`), for imports and tests: read the
-//! segments in order from a start LSN and ingest every record until the WAL ends.
+//! Ingest from PostgreSQL's own WAL files (`pg_wal/`), for imports, tests and benchmarks:
+//! read the segments in order from a start LSN and ingest every record until the WAL ends,
+//! or until a stop LSN (`ingest_pg_wal_until`), after which a later call continues from the
+//! timeline's last record LSN.
 //!
 //! The end of WAL is found as PostgreSQL's recovery finds it: the first record that fails
 //! to decode (zeros after the last record, or a recycled segment whose page addresses are
@@ -28,7 +30,8 @@ pub struct WalFilesIngested {
     /// The end of the last record ingested (the last record LSN), or `start_lsn`.
     pub end_lsn: Lsn,
     pub records: u64,
-    /// Why reading stopped: the decoder's message at the end of WAL, or a missing file.
+    /// Why reading stopped: the decoder's message at the end of WAL, a missing file, or
+    /// the stop LSN.
     pub stopped_by: String,
 }
 
@@ -44,6 +47,13 @@ impl WalIngest {
     /// start or page boundary, to its end. Errors are failures to read files or to ingest;
     /// the end of WAL is not one (see the module documentation).
     pub fn ingest_pg_wal(&mut self, pg_wal: &Path, tli: u32, start: Lsn) -> anyhow::Result<WalFilesIngested> {
+        self.ingest_pg_wal_until(pg_wal, tli, start, Lsn::MAX)
+    }
+
+    /// As `ingest_pg_wal`, but stops before the first record that ends after `stop`: the
+    /// timeline then stands at the last record ending at or before `stop`, which is where
+    /// the next call starts (`timeline().last_record_lsn()`, the start of the next record).
+    pub fn ingest_pg_wal_until(&mut self, pg_wal: &Path, tli: u32, start: Lsn, stop: Lsn) -> anyhow::Result<WalFilesIngested> {
         let span = tracing::info_span!("wal_ingest", tenant_id = %self.timeline.tenant_id(), timeline_id = %self.timeline.timeline_id());
         let _entered = span.enter();
         let mut decoder = WalStreamDecoder::new(start, DecoderConfig::default())?;
@@ -67,6 +77,9 @@ impl WalIngest {
                 decoder.feed_bytes(&buf[..n]);
                 loop {
                     match decoder.poll_decode() {
+                        Ok(Some(record)) if record.end_lsn() > stop => {
+                            break 'segments format!("the record at {} ends after the stop LSN {stop}", record.start_lsn());
+                        }
                         Ok(Some(record)) => {
                             let decoded = record.decode()?;
                             self.ingest_record(&decoded, record.end_lsn())?;

@@ -5,8 +5,14 @@
 //! runs through `runuser -u <FJORD_PG_USER, default fjord> --`, and the temporary directory
 //! is handed to that user; the pageserver itself (this process) reads the files as root.
 //! Reaching a binary: `FJORD_PG_BIN`, or `target/pg15/bin` as `scripts/setup` builds it.
+//!
+//! `compare.rs` holds what the tests that compare the store with a data directory share:
+//! relation kinds from `pg_class`, masking with PostgreSQL's `rm_mask`, and the block by
+//! block comparison with its documented exceptions.
 
 #![allow(dead_code)]
+
+pub mod compare;
 
 use std::ffi::CString;
 use std::io::Write;
@@ -135,6 +141,50 @@ impl PgCluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Runs `pgbench` against database `db` with `args` (`-i -s 10`, `-T 10 -c 4`, ...);
+    /// returns its standard output and error. Any failure fails the test.
+    pub fn pgbench(&self, db: &str, args: &[&str]) -> String {
+        let sock = self.dir.path().display().to_string();
+        let port = self.port.to_string();
+        let mut all: Vec<&str> = vec!["-h", &sock, "-p", &port, "-U", "postgres"];
+        all.extend_from_slice(args);
+        all.push(db);
+        let out = self.command("pgbench").args(&all).output().expect("start pgbench");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "pgbench {args:?} failed ({}):\n{text}", out.status);
+        text
+    }
+
+    /// A `psql` session that stays connected: statements sent to it run as they arrive, so
+    /// a transaction can stay open while other sessions work.
+    pub fn session(&self, db: &str) -> PgSession {
+        let sock = self.dir.path().display().to_string();
+        let port = self.port.to_string();
+        let child = self
+            .command("psql")
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+            .args(["-h", &sock, "-p", &port, "-U", "postgres", "-d", db, "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start psql");
+        PgSession { child: Some(child), db: db.to_string() }
+    }
+
+    /// Waits (at most a minute) until `sql` returns `expected` in database `db`.
+    pub fn wait_for(&self, db: &str, sql: &str, expected: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let got = self.psql(db, sql);
+            if got.trim() == expected {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "waited a minute for {sql:?} to return {expected:?}; it returns {got:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// `psql` returning rows split on `|`.
     pub fn rows(&self, db: &str, sql: &str) -> Vec<Vec<String>> {
         self.psql(db, sql).lines().filter(|l| !l.is_empty()).map(|l| l.split('|').map(str::to_string).collect()).collect()
@@ -150,6 +200,42 @@ impl Drop for PgCluster {
         if self.running {
             let pgdata = self.pgdata.display().to_string();
             let _ = self.command("pg_ctl").args(["-D", &pgdata, "-m", "immediate", "-w", "stop"]).output();
+        }
+    }
+}
+
+/// An open `psql` session (see `PgCluster::session`).
+pub struct PgSession {
+    /// `None` once `finish` has waited for it.
+    child: Option<std::process::Child>,
+    db: String,
+}
+
+impl PgSession {
+    /// Sends statements; they run as soon as psql reads them. Nothing waits for them: the
+    /// caller observes their effect from another session (`PgCluster::wait_for`).
+    pub fn send(&mut self, sql: &str) {
+        let stdin = self.child.as_mut().and_then(|c| c.stdin.as_mut()).expect("the session is open");
+        stdin.write_all(sql.as_bytes()).and_then(|()| stdin.write_all(b"\n")).and_then(|()| stdin.flush()).expect("write to psql");
+    }
+
+    /// Sends `sql`, ends the session and checks that every statement succeeded.
+    pub fn finish(mut self, sql: &str) -> String {
+        self.send(sql);
+        let mut child = self.child.take().expect("the session is open");
+        drop(child.stdin.take());
+        let out = child.wait_with_output().expect("wait for psql");
+        assert!(out.status.success(), "psql session in {} failed: {}", self.db, String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for PgSession {
+    fn drop(&mut self) {
+        // A session abandoned by a failing test must not keep the server from stopping.
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }
