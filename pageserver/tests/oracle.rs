@@ -3,7 +3,7 @@
 //! A fresh `initdb` is imported; a real server then runs a mixed workload in phases:
 //! (a) `pgbench -i -s 10` and `pgbench -T 10 -c 4`; (b) DDL: GIN (array, tsvector), GiST
 //! (point with a sorted build, box with a buffered build, tsvector), SP-GiST and hash index
-//! builds (BRIN: see `brin_revmap_pages_through_wal_redo` at the end), a B-tree built on
+//! builds, BRIN (also `brin_revmap_pages_through_wal_redo` at the end), a B-tree built on
 //! the big table, changes after the builds, `VACUUM`,
 //! `VACUUM FULL`, `TRUNCATE`, a rewriting `ALTER TABLE ADD COLUMN`, a sequence; (c)
 //! `CREATE DATABASE` with both strategies, `DROP DATABASE`, a transaction with 200
@@ -65,6 +65,7 @@ CREATE INDEX docs_bx ON docs USING gist (bx) WITH (buffering = on);
 CREATE INDEX docs_tsv_gist ON docs USING gist (tsv);
 CREATE INDEX docs_pos_spgist ON docs USING spgist (pos);
 CREATE INDEX docs_id_hash ON docs USING hash (id);
+CREATE INDEX docs_id_brin ON docs USING brin (id) WITH (pages_per_range = 4);
 -- Changes after the builds: GIN's pending list, splits in every index, dead tuples.
 INSERT INTO docs (tags, body, pos, bx)
     SELECT ARRAY[g % 5, 1000 + g], 'late ' || g, point(g % 90, g % 70), box(point(g, g), point(g + 1, g + 1))
@@ -431,18 +432,16 @@ fn pageserver_matches_postgres_at_every_checkpoint_of_a_mixed_workload() {
     assert!(totals.blocks > 4 * 16_000, "every snapshot has pgbench_accounts' 16,000+ blocks: {}", totals.blocks);
 }
 
-/// BRIN pages through WAL redo, left out of the workload above until this passes.
+/// BRIN revmap pages through WAL redo, on their own and quickly.
 ///
-/// `brin_xlog_insert_update` takes the block number of the regular page it inserted into
-/// from that page's buffer (`BufferGetBlockNumber`), also when it replays the record for
-/// the revmap page only. Patch 0003's filter hands the skipped regular page no buffer, so
-/// the assert-enabled redo process traps (`BufferIsPinned(buffer)`); without assertions it
-/// would read a buffer descriptor out of bounds and could write a wrong TID into the
-/// revmap. Every BRIN insert or update record makes its revmap page unreadable, and with
-/// it image layer creation over any key range holding one. The fix belongs to the redo
-/// side: take the number from the record (`XLogRecGetBlockTag(record, 0, ...)`) instead.
+/// `brin_xlog_insert_update` used to take the block number of the regular page it inserted
+/// into from that page's buffer (`BufferGetBlockNumber`), also when it replays the record
+/// for the revmap page only. Patch 0003's filter hands the skipped regular page no buffer,
+/// so the assert-enabled redo process trapped (`BufferIsPinned(buffer)`); without
+/// assertions it would have read a buffer descriptor out of bounds and could have written
+/// a wrong TID into the revmap. Patch 0004 takes the number from the record instead; this
+/// test found the bug and keeps it fixed.
 #[test]
-#[ignore = "WAL redo of a BRIN revmap page traps in brin_xlog_insert_update (see the doc comment)"]
 fn brin_revmap_pages_through_wal_redo() {
     let mut pg = PgCluster::initdb();
     let tenants = pg.dir.path().join("tenants");
