@@ -124,21 +124,26 @@ impl PgCluster {
     /// Runs `sql` (any number of statements, fed on stdin) in database `db`; returns the
     /// unaligned, tuples-only output. Any error fails the test.
     pub fn psql(&self, db: &str, sql: &str) -> String {
-        let sock = self.dir.path().display().to_string();
-        let port = self.port.to_string();
-        let mut child = self
-            .command("psql")
-            .args(["-X", "-q", "-A", "-t", "-F", "|", "-v", "ON_ERROR_STOP=1"])
-            .args(["-h", &sock, "-p", &port, "-U", "postgres", "-d", db, "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start psql");
+        let mut child = self.psql_command(db, &["-F", "|"]).spawn().expect("start psql");
         child.stdin.take().expect("stdin").write_all(sql.as_bytes()).expect("write to psql");
         let out = child.wait_with_output().expect("wait for psql");
         assert!(out.status.success(), "psql in {db} failed: {}\n{sql}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `psql` on database `db` reading statements from its standard input, quiet,
+    /// unaligned, tuples only, stopping at the first error; `extra` flags go first.
+    fn psql_command(&self, db: &str, extra: &[&str]) -> Command {
+        let sock = self.dir.path().display().to_string();
+        let port = self.port.to_string();
+        let mut cmd = self.command("psql");
+        cmd.args(["-X", "-q", "-A", "-t"])
+            .args(extra)
+            .args(["-v", "ON_ERROR_STOP=1", "-h", &sock, "-p", &port, "-U", "postgres", "-d", db, "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
     }
 
     /// Runs `pgbench` against database `db` with `args` (`-i -s 10`, `-T 10 -c 4`, ...);
@@ -158,17 +163,7 @@ impl PgCluster {
     /// A `psql` session that stays connected: statements sent to it run as they arrive, so
     /// a transaction can stay open while other sessions work.
     pub fn session(&self, db: &str) -> PgSession {
-        let sock = self.dir.path().display().to_string();
-        let port = self.port.to_string();
-        let child = self
-            .command("psql")
-            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
-            .args(["-h", &sock, "-p", &port, "-U", "postgres", "-d", db, "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start psql");
+        let child = self.psql_command(db, &[]).spawn().expect("start psql");
         PgSession { child: Some(child), db: db.to_string() }
     }
 
