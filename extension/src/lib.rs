@@ -2,9 +2,8 @@
 //!
 //! Loaded through `shared_preload_libraries`, it installs fjord's storage manager through
 //! the `smgr_select_hook` that patch 0001 adds to PostgreSQL. Today that storage manager
-//! is a pass-through to md.c that counts what goes through it: the hook path is exercised
-//! for real by every test, and later work makes permanent relations read from the
-//! pageserver instead. `CREATE EXTENSION fjord` adds SQL functions in the `fjord` schema
+//! keeps permanent relations on the pageserver when `fjord.pageserver_address` is set
+//! (`smgr.rs`, `client.rs`, `cache.rs`), and is a counting pass-through to md.c otherwise. `CREATE EXTENSION fjord` adds SQL functions in the `fjord` schema
 //! that show what the extension is doing.
 //!
 //! Invariant: nothing here runs unless the library was preloaded. Loaded any other way
@@ -14,6 +13,10 @@
 
 use pgrx::prelude::*;
 
+mod cache;
+mod client;
+mod guc;
+mod shmem;
 mod smgr;
 mod status;
 mod walredo;
@@ -27,5 +30,6 @@ pub extern "C-unwind" fn _PG_init() {
     if !preloading {
         return;
     }
+    guc::define();
     smgr::install();
 }

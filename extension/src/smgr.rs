@@ -1,56 +1,78 @@
 //! fjord's storage manager, installed through patch 0001's `smgr_select_hook`.
 //!
-//! Every relation a backend opens is routed here. With no pageserver configured (the only
-//! mode so far) each call is passed to md.c, PostgreSQL's own storage manager, after being
-//! counted in shared memory; the counters are how tests prove that the hook path is live.
+//! Two modes, fixed at server start:
+//! - **pass-through** (`fjord.pageserver_address` empty): every call goes to md.c after
+//!   being counted; how the hook path is tested on a plain server.
+//! - **remote**: permanent relations live on the pageserver. Temporary relations never
+//!   reach us (the select hook gives them md.c); unlogged relations and every relation's
+//!   free space map stay on local disk through md.c (below, "local").
+//!
+//! Remote relations:
+//! - **read** is GetPage@LSN: `not_modified_since` is the block's last-written LSN from the
+//!   shared cache (`cache.rs`), never below the last checkpoint's redo pointer (which is
+//!   never below the LSN the compute started at, so a block untouched since the start asks
+//!   for at least that version); `request_lsn` is the current insert position. WAL up to
+//!   `not_modified_since` is flushed first, so the pageserver can have it.
+//! - **write** (a buffer leaving the pool, or a checkpoint) never ships the page. It
+//!   records the page's LSN as the block's last-written LSN, except for pages whose
+//!   content the WAL does not describe, which get a full-page image first (see
+//!   [`needs_image`]): pages never WAL-logged (LSN 0 or GiST's build LSN 1: unlogged index
+//!   builds of GIN, GiST and SP-GiST), and heap pages holding tuples of running
+//!   transactions (the cmin/cmax fix, below). Visibility-map pages use the current insert
+//!   position: heap records clear their bits without touching the map page's LSN.
+//! - **extend, truncate, nblocks, exists, create, unlink** go through the shared
+//!   relation-size cache; a size the cache lacks is asked of the pageserver once.
+//! - **FSM forks are local.** PostgreSQL never WAL-logs the free space map, so it is kept
+//!   in local md.c files; a new compute starts without one, which only costs free space
+//!   until VACUUM rebuilds it (the pageserver does not store FSMs either).
+//!
+//! **cmin/cmax.** WAL records of heap changes do not carry command ids; redo writes
+//! `FirstCommandId`. A page of a still-running transaction that left the pool and came
+//! back rebuilt from WAL would lose its command ids, and the transaction would see its own
+//! later changes from earlier commands (or miss earlier ones). We chose a full-page image
+//! at eviction for heap pages with tuples whose inserting or deleting transaction is still
+//! running: it needs no change to PostgreSQL or to the WAL format, and it costs WAL only
+//! for pages that leave the pool mid-transaction (bulk loads into a small buffer pool; a
+//! `COPY FREEZE` is exempt, its tuples are frozen). Changing heap WAL records to carry
+//! command ids would be cheaper at run time but is a WAL format change.
 //!
 //! Invariants:
-//! - Every callback is `#[pg_guard]`ed and calls md.c through `pg_guard_ffi_boundary`, so an
-//!   `ereport(ERROR)` raised inside md.c unwinds through Rust frames safely and reaches
-//!   PostgreSQL's error handling unchanged.
-//! - The counters live in shared memory requested at preload time; a process that has no
-//!   shared memory (none should call us, but a standalone backend could) counts nothing
-//!   rather than failing.
+//! - Every callback is `#[pg_guard]`ed; md.c is called through `pg_guard_ffi_boundary`,
+//!   so an ERROR raised anywhere unwinds through Rust frames and reaches PostgreSQL's
+//!   error handling unchanged. A pageserver that cannot be reached is an ERROR for the
+//!   query, never a crash.
+//! - A relation's persistence is `reln->smgr_relpersistence` (set by patch 0005 where
+//!   PostgreSQL knows it); when unknown it is decided once by looking for a local init
+//!   fork, which every unlogged relation has, and remembered in the same field.
 
 use std::ffi::c_char;
-use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pgrx::pg_sys;
 use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
 use pgrx::prelude::*;
+use proto::pagestream::{ErrorCode, ReadLsns, Request, Response};
+use proto::{BlockNumber, ForkNumber, Lsn, RelTag};
 
-/// Calls through fjord's storage manager since the server started, across all processes.
-#[derive(Default)]
-#[repr(C)]
-pub struct SmgrCounters {
-    pub relations_opened: AtomicU64,
-    pub reads: AtomicU64,
-    pub writes: AtomicU64,
-    pub extends: AtomicU64,
-    pub truncates: AtomicU64,
-    pub nblocks: AtomicU64,
-    pub creates: AtomicU64,
-    pub unlinks: AtomicU64,
-}
+use crate::cache::{self, RelFork, SizeUpdate};
+use crate::client::{self, ServerError};
+use crate::guc;
+use crate::shmem::{self, count};
 
-/// Points into shared memory once `shmem_startup` has run in the postmaster; inherited by
-/// every child through fork.
-static COUNTERS: AtomicPtr<SmgrCounters> = AtomicPtr::new(ptr::null_mut());
+pub use crate::shmem::SmgrCounters;
 
-static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
-static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
+const BLCKSZ: usize = pg_sys::BLCKSZ as usize;
+
+/// Whether permanent relations live on a pageserver (decided in the postmaster at preload,
+/// inherited by every child).
+static REMOTE: AtomicBool = AtomicBool::new(false);
 
 pub fn counters() -> Option<&'static SmgrCounters> {
-    // SAFETY: the pointer is either null or points at a SmgrCounters in shared memory that
-    // lives as long as the process.
-    unsafe { COUNTERS.load(Ordering::Acquire).as_ref() }
+    shmem::shared().map(|s| &s.counters)
 }
 
-fn count(field: impl Fn(&SmgrCounters) -> &AtomicU64) {
-    if let Some(c) = counters() {
-        field(c).fetch_add(1, Ordering::Relaxed);
-    }
+pub fn is_remote() -> bool {
+    REMOTE.load(Ordering::Relaxed)
 }
 
 /// The table PostgreSQL calls through for every relation we claim.
@@ -75,14 +97,10 @@ static FJORD_SMGR: pg_sys::f_smgr = pg_sys::f_smgr {
 /// Installs the shared-memory hooks and the storage manager hook. Called from `_PG_init`
 /// while shared_preload_libraries is being processed in the postmaster.
 pub fn install() {
-    // SAFETY: single-threaded postmaster start-up; we chain to whatever was installed before.
-    unsafe {
-        PREV_SHMEM_REQUEST_HOOK = pg_sys::shmem_request_hook;
-        pg_sys::shmem_request_hook = Some(shmem_request);
-        PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
-        pg_sys::shmem_startup_hook = Some(shmem_startup);
-        pg_sys::smgr_select_hook = Some(fjord_smgr_select);
-    }
+    REMOTE.store(guc::pageserver_address().is_some(), Ordering::Relaxed);
+    shmem::install_hooks();
+    // SAFETY: single-threaded postmaster start-up.
+    unsafe { pg_sys::smgr_select_hook = Some(fjord_smgr_select) };
 }
 
 /// True when this process routes relations through fjord's storage manager.
@@ -94,50 +112,15 @@ pub fn is_installed() -> bool {
 }
 
 #[pg_guard]
-unsafe extern "C-unwind" fn shmem_request() {
-    unsafe {
-        if let Some(prev) = PREV_SHMEM_REQUEST_HOOK {
-            pg_guard_ffi_boundary(|| prev());
-        }
-        pg_sys::RequestAddinShmemSpace(size_of::<SmgrCounters>());
+unsafe extern "C-unwind" fn fjord_smgr_select(rnode: pg_sys::RelFileNodeBackend) -> *const pg_sys::f_smgr {
+    if is_remote() && rnode.backend != pg_sys::InvalidBackendId {
+        // Temporary relations are backend-local files, always.
+        return std::ptr::null();
     }
-}
-
-/// `AddinShmemInitLock`, a C macro for slot 21 of the main LWLock array (lwlocknames.txt).
-unsafe fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
-    const ADDIN_SHMEM_INIT_LOCK_SLOT: usize = 21;
-    unsafe { &raw mut (*pg_sys::MainLWLockArray.add(ADDIN_SHMEM_INIT_LOCK_SLOT)).lock }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn shmem_startup() {
-    unsafe {
-        if let Some(prev) = PREV_SHMEM_STARTUP_HOOK {
-            pg_guard_ffi_boundary(|| prev());
-        }
-        pg_sys::LWLockAcquire(addin_shmem_init_lock(), pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let mut found = false;
-        let p = pg_sys::ShmemInitStruct(
-            c"fjord smgr counters".as_ptr(),
-            size_of::<SmgrCounters>(),
-            &mut found,
-        )
-        .cast::<SmgrCounters>();
-        if !found {
-            p.write(SmgrCounters::default());
-        }
-        COUNTERS.store(p, Ordering::Release);
-        pg_sys::LWLockRelease(addin_shmem_init_lock());
-    }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn fjord_smgr_select(_rnode: pg_sys::RelFileNodeBackend) -> *const pg_sys::f_smgr {
-    // Every relation goes through us; in pass-through mode we hand each call to md.c.
     &FJORD_SMGR
 }
 
-/// md.c's table, to which every call is passed.
+/// md.c's table.
 fn md() -> &'static pg_sys::f_smgr {
     // SAFETY: smgr_standard returns a pointer to a static const table in the server.
     unsafe { &*pg_sys::smgr_standard() }
@@ -150,13 +133,259 @@ macro_rules! md_call {
         // SAFETY: md.c's functions take exactly the arguments PostgreSQL passed to us, and
         // pg_guard_ffi_boundary turns an ERROR longjmp into a Rust panic that our own
         // #[pg_guard] turns back into the same ERROR.
-        unsafe { pg_guard_ffi_boundary(|| f($($arg),*)) }
+        #[allow(unused_unsafe)]
+        let result = unsafe { pg_guard_ffi_boundary(|| f($($arg),*)) };
+        result
     }};
+}
+
+const FSM_FORKNUM: pg_sys::ForkNumber::Type = pg_sys::ForkNumber::FSM_FORKNUM;
+const VM_FORKNUM: pg_sys::ForkNumber::Type = pg_sys::ForkNumber::VISIBILITYMAP_FORKNUM;
+const INIT_FORKNUM: pg_sys::ForkNumber::Type = pg_sys::ForkNumber::INIT_FORKNUM;
+
+/// Whether this fork of this relation is kept in local files rather than on the pageserver.
+unsafe fn is_local(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type) -> bool {
+    if !is_remote() || forknum == FSM_FORKNUM {
+        return true;
+    }
+    unsafe {
+        match (*reln).smgr_relpersistence as u8 {
+            b'p' => false,
+            b'u' | b't' => true,
+            _ => {
+                let unlogged = md_call!(smgr_exists(reln, INIT_FORKNUM));
+                (*reln).smgr_relpersistence = if unlogged { b'u' } else { b'p' } as c_char;
+                unlogged
+            }
+        }
+    }
+}
+
+fn rel_fork(rnode: &pg_sys::RelFileNode, forknum: pg_sys::ForkNumber::Type) -> RelFork {
+    RelFork { spcnode: rnode.spcNode.into(), dbnode: rnode.dbNode.into(), relnode: rnode.relNode.into(), forknum: forknum as i32 }
+}
+
+unsafe fn reln_fork(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type) -> RelFork {
+    unsafe { rel_fork(&(*reln).smgr_rnode.node, forknum) }
+}
+
+fn rel_tag(r: &RelFork) -> RelTag {
+    let forknum = ForkNumber::from_u8(r.forknum as u8).unwrap_or_else(|| error!("fjord: invalid fork number {}", r.forknum));
+    RelTag { spcnode: r.spcnode, dbnode: r.dbnode, relnode: r.relnode, forknum }
+}
+
+fn describe(r: &RelFork) -> String {
+    rel_tag(r).to_string()
+}
+
+fn insert_lsn() -> u64 {
+    // SAFETY: plain reads of WAL positions under their own locks.
+    unsafe { pg_sys::GetXLogInsertRecPtr() }
+}
+
+/// The LSNs of a read whose object was last changed at `last_written` (0: not since the
+/// compute started).
+fn read_lsns(last_written: u64) -> ReadLsns {
+    // SAFETY: plain calls into xlog.c; XLogFlush may ERROR, which unwinds normally.
+    unsafe {
+        let floor = pg_sys::GetRedoRecPtr();
+        let nms = last_written.max(floor);
+        let in_recovery = pg_sys::RecoveryInProgress();
+        if !in_recovery && nms > pg_sys::GetFlushRecPtr(std::ptr::null_mut()) {
+            pg_sys::XLogFlush(nms);
+        }
+        let request = if in_recovery { nms } else { insert_lsn().max(nms) };
+        ReadLsns { request_lsn: Lsn(request), not_modified_since: Lsn(nms) }
+    }
+}
+
+fn server_error(what: &str, e: ServerError) -> ! {
+    let code = match e.code {
+        ErrorCode::NoSuchBlock => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+        ErrorCode::LsnTimeout => PgSqlErrorCode::ERRCODE_QUERY_CANCELED,
+        _ => PgSqlErrorCode::ERRCODE_IO_ERROR,
+    };
+    ereport!(PgLogLevel::ERROR, code, format!("fjord: pageserver failed {what}: {}", e.message));
+    unreachable!("ereport(ERROR) does not return")
+}
+
+fn unexpected(what: &str, resp: Response) -> ! {
+    error!("fjord: pageserver answered {what} with an unexpected message: {resp:?}")
+}
+
+/// The size of a remote fork, from the cache or else the pageserver.
+fn remote_nblocks(r: &RelFork) -> u32 {
+    if let Some(n) = cache::cached_size(r) {
+        return n;
+    }
+    let lsns = read_lsns(cache::relation_changed(r));
+    let what = || format!("getting the size of relation {}", describe(r));
+    let rel = rel_tag(r);
+    match client::request(&what, &|id| Request::Nblocks { id, lsns, rel }) {
+        Ok(Response::Nblocks { nblocks, .. }) => cache::update_size(r, SizeUpdate::IfAbsent(nblocks)).unwrap_or(nblocks),
+        Ok(other) => unexpected(&what(), other),
+        Err(e) => server_error(&what(), e),
+    }
+}
+
+fn remote_exists(r: &RelFork) -> bool {
+    if cache::cached_size(r).is_some() {
+        return true;
+    }
+    let lsns = read_lsns(cache::relation_changed(r));
+    let what = || format!("checking whether relation {} exists", describe(r));
+    let rel = rel_tag(r);
+    match client::request(&what, &|id| Request::Exists { id, lsns, rel }) {
+        Ok(Response::Exists { exists, .. }) => exists,
+        Ok(other) => unexpected(&what(), other),
+        Err(e) => server_error(&what(), e),
+    }
+}
+
+fn page_lsn(page: &[u8]) -> u64 {
+    let hi = u32::from_ne_bytes(page[0..4].try_into().expect("4 bytes"));
+    let lo = u32::from_ne_bytes(page[4..8].try_into().expect("4 bytes"));
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+fn u16_at(page: &[u8], off: usize) -> u16 {
+    u16::from_ne_bytes([page[off], page[off + 1]])
+}
+
+fn u32_at(page: &[u8], off: usize) -> u32 {
+    u32::from_ne_bytes(page[off..off + 4].try_into().expect("4 bytes"))
+}
+
+/// `PageIsNew`: an all-zero page that was never initialized.
+fn page_is_new(page: &[u8]) -> bool {
+    u16_at(page, 14) == 0
+}
+
+/// `GistBuildLSN`: the fake LSN GiST stamps on pages during an unlogged build; anything
+/// at or below it was never WAL-logged.
+const MAX_FAKE_LSN: u64 = 1;
+
+/// Whether a page of a remote fork must be WAL-logged as a full-page image before it
+/// leaves the pool, because the WAL does not describe its content. See the module doc.
+fn needs_image(forknum: pg_sys::ForkNumber::Type, page: &[u8]) -> bool {
+    if page_is_new(page) || forknum == VM_FORKNUM {
+        return false;
+    }
+    if page_lsn(page) <= MAX_FAKE_LSN {
+        return true;
+    }
+    forknum == pg_sys::ForkNumber::MAIN_FORKNUM && heap_page_has_running_xids(page)
+}
+
+/// Whether a heap page holds a tuple inserted or deleted by a transaction that is still
+/// running, whose command ids WAL redo would not restore. Pages with special space (every
+/// index access method, sequences) are not heap pages and are skipped.
+fn heap_page_has_running_xids(page: &[u8]) -> bool {
+    const SIZE_OF_PAGE_HEADER: usize = 24;
+    const LP_NORMAL: u32 = 1;
+    const HEAP_XMAX_KEYSHR_LOCK: u16 = 0x0010;
+    const HEAP_XMAX_EXCL_LOCK: u16 = 0x0040;
+    const HEAP_XMAX_LOCK_ONLY: u16 = 0x0080;
+    const HEAP_XMIN_COMMITTED: u16 = 0x0100;
+    const HEAP_XMIN_INVALID: u16 = 0x0200;
+    const HEAP_XMAX_COMMITTED: u16 = 0x0400;
+    const HEAP_XMAX_INVALID: u16 = 0x0800;
+    const HEAP_XMAX_IS_MULTI: u16 = 0x1000;
+    const HEAP_LOCK_MASK: u16 = HEAP_XMAX_KEYSHR_LOCK | HEAP_XMAX_EXCL_LOCK;
+    const FIRST_NORMAL_XID: u32 = 3;
+
+    let pd_lower = usize::from(u16_at(page, 12));
+    let pd_special = usize::from(u16_at(page, 16));
+    if pd_special != BLCKSZ || pd_lower < SIZE_OF_PAGE_HEADER || pd_lower > BLCKSZ {
+        return false;
+    }
+    let mut checked: Option<(u32, bool)> = None;
+    let mut running = |xid: u32| -> bool {
+        if xid < FIRST_NORMAL_XID {
+            return false;
+        }
+        if let Some((x, r)) = checked {
+            if x == xid {
+                return r;
+            }
+        }
+        // SAFETY: reads the proc array under its own lock.
+        let r = unsafe { pg_sys::TransactionIdIsInProgress(pg_sys::TransactionId::from(xid)) };
+        checked = Some((xid, r));
+        r
+    };
+    for item in (SIZE_OF_PAGE_HEADER..pd_lower).step_by(4) {
+        if item + 4 > pd_lower {
+            break;
+        }
+        let id = u32_at(page, item);
+        let (off, flags, len) = ((id & 0x7fff) as usize, (id >> 15) & 3, (id >> 17) as usize);
+        if flags != LP_NORMAL || len < 23 || off + 24 > BLCKSZ {
+            continue;
+        }
+        let xmin = u32_at(page, off);
+        let xmax = u32_at(page, off + 4);
+        let infomask = u16_at(page, off + 20);
+        if infomask & (HEAP_XMIN_COMMITTED | HEAP_XMIN_INVALID) == 0 && running(xmin) {
+            return true;
+        }
+        if infomask & (HEAP_XMAX_INVALID | HEAP_XMAX_COMMITTED) == 0 {
+            let lock_only = infomask & HEAP_XMAX_LOCK_ONLY != 0
+                || infomask & (HEAP_XMAX_IS_MULTI | HEAP_LOCK_MASK) == HEAP_XMAX_EXCL_LOCK;
+            if lock_only {
+                continue;
+            }
+            if infomask & HEAP_XMAX_IS_MULTI != 0 || running(xmax) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// WAL-logs a copy of `page` as a full-page image and returns the record's end.
+unsafe fn log_image(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type, blkno: pg_sys::BlockNumber, page: &[u8]) -> Option<u64> {
+    unsafe {
+        if !pg_sys::XLogInsertAllowed() {
+            return None;
+        }
+        // A copy: log_newpage stamps the LSN on the page it is given, and the buffer is
+        // only share-locked here.
+        let mut copy = pg_sys::PGAlignedBlock::default();
+        let dst = std::slice::from_raw_parts_mut(copy.data.as_mut_ptr().cast::<u8>(), BLCKSZ);
+        dst.copy_from_slice(page);
+        let mut rnode = (*reln).smgr_rnode.node;
+        let lsn = pg_sys::log_newpage(&mut rnode, forknum, blkno, copy.data.as_mut_ptr(), true);
+        count(|c| &c.eviction_fpis);
+        Some(lsn)
+    }
+}
+
+/// The LSN from which the WAL describes `page` as it is now, logging an image if needed.
+unsafe fn written_lsn(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type, blkno: pg_sys::BlockNumber, page: &[u8]) -> u64 {
+    if needs_image(forknum, page) {
+        if let Some(lsn) = unsafe { log_image(reln, forknum, blkno, page) } {
+            return lsn;
+        }
+    }
+    let lsn = page_lsn(page);
+    if forknum == VM_FORKNUM || page_is_new(page) || lsn <= MAX_FAKE_LSN {
+        // Map bits cleared by heap records, or a zero page the WAL has not described yet:
+        // everything up to now is the safe answer.
+        lsn.max(insert_lsn())
+    } else {
+        lsn
+    }
+}
+
+unsafe fn page_slice<'a>(buffer: *const c_char) -> &'a [u8] {
+    unsafe { std::slice::from_raw_parts(buffer.cast::<u8>(), BLCKSZ) }
 }
 
 #[pg_guard]
 unsafe extern "C-unwind" fn fjord_open(reln: pg_sys::SMgrRelation) {
     count(|c| &c.relations_opened);
+    // md.c's state is initialized for every relation: local forks use it.
     md_call!(smgr_open(reln))
 }
 
@@ -168,18 +397,48 @@ unsafe extern "C-unwind" fn fjord_close(reln: pg_sys::SMgrRelation, forknum: pg_
 #[pg_guard]
 unsafe extern "C-unwind" fn fjord_create(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type, is_redo: bool) {
     count(|c| &c.creates);
-    md_call!(smgr_create(reln, forknum, is_redo))
+    unsafe {
+        if is_remote() && forknum == INIT_FORKNUM && (*reln).smgr_relpersistence as u8 != b'u' {
+            // Only unlogged relations have an init fork: whatever we assumed, this
+            // relation is local. Its main fork may already have been created remotely.
+            (*reln).smgr_relpersistence = b'u' as c_char;
+            let main = reln_fork(reln, pg_sys::ForkNumber::MAIN_FORKNUM);
+            cache::forget_size(&main);
+            if !md_call!(smgr_exists(reln, pg_sys::ForkNumber::MAIN_FORKNUM)) {
+                md_call!(smgr_create(reln, pg_sys::ForkNumber::MAIN_FORKNUM, is_redo));
+            }
+        }
+        if is_local(reln, forknum) {
+            return md_call!(smgr_create(reln, forknum, is_redo));
+        }
+        let r = reln_fork(reln, forknum);
+        if cache::cached_size(&r).is_none() && !remote_exists(&r) {
+            cache::update_size(&r, SizeUpdate::IfAbsent(0));
+        }
+    }
 }
 
 #[pg_guard]
 unsafe extern "C-unwind" fn fjord_exists(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type) -> bool {
-    md_call!(smgr_exists(reln, forknum))
+    unsafe {
+        if is_local(reln, forknum) {
+            return md_call!(smgr_exists(reln, forknum));
+        }
+        remote_exists(&reln_fork(reln, forknum))
+    }
 }
 
 #[pg_guard]
 unsafe extern "C-unwind" fn fjord_unlink(rnode: pg_sys::RelFileNodeBackend, forknum: pg_sys::ForkNumber::Type, is_redo: bool) {
     count(|c| &c.unlinks);
-    md_call!(smgr_unlink(rnode, forknum, is_redo))
+    // Local files may exist for any relation (its FSM, or all of it if unlogged); md.c
+    // ignores the ones that do not.
+    md_call!(smgr_unlink(rnode, forknum, is_redo));
+    if is_remote() {
+        let r = rel_fork(&rnode.node, forknum);
+        cache::forget_size(&r);
+        cache::set_relation_changed(&r, insert_lsn());
+    }
 }
 
 #[pg_guard]
@@ -191,7 +450,16 @@ unsafe extern "C-unwind" fn fjord_extend(
     skip_fsync: bool,
 ) {
     count(|c| &c.extends);
-    md_call!(smgr_extend(reln, forknum, blocknum, buffer, skip_fsync))
+    unsafe {
+        if is_local(reln, forknum) {
+            return md_call!(smgr_extend(reln, forknum, blocknum, buffer, skip_fsync));
+        }
+        let r = reln_fork(reln, forknum);
+        let lsn = written_lsn(reln, forknum, blocknum, page_slice(buffer));
+        cache::set_last_written(&r, blocknum, lsn);
+        cache::set_relation_changed(&r, lsn);
+        cache::update_size(&r, SizeUpdate::AtLeast(blocknum + 1));
+    }
 }
 
 #[pg_guard]
@@ -200,7 +468,13 @@ unsafe extern "C-unwind" fn fjord_prefetch(
     forknum: pg_sys::ForkNumber::Type,
     blocknum: pg_sys::BlockNumber,
 ) -> bool {
-    md_call!(smgr_prefetch(reln, forknum, blocknum))
+    unsafe {
+        if is_local(reln, forknum) {
+            return md_call!(smgr_prefetch(reln, forknum, blocknum));
+        }
+    }
+    // Remote prefetch (pipelined GetPage) is not implemented; the read happens on demand.
+    true
 }
 
 #[pg_guard]
@@ -211,7 +485,26 @@ unsafe extern "C-unwind" fn fjord_read(
     buffer: *mut c_char,
 ) {
     count(|c| &c.reads);
-    md_call!(smgr_read(reln, forknum, blocknum, buffer))
+    unsafe {
+        if is_local(reln, forknum) {
+            return md_call!(smgr_read(reln, forknum, blocknum, buffer));
+        }
+        let r = reln_fork(reln, forknum);
+        let lsns = read_lsns(cache::last_written(&r, blocknum));
+        let rel = rel_tag(&r);
+        let blkno = BlockNumber(blocknum);
+        let what = || format!("reading block {blocknum} of relation {}", describe(&r));
+        let out = std::slice::from_raw_parts_mut(buffer.cast::<u8>(), BLCKSZ);
+        match client::request(&what, &|id| Request::GetPage { id, lsns, rel, blkno }) {
+            Ok(Response::Page { page, .. }) if page.len() == BLCKSZ => out.copy_from_slice(&page),
+            Ok(other) => unexpected(&what(), other),
+            Err(e) if e.code == ErrorCode::NoSuchBlock && cache::cached_size(&r).is_some_and(|n| blocknum < n) => {
+                // Extended here with a zero page that no WAL has described yet.
+                out.fill(0);
+            }
+            Err(e) => server_error(&what(), e),
+        }
+    }
 }
 
 #[pg_guard]
@@ -223,7 +516,16 @@ unsafe extern "C-unwind" fn fjord_write(
     skip_fsync: bool,
 ) {
     count(|c| &c.writes);
-    md_call!(smgr_write(reln, forknum, blocknum, buffer, skip_fsync))
+    unsafe {
+        if is_local(reln, forknum) {
+            return md_call!(smgr_write(reln, forknum, blocknum, buffer, skip_fsync));
+        }
+        let r = reln_fork(reln, forknum);
+        let lsn = written_lsn(reln, forknum, blocknum, page_slice(buffer));
+        cache::set_last_written(&r, blocknum, lsn);
+        // md.c lets a write land past the end (CREATE DATABASE copies that way).
+        cache::update_size(&r, SizeUpdate::AtLeastIfCached(blocknum + 1));
+    }
 }
 
 #[pg_guard]
@@ -233,13 +535,22 @@ unsafe extern "C-unwind" fn fjord_writeback(
     blocknum: pg_sys::BlockNumber,
     nblocks: pg_sys::BlockNumber,
 ) {
-    md_call!(smgr_writeback(reln, forknum, blocknum, nblocks))
+    unsafe {
+        if is_local(reln, forknum) {
+            md_call!(smgr_writeback(reln, forknum, blocknum, nblocks))
+        }
+    }
 }
 
 #[pg_guard]
 unsafe extern "C-unwind" fn fjord_nblocks(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type) -> pg_sys::BlockNumber {
     count(|c| &c.nblocks);
-    md_call!(smgr_nblocks(reln, forknum))
+    unsafe {
+        if is_local(reln, forknum) {
+            return md_call!(smgr_nblocks(reln, forknum));
+        }
+        remote_nblocks(&reln_fork(reln, forknum))
+    }
 }
 
 #[pg_guard]
@@ -250,10 +561,23 @@ unsafe extern "C-unwind" fn fjord_truncate(
     nblocks: pg_sys::BlockNumber,
 ) {
     count(|c| &c.truncates);
-    md_call!(smgr_truncate(reln, forknum, old_blocks, nblocks))
+    unsafe {
+        if is_local(reln, forknum) {
+            return md_call!(smgr_truncate(reln, forknum, old_blocks, nblocks));
+        }
+        // The truncation's WAL record was inserted before we were called.
+        let r = reln_fork(reln, forknum);
+        cache::update_size(&r, SizeUpdate::Set(nblocks));
+        cache::set_relation_changed(&r, insert_lsn());
+    }
 }
 
 #[pg_guard]
 unsafe extern "C-unwind" fn fjord_immedsync(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type) {
-    md_call!(smgr_immedsync(reln, forknum))
+    unsafe {
+        if is_local(reln, forknum) {
+            md_call!(smgr_immedsync(reln, forknum))
+        }
+        // Remote forks are durable through the WAL.
+    }
 }

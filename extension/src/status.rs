@@ -11,8 +11,8 @@ use crate::smgr;
 ///
 /// `active` is true when this backend routes relations through fjord's storage manager and
 /// its shared counters exist, which is only the case when the library was preloaded.
-/// `mode` says where pages come from: `passthrough` (md.c, local files) until a pageserver
-/// is configured. The counters are totals across all processes since the server started.
+/// `mode` says where pages of permanent relations come from: `pageserver`, or
+/// `passthrough` (md.c, local files) when no pageserver is configured. The counters are totals across all processes since the server started.
 #[pg_extern]
 #[allow(clippy::type_complexity)]
 fn storage_manager() -> TableIterator<
@@ -28,6 +28,11 @@ fn storage_manager() -> TableIterator<
         name!(nblocks_calls, i64),
         name!(creates, i64),
         name!(unlinks, i64),
+        name!(remote_requests, i64),
+        name!(remote_reconnects, i64),
+        name!(eviction_images, i64),
+        name!(relsize_cache_hits, i64),
+        name!(relsize_cache_misses, i64),
     ),
 > {
     let counters = smgr::counters();
@@ -35,7 +40,11 @@ fn storage_manager() -> TableIterator<
     let get = |f: fn(&smgr::SmgrCounters) -> &std::sync::atomic::AtomicU64| -> i64 {
         counters.map_or(0, |c| i64::try_from(f(c).load(Ordering::Relaxed)).unwrap_or(i64::MAX))
     };
-    let mode = if active { "passthrough" } else { "inactive" };
+    let mode = match (active, smgr::is_remote()) {
+        (false, _) => "inactive",
+        (true, false) => "passthrough",
+        (true, true) => "pageserver",
+    };
     TableIterator::once((
         active,
         mode,
@@ -47,6 +56,11 @@ fn storage_manager() -> TableIterator<
         get(|c| &c.nblocks),
         get(|c| &c.creates),
         get(|c| &c.unlinks),
+        get(|c| &c.remote_requests),
+        get(|c| &c.remote_reconnects),
+        get(|c| &c.eviction_fpis),
+        get(|c| &c.relsize_hits),
+        get(|c| &c.relsize_misses),
     ))
 }
 

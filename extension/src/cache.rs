@@ -1,0 +1,210 @@
+//! The two shared caches behind the remote storage manager.
+//!
+//! **Last-written LSN.** A page that leaves the buffer pool is not sent anywhere; its
+//! WAL is. A later read must ask the pageserver for a version at least as new as the
+//! page's last change, and should not ask for more (the pageserver would wait for WAL it
+//! does not need). Each block hashes to one of `LWLSN_SLOTS` slots holding the highest
+//! LSN written by any block that hashes there: an over-estimate, never an under-estimate,
+//! so reads are always correct and at worst wait a little. A relation fork's size changes
+//! (extend, truncate, unlink) are tracked the same way under the block number
+//! `u32::MAX`. A slot never written reads as 0; callers raise it to a floor no older than
+//! the compute's start LSN (see `smgr::read_lsns`).
+//!
+//! **Relation size.** The size of every permanent relation fork this compute extends,
+//! creates, truncates or asks about, in an open-addressing table in shared memory under
+//! one LWLock. Entries are never evicted: a fork extended with a zero page the WAL has
+//! not yet described is longer here than on the pageserver, and this cache is the only
+//! place that knows. A full table is an ERROR naming the setting to raise. Entries are
+//! removed when the fork is unlinked.
+
+use std::sync::atomic::Ordering;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use crate::shmem::{self, relsize_entries, shared_mut, RelSizeEntry, Shared, LWLSN_SLOTS};
+
+/// A relation fork: (tablespace, database, relfilenode, fork).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RelFork {
+    pub spcnode: u32,
+    pub dbnode: u32,
+    pub relnode: u32,
+    pub forknum: i32,
+}
+
+/// The block number under which a fork's size changes are tracked.
+const RELATION_BLOCK: u32 = u32::MAX;
+
+fn mix(mut h: u64) -> u64 {
+    // splitmix64's finalizer: cheap, and every input bit reaches every output bit.
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+fn hash_fork(r: &RelFork) -> u64 {
+    let a = (u64::from(r.spcnode) << 32) | u64::from(r.dbnode);
+    let b = (u64::from(r.relnode) << 32) | (r.forknum as u32 as u64);
+    mix(mix(a) ^ b)
+}
+
+fn lwlsn_slot<'a>(s: &'a Shared, r: &RelFork, blkno: u32) -> &'a std::sync::atomic::AtomicU64 {
+    let h = mix(hash_fork(r) ^ u64::from(blkno));
+    &s.lwlsn[(h as usize) & (LWLSN_SLOTS - 1)]
+}
+
+/// Records that `blkno` of `r` was written at `lsn` (only ever raises the slot).
+pub fn set_last_written(r: &RelFork, blkno: u32, lsn: u64) {
+    if let Some(s) = shmem::shared() {
+        lwlsn_slot(s, r, blkno).fetch_max(lsn, Ordering::AcqRel);
+    }
+}
+
+pub fn last_written(r: &RelFork, blkno: u32) -> u64 {
+    shmem::shared().map_or(0, |s| lwlsn_slot(s, r, blkno).load(Ordering::Acquire))
+}
+
+pub fn set_relation_changed(r: &RelFork, lsn: u64) {
+    set_last_written(r, RELATION_BLOCK, lsn);
+}
+
+pub fn relation_changed(r: &RelFork) -> u64 {
+    last_written(r, RELATION_BLOCK)
+}
+
+struct Locked<'a> {
+    shared: &'a Shared,
+}
+
+impl<'a> Locked<'a> {
+    fn new(shared: &'a Shared, exclusive: bool) -> Locked<'a> {
+        let mode = if exclusive { pg_sys::LWLockMode::LW_EXCLUSIVE } else { pg_sys::LWLockMode::LW_SHARED };
+        // SAFETY: the lock lives in shared memory for the life of the server. LWLocks are
+        // released by PostgreSQL's error cleanup (LWLockReleaseAll) if an ERROR unwinds us.
+        unsafe { pg_sys::LWLockAcquire(shared.relsize_lock, mode) };
+        Locked { shared }
+    }
+
+    fn entries(&self) -> &mut [RelSizeEntry] {
+        // SAFETY: we hold the lock.
+        unsafe { relsize_entries(self.shared) }
+    }
+
+    fn find(&self, r: &RelFork) -> Result<usize, Option<usize>> {
+        let entries = self.entries();
+        let cap = entries.len();
+        let mut i = (hash_fork(r) as usize) % cap;
+        for _ in 0..cap {
+            let e = &entries[i];
+            if e.used == 0 {
+                return Err(Some(i));
+            }
+            if e.spcnode == r.spcnode && e.dbnode == r.dbnode && e.relnode == r.relnode && e.forknum == r.forknum {
+                return Ok(i);
+            }
+            i = (i + 1) % cap;
+        }
+        Err(None)
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        // SAFETY: we acquired it in `new`. During an unwind PostgreSQL may already have
+        // released all LWLocks; LWLockHeldByMe makes this idempotent.
+        unsafe {
+            if pg_sys::LWLockHeldByMe(self.shared.relsize_lock) {
+                pg_sys::LWLockRelease(self.shared.relsize_lock);
+            }
+        }
+    }
+}
+
+/// The cached size of `r`, if known.
+pub fn cached_size(r: &RelFork) -> Option<u32> {
+    let s = shmem::shared()?;
+    let found = {
+        let l = Locked::new(s, false);
+        l.find(r).ok().map(|i| l.entries()[i].nblocks)
+    };
+    if found.is_some() {
+        s.counters.relsize_hits.fetch_add(1, Ordering::Relaxed);
+    } else {
+        s.counters.relsize_misses.fetch_add(1, Ordering::Relaxed);
+    }
+    found
+}
+
+/// How to change a cached size.
+#[derive(Clone, Copy)]
+pub enum SizeUpdate {
+    /// Set exactly (create, truncate).
+    Set(u32),
+    /// Raise to at least this (extend, a write past the end); inserts if absent.
+    AtLeast(u32),
+    /// Raise to at least this if the fork is cached; leave an absent fork absent.
+    AtLeastIfCached(u32),
+    /// Insert if absent, returning the cached value (a size learned from the pageserver
+    /// must not overwrite a newer local one).
+    IfAbsent(u32),
+}
+
+/// Applies `u` and returns the resulting size (`None` when nothing is cached).
+pub fn update_size(r: &RelFork, u: SizeUpdate) -> Option<u32> {
+    let s = shmem::shared()?;
+    let l = Locked::new(s, true);
+    let slot = l.find(r);
+    let entries = l.entries();
+    match (slot, u) {
+        (Ok(i), SizeUpdate::Set(n)) => entries[i].nblocks = n,
+        (Ok(i), SizeUpdate::AtLeast(n) | SizeUpdate::AtLeastIfCached(n)) => entries[i].nblocks = entries[i].nblocks.max(n),
+        (Ok(_), SizeUpdate::IfAbsent(_)) => {}
+        (Err(_), SizeUpdate::AtLeastIfCached(_)) => return None,
+        (Err(free), SizeUpdate::Set(n) | SizeUpdate::AtLeast(n) | SizeUpdate::IfAbsent(n)) => {
+            let Some(i) = free.filter(|_| s.relsize_used + 1 < s.relsize_capacity) else {
+                drop(l);
+                ereport!(
+                    PgLogLevel::ERROR,
+                    PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+                    format!("fjord's relation-size cache is full ({} relation forks)", s.relsize_capacity),
+                    "Raise fjord.relsize_cache_entries and restart the compute."
+                );
+                unreachable!("ereport(ERROR) does not return");
+            };
+            entries[i] = RelSizeEntry { spcnode: r.spcnode, dbnode: r.dbnode, relnode: r.relnode, forknum: r.forknum, nblocks: n, used: 1 };
+            // SAFETY: exclusive lock held.
+            unsafe { shared_mut(s).relsize_used += 1 };
+            return Some(n);
+        }
+    }
+    l.find(r).ok().map(|i| entries[i].nblocks)
+}
+
+/// Forgets `r` (it was unlinked). Backward-shift deletion keeps probe chains intact
+/// without tombstones.
+pub fn forget_size(r: &RelFork) {
+    let Some(s) = shmem::shared() else { return };
+    let l = Locked::new(s, true);
+    let Ok(mut hole) = l.find(r) else { return };
+    let entries = l.entries();
+    let cap = entries.len();
+    entries[hole].used = 0;
+    let mut i = (hole + 1) % cap;
+    while entries[i].used != 0 {
+        let e = entries[i];
+        let home = (hash_fork(&RelFork { spcnode: e.spcnode, dbnode: e.dbnode, relnode: e.relnode, forknum: e.forknum }) as usize) % cap;
+        // Move e into the hole if its home position is not in (hole, i] cyclically.
+        let in_range = if hole <= i { home > hole && home <= i } else { home > hole || home <= i };
+        if !in_range {
+            entries[hole] = e;
+            entries[i].used = 0;
+            hole = i;
+        }
+        i = (i + 1) % cap;
+    }
+    // SAFETY: exclusive lock held.
+    unsafe { shared_mut(s).relsize_used -= 1 };
+}

@@ -1,0 +1,206 @@
+//! One page service connection per backend (`proto::pagestream` over TCP).
+//!
+//! Requests are answered in order and this client sends one at a time. A request that
+//! cannot complete (connection refused or lost, a read that times out) is retried on a
+//! fresh connection, with backoff from 10 ms to 1 s, until `fjord.pageserver_timeout` has
+//! passed since it started; then the query fails with an ERROR naming the pageserver and
+//! the last failure, and the backend stays up. Every request is a read, so resending it is
+//! safe. While waiting, interrupts are serviced: a cancelled query stops waiting.
+//!
+//! Invariant: a connection on which a request is in flight is never reused. `in_flight` is
+//! set before sending and cleared only after the whole answer is read; if an ERROR (a
+//! cancel) unwinds out of the middle, the next request finds it set and reconnects.
+
+use std::cell::RefCell;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use pgrx::prelude::*;
+use proto::pagestream::{frame_len, ErrorCode, PagestreamError, Request, Response, PROTOCOL_VERSION};
+use proto::{TenantId, TimelineId};
+
+use crate::guc;
+use crate::shmem;
+
+/// How long one blocking socket read may last before we look at interrupts and the deadline.
+const POLL: Duration = Duration::from_millis(100);
+
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    in_flight: bool,
+}
+
+struct Client {
+    conn: Option<Conn>,
+    next_id: u64,
+    /// Whether the last failure was already logged (log once per outage, not per retry).
+    outage_logged: bool,
+}
+
+thread_local! {
+    static CLIENT: RefCell<Client> = const { RefCell::new(Client { conn: None, next_id: 1, outage_logged: false }) };
+}
+
+/// The pageserver answered with an error.
+#[derive(Debug)]
+pub struct ServerError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+struct Target {
+    address: String,
+    tenant: TenantId,
+    timeline: TimelineId,
+}
+
+fn target() -> Target {
+    let address = guc::pageserver_address().unwrap_or_default();
+    let parse_id = |name: &str, v: Option<String>| -> String {
+        if let Some(v) = v {
+            return v;
+        }
+        ereport!(
+            PgLogLevel::ERROR,
+            PgSqlErrorCode::ERRCODE_CONFIG_FILE_ERROR,
+            format!("fjord.pageserver_address is set but {name} is not"),
+            "compute_ctl writes both; set them in postgresql.conf."
+        );
+        unreachable!("ereport(ERROR) does not return")
+    };
+    let tenant_s = parse_id("fjord.tenant_id", guc::tenant_id());
+    let timeline_s = parse_id("fjord.timeline_id", guc::timeline_id());
+    let tenant = TenantId::from_str(tenant_s.trim())
+        .unwrap_or_else(|e| error!("fjord.tenant_id \"{tenant_s}\" is not a tenant id: {e}"));
+    let timeline = TimelineId::from_str(timeline_s.trim())
+        .unwrap_or_else(|e| error!("fjord.timeline_id \"{timeline_s}\" is not a timeline id: {e}"));
+    Target { address, tenant, timeline }
+}
+
+fn io_err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+impl Conn {
+    fn connect(t: &Target, deadline: Instant) -> Result<Conn, String> {
+        let addrs: Vec<_> = t.address.to_socket_addrs().map_err(|e| format!("cannot resolve \"{}\": {e}", t.address))?.collect();
+        let addr = addrs.first().ok_or_else(|| format!("\"{}\" resolves to no address", t.address))?;
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
+        let stream = TcpStream::connect_timeout(addr, left.min(Duration::from_secs(5))).map_err(io_err)?;
+        stream.set_nodelay(true).map_err(io_err)?;
+        stream.set_read_timeout(Some(POLL)).map_err(io_err)?;
+        let mut conn = Conn { stream, buf: Vec::with_capacity(16 * 1024), in_flight: false };
+        let hello = Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: t.tenant, timeline: t.timeline };
+        match conn.roundtrip(&hello, deadline)? {
+            Response::HelloOk { .. } => Ok(conn),
+            Response::Error { message, .. } => Err(format!("pageserver refused the connection: {message}")),
+            other => Err(format!("pageserver answered Hello with {other:?}")),
+        }
+    }
+
+    fn roundtrip(&mut self, req: &Request, deadline: Instant) -> Result<Response, String> {
+        let mut out = Vec::with_capacity(64);
+        req.encode(&mut out);
+        self.in_flight = true;
+        self.stream.write_all(&out).map_err(|e| format!("send: {e}"))?;
+        let resp = self.read_response(deadline)?;
+        self.in_flight = false;
+        Ok(resp)
+    }
+
+    fn read_response(&mut self, deadline: Instant) -> Result<Response, String> {
+        loop {
+            match frame_len(&self.buf) {
+                Ok(n) => {
+                    let (resp, used) = Response::decode(&self.buf[..n]).map_err(|e| format!("malformed answer: {e}"))?;
+                    self.buf.drain(..used);
+                    return Ok(resp);
+                }
+                Err(PagestreamError::Incomplete { .. }) => {}
+                Err(e) => return Err(format!("malformed answer: {e}")),
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Err("connection closed by the pageserver".into()),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                    check_for_interrupts!();
+                    if Instant::now() >= deadline {
+                        return Err("no answer before fjord.pageserver_timeout".into());
+                    }
+                }
+                Err(e) => return Err(format!("receive: {e}")),
+            }
+        }
+    }
+}
+
+/// Sends the request `make(id)` and returns the answer; a pageserver-side error is
+/// `Err(ServerError)`. Connection trouble is retried until the deadline, then ERRORs.
+pub fn request(what: &dyn Fn() -> String, make: &dyn Fn(u64) -> Request) -> Result<Response, ServerError> {
+    let t = target();
+    let timeout = Duration::from_millis(guc::PAGESERVER_TIMEOUT_MS.get().max(100) as u64);
+    let deadline = Instant::now() + timeout;
+    let mut backoff = Duration::from_millis(10);
+    let mut last_error;
+    loop {
+        let attempt = CLIENT.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.conn.as_ref().is_some_and(|conn| conn.in_flight) {
+                c.conn = None;
+            }
+            if c.conn.is_none() {
+                shmem::count(|s| &s.remote_reconnects);
+                c.conn = Some(Conn::connect(&t, deadline)?);
+                if c.outage_logged {
+                    log!("fjord: reconnected to pageserver at {}", t.address);
+                    c.outage_logged = false;
+                }
+            }
+            let id = c.next_id;
+            c.next_id += 1;
+            shmem::count(|s| &s.remote_requests);
+            let conn = c.conn.as_mut().expect("connected above");
+            match conn.roundtrip(&make(id), deadline) {
+                Ok(resp) => Ok(resp),
+                Err(e) => {
+                    c.conn = None;
+                    Err(e)
+                }
+            }
+        });
+        match attempt {
+            Ok(Response::Error { code, message, .. }) => return Err(ServerError { code, message }),
+            Ok(resp) => return Ok(resp),
+            Err(e) => last_error = e,
+        }
+        CLIENT.with(|c| {
+            let mut c = c.borrow_mut();
+            if !c.outage_logged {
+                log!("fjord: page service at {} failed ({last_error}) while {}; retrying", t.address, what());
+                c.outage_logged = true;
+            }
+        });
+        if Instant::now() + backoff >= deadline {
+            ereport!(
+                PgLogLevel::ERROR,
+                PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
+                format!("fjord: could not reach the pageserver at {} while {}", t.address, what()),
+                format!("Last failure: {last_error}. Gave up after fjord.pageserver_timeout = {} ms.", timeout.as_millis())
+            );
+        }
+        sleep_interruptibly(backoff);
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+fn sleep_interruptibly(d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        check_for_interrupts!();
+        std::thread::sleep((end - Instant::now()).min(Duration::from_millis(20)));
+    }
+}

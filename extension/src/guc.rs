@@ -1,0 +1,79 @@
+//! The extension's settings (`fjord.*`), all fixed at server start.
+//!
+//! With `fjord.pageserver_address` empty the storage manager runs in pass-through mode
+//! (every relation on local disk through md.c); set, permanent relations live on the
+//! pageserver and `fjord.tenant_id` / `fjord.timeline_id` must name the timeline.
+
+use std::ffi::CString;
+
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+
+pub static PAGESERVER_ADDRESS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static TENANT_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static TIMELINE_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static PAGESERVER_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
+pub static RELSIZE_CACHE_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(131_072);
+
+pub fn define() {
+    GucRegistry::define_string_guc(
+        c"fjord.pageserver_address",
+        c"host:port of the pageserver's page service; empty keeps every relation on local disk.",
+        c"When set, permanent relations are read from the pageserver at an LSN and never written to local files.",
+        &PAGESERVER_ADDRESS,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"fjord.tenant_id",
+        c"The tenant (32 hex digits) whose timeline this compute serves.",
+        c"",
+        &TENANT_ID,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"fjord.timeline_id",
+        c"The timeline (32 hex digits) this compute reads and writes.",
+        c"",
+        &TIMELINE_ID,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"fjord.pageserver_timeout",
+        c"How long one page service request may take, reconnects included, before the query fails.",
+        c"",
+        &PAGESERVER_TIMEOUT_MS,
+        100,
+        3_600_000,
+        GucContext::Suset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"fjord.relsize_cache_entries",
+        c"Relation forks whose size the shared relation-size cache can hold.",
+        c"Every permanent relation fork a compute extends, creates or asks the size of takes one entry until it is dropped.",
+        &RELSIZE_CACHE_ENTRIES,
+        1024,
+        16_777_216,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+}
+
+fn string(s: &GucSetting<Option<CString>>) -> Option<String> {
+    s.get().map(|c| c.to_string_lossy().into_owned()).filter(|s| !s.trim().is_empty())
+}
+
+/// The page service address, if the compute reads from a pageserver.
+pub fn pageserver_address() -> Option<String> {
+    string(&PAGESERVER_ADDRESS)
+}
+
+pub fn tenant_id() -> Option<String> {
+    string(&TENANT_ID)
+}
+
+pub fn timeline_id() -> Option<String> {
+    string(&TIMELINE_ID)
+}
