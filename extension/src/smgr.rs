@@ -100,7 +100,11 @@ pub fn install() {
     REMOTE.store(guc::pageserver_address().is_some(), Ordering::Relaxed);
     shmem::install_hooks();
     // SAFETY: single-threaded postmaster start-up.
-    unsafe { pg_sys::smgr_select_hook = Some(fjord_smgr_select) };
+    unsafe {
+        pg_sys::smgr_select_hook = Some(fjord_smgr_select);
+        pg_sys::relation_size_hook = Some(fjord_relation_size);
+        pg_sys::database_size_hook = Some(fjord_database_size);
+    }
 }
 
 /// True when this process routes relations through fjord's storage manager.
@@ -579,5 +583,45 @@ unsafe extern "C-unwind" fn fjord_immedsync(reln: pg_sys::SMgrRelation, forknum:
             md_call!(smgr_immedsync(reln, forknum))
         }
         // Remote forks are durable through the WAL.
+    }
+}
+
+/// `pg_relation_size` and friends (patch 0007): remote forks have no local files to stat.
+#[pg_guard]
+unsafe extern "C-unwind" fn fjord_relation_size(
+    rnode: pg_sys::RelFileNode,
+    backend: pg_sys::BackendId,
+    forknum: pg_sys::ForkNumber::Type,
+) -> i64 {
+    if !is_remote() || backend != pg_sys::InvalidBackendId {
+        return -1;
+    }
+    unsafe {
+        let reln = pg_sys::smgropen(rnode, backend);
+        if is_local(reln, forknum) {
+            return -1;
+        }
+        let r = reln_fork(reln, forknum);
+        if !remote_exists(&r) {
+            return 0;
+        }
+        i64::from(remote_nblocks(&r)) * BLCKSZ as i64
+    }
+}
+
+/// `pg_database_size` (patch 0007): the pageserver's count of the database's stored
+/// relation forks. Local files (free space maps, unlogged relations) are not included.
+#[pg_guard]
+unsafe extern "C-unwind" fn fjord_database_size(db_oid: pg_sys::Oid) -> i64 {
+    if !is_remote() {
+        return -1;
+    }
+    let lsns = read_lsns(insert_lsn());
+    let dbnode: u32 = db_oid.into();
+    let what = || format!("getting the size of database {dbnode}");
+    match client::request(&what, &|id| Request::DbSize { id, lsns, spcnode: 1663, dbnode }) {
+        Ok(Response::DbSize { size_bytes, .. }) => i64::try_from(size_bytes).unwrap_or(i64::MAX),
+        Ok(other) => unexpected(&what(), other),
+        Err(e) => server_error(&what(), e),
     }
 }

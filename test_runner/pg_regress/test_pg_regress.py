@@ -1,8 +1,11 @@
 """PostgreSQL's own regression suite against a server that routes storage through fjord.
 
 The parallel schedule runs installcheck-style: pg_regress connects to our running server.
-Any expected difference would be listed in test_runner/pg_regress/expected_failures.txt
-with its reason; the list is empty and the goal is to keep it so.
+Twice: on a plain server with fjord's storage manager in pass-through mode, and on a
+stateless compute with a small buffer pool, whose permanent relations live on a
+pageserver. Any expected difference is listed in
+test_runner/pg_regress/expected_failures.txt (pass-through) or
+expected_failures_compute.txt (compute) with its reason; the goal is empty lists.
 """
 
 from __future__ import annotations
@@ -10,13 +13,14 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from fixtures.paths import pg_regress_dir
+from fixtures.compute import Endpoint, Timeline
+from fixtures.paths import pg_bin_dir, pg_regress_dir
 
 HERE = Path(__file__).parent
 
 
-def expected_failures() -> set[str]:
-    path = HERE / "expected_failures.txt"
+def expected_failures(name: str = "expected_failures.txt") -> set[str]:
+    path = HERE / name
     names = set()
     for line in path.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
@@ -31,7 +35,7 @@ def run_pg_regress(pg, outdir: Path) -> subprocess.CompletedProcess:
     cmd = [
         str(regress / "pg_regress"),
         f"--inputdir={regress}",
-        f"--bindir={pg.bin}",
+        f"--bindir={pg_bin_dir()}",
         f"--dlpath={regress}",
         f"--outputdir={outdir}",
         f"--schedule={regress / 'parallel_schedule'}",
@@ -75,3 +79,22 @@ def test_pg_regress_parallel_schedule(fjord_pg, tmp_path):
     after = fjord_pg.sql("SELECT active, reads, writes, extends FROM fjord.storage_manager()")[0]
     assert after[0] is True
     assert after[3] > before[3] + 1000, (before, after)
+
+
+def test_pg_regress_on_a_compute(tmp_path, pageserver):
+    tl = Timeline(tmp_path, pageserver)
+    ep = Endpoint(tmp_path, tl, settings={"shared_buffers": "1MB"}).start()
+    ep.sql("CREATE EXTENSION fjord")
+    assert ep.sql("SELECT mode FROM fjord.storage_manager()")[0][0] == "pageserver"
+
+    result = run_pg_regress(ep, tmp_path / "regress")
+    print(result.stdout[-4000:])
+    failed = failed_tests(result.stdout)
+    expected = expected_failures("expected_failures_compute.txt")
+    unexpected = failed - expected
+    diffs = tmp_path / "regress" / "regression.diffs"
+    detail = diffs.read_text(errors="replace")[:20000] if diffs.exists() else result.stderr[-4000:]
+    assert not unexpected, f"regression tests failed on the compute: {sorted(unexpected)}\n{detail}"
+    assert result.returncode == 0 or failed <= expected, detail
+    reads = ep.sql("SELECT remote_requests FROM fjord.storage_manager()")[0][0]
+    assert reads > 10000, reads
