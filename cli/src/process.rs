@@ -34,6 +34,12 @@ impl Daemon {
             .with_context(|| format!("open log file {}", self.log_file.display()))?;
         let log2 = log.try_clone().context("duplicate the log file handle")?;
         cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
+        // A service's fatal error is the last thing in its log, and the CLI shows the end of
+        // the log when a start fails: keep anyhow's backtraces out of the way (panics still
+        // get theirs from RUST_BACKTRACE).
+        if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+            cmd.env("RUST_LIB_BACKTRACE", "0");
+        }
         // SAFETY: setsid is async-signal-safe and nothing else runs between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
@@ -146,7 +152,7 @@ mod tests {
         let mut child = daemon.spawn(Command::new("sleep").arg("30")).unwrap();
         let pid = i32::try_from(child.id()).unwrap();
         assert_eq!(daemon.running_pid().unwrap(), Some(pid));
-        let other = Daemon { exe_name: "pageserver".into(), ..Daemon { pid_file: daemon.pid_file.clone(), log_file: daemon.log_file.clone(), exe_name: String::new() } };
+        let other = Daemon { pid_file: daemon.pid_file.clone(), log_file: daemon.log_file.clone(), exe_name: "pageserver".into() };
         assert_eq!(other.running_pid().unwrap(), None, "a pid running another program is not ours");
         // Our own child turns into a zombie when it exits, until reaped: reap it in the
         // background so that stop() sees it gone.

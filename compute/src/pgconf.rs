@@ -160,7 +160,7 @@ mod tests {
 
     fn value_of(conf: &str, name: &str) -> Option<String> {
         // The last assignment wins, as in PostgreSQL.
-        conf.lines().filter_map(|l| l.strip_prefix(&format!("{name} = "))).last().map(str::to_string)
+        conf.lines().filter_map(|l| l.strip_prefix(&format!("{name} = "))).next_back().map(str::to_string)
     }
 
     #[test]

@@ -8,15 +8,17 @@ pageserver answers that route with 404.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from fixtures.cli import PORTS_PER_REPO, FjordRepo
+from fixtures.cli import PORTS_PER_REPO, FjordRepo, free_base_port
 from fixtures.logs import unexpected_lines
 from fixtures.paths import pg_bin_dir
+from fixtures.standin_pageserver import TENANT, TIMELINE, StandInPageserver, initdb_source
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
@@ -116,8 +118,9 @@ def test_init_start_tenant_branch_status_stop(repo_factory):
 
 
 def test_two_repos_side_by_side(repo_factory):
-    a = repo_factory("a").init()
-    b = repo_factory("b", a.base_port + PORTS_PER_REPO).init()
+    base = free_base_port(repos=2)
+    a = repo_factory("a", base).init()
+    b = repo_factory("b", base + PORTS_PER_REPO).init()
     a.run("start")
     b.run("start")
     tenant_a = a.run("tenant", "create").stdout.strip()
@@ -153,6 +156,50 @@ def test_clear_errors(repo_factory, tmp_path):
     clash = repo_factory("clash", repo.base_port).init()
     assert "another repo" in clash.fail("start")
     repo.run("stop")
+
+
+def test_endpoint_mechanics_with_a_stand_in_pageserver(repo_factory, tmp_path):
+    """Endpoint start/stop/list/connstr against the stand-in basebackup server: the CLI's
+    process handling, whatever the state of the real basebackup. The stand-in's basebackup
+    holds relation files, so the computes run without the fjord library."""
+    repo = repo_factory().init()
+    (repo.path / "state.json").write_text(json.dumps(
+        {"default_tenant": TENANT, "tenants": {TENANT: {"branches": {"main": TIMELINE}}}, "endpoints": {}}))
+    standin = StandInPageserver(initdb_source(tmp_path / "source"), port=repo.http_port)
+    standalone = ["-c", "shared_preload_libraries=", "-c", "synchronous_standby_names="]
+    try:
+        port = repo.base_port + 10
+        started = repo.run("endpoint", "start", "ep", *standalone)
+        connstr = started.stdout.strip()
+        assert connstr.endswith(f"@127.0.0.1:{port}/postgres") and "endpoint ep running on branch main" in started.stderr
+        with connect(connstr) as conn:
+            conn.execute("CREATE TABLE local_only (x int)")
+        assert [r["port"] for r in standin.wal_receiver_requests] == [port]
+        assert re.search(rf"^ep\s+main\s+{port}\s+latest\s+running \(pid \d+\)", repo.run("endpoint", "list").stdout, re.M)
+        assert "already running" in repo.fail("endpoint", "start", "ep")
+        assert "already writes to branch main" in repo.fail("endpoint", "start", "other", *standalone)
+        assert 'branch "nope" does not exist' in repo.fail("endpoint", "start", "other", "--branch", "nope")
+
+        # Stateless: the restart refetches the data directory, so the table is gone; the port stays.
+        assert "endpoint ep stopped" in repo.run("endpoint", "stop", "ep").stdout
+        assert "endpoint ep was not running" in repo.run("endpoint", "stop", "ep").stdout
+        # A failed start shows why and leaves no endpoint behind.
+        err = repo.fail("endpoint", "start", "bad", "--branch", "main", "--port", str(port + 5), "-c", "shared_buffers=lots")
+        assert "postgres exited during startup" in err and "shared_buffers" in err, err
+        assert "bad" not in repo.state()["endpoints"]
+
+        assert repo.run("endpoint", "start", "ep", *standalone).stdout.strip() == connstr
+        with connect(connstr) as conn:
+            assert conn.execute("SELECT to_regclass('local_only')").fetchone()[0] is None
+        assert "received fast shutdown request" in repo.log("endpoints/ep/postgres.log")
+
+        out = repo.run("stop").stdout
+        assert "endpoint ep stopped" in out and "pageserver was not running" in out
+        assert "stopped" in repo.run("endpoint", "list").stdout
+        log = repo.log("endpoints/ep/postgres.log")
+        assert log.count("received fast shutdown request") == 2 and "received immediate shutdown request" not in log
+    finally:
+        standin.close()
 
 
 # --- endpoints: need the basebackup route --------------------------------------------------

@@ -14,9 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import tarfile
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psycopg
@@ -24,76 +21,20 @@ import pytest
 
 from fixtures.paths import fjord_bin_dir, pg_bin_dir
 from fixtures.postgres import free_port
-
-TENANT = "11111111111111111111111111111111"
-TIMELINE = "22222222222222222222222222222222"
-LSN = "0/1A2B3C8"
+from fixtures.standin_pageserver import LSN, TENANT, TIMELINE, StandInPageserver, initdb_source
 
 # Settings that take the extension and the synchronous pageserver out of the picture.
 STANDALONE = ["-c", "shared_preload_libraries=", "-c", "synchronous_standby_names="]
 
 
-class FakePageserver:
-    """Answers GET .../basebackup with a tar of `pgdata` and records POST .../wal_receiver."""
-
-    def __init__(self, pgdata: Path):
-        self.pgdata = pgdata
-        self.wal_receiver_requests: list[dict] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _json(self, status: int, body: dict):
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                if self.path.startswith(f"/v1/tenant/{TENANT}/timeline/{TIMELINE}/basebackup"):
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/x-tar")
-                    self.send_header("X-Fjord-Lsn", LSN)
-                    self.end_headers()
-                    with tarfile.open(fileobj=self.wfile, mode="w|") as tar:
-                        for child in sorted(outer.pgdata.iterdir()):
-                            tar.add(child, arcname=child.name)
-                else:
-                    self._json(404, {"error": f"timeline not found: {self.path}"})
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.wal_receiver_requests.append(body)
-                self.send_response(202)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def fake_pageserver(tmp_path: Path):
-    source = tmp_path / "source"
-    subprocess.run(
-        [str(pg_bin_dir() / "initdb"), "-D", str(source), "--no-sync", "-E", "UTF8", "--locale=C", "--no-instructions"],
-        check=True, capture_output=True,
-    )
-    ps = FakePageserver(source)
+    ps = StandInPageserver(initdb_source(tmp_path / "source"))
     yield ps
     ps.close()
 
 
-def compute_ctl_args(ps: FakePageserver, pgdata: Path, port: int, *extra: str, tenant: str = TENANT) -> list[str]:
+def compute_ctl_args(ps: StandInPageserver, pgdata: Path, port: int, *extra: str, tenant: str = TENANT) -> list[str]:
     return [
         str(fjord_bin_dir() / "compute_ctl"), "--pgdata", str(pgdata), "--pg-bin-dir", str(pg_bin_dir()),
         "--pageserver-http", ps.url, "--pageserver-pg", "127.0.0.1:1", "--tenant", tenant,

@@ -160,11 +160,12 @@ fn run(args: Args) -> anyhow::Result<i32> {
         "start_ms": start_ms,
         "total_ms": started.elapsed().as_millis(),
     });
-    println!("{report}");
-    tracing::info!("compute running: {report}");
+    // The status file first: whoever reads the stdout line may look at the file next.
     if let Some(path) = &args.status_file {
         write_atomically(path, &report.to_string())?;
     }
+    tracing::info!("compute running: {report}");
+    println!("{report}");
 
     let status = postmaster.supervise()?;
     tracing::info!("postgres exited: {}", postgres::describe(status));
