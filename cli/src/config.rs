@@ -1,0 +1,149 @@
+//! A repo's `config.toml`: what `fjord init` decided, read by every later command.
+//!
+//! Only the base port is stored; every port is derived from it by the functions here, so
+//! two repos with base ports at least [`PORTS_PER_REPO`] apart never collide:
+//!
+//! | port | what |
+//! |---|---|
+//! | base | pageserver page service |
+//! | base + 1 | pageserver HTTP management API |
+//! | base + 2 .. base + 9 | reserved (safekeepers) |
+//! | base + 10 .. base + 99 | endpoints (computes), in order of creation |
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+/// Ports a repo may use, starting at its base port.
+pub const PORTS_PER_REPO: u16 = 100;
+const FIRST_ENDPOINT_OFFSET: u16 = 10;
+pub const DEFAULT_BASE_PORT: u16 = 15000;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepoConfig {
+    pub base_port: u16,
+    /// Bin directory of fjord's PostgreSQL build (initdb, postgres, pg_isready).
+    pub pg_bin_dir: PathBuf,
+    /// Where `pageserver` and `compute_ctl` are.
+    pub fjord_bin_dir: PathBuf,
+}
+
+impl RepoConfig {
+    pub fn new(base_port: u16, pg_bin_dir: PathBuf, fjord_bin_dir: PathBuf) -> anyhow::Result<RepoConfig> {
+        let conf = RepoConfig { base_port, pg_bin_dir, fjord_bin_dir };
+        conf.validate()?;
+        Ok(conf)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.base_port < 1024 {
+            bail!("invalid base port {}: it must be at least 1024 (ports below need root)", self.base_port);
+        }
+        if u32::from(self.base_port) + u32::from(PORTS_PER_REPO) > 65536 {
+            bail!("invalid base port {}: it must leave room for {PORTS_PER_REPO} ports below 65536", self.base_port);
+        }
+        Ok(())
+    }
+
+    pub fn load(path: &Path) -> anyhow::Result<RepoConfig> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+        let conf: RepoConfig = toml::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
+        conf.validate().with_context(|| format!("check {}", path.display()))?;
+        Ok(conf)
+    }
+
+    pub fn to_toml(&self) -> anyhow::Result<String> {
+        let body = toml::to_string(self).context("render config.toml")?;
+        Ok(format!(
+            "# fjord repo configuration, written by `fjord init`.\n\
+             # Ports: page service = base_port, HTTP API = base_port + 1, endpoints from base_port + 10.\n{body}"
+        ))
+    }
+
+    pub fn pageserver_pg_port(&self) -> u16 {
+        self.base_port
+    }
+
+    pub fn pageserver_http_port(&self) -> u16 {
+        self.base_port + 1
+    }
+
+    pub fn pageserver_pg_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.pageserver_pg_port())
+    }
+
+    pub fn pageserver_http_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.pageserver_http_port())
+    }
+
+    /// The ports endpoints may use, lowest first.
+    pub fn endpoint_ports(&self) -> std::ops::Range<u16> {
+        self.base_port + FIRST_ENDPOINT_OFFSET..self.base_port + PORTS_PER_REPO
+    }
+
+    pub fn pageserver_bin(&self) -> PathBuf {
+        self.fjord_bin_dir.join("pageserver")
+    }
+
+    pub fn compute_ctl_bin(&self) -> PathBuf {
+        self.fjord_bin_dir.join("compute_ctl")
+    }
+}
+
+/// The lowest endpoint port not in `taken`.
+pub fn first_free_port(range: std::ops::Range<u16>, taken: &[u16]) -> anyhow::Result<u16> {
+    let (start, end) = (range.start, range.end);
+    range.into_iter().find(|p| !taken.contains(p)).with_context(|| format!("every endpoint port ({start}..{end}) is taken; stop or remove an endpoint"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conf(base: u16) -> RepoConfig {
+        RepoConfig::new(base, "/pg/bin".into(), "/fjord/bin".into()).unwrap()
+    }
+
+    #[test]
+    fn ports_derive_from_the_base_port() {
+        let c = conf(15000);
+        assert_eq!(c.pageserver_pg_port(), 15000);
+        assert_eq!(c.pageserver_http_port(), 15001);
+        assert_eq!(c.pageserver_http_url(), "http://127.0.0.1:15001");
+        assert_eq!(c.endpoint_ports(), 15010..15100);
+        // Two repos a PORTS_PER_REPO apart share no port.
+        let other = conf(15000 + PORTS_PER_REPO);
+        assert!(other.pageserver_pg_port() >= c.endpoint_ports().end);
+    }
+
+    #[test]
+    fn base_ports_that_do_not_fit_are_refused() {
+        assert!(RepoConfig::new(80, "/a".into(), "/b".into()).unwrap_err().to_string().contains("at least 1024"));
+        assert!(RepoConfig::new(65500, "/a".into(), "/b".into()).unwrap_err().to_string().contains("below 65536"));
+        RepoConfig::new(65436, "/a".into(), "/b".into()).unwrap();
+    }
+
+    #[test]
+    fn free_ports_are_found_in_order() {
+        let c = conf(20000);
+        assert_eq!(first_free_port(c.endpoint_ports(), &[]).unwrap(), 20010);
+        assert_eq!(first_free_port(c.endpoint_ports(), &[20010, 20012]).unwrap(), 20011);
+        let all: Vec<u16> = c.endpoint_ports().collect();
+        assert!(first_free_port(c.endpoint_ports(), &all).unwrap_err().to_string().contains("taken"));
+    }
+
+    #[test]
+    fn config_round_trips_and_refuses_unknown_keys() {
+        let c = conf(16000);
+        let text = c.to_toml().unwrap();
+        assert_eq!(toml::from_str::<RepoConfig>(&text).unwrap(), c);
+        let err = toml::from_str::<RepoConfig>("base_prot = 1\npg_bin_dir = 'a'\nfjord_bin_dir = 'b'\n").unwrap_err();
+        assert!(err.to_string().contains("base_prot"), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, "base_port = 10\npg_bin_dir = 'a'\nfjord_bin_dir = 'b'\n").unwrap();
+        assert!(format!("{:#}", RepoConfig::load(&path).unwrap_err()).contains("at least 1024"));
+    }
+}

@@ -1,0 +1,268 @@
+//! `fjord endpoint ...`: computes on a branch, each a `compute_ctl` in the background.
+//!
+//! An endpoint keeps its name, branch and port across restarts, nothing else: its data
+//! directory is removed and refetched from the pageserver at every start, because a compute
+//! is stateless. compute_ctl reports readiness through its status file
+//! (`endpoints/<name>/status.json`), which the CLI waits for.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use proto::{Lsn, TenantId};
+
+use crate::config::first_free_port;
+use crate::process::{log_tail, remove_file_if_exists, Daemon};
+use crate::repo::Repo;
+use crate::state::{check_name, EndpointState, State};
+use crate::tenant::MAIN_BRANCH;
+
+#[derive(clap::Args, Debug)]
+pub struct StartArgs {
+    /// Endpoint name.
+    name: String,
+    /// Branch to run on [default: the endpoint's branch from its last start, else main].
+    #[arg(long)]
+    branch: Option<String>,
+    /// Port [default: the endpoint's port from its last start, else the first free one from
+    /// base port + 10].
+    #[arg(long)]
+    port: Option<u16>,
+    /// Start read-only at this past LSN (X/X) of the branch.
+    #[arg(long, alias = "lsn", value_name = "LSN")]
+    at: Option<Lsn>,
+    /// Tenant [default: the default tenant].
+    #[arg(long)]
+    tenant: Option<TenantId>,
+    /// Extra postgresql.conf setting for the compute; repeatable.
+    #[arg(short = 'c', value_name = "NAME=VALUE")]
+    settings: Vec<String>,
+    /// Seconds to wait for the compute to accept connections.
+    #[arg(long, default_value_t = 120)]
+    start_timeout_secs: u64,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopMode {
+    /// Roll back sessions, checkpoint, exit (SIGTERM to compute_ctl).
+    Fast,
+    /// Exit at once (SIGQUIT to compute_ctl).
+    Immediate,
+}
+
+pub fn connection_string(user: &str, port: u16) -> String {
+    format!("postgresql://{user}@127.0.0.1:{port}/postgres")
+}
+
+pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
+    check_name("endpoint", &args.name)?;
+    crate::refuse_root("start an endpoint")?;
+    let api = repo.running_api()?;
+    let _lock = repo.lock()?;
+    let mut state = repo.load_state()?;
+    let name = args.name.as_str();
+    let daemon = repo.endpoint(name);
+    if let Some(pid) = daemon.running_pid()? {
+        bail!("endpoint {name} is already running (compute_ctl pid {pid}); stop it first");
+    }
+    let previous = state.endpoints.get(name).cloned();
+    let tenant = match (args.tenant, &previous) {
+        (Some(t), _) => t,
+        (None, Some(p)) => p.tenant_id.parse().context("tenant id of the endpoint in the repo state")?,
+        (None, None) => state.tenant(None)?,
+    };
+    let branch = args.branch.clone().or_else(|| previous.as_ref().map(|p| p.branch.clone())).unwrap_or_else(|| MAIN_BRANCH.to_string());
+    let timeline = state.branch_timeline(tenant, &branch)?;
+    let span = tracing::info_span!("endpoint", name, tenant_id = %tenant, timeline_id = %timeline);
+    let _entered = span.enter();
+
+    // Two writers on one branch would fork its WAL; until safekeepers fence the older one
+    // off, the CLI refuses to start the second.
+    if args.at.is_none() {
+        for (other, ep) in &state.endpoints {
+            if other != name && ep.lsn.is_none() && ep.timeline_id == timeline.to_string() && repo.endpoint(other).running_pid()?.is_some() {
+                bail!("endpoint {other} already writes to branch {branch}; stop it first (two writers on one branch would diverge), or start this one read-only with --at LSN");
+            }
+        }
+    }
+    if let Some(lsn) = args.at {
+        let info = api.timeline(&tenant.to_string(), &timeline.to_string())?;
+        let last: Lsn = info.last_record_lsn.parse().context("last_record_lsn in the pageserver's answer")?;
+        if lsn > last {
+            bail!("cannot start at {lsn}: branch {branch} ends at {last}");
+        }
+    }
+    let port = choose_port(repo, &state, name, args.port, previous.as_ref().map(|p| p.port))?;
+
+    let dir = repo.endpoint_dir(name);
+    let pgdata = dir.join("pgdata");
+    let status_file = dir.join("status.json");
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    if pgdata.exists() {
+        std::fs::remove_dir_all(&pgdata).with_context(|| format!("remove the old data directory {}", pgdata.display()))?;
+    }
+    remove_file_if_exists(&status_file)?;
+
+    let conf = &repo.config;
+    let mut cmd = Command::new(conf.compute_ctl_bin());
+    cmd.arg("--pgdata")
+        .arg(&pgdata)
+        .arg("--pg-bin-dir")
+        .arg(&conf.pg_bin_dir)
+        .args(["--pageserver-http", &conf.pageserver_http_url(), "--pageserver-pg", &conf.pageserver_pg_addr()])
+        .args(["--tenant", &tenant.to_string(), "--timeline", &timeline.to_string(), "--port", &port.to_string()])
+        .arg("--postgres-log")
+        .arg(dir.join("postgres.log"))
+        .arg("--status-file")
+        .arg(&status_file)
+        .args(["--start-timeout-secs", &args.start_timeout_secs.to_string()])
+        .current_dir(&dir);
+    if let Some(lsn) = args.at {
+        cmd.args(["--lsn", &lsn.to_string()]);
+    }
+    for s in &args.settings {
+        cmd.arg("-c").arg(s);
+    }
+    if std::env::var_os("RUST_LOG").is_none() {
+        cmd.env("RUST_LOG", "info");
+    }
+    tracing::info!("starting compute_ctl on port {port}");
+    let mut child = daemon.spawn(&mut cmd)?;
+    state.endpoints.insert(
+        name.to_string(),
+        EndpointState { tenant_id: tenant.to_string(), branch: branch.clone(), timeline_id: timeline.to_string(), port, lsn: args.at.map(|l| l.to_string()) },
+    );
+    repo.save_state(&state)?;
+
+    let report = match wait_ready(&daemon, &mut child, &status_file, name, args.start_timeout_secs) {
+        Ok(report) => report,
+        Err(e) => {
+            // A failed start leaves the endpoint as it was: unknown, or with its old record.
+            match previous {
+                Some(p) => state.endpoints.insert(name.to_string(), p),
+                None => state.endpoints.remove(name),
+            };
+            repo.save_state(&state)?;
+            return Err(e);
+        }
+    };
+    // compute_ctl said so; one connection attempt confirms what a client will see.
+    std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(5))
+        .with_context(|| format!("endpoint {name} reported ready but does not accept connections on port {port}"))?;
+    eprintln!(
+        "endpoint {name} running on branch {branch}{} (port {port}, LSN {}, basebackup {} ms, total {} ms)",
+        args.at.map(|l| format!(" read-only at {l}")).unwrap_or_default(),
+        report["lsn"].as_str().unwrap_or("?"),
+        report["basebackup_ms"],
+        report["total_ms"]
+    );
+    println!("{}", connection_string(&crate::os_user_name()?, port));
+    Ok(())
+}
+
+/// Waits until compute_ctl's status file says "running"; fails with the end of its log if it
+/// exits first or takes too long.
+fn wait_ready(daemon: &Daemon, child: &mut Child, status_file: &Path, name: &str, start_timeout_secs: u64) -> anyhow::Result<serde_json::Value> {
+    // compute_ctl has its own startup timeout; ours covers the basebackup too.
+    let deadline = Instant::now() + Duration::from_secs(start_timeout_secs + 60);
+    loop {
+        if let Some(status) = child.try_wait().context("wait for compute_ctl")? {
+            remove_file_if_exists(&daemon.pid_file)?;
+            bail!("endpoint {name} failed to start (compute_ctl {status}); the end of {}:\n{}", daemon.log_file.display(), log_tail(&daemon.log_file, 30));
+        }
+        if let Ok(text) = std::fs::read_to_string(status_file) {
+            let report: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parse {}", status_file.display()))?;
+            if report["state"] == "running" {
+                return Ok(report);
+            }
+        }
+        if Instant::now() > deadline {
+            daemon.stop(libc::SIGQUIT, Duration::from_secs(10))?;
+            bail!("endpoint {name} was not ready within {} s; the end of {}:\n{}", start_timeout_secs + 60, daemon.log_file.display(), log_tail(&daemon.log_file, 30));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `--port`, else the endpoint's previous port, else the first endpoint port that no other
+/// endpoint of the repo has and nothing listens on.
+fn choose_port(repo: &Repo, state: &State, name: &str, given: Option<u16>, previous: Option<u16>) -> anyhow::Result<u16> {
+    let taken_by = |port: u16| state.endpoints.iter().find(|(n, e)| n.as_str() != name && e.port == port).map(|(n, _)| n.clone());
+    let free_now = |port: u16| TcpListener::bind(("127.0.0.1", port)).is_ok();
+    if let Some(port) = given.or(previous) {
+        if let Some(other) = taken_by(port) {
+            bail!("port {port} belongs to endpoint {other}");
+        }
+        if !free_now(port) {
+            bail!("port {port} is in use by another program; pass --port to choose another");
+        }
+        return Ok(port);
+    }
+    let mut taken: Vec<u16> = state.endpoints.iter().filter(|(n, _)| n.as_str() != name).map(|(_, e)| e.port).collect();
+    loop {
+        let port = first_free_port(repo.config.endpoint_ports(), &taken)?;
+        if free_now(port) {
+            return Ok(port);
+        }
+        taken.push(port);
+    }
+}
+
+pub fn stop(repo: &Repo, name: &str, mode: StopMode) -> anyhow::Result<()> {
+    let _lock = repo.lock()?;
+    let state = repo.load_state()?;
+    if !state.endpoints.contains_key(name) {
+        bail!("endpoint {name:?} does not exist");
+    }
+    let signal = match mode {
+        StopMode::Fast => libc::SIGTERM,
+        StopMode::Immediate => libc::SIGQUIT,
+    };
+    if repo.endpoint(name).stop(signal, Duration::from_secs(60))? {
+        println!("endpoint {name} stopped");
+    } else {
+        println!("endpoint {name} was not running");
+    }
+    Ok(())
+}
+
+pub fn list(repo: &Repo) -> anyhow::Result<()> {
+    print_table(repo, &repo.load_state()?)
+}
+
+/// The endpoint table of `list` and `status`.
+pub fn print_table(repo: &Repo, state: &State) -> anyhow::Result<()> {
+    if state.endpoints.is_empty() {
+        println!("no endpoints");
+        return Ok(());
+    }
+    println!("{:<16} {:<12} {:<6} {:<12} {:<24} TENANT", "ENDPOINT", "BRANCH", "PORT", "LSN", "STATUS");
+    for (name, ep) in &state.endpoints {
+        let status = match repo.endpoint(name).running_pid()? {
+            Some(pid) => format!("running (pid {pid})"),
+            None => "stopped".to_string(),
+        };
+        let lsn = ep.lsn()?.map(|l| format!("at {l}")).unwrap_or_else(|| "latest".into());
+        println!("{name:<16} {:<12} {:<6} {lsn:<12} {status:<24} {}", ep.branch, ep.port, ep.tenant_id);
+    }
+    Ok(())
+}
+
+pub fn connstr(repo: &Repo, name: &str) -> anyhow::Result<()> {
+    let state = repo.load_state()?;
+    let ep = state.endpoints.get(name).with_context(|| format!("endpoint {name:?} does not exist"))?;
+    println!("{}", connection_string(&crate::os_user_name()?, ep.port));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_strings_point_at_loopback() {
+        assert_eq!(connection_string("fjord", 15010), "postgresql://fjord@127.0.0.1:15010/postgres");
+    }
+}

@@ -1,0 +1,186 @@
+//! `fjord`: runs a whole fjord cluster on one machine, for development, tests and demos, in
+//! the spirit of `pg_ctl`: a pageserver, tenants with branches, and endpoints (computes).
+//!
+//! Everything lives in one repo directory (`repo.rs`); every port derives from its base
+//! port (`config.rs`), so several repos run side by side. The CLI starts processes and keeps
+//! names; the pageserver remains the authority on tenants, timelines and LSNs.
+
+mod cluster;
+mod config;
+mod endpoint;
+mod pageserver_api;
+mod process;
+mod repo;
+mod state;
+mod tenant;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use proto::{Lsn, TenantId};
+
+/// Runs a fjord cluster on this machine: a pageserver, tenants with branches, and
+/// endpoints (PostgreSQL computes that read their pages from the pageserver).
+///
+/// A first session:
+///   fjord init && fjord start && fjord tenant create
+///   fjord endpoint start main        # prints a connection string
+///   fjord branch create dev --from main
+///   fjord status
+///   fjord stop
+#[derive(Parser, Debug)]
+#[command(name = "fjord", version, about, long_about, verbatim_doc_comment)]
+struct Cli {
+    /// The repo directory holding configuration, state, data and logs.
+    #[arg(long, global = true, env = "FJORD_REPO_DIR", default_value = ".fjord", value_name = "DIR")]
+    repo: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create a repo: config.toml (ports, binaries) and an empty pageserver directory.
+    Init(cluster::InitArgs),
+    /// Start the pageserver in the background.
+    Start,
+    /// Stop every running endpoint, then the pageserver.
+    Stop {
+        /// Seconds to wait for each process before killing it.
+        #[arg(long, default_value_t = 30)]
+        timeout_secs: u64,
+    },
+    /// Show the pageserver, tenants, branches with their LSNs, and endpoints.
+    Status,
+    /// Tenants: independent PostgreSQL clusters.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// Branches: copy-on-write timelines with names.
+    #[command(subcommand)]
+    Branch(BranchCommand),
+    /// Endpoints: computes (PostgreSQL servers) on a branch.
+    #[command(subcommand)]
+    Endpoint(EndpointCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum TenantCommand {
+    /// Bootstrap a new database cluster (initdb, import) with the branch "main"; prints its id.
+    /// The first tenant becomes the default tenant.
+    Create {
+        /// The tenant id (32 hex digits) [default: random].
+        #[arg(long)]
+        tenant_id: Option<TenantId>,
+    },
+    /// List tenants; the default one is marked.
+    List,
+}
+
+#[derive(Subcommand, Debug)]
+enum BranchCommand {
+    /// Create a branch from another one, now or at a past LSN (instant, copy-on-write).
+    Create {
+        /// Name of the new branch.
+        name: String,
+        /// The branch to start from.
+        #[arg(long, default_value = "main")]
+        from: String,
+        /// Branch point: an LSN (X/X) of the source branch [default: its latest].
+        #[arg(long, value_name = "LSN")]
+        at: Option<Lsn>,
+        /// Tenant [default: the default tenant].
+        #[arg(long)]
+        tenant: Option<TenantId>,
+    },
+    /// Show the branch tree with LSNs.
+    List {
+        /// Tenant [default: the default tenant].
+        #[arg(long)]
+        tenant: Option<TenantId>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum EndpointCommand {
+    /// Start a compute on a branch from a fresh basebackup; prints its connection string.
+    Start(endpoint::StartArgs),
+    /// Stop a compute.
+    Stop {
+        name: String,
+        /// fast: roll back sessions and shut down cleanly; immediate: exit at once.
+        #[arg(long, value_enum, default_value_t = endpoint::StopMode::Fast)]
+        mode: endpoint::StopMode,
+    },
+    /// List endpoints: name, tenant, branch, port, status.
+    List,
+    /// Print an endpoint's connection string.
+    Connstr { name: String },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fjord: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let dir = repo::resolve_dir(&cli.repo)?;
+    if let Command::Init(args) = cli.command {
+        return cluster::init(&dir, args);
+    }
+    let repo = repo::Repo::open(&dir)?;
+    let span = tracing::info_span!("repo", dir = %dir.display());
+    let _entered = span.enter();
+    match cli.command {
+        Command::Init(_) => unreachable!("handled above"),
+        Command::Start => cluster::start(&repo),
+        Command::Stop { timeout_secs } => cluster::stop(&repo, std::time::Duration::from_secs(timeout_secs)),
+        Command::Status => cluster::status(&repo),
+        Command::Tenant(TenantCommand::Create { tenant_id }) => tenant::create(&repo, tenant_id),
+        Command::Tenant(TenantCommand::List) => tenant::list(&repo),
+        Command::Branch(BranchCommand::Create { name, from, at, tenant }) => tenant::branch_create(&repo, &name, &from, at, tenant),
+        Command::Branch(BranchCommand::List { tenant }) => tenant::branch_list(&repo, tenant),
+        Command::Endpoint(EndpointCommand::Start(args)) => endpoint::start(&repo, args),
+        Command::Endpoint(EndpointCommand::Stop { name, mode }) => endpoint::stop(&repo, &name, mode),
+        Command::Endpoint(EndpointCommand::List) => endpoint::list(&repo),
+        Command::Endpoint(EndpointCommand::Connstr { name }) => endpoint::connstr(&repo, &name),
+    }
+}
+
+/// Refuses to go on as root: postgres (initdb, computes, the pageserver's WAL redo) does.
+fn refuse_root(what: &str) -> anyhow::Result<()> {
+    // SAFETY: a plain libc call.
+    if unsafe { libc::geteuid() } == 0 {
+        anyhow::bail!("cannot {what} as root: PostgreSQL refuses to run as root; run fjord as an unprivileged user");
+    }
+    Ok(())
+}
+
+/// The name of the user running fjord: the superuser of the clusters it creates.
+fn os_user_name() -> anyhow::Result<String> {
+    // SAFETY: getpwuid_r with a buffer we own; the result points into that buffer.
+    unsafe {
+        let uid = libc::geteuid();
+        let mut pwd: libc::passwd = std::mem::zeroed();
+        let mut buf = vec![0 as libc::c_char; 16 * 1024];
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result);
+        if rc != 0 || result.is_null() {
+            anyhow::bail!("cannot find the name of user id {uid} in the password database");
+        }
+        Ok(std::ffi::CStr::from_ptr(pwd.pw_name).to_string_lossy().into_owned())
+    }
+}

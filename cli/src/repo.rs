@@ -1,0 +1,99 @@
+//! The repo directory: one local cluster's configuration, state, data and logs.
+//!
+//! ```text
+//! <repo>/config.toml               base port, binary directories (fjord init)
+//! <repo>/state.json                branches and endpoints (state.rs)
+//! <repo>/.lock                     held by commands that change state
+//! <repo>/pageserver/               the pageserver's work directory
+//! <repo>/pageserver.log, .pid
+//! <repo>/endpoints/<name>/pgdata   refetched at every start
+//! <repo>/endpoints/<name>/{compute_ctl.log, compute_ctl.pid, postgres.log, status.json}
+//! <repo>/tmp/                      initdb scratch space for `tenant create`
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+
+use crate::config::RepoConfig;
+use crate::pageserver_api::PageserverApi;
+use crate::process::Daemon;
+use crate::state::{RepoLock, State};
+
+pub struct Repo {
+    pub dir: PathBuf,
+    pub config: RepoConfig,
+}
+
+impl Repo {
+    pub fn config_path(dir: &Path) -> PathBuf {
+        dir.join("config.toml")
+    }
+
+    /// Opens an initialized repo.
+    pub fn open(dir: &Path) -> anyhow::Result<Repo> {
+        let config_path = Repo::config_path(dir);
+        if !config_path.exists() {
+            bail!("no fjord repo at {} (no config.toml): run `fjord init` first, or pass --repo / set FJORD_REPO_DIR", dir.display());
+        }
+        let config = RepoConfig::load(&config_path)?;
+        Ok(Repo { dir: dir.to_path_buf(), config })
+    }
+
+    pub fn state_path(&self) -> PathBuf {
+        self.dir.join("state.json")
+    }
+
+    pub fn load_state(&self) -> anyhow::Result<State> {
+        State::load(&self.state_path())
+    }
+
+    pub fn save_state(&self, state: &State) -> anyhow::Result<()> {
+        state.save(&self.state_path())
+    }
+
+    pub fn lock(&self) -> anyhow::Result<RepoLock> {
+        RepoLock::acquire(&self.dir.join(".lock"))
+    }
+
+    pub fn pageserver_workdir(&self) -> PathBuf {
+        self.dir.join("pageserver")
+    }
+
+    pub fn pageserver(&self) -> Daemon {
+        Daemon { pid_file: self.dir.join("pageserver.pid"), log_file: self.dir.join("pageserver.log"), exe_name: "pageserver".into() }
+    }
+
+    pub fn api(&self) -> PageserverApi {
+        PageserverApi::new(&self.config.pageserver_http_url())
+    }
+
+    /// The API of a pageserver that must be up, with a hint if it is not.
+    pub fn running_api(&self) -> anyhow::Result<PageserverApi> {
+        let api = self.api();
+        if !api.is_up() {
+            bail!("the pageserver is not running (nothing answers {}): run `fjord start`", self.config.pageserver_http_url());
+        }
+        Ok(api)
+    }
+
+    pub fn endpoint_dir(&self, name: &str) -> PathBuf {
+        self.dir.join("endpoints").join(name)
+    }
+
+    pub fn endpoint(&self, name: &str) -> Daemon {
+        let dir = self.endpoint_dir(name);
+        Daemon { pid_file: dir.join("compute_ctl.pid"), log_file: dir.join("compute_ctl.log"), exe_name: "compute_ctl".into() }
+    }
+
+    pub fn tmp_dir(&self) -> PathBuf {
+        self.dir.join("tmp")
+    }
+}
+
+/// The repo directory: `--repo`, else `$FJORD_REPO_DIR`, else `./.fjord` (clap does the
+/// first two). Made absolute so that paths handed to the pageserver and to background
+/// processes do not depend on their working directory.
+pub fn resolve_dir(given: &Path) -> anyhow::Result<PathBuf> {
+    std::path::absolute(given).with_context(|| format!("make {} absolute", given.display()))
+}

@@ -1,0 +1,222 @@
+//! `compute_ctl`: starts one fjord compute and supervises it in the foreground.
+//!
+//! empty data directory -> basebackup from the pageserver -> config files -> `postgres -D`
+//! -> wait for connections -> ask the pageserver to follow the compute's WAL -> report
+//! (one JSON line on stdout) -> forward shutdown signals until postgres exits -> exit with
+//! postgres' status.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use compute::pageserver_api::PageserverClient;
+use compute::pgconf::{self, ComputeSettings};
+use compute::postgres::{self, Postmaster};
+use proto::{Lsn, TenantId, TimelineId};
+
+/// Starts a fjord compute: fetches a basebackup of a timeline from the pageserver into an
+/// empty data directory, writes the configuration, runs postgres in the foreground and
+/// makes the pageserver follow its WAL. SIGTERM or SIGINT stops postgres with a fast
+/// shutdown, SIGQUIT with an immediate one; compute_ctl exits with postgres' status.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Args {
+    /// Data directory; must be absent or empty (a compute always starts fresh).
+    #[arg(long, value_name = "DIR")]
+    pgdata: PathBuf,
+    /// Bin directory of fjord's PostgreSQL build (postgres, pg_isready).
+    #[arg(long, value_name = "DIR")]
+    pg_bin_dir: PathBuf,
+    /// Base URL of the pageserver's management API.
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:9898")]
+    pageserver_http: String,
+    /// host:port of the pageserver's page service, for the fjord extension.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:64000")]
+    pageserver_pg: String,
+    /// Tenant id (32 hex digits).
+    #[arg(long)]
+    tenant: TenantId,
+    /// Timeline id (32 hex digits).
+    #[arg(long)]
+    timeline: TimelineId,
+    /// Start read-only at this past LSN (X/X) instead of at the end of the timeline. Such a
+    /// compute is not followed by the pageserver and refuses writes.
+    #[arg(long, value_name = "X/X")]
+    lsn: Option<Lsn>,
+    /// TCP port postgres listens on.
+    #[arg(long, default_value_t = 55432)]
+    port: u16,
+    /// listen_addresses for postgres; also the host the pageserver connects to for WAL.
+    #[arg(long, default_value = "127.0.0.1")]
+    listen: String,
+    /// shared_buffers of the compute.
+    #[arg(long, default_value = "128MB")]
+    shared_buffers: String,
+    /// Extra postgresql.conf setting, applied last; repeatable.
+    #[arg(short = 'c', value_name = "NAME=VALUE")]
+    settings: Vec<String>,
+    /// File that receives postgres' stdout and stderr [default: <pgdata>/../postgres.log].
+    #[arg(long, value_name = "FILE")]
+    postgres_log: Option<PathBuf>,
+    /// Also write the startup report (and, at exit, the final state) to this JSON file.
+    #[arg(long, value_name = "FILE")]
+    status_file: Option<PathBuf>,
+    /// How long to wait for postgres to accept connections, in seconds.
+    #[arg(long, default_value_t = 60)]
+    start_timeout_secs: u64,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    match run(args) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("compute_ctl: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<i32> {
+    if compute::running_as_root() {
+        bail!("cannot run compute_ctl as root: postgres refuses to run as root; run it as an unprivileged user");
+    }
+    let span = tracing::info_span!("compute", tenant_id = %args.tenant, timeline_id = %args.timeline);
+    let _entered = span.enter();
+    let started = Instant::now();
+    let settings = settings(&args)?;
+    let user = compute::os_user_name()?;
+    let pgdata = absolute(&args.pgdata)?;
+    let postgres_log = match &args.postgres_log {
+        Some(p) => p.clone(),
+        None => pgdata.parent().context("the data directory has no parent directory")?.join("postgres.log"),
+    };
+    if !args.pg_bin_dir.join("postgres").is_file() {
+        bail!("cannot find postgres in {} (--pg-bin-dir)", args.pg_bin_dir.display());
+    }
+    if let Some(path) = &args.status_file {
+        remove_if_exists(path)?;
+    }
+
+    let created = compute::prepare_pgdata(&pgdata)?;
+    let client = PageserverClient::new(&args.pageserver_http);
+    let fetched = client
+        .basebackup(args.tenant, args.timeline, args.lsn, &pgdata)
+        .context("fetch basebackup")
+        .and_then(|backup| compute::set_mode_0700(&pgdata).map(|()| backup))
+        .and_then(|backup| pgconf::write_config_files(&pgdata, &settings).map(|()| backup));
+    let backup = match fetched {
+        Ok(backup) => backup,
+        Err(e) => {
+            compute::clear_pgdata(&pgdata, created);
+            return Err(e);
+        }
+    };
+    let basebackup_ms = started.elapsed().as_millis();
+    tracing::info!(bytes = backup.bytes, lsn = ?backup.lsn.map(|l| l.to_string()), "basebackup unpacked in {basebackup_ms} ms");
+
+    // From here on a signal must reach postgres, not kill us and orphan it.
+    postgres::catch_shutdown_signals()?;
+    let start_began = Instant::now();
+    let mut postmaster = Postmaster::start(&args.pg_bin_dir, &pgdata, &postgres_log)?;
+    let probe_host = probe_host(&args.listen);
+    if let Err(e) = postmaster.wait_ready(&args.pg_bin_dir, &probe_host, args.port, &user, Duration::from_secs(args.start_timeout_secs)) {
+        postmaster.kill();
+        compute::clear_pgdata(&pgdata, created);
+        return Err(e);
+    }
+    let start_ms = start_began.elapsed().as_millis();
+    tracing::info!(pid = postmaster.pid(), "postgres accepts connections on {probe_host}:{} after {start_ms} ms", args.port);
+
+    if args.lsn.is_none() {
+        if let Err(e) = client.start_wal_receiver(args.tenant, args.timeline, &probe_host, args.port, &user) {
+            postmaster.kill();
+            compute::clear_pgdata(&pgdata, created);
+            return Err(e).context("make the pageserver follow the compute's WAL");
+        }
+        tracing::info!("the pageserver follows this compute's WAL");
+    }
+
+    let report = serde_json::json!({
+        "state": "running",
+        "pid": std::process::id(),
+        "postgres_pid": postmaster.pid(),
+        "port": args.port,
+        "tenant_id": args.tenant.to_string(),
+        "timeline_id": args.timeline.to_string(),
+        "lsn": backup.lsn.map(|l| l.to_string()),
+        "read_only": args.lsn.is_some(),
+        "basebackup_bytes": backup.bytes,
+        "basebackup_ms": basebackup_ms,
+        "start_ms": start_ms,
+        "total_ms": started.elapsed().as_millis(),
+    });
+    // The status file first: whoever reads the stdout line may look at the file next.
+    if let Some(path) = &args.status_file {
+        write_atomically(path, &report.to_string())?;
+    }
+    tracing::info!("compute running: {report}");
+    println!("{report}");
+
+    let status = postmaster.supervise()?;
+    tracing::info!("postgres exited: {}", postgres::describe(status));
+    if let Some(path) = &args.status_file {
+        let mut last = report;
+        last["state"] = "exited".into();
+        last["exit"] = postgres::describe(status).into();
+        write_atomically(path, &last.to_string())?;
+    }
+    Ok(postgres::exit_code(status))
+}
+
+fn settings(args: &Args) -> anyhow::Result<ComputeSettings> {
+    let overrides = args.settings.iter().map(|s| pgconf::parse_override(s)).collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(ComputeSettings {
+        listen: args.listen.clone(),
+        port: args.port,
+        pageserver_pg: args.pageserver_pg.clone(),
+        tenant_id: args.tenant,
+        timeline_id: args.timeline,
+        shared_buffers: args.shared_buffers.clone(),
+        static_lsn: args.lsn,
+        socket_dir: pgconf::socket_dir_for(&absolute(&args.pgdata)?),
+        overrides,
+    })
+}
+
+/// The address to reach postgres at: the first of listen_addresses, or loopback when it
+/// listens on every interface.
+fn probe_host(listen: &str) -> String {
+    match listen.split(',').map(str::trim).next() {
+        None | Some("") | Some("*") | Some("0.0.0.0") => "127.0.0.1".to_string(),
+        Some("::") => "::1".to_string(),
+        Some(h) => h.to_string(),
+    }
+}
+
+fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
+    std::path::absolute(path).with_context(|| format!("make {} absolute", path.display()))
+}
+
+fn remove_if_exists(path: &Path) -> anyhow::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_context(|| format!("remove {}", path.display())),
+        _ => Ok(()),
+    }
+}
+
+/// Readers of the status file see the old or the new report, never half of one.
+fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, format!("{text}\n")).with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))
+}

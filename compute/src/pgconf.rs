@@ -1,0 +1,219 @@
+//! The configuration files compute_ctl writes into a fresh data directory.
+//!
+//! A compute is stateless: every start fetches a new basebackup and writes these files
+//! from scratch, so they are rendered here from typed settings and never edited in place.
+//! The text is pure (no I/O) so that unit tests can hold it to what the extension and the
+//! pageserver expect.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use proto::{Lsn, TenantId, TimelineId};
+
+/// What goes into `postgresql.conf`.
+#[derive(Clone, Debug)]
+pub struct ComputeSettings {
+    /// `listen_addresses`.
+    pub listen: String,
+    pub port: u16,
+    /// `host:port` of the pageserver's page service, for the extension.
+    pub pageserver_pg: String,
+    pub tenant_id: TenantId,
+    pub timeline_id: TimelineId,
+    pub shared_buffers: String,
+    /// Set for a compute started at a past LSN: it must not add WAL to its branch, so it
+    /// is read-only and the pageserver does not follow it.
+    pub static_lsn: Option<Lsn>,
+    /// Where postgres puts its Unix-domain socket; `None` leaves TCP only.
+    pub socket_dir: Option<String>,
+    /// `-c name=value` settings, appended last so that they win.
+    pub overrides: Vec<(String, String)>,
+}
+
+/// The longest socket directory we put a socket in: `sun_path` holds 107 bytes, and the
+/// socket's own name (`.s.PGSQL.65535`) takes 15 of them.
+const SOCKET_DIR_LEN_MAX: usize = 90;
+
+/// The socket directory for a data directory: the data directory itself when its path is
+/// short enough, else none (TCP only). Keeping the socket inside the data directory means two
+/// computes never share a socket directory and a refetch removes a stale socket.
+pub fn socket_dir_for(pgdata: &Path) -> Option<String> {
+    let s = pgdata.to_str()?;
+    (s.len() <= SOCKET_DIR_LEN_MAX).then(|| s.to_string())
+}
+
+/// Quotes a value for postgresql.conf: single quotes, with embedded ones doubled. Quoting
+/// every value is valid for every GUC type, so `-c` values need no type knowledge.
+pub fn quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+/// Parses a `-c name=value` argument.
+pub fn parse_override(arg: &str) -> anyhow::Result<(String, String)> {
+    let Some((name, value)) = arg.split_once('=') else {
+        bail!("invalid setting {arg:?}: expected name=value");
+    };
+    let name = name.trim();
+    let valid = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.');
+    if !valid {
+        bail!("invalid setting name {name:?}: use letters, digits, '_' and '.'");
+    }
+    Ok((name.to_string(), value.to_string()))
+}
+
+pub fn postgresql_conf(s: &ComputeSettings) -> String {
+    let mut out = String::new();
+    let mut set = |name: &str, value: &str| {
+        let _ = writeln!(out, "{name} = {}", quote(value));
+    };
+    set("listen_addresses", &s.listen);
+    set("port", &s.port.to_string());
+    set("unix_socket_directories", s.socket_dir.as_deref().unwrap_or(""));
+    set("shared_buffers", &s.shared_buffers);
+    set("shared_preload_libraries", "fjord");
+    set("fjord.pageserver_address", &s.pageserver_pg);
+    set("fjord.tenant_id", &s.tenant_id.to_string());
+    set("fjord.timeline_id", &s.timeline_id.to_string());
+    // The pageserver follows the compute over physical replication, so the compute is a
+    // primary with WAL senders. Until safekeepers exist, the compute's own pg_wal is the
+    // only place the pageserver can re-read WAL from after a reconnect: keep plenty.
+    set("wal_level", "replica");
+    set("max_wal_senders", "10");
+    set("max_replication_slots", "10");
+    set("wal_keep_size", "1GB");
+    match s.static_lsn {
+        None => {
+            // A commit is acknowledged only once the pageserver (application_name
+            // `pageserver`) has flushed it: the compute keeps no data files of its own.
+            set("synchronous_standby_names", "pageserver");
+        }
+        Some(_) => {
+            // A compute at a past LSN is not followed by the pageserver: nothing to wait for,
+            // and nothing may be written.
+            set("synchronous_standby_names", "");
+            set("default_transaction_read_only", "on");
+        }
+    }
+    set("synchronous_commit", "on");
+    set("fsync", "on");
+    set("full_page_writes", "on");
+    // A crashed compute is replaced by a new one from a basebackup, not restarted locally:
+    // local crash recovery would replay WAL the pageserver may not have.
+    set("restart_after_crash", "off");
+    // compute_ctl sends postgres' stderr to a file; no collector process.
+    set("logging_collector", "off");
+    set("log_destination", "stderr");
+    set("log_line_prefix", "%m [%p] %q%u@%d ");
+    if !s.overrides.is_empty() {
+        out.push_str("# compute_ctl -c settings\n");
+        for (name, value) in &s.overrides {
+            let _ = writeln!(out, "{name} = {}", quote(value));
+        }
+    }
+    format!("# Written by compute_ctl at every start; edits are lost with the data directory.\n{out}")
+}
+
+/// Trust for loopback only, including replication (the pageserver's WAL receiver). A compute
+/// listening elsewhere accepts no remote connections until authentication is configured.
+pub const PG_HBA_CONF: &str = "\
+# Written by compute_ctl: trust on loopback only, for a development cluster.
+# TYPE  DATABASE     USER  ADDRESS        METHOD
+local   all          all                  trust
+host    all          all   127.0.0.1/32   trust
+host    all          all   ::1/128        trust
+local   replication  all                  trust
+host    replication  all   127.0.0.1/32   trust
+host    replication  all   ::1/128        trust
+";
+
+/// Writes `postgresql.conf`, `pg_hba.conf` and an empty `pg_ident.conf`, replacing whatever
+/// the basebackup held.
+pub fn write_config_files(pgdata: &Path, settings: &ComputeSettings) -> anyhow::Result<()> {
+    let write = |name: &str, text: &str| {
+        let path = pgdata.join(name);
+        std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))
+    };
+    write("postgresql.conf", &postgresql_conf(settings))?;
+    write("pg_hba.conf", PG_HBA_CONF)?;
+    write("pg_ident.conf", "")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> ComputeSettings {
+        ComputeSettings {
+            listen: "127.0.0.1".into(),
+            port: 55432,
+            pageserver_pg: "127.0.0.1:6400".into(),
+            tenant_id: "11111111111111111111111111111111".parse().unwrap(),
+            timeline_id: "22222222222222222222222222222222".parse().unwrap(),
+            shared_buffers: "128MB".into(),
+            static_lsn: None,
+            socket_dir: None,
+            overrides: vec![],
+        }
+    }
+
+    fn value_of(conf: &str, name: &str) -> Option<String> {
+        // The last assignment wins, as in PostgreSQL.
+        conf.lines().filter_map(|l| l.strip_prefix(&format!("{name} = "))).next_back().map(str::to_string)
+    }
+
+    #[test]
+    fn primary_config_names_the_pageserver_and_waits_for_it() {
+        let conf = postgresql_conf(&settings());
+        assert_eq!(value_of(&conf, "shared_preload_libraries").unwrap(), "'fjord'");
+        assert_eq!(value_of(&conf, "fjord.pageserver_address").unwrap(), "'127.0.0.1:6400'");
+        assert_eq!(value_of(&conf, "fjord.tenant_id").unwrap(), "'11111111111111111111111111111111'");
+        assert_eq!(value_of(&conf, "fjord.timeline_id").unwrap(), "'22222222222222222222222222222222'");
+        assert_eq!(value_of(&conf, "synchronous_standby_names").unwrap(), "'pageserver'");
+        assert_eq!(value_of(&conf, "restart_after_crash").unwrap(), "'off'");
+        assert_eq!(value_of(&conf, "port").unwrap(), "'55432'");
+        assert_eq!(value_of(&conf, "unix_socket_directories").unwrap(), "''");
+        assert!(value_of(&conf, "default_transaction_read_only").is_none());
+    }
+
+    #[test]
+    fn static_compute_is_read_only_and_waits_for_nobody() {
+        let conf = postgresql_conf(&ComputeSettings { static_lsn: Some(Lsn(0x100)), ..settings() });
+        assert_eq!(value_of(&conf, "synchronous_standby_names").unwrap(), "''");
+        assert_eq!(value_of(&conf, "default_transaction_read_only").unwrap(), "'on'");
+    }
+
+    #[test]
+    fn overrides_come_last_and_are_quoted() {
+        let conf = postgresql_conf(&ComputeSettings {
+            overrides: vec![("fsync".into(), "off".into()), ("application_name".into(), "it's".into())],
+            ..settings()
+        });
+        assert_eq!(value_of(&conf, "fsync").unwrap(), "'off'");
+        assert_eq!(value_of(&conf, "application_name").unwrap(), "'it''s'");
+    }
+
+    #[test]
+    fn override_arguments_are_validated() {
+        assert_eq!(parse_override("work_mem=64MB").unwrap(), ("work_mem".into(), "64MB".into()));
+        assert_eq!(parse_override("a.b=x=y").unwrap(), ("a.b".into(), "x=y".into()));
+        assert_eq!(parse_override("empty=").unwrap(), ("empty".into(), String::new()));
+        for bad in ["novalue", "=1", "bad name=1", "x;y=1"] {
+            assert!(parse_override(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn socket_goes_into_short_data_directories_only() {
+        assert_eq!(socket_dir_for(Path::new("/tmp/x/pgdata")).as_deref(), Some("/tmp/x/pgdata"));
+        assert_eq!(socket_dir_for(&Path::new("/tmp").join("d".repeat(100))), None);
+    }
+
+    #[test]
+    fn hba_trusts_loopback_only() {
+        for line in PG_HBA_CONF.lines().filter(|l| l.starts_with("host")) {
+            assert!(line.contains("127.0.0.1/32") || line.contains("::1/128"), "{line}");
+        }
+    }
+}

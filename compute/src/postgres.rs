@@ -1,0 +1,229 @@
+//! The postmaster as compute_ctl's child: start, wait until it accepts connections, forward
+//! shutdown signals, and report how it exited.
+//!
+//! compute_ctl stays in the foreground as the supervisor (no `pg_ctl`, no daemon): whoever
+//! runs it (the `fjord` CLI, a container runtime, systemd) sees one process whose exit status
+//! is postgres'. Signals map to PostgreSQL's shutdown modes:
+//!
+//! | compute_ctl gets | postmaster gets | mode |
+//! |---|---|---|
+//! | SIGTERM, SIGINT | SIGINT | fast: roll back sessions, checkpoint, exit |
+//! | SIGQUIT | SIGQUIT | immediate: exit at once |
+//!
+//! The postmaster is started with a parent-death signal (SIGKILL), so it never outlives its
+//! supervisor: an orphaned compute would keep a port and a WAL stream that nobody manages.
+
+use std::fs::File;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// The last shutdown signal received and not yet forwarded; 0 for none.
+static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(signum: libc::c_int) {
+    // Only an atomic store: the one thing a signal handler may safely do here.
+    PENDING_SIGNAL.store(signum, Ordering::SeqCst);
+}
+
+/// Catches SIGTERM, SIGINT and SIGQUIT from now on; [`Postmaster::supervise`] forwards them.
+pub fn catch_shutdown_signals() -> anyhow::Result<()> {
+    for signum in [libc::SIGTERM, libc::SIGINT, libc::SIGQUIT] {
+        // SAFETY: installs an async-signal-safe handler; the sigaction struct is zeroed and
+        // then filled as sigaction(2) requires.
+        let rc = unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signum, &action, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            bail!("could not install a handler for signal {signum}: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A shutdown signal that arrived and has not been handled yet.
+pub fn pending_signal() -> Option<i32> {
+    match PENDING_SIGNAL.load(Ordering::SeqCst) {
+        0 => None,
+        s => Some(s),
+    }
+}
+
+pub struct Postmaster {
+    child: Child,
+    log_path: PathBuf,
+}
+
+impl Postmaster {
+    /// Starts `postgres -D pgdata` with stdout and stderr appended to `log_path`.
+    pub fn start(pg_bin_dir: &Path, pgdata: &Path, log_path: &Path) -> anyhow::Result<Postmaster> {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(log_path)
+            .with_context(|| format!("open postgres log {}", log_path.display()))?;
+        let log2 = log.try_clone().context("duplicate the postgres log handle")?;
+        let postgres = pg_bin_dir.join("postgres");
+        let mut cmd = Command::new(&postgres);
+        cmd.arg("-D").arg(pgdata).stdin(Stdio::null()).stdout(log).stderr(log2);
+        // SAFETY: prctl and getppid are async-signal-safe; nothing else runs between fork
+        // and exec.
+        unsafe {
+            let supervisor = libc::getpid();
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The supervisor may have died before prctl took effect.
+                if libc::getppid() != supervisor {
+                    return Err(std::io::Error::other("compute_ctl exited while starting postgres"));
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().with_context(|| format!("could not start {}", postgres.display()))?;
+        tracing::info!(pid = child.id(), "postgres started");
+        Ok(Postmaster { child, log_path: log_path.to_path_buf() })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Polls `pg_isready` until the server accepts connections. Fails with the tail of the
+    /// postgres log if it exits first or does not get there within `timeout`.
+    pub fn wait_ready(&mut self, pg_bin_dir: &Path, host: &str, port: u16, user: &str, timeout: Duration) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let pg_isready = pg_bin_dir.join("pg_isready");
+        loop {
+            if let Some(status) = self.child.try_wait().context("wait for postgres")? {
+                bail!("postgres exited during startup ({}); the end of {}:\n{}", describe(status), self.log_path.display(), log_tail(&self.log_path, 20));
+            }
+            if let Some(sig) = pending_signal() {
+                bail!("got signal {sig} while postgres was starting");
+            }
+            let out = Command::new(&pg_isready)
+                .args(["-q", "-h", host, "-p", &port.to_string(), "-U", user, "-d", "postgres", "-t", "2"])
+                .stdin(Stdio::null())
+                .output()
+                .with_context(|| format!("could not run {}", pg_isready.display()))?;
+            if out.status.success() {
+                return Ok(());
+            }
+            if started.elapsed() > timeout {
+                bail!(
+                    "postgres did not accept connections on {host}:{port} within {} s; the end of {}:\n{}",
+                    timeout.as_secs(),
+                    self.log_path.display(),
+                    log_tail(&self.log_path, 20)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits for postgres to exit, forwarding shutdown signals to it as they arrive.
+    pub fn supervise(&mut self) -> anyhow::Result<ExitStatus> {
+        loop {
+            if let Some(status) = self.child.try_wait().context("wait for postgres")? {
+                return Ok(status);
+            }
+            if let Some(received) = pending_signal() {
+                PENDING_SIGNAL.store(0, Ordering::SeqCst);
+                self.shutdown(received)?;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Sends postgres the shutdown signal that corresponds to one compute_ctl received.
+    pub fn shutdown(&mut self, received: i32) -> anyhow::Result<()> {
+        let (send, mode) = if received == libc::SIGQUIT { (libc::SIGQUIT, "immediate") } else { (libc::SIGINT, "fast") };
+        tracing::info!("got signal {received}, asking postgres for a {mode} shutdown");
+        let pid = libc::pid_t::try_from(self.child.id()).context("postgres pid out of range")?;
+        // SAFETY: a plain kill(2) of our own child, which has not been reaped yet.
+        if unsafe { libc::kill(pid, send) } != 0 {
+            let err = std::io::Error::last_os_error();
+            // ESRCH: it already exited; supervise() will collect it.
+            if err.raw_os_error() != Some(libc::ESRCH) {
+                return Err(err).context("signal postgres");
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills postgres at once and reaps it; used when startup fails half-way.
+    pub fn kill(mut self) {
+        let _ = self.shutdown(libc::SIGQUIT);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// "exit code 1" or "killed by signal 9".
+pub fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        _ => "unknown status".to_string(),
+    }
+}
+
+/// The process exit code that reports `status` to our own parent: postgres' code, or
+/// 128 + the signal, as a shell does.
+pub fn exit_code(status: ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        _ => 1,
+    }
+}
+
+/// The last `lines` lines of a log file, for error messages.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(could not read {}: {e})", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_tail_keeps_the_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        std::fs::write(&path, "a\nb\nc\nd\n").unwrap();
+        assert_eq!(log_tail(&path, 2), "c\nd");
+        assert_eq!(log_tail(&path, 10), "a\nb\nc\nd");
+        assert!(log_tail(&dir.path().join("missing"), 2).contains("could not read"));
+    }
+
+    #[test]
+    fn exit_codes_follow_the_shell_convention() {
+        assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGKILL)), 128 + libc::SIGKILL);
+        assert_eq!(describe(ExitStatus::from_raw(libc::SIGKILL)), "killed by signal 9");
+    }
+}
