@@ -21,6 +21,7 @@
 //! [`Timeline`] (put, read, freeze and flush, compact, wait for an LSN), [`import_datadir`],
 //! [`WalIngest`], [`PageApi`].
 
+pub mod basebackup;
 pub mod config;
 pub mod crashsafe;
 pub mod datadir;
@@ -50,5 +51,5 @@ pub use walingest::{IngestStats, WalFilesIngested, WalIngest};
 pub use error::{CreateTimelineError, LayerError, ReadError, WaitLsnError, WriteError};
 pub use layer::{LayerDesc, LayerKind};
 pub use tenant::Tenant;
-pub use timeline::{CompactionResult, GcResult, Timeline, TimelineMetadata};
+pub use timeline::{CompactionResult, GcResult, RecordLsns, Timeline, TimelineMetadata};
 pub use value::{ModelReconstructor, ReconstructData, Reconstructor, Value, WalRecord};

@@ -290,6 +290,8 @@ pub struct Modification<'t> {
     timeline: &'t Timeline,
     read_lsn: Lsn,
     lsn: Lsn,
+    /// Where the WAL record ending at `lsn` starts, if this is one.
+    record_start: Option<Lsn>,
     pending: BTreeMap<Key, Value>,
 }
 
@@ -297,7 +299,13 @@ impl<'t> Modification<'t> {
     /// Starts the changes to be published at `lsn`; reads of unchanged keys see the
     /// timeline's last record LSN.
     pub fn new(timeline: &'t Timeline, lsn: Lsn) -> Modification<'t> {
-        Modification { timeline, read_lsn: timeline.last_record_lsn(), lsn, pending: BTreeMap::new() }
+        Modification { timeline, read_lsn: timeline.last_record_lsn(), lsn, record_start: None, pending: BTreeMap::new() }
+    }
+
+    /// Says that these are the changes of the WAL record starting at `start`: published
+    /// with them, as the timeline's previous record LSN.
+    pub fn set_record_start(&mut self, start: Lsn) {
+        self.record_start = Some(start);
     }
 
     pub fn lsn(&self) -> Lsn {
@@ -371,7 +379,7 @@ impl<'t> Modification<'t> {
         for (key, value) in &self.pending {
             self.timeline.put(*key, self.lsn, value)?;
         }
-        self.timeline.advance_last_record_lsn(self.lsn)
+        self.timeline.advance_last_record_lsn_with_prev(self.lsn, self.record_start)
     }
 }
 

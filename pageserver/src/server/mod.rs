@@ -12,11 +12,14 @@ pub mod http;
 
 use std::collections::HashMap;
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use anyhow::Context;
 use proto::{Lsn, TenantId, TimelineId};
 
+use crate::basebackup::{write_basebackup, BasebackupSummary};
 use crate::import::{import_datadir, ImportSummary};
 use crate::page_service::{PageService, PageServiceHandle, TenantRegistry};
 use crate::reconstruct::PgReconstructor;
@@ -34,6 +37,15 @@ pub struct Pageserver {
     reconstructor: Arc<dyn Reconstructor>,
     create_lock: Mutex<()>,
     receivers: Mutex<HashMap<(TenantId, TimelineId), WalReceiver>>,
+    pub basebackup_stats: BasebackupStats,
+}
+
+/// Counters of the basebackups served, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct BasebackupStats {
+    pub count: AtomicU64,
+    pub bytes: AtomicU64,
+    pub micros: AtomicU64,
 }
 
 /// Why a management request was refused; mapped to HTTP status codes in one place
@@ -48,6 +60,9 @@ pub enum ManagementError {
     Conflict(String),
     #[error("{0}")]
     BadRequest(String),
+    /// Waited too long for something (an LSN to be ingested).
+    #[error("{0}")]
+    Timeout(String),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }
@@ -84,6 +99,7 @@ impl Pageserver {
             reconstructor: Arc::new(PgReconstructor::new(redo)),
             create_lock: Mutex::new(()),
             receivers: Mutex::new(HashMap::new()),
+            basebackup_stats: BasebackupStats::default(),
         })
     }
 
@@ -157,6 +173,48 @@ impl Pageserver {
         let summary = import_datadir(&timeline, pgdata).map_err(|e| ManagementError::BadRequest(format!("{e:#}")))?;
         timeline.freeze_and_flush()?;
         Ok(summary)
+    }
+
+    /// A basebackup of the timeline at `lsn` (default: its last record LSN), generated
+    /// into memory (a few MiB: the WAL segment is 16 MiB of mostly zeros, SLRUs and maps
+    /// the rest; streaming it while generating is not worth the complexity yet). An
+    /// explicit `lsn` is waited for up to the wait-LSN timeout and must be a record
+    /// boundary (the end of a record); one below the GC cutoff or the branch point is
+    /// refused. The previous record LSN is passed only at the last record LSN.
+    pub fn basebackup(&self, tenant: TenantId, timeline: TimelineId, lsn: Option<Lsn>) -> Result<(Vec<u8>, BasebackupSummary), ManagementError> {
+        let t = self.timeline(tenant, timeline)?;
+        if !t.last_record_lsn().is_valid() {
+            return Err(ManagementError::Conflict(format!("timeline {timeline} has no data yet; import or branch it first")));
+        }
+        let (lsn, prev) = match lsn {
+            None => {
+                let r = t.record_lsns();
+                (r.last, r.prev)
+            }
+            Some(lsn) => {
+                let cutoff = t.gc_cutoff_lsn();
+                if lsn < cutoff {
+                    return Err(ManagementError::BadRequest(format!(
+                        "requested LSN {lsn} is below the garbage collection horizon {cutoff} of timeline {timeline}"
+                    )));
+                }
+                if let Some(branch) = t.ancestor_lsn().filter(|&b| lsn < b) {
+                    return Err(ManagementError::BadRequest(format!("requested LSN {lsn} is below the branch point {branch} of timeline {timeline}")));
+                }
+                t.wait_lsn(lsn, self.conf.wait_lsn_timeout()).map_err(|e| ManagementError::Timeout(e.to_string()))?;
+                let r = t.record_lsns();
+                (lsn, if r.last == lsn { r.prev } else { None })
+            }
+        };
+        let started = Instant::now();
+        let mut out = Vec::new();
+        let summary = write_basebackup(&t, self.reconstructor.as_ref(), lsn, prev, &mut out)
+            .with_context(|| format!("basebackup of timeline {timeline} at {lsn}"))?;
+        let stats = &self.basebackup_stats;
+        stats.count.fetch_add(1, Ordering::Relaxed);
+        stats.bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
+        stats.micros.fetch_add(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        Ok((out, summary))
     }
 
     /// Starts following `source`'s WAL into the timeline, replacing any receiver it had.

@@ -120,6 +120,7 @@ impl WalIngest {
         }
         let timeline = Arc::clone(&self.timeline);
         let mut m = Modification::new(&timeline, end_lsn);
+        m.set_record_start(record.lsn);
         self.ingest_blocks(&mut m, record, end_lsn)?;
         let meta = parse_metadata(record)?;
         self.track_counters(&mut m, record, meta.as_ref())?;
