@@ -29,6 +29,7 @@ pub mod error;
 pub mod import;
 pub mod layer;
 pub mod layer_map;
+pub mod localwal;
 pub mod page_service;
 pub mod pageapi;
 pub mod reconstruct;

@@ -9,7 +9,8 @@
 //! | POST | `/v1/tenant/{tenant}/timeline` | create: `{"timeline_id"?, "ancestor_timeline_id"?, "ancestor_lsn"?}` |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}` | one timeline's status |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/import` | `{"pgdata": "/path"}`: bootstrap from a shut-down data directory on this host |
-//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | `{"host", "port", "user"}`: follow a server's WAL over streaming replication |
+//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | `{"host", "port", "user"}`: follow a server's WAL over streaming replication (application_name `fjord_pageserver`); persisted, restarted when the pageserver starts |
+//! | DELETE | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | stop the receiver and forget its source (404 if there is none) |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/basebackup[?lsn=X/X]` | `application/x-tar` data directory to start a compute at the LSN (default: the last record LSN; an explicit one is waited for), header `X-Fjord-Lsn`; 400 below the GC horizon or branch point, 504 if the LSN is not ingested in time |
 //! | GET | `/metrics` | Prometheus text format |
 //!
@@ -42,7 +43,7 @@ impl From<ManagementError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = match &self.0 {
-            ManagementError::TenantNotFound(_) | ManagementError::TimelineNotFound(..) => StatusCode::NOT_FOUND,
+            ManagementError::TenantNotFound(_) | ManagementError::TimelineNotFound(..) | ManagementError::NotFound(_) => StatusCode::NOT_FOUND,
             ManagementError::Conflict(_) => StatusCode::CONFLICT,
             ManagementError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ManagementError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -140,7 +141,7 @@ pub fn router(ps: Arc<Pageserver>) -> Router {
         .route("/v1/tenant/{tenant}/timeline", get(list_timelines).post(create_timeline))
         .route("/v1/tenant/{tenant}/timeline/{timeline}", get(get_timeline))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/import", post(import))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver", post(start_wal_receiver))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver", post(start_wal_receiver).delete(stop_wal_receiver))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/basebackup", get(basebackup))
         .route("/metrics", get(metrics))
         .with_state(ps)
@@ -219,6 +220,15 @@ async fn start_wal_receiver(
         .map_err(|e| ApiError(ManagementError::BadRequest(format!("invalid request body: {e}"))))?;
     blocking(move || ps.start_wal_receiver(tenant, timeline, source)).await?;
     Ok(StatusCode::ACCEPTED)
+}
+
+async fn stop_wal_receiver(State(ps): State<Arc<Pageserver>>, Path((tenant, timeline)): Path<(String, String)>) -> Result<StatusCode, ApiError> {
+    let (tenant, timeline): (TenantId, TimelineId) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    if blocking(move || ps.stop_wal_receiver(tenant, timeline)).await? {
+        Ok(StatusCode::OK)
+    } else {
+        Err(ApiError(ManagementError::NotFound(format!("timeline {timeline} of tenant {tenant} has no WAL receiver"))))
+    }
 }
 
 #[derive(Deserialize, Default)]

@@ -26,6 +26,7 @@ use crate::reconstruct::PgReconstructor;
 use crate::tenant::Tenant;
 use crate::timeline::Timeline;
 use crate::value::Reconstructor;
+use crate::localwal::WAL_RECEIVER_SOURCE_FILE;
 use crate::walreceiver::{WalReceiver, WalReceiverStatus, WalSource};
 use crate::walredo::{WalRedoConfig, WalRedoManager};
 use crate::CreateTimelineError;
@@ -56,6 +57,8 @@ pub enum ManagementError {
     TenantNotFound(TenantId),
     #[error("timeline {1} of tenant {0} not found")]
     TimelineNotFound(TenantId, TimelineId),
+    #[error("{0}")]
+    NotFound(String),
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
@@ -218,6 +221,9 @@ impl Pageserver {
     }
 
     /// Starts following `source`'s WAL into the timeline, replacing any receiver it had.
+    /// The source is persisted in the timeline directory (`WAL_RECEIVER_SOURCE_FILE`,
+    /// written atomically) so that the receiver is started again when the pageserver
+    /// starts.
     pub fn start_wal_receiver(&self, tenant: TenantId, timeline: TimelineId, source: WalSource) -> Result<(), ManagementError> {
         let t = self.timeline(tenant, timeline)?;
         if !t.last_record_lsn().is_valid() {
@@ -225,12 +231,63 @@ impl Pageserver {
                 "timeline {timeline} has no data yet; import or branch it before streaming WAL into it"
             )));
         }
-        let receiver = WalReceiver::start(t, Arc::clone(&self.reconstructor), source);
-        let old = self.receivers.lock().unwrap_or_else(|p| p.into_inner()).insert((tenant, timeline), receiver);
+        let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
+        let json = serde_json::to_vec_pretty(&source).context("encode the WAL receiver source")?;
+        crate::crashsafe::write_file_atomic(&path, &json).with_context(|| format!("write {}", path.display()))?;
+        self.spawn_wal_receiver(t, source);
+        Ok(())
+    }
+
+    /// Starts the receivers whose sources are persisted (at pageserver start).
+    pub fn start_persisted_wal_receivers(&self) -> anyhow::Result<usize> {
+        let mut started = 0;
+        for id in self.tenants.ids() {
+            let Some(tenant) = self.tenants.get(id) else { continue };
+            for t in tenant.timelines() {
+                let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
+                let bytes = match std::fs::read(&path) {
+                    Ok(b) => b,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
+                };
+                let source: WalSource = serde_json::from_slice(&bytes).with_context(|| format!("parse {}", path.display()))?;
+                tracing::info!(tenant = %id, timeline = %t.timeline_id(), "restarting the WAL receiver from {}:{}", source.host, source.port);
+                self.spawn_wal_receiver(t, source);
+                started += 1;
+            }
+        }
+        Ok(started)
+    }
+
+    /// Stops a timeline's receiver and forgets its source; `false` if it had none.
+    pub fn stop_wal_receiver(&self, tenant: TenantId, timeline: TimelineId) -> Result<bool, ManagementError> {
+        let t = self.timeline(tenant, timeline)?;
+        let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
+        let had_file = match std::fs::remove_file(&path) {
+            Ok(()) => {
+                crate::crashsafe::fsync_dir(t.path()).with_context(|| format!("fsync {}", t.path().display()))?;
+                true
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("remove {}", path.display())).into()),
+        };
+        let old = self.receivers.lock().unwrap_or_else(|p| p.into_inner()).remove(&(tenant, timeline));
+        let had_receiver = old.is_some();
         if let Some(old) = old {
             old.stop();
         }
-        Ok(())
+        Ok(had_file || had_receiver)
+    }
+
+    fn spawn_wal_receiver(&self, t: Arc<Timeline>, source: WalSource) {
+        let (tenant, timeline) = (t.tenant_id(), t.timeline_id());
+        let mut receivers = self.receivers.lock().unwrap_or_else(|p| p.into_inner());
+        // The old receiver stops before the new one starts: a timeline has one writer, and
+        // its local WAL one owner.
+        if let Some(old) = receivers.remove(&(tenant, timeline)) {
+            old.stop();
+        }
+        receivers.insert((tenant, timeline), WalReceiver::start(t, Arc::clone(&self.reconstructor), source));
     }
 
     pub fn wal_receiver_status(&self, tenant: TenantId, timeline: TimelineId) -> Option<WalReceiverStatus> {

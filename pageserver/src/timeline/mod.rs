@@ -51,6 +51,10 @@ pub use compaction::CompactionResult;
 pub use gc::GcResult;
 pub use metadata::TimelineMetadata;
 
+/// Entries of a timeline directory that are not the engine's: the WAL receiver's local
+/// WAL (`localwal.rs`) and its persisted source. Loading leaves them alone.
+pub const OTHER_ENTRIES: &[&str] = &[crate::localwal::LOCAL_WAL_DIR, crate::localwal::WAL_RECEIVER_SOURCE_FILE];
+
 /// The timeline a branch was created from, and the LSN it was created at.
 #[derive(Debug)]
 pub struct Ancestor {
@@ -130,7 +134,7 @@ impl Timeline {
             let entry = entry.with_context(|| format!("list {}", dir.display()))?;
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name == metadata::METADATA_FILE_NAME {
+            if name == metadata::METADATA_FILE_NAME || OTHER_ENTRIES.contains(&name.as_str()) {
                 continue;
             }
             if crashsafe::is_temp_name(&name) || name.starts_with(EPHEMERAL_PREFIX) {
