@@ -86,7 +86,7 @@ pub fn postgresql_conf(s: &ComputeSettings) -> String {
         None => {
             // A commit is acknowledged only once the pageserver (application_name
             // `pageserver`) has flushed it: the compute keeps no data files of its own.
-            set("synchronous_standby_names", "pageserver");
+            set("synchronous_standby_names", "fjord_pageserver");
         }
         Some(_) => {
             // A compute at a past LSN is not followed by the pageserver: nothing to wait for,
@@ -170,7 +170,7 @@ mod tests {
         assert_eq!(value_of(&conf, "fjord.pageserver_address").unwrap(), "'127.0.0.1:6400'");
         assert_eq!(value_of(&conf, "fjord.tenant_id").unwrap(), "'11111111111111111111111111111111'");
         assert_eq!(value_of(&conf, "fjord.timeline_id").unwrap(), "'22222222222222222222222222222222'");
-        assert_eq!(value_of(&conf, "synchronous_standby_names").unwrap(), "'pageserver'");
+        assert_eq!(value_of(&conf, "synchronous_standby_names").unwrap(), "'fjord_pageserver'");
         assert_eq!(value_of(&conf, "restart_after_crash").unwrap(), "'off'");
         assert_eq!(value_of(&conf, "port").unwrap(), "'55432'");
         assert_eq!(value_of(&conf, "unix_socket_directories").unwrap(), "''");

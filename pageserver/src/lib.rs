@@ -21,6 +21,7 @@
 //! [`Timeline`] (put, read, freeze and flush, compact, wait for an LSN), [`import_datadir`],
 //! [`WalIngest`], [`PageApi`].
 
+pub mod basebackup;
 pub mod config;
 pub mod crashsafe;
 pub mod datadir;
@@ -28,6 +29,7 @@ pub mod error;
 pub mod import;
 pub mod layer;
 pub mod layer_map;
+pub mod localwal;
 pub mod page_service;
 pub mod pageapi;
 pub mod reconstruct;
@@ -50,5 +52,5 @@ pub use walingest::{IngestStats, WalFilesIngested, WalIngest};
 pub use error::{CreateTimelineError, LayerError, ReadError, WaitLsnError, WriteError};
 pub use layer::{LayerDesc, LayerKind};
 pub use tenant::Tenant;
-pub use timeline::{CompactionResult, GcResult, Timeline, TimelineMetadata};
+pub use timeline::{CompactionResult, GcResult, RecordLsns, Timeline, TimelineMetadata};
 pub use value::{ModelReconstructor, ReconstructData, Reconstructor, Value, WalRecord};

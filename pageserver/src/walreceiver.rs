@@ -1,28 +1,49 @@
 //! The WAL receiver: follows a PostgreSQL server's WAL over the physical replication
-//! protocol and ingests it into a timeline.
+//! protocol, makes it durable in the timeline's local WAL (`localwal.rs`) and ingests it.
 //!
-//! It speaks the client side of streaming replication: a replication connection,
-//! `IDENTIFY_SYSTEM`, `START_REPLICATION PHYSICAL <lsn> TIMELINE <tli>` from the timeline's
-//! last record LSN, then `XLogData` messages in and standby status updates out (write and
-//! apply = ingested, flush = in layer files on disk), so the server can count the
-//! pageserver as a standby. Until safekeepers exist, the compute's own walsender is the
-//! source. Message framing and the regular messages come from `postgres-protocol`;
-//! `CopyBothResponse` and the replication payloads are decoded here.
+//! It speaks the client side of streaming replication: a replication connection
+//! (`application_name=fjord_pageserver`, the name to put in `synchronous_standby_names`),
+//! `IDENTIFY_SYSTEM`, `START_REPLICATION PHYSICAL <lsn> TIMELINE <tli>`, then `XLogData`
+//! messages in and standby status updates out, so the server counts the pageserver as a
+//! standby. Until safekeepers exist, the compute's own walsender is the source. Message
+//! framing and the regular messages come from `postgres-protocol`; `CopyBothResponse` and
+//! the replication payloads are decoded here.
 //!
-//! Flush feedback means "in layer files on disk": when WAL stops arriving for a moment
-//! (`IDLE_FLUSH_AFTER`) the open layer is frozen and flushed, so that a server waiting for
-//! this standby (a shutdown, a synchronous commit) sees its WAL confirmed. Under steady
-//! load the open layer is flushed by size instead.
+//! **Durability and the fsync discipline.** Each turn of the loop waits (at most
+//! `READ_TIMEOUT`) for a message, then drains every message already readable from the
+//! socket without waiting (up to `BATCH_BYTES_MAX` of WAL), writing each `XLogData`
+//! payload into the local WAL segment files as it comes. Then, once per batch: one fsync
+//! of the segment files written (and of the `wal/` directory if a segment was created),
+//! then at once a status update with write = flush = the durable end and apply = the last
+//! record LSN (ingested). Only then is the batch decoded and ingested, so a synchronous
+//! commit waits for the network and one fsync, not for ingest or a layer flush. A
+//! keepalive that asks for a reply gets one after the batch's fsync. Status updates also
+//! go out every `STATUS_INTERVAL`.
+//!
+//! **Start and restart.** Each streaming session (the first, after a reconnect, and after
+//! a pageserver restart, whose timeline stands at its disk-consistent LSN) first ingests
+//! the local WAL from the timeline's last record LSN to its end (the first incomplete
+//! record), fsyncs the local segments (a process that died may not have), and then starts
+//! replication at the timeline's last record LSN, with a new decoder there. That is the
+//! start of the first record not complete locally, at or below the durable end the server
+//! was told: the bytes between are received again and rewritten identically, which is
+//! why no durable-end marker is kept (it would cost a second fsync per batch).
+//!
+//! Layer flushes happen by size (`maybe_freeze_and_flush`) and when WAL pauses
+//! (`IDLE_FLUSH_AFTER`); after each, local segments wholly below the disk-consistent LSN
+//! are deleted.
 //!
 //! Invariants:
+//! - WAL confirmed as flushed is in fsynced local segment files or in layer files.
 //! - Streaming always resumes at the timeline's last record LSN, a record boundary, so
-//!   nothing is ingested twice or skipped across reconnects.
+//!   nothing is ingested twice or skipped across reconnects and restarts.
 //! - A connection failure is logged once and retried with backoff up to a ceiling; a
-//!   decoding or ingest error stops the receiver (ingesting past it would corrupt the
-//!   timeline), and its status says why.
+//!   decoding, ingest or local WAL error stops the receiver (going past it would corrupt
+//!   the timeline or lie about durability), and its status says why.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -36,12 +57,17 @@ use postgres_protocol::message::{backend, frontend};
 use proto::Lsn;
 use serde::Serialize;
 
+use crate::localwal::{LocalWal, LOCAL_WAL_TLI};
 use crate::timeline::Timeline;
 use crate::value::Reconstructor;
 use crate::walingest::WalIngest;
 
+/// The `application_name` the receiver connects with: what a server names in
+/// `synchronous_standby_names` to wait for the pageserver.
+pub const APPLICATION_NAME: &str = "fjord_pageserver";
+
 /// Where to stream from.
-#[derive(Clone, Debug, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WalSource {
     pub host: String,
@@ -57,6 +83,8 @@ pub struct WalReceiverStatus {
     pub last_received_lsn: Option<String>,
     pub server_wal_end_lsn: Option<String>,
     pub records_ingested: u64,
+    /// The end of the WAL fsynced in the local WAL, confirmed to the server as flushed.
+    pub durable_lsn: Option<String>,
     pub last_error: Option<String>,
 }
 
@@ -68,8 +96,11 @@ pub struct WalReceiver {
 
 const STATUS_INTERVAL: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// When no WAL arrived for this long and some is not yet in layer files, flush it.
-const IDLE_FLUSH_AFTER: Duration = Duration::from_millis(50);
+/// When no WAL arrived for this long and some is not yet in layer files, flush it (which
+/// lets the local WAL shrink).
+const IDLE_FLUSH_AFTER: Duration = Duration::from_millis(500);
+/// At most this much WAL is drained from the socket per fsync.
+const BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// How long a read waits before the loop checks for a stop request and sends feedback.
 const READ_TIMEOUT: Duration = Duration::from_millis(20);
 
@@ -126,9 +157,20 @@ fn run(
     let span = tracing::info_span!("walreceiver", tenant_id = %timeline.tenant_id(), timeline_id = %timeline.timeline_id());
     let _entered = span.enter();
     let mut ingest = WalIngest::new(Arc::clone(&timeline), reconstructor);
+    let mut wal = match LocalWal::open(timeline.path(), timeline.last_record_lsn()) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!("wal receiver stopped: {e:#}");
+            set_status(&status, |s| {
+                s.state = "failed".into();
+                s.last_error = Some(format!("{e:#}"));
+            });
+            return;
+        }
+    };
     let mut backoff = Duration::from_millis(100);
     while !stop.load(Ordering::SeqCst) {
-        match stream(&timeline, &mut ingest, &source, &stop, &status) {
+        match stream(&timeline, &mut ingest, &mut wal, &source, &stop, &status) {
             Ended::Stopped => break,
             Ended::Fatal(e) => {
                 tracing::error!("wal receiver stopped: {e:#}");
@@ -170,22 +212,28 @@ impl Conn {
         self.stream.write_all(out).context("write to the server")
     }
 
-    /// The next message; `Ok(None)` on read timeout. `CopyBothResponse` ('W'), which
-    /// postgres-protocol does not know, is returned as `Err` with a marker (see callers).
+    /// A complete message from the buffer, if there is one. `CopyBothResponse` ('W'),
+    /// which postgres-protocol does not know, is `Msg::CopyBoth`.
+    fn buffered(&mut self) -> anyhow::Result<Option<Msg>> {
+        if self.buf.len() >= 5 {
+            let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+            if self.buf[0] == b'W' {
+                if self.buf.len() >= 1 + len {
+                    self.buf.advance(1 + len);
+                    return Ok(Some(Msg::CopyBoth));
+                }
+            } else if let Some(m) = backend::Message::parse(&mut self.buf).context("parse a server message")? {
+                return Ok(Some(Msg::Backend(m)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The next message, waiting at most `READ_TIMEOUT` for bytes; `Ok(None)` on timeout.
     fn next(&mut self) -> anyhow::Result<Option<Msg>> {
         loop {
-            if self.buf.len() >= 5 {
-                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
-                if self.buf[0] == b'W' {
-                    if self.buf.len() < 1 + len {
-                        // fall through to read more
-                    } else {
-                        self.buf.advance(1 + len);
-                        return Ok(Some(Msg::CopyBoth));
-                    }
-                } else if let Some(m) = backend::Message::parse(&mut self.buf).context("parse a server message")? {
-                    return Ok(Some(Msg::Backend(m)));
-                }
+            if let Some(m) = self.buffered()? {
+                return Ok(Some(m));
             }
             let mut chunk = [0u8; 64 * 1024];
             match self.stream.read(&mut chunk) {
@@ -194,6 +242,32 @@ impl Conn {
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return Ok(None),
                 Err(e) => return Err(e).context("read from the server"),
             }
+        }
+    }
+
+    /// The next message if it is already readable, without waiting.
+    fn try_next(&mut self) -> anyhow::Result<Option<Msg>> {
+        loop {
+            if let Some(m) = self.buffered()? {
+                return Ok(Some(m));
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            // SAFETY: a valid buffer of the given length and an open socket.
+            let n = unsafe {
+                libc::recv(self.stream.as_raw_fd(), chunk.as_mut_ptr().cast::<libc::c_void>(), chunk.len(), libc::MSG_DONTWAIT)
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                return match e.kind() {
+                    std::io::ErrorKind::WouldBlock => Ok(None),
+                    std::io::ErrorKind::Interrupted => continue,
+                    _ => Err(e).context("read from the server"),
+                };
+            }
+            if n == 0 {
+                bail!("the server closed the connection");
+            }
+            self.buf.extend_from_slice(&chunk[..n as usize]);
         }
     }
 
@@ -245,7 +319,7 @@ fn connect(source: &WalSource) -> anyhow::Result<Conn> {
     let mut conn = Conn { stream, buf: BytesMut::new() };
     let mut out = BytesMut::new();
     frontend::startup_message(
-        [("user", source.user.as_str()), ("replication", "true"), ("application_name", "fjord_pageserver")],
+        [("user", source.user.as_str()), ("replication", "true"), ("application_name", APPLICATION_NAME)],
         &mut out,
     )?;
     conn.send(&out)?;
@@ -274,13 +348,14 @@ fn now_pg_micros() -> i64 {
     i64::try_from(unix.as_micros()).unwrap_or(i64::MAX) - (PG_EPOCH_UNIX_SECONDS as i64) * 1_000_000
 }
 
-fn send_status(conn: &mut Conn, timeline: &Timeline) -> anyhow::Result<()> {
+/// A standby status update: written = flushed = the local WAL's durable end, applied =
+/// ingested (the last record LSN).
+fn send_status(conn: &mut Conn, timeline: &Timeline, durable: Lsn) -> anyhow::Result<()> {
     let ingested = timeline.last_record_lsn();
-    let flushed = timeline.disk_consistent_lsn();
     let mut payload = Vec::with_capacity(34);
     payload.push(b'r');
-    payload.extend_from_slice(&ingested.0.to_be_bytes()); // written
-    payload.extend_from_slice(&flushed.0.to_be_bytes()); // flushed
+    payload.extend_from_slice(&durable.0.to_be_bytes()); // written
+    payload.extend_from_slice(&durable.0.to_be_bytes()); // flushed
     payload.extend_from_slice(&ingested.0.to_be_bytes()); // applied
     payload.extend_from_slice(&now_pg_micros().to_be_bytes());
     payload.push(0);
@@ -289,13 +364,31 @@ fn send_status(conn: &mut Conn, timeline: &Timeline) -> anyhow::Result<()> {
     conn.send(&out)
 }
 
+/// Ingests the local WAL from the timeline's last record LSN to its end, then makes the
+/// local WAL ready for streaming from there (see the module documentation).
+fn replay_local_wal(timeline: &Timeline, ingest: &mut WalIngest, wal: &mut LocalWal) -> anyhow::Result<Lsn> {
+    let start = timeline.last_record_lsn();
+    let replayed = ingest.ingest_pg_wal(wal.dir(), LOCAL_WAL_TLI, start).context("ingest the local WAL")?;
+    if replayed.records > 0 {
+        tracing::info!("ingested {} records of local WAL from {start} to {}", replayed.records, replayed.end_lsn);
+    }
+    let end = timeline.last_record_lsn();
+    wal.restart_at(end)?;
+    Ok(end)
+}
+
 fn stream(
     timeline: &Arc<Timeline>,
     ingest: &mut WalIngest,
+    wal: &mut LocalWal,
     source: &WalSource,
     stop: &AtomicBool,
     status: &Mutex<WalReceiverStatus>,
 ) -> Ended {
+    let start = match replay_local_wal(timeline, ingest, wal) {
+        Ok(lsn) => lsn,
+        Err(e) => return Ended::Fatal(e),
+    };
     let mut conn = match connect(source) {
         Ok(c) => c,
         Err(e) => return Ended::Connection(e),
@@ -306,7 +399,6 @@ fn stream(
         Err(e) => return Ended::Connection(e),
     };
     let tli = ident.get(1).cloned().flatten().and_then(|t| t.parse::<u32>().ok()).unwrap_or(1);
-    let start = timeline.last_record_lsn();
     let mut out = BytesMut::new();
     if let Err(e) = frontend::query(&format!("START_REPLICATION PHYSICAL {start} TIMELINE {tli}"), &mut out).map_err(anyhow::Error::from).and_then(|()| conn.send(&out)) {
         return Ended::Connection(e);
@@ -320,6 +412,7 @@ fn stream(
         s.state = "streaming".into();
         s.connected = true;
         s.last_error = None;
+        s.durable_lsn = Some(start.to_string());
     });
     let mut last_status = Instant::now() - STATUS_INTERVAL;
     let mut last_data = Instant::now();
@@ -328,83 +421,105 @@ fn stream(
         if stop.load(Ordering::SeqCst) {
             return Ended::Stopped;
         }
-        let msg = match conn.next() {
+        // One batch: wait for a message, then drain what is readable, writing WAL as it comes.
+        let mut msg = match conn.next() {
             Ok(m) => m,
             Err(e) => return Ended::Connection(e),
         };
-        match msg {
-            None => {}
-            Some(Msg::CopyBoth) => streaming = true,
-            Some(Msg::Backend(backend::Message::ErrorResponse(body))) => {
-                return Ended::Connection(anyhow!("START_REPLICATION failed: {}", error_text(&body)));
-            }
-            Some(Msg::Backend(backend::Message::CopyData(body))) if streaming => {
-                let data = body.data();
-                match data.first() {
-                    Some(b'w') if data.len() >= 25 => {
-                        let wal_start = Lsn(u64::from_be_bytes(data[1..9].try_into().expect("8 bytes")));
-                        let wal_end = Lsn(u64::from_be_bytes(data[9..17].try_into().expect("8 bytes")));
-                        if wal_start != decoder.next_feed_lsn() {
-                            return Ended::Fatal(anyhow!(
-                                "the server sent WAL from {wal_start}, expected {}",
-                                decoder.next_feed_lsn()
+        let mut batch: Vec<bytes::Bytes> = Vec::new();
+        let mut batch_bytes = 0usize;
+        let mut reply_requested = false;
+        let mut server_end = None;
+        while let Some(m) = msg {
+            match m {
+                Msg::CopyBoth => streaming = true,
+                Msg::Backend(backend::Message::ErrorResponse(body)) => {
+                    return Ended::Connection(anyhow!("START_REPLICATION failed: {}", error_text(&body)));
+                }
+                Msg::Backend(backend::Message::CopyData(body)) if streaming => {
+                    let data = body.into_bytes();
+                    match data.first() {
+                        Some(b'w') if data.len() >= 25 => {
+                            let wal_start = Lsn(u64::from_be_bytes(data[1..9].try_into().expect("8 bytes")));
+                            server_end = Some(Lsn(u64::from_be_bytes(data[9..17].try_into().expect("8 bytes"))));
+                            if wal_start != wal.written_end() {
+                                return Ended::Fatal(anyhow!("the server sent WAL from {wal_start}, expected {}", wal.written_end()));
+                            }
+                            if let Err(e) = wal.append(wal_start, &data[25..]) {
+                                return Ended::Fatal(e.context("write to the local WAL"));
+                            }
+                            batch_bytes += data.len() - 25;
+                            batch.push(data.slice(25..));
+                        }
+                        Some(b'k') if data.len() >= 18 => reply_requested |= data[17] != 0,
+                        other => {
+                            return Ended::Connection(anyhow!(
+                                "unexpected replication message {:?} of {} bytes",
+                                other.map(|b| *b as char),
+                                data.len()
                             ));
                         }
-                        decoder.feed_bytes(&data[25..]);
-                        last_data = Instant::now();
-                        loop {
-                            match decoder.poll_decode() {
-                                Ok(Some(record)) => {
-                                    let ingested = record
-                                        .decode()
-                                        .map_err(anyhow::Error::from)
-                                        .and_then(|d| ingest.ingest_record(&d, record.end_lsn()));
-                                    if let Err(e) = ingested {
-                                        return Ended::Fatal(e.context(format!("ingest the record at {}", record.start_lsn())));
-                                    }
-                                }
-                                Ok(None) => break,
-                                Err(e) => return Ended::Fatal(anyhow!("decode WAL: {e}")),
-                            }
-                        }
-                        set_status(status, |s| {
-                            s.last_received_lsn = Some(decoder.next_feed_lsn().to_string());
-                            s.server_wal_end_lsn = Some(wal_end.to_string());
-                            s.records_ingested = ingest.stats().records;
-                        });
-                    }
-                    Some(b'k') if data.len() >= 18 => {
-                        if data[17] != 0 {
-                            if let Err(e) = send_status(&mut conn, timeline) {
-                                return Ended::Connection(e);
-                            }
-                            last_status = Instant::now();
-                        }
-                    }
-                    other => {
-                        return Ended::Connection(anyhow!("unexpected replication message {:?} of {} bytes", other.map(|b| *b as char), data.len()));
                     }
                 }
+                Msg::Backend(_) => {}
             }
-            Some(_) => {}
+            if batch_bytes >= BATCH_BYTES_MAX {
+                break;
+            }
+            msg = match conn.try_next() {
+                Ok(m) => m,
+                Err(e) => return Ended::Connection(e),
+            };
+        }
+        if !batch.is_empty() {
+            last_data = Instant::now();
+            let durable = match wal.sync() {
+                Ok(lsn) => lsn,
+                Err(e) => return Ended::Fatal(e.context("fsync the local WAL")),
+            };
+            set_status(status, |s| s.durable_lsn = Some(durable.to_string()));
+        }
+        if streaming && (!batch.is_empty() || reply_requested) {
+            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end()) {
+                return Ended::Connection(e);
+            }
+            last_status = Instant::now();
+        }
+        for data in batch {
+            decoder.feed_bytes(&data);
+            loop {
+                match decoder.poll_decode() {
+                    Ok(Some(record)) => {
+                        let ingested = record.decode().map_err(anyhow::Error::from).and_then(|d| ingest.ingest_record(&d, record.end_lsn()));
+                        if let Err(e) = ingested {
+                            return Ended::Fatal(e.context(format!("ingest the record at {}", record.start_lsn())));
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => return Ended::Fatal(anyhow!("decode WAL: {e}")),
+                }
+            }
+        }
+        if let Some(wal_end) = server_end {
+            set_status(status, |s| {
+                s.last_received_lsn = Some(decoder.next_feed_lsn().to_string());
+                s.server_wal_end_lsn = Some(wal_end.to_string());
+                s.records_ingested = ingest.stats().records;
+            });
         }
         let idle_with_unflushed = last_data.elapsed() >= IDLE_FLUSH_AFTER && timeline.disk_consistent_lsn() < timeline.last_record_lsn();
         let flushed = if idle_with_unflushed { timeline.freeze_and_flush().map(|()| true) } else { timeline.maybe_freeze_and_flush() };
         match flushed {
             Ok(true) => {
-                // Tell the server at once: it may be waiting for exactly this.
-                if streaming {
-                    if let Err(e) = send_status(&mut conn, timeline) {
-                        return Ended::Connection(e);
-                    }
-                    last_status = Instant::now();
+                if let Err(e) = wal.remove_below(timeline.disk_consistent_lsn()) {
+                    return Ended::Fatal(e.context("remove local WAL that is in layer files"));
                 }
             }
             Ok(false) => {}
             Err(e) => return Ended::Fatal(e.context("flush ingested WAL to layer files")),
         }
         if streaming && last_status.elapsed() >= STATUS_INTERVAL {
-            if let Err(e) = send_status(&mut conn, timeline) {
+            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end()) {
                 return Ended::Connection(e);
             }
             last_status = Instant::now();

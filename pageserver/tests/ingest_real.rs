@@ -153,6 +153,9 @@ fn ingest_real_postgres_wal_and_compare_with_the_data_directory() {
     assert_eq!(checkpoint_lsn, control.checkpoint_lsn, "the stored checkpoint is the one pg_control names");
     assert_eq!(checkpoint.redo, control.checkpoint_lsn, "a shutdown checkpoint's redo point is itself");
     assert!(checkpoint.next_multi.0 > 1, "the workload created a multixact");
+    // The tracked counters end where the shutdown checkpoint says recovery would be.
+    let state = api.datadir().get_checkpoint_state(lsn).unwrap();
+    assert_eq!(state.current, checkpoint, "the counters tracked through ingest are the shutdown checkpoint's");
     assert!(ingest.stats().rust_records > 0 && ingest.stats().images > 0, "{:?}", ingest.stats());
 
     let err = format!("{:#}", import_datadir(&timeline, &pg.pgdata).unwrap_err());

@@ -68,6 +68,8 @@ fn main() -> anyhow::Result<()> {
 
     let ps = Arc::new(Pageserver::open(conf).context("start the pageserver")?);
     let page_service = ps.start_page_service()?;
+    let receivers = ps.start_persisted_wal_receivers().context("restart the WAL receivers")?;
+    tracing::info!("restarted {receivers} WAL receivers");
     tracing::info!("page service listening on {}", page_service.addr);
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("start tokio")?;

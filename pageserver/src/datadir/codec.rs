@@ -15,8 +15,20 @@
 //! | prepared transactions | `T` | xid `u32` (4 bytes) |
 //!
 //! A relation fork's or SLRU segment's size is a `u32` LE block count (4 bytes). The
-//! checkpoint is `[version u8 = 1][start LSN u64 LE][the whole checkpoint WAL record]`:
-//! the record, not a struct of our own, so that only `pgwal` knows the `CheckPoint` layout.
+//! checkpoint value (`StoredCheckpoint`) is
+//!
+//! ```text
+//! [version u8 = 2][start LSN of the latest checkpoint record u64 LE]
+//! [the current counters: a CheckPoint struct, 88 bytes as pg_control's checkPointCopy]
+//! [the latest checkpoint WAL record, whole]
+//! ```
+//!
+//! The counters (next xid, OID, multixact and offset, oldest xid and multixact) are kept
+//! current by ingest after every record, so that a basebackup at any LSN can write them
+//! into `pg_control`; the other fields are the latest checkpoint record's. The struct is
+//! in PostgreSQL's layout (`pgwal::parse::CheckPoint::{to_bytes, from_bytes}`), so only
+//! `pgwal` knows it. Version 1 (the record alone) is no longer read: there are no
+//! deployments to migrate.
 //!
 //! Invariants: each value has exactly one byte form (sorted, no duplicates, exact length),
 //! so equal sets are equal bytes; every decoder validates kind, version, length, order and
@@ -26,12 +38,14 @@
 use std::collections::BTreeSet;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use pgwal::consts::SIZE_OF_CHECKPOINT;
+use pgwal::parse::CheckPoint;
 use proto::{ForkNumber, Lsn, Oid};
 
 /// The version of every directory encoding written by this build.
 pub const DIRECTORY_VERSION: u8 = 1;
 /// The version of the checkpoint value written by this build.
-pub const CHECKPOINT_VALUE_VERSION: u8 = 1;
+pub const CHECKPOINT_VALUE_VERSION: u8 = 2;
 
 const HEADER_BYTES: usize = 6;
 
@@ -219,26 +233,43 @@ pub fn decode_block_count(bytes: &[u8]) -> Result<u32, DecodeError> {
     Ok(u32::from_le_bytes(b))
 }
 
-/// The latest checkpoint: the whole WAL record and the LSN it starts at.
-pub fn encode_checkpoint(start_lsn: Lsn, record: &[u8]) -> Bytes {
-    let mut buf = BytesMut::with_capacity(9 + record.len());
+/// The checkpoint value: the latest checkpoint record and the counters as of now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredCheckpoint {
+    /// Where the latest checkpoint record starts.
+    pub record_lsn: Lsn,
+    /// The latest checkpoint's fields with the counters advanced by every record since.
+    pub current: CheckPoint,
+    /// The latest checkpoint WAL record as logged (parsed by `pgwal` when read).
+    pub record: Bytes,
+}
+
+const CHECKPOINT_HEADER_BYTES: usize = 9 + SIZE_OF_CHECKPOINT;
+
+pub fn encode_checkpoint(cp: &StoredCheckpoint) -> Bytes {
+    let mut buf = BytesMut::with_capacity(CHECKPOINT_HEADER_BYTES + cp.record.len());
     buf.put_u8(CHECKPOINT_VALUE_VERSION);
-    buf.put_u64_le(start_lsn.0);
-    buf.put_slice(record);
+    buf.put_u64_le(cp.record_lsn.0);
+    buf.put_slice(&cp.current.to_bytes());
+    buf.put_slice(&cp.record);
     buf.freeze()
 }
 
-/// The start LSN and the record bytes; the record itself is checked by `pgwal` when parsed.
-pub fn decode_checkpoint(bytes: &Bytes) -> Result<(Lsn, Bytes), DecodeError> {
+/// Checks version and length; the record itself is checked by `pgwal` when parsed.
+pub fn decode_checkpoint(bytes: &Bytes) -> Result<StoredCheckpoint, DecodeError> {
     const WHAT: &str = "checkpoint value";
-    if bytes.len() < 9 {
-        return Err(err(WHAT, format!("{} bytes, shorter than the 9-byte header", bytes.len())));
+    if bytes.is_empty() {
+        return Err(err(WHAT, "0 bytes"));
     }
     if bytes[0] != CHECKPOINT_VALUE_VERSION {
         return Err(err(WHAT, format!("format version {}, this build reads only version {CHECKPOINT_VALUE_VERSION}", bytes[0])));
     }
-    let lsn = Lsn(u64::from_le_bytes(bytes[1..9].try_into().expect("8 bytes")));
-    Ok((lsn, bytes.slice(9..)))
+    if bytes.len() < CHECKPOINT_HEADER_BYTES {
+        return Err(err(WHAT, format!("{} bytes, shorter than the {CHECKPOINT_HEADER_BYTES}-byte header", bytes.len())));
+    }
+    let record_lsn = Lsn(u64::from_le_bytes(bytes[1..9].try_into().map_err(|_| err(WHAT, "short LSN"))?));
+    let current = CheckPoint::from_bytes(&bytes[9..CHECKPOINT_HEADER_BYTES]).map_err(|e| err(WHAT, e))?;
+    Ok(StoredCheckpoint { record_lsn, current, record: bytes.slice(CHECKPOINT_HEADER_BYTES..) })
 }
 
 #[cfg(test)]
@@ -295,7 +326,14 @@ mod tests {
             "invalid two-phase directory: entry 0: xid 2 is not a normal transaction id"
         );
         assert_eq!(decode_block_count(&[1, 2, 3]).unwrap_err().to_string(), "invalid block count: 3 bytes, expected 4");
-        assert!(decode_checkpoint(&Bytes::from_static(&[2, 0, 0, 0, 0, 0, 0, 0, 0])).is_err());
+        assert_eq!(
+            decode_checkpoint(&Bytes::from_static(&[1, 0, 0, 0, 0, 0, 0, 0, 0])).unwrap_err().to_string(),
+            "invalid checkpoint value: format version 1, this build reads only version 2"
+        );
+        assert_eq!(
+            decode_checkpoint(&Bytes::from_static(&[2, 0, 0, 0, 0, 0, 0, 0, 0])).unwrap_err().to_string(),
+            "invalid checkpoint value: 9 bytes, shorter than the 97-byte header"
+        );
     }
 
     proptest! {
@@ -316,9 +354,11 @@ mod tests {
             prop_assert_eq!(decode_slru_dir(&encode_slru_dir(&segs)).unwrap(), segs.clone());
             prop_assert_eq!(decode_twophase_dir(&encode_twophase_dir(&xids)).unwrap(), xids);
             prop_assert_eq!(decode_block_count(&encode_block_count(blocks)).unwrap(), blocks);
-            let (l, r) = decode_checkpoint(&encode_checkpoint(Lsn(lsn), &record)).unwrap();
-            prop_assert_eq!(l, Lsn(lsn));
-            prop_assert_eq!(&r[..], &record[..]);
+            let mut current = CheckPoint::from_bytes(&[0u8; SIZE_OF_CHECKPOINT]).unwrap();
+            current.next_xid = pgwal::FullTransactionId(lsn.rotate_left(7));
+            current.next_oid = blocks;
+            let cp = StoredCheckpoint { record_lsn: Lsn(lsn), current, record: Bytes::from(record) };
+            prop_assert_eq!(decode_checkpoint(&encode_checkpoint(&cp)).unwrap(), cp);
         }
 
         #[test]

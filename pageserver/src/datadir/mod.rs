@@ -13,7 +13,7 @@
 //! | an SLRU segment's length | `slru_segment_size(kind, segno)` | `u32` LE page count |
 //! | the prepared transactions (`pg_twophase`) | `twophase_dir` | two-phase directory |
 //! | `pg_twophase/<xid>` | `twophase_file(xid)` | the state file, CRC included |
-//! | the latest checkpoint record | `checkpoint` | start LSN + the WAL record (`codec.rs`) |
+//! | the latest checkpoint record, and the counters as of each LSN | `checkpoint` | start LSN, current `CheckPoint`, the WAL record (`codec.rs`) |
 //! | `global/pg_control` | `control_file` | the 8192-byte file as imported |
 //!
 //! Decisions:
@@ -49,7 +49,7 @@ use crate::error::{ReadError, WriteError};
 use crate::reconstruct::{PgReconstructor, StoredRecord};
 use crate::timeline::Timeline;
 use crate::value::{ReconstructData, Reconstructor, Value, WalRecord};
-use codec::{DbEntry, RelEntry};
+use codec::{DbEntry, RelEntry, StoredCheckpoint};
 
 /// `GLOBALTABLESPACE_OID`: the tablespace of the shared catalogs in `global/`.
 pub const GLOBAL_TABLESPACE_OID: Oid = 1664;
@@ -115,6 +115,10 @@ pub(crate) trait ValueSource {
 
     fn twophase_dir(&self) -> Result<BTreeSet<u32>, DatadirError> {
         Ok(self.decoded(Key::twophase_dir(), codec::decode_twophase_dir)?.unwrap_or_default())
+    }
+
+    fn checkpoint(&self) -> Result<Option<StoredCheckpoint>, DatadirError> {
+        self.decoded(Key::checkpoint(), |b| codec::decode_checkpoint(&Bytes::copy_from_slice(b)))
     }
 }
 
@@ -257,15 +261,21 @@ impl<'a> Datadir<'a> {
 
     /// The latest checkpoint record at `lsn`: where it starts and what it says.
     pub fn get_checkpoint(&self, lsn: Lsn) -> Result<(Lsn, CheckPoint), DatadirError> {
-        let key = Key::checkpoint();
-        let value = self.at(lsn).value(key)?.ok_or_else(|| DatadirError::NotFound { what: "checkpoint".into(), lsn })?;
-        let corrupt = |reason: String| DatadirError::Corrupt { key, lsn, reason };
-        let (start, raw) = codec::decode_checkpoint(&value).map_err(|e| corrupt(e.to_string()))?;
-        let record = DecodedRecord::decode(start, raw).map_err(|e| corrupt(e.to_string()))?;
+        let stored = self.get_checkpoint_state(lsn)?;
+        let start = stored.record_lsn;
+        let corrupt = |reason: String| DatadirError::Corrupt { key: Key::checkpoint(), lsn, reason };
+        let record = DecodedRecord::decode(start, stored.record).map_err(|e| corrupt(e.to_string()))?;
         match parse_metadata(&record).map_err(|e| corrupt(e.to_string()))? {
             Some(MetadataRecord::Checkpoint { checkpoint, .. }) => Ok((start, checkpoint)),
             _ => Err(corrupt(format!("the record at {start} is not a checkpoint"))),
         }
+    }
+
+    /// The checkpoint value at `lsn`: the latest checkpoint record, and in `current` the
+    /// counters (next xid, OID, multixact, oldest xid ...) as of `lsn`, which is what a
+    /// basebackup's `pg_control` needs.
+    pub fn get_checkpoint_state(&self, lsn: Lsn) -> Result<StoredCheckpoint, DatadirError> {
+        self.at(lsn).checkpoint()?.ok_or_else(|| DatadirError::NotFound { what: "checkpoint".into(), lsn })
     }
 
     /// `global/pg_control` as imported.
@@ -280,6 +290,8 @@ pub struct Modification<'t> {
     timeline: &'t Timeline,
     read_lsn: Lsn,
     lsn: Lsn,
+    /// Where the WAL record ending at `lsn` starts, if this is one.
+    record_start: Option<Lsn>,
     pending: BTreeMap<Key, Value>,
 }
 
@@ -287,7 +299,13 @@ impl<'t> Modification<'t> {
     /// Starts the changes to be published at `lsn`; reads of unchanged keys see the
     /// timeline's last record LSN.
     pub fn new(timeline: &'t Timeline, lsn: Lsn) -> Modification<'t> {
-        Modification { timeline, read_lsn: timeline.last_record_lsn(), lsn, pending: BTreeMap::new() }
+        Modification { timeline, read_lsn: timeline.last_record_lsn(), lsn, record_start: None, pending: BTreeMap::new() }
+    }
+
+    /// Says that these are the changes of the WAL record starting at `start`: published
+    /// with them, as the timeline's previous record LSN.
+    pub fn set_record_start(&mut self, start: Lsn) {
+        self.record_start = Some(start);
     }
 
     pub fn lsn(&self) -> Lsn {
@@ -361,7 +379,7 @@ impl<'t> Modification<'t> {
         for (key, value) in &self.pending {
             self.timeline.put(*key, self.lsn, value)?;
         }
-        self.timeline.advance_last_record_lsn(self.lsn)
+        self.timeline.advance_last_record_lsn_with_prev(self.lsn, self.record_start)
     }
 }
 

@@ -1,4 +1,5 @@
-//! `global/pg_control`: the fields of PostgreSQL 15's `ControlFileData` that import needs.
+//! `global/pg_control`: the fields of PostgreSQL 15's `ControlFileData` that import needs,
+//! and the rewrite a basebackup makes of it (`ControlFile::for_start_at`).
 //!
 //! Offsets are those of `catalog/pg_control.h` on a 64-bit little-endian build (checked
 //! with `offsetof` against the headers our build installs): the file is a C struct
@@ -23,8 +24,14 @@ const OFFSET_SYSTEM_IDENTIFIER: usize = 0;
 const OFFSET_CONTROL_VERSION: usize = 8;
 const OFFSET_CATALOG_VERSION: usize = 12;
 const OFFSET_STATE: usize = 16;
+const OFFSET_TIME: usize = 24;
 const OFFSET_CHECKPOINT: usize = 32;
 const OFFSET_CHECKPOINT_COPY: usize = 40;
+const OFFSET_MIN_RECOVERY_POINT: usize = 136;
+const OFFSET_MIN_RECOVERY_POINT_TLI: usize = 144;
+const OFFSET_BACKUP_START_POINT: usize = 152;
+const OFFSET_BACKUP_END_POINT: usize = 160;
+const OFFSET_BACKUP_END_REQUIRED: usize = 168;
 /// `ThisTimeLineID` inside `CheckPoint`.
 const OFFSET_CHECKPOINT_TLI: usize = OFFSET_CHECKPOINT_COPY + 8;
 const OFFSET_BLCKSZ: usize = 216;
@@ -87,6 +94,29 @@ impl ControlFile {
     pub fn is_shut_down(&self) -> bool {
         self.state == DB_SHUTDOWNED
     }
+
+    /// This control file rewritten for a server that starts at `lsn` without reading WAL:
+    /// a shutdown checkpoint at `lsn` (`checkPoint` = `lsn`, `checkPointCopy` =
+    /// `checkpoint`, whose redo and timelines the caller set), state `DB_SHUTDOWNED`,
+    /// `time` = `now` (seconds since the Unix epoch), no minimum recovery point and no
+    /// backup in progress, and a new CRC. Every other field (system identifier, sizes,
+    /// settings, `unloggedLSN`) stays as imported; bytes after the struct stay zero.
+    pub fn for_start_at(&self, lsn: Lsn, checkpoint: &pgwal::parse::CheckPoint, now: i64) -> Vec<u8> {
+        let mut raw = self.raw.clone();
+        let mut put = |offset: usize, bytes: &[u8]| raw[offset..offset + bytes.len()].copy_from_slice(bytes);
+        put(OFFSET_STATE, &DB_SHUTDOWNED.to_le_bytes());
+        put(OFFSET_TIME, &now.to_le_bytes());
+        put(OFFSET_CHECKPOINT, &lsn.0.to_le_bytes());
+        put(OFFSET_CHECKPOINT_COPY, &checkpoint.to_bytes());
+        put(OFFSET_MIN_RECOVERY_POINT, &0u64.to_le_bytes());
+        put(OFFSET_MIN_RECOVERY_POINT_TLI, &0u32.to_le_bytes());
+        put(OFFSET_BACKUP_START_POINT, &0u64.to_le_bytes());
+        put(OFFSET_BACKUP_END_POINT, &0u64.to_le_bytes());
+        put(OFFSET_BACKUP_END_REQUIRED, &[0]);
+        let crc = crc32c::crc32c(&raw[..OFFSET_CRC]);
+        raw[OFFSET_CRC..OFFSET_CRC + 4].copy_from_slice(&crc.to_le_bytes());
+        raw
+    }
 }
 
 #[cfg(test)]
@@ -125,5 +155,34 @@ mod tests {
         bad[8] = 0;
         assert!(ControlFile::parse(&bad).unwrap_err().to_string().contains("pg_control_version"));
         assert!(ControlFile::parse(&sample()[..100]).is_err());
+    }
+
+    #[test]
+    fn rewritten_for_a_start_round_trips_with_a_valid_crc() {
+        let mut raw = sample();
+        raw[OFFSET_STATE..OFFSET_STATE + 4].copy_from_slice(&4u32.to_le_bytes()); // DB_SHUTDOWNED_IN_RECOVERY
+        raw[OFFSET_MIN_RECOVERY_POINT..OFFSET_MIN_RECOVERY_POINT + 8].copy_from_slice(&77u64.to_le_bytes());
+        raw[OFFSET_BACKUP_END_REQUIRED] = 1;
+        raw[2000] = 0; // beyond the struct: stays as is
+        let crc = crc32c::crc32c(&raw[..OFFSET_CRC]);
+        raw[OFFSET_CRC..OFFSET_CRC + 4].copy_from_slice(&crc.to_le_bytes());
+        let cf = ControlFile::parse(&raw).unwrap();
+        let mut cp = pgwal::parse::CheckPoint::from_bytes(&cf.checkpoint_copy).unwrap();
+        cp.redo = Lsn(0x0300_1234);
+        cp.next_xid = pgwal::FullTransactionId(0x1_0000_0400);
+        cp.next_oid = 24576;
+        let new = cf.for_start_at(Lsn(0x0300_1234), &cp, 1_700_000_000);
+        assert_eq!(new.len(), PG_CONTROL_FILE_SIZE_BYTES);
+        let parsed = ControlFile::parse(&new).expect("the CRC is recomputed");
+        assert!(parsed.is_shut_down());
+        assert_eq!(parsed.checkpoint_lsn, Lsn(0x0300_1234));
+        assert_eq!(parsed.system_identifier, cf.system_identifier);
+        assert_eq!(pgwal::parse::CheckPoint::from_bytes(&parsed.checkpoint_copy).unwrap(), cp);
+        assert_eq!(&new[OFFSET_TIME..OFFSET_TIME + 8], &1_700_000_000i64.to_le_bytes());
+        assert_eq!(&new[OFFSET_MIN_RECOVERY_POINT..OFFSET_MIN_RECOVERY_POINT + 8], &[0; 8]);
+        assert_eq!(new[OFFSET_BACKUP_END_REQUIRED], 0);
+        // Only the fields named change.
+        let changed: Vec<usize> = (0..new.len()).filter(|&i| new[i] != raw[i]).collect();
+        assert!(changed.iter().all(|&i| (16..40).contains(&i) || (40..128).contains(&i) || (136..172).contains(&i) || (288..292).contains(&i)), "{changed:?}");
     }
 }

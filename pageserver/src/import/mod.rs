@@ -33,11 +33,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context};
 use bytes::Bytes;
+use pgwal::parse::CheckPoint;
 use pgwal::{parse_metadata, DecoderConfig, MetadataRecord, WalRecord, WalStreamDecoder};
 use proto::walredo::PAGE_SIZE_BYTES;
 use proto::{BlockNumber, ForkNumber, Key, Lsn, Oid, RelTag, SlruKind};
 
-use crate::datadir::codec::{self, DbEntry, RelEntry};
+use crate::datadir::codec::{self, DbEntry, RelEntry, StoredCheckpoint};
 use crate::datadir::{Modification, DEFAULT_TABLESPACE_OID, GLOBAL_TABLESPACE_OID};
 use crate::reconstruct::layout::SLRU_PAGES_PER_SEGMENT;
 use crate::timeline::Timeline;
@@ -131,7 +132,10 @@ pub fn import_datadir(timeline: &Timeline, pgdata: &Path) -> anyhow::Result<Impo
     }
     summary.twophase_files = xids.len();
     m.put_twophase_dir(&xids);
-    m.put_image(Key::checkpoint(), codec::encode_checkpoint(record.start_lsn(), record.raw()));
+    // The counters start as the shutdown checkpoint has them (checked equal to the record).
+    let current = CheckPoint::from_bytes(&control.checkpoint_copy).map_err(anyhow::Error::msg)?;
+    let stored = StoredCheckpoint { record_lsn: record.start_lsn(), current, record: Bytes::copy_from_slice(record.raw()) };
+    m.put_image(Key::checkpoint(), codec::encode_checkpoint(&stored));
     m.put_image(Key::control_file(), Bytes::from(control_raw));
     m.commit()?;
     tracing::info!("imported {summary:?}");

@@ -9,7 +9,9 @@
 //! | POST | `/v1/tenant/{tenant}/timeline` | create: `{"timeline_id"?, "ancestor_timeline_id"?, "ancestor_lsn"?}` |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}` | one timeline's status |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/import` | `{"pgdata": "/path"}`: bootstrap from a shut-down data directory on this host |
-//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | `{"host", "port", "user"}`: follow a server's WAL over streaming replication |
+//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | `{"host", "port", "user"}`: follow a server's WAL over streaming replication (application_name `fjord_pageserver`); persisted, restarted when the pageserver starts |
+//! | DELETE | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | stop the receiver and forget its source (404 if there is none) |
+//! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/basebackup[?lsn=X/X]` | `application/x-tar` data directory to start a compute at the LSN (default: the last record LSN; an explicit one is waited for), header `X-Fjord-Lsn`; 400 below the GC horizon or branch point, 504 if the LSN is not ingested in time |
 //! | GET | `/metrics` | Prometheus text format |
 //!
 //! Errors are `{"error": "..."}` with a status code chosen in one place, [`ApiError`].
@@ -17,7 +19,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -41,9 +43,10 @@ impl From<ManagementError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = match &self.0 {
-            ManagementError::TenantNotFound(_) | ManagementError::TimelineNotFound(..) => StatusCode::NOT_FOUND,
+            ManagementError::TenantNotFound(_) | ManagementError::TimelineNotFound(..) | ManagementError::NotFound(_) => StatusCode::NOT_FOUND,
             ManagementError::Conflict(_) => StatusCode::CONFLICT,
             ManagementError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ManagementError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ManagementError::Internal(e) => {
                 tracing::error!("management request failed: {e:#}");
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -138,7 +141,8 @@ pub fn router(ps: Arc<Pageserver>) -> Router {
         .route("/v1/tenant/{tenant}/timeline", get(list_timelines).post(create_timeline))
         .route("/v1/tenant/{tenant}/timeline/{timeline}", get(get_timeline))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/import", post(import))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver", post(start_wal_receiver))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver", post(start_wal_receiver).delete(stop_wal_receiver))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/basebackup", get(basebackup))
         .route("/metrics", get(metrics))
         .with_state(ps)
 }
@@ -218,6 +222,52 @@ async fn start_wal_receiver(
     Ok(StatusCode::ACCEPTED)
 }
 
+async fn stop_wal_receiver(State(ps): State<Arc<Pageserver>>, Path((tenant, timeline)): Path<(String, String)>) -> Result<StatusCode, ApiError> {
+    let (tenant, timeline): (TenantId, TimelineId) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    if blocking(move || ps.stop_wal_receiver(tenant, timeline)).await? {
+        Ok(StatusCode::OK)
+    } else {
+        Err(ApiError(ManagementError::NotFound(format!("timeline {timeline} of tenant {tenant} has no WAL receiver"))))
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct BasebackupParams {
+    lsn: Option<String>,
+}
+
+async fn basebackup(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    let params: BasebackupParams = match query.as_deref() {
+        None | Some("") => BasebackupParams::default(),
+        Some(q) => parse_basebackup_query(q)?,
+    };
+    let lsn = params.lsn.map(|l| parse::<Lsn>("LSN", &l)).transpose()?;
+    let (tar, summary) = blocking(move || ps.basebackup(tenant, timeline, lsn)).await?;
+    let headers = [
+        (axum::http::header::CONTENT_TYPE, "application/x-tar".to_string()),
+        (axum::http::header::HeaderName::from_static("x-fjord-lsn"), summary.lsn.to_string()),
+    ];
+    Ok((headers, tar).into_response())
+}
+
+/// The one query parameter there is (`lsn=X/X`, with `/` possibly percent-encoded).
+fn parse_basebackup_query(query: &str) -> Result<BasebackupParams, ApiError> {
+    let mut params = BasebackupParams::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("lsn", value)) => params.lsn = Some(value.replace("%2F", "/").replace("%2f", "/")),
+            _ => return Err(ApiError(ManagementError::BadRequest(format!("unknown query parameter {pair:?}; the only one is lsn=X/X")))),
+        }
+    }
+    Ok(params)
+}
+
 /// Gauges read off the tenants at scrape time.
 async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError> {
     let internal = |e: prometheus::Error| ApiError(ManagementError::Internal(anyhow::anyhow!("render metrics: {e}")));
@@ -230,6 +280,19 @@ async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError
     let last = gauge("pageserver_last_record_lsn", "The LSN up to which WAL has been ingested")?;
     let disk = gauge("pageserver_disk_consistent_lsn", "The LSN up to which ingested WAL is in layer files")?;
     let layers = gauge("pageserver_layers", "Layer files of the timeline")?;
+    let counter = |name: &str, help: &str, value: u64| -> Result<(), ApiError> {
+        let c = prometheus::IntCounter::new(name, help).map_err(internal)?;
+        c.inc_by(value);
+        registry.register(Box::new(c)).map_err(internal)
+    };
+    let bb = &ps.basebackup_stats;
+    counter("pageserver_basebackups_total", "Basebackups served", bb.count.load(std::sync::atomic::Ordering::Relaxed))?;
+    counter("pageserver_basebackup_bytes_total", "Bytes of basebackups served", bb.bytes.load(std::sync::atomic::Ordering::Relaxed))?;
+    counter(
+        "pageserver_basebackup_microseconds_total",
+        "Time spent generating basebackups",
+        bb.micros.load(std::sync::atomic::Ordering::Relaxed),
+    )?;
     for id in ps.tenants.ids() {
         let Some(tenant) = ps.tenants.get(id) else { continue };
         for t in tenant.timelines() {

@@ -12,17 +12,21 @@ pub mod http;
 
 use std::collections::HashMap;
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use anyhow::Context;
 use proto::{Lsn, TenantId, TimelineId};
 
+use crate::basebackup::{write_basebackup, BasebackupSummary};
 use crate::import::{import_datadir, ImportSummary};
 use crate::page_service::{PageService, PageServiceHandle, TenantRegistry};
 use crate::reconstruct::PgReconstructor;
 use crate::tenant::Tenant;
 use crate::timeline::Timeline;
 use crate::value::Reconstructor;
+use crate::localwal::WAL_RECEIVER_SOURCE_FILE;
 use crate::walreceiver::{WalReceiver, WalReceiverStatus, WalSource};
 use crate::walredo::{WalRedoConfig, WalRedoManager};
 use crate::CreateTimelineError;
@@ -34,6 +38,15 @@ pub struct Pageserver {
     reconstructor: Arc<dyn Reconstructor>,
     create_lock: Mutex<()>,
     receivers: Mutex<HashMap<(TenantId, TimelineId), WalReceiver>>,
+    pub basebackup_stats: BasebackupStats,
+}
+
+/// Counters of the basebackups served, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct BasebackupStats {
+    pub count: AtomicU64,
+    pub bytes: AtomicU64,
+    pub micros: AtomicU64,
 }
 
 /// Why a management request was refused; mapped to HTTP status codes in one place
@@ -45,9 +58,14 @@ pub enum ManagementError {
     #[error("timeline {1} of tenant {0} not found")]
     TimelineNotFound(TenantId, TimelineId),
     #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
     BadRequest(String),
+    /// Waited too long for something (an LSN to be ingested).
+    #[error("{0}")]
+    Timeout(String),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }
@@ -84,6 +102,7 @@ impl Pageserver {
             reconstructor: Arc::new(PgReconstructor::new(redo)),
             create_lock: Mutex::new(()),
             receivers: Mutex::new(HashMap::new()),
+            basebackup_stats: BasebackupStats::default(),
         })
     }
 
@@ -159,7 +178,52 @@ impl Pageserver {
         Ok(summary)
     }
 
+    /// A basebackup of the timeline at `lsn` (default: its last record LSN), generated
+    /// into memory (a few MiB: the WAL segment is 16 MiB of mostly zeros, SLRUs and maps
+    /// the rest; streaming it while generating is not worth the complexity yet). An
+    /// explicit `lsn` is waited for up to the wait-LSN timeout and must be a record
+    /// boundary (the end of a record); one below the GC cutoff or the branch point is
+    /// refused. The previous record LSN is passed only at the last record LSN.
+    pub fn basebackup(&self, tenant: TenantId, timeline: TimelineId, lsn: Option<Lsn>) -> Result<(Vec<u8>, BasebackupSummary), ManagementError> {
+        let t = self.timeline(tenant, timeline)?;
+        if !t.last_record_lsn().is_valid() {
+            return Err(ManagementError::Conflict(format!("timeline {timeline} has no data yet; import or branch it first")));
+        }
+        let (lsn, prev) = match lsn {
+            None => {
+                let r = t.record_lsns();
+                (r.last, r.prev)
+            }
+            Some(lsn) => {
+                let cutoff = t.gc_cutoff_lsn();
+                if lsn < cutoff {
+                    return Err(ManagementError::BadRequest(format!(
+                        "requested LSN {lsn} is below the garbage collection horizon {cutoff} of timeline {timeline}"
+                    )));
+                }
+                if let Some(branch) = t.ancestor_lsn().filter(|&b| lsn < b) {
+                    return Err(ManagementError::BadRequest(format!("requested LSN {lsn} is below the branch point {branch} of timeline {timeline}")));
+                }
+                t.wait_lsn(lsn, self.conf.wait_lsn_timeout()).map_err(|e| ManagementError::Timeout(e.to_string()))?;
+                let r = t.record_lsns();
+                (lsn, if r.last == lsn { r.prev } else { None })
+            }
+        };
+        let started = Instant::now();
+        let mut out = Vec::new();
+        let summary = write_basebackup(&t, self.reconstructor.as_ref(), lsn, prev, &mut out)
+            .with_context(|| format!("basebackup of timeline {timeline} at {lsn}"))?;
+        let stats = &self.basebackup_stats;
+        stats.count.fetch_add(1, Ordering::Relaxed);
+        stats.bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
+        stats.micros.fetch_add(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        Ok((out, summary))
+    }
+
     /// Starts following `source`'s WAL into the timeline, replacing any receiver it had.
+    /// The source is persisted in the timeline directory (`WAL_RECEIVER_SOURCE_FILE`,
+    /// written atomically) so that the receiver is started again when the pageserver
+    /// starts.
     pub fn start_wal_receiver(&self, tenant: TenantId, timeline: TimelineId, source: WalSource) -> Result<(), ManagementError> {
         let t = self.timeline(tenant, timeline)?;
         if !t.last_record_lsn().is_valid() {
@@ -167,12 +231,63 @@ impl Pageserver {
                 "timeline {timeline} has no data yet; import or branch it before streaming WAL into it"
             )));
         }
-        let receiver = WalReceiver::start(t, Arc::clone(&self.reconstructor), source);
-        let old = self.receivers.lock().unwrap_or_else(|p| p.into_inner()).insert((tenant, timeline), receiver);
+        let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
+        let json = serde_json::to_vec_pretty(&source).context("encode the WAL receiver source")?;
+        crate::crashsafe::write_file_atomic(&path, &json).with_context(|| format!("write {}", path.display()))?;
+        self.spawn_wal_receiver(t, source);
+        Ok(())
+    }
+
+    /// Starts the receivers whose sources are persisted (at pageserver start).
+    pub fn start_persisted_wal_receivers(&self) -> anyhow::Result<usize> {
+        let mut started = 0;
+        for id in self.tenants.ids() {
+            let Some(tenant) = self.tenants.get(id) else { continue };
+            for t in tenant.timelines() {
+                let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
+                let bytes = match std::fs::read(&path) {
+                    Ok(b) => b,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
+                };
+                let source: WalSource = serde_json::from_slice(&bytes).with_context(|| format!("parse {}", path.display()))?;
+                tracing::info!(tenant = %id, timeline = %t.timeline_id(), "restarting the WAL receiver from {}:{}", source.host, source.port);
+                self.spawn_wal_receiver(t, source);
+                started += 1;
+            }
+        }
+        Ok(started)
+    }
+
+    /// Stops a timeline's receiver and forgets its source; `false` if it had none.
+    pub fn stop_wal_receiver(&self, tenant: TenantId, timeline: TimelineId) -> Result<bool, ManagementError> {
+        let t = self.timeline(tenant, timeline)?;
+        let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
+        let had_file = match std::fs::remove_file(&path) {
+            Ok(()) => {
+                crate::crashsafe::fsync_dir(t.path()).with_context(|| format!("fsync {}", t.path().display()))?;
+                true
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("remove {}", path.display())).into()),
+        };
+        let old = self.receivers.lock().unwrap_or_else(|p| p.into_inner()).remove(&(tenant, timeline));
+        let had_receiver = old.is_some();
         if let Some(old) = old {
             old.stop();
         }
-        Ok(())
+        Ok(had_file || had_receiver)
+    }
+
+    fn spawn_wal_receiver(&self, t: Arc<Timeline>, source: WalSource) {
+        let (tenant, timeline) = (t.tenant_id(), t.timeline_id());
+        let mut receivers = self.receivers.lock().unwrap_or_else(|p| p.into_inner());
+        // The old receiver stops before the new one starts: a timeline has one writer, and
+        // its local WAL one owner.
+        if let Some(old) = receivers.remove(&(tenant, timeline)) {
+            old.stop();
+        }
+        receivers.insert((tenant, timeline), WalReceiver::start(t, Arc::clone(&self.reconstructor), source));
     }
 
     pub fn wal_receiver_status(&self, tenant: TenantId, timeline: TimelineId) -> Option<WalReceiverStatus> {

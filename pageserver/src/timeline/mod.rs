@@ -51,6 +51,10 @@ pub use compaction::CompactionResult;
 pub use gc::GcResult;
 pub use metadata::TimelineMetadata;
 
+/// Entries of a timeline directory that are not the engine's: the WAL receiver's local
+/// WAL (`localwal.rs`) and its persisted source. Loading leaves them alone.
+pub const OTHER_ENTRIES: &[&str] = &[crate::localwal::LOCAL_WAL_DIR, crate::localwal::WAL_RECEIVER_SOURCE_FILE];
+
 /// The timeline a branch was created from, and the LSN it was created at.
 #[derive(Debug)]
 pub struct Ancestor {
@@ -65,6 +69,16 @@ struct WriteState {
     last_put_lsn: Lsn,
 }
 
+/// The last record LSN (the end of the last ingested record) and, when known, where that
+/// record starts: what a server started at the last record LSN needs as its previous record
+/// pointer. Kept in memory only; unknown (`None`) after a load, an import or an advance that
+/// did not say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordLsns {
+    pub last: Lsn,
+    pub prev: Option<Lsn>,
+}
+
 #[derive(Debug)]
 pub struct Timeline {
     conf: Arc<StorageConfig>,
@@ -75,7 +89,8 @@ pub struct Timeline {
     span: tracing::Span,
     layers: RwLock<Arc<LayerMap>>,
     write_state: Mutex<WriteState>,
-    last_record_lsn: Mutex<Lsn>,
+    /// The last record LSN and the start of that record, changed together.
+    last_record_lsn: Mutex<RecordLsns>,
     last_record_lsn_changed: Condvar,
     /// The metadata as last written to disk; held while rewriting the file.
     metadata: Mutex<TimelineMetadata>,
@@ -119,7 +134,7 @@ impl Timeline {
             let entry = entry.with_context(|| format!("list {}", dir.display()))?;
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name == metadata::METADATA_FILE_NAME {
+            if name == metadata::METADATA_FILE_NAME || OTHER_ENTRIES.contains(&name.as_str()) {
                 continue;
             }
             if crashsafe::is_temp_name(&name) || name.starts_with(EPHEMERAL_PREFIX) {
@@ -155,7 +170,7 @@ impl Timeline {
             span,
             layers: RwLock::new(Arc::new(map)),
             write_state: Mutex::new(WriteState { last_put_lsn: disk_consistent_lsn }),
-            last_record_lsn: Mutex::new(disk_consistent_lsn),
+            last_record_lsn: Mutex::new(RecordLsns { last: disk_consistent_lsn, prev: None }),
             last_record_lsn_changed: Condvar::new(),
             gc_cutoff: AtomicU64::new(meta.latest_gc_cutoff.0),
             metadata: Mutex::new(meta),
@@ -191,6 +206,11 @@ impl Timeline {
 
     /// The newest published LSN: reads up to it are answered, `wait_lsn` waits for it.
     pub fn last_record_lsn(&self) -> Lsn {
+        lock(&self.last_record_lsn).last
+    }
+
+    /// The last record LSN with the start of the record that ends there, read together.
+    pub fn record_lsns(&self) -> RecordLsns {
         *lock(&self.last_record_lsn)
     }
 
@@ -270,16 +290,22 @@ impl Timeline {
     /// Publishes `lsn`: every value of every WAL record up to it has been put. Reads at or
     /// below it are answered from now on, and waiters for it wake up.
     pub fn advance_last_record_lsn(&self, lsn: Lsn) -> Result<(), WriteError> {
+        self.advance_last_record_lsn_with_prev(lsn, None)
+    }
+
+    /// `advance_last_record_lsn`, also recording where the record ending at `lsn` starts
+    /// (`None`: unknown).
+    pub fn advance_last_record_lsn_with_prev(&self, lsn: Lsn, prev: Option<Lsn>) -> Result<(), WriteError> {
         let w = lock(&self.write_state);
         if lsn == Lsn::MAX {
             return Err(WriteError::AdvanceInvalid { lsn });
         }
         let mut last = lock(&self.last_record_lsn);
-        let floor = (*last).max(w.last_put_lsn);
+        let floor = last.last.max(w.last_put_lsn);
         if lsn < floor {
             return Err(WriteError::AdvanceBackwards { lsn, floor });
         }
-        *last = lsn;
+        *last = RecordLsns { last: lsn, prev };
         self.last_record_lsn_changed.notify_all();
         Ok(())
     }
@@ -289,11 +315,11 @@ impl Timeline {
         let guard = lock(&self.last_record_lsn);
         let (guard, _) = self
             .last_record_lsn_changed
-            .wait_timeout_while(guard, timeout, |last| *last < lsn)
+            .wait_timeout_while(guard, timeout, |l| l.last < lsn)
             .unwrap_or_else(|e| e.into_inner());
-        if *guard < lsn {
+        if guard.last < lsn {
             let _entered = self.span.enter();
-            let err = WaitLsnError::Timeout { awaited: lsn, last_record: *guard, timeout };
+            let err = WaitLsnError::Timeout { awaited: lsn, last_record: guard.last, timeout };
             tracing::warn!("{err}");
             return Err(err);
         }

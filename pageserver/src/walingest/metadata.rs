@@ -17,12 +17,12 @@ use pgwal::parse::{
     visibility_map_location, DbaseCreate, DbaseCreateStrategy, MultiXactCreate, MultiXactTruncate, SmgrTruncate, VmBitsCleared,
     XactCompletion, XactKind,
 };
-use pgwal::{DecodedRecord, MetadataRecord};
+use pgwal::MetadataRecord;
 use proto::walredo::PAGE_SIZE_BYTES;
 use proto::{BlockNumber, ForkNumber, Key, RelTag, SlruKind};
 
 use super::WalIngest;
-use crate::datadir::codec::{self, DbEntry};
+use crate::datadir::codec::DbEntry;
 use crate::datadir::{Modification, ValueSource};
 use crate::reconstruct::layout::{self, page_init, SlruPage, XidStatus, SLRU_PAGES_PER_SEGMENT};
 use crate::reconstruct::StoredRecord;
@@ -33,14 +33,12 @@ const FIRST_NORMAL_XID: u32 = 3;
 const FIRST_MULTIXACT_ID: u32 = 1;
 
 impl WalIngest {
-    pub(super) fn ingest_metadata(&mut self, m: &mut Modification<'_>, record: &DecodedRecord, meta: MetadataRecord) -> anyhow::Result<()> {
+    pub(super) fn ingest_metadata(&mut self, m: &mut Modification<'_>, meta: MetadataRecord) -> anyhow::Result<()> {
         match meta {
-            MetadataRecord::Checkpoint { .. } => {
-                m.put_image(Key::checkpoint(), codec::encode_checkpoint(record.lsn, &record.raw));
-            }
-            MetadataRecord::NextOid(_) | MetadataRecord::Switch | MetadataRecord::VmBitsSet(_) => {
-                // Nothing stored: the OID counter is in the checkpoint, a switch only ends a
-                // segment, and setting visibility-map bits registers the map page.
+            MetadataRecord::Checkpoint { .. } | MetadataRecord::NextOid(_) | MetadataRecord::Switch | MetadataRecord::VmBitsSet(_) => {
+                // Nothing more to store: the checkpoint and the OID counter are in the
+                // checkpoint value (`counters.rs`), a switch only ends a segment, and setting
+                // visibility-map bits registers the map page.
             }
             MetadataRecord::XactCompletion(c) => self.xact_completion(m, c)?,
             MetadataRecord::XactPrepare(p) => {

@@ -24,6 +24,7 @@
 //! further records: its cache may be ahead of the store, and the caller must start again
 //! from the timeline's last record LSN with a new `WalIngest`.
 
+mod counters;
 mod files;
 mod metadata;
 
@@ -36,7 +37,7 @@ use pgwal::{parse_metadata, DecodedRecord};
 use proto::walredo::PAGE_SIZE_BYTES;
 use proto::{BlockNumber, ForkNumber, Key, KeyKind, Lsn, RelTag};
 
-use crate::datadir::codec::{DbEntry, RelEntry};
+use crate::datadir::codec::{encode_checkpoint, DbEntry, RelEntry, StoredCheckpoint};
 use crate::datadir::{Modification, ValueSource};
 use crate::reconstruct::layout::{page_is_new, page_set_lsn};
 use crate::reconstruct::StoredRecord;
@@ -69,6 +70,9 @@ pub struct WalIngest {
     /// yet; the `ZERO_OFF_PAGE` record for it that follows must not zero it again
     /// (`pre_initialized_offsets_page` in `multixact.c`).
     pre_initialized_offsets_page: Option<u32>,
+    /// The stored checkpoint value as of the last record (`counters.rs`); loaded from the
+    /// store on the first record, `Some(None)` if the timeline has none yet.
+    checkpoint: Option<Option<StoredCheckpoint>>,
     failed: bool,
     stats: IngestStats,
 }
@@ -82,6 +86,7 @@ impl WalIngest {
             reconstructor,
             rel_sizes: HashMap::new(),
             pre_initialized_offsets_page: None,
+            checkpoint: None,
             failed: false,
             stats: IngestStats::default(),
         }
@@ -115,9 +120,12 @@ impl WalIngest {
         }
         let timeline = Arc::clone(&self.timeline);
         let mut m = Modification::new(&timeline, end_lsn);
+        m.set_record_start(record.lsn);
         self.ingest_blocks(&mut m, record, end_lsn)?;
-        if let Some(meta) = parse_metadata(record)? {
-            self.ingest_metadata(&mut m, record, meta)?;
+        let meta = parse_metadata(record)?;
+        self.track_counters(&mut m, record, meta.as_ref())?;
+        if let Some(meta) = meta {
+            self.ingest_metadata(&mut m, meta)?;
         }
         self.stats.records += 1;
         self.stats.puts += m.len() as u64;
@@ -155,6 +163,20 @@ impl WalIngest {
                 self.stats.block_records += 1;
             }
         }
+        Ok(())
+    }
+
+    /// Puts the checkpoint value if `record` changes the counters (`counters.rs`).
+    fn track_counters(&mut self, m: &mut Modification<'_>, record: &DecodedRecord, meta: Option<&pgwal::MetadataRecord>) -> anyhow::Result<()> {
+        let stored = match self.checkpoint.take() {
+            Some(cached) => cached,
+            None => m.checkpoint()?,
+        };
+        let updated = counters::apply(stored.as_ref(), record, meta);
+        if let Some(new) = &updated {
+            m.put_image(Key::checkpoint(), encode_checkpoint(new));
+        }
+        self.checkpoint = Some(updated.or(stored));
         Ok(())
     }
 

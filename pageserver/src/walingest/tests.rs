@@ -238,3 +238,131 @@ fn records_must_advance_and_a_failure_stops_ingest() {
     assert!(err.to_string().contains("an earlier record failed, ingest must restart"), "{err}");
     assert_eq!(f.timeline.last_record_lsn(), Lsn(0x100));
 }
+
+/// An `XLOG_CHECKPOINT_*` main data with the given counters.
+fn checkpoint_data(next_xid: u64, next_oid: u32, next_multi: u32, next_offset: u32) -> Vec<u8> {
+    let mut cp = pgwal::parse::CheckPoint::from_bytes(&[0u8; SIZE_OF_CHECKPOINT]).unwrap();
+    cp.redo = Lsn(0x100);
+    cp.this_timeline_id = pgwal::TimeLineId(1);
+    cp.next_xid = pgwal::FullTransactionId(next_xid);
+    cp.next_oid = next_oid;
+    cp.next_multi = pgwal::MultiXactId(next_multi);
+    cp.next_multi_offset = pgwal::MultiXactOffset(next_offset);
+    cp.oldest_xid = pgwal::TransactionId(3);
+    cp.to_bytes().to_vec()
+}
+
+#[test]
+fn counters_follow_every_record_and_are_put_only_when_they_change() {
+    let mut f = Fixture::new();
+    // No checkpoint yet (the fixture is not an import): nothing is tracked.
+    f.ingest(RM_CLOG_ID, CLOG_ZEROPAGE, 700, &le(&[0]));
+    assert!(f.check(|d, lsn| d.get_checkpoint_state(lsn)).is_err());
+
+    f.ingest(
+        RM_XLOG_ID,
+        XLOG_CHECKPOINT_ONLINE,
+        0,
+        &checkpoint_data(500, 16384, 10, 20),
+    );
+    let checkpoint_lsn = Lsn(f.lsn - 0x40);
+    let state = |f: &Fixture| f.check(|d, lsn| d.get_checkpoint_state(lsn).unwrap());
+    let put_at = |f: &Fixture| {
+        f.timeline
+            .get_reconstruct_data(Key::checkpoint(), Lsn(f.lsn))
+            .unwrap()
+            .image
+            .unwrap()
+            .0
+    };
+    assert_eq!(state(&f).current.next_xid.0, 500);
+    assert_eq!(state(&f).record_lsn, checkpoint_lsn);
+
+    // A record's xl_xid at or after next xid advances it.
+    let mut abort = Vec::new();
+    abort.extend_from_slice(&0i64.to_le_bytes());
+    f.ingest(RM_XACT_ID, XLOG_XACT_ABORT, 600, &abort);
+    assert_eq!(state(&f).current.next_xid.0, 601);
+    let changed_at = Lsn(f.lsn);
+    assert_eq!(put_at(&f), changed_at);
+    // An older xid changes nothing, and nothing is put.
+    f.ingest(RM_XACT_ID, XLOG_XACT_ABORT, 550, &abort);
+    assert_eq!(state(&f).current.next_xid.0, 601);
+    assert_eq!(
+        put_at(&f),
+        changed_at,
+        "no new version when nothing changed"
+    );
+    // Subtransactions of a commit count too.
+    let mut commit = Vec::new();
+    commit.extend_from_slice(&0i64.to_le_bytes());
+    commit.extend_from_slice(&le(&[XACT_XINFO_HAS_SUBXACTS, 1, 640]));
+    f.ingest(
+        RM_XACT_ID,
+        XLOG_XACT_COMMIT | XLOG_XACT_HAS_INFO,
+        620,
+        &commit,
+    );
+    assert_eq!(state(&f).current.next_xid.0, 641);
+
+    f.ingest(RM_XLOG_ID, XLOG_NEXTOID, 0, &le(&[24576]));
+    f.ingest(RM_MULTIXACT_ID, XLOG_MULTIXACT_ZERO_OFF_PAGE, 0, &le(&[0]));
+    f.ingest(RM_MULTIXACT_ID, XLOG_MULTIXACT_ZERO_MEM_PAGE, 0, &le(&[0]));
+    f.ingest(
+        RM_MULTIXACT_ID,
+        XLOG_MULTIXACT_CREATE_ID,
+        0,
+        &le(&[10, 20, 2, 700, 1, 701, 5]),
+    );
+    let s = state(&f).current;
+    assert_eq!(
+        (s.next_oid, s.next_multi.0, s.next_multi_offset.0),
+        (24576, 11, 22)
+    );
+
+    // An online checkpoint with older counters (its redo point is earlier) moves nothing
+    // back and leaves the OID alone; its other fields replace the old ones.
+    f.ingest(
+        RM_XLOG_ID,
+        XLOG_CHECKPOINT_ONLINE,
+        0,
+        &checkpoint_data(610, 20000, 5, 10),
+    );
+    let s = state(&f);
+    assert_eq!(
+        (
+            s.current.next_xid.0,
+            s.current.next_oid,
+            s.current.next_multi.0,
+            s.current.next_multi_offset.0
+        ),
+        (641, 24576, 11, 22)
+    );
+    assert_eq!(s.record_lsn, Lsn(f.lsn - 0x40));
+    assert_eq!(
+        f.check(|d, lsn| d.get_checkpoint(lsn).unwrap()).1.next_oid,
+        20000,
+        "the record as logged"
+    );
+    // A shutdown checkpoint's OID is taken.
+    f.ingest(
+        RM_XLOG_ID,
+        XLOG_CHECKPOINT_SHUTDOWN,
+        0,
+        &checkpoint_data(700, 30000, 12, 30),
+    );
+    let s = state(&f).current;
+    assert_eq!(
+        (
+            s.next_xid.0,
+            s.next_oid,
+            s.next_multi.0,
+            s.next_multi_offset.0
+        ),
+        (700, 30000, 12, 30)
+    );
+    // Earlier LSNs still read the earlier counters.
+    let earlier = f.check(|d, _| d.get_checkpoint_state(changed_at).unwrap());
+    assert_eq!(earlier.current.next_xid.0, 601);
+    assert_eq!(earlier.record_lsn, checkpoint_lsn);
+}

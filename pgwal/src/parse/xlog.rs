@@ -79,6 +79,34 @@ impl CheckPoint {
         })
     }
 
+    /// Reads the struct from its in-memory layout (the inverse of `to_bytes`), as stored in
+    /// `pg_control`'s `checkPointCopy` or in a value of fjord's own. Padding is ignored.
+    pub fn from_bytes(bytes: &[u8]) -> Result<CheckPoint, String> {
+        if bytes.len() != SIZE_OF_CHECKPOINT {
+            return Err(format!("CheckPoint is {} bytes, expected {SIZE_OF_CHECKPOINT}", bytes.len()));
+        }
+        let u32_at = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+        let u64_at = |at: usize| u64::from(u32_at(at)) | (u64::from(u32_at(at + 4)) << 32);
+        Ok(CheckPoint {
+            redo: Lsn(u64_at(0)),
+            this_timeline_id: TimeLineId(u32_at(8)),
+            prev_timeline_id: TimeLineId(u32_at(12)),
+            full_page_writes: bytes[16] != 0,
+            next_xid: FullTransactionId(u64_at(24)),
+            next_oid: u32_at(32),
+            next_multi: MultiXactId(u32_at(36)),
+            next_multi_offset: MultiXactOffset(u32_at(40)),
+            oldest_xid: TransactionId(u32_at(44)),
+            oldest_xid_db: u32_at(48),
+            oldest_multi: MultiXactId(u32_at(52)),
+            oldest_multi_db: u32_at(56),
+            time: u64_at(64) as i64,
+            oldest_commit_ts_xid: TransactionId(u32_at(72)),
+            newest_commit_ts_xid: TransactionId(u32_at(76)),
+            oldest_active_xid: TransactionId(u32_at(80)),
+        })
+    }
+
     /// The struct's in-memory (and in-WAL) layout: `SIZE_OF_CHECKPOINT` bytes, padding zeroed.
     pub fn to_bytes(&self) -> [u8; SIZE_OF_CHECKPOINT] {
         let mut out = [0u8; SIZE_OF_CHECKPOINT];
@@ -159,6 +187,7 @@ mod tests {
                 oldest_active_xid: TransactionId(xids[2]),
             };
             prop_assert_eq!(decode(&cp.to_bytes()).unwrap(), cp);
+            prop_assert_eq!(CheckPoint::from_bytes(&cp.to_bytes()).unwrap(), cp);
         }
     }
 
@@ -166,5 +195,6 @@ mod tests {
     fn wrong_length_is_an_error() {
         let err = decode(&[0u8; 80]).unwrap_err();
         assert_eq!(err.to_string(), "invalid checkpoint record at 0/1000028: main data is 80 bytes, expected 88");
+        assert_eq!(CheckPoint::from_bytes(&[0u8; 87]).unwrap_err(), "CheckPoint is 87 bytes, expected 88");
     }
 }
