@@ -85,14 +85,15 @@ pub fn postgresql_conf(s: &ComputeSettings) -> String {
     match s.static_lsn {
         None => {
             // A commit is acknowledged only once the pageserver (application_name
-            // `pageserver`) has flushed it: the compute keeps no data files of its own.
+            // `fjord_pageserver`) has flushed it: the compute keeps no data files of its own.
             set("synchronous_standby_names", "fjord_pageserver");
         }
-        Some(_) => {
+        Some(lsn) => {
             // A compute at a past LSN is not followed by the pageserver: nothing to wait for,
-            // and nothing may be written.
+            // and nothing may be written. Every page is read as of that LSN.
             set("synchronous_standby_names", "");
             set("default_transaction_read_only", "on");
+            set("fjord.read_lsn", &lsn.to_string());
         }
     }
     set("synchronous_commit", "on");
@@ -182,6 +183,7 @@ mod tests {
         let conf = postgresql_conf(&ComputeSettings { static_lsn: Some(Lsn(0x100)), ..settings() });
         assert_eq!(value_of(&conf, "synchronous_standby_names").unwrap(), "''");
         assert_eq!(value_of(&conf, "default_transaction_read_only").unwrap(), "'on'");
+        assert_eq!(value_of(&conf, "fjord.read_lsn").unwrap(), "'0/100'");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::shmem::{self, relsize_entries, shared_mut, RelSizeEntry, Shared, LWLSN_SLOTS};
+use crate::shmem::{self, relsize_entries, RelSizeEntry, Shared, LWLSN_SLOTS};
 
 /// A relation fork: (tablespace, database, relfilenode, fork).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,7 +164,7 @@ pub fn update_size(r: &RelFork, u: SizeUpdate) -> Option<u32> {
         (Ok(_), SizeUpdate::IfAbsent(_)) => {}
         (Err(_), SizeUpdate::AtLeastIfCached(_)) => return None,
         (Err(free), SizeUpdate::Set(n) | SizeUpdate::AtLeast(n) | SizeUpdate::IfAbsent(n)) => {
-            let Some(i) = free.filter(|_| s.relsize_used + 1 < s.relsize_capacity) else {
+            let Some(i) = free.filter(|_| s.relsize_used.load(Ordering::Relaxed) + 1 < s.relsize_capacity) else {
                 drop(l);
                 ereport!(
                     PgLogLevel::ERROR,
@@ -175,8 +175,7 @@ pub fn update_size(r: &RelFork, u: SizeUpdate) -> Option<u32> {
                 unreachable!("ereport(ERROR) does not return");
             };
             entries[i] = RelSizeEntry { spcnode: r.spcnode, dbnode: r.dbnode, relnode: r.relnode, forknum: r.forknum, nblocks: n, used: 1 };
-            // SAFETY: exclusive lock held.
-            unsafe { shared_mut(s).relsize_used += 1 };
+            s.relsize_used.fetch_add(1, Ordering::Relaxed);
             return Some(n);
         }
     }
@@ -205,6 +204,5 @@ pub fn forget_size(r: &RelFork) {
         }
         i = (i + 1) % cap;
     }
-    // SAFETY: exclusive lock held.
-    unsafe { shared_mut(s).relsize_used -= 1 };
+    s.relsize_used.fetch_sub(1, Ordering::Relaxed);
 }

@@ -11,6 +11,7 @@ use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 pub static PAGESERVER_ADDRESS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static TENANT_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static TIMELINE_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static READ_LSN: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static PAGESERVER_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 pub static RELSIZE_CACHE_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(131_072);
 
@@ -36,6 +37,14 @@ pub fn define() {
         c"The timeline (32 hex digits) this compute reads and writes.",
         c"",
         &TIMELINE_ID,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"fjord.read_lsn",
+        c"Read every page at this fixed LSN (X/X): a read-only compute on a point in the past.",
+        c"Empty: read the newest version, as a primary does. compute_ctl --lsn sets it.",
+        &READ_LSN,
         GucContext::Postmaster,
         GucFlags::default(),
     );
@@ -76,4 +85,16 @@ pub fn tenant_id() -> Option<String> {
 
 pub fn timeline_id() -> Option<String> {
     string(&TIMELINE_ID)
+}
+
+/// The fixed LSN of a read-only compute, in bytes, if `fjord.read_lsn` is set.
+pub fn read_lsn() -> Option<u64> {
+    let text = string(&READ_LSN)?;
+    let parsed = text.trim().split_once('/').and_then(|(hi, lo)| {
+        Some((u64::from(u32::from_str_radix(hi, 16).ok()?) << 32) | u64::from(u32::from_str_radix(lo, 16).ok()?))
+    });
+    match parsed {
+        Some(lsn) if lsn != 0 => Some(lsn),
+        _ => pgrx::error!("fjord.read_lsn \"{text}\" is not an LSN like 0/16B3748"),
+    }
 }

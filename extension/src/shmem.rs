@@ -48,7 +48,8 @@ pub struct Shared {
     pub lwlsn: [AtomicU64; LWLSN_SLOTS],
     pub relsize_lock: *mut pg_sys::LWLock,
     pub relsize_capacity: usize,
-    pub relsize_used: usize,
+    /// Slots in use; changed only under the lock.
+    pub relsize_used: std::sync::atomic::AtomicUsize,
 }
 
 /// One relation fork's size. `used == 0` marks a free slot.
@@ -93,15 +94,6 @@ pub unsafe fn relsize_entries(s: &Shared) -> &mut [RelSizeEntry] {
         let base = (s as *const Shared).add(1).cast::<RelSizeEntry>().cast_mut();
         std::slice::from_raw_parts_mut(base, s.relsize_capacity)
     }
-}
-
-/// Mutable access to the header fields behind the lock.
-///
-/// # Safety
-/// The caller holds the relation-size lock exclusively.
-#[allow(clippy::mut_from_ref)]
-pub unsafe fn shared_mut(s: &Shared) -> &mut Shared {
-    unsafe { &mut *(s as *const Shared).cast_mut() }
 }
 
 pub fn install_hooks() {

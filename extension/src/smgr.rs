@@ -190,6 +190,10 @@ fn insert_lsn() -> u64 {
 /// The LSNs of a read whose object was last changed at `last_written` (0: not since the
 /// compute started).
 fn read_lsns(last_written: u64) -> ReadLsns {
+    if let Some(lsn) = guc::read_lsn() {
+        // A read-only compute at a point in the past: everything is read as of then.
+        return ReadLsns { request_lsn: Lsn(lsn), not_modified_since: Lsn(lsn) };
+    }
     // SAFETY: plain calls into xlog.c; XLogFlush may ERROR, which unwinds normally.
     unsafe {
         let floor = pg_sys::GetRedoRecPtr();

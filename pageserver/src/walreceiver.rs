@@ -479,6 +479,9 @@ fn stream(
             };
             set_status(status, |s| s.durable_lsn = Some(durable.to_string()));
         }
+        // Confirming and ingesting happen under the gate, so that a basebackup at the
+        // newest LSN never falls between them (see Timeline::confirm_gate).
+        let gate = timeline.confirm_gate();
         if streaming && (!batch.is_empty() || reply_requested) {
             if let Err(e) = send_status(&mut conn, timeline, wal.durable_end()) {
                 return Ended::Connection(e);
@@ -500,6 +503,7 @@ fn stream(
                 }
             }
         }
+        drop(gate);
         if let Some(wal_end) = server_end {
             set_status(status, |s| {
                 s.last_received_lsn = Some(decoder.next_feed_lsn().to_string());

@@ -191,6 +191,8 @@ impl Pageserver {
         }
         let (lsn, prev) = match lsn {
             None => {
+                // Not between a WAL receiver's confirming a batch and ingesting it.
+                let _gate = t.confirm_gate();
                 let r = t.record_lsns();
                 (r.last, r.prev)
             }

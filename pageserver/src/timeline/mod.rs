@@ -99,6 +99,10 @@ pub struct Timeline {
     flush_lock: Mutex<()>,
     layer_removal_lock: Mutex<()>,
     ephemeral_seq: AtomicU64,
+    /// Held by the WAL receiver from confirming a batch of WAL as flushed until that batch
+    /// is ingested, and by a basebackup at the newest LSN while it picks that LSN: a
+    /// compute started from the basebackup then starts after every confirmed commit.
+    confirm_gate: Mutex<()>,
 }
 
 /// Locks a mutex whose data stays consistent even if a holder panicked.
@@ -177,11 +181,17 @@ impl Timeline {
             flush_lock: Mutex::new(()),
             layer_removal_lock: Mutex::new(()),
             ephemeral_seq: AtomicU64::new(0),
+            confirm_gate: Mutex::new(()),
         }))
     }
 
     pub fn tenant_id(&self) -> TenantId {
         self.tenant_id
+    }
+
+    /// See the `confirm_gate` field.
+    pub fn confirm_gate(&self) -> MutexGuard<'_, ()> {
+        lock(&self.confirm_gate)
     }
 
     pub fn timeline_id(&self) -> TimelineId {
