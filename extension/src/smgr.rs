@@ -17,8 +17,9 @@
 //!   records the page's LSN as the block's last-written LSN, except for pages whose
 //!   content the WAL does not describe, which get a full-page image first (see
 //!   [`needs_image`]): pages never WAL-logged (LSN 0 or GiST's build LSN 1: unlogged index
-//!   builds of GIN, GiST and SP-GiST), and heap pages holding tuples of running
-//!   transactions (the cmin/cmax fix, below). Visibility-map pages use the current insert
+//!   builds of GIN, GiST and SP-GiST), heap pages holding tuples of running
+//!   transactions (the cmin/cmax fix, below), and sequence pages (`nextval()` WAL-logs
+//!   only every 32nd value; rebuilt from WAL a sequence would jump ahead). Visibility-map pages use the current insert
 //!   position: heap records clear their bits without touching the map page's LSN.
 //! - **extend, truncate, nblocks, exists, create, unlink** go through the shared
 //!   relation-size cache; a size the cache lacks is asked of the pageserver once.
@@ -282,7 +283,16 @@ fn needs_image(forknum: pg_sys::ForkNumber::Type, page: &[u8]) -> bool {
     if page_lsn(page) <= MAX_FAKE_LSN {
         return true;
     }
-    forknum == pg_sys::ForkNumber::MAIN_FORKNUM && heap_page_has_running_xids(page)
+    forknum == pg_sys::ForkNumber::MAIN_FORKNUM && (is_sequence_page(page) || heap_page_has_running_xids(page))
+}
+
+/// A sequence's page: `nextval()` changes it in the buffer and WAL-logs only every 32nd
+/// value (`SEQ_LOG_VALS`), so rebuilt from WAL it would jump ahead, as after a crash.
+/// Its special space is the 4-byte `SEQ_MAGIC`, MAXALIGNed to 8.
+fn is_sequence_page(page: &[u8]) -> bool {
+    const SEQ_MAGIC: u32 = 0x1717;
+    let pd_special = usize::from(u16_at(page, 16));
+    pd_special == BLCKSZ - 8 && u32_at(page, pd_special) == SEQ_MAGIC
 }
 
 /// Whether a heap page holds a tuple inserted or deleted by a transaction that is still
