@@ -174,7 +174,7 @@ pub fn update_size(r: &RelFork, u: SizeUpdate) -> Option<u32> {
                 );
                 unreachable!("ereport(ERROR) does not return");
             };
-            entries[i] = RelSizeEntry { spcnode: r.spcnode, dbnode: r.dbnode, relnode: r.relnode, forknum: r.forknum, nblocks: n, used: 1 };
+            entries[i] = RelSizeEntry { spcnode: r.spcnode, dbnode: r.dbnode, relnode: r.relnode, forknum: r.forknum, nblocks: n, used: 1, build_fake_lsn: 0, build_max_image_lsn: 0 };
             s.relsize_used.fetch_add(1, Ordering::Relaxed);
             return Some(n);
         }
@@ -205,4 +205,27 @@ pub fn forget_size(r: &RelFork) {
         i = (i + 1) % cap;
     }
     s.relsize_used.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Records that a page of `r` carrying the fake LSN `fake_lsn` of an unlogged index build
+/// left the pool as a full-page image at `image_lsn`. See `smgr::restore_build_lsn`.
+pub fn note_build_image(r: &RelFork, fake_lsn: u64, image_lsn: u64) {
+    let Some(s) = shmem::shared() else { return };
+    let l = Locked::new(s, true);
+    if let Ok(i) = l.find(r) {
+        let e = &mut l.entries()[i];
+        if e.build_max_image_lsn == 0 {
+            e.build_fake_lsn = fake_lsn;
+        }
+        e.build_max_image_lsn = e.build_max_image_lsn.max(image_lsn);
+    }
+}
+
+/// `(fake LSN, newest image LSN)` if pages of `r` left the pool during an unlogged build.
+pub fn build_images(r: &RelFork) -> Option<(u64, u64)> {
+    let s = shmem::shared()?;
+    let l = Locked::new(s, false);
+    let i = l.find(r).ok()?;
+    let e = &l.entries()[i];
+    (e.build_max_image_lsn != 0).then_some((e.build_fake_lsn, e.build_max_image_lsn))
 }

@@ -62,6 +62,11 @@ pub struct RelSizeEntry {
     pub forknum: i32,
     pub nblocks: u32,
     pub used: u32,
+    /// For an index under an unlogged build (see `smgr::needs_image`): the fake LSN its
+    /// pages carry during the build, and the newest full-page image written for one of
+    /// them at eviction. 0 when not in a build.
+    pub build_fake_lsn: u64,
+    pub build_max_image_lsn: u64,
 }
 
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(ptr::null_mut());

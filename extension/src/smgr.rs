@@ -361,6 +361,25 @@ fn heap_page_has_running_xids(page: &[u8]) -> bool {
     false
 }
 
+/// A page of an index under an unlogged build that comes back from the pageserver carries
+/// the LSN of the full-page image we wrote when it left the pool, but the build goes on
+/// changing it without WAL. Giving it back its fake build LSN makes its next eviction
+/// write an image again (and keeps GiST's build-time LSN/NSN logic as it was). Pages the
+/// build's final `log_newpage_range()` logged have LSNs above every eviction image and
+/// are left alone; a page misjudged as a build page only costs one more image.
+fn restore_build_lsn(r: &RelFork, page: &mut [u8]) {
+    let lsn = page_lsn(page);
+    if lsn == 0 || page_is_new(page) {
+        return;
+    }
+    if let Some((fake, newest_image)) = cache::build_images(r) {
+        if lsn <= newest_image {
+            page[0..4].copy_from_slice(&((fake >> 32) as u32).to_ne_bytes());
+            page[4..8].copy_from_slice(&(fake as u32).to_ne_bytes());
+        }
+    }
+}
+
 /// WAL-logs a copy of `page` as a full-page image and returns the record's end.
 unsafe fn log_image(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type, blkno: pg_sys::BlockNumber, page: &[u8]) -> Option<u64> {
     unsafe {
@@ -383,6 +402,10 @@ unsafe fn log_image(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Typ
 unsafe fn written_lsn(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type, blkno: pg_sys::BlockNumber, page: &[u8]) -> u64 {
     if needs_image(forknum, page) {
         if let Some(lsn) = unsafe { log_image(reln, forknum, blkno, page) } {
+            let page_lsn = page_lsn(page);
+            if page_lsn <= MAX_FAKE_LSN {
+                cache::note_build_image(unsafe { &reln_fork(reln, forknum) }, page_lsn, lsn);
+            }
             return lsn;
         }
     }
@@ -514,7 +537,10 @@ unsafe extern "C-unwind" fn fjord_read(
         let what = || format!("reading block {blocknum} of relation {}", describe(&r));
         let out = std::slice::from_raw_parts_mut(buffer.cast::<u8>(), BLCKSZ);
         match client::request(&what, &|id| Request::GetPage { id, lsns, rel, blkno }) {
-            Ok(Response::Page { page, .. }) if page.len() == BLCKSZ => out.copy_from_slice(&page),
+            Ok(Response::Page { page, .. }) if page.len() == BLCKSZ => {
+                out.copy_from_slice(&page);
+                restore_build_lsn(&r, out);
+            }
             Ok(other) => unexpected(&what(), other),
             Err(e) if e.code == ErrorCode::NoSuchBlock && cache::cached_size(&r).is_some_and(|n| blocknum < n) => {
                 // Extended here with a zero page that no WAL has described yet.
