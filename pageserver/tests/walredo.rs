@@ -23,7 +23,7 @@ use proto::{BlockNumber, ForkNumber, Lsn, RelTag};
 fn postgres_bin() -> PathBuf {
     let dir = std::env::var_os("FJORD_PG_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/pg15/bin"));
+        .unwrap_or_else(|| std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))).join("../target/pg15/bin"));
     let bin = dir.join("postgres");
     assert!(bin.exists(), "no postgres at {}; run ./scripts/setup first", bin.display());
     bin
@@ -54,7 +54,7 @@ fn manager(processes_max: usize) -> WalRedoManager {
 }
 
 fn fixture_records() -> Vec<(Lsn, DecodedRecord)> {
-    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../pgwal/tests/data");
+    let data = std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))).join("../pgwal/tests/data");
     let env = std::fs::read_to_string(data.join("fixture.env")).expect("read fixture.env");
     let get = |k: &str| -> Lsn {
         env.lines()

@@ -16,7 +16,12 @@ use pgwal::{
 };
 use proto::{ForkNumber, Lsn};
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
+/// The fixture directory, from cargo at run time (a test binary reused from another
+/// checkout's build must not read that checkout).
+fn data_dir() -> String {
+    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
+    format!("{dir}/tests/data")
+}
 
 struct Fixture {
     start: Lsn,
@@ -62,11 +67,11 @@ struct DumpImage {
 }
 
 fn load() -> Fixture {
-    let env = std::fs::read_to_string(format!("{DATA}/fixture.env")).expect("read fixture.env");
+    let env = std::fs::read_to_string(format!("{}/fixture.env", data_dir())).expect("read fixture.env");
     let vars: BTreeMap<&str, &str> = env.lines().filter_map(|l| l.split_once('=')).collect();
     let lsn = |k: &str| vars[k].parse::<Lsn>().expect("fixture LSN");
-    let wal = zstd::decode_all(&std::fs::read(format!("{DATA}/wal.bin.zst")).expect("read wal.bin.zst")[..]).expect("unzstd wal");
-    let dump = zstd::decode_all(&std::fs::read(format!("{DATA}/waldump.txt.zst")).expect("read waldump.txt.zst")[..])
+    let wal = zstd::decode_all(&std::fs::read(format!("{}/wal.bin.zst", data_dir())).expect("read wal.bin.zst")[..]).expect("unzstd wal");
+    let dump = zstd::decode_all(&std::fs::read(format!("{}/waldump.txt.zst", data_dir())).expect("read waldump.txt.zst")[..])
         .expect("unzstd waldump");
     let dump = parse_dump(&String::from_utf8(dump).expect("waldump is text"));
     Fixture {
