@@ -198,13 +198,33 @@ fn read_lsns(last_written: u64) -> ReadLsns {
     // SAFETY: plain calls into xlog.c; XLogFlush may ERROR, which unwinds normally.
     unsafe {
         let floor = pg_sys::GetRedoRecPtr();
-        let nms = last_written.max(floor);
+        let nms = before_page_header(last_written.max(floor));
         let in_recovery = pg_sys::RecoveryInProgress();
         if !in_recovery && nms > pg_sys::GetFlushRecPtr(std::ptr::null_mut()) {
             pg_sys::XLogFlush(nms);
         }
         let request = if in_recovery { nms } else { insert_lsn().max(nms) };
         ReadLsns { request_lsn: Lsn(request), not_modified_since: Lsn(nms) }
+    }
+}
+
+/// An LSN right after a WAL page header (where `GetXLogInsertRecPtr()` puts "the next
+/// record" when the last one ended at a page boundary) names the same point in WAL as
+/// the boundary itself. The boundary is what can be flushed and what the pageserver
+/// reaches by ingesting the record that ends there; the position after the header only
+/// exists once another record is written.
+fn before_page_header(lsn: u64) -> u64 {
+    const XLOG_BLCKSZ: u64 = 8192;
+    const SHORT_HEADER: u64 = 24;
+    const LONG_HEADER: u64 = 40;
+    // SAFETY: a plain read of a PostgreSQL global set at start-up.
+    let seg_size = u64::try_from(unsafe { pg_sys::wal_segment_size }).unwrap_or(16 << 20);
+    if seg_size > 0 && lsn % seg_size == LONG_HEADER {
+        lsn - LONG_HEADER
+    } else if lsn % XLOG_BLCKSZ == SHORT_HEADER && lsn % seg_size != SHORT_HEADER {
+        lsn - SHORT_HEADER
+    } else {
+        lsn
     }
 }
 
