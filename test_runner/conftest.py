@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures import compute
 from fixtures.pageserver import Pageserver
 from fixtures.paths import pg_bin_dir
 from fixtures.postgres import PgServer
@@ -18,6 +19,14 @@ def pytest_sessionstart(session):
                     "user: postgres refuses to run as root", returncode=2)
     if not (pg_bin_dir() / "postgres").exists():
         pytest.exit(f"no PostgreSQL build at {pg_bin_dir()}; run ./scripts/setup first", returncode=2)
+
+
+@pytest.fixture(autouse=True)
+def _no_compute_outlives_its_test():
+    """Computes are started by the tests themselves (fixtures.compute.Endpoint); whatever
+    a test leaves running, pass or fail, is killed before the next one starts."""
+    yield
+    compute.kill_all()
 
 
 @pytest.fixture
