@@ -229,3 +229,19 @@ pub fn build_images(r: &RelFork) -> Option<(u64, u64)> {
     let e = &l.entries()[i];
     (e.build_max_image_lsn != 0).then_some((e.build_fake_lsn, e.build_max_image_lsn))
 }
+
+/// Forgets every fork of database `dbnode` (DROP DATABASE).
+pub fn forget_database(dbnode: u32) {
+    let Some(s) = shmem::shared() else { return };
+    let forks: Vec<RelFork> = {
+        let l = Locked::new(s, false);
+        l.entries()
+            .iter()
+            .filter(|e| e.used != 0 && e.dbnode == dbnode)
+            .map(|e| RelFork { spcnode: e.spcnode, dbnode: e.dbnode, relnode: e.relnode, forknum: e.forknum })
+            .collect()
+    };
+    for r in &forks {
+        forget_size(r);
+    }
+}

@@ -20,7 +20,11 @@
 //!   builds of GIN, GiST and SP-GiST), heap pages holding tuples of running
 //!   transactions (the cmin/cmax fix, below), and sequence pages (`nextval()` WAL-logs
 //!   only every 32nd value; rebuilt from WAL a sequence would jump ahead). Visibility-map pages use the current insert
-//!   position: heap records clear their bits without touching the map page's LSN.
+//!   position: heap records clear their bits without touching the map page's LSN; so do
+//!   heap pages with `PD_ALL_VISIBLE`, which `visibilitymap_set()` sets without stamping
+//!   the heap page's LSN unless hint bits are WAL-logged. No image is written during the
+//!   shutdown checkpoint, which PostgreSQL requires to be WAL-silent (compute_ctl runs a
+//!   `CHECKPOINT` just before a fast shutdown so that sequences lose nothing).
 //! - **extend, truncate, nblocks, exists, create, unlink** go through the shared
 //!   relation-size cache; a size the cache lacks is asked of the pageserver once.
 //! - **FSM forks are local.** PostgreSQL never WAL-logs the free space map, so it is kept
@@ -44,7 +48,10 @@
 //!   query, never a crash.
 //! - A relation's persistence is `reln->smgr_relpersistence` (set by patch 0005 where
 //!   PostgreSQL knows it); when unknown it is decided once by looking for a local init
-//!   fork, which every unlogged relation has, and remembered in the same field.
+//!   or main fork (an unlogged relation has its main fork locally from its creation and
+//!   its init fork, for an index, only after the build), and remembered in the field.
+//! - DROP DATABASE removes a directory without unlinking relations one by one; an object
+//!   access hook makes the relation-size cache forget the database's forks.
 
 use std::ffi::c_char;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -105,6 +112,8 @@ pub fn install() {
         pg_sys::smgr_select_hook = Some(fjord_smgr_select);
         pg_sys::relation_size_hook = Some(fjord_relation_size);
         pg_sys::database_size_hook = Some(fjord_database_size);
+        PREV_OBJECT_ACCESS_HOOK = pg_sys::object_access_hook;
+        pg_sys::object_access_hook = Some(fjord_object_access);
     }
 }
 
@@ -158,7 +167,10 @@ unsafe fn is_local(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type
             b'p' => false,
             b'u' | b't' => true,
             _ => {
-                let unlogged = md_call!(smgr_exists(reln, INIT_FORKNUM));
+                // Unlogged relations have a local init fork, and a local main fork from
+                // the moment they are created (an index's init fork comes only after its
+                // build); permanent relations have neither.
+                let unlogged = md_call!(smgr_exists(reln, INIT_FORKNUM)) || md_call!(smgr_exists(reln, pg_sys::ForkNumber::MAIN_FORKNUM));
                 (*reln).smgr_relpersistence = if unlogged { b'u' } else { b'p' } as c_char;
                 unlogged
             }
@@ -312,7 +324,9 @@ fn needs_image(forknum: pg_sys::ForkNumber::Type, page: &[u8]) -> bool {
 fn is_sequence_page(page: &[u8]) -> bool {
     const SEQ_MAGIC: u32 = 0x1717;
     let pd_special = usize::from(u16_at(page, 16));
-    pd_special == BLCKSZ - 8 && u32_at(page, pd_special) == SEQ_MAGIC
+    // One line pointer, and the padding after the magic is zero (a GIN page whose
+    // right-link happens to be 0x1717 has neither).
+    pd_special == BLCKSZ - 8 && u32_at(page, pd_special) == SEQ_MAGIC && u32_at(page, pd_special + 4) == 0 && u16_at(page, 12) == 28
 }
 
 /// Whether a heap page holds a tuple inserted or deleted by a transaction that is still
@@ -403,7 +417,15 @@ fn restore_build_lsn(r: &RelFork, page: &mut [u8]) {
 /// WAL-logs a copy of `page` as a full-page image and returns the record's end.
 unsafe fn log_image(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type, blkno: pg_sys::BlockNumber, page: &[u8]) -> Option<u64> {
     unsafe {
-        if !pg_sys::XLogInsertAllowed() {
+        if !pg_sys::XLogInsertAllowed() || pg_sys::RecoveryInProgress() {
+            return None;
+        }
+        if pg_sys::MyBackendType == pg_sys::BackendType::B_CHECKPOINTER && pg_sys::ShutdownRequestPending != 0 {
+            // The shutdown checkpoint: PostgreSQL PANICs if any WAL is written between its
+            // redo point and its record. No transaction runs any more (a prepared one runs
+            // no further commands, so its command ids no longer matter) and index builds
+            // are over; what is lost is a sequence's unlogged tail, which then skips up to
+            // 32 values on the next compute, as after a crash of plain PostgreSQL.
             return None;
         }
         // A copy: log_newpage stamps the LSN on the page it is given, and the buffer is
@@ -430,13 +452,22 @@ unsafe fn written_lsn(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::T
         }
     }
     let lsn = page_lsn(page);
-    if forknum == VM_FORKNUM || page_is_new(page) || lsn <= MAX_FAKE_LSN {
+    if forknum == VM_FORKNUM || page_is_new(page) || lsn <= MAX_FAKE_LSN || heap_page_all_visible(forknum, page) {
         // Map bits cleared by heap records, or a zero page the WAL has not described yet:
         // everything up to now is the safe answer.
         lsn.max(insert_lsn())
     } else {
         lsn
     }
+}
+
+/// A heap page with `PD_ALL_VISIBLE`: `visibilitymap_set()` sets the flag but stamps the
+/// page's LSN only when hint bits are WAL-logged (checksums or `wal_log_hints`), so the
+/// page's LSN may predate the record that set it. Such a page is read back at the insert
+/// position of its eviction instead, which is after that record.
+fn heap_page_all_visible(forknum: pg_sys::ForkNumber::Type, page: &[u8]) -> bool {
+    const PD_ALL_VISIBLE: u16 = 0x0004;
+    forknum == pg_sys::ForkNumber::MAIN_FORKNUM && usize::from(u16_at(page, 16)) == BLCKSZ && u16_at(page, 10) & PD_ALL_VISIBLE != 0
 }
 
 unsafe fn page_slice<'a>(buffer: *const c_char) -> &'a [u8] {
@@ -683,5 +714,27 @@ unsafe extern "C-unwind" fn fjord_database_size(db_oid: pg_sys::Oid) -> i64 {
         Ok(Response::DbSize { size_bytes, .. }) => i64::try_from(size_bytes).unwrap_or(i64::MAX),
         Ok(other) => unexpected(&what(), other),
         Err(e) => server_error(&what(), e),
+    }
+}
+
+static mut PREV_OBJECT_ACCESS_HOOK: pg_sys::object_access_hook_type = None;
+
+/// DROP DATABASE removes the database's directory without unlinking relation by relation,
+/// so the relation-size cache forgets the database's forks here.
+#[pg_guard]
+unsafe extern "C-unwind" fn fjord_object_access(
+    access: pg_sys::ObjectAccessType::Type,
+    class_id: pg_sys::Oid,
+    object_id: pg_sys::Oid,
+    sub_id: std::ffi::c_int,
+    arg: *mut std::ffi::c_void,
+) {
+    unsafe {
+        if let Some(prev) = PREV_OBJECT_ACCESS_HOOK {
+            pg_guard_ffi_boundary(|| prev(access, class_id, object_id, sub_id, arg));
+        }
+    }
+    if is_remote() && access == pg_sys::ObjectAccessType::OAT_DROP && class_id == pg_sys::DatabaseRelationId {
+        cache::forget_database(object_id.into());
     }
 }

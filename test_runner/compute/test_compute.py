@@ -203,3 +203,42 @@ def test_unreachable_pageserver_is_a_clear_error(tmp_path, timeline, pageserver)
     # The compute stays up and works again once the pageserver is back.
     pageserver.start()
     assert ep.sql("SELECT count(*) FROM big")[0][0] == 5000
+
+
+@pytest.mark.parametrize("persistence", ["", "UNLOGGED"])
+def test_index_builds_larger_than_the_buffer_pool(tmp_path, timeline, persistence):
+    """GiST, SP-GiST and GIN build without WAL and log the index at the end; pages that
+    leave a 32-buffer pool mid-build must come back as they left (an image at eviction
+    for permanent indexes; local files for an unlogged table's). 16 buffers are too few
+    for a GIN build ("no unpinned buffers available", as on plain PostgreSQL)."""
+    ep = Endpoint(tmp_path, timeline, settings={"shared_buffers": "256kB"}).start()
+    with ep.connect() as conn:
+        conn.execute(f"CREATE {persistence} TABLE geo AS SELECT g AS id, point(g % 317, g / 317) AS p, "
+                     "ARRAY[g % 13, g % 17] AS a FROM generate_series(1, 60000) g")
+        conn.execute("CREATE INDEX geo_gist ON geo USING gist (p)")
+        conn.execute("CREATE INDEX geo_spgist ON geo USING spgist (p)")
+        conn.execute("CREATE INDEX geo_gin ON geo USING gin (a)")
+        conn.execute("SET enable_seqscan = off")
+        conn.execute("SET enable_bitmapscan = on")
+        box = conn.execute("SELECT count(*) FROM geo WHERE p <@ box '((10,10),(50,50))'").fetchone()[0]
+        arr = conn.execute("SELECT count(*) FROM geo WHERE a @> ARRAY[5]").fetchone()[0]
+        conn.execute("SET enable_seqscan = on")
+        conn.execute("SET enable_indexscan = off")
+        conn.execute("SET enable_bitmapscan = off")
+        assert conn.execute("SELECT count(*) FROM geo WHERE p <@ box '((10,10),(50,50))'").fetchone()[0] == box
+        assert conn.execute("SELECT count(*) FROM geo WHERE a @> ARRAY[5]").fetchone()[0] == arr
+        assert box > 0 and arr > 60000 // 13
+        index_file = conn.execute("SELECT pg_relation_filepath('geo_gist')").fetchone()[0]
+    assert (ep.pgdata / index_file).exists() == (persistence == "UNLOGGED")
+    assert unexpected_lines(ep.pg_log_text()) == []
+
+
+def test_databases_created_and_dropped(tmp_path, timeline):
+    ep = Endpoint(tmp_path, timeline, settings=TINY).start()
+    for i in range(3):
+        ep.sql(f"CREATE DATABASE d{i}")
+        ep.sql("CREATE TABLE t AS SELECT g FROM generate_series(1, 2000) g", dbname=f"d{i}")
+        assert ep.sql("SELECT count(*) FROM t", dbname=f"d{i}")[0][0] == 2000
+        ep.sql(f"DROP DATABASE d{i}")
+    ep.sql("CREATE DATABASE d0")
+    assert ep.sql("SELECT count(*) FROM pg_class WHERE relname = 't'", dbname="d0")[0][0] == 0

@@ -144,6 +144,7 @@ fn run(args: Args) -> anyhow::Result<i32> {
             return Err(e).context("make the pageserver follow the compute's WAL");
         }
         tracing::info!("the pageserver follows this compute's WAL");
+        postmaster.checkpoint_before_shutdown(&args.pg_bin_dir, &probe_host, args.port, &user);
     }
 
     let report = serde_json::json!({
