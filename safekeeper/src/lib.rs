@@ -1,1 +1,3 @@
-//! Placeholder: this crate has no code yet (see README.md).
+//! fjord's safekeeper. Today only the sans-I/O consensus core exists (see README.md).
+
+pub mod consensus;
