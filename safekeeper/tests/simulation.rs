@@ -15,7 +15,7 @@ use safekeeper::consensus::{
 use std::collections::{BTreeMap, BTreeSet};
 
 const ACCEPTORS: usize = 3;
-const STEPS: usize = 400;
+const STEPS: usize = 350;
 
 #[derive(Clone, Debug)]
 enum Envelope {
@@ -107,8 +107,10 @@ impl Sim {
                     self.elected.insert(term, p);
                 }
                 ProposerAction::Commit { term, commit_lsn } => {
-                    let log = self.proposers[p].log().ok_or("commit without a log")?.to_vec();
-                    for r in log.iter().take_while(|r| r.end <= commit_lsn) {
+                    let log = self.proposers[p].log().ok_or("commit without a log")?;
+                    let upto = log.partition_point(|r| r.end <= commit_lsn);
+                    let log = log[..upto].to_vec();
+                    for r in &log {
                         match self.committed.get(&r.start) {
                             Some(c) if c != r => {
                                 return Err(format!("term {term} commits {r:?} where {c:?} was committed"));
@@ -212,7 +214,9 @@ impl Sim {
             }
             62..=80 => {
                 let p = self.rng.gen_range(0..np);
-                self.client_append(p)?;
+                for _ in 0..self.rng.gen_range(1..4) {
+                    self.client_append(p)?;
+                }
             }
             81..=82 => {
                 let a = self.rng.gen_range(0..ACCEPTORS);
