@@ -57,27 +57,30 @@ struct Target {
     timeline: TimelineId,
 }
 
-fn target() -> Target {
-    let address = guc::pageserver_address().unwrap_or_default();
-    let parse_id = |name: &str, v: Option<String>| -> String {
-        if let Some(v) = v {
-            return v;
+/// The page service and timeline from the `fjord.*` settings, which are fixed at server
+/// start: parsed once per process, not per request.
+fn target() -> &'static Target {
+    static TARGET: std::sync::OnceLock<Result<Target, (String, &'static str)>> = std::sync::OnceLock::new();
+    match TARGET.get_or_init(parse_target) {
+        Ok(t) => t,
+        Err((message, hint)) => {
+            ereport!(PgLogLevel::ERROR, PgSqlErrorCode::ERRCODE_CONFIG_FILE_ERROR, message.clone(), *hint);
+            unreachable!("ereport(ERROR) does not return")
         }
-        ereport!(
-            PgLogLevel::ERROR,
-            PgSqlErrorCode::ERRCODE_CONFIG_FILE_ERROR,
-            format!("fjord.pageserver_address is set but {name} is not"),
-            "compute_ctl writes both; set them in postgresql.conf."
-        );
-        unreachable!("ereport(ERROR) does not return")
-    };
-    let tenant_s = parse_id("fjord.tenant_id", guc::tenant_id());
-    let timeline_s = parse_id("fjord.timeline_id", guc::timeline_id());
+    }
+}
+
+fn parse_target() -> Result<Target, (String, &'static str)> {
+    const HINT: &str = "compute_ctl writes all three; set them in postgresql.conf.";
+    let address = guc::pageserver_address().unwrap_or_default();
+    let id = |name: &str, v: Option<String>| v.ok_or_else(|| (format!("fjord.pageserver_address is set but {name} is not"), HINT));
+    let tenant_s = id("fjord.tenant_id", guc::tenant_id())?;
+    let timeline_s = id("fjord.timeline_id", guc::timeline_id())?;
     let tenant = TenantId::from_str(tenant_s.trim())
-        .unwrap_or_else(|e| error!("fjord.tenant_id \"{tenant_s}\" is not a tenant id: {e}"));
+        .map_err(|e| (format!("fjord.tenant_id \"{tenant_s}\" is not a tenant id: {e}"), HINT))?;
     let timeline = TimelineId::from_str(timeline_s.trim())
-        .unwrap_or_else(|e| error!("fjord.timeline_id \"{timeline_s}\" is not a timeline id: {e}"));
-    Target { address, tenant, timeline }
+        .map_err(|e| (format!("fjord.timeline_id \"{timeline_s}\" is not a timeline id: {e}"), HINT))?;
+    Ok(Target { address, tenant, timeline })
 }
 
 fn io_err(e: impl std::fmt::Display) -> String {
@@ -154,7 +157,7 @@ pub fn request(what: &dyn Fn() -> String, make: &dyn Fn(u64) -> Request) -> Resu
             }
             if c.conn.is_none() {
                 shmem::count(|s| &s.remote_reconnects);
-                c.conn = Some(Conn::connect(&t, deadline)?);
+                c.conn = Some(Conn::connect(t, deadline)?);
                 if c.outage_logged {
                     log!("fjord: reconnected to pageserver at {}", t.address);
                     c.outage_logged = false;

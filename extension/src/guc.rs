@@ -87,14 +87,19 @@ pub fn timeline_id() -> Option<String> {
     string(&TIMELINE_ID)
 }
 
-/// The fixed LSN of a read-only compute, in bytes, if `fjord.read_lsn` is set.
+/// The fixed LSN of a read-only compute, in bytes, if `fjord.read_lsn` is set. Parsed once
+/// per process (the setting is fixed at server start; every read asks).
 pub fn read_lsn() -> Option<u64> {
-    let text = string(&READ_LSN)?;
-    let parsed = text.trim().split_once('/').and_then(|(hi, lo)| {
-        Some((u64::from(u32::from_str_radix(hi, 16).ok()?) << 32) | u64::from(u32::from_str_radix(lo, 16).ok()?))
+    static PARSED: std::sync::OnceLock<Result<Option<u64>, String>> = std::sync::OnceLock::new();
+    let parsed = PARSED.get_or_init(|| {
+        let Some(text) = string(&READ_LSN) else { return Ok(None) };
+        match text.trim().parse::<proto::Lsn>() {
+            Ok(lsn) if lsn.0 != 0 => Ok(Some(lsn.0)),
+            _ => Err(format!("fjord.read_lsn \"{text}\" is not an LSN like 0/16B3748")),
+        }
     });
     match parsed {
-        Some(lsn) if lsn != 0 => Some(lsn),
-        _ => pgrx::error!("fjord.read_lsn \"{text}\" is not an LSN like 0/16B3748"),
+        Ok(lsn) => *lsn,
+        Err(message) => pgrx::error!("{message}"),
     }
 }
