@@ -34,29 +34,39 @@
 //! - The commit LSN of an acceptor and of a proposer only moves forward.
 //! - WAL is acknowledged only once persisted: the reply follows its `Persist` actions.
 //!
-//! The WAL is modelled as abstract [`Record`]s (an LSN range and an opaque payload id); the
-//! real service will map this onto WAL bytes.
+//! The WAL is bytes at LSNs. The acceptor's state has only its flush LSN: its I/O shell keeps
+//! the bytes (segment files in the service, a `Vec<u8>` in the simulation), appends and
+//! truncates them when told by a [`Persist`] action, and reads them when asked to send WAL.
+//! The proposer never holds WAL either: its shell keeps the WAL it can send (the compute's
+//! `pg_wal`, plus what it fetched from a donor) and the core tells it what to send to whom
+//! ([`ProposerAction::SendWal`]) and what fetched WAL to keep ([`ProposerAction::StoreWal`]).
+//!
+//! # The beginning of the log
+//! A timeline's WAL begins where its first proposer's own WAL began (the LSN its compute
+//! started at, [`Proposer::new`]); that is the LSN of the first term switch of every history.
+//! An acceptor whose log shares no term with an elected history empties its log and starts it
+//! there.
+//!
+//! # Commit LSN durability
+//! An acceptor's commit LSN is a hint for the outside (how far WAL may be served to the
+//! pageserver). It travels inside [`Persist::Control`] when a term change is persisted anyway,
+//! and otherwise as [`AcceptorAction::CommitLsn`], which the shell may persist lazily: losing
+//! it in a crash only makes the acceptor serve less until the proposer tells it again.
 
 mod acceptor;
 mod proposer;
+pub mod wire;
 
 pub use acceptor::{Acceptor, AcceptorAction, AcceptorState, Persist};
-pub use proposer::{Proposer, ProposerAction};
+pub use proposer::{Proposer, ProposerAction, ProposerConfig};
 
+use bytes::Bytes;
 use proto::Lsn;
 
 /// An election term. 0 means "none".
 pub type Term = u64;
 /// Index of an acceptor in the proposer's configuration.
 pub type NodeId = usize;
-
-/// A WAL record, abstractly: the LSN range it occupies and an opaque payload id.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Record {
-    pub start: Lsn,
-    pub end: Lsn,
-    pub payload: u64,
-}
 
 /// One switch of terms: WAL from `lsn` on was written in `term`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,9 +111,11 @@ pub enum ToAcceptor {
     VoteRequest { term: Term },
     /// The proposer of `term` was elected with `history`; its own term starts at `start_lsn`.
     Elected { term: Term, history: TermHistory, start_lsn: Lsn },
-    /// Ask the donor for its WAL from `from` (the donor's log is fixed while it is in `term`).
-    FetchWal { term: Term, from: Lsn },
-    Append { term: Term, begin_lsn: Lsn, records: Vec<Record>, commit_lsn: Lsn },
+    /// Ask an acceptor that took `term`'s election for its WAL in `[from, to)` (below its flush
+    /// LSN that WAL is the elected history's).
+    FetchWal { term: Term, from: Lsn, to: Lsn },
+    /// WAL bytes starting at `begin_lsn` (possibly none: then it only carries `commit_lsn`).
+    Append { term: Term, begin_lsn: Lsn, data: Bytes, commit_lsn: Lsn },
 }
 
 /// Messages from an acceptor to a proposer.
@@ -121,7 +133,9 @@ pub enum ToProposer {
         commit_lsn: Lsn,
     },
     ElectedAck { term: Term, flush_lsn: Lsn },
-    Wal { term: Term, from: Lsn, records: Vec<Record> },
+    /// The answer to `FetchWal`: WAL bytes from `from` (fewer than asked if the acceptor has
+    /// fewer).
+    Wal { term: Term, from: Lsn, data: Bytes },
     AppendAck { term: Term, flush_lsn: Lsn, commit_lsn: Lsn },
     /// The acceptor has seen a higher term than the message's.
     Rejected { term: Term, acceptor_term: Term },

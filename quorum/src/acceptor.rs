@@ -1,10 +1,11 @@
 //! The acceptor (safekeeper) state machine.
 
-use super::{Record, Term, TermHistory, ToAcceptor, ToProposer};
+use super::{Term, TermHistory, ToAcceptor, ToProposer};
+use bytes::Bytes;
 use proto::Lsn;
 
-/// Everything an acceptor keeps durably: the control file (term, history, commit LSN) and
-/// the WAL. The in-memory state is the same structure; a restart rebuilds it from disk.
+/// What an acceptor keeps durably besides the WAL bytes: the control file (term, history,
+/// commit LSN) and where its WAL ends. A restart rebuilds it from disk.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AcceptorState {
     /// The highest term seen (and voted for, if a vote was asked).
@@ -12,21 +13,17 @@ pub struct AcceptorState {
     /// The history of the last elected proposer whose WAL this acceptor took.
     pub history: TermHistory,
     pub commit_lsn: Lsn,
-    pub wal: Vec<Record>,
+    /// The end of the durable WAL (0: no WAL yet).
+    pub flush_lsn: Lsn,
 }
 
 impl AcceptorState {
-    pub fn flush_lsn(&self) -> Lsn {
-        self.wal.last().map_or(Lsn(0), |r| r.end)
-    }
-
     /// The term of the last history entry that covers the flushed WAL.
     pub fn last_log_term(&self) -> Term {
-        self.history.up_to(self.flush_lsn()).last_term()
+        self.history.up_to(self.flush_lsn).last_term()
     }
 
-    /// Applies one durable change. The acceptor applies it to its memory; the I/O shell
-    /// applies it to disk.
+    /// Applies one durable change to the state (the shell also applies it to the WAL bytes).
     pub fn apply(&mut self, p: &Persist) {
         match p {
             Persist::Control { term, history, commit_lsn } => {
@@ -34,8 +31,8 @@ impl AcceptorState {
                 self.history = history.clone();
                 self.commit_lsn = *commit_lsn;
             }
-            Persist::Truncate { at } => self.wal.retain(|r| r.end <= *at),
-            Persist::Append { records } => self.wal.extend(records.iter().cloned()),
+            Persist::Truncate { at } => self.flush_lsn = *at,
+            Persist::Append { begin, data } => self.flush_lsn = Lsn(begin.0 + data.len() as u64),
         }
     }
 }
@@ -45,15 +42,22 @@ impl AcceptorState {
 pub enum Persist {
     /// Replace the control file.
     Control { term: Term, history: TermHistory, commit_lsn: Lsn },
-    /// Remove WAL after `at` (a record boundary).
+    /// The WAL now ends at `at`. If `at` is not inside the WAL the shell has (beyond its end,
+    /// or before its beginning), the WAL is emptied and begins at `at`.
     Truncate { at: Lsn },
-    /// Append records right after the flush LSN.
-    Append { records: Vec<Record> },
+    /// Append `data` at `begin`, which is the current end of the WAL.
+    Append { begin: Lsn, data: Bytes },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AcceptorAction {
     Persist(Persist),
+    /// The commit LSN advanced to this (already applied to the state). Making it durable may
+    /// wait: nothing is replied on the strength of it.
+    CommitLsn(Lsn),
+    /// Reply `ToProposer::Wal { term, from, data }` with the WAL bytes in `[from, to)`
+    /// (`to` is at most the flush LSN).
+    SendWal { term: Term, from: Lsn, to: Lsn },
     Reply(ToProposer),
 }
 
@@ -91,6 +95,11 @@ impl Acceptor {
         AcceptorAction::Reply(ToProposer::Rejected { term, acceptor_term: self.state.term })
     }
 
+    /// Whether this acceptor took `term`'s election (and so accepts its WAL).
+    fn joined(&self, term: Term) -> bool {
+        self.state.term == term && self.state.history.last_term() == term
+    }
+
     /// Handles one message. `Persist` actions come before the reply that depends on them.
     pub fn handle(&mut self, msg: ToAcceptor) -> Vec<AcceptorAction> {
         let mut out = Vec::new();
@@ -109,7 +118,7 @@ impl Acceptor {
                     granted,
                     acceptor_term: self.state.term,
                     history: self.state.history.clone(),
-                    flush_lsn: self.state.flush_lsn(),
+                    flush_lsn: self.state.flush_lsn,
                     commit_lsn: self.state.commit_lsn,
                 }));
             }
@@ -118,18 +127,24 @@ impl Acceptor {
                     out.push(self.rejected(term));
                     return out;
                 }
+                let Some(first) = history.0.first() else { return out };
                 if self.state.history.last_term() != term {
                     // First time we hear of this election: cut our WAL back to what we share
                     // with the elected history, never below what we know is committed.
-                    let flush = self.state.flush_lsn();
+                    let flush = self.state.flush_lsn;
                     let ours = self.state.history.up_to(flush);
-                    let at = ours.common_point(flush, &history.up_to(start_lsn), start_lsn);
+                    let mut at = ours.common_point(flush, &history.up_to(start_lsn), start_lsn);
+                    if at == Lsn(0) {
+                        // Nothing in common (or no WAL): the log restarts where the
+                        // timeline's WAL begins.
+                        at = first.lsn;
+                    }
                     if at < self.state.commit_lsn {
                         // Cannot happen with a correct proposer; refuse rather than lose
                         // committed WAL.
                         return out;
                     }
-                    if at < flush {
+                    if at != flush {
                         self.persist(&mut out, Persist::Truncate { at });
                     }
                     self.state.term = term;
@@ -137,54 +152,47 @@ impl Acceptor {
                     self.persist_control(&mut out);
                 }
                 // A duplicate of an election we already took changes nothing.
-                out.push(AcceptorAction::Reply(ToProposer::ElectedAck {
-                    term,
-                    flush_lsn: self.state.flush_lsn(),
-                }));
+                out.push(AcceptorAction::Reply(ToProposer::ElectedAck { term, flush_lsn: self.state.flush_lsn }));
             }
-            ToAcceptor::FetchWal { term, from } => {
-                if term != self.state.term {
-                    out.push(self.rejected(term));
-                    return out;
-                }
-                let records = self.state.wal.iter().filter(|r| r.start >= from).cloned().collect();
-                out.push(AcceptorAction::Reply(ToProposer::Wal { term, from, records }));
-            }
-            ToAcceptor::Append { term, begin_lsn, records, commit_lsn } => {
+            ToAcceptor::FetchWal { term, from, to } => {
                 if term < self.state.term {
                     out.push(self.rejected(term));
                     return out;
                 }
-                if term != self.state.term || self.state.history.last_term() != term {
+                if !self.joined(term) {
+                    return out;
+                }
+                let to = to.min(self.state.flush_lsn);
+                if from < to {
+                    out.push(AcceptorAction::SendWal { term, from, to });
+                }
+            }
+            ToAcceptor::Append { term, begin_lsn, data, commit_lsn } => {
+                if term < self.state.term {
+                    out.push(self.rejected(term));
+                    return out;
+                }
+                if !self.joined(term) {
                     // Not yet joined to this term's election; the proposer resends Elected.
                     return out;
                 }
-                let flush = self.state.flush_lsn();
-                if begin_lsn > flush {
-                    // A gap: tell the proposer where we are.
-                    out.push(AcceptorAction::Reply(ToProposer::AppendAck {
-                        term,
-                        flush_lsn: flush,
-                        commit_lsn: self.state.commit_lsn,
-                    }));
-                    return out;
+                let flush = self.state.flush_lsn;
+                let end = Lsn(begin_lsn.0 + data.len() as u64);
+                if begin_lsn <= flush && end > flush {
+                    // Bytes below our flush LSN are the same ones (our WAL is a prefix of
+                    // this term's history): take only what is new.
+                    let skip = (flush.0 - begin_lsn.0) as usize;
+                    self.persist(&mut out, Persist::Append { begin: flush, data: data.slice(skip..) });
                 }
-                // Records below our flush LSN are the same ones (our WAL is a prefix of this
-                // term's history); take only what is new.
-                let new: Vec<Record> = records.into_iter().filter(|r| r.start >= flush).collect();
-                let contiguous = new.first().is_none_or(|r| r.start == flush)
-                    && new.windows(2).all(|w| w[0].end == w[1].start);
-                if !new.is_empty() && contiguous {
-                    self.persist(&mut out, Persist::Append { records: new });
-                }
-                let commit = commit_lsn.min(self.state.flush_lsn());
+                // (begin_lsn > flush: a gap; the ack tells the proposer where we are.)
+                let commit = commit_lsn.min(self.state.flush_lsn);
                 if commit > self.state.commit_lsn {
                     self.state.commit_lsn = commit;
-                    self.persist_control(&mut out);
+                    out.push(AcceptorAction::CommitLsn(commit));
                 }
                 out.push(AcceptorAction::Reply(ToProposer::AppendAck {
                     term,
-                    flush_lsn: self.state.flush_lsn(),
+                    flush_lsn: self.state.flush_lsn,
                     commit_lsn: self.state.commit_lsn,
                 }));
             }

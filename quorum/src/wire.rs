@@ -1,0 +1,416 @@
+//! The safekeeper protocol on the wire: how a proposer (the compute's WAL proposer, or
+//! `compute_ctl` syncing) talks to a safekeeper.
+//!
+//! One TCP connection per proposer and safekeeper. The proposer opens with `Hello` naming
+//! the protocol version, tenant, timeline and the PostgreSQL system it writes WAL for; the
+//! safekeeper answers `HelloOk` (creating the timeline if it is new) or `Error` and closes.
+//! After that the connection carries the consensus messages of [`crate::ToAcceptor`] and
+//! [`crate::ToProposer`], and the safekeeper adds `Feedback` (the pageserver's progress)
+//! when it changes.
+//!
+//! Every message is framed as a tag byte, a big-endian `u32` payload length, and the payload
+//! (as the page service protocol in `proto::pagestream`); integers are big-endian, LSNs and
+//! terms `u64`. WAL bytes are the rest of the payload. The decoder validates everything and
+//! never panics: a malformed message is a [`WireError`] naming what was wrong, and the
+//! receiver closes the connection after saying so.
+
+use crate::{Term, TermHistory, TermSwitch, ToAcceptor, ToProposer};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use proto::{Lsn, TenantId, TimelineId};
+
+/// The protocol version this crate speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The most WAL one `Append` or `Wal` message carries.
+pub const WAL_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// No valid message is longer than this; anything longer is refused before it is read.
+pub const MESSAGE_BYTES_MAX: usize = WAL_BYTES_MAX + 64;
+/// The longest term history accepted.
+pub const HISTORY_ENTRIES_MAX: usize = 10_000;
+/// The longest string (a name, an error message) accepted.
+pub const STRING_BYTES_MAX: usize = 4096;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WireError {
+    #[error("message too long: {0} bytes (at most {MESSAGE_BYTES_MAX})")]
+    TooLong(usize),
+    #[error("unknown message tag {0:#04x}")]
+    UnknownTag(u8),
+    #[error("message {tag:?} is truncated")]
+    Truncated { tag: char },
+    #[error("message {tag:?} has {extra} unexpected trailing bytes")]
+    Trailing { tag: char, extra: usize },
+    #[error("message {tag:?}: {what}")]
+    Invalid { tag: char, what: String },
+}
+
+/// The proposer's side.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProposerMessage {
+    Hello {
+        protocol_version: u32,
+        tenant: TenantId,
+        timeline: TimelineId,
+        /// PostgreSQL's system identifier of the cluster whose WAL this is.
+        system_id: u64,
+        wal_segment_size: u32,
+        /// Who is speaking, for the safekeeper's log (e.g. "walproposer pid 123").
+        name: String,
+    },
+    Consensus(ToAcceptor),
+}
+
+/// The pageserver's progress as a safekeeper last heard it (standby status updates).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageserverFeedback {
+    pub write_lsn: Lsn,
+    pub flush_lsn: Lsn,
+    pub apply_lsn: Lsn,
+}
+
+/// The safekeeper's side.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcceptorMessage {
+    HelloOk { protocol_version: u32, node_id: u64 },
+    /// Refused: the connection is closed after this.
+    Error { message: String },
+    Consensus(ToProposer),
+    Feedback(PageserverFeedback),
+}
+
+/// How many bytes the first complete frame in `buf` occupies, or `None` if it is not
+/// complete yet. Errors on an unknown tag or an impossible length before the rest arrives.
+pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, WireError> {
+    if buf.len() < 5 {
+        return Ok(None);
+    }
+    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+    if len > MESSAGE_BYTES_MAX {
+        return Err(WireError::TooLong(len));
+    }
+    Ok(if buf.len() >= 5 + len { Some(5 + len) } else { None })
+}
+
+fn frame(buf: &mut BytesMut, tag: u8, body: impl FnOnce(&mut BytesMut)) {
+    buf.put_u8(tag);
+    let at = buf.len();
+    buf.put_u32(0);
+    body(buf);
+    let len = (buf.len() - at - 4) as u32;
+    buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+fn put_str(buf: &mut BytesMut, s: &str) {
+    let s = &s.as_bytes()[..s.len().min(STRING_BYTES_MAX)];
+    buf.put_u32(s.len() as u32);
+    buf.put_slice(s);
+}
+
+fn put_history(buf: &mut BytesMut, h: &TermHistory) {
+    buf.put_u32(h.0.len() as u32);
+    for e in &h.0 {
+        buf.put_u64(e.term);
+        buf.put_u64(e.lsn.0);
+    }
+}
+
+/// Reads a payload, checking every length.
+struct Reader {
+    tag: char,
+    b: Bytes,
+}
+
+impl Reader {
+    fn need(&self, n: usize) -> Result<(), WireError> {
+        if self.b.remaining() < n {
+            return Err(WireError::Truncated { tag: self.tag });
+        }
+        Ok(())
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        self.need(1)?;
+        Ok(self.b.get_u8())
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        self.need(4)?;
+        Ok(self.b.get_u32())
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        self.need(8)?;
+        Ok(self.b.get_u64())
+    }
+    fn lsn(&mut self) -> Result<Lsn, WireError> {
+        self.u64().map(Lsn)
+    }
+    fn id16(&mut self) -> Result<[u8; 16], WireError> {
+        self.need(16)?;
+        let mut a = [0u8; 16];
+        self.b.copy_to_slice(&mut a);
+        Ok(a)
+    }
+    fn invalid(&self, what: impl Into<String>) -> WireError {
+        WireError::Invalid { tag: self.tag, what: what.into() }
+    }
+    fn string(&mut self) -> Result<String, WireError> {
+        let n = self.u32()? as usize;
+        if n > STRING_BYTES_MAX {
+            return Err(self.invalid(format!("string of {n} bytes (at most {STRING_BYTES_MAX})")));
+        }
+        self.need(n)?;
+        let s = self.b.split_to(n);
+        String::from_utf8(s.to_vec()).map_err(|_| self.invalid("string is not UTF-8"))
+    }
+    fn bool(&mut self) -> Result<bool, WireError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(self.invalid(format!("boolean {v}"))),
+        }
+    }
+    fn history(&mut self) -> Result<TermHistory, WireError> {
+        let n = self.u32()? as usize;
+        if n > HISTORY_ENTRIES_MAX {
+            return Err(self.invalid(format!("term history of {n} entries (at most {HISTORY_ENTRIES_MAX})")));
+        }
+        self.need(n * 16)?;
+        let mut h = Vec::with_capacity(n);
+        for _ in 0..n {
+            let term: Term = self.b.get_u64();
+            let lsn = Lsn(self.b.get_u64());
+            if let Some(prev) = h.last() {
+                let prev: &TermSwitch = prev;
+                if term <= prev.term || lsn < prev.lsn {
+                    return Err(self.invalid("term history is not increasing"));
+                }
+            }
+            if term == 0 {
+                return Err(self.invalid("term history has term 0"));
+            }
+            h.push(TermSwitch { term, lsn });
+        }
+        Ok(TermHistory(h))
+    }
+    fn rest(&mut self) -> Bytes {
+        std::mem::take(&mut self.b)
+    }
+    fn wal(&mut self) -> Result<Bytes, WireError> {
+        let data = self.rest();
+        if data.len() > WAL_BYTES_MAX {
+            return Err(self.invalid(format!("{} WAL bytes (at most {WAL_BYTES_MAX})", data.len())));
+        }
+        Ok(data)
+    }
+    fn done(self) -> Result<(), WireError> {
+        if self.b.has_remaining() {
+            return Err(WireError::Trailing { tag: self.tag, extra: self.b.remaining() });
+        }
+        Ok(())
+    }
+}
+
+/// Splits the first complete frame off `buf`: `(tag, payload)`, or `None` if incomplete.
+fn split_frame(buf: &mut BytesMut) -> Result<Option<(u8, Bytes)>, WireError> {
+    let Some(n) = frame_len(buf)? else { return Ok(None) };
+    let mut f = buf.split_to(n).freeze();
+    let tag = f.get_u8();
+    f.advance(4);
+    Ok(Some((tag, f)))
+}
+
+fn lsn_range_ok(r: &Reader, from: Lsn, to: Lsn) -> Result<(), WireError> {
+    if from > to {
+        return Err(r.invalid(format!("range {from}..{to} is backwards")));
+    }
+    Ok(())
+}
+
+impl ProposerMessage {
+    pub fn encode(&self, buf: &mut BytesMut) {
+        match self {
+            ProposerMessage::Hello { protocol_version, tenant, timeline, system_id, wal_segment_size, name } => {
+                frame(buf, b'H', |b| {
+                    b.put_u32(*protocol_version);
+                    b.put_slice(tenant.as_bytes());
+                    b.put_slice(timeline.as_bytes());
+                    b.put_u64(*system_id);
+                    b.put_u32(*wal_segment_size);
+                    put_str(b, name);
+                })
+            }
+            ProposerMessage::Consensus(m) => match m {
+                ToAcceptor::Greeting => frame(buf, b'G', |_| {}),
+                ToAcceptor::VoteRequest { term } => frame(buf, b'V', |b| b.put_u64(*term)),
+                ToAcceptor::Elected { term, history, start_lsn } => frame(buf, b'E', |b| {
+                    b.put_u64(*term);
+                    b.put_u64(start_lsn.0);
+                    put_history(b, history);
+                }),
+                ToAcceptor::FetchWal { term, from, to } => frame(buf, b'F', |b| {
+                    b.put_u64(*term);
+                    b.put_u64(from.0);
+                    b.put_u64(to.0);
+                }),
+                ToAcceptor::Append { term, begin_lsn, data, commit_lsn } => frame(buf, b'A', |b| {
+                    b.put_u64(*term);
+                    b.put_u64(begin_lsn.0);
+                    b.put_u64(commit_lsn.0);
+                    b.put_slice(data);
+                }),
+            },
+        }
+    }
+
+    /// Decodes the first complete message in `buf` and removes it; `Ok(None)` if `buf`
+    /// does not hold a whole one yet.
+    pub fn decode(buf: &mut BytesMut) -> Result<Option<ProposerMessage>, WireError> {
+        let Some((tag, payload)) = split_frame(buf)? else { return Ok(None) };
+        let mut r = Reader { tag: tag as char, b: payload };
+        let m = match tag {
+            b'H' => {
+                let protocol_version = r.u32()?;
+                let tenant = TenantId::from_bytes(r.id16()?);
+                let timeline = TimelineId::from_bytes(r.id16()?);
+                let system_id = r.u64()?;
+                let wal_segment_size = r.u32()?;
+                if !wal_segment_size.is_power_of_two() || !(1 << 20..=1 << 30).contains(&wal_segment_size) {
+                    return Err(r.invalid(format!("WAL segment size {wal_segment_size} is not a power of two between 1 MiB and 1 GiB")));
+                }
+                let name = r.string()?;
+                ProposerMessage::Hello { protocol_version, tenant, timeline, system_id, wal_segment_size, name }
+            }
+            b'G' => ProposerMessage::Consensus(ToAcceptor::Greeting),
+            b'V' => {
+                let term = r.u64()?;
+                if term == 0 {
+                    return Err(r.invalid("vote request for term 0"));
+                }
+                ProposerMessage::Consensus(ToAcceptor::VoteRequest { term })
+            }
+            b'E' => {
+                let term = r.u64()?;
+                let start_lsn = r.lsn()?;
+                let history = r.history()?;
+                match history.0.last() {
+                    Some(last) if last.term == term && last.lsn == start_lsn => {}
+                    _ => return Err(r.invalid("elected history does not end with the term at its start LSN")),
+                }
+                ProposerMessage::Consensus(ToAcceptor::Elected { term, history, start_lsn })
+            }
+            b'F' => {
+                let term = r.u64()?;
+                let from = r.lsn()?;
+                let to = r.lsn()?;
+                lsn_range_ok(&r, from, to)?;
+                ProposerMessage::Consensus(ToAcceptor::FetchWal { term, from, to })
+            }
+            b'A' => {
+                let term = r.u64()?;
+                let begin_lsn = r.lsn()?;
+                let commit_lsn = r.lsn()?;
+                let data = r.wal()?;
+                if begin_lsn.0.checked_add(data.len() as u64).is_none() {
+                    return Err(r.invalid("WAL beyond the largest LSN"));
+                }
+                ProposerMessage::Consensus(ToAcceptor::Append { term, begin_lsn, data, commit_lsn })
+            }
+            t => return Err(WireError::UnknownTag(t)),
+        };
+        r.done()?;
+        Ok(Some(m))
+    }
+}
+
+impl AcceptorMessage {
+    pub fn encode(&self, buf: &mut BytesMut) {
+        match self {
+            AcceptorMessage::HelloOk { protocol_version, node_id } => frame(buf, b'h', |b| {
+                b.put_u32(*protocol_version);
+                b.put_u64(*node_id);
+            }),
+            AcceptorMessage::Error { message } => frame(buf, b'x', |b| put_str(b, message)),
+            AcceptorMessage::Feedback(f) => frame(buf, b'f', |b| {
+                b.put_u64(f.write_lsn.0);
+                b.put_u64(f.flush_lsn.0);
+                b.put_u64(f.apply_lsn.0);
+            }),
+            AcceptorMessage::Consensus(m) => match m {
+                ToProposer::GreetingReply { term } => frame(buf, b'g', |b| b.put_u64(*term)),
+                ToProposer::Vote { term, granted, acceptor_term, history, flush_lsn, commit_lsn } => {
+                    frame(buf, b'v', |b| {
+                        b.put_u64(*term);
+                        b.put_u8(*granted as u8);
+                        b.put_u64(*acceptor_term);
+                        b.put_u64(flush_lsn.0);
+                        b.put_u64(commit_lsn.0);
+                        put_history(b, history);
+                    })
+                }
+                ToProposer::ElectedAck { term, flush_lsn } => frame(buf, b'k', |b| {
+                    b.put_u64(*term);
+                    b.put_u64(flush_lsn.0);
+                }),
+                ToProposer::Wal { term, from, data } => frame(buf, b'w', |b| {
+                    b.put_u64(*term);
+                    b.put_u64(from.0);
+                    b.put_slice(data);
+                }),
+                ToProposer::AppendAck { term, flush_lsn, commit_lsn } => frame(buf, b'a', |b| {
+                    b.put_u64(*term);
+                    b.put_u64(flush_lsn.0);
+                    b.put_u64(commit_lsn.0);
+                }),
+                ToProposer::Rejected { term, acceptor_term } => frame(buf, b'r', |b| {
+                    b.put_u64(*term);
+                    b.put_u64(*acceptor_term);
+                }),
+            },
+        }
+    }
+
+    /// Decodes the first complete message in `buf` and removes it; `Ok(None)` if `buf`
+    /// does not hold a whole one yet.
+    pub fn decode(buf: &mut BytesMut) -> Result<Option<AcceptorMessage>, WireError> {
+        let Some((tag, payload)) = split_frame(buf)? else { return Ok(None) };
+        let mut r = Reader { tag: tag as char, b: payload };
+        let m = match tag {
+            b'h' => AcceptorMessage::HelloOk { protocol_version: r.u32()?, node_id: r.u64()? },
+            b'x' => AcceptorMessage::Error { message: r.string()? },
+            b'f' => AcceptorMessage::Feedback(PageserverFeedback { write_lsn: r.lsn()?, flush_lsn: r.lsn()?, apply_lsn: r.lsn()? }),
+            b'g' => AcceptorMessage::Consensus(ToProposer::GreetingReply { term: r.u64()? }),
+            b'v' => {
+                let term = r.u64()?;
+                let granted = r.bool()?;
+                let acceptor_term = r.u64()?;
+                let flush_lsn = r.lsn()?;
+                let commit_lsn = r.lsn()?;
+                let history = r.history()?;
+                if commit_lsn > flush_lsn {
+                    return Err(r.invalid("commit LSN beyond flush LSN"));
+                }
+                AcceptorMessage::Consensus(ToProposer::Vote { term, granted, acceptor_term, history, flush_lsn, commit_lsn })
+            }
+            b'k' => AcceptorMessage::Consensus(ToProposer::ElectedAck { term: r.u64()?, flush_lsn: r.lsn()? }),
+            b'w' => {
+                let term = r.u64()?;
+                let from = r.lsn()?;
+                let data = r.wal()?;
+                AcceptorMessage::Consensus(ToProposer::Wal { term, from, data })
+            }
+            b'a' => {
+                let term = r.u64()?;
+                let flush_lsn = r.lsn()?;
+                let commit_lsn = r.lsn()?;
+                if commit_lsn > flush_lsn {
+                    return Err(r.invalid("commit LSN beyond flush LSN"));
+                }
+                AcceptorMessage::Consensus(ToProposer::AppendAck { term, flush_lsn, commit_lsn })
+            }
+            b'r' => AcceptorMessage::Consensus(ToProposer::Rejected { term: r.u64()?, acceptor_term: r.u64()? }),
+            t => return Err(WireError::UnknownTag(t)),
+        };
+        r.done()?;
+        Ok(Some(m))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,165 @@
+use super::*;
+use proptest::prelude::*;
+
+fn lsn() -> impl Strategy<Value = Lsn> {
+    any::<u64>().prop_map(|v| Lsn(v >> 1))
+}
+
+fn history() -> impl Strategy<Value = TermHistory> {
+    proptest::collection::vec((1u64..1000, 0u64..1 << 20), 0..5).prop_map(|v| {
+        let (mut term, mut lsn) = (0, 0);
+        TermHistory(
+            v.into_iter()
+                .map(|(dt, dl)| {
+                    term += dt;
+                    lsn += dl;
+                    TermSwitch { term, lsn: Lsn(lsn) }
+                })
+                .collect(),
+        )
+    })
+}
+
+fn data() -> impl Strategy<Value = Bytes> {
+    proptest::collection::vec(any::<u8>(), 0..300).prop_map(Bytes::from)
+}
+
+fn to_acceptor() -> impl Strategy<Value = ToAcceptor> {
+    prop_oneof![
+        Just(ToAcceptor::Greeting),
+        (1u64..u64::MAX).prop_map(|term| ToAcceptor::VoteRequest { term }),
+        (history(), 1u64..1000, lsn()).prop_map(|(mut h, dt, start)| {
+            let term = h.last_term() + dt;
+            let start = Lsn(start.0.max(h.0.last().map_or(0, |e| e.lsn.0)));
+            h.0.push(TermSwitch { term, lsn: start });
+            ToAcceptor::Elected { term, history: h, start_lsn: start }
+        }),
+        (any::<u64>(), lsn(), 0u64..1000).prop_map(|(term, from, n)| ToAcceptor::FetchWal { term, from, to: Lsn(from.0 + n) }),
+        (any::<u64>(), lsn(), data(), lsn()).prop_map(|(term, begin_lsn, data, commit_lsn)| ToAcceptor::Append {
+            term,
+            begin_lsn,
+            data,
+            commit_lsn
+        }),
+    ]
+}
+
+fn to_proposer() -> impl Strategy<Value = ToProposer> {
+    prop_oneof![
+        any::<u64>().prop_map(|term| ToProposer::GreetingReply { term }),
+        (any::<u64>(), any::<bool>(), any::<u64>(), history(), lsn(), any::<u64>()).prop_map(
+            |(term, granted, acceptor_term, history, flush_lsn, c)| ToProposer::Vote {
+                term,
+                granted,
+                acceptor_term,
+                history,
+                flush_lsn,
+                commit_lsn: Lsn(c % (flush_lsn.0 + 1)),
+            }
+        ),
+        (any::<u64>(), lsn()).prop_map(|(term, flush_lsn)| ToProposer::ElectedAck { term, flush_lsn }),
+        (any::<u64>(), lsn(), data()).prop_map(|(term, from, data)| ToProposer::Wal { term, from, data }),
+        (any::<u64>(), lsn(), any::<u64>()).prop_map(|(term, flush_lsn, c)| ToProposer::AppendAck {
+            term,
+            flush_lsn,
+            commit_lsn: Lsn(c % (flush_lsn.0 + 1)),
+        }),
+        (any::<u64>(), any::<u64>()).prop_map(|(term, acceptor_term)| ToProposer::Rejected { term, acceptor_term }),
+    ]
+}
+
+fn hello() -> ProposerMessage {
+    ProposerMessage::Hello {
+        protocol_version: PROTOCOL_VERSION,
+        tenant: TenantId::from_bytes([1; 16]),
+        timeline: TimelineId::from_bytes([2; 16]),
+        system_id: 7,
+        wal_segment_size: 16 << 20,
+        name: "walproposer pid 1".into(),
+    }
+}
+
+proptest! {
+    #[test]
+    fn proposer_messages_round_trip(msgs in proptest::collection::vec(to_acceptor(), 1..5), split in any::<usize>()) {
+        let mut msgs: Vec<ProposerMessage> = msgs.into_iter().map(ProposerMessage::Consensus).collect();
+        msgs.insert(0, hello());
+        let mut all = BytesMut::new();
+        for m in &msgs {
+            m.encode(&mut all);
+        }
+        // Arriving in two pieces at any point decodes the same.
+        let split = split % (all.len() + 1);
+        let mut buf = BytesMut::from(&all[..split]);
+        let mut got = Vec::new();
+        while let Some(m) = ProposerMessage::decode(&mut buf).unwrap() { got.push(m); }
+        buf.extend_from_slice(&all[split..]);
+        while let Some(m) = ProposerMessage::decode(&mut buf).unwrap() { got.push(m); }
+        prop_assert_eq!(got, msgs);
+        prop_assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn acceptor_messages_round_trip(m in to_proposer()) {
+        let msgs = vec![
+            AcceptorMessage::HelloOk { protocol_version: 1, node_id: 3 },
+            AcceptorMessage::Consensus(m),
+            AcceptorMessage::Feedback(PageserverFeedback { write_lsn: Lsn(3), flush_lsn: Lsn(2), apply_lsn: Lsn(1) }),
+            AcceptorMessage::Error { message: "no".into() },
+        ];
+        let mut buf = BytesMut::new();
+        for m in &msgs { m.encode(&mut buf); }
+        let mut got = Vec::new();
+        while let Some(m) = AcceptorMessage::decode(&mut buf).unwrap() { got.push(m); }
+        prop_assert_eq!(got, msgs);
+    }
+
+    /// Arbitrary bytes never panic the decoders.
+    #[test]
+    fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let mut buf = BytesMut::from(&bytes[..]);
+        while let Ok(Some(_)) = ProposerMessage::decode(&mut buf) {}
+        let mut buf = BytesMut::from(&bytes[..]);
+        while let Ok(Some(_)) = AcceptorMessage::decode(&mut buf) {}
+    }
+}
+
+fn raw(tag: u8, payload: &[u8]) -> BytesMut {
+    let mut b = BytesMut::new();
+    b.put_u8(tag);
+    b.put_u32(payload.len() as u32);
+    b.put_slice(payload);
+    b
+}
+
+#[test]
+fn malformed_messages_are_named_errors() {
+    assert_eq!(ProposerMessage::decode(&mut raw(b'Z', &[])), Err(WireError::UnknownTag(b'Z')));
+    assert_eq!(ProposerMessage::decode(&mut raw(b'V', &[0, 1])), Err(WireError::Truncated { tag: 'V' }));
+    assert_eq!(ProposerMessage::decode(&mut raw(b'G', &[0])), Err(WireError::Trailing { tag: 'G', extra: 1 }));
+    let mut too_long = BytesMut::new();
+    too_long.put_u8(b'A');
+    too_long.put_u32(u32::MAX);
+    assert_eq!(ProposerMessage::decode(&mut too_long), Err(WireError::TooLong(u32::MAX as usize)));
+    // A fetch range that goes backwards.
+    let mut p = Vec::new();
+    p.extend_from_slice(&1u64.to_be_bytes());
+    p.extend_from_slice(&10u64.to_be_bytes());
+    p.extend_from_slice(&5u64.to_be_bytes());
+    assert!(matches!(ProposerMessage::decode(&mut raw(b'F', &p)), Err(WireError::Invalid { tag: 'F', .. })));
+    // A history whose terms go down.
+    let mut p = Vec::new();
+    p.extend_from_slice(&5u64.to_be_bytes());
+    p.extend_from_slice(&0u64.to_be_bytes());
+    p.extend_from_slice(&2u32.to_be_bytes());
+    for (t, l) in [(5u64, 0u64), (3, 0)] {
+        p.extend_from_slice(&t.to_be_bytes());
+        p.extend_from_slice(&l.to_be_bytes());
+    }
+    let e = ProposerMessage::decode(&mut raw(b'E', &p)).unwrap_err();
+    assert_eq!(e.to_string(), "message 'E': term history is not increasing");
+    // An incomplete frame is not an error.
+    let mut partial = BytesMut::from(&[b'G', 0, 0][..]);
+    assert_eq!(ProposerMessage::decode(&mut partial), Ok(None));
+    assert_eq!(partial.len(), 3);
+}
