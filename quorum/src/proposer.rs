@@ -54,8 +54,9 @@ struct Peer {
     flush: Lsn,
     /// Sent up to here (at least `flush`).
     sent: Lsn,
-    /// The commit LSN last sent.
+    /// The commit LSN last sent, and last acknowledged.
     commit_sent: Lsn,
+    commit_acked: Lsn,
     /// `flush` at the previous tick, to notice a stalled stream.
     flush_at_tick: Lsn,
 }
@@ -200,6 +201,9 @@ impl Proposer {
                         p.sent = p.flush;
                         p.commit_sent = Lsn(0);
                     }
+                    if p.commit_acked < l.commit_lsn {
+                        p.commit_sent = p.commit_acked;
+                    }
                     p.flush_at_tick = p.flush;
                 }
                 l.fetching = None;
@@ -303,6 +307,7 @@ impl Proposer {
                     flush: flush_lsn,
                     sent: flush_lsn,
                     commit_sent: Lsn(0),
+                    commit_acked: Lsn(0),
                     flush_at_tick: flush_lsn,
                 });
                 out.extend(self.update_commit());
@@ -322,7 +327,7 @@ impl Proposer {
                 out.push(ProposerAction::StoreWal { from: wal_from, data });
                 out.extend(self.stream_all());
             }
-            ToProposer::AppendAck { term, flush_lsn, .. } => {
+            ToProposer::AppendAck { term, flush_lsn, commit_lsn } => {
                 if term != self.term {
                     return out;
                 }
@@ -332,6 +337,7 @@ impl Proposer {
                     return out;
                 }
                 p.flush = flush_lsn;
+                p.commit_acked = p.commit_acked.max(commit_lsn);
                 if p.sent < flush_lsn {
                     p.sent = flush_lsn;
                 }
@@ -368,7 +374,10 @@ impl Proposer {
 
     fn step_down(&mut self, seen: Term) -> Vec<ProposerAction> {
         self.phase = Phase::Idle;
-        vec![ProposerAction::SteppedDown { term: self.term, seen }]
+        let term = self.term;
+        // The next election starts above the term seen.
+        self.term = self.term.max(seen);
+        vec![ProposerAction::SteppedDown { term, seen }]
     }
 
     fn become_leader(&mut self) -> Vec<ProposerAction> {

@@ -1,18 +1,19 @@
 //! Seeded deterministic simulation of the consensus core: 3 acceptors, 2-3 proposers, a
 //! network that loses, delays, reorders and duplicates messages and cuts links, acceptor
-//! crashes (losing what was not persisted) and restarts, and client appends.
+//! crashes (losing what was not persisted, including lazily written commit LSNs) and
+//! restarts, and client appends of WAL bytes.
 //!
 //! `FJORD_SIM_SEEDS=N` sets how many seeds `many_seeds` runs (default 2000);
 //! `FJORD_SIM_SEED=S` replays one seed in `replay_seed`.
 
+mod support;
+
 use proto::Lsn;
+use quorum::{NodeId, Proposer, ProposerAction, ProposerConfig, Term, ToAcceptor, ToProposer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use safekeeper::consensus::{
-    Acceptor, AcceptorAction, AcceptorState, NodeId, Proposer, ProposerAction, Record, Term, ToAcceptor,
-    ToProposer,
-};
 use std::collections::{BTreeMap, BTreeSet};
+use support::{record, Disk, Node, Store, Wal, WAL_START};
 
 const ACCEPTORS: usize = 3;
 const STEPS: usize = 350;
@@ -20,15 +21,23 @@ const STEPS: usize = 350;
 #[derive(Clone, Debug)]
 enum Envelope {
     ToAcceptor { from: usize, to: NodeId, msg: ToAcceptor },
-    ToProposer { from: NodeId, to: usize, msg: ToProposer },
+    /// `ghost`: the acceptor's WAL when it sent a vote (test-only knowledge for the checker).
+    ToProposer { from: NodeId, to: usize, msg: ToProposer, ghost: Option<Wal> },
+}
+
+struct ProposerNode {
+    core: Proposer,
+    store: Store,
+    /// Votes' WAL snapshots in the current election, by acceptor.
+    ghosts: BTreeMap<NodeId, Wal>,
 }
 
 struct Sim {
     rng: StdRng,
     now: u64,
-    acceptors: Vec<Option<Acceptor>>,
-    disks: Vec<AcceptorState>,
-    proposers: Vec<Proposer>,
+    nodes: Vec<Option<Node>>,
+    disks: Vec<Disk>,
+    proposers: Vec<ProposerNode>,
     /// (deliver at, message)
     net: Vec<(u64, Envelope)>,
     /// Cut links (proposer, acceptor).
@@ -39,15 +48,19 @@ struct Sim {
     crash_in_handler: f64,
     // Checker state.
     elected: BTreeMap<Term, usize>,
-    committed: BTreeMap<Lsn, Record>,
-    committed_end: Lsn,
-    committed_ids: BTreeSet<u64>,
+    /// The committed WAL from WAL_START.
+    committed: Vec<u8>,
+    commits: usize,
     seen_commit: Vec<Lsn>,
     seen_disk_commit: Vec<Lsn>,
     next_payload: u64,
 }
 
 type Check = Result<(), String>;
+
+fn committed_end(c: &[u8]) -> Lsn {
+    Lsn(WAL_START.0 + c.len() as u64)
+}
 
 impl Sim {
     fn new(seed: u64) -> Sim {
@@ -57,12 +70,17 @@ impl Sim {
         let dup = rng.gen_range(0.0..0.2);
         let max_delay = rng.gen_range(1..20);
         let crash_in_handler = rng.gen_range(0.0..0.05);
+        // Small chunks and windows so appends split and streams throttle.
+        let max_append = rng.gen_range(16..300);
+        let config = ProposerConfig { max_append, window: max_append * rng.gen_range(1..8), max_fetch: rng.gen_range(16..500) };
         Sim {
             rng,
             now: 0,
-            acceptors: (0..ACCEPTORS).map(|_| Some(Acceptor::new(AcceptorState::default()))).collect(),
-            disks: vec![AcceptorState::default(); ACCEPTORS],
-            proposers: (0..proposers).map(|_| Proposer::new(ACCEPTORS)).collect(),
+            nodes: (0..ACCEPTORS).map(|_| Some(Node::start(&Disk::default()))).collect(),
+            disks: vec![Disk::default(); ACCEPTORS],
+            proposers: (0..proposers)
+                .map(|_| ProposerNode { core: Proposer::new(ACCEPTORS, WAL_START, config), store: Store::default(), ghosts: BTreeMap::new() })
+                .collect(),
             net: Vec::new(),
             cut: BTreeSet::new(),
             loss,
@@ -70,9 +88,8 @@ impl Sim {
             max_delay,
             crash_in_handler,
             elected: BTreeMap::new(),
-            committed: BTreeMap::new(),
-            committed_end: Lsn(0),
-            committed_ids: BTreeSet::new(),
+            committed: Vec::new(),
+            commits: 0,
             seen_commit: vec![Lsn(0); ACCEPTORS],
             seen_disk_commit: vec![Lsn(0); ACCEPTORS],
             next_payload: 1,
@@ -96,37 +113,37 @@ impl Sim {
 
     fn proposer_actions(&mut self, p: usize, actions: Vec<ProposerAction>) -> Check {
         for a in actions {
+            if let Some((to, msg)) = self.proposers[p].store.message(&a)? {
+                self.send(Envelope::ToAcceptor { from: p, to, msg });
+                continue;
+            }
             match a {
-                ProposerAction::Send(to, msg) => self.send(Envelope::ToAcceptor { from: p, to, msg }),
-                ProposerAction::Elected { term } => {
+                ProposerAction::Elected { term, start_lsn, donor } => {
                     if let Some(&other) = self.elected.get(&term) {
                         if other != p {
                             return Err(format!("proposers {other} and {p} both elected in term {term}"));
                         }
                     }
                     self.elected.insert(term, p);
+                    let pn = &mut self.proposers[p];
+                    let donor_log = pn.ghosts.get(&donor).cloned().ok_or("elected without the donor's vote")?;
+                    if start_lsn != donor_log.end() && !(donor_log.bytes.is_empty() && start_lsn == WAL_START) {
+                        return Err(format!("start LSN {start_lsn} is not the donor's flush LSN {}", donor_log.end()));
+                    }
+                    pn.store.elected(start_lsn, &donor_log)?;
                 }
                 ProposerAction::Commit { term, commit_lsn } => {
-                    let log = self.proposers[p].log().ok_or("commit without a log")?;
-                    let upto = log.partition_point(|r| r.end <= commit_lsn);
-                    let log = log[..upto].to_vec();
-                    for r in &log {
-                        match self.committed.get(&r.start) {
-                            Some(c) if c != r => {
-                                return Err(format!("term {term} commits {r:?} where {c:?} was committed"));
-                            }
-                            Some(_) => {}
-                            None => {
-                                if !self.committed_ids.insert(r.payload) {
-                                    return Err(format!("payload {} committed twice", r.payload));
-                                }
-                                self.committed.insert(r.start, r.clone());
-                            }
-                        }
+                    let log = self.proposers[p].store.committed(commit_lsn)?;
+                    let n = log.len().min(self.committed.len());
+                    if log[..n] != self.committed[..n] {
+                        return Err(format!("term {term} commits up to {commit_lsn} WAL that differs from what was committed"));
                     }
-                    self.committed_end = self.committed_end.max(commit_lsn);
+                    if log.len() > self.committed.len() {
+                        self.committed = log.to_vec();
+                    }
+                    self.commits += 1;
                 }
-                ProposerAction::SteppedDown { .. } => {}
+                _ => {}
             }
         }
         Ok(())
@@ -138,38 +155,29 @@ impl Sim {
                 if !self.link_up(from, to) {
                     return Ok(());
                 }
-                let Some(acc) = self.acceptors[to].as_mut() else { return Ok(()) };
-                let actions = acc.handle(msg);
+                let Some(node) = self.nodes[to].as_mut() else { return Ok(()) };
                 let crash = self.rng.gen_bool(self.crash_in_handler);
-                let persists = actions.iter().filter(|a| matches!(a, AcceptorAction::Persist(_))).count();
-                let keep = if crash { self.rng.gen_range(0..=persists) } else { persists };
-                let mut applied = 0;
-                for a in actions {
-                    match a {
-                        AcceptorAction::Persist(p) => {
-                            if applied == keep {
-                                break;
-                            }
-                            self.disks[to].apply(&p);
-                            applied += 1;
-                        }
-                        AcceptorAction::Reply(msg) => {
-                            if applied < persists {
-                                return Err(format!("acceptor {to} replies before persisting: {msg:?}"));
-                            }
-                            self.send(Envelope::ToProposer { from: to, to: from, msg });
-                        }
-                    }
+                let keep = if crash { Some(self.rng.gen_range(0..3)) } else { None };
+                let (replies, crashed) = node.handle(&mut self.disks[to], msg, keep).map_err(|e| format!("acceptor {to}: {e}"))?;
+                if crashed {
+                    self.nodes[to] = None;
+                    return Ok(());
                 }
-                if crash {
-                    self.acceptors[to] = None;
+                for msg in replies {
+                    let ghost = matches!(msg, ToProposer::Vote { .. }).then(|| self.disks[to].wal.clone());
+                    self.send(Envelope::ToProposer { from: to, to: from, msg, ghost });
                 }
             }
-            Envelope::ToProposer { from, to, msg } => {
+            Envelope::ToProposer { from, to, msg, ghost } => {
                 if !self.link_up(to, from) {
                     return Ok(());
                 }
-                let actions = self.proposers[to].handle(from, msg);
+                if let (Some(g), ToProposer::Vote { term, .. }) = (ghost, &msg) {
+                    if *term == self.proposers[to].core.term() {
+                        self.proposers[to].ghosts.insert(from, g);
+                    }
+                }
+                let actions = self.proposers[to].core.handle(from, msg);
                 self.proposer_actions(to, actions)?;
             }
         }
@@ -187,13 +195,28 @@ impl Sim {
     }
 
     fn client_append(&mut self, p: usize) -> Check {
-        let payload = self.next_payload;
-        let len = self.rng.gen_range(1..200);
-        if let Some((_, _, actions)) = self.proposers[p].append(payload, len) {
-            self.next_payload += 1;
-            self.proposer_actions(p, actions)?;
+        if self.proposers[p].core.wal_range().is_none() {
+            return Ok(());
         }
-        Ok(())
+        let len = self.rng.gen_range(1..200);
+        let bytes = record(self.next_payload, len);
+        self.next_payload += 1;
+        let end = self.proposers[p].store.client_append(&bytes);
+        let actions = self.proposers[p].core.append(end);
+        self.proposer_actions(p, actions)
+    }
+
+    fn start_election(&mut self, p: usize) -> Check {
+        self.proposers[p].ghosts.clear();
+        let actions = self.proposers[p].core.start_election();
+        self.proposer_actions(p, actions)
+    }
+
+    fn restart(&mut self, a: NodeId) {
+        if self.nodes[a].is_none() {
+            self.nodes[a] = Some(Node::start(&self.disks[a]));
+            self.seen_commit[a] = self.disks[a].state.commit_lsn;
+        }
     }
 
     fn step(&mut self) -> Check {
@@ -204,35 +227,41 @@ impl Sim {
             0..=39 => self.deliver_random()?,
             40..=59 => {
                 let p = self.rng.gen_range(0..np);
-                let actions = self.proposers[p].tick();
+                let actions = self.proposers[p].core.tick();
                 self.proposer_actions(p, actions)?;
             }
             60..=61 => {
                 let p = self.rng.gen_range(0..np);
-                let actions = self.proposers[p].start_election();
-                self.proposer_actions(p, actions)?;
+                self.start_election(p)?;
             }
-            62..=80 => {
+            62..=78 => {
                 let p = self.rng.gen_range(0..np);
                 for _ in 0..self.rng.gen_range(1..4) {
                     self.client_append(p)?;
                 }
             }
+            79..=80 => {
+                // The lazy write of an acceptor's commit LSN.
+                let a = self.rng.gen_range(0..ACCEPTORS);
+                if let Some(n) = &self.nodes[a] {
+                    n.persist_commit(&mut self.disks[a]);
+                }
+            }
             81..=82 => {
                 let a = self.rng.gen_range(0..ACCEPTORS);
-                self.acceptors[a] = None;
+                self.nodes[a] = None;
             }
             83..=87 => {
                 let a = self.rng.gen_range(0..ACCEPTORS);
-                if self.acceptors[a].is_none() {
-                    self.acceptors[a] = Some(Acceptor::new(self.disks[a].clone()));
-                    self.seen_commit[a] = self.disks[a].commit_lsn;
-                }
+                self.restart(a);
             }
             88..=90 => {
-                let link = (self.rng.gen_range(0..np), self.rng.gen_range(0..ACCEPTORS));
-                if !self.cut.remove(&link) {
-                    self.cut.insert(link);
+                let (p, a) = (self.rng.gen_range(0..np), self.rng.gen_range(0..ACCEPTORS));
+                if !self.cut.remove(&(p, a)) {
+                    self.cut.insert((p, a));
+                } else {
+                    let actions = self.proposers[p].core.reconnected(a);
+                    self.proposer_actions(p, actions)?;
                 }
             }
             _ => self.deliver_random()?,
@@ -242,40 +271,45 @@ impl Sim {
 
     /// Safety invariants that must hold after every step.
     fn check(&mut self) -> Check {
+        let end = committed_end(&self.committed);
         for a in 0..ACCEPTORS {
             let disk = &self.disks[a];
-            if disk.commit_lsn < self.seen_disk_commit[a] {
+            if disk.state.commit_lsn < self.seen_disk_commit[a] {
                 return Err(format!("acceptor {a}: durable commit LSN went back"));
             }
-            self.seen_disk_commit[a] = disk.commit_lsn;
-            let mut states = vec![("disk", disk)];
-            if let Some(acc) = &self.acceptors[a] {
-                let s = acc.state();
+            self.seen_disk_commit[a] = disk.state.commit_lsn;
+            let mut commits = vec![("disk", disk.state.commit_lsn, disk.state.flush_lsn)];
+            if let Some(n) = &self.nodes[a] {
+                let s = n.acceptor.state();
                 if s.commit_lsn < self.seen_commit[a] {
                     return Err(format!("acceptor {a}: commit LSN went back"));
                 }
                 self.seen_commit[a] = s.commit_lsn;
-                states.push(("memory", s));
+                if s.flush_lsn != disk.state.flush_lsn {
+                    return Err(format!("acceptor {a}: flush LSN {} in memory, {} on disk", s.flush_lsn, disk.state.flush_lsn));
+                }
+                commits.push(("memory", s.commit_lsn, s.flush_lsn));
             }
-            for (what, s) in states {
-                if s.commit_lsn > s.flush_lsn() {
-                    return Err(format!("acceptor {a} ({what}): commit LSN beyond flush LSN"));
+            for (what, commit, flush) in commits {
+                if commit > flush {
+                    return Err(format!("acceptor {a} ({what}): commit LSN {commit} beyond flush LSN {flush}"));
                 }
-                if s.commit_lsn > self.committed_end {
-                    return Err(format!("acceptor {a} ({what}): commit LSN {} never committed", s.commit_lsn));
+                if commit > end {
+                    return Err(format!("acceptor {a} ({what}): commit LSN {commit} never committed (committed up to {end})"));
                 }
-                for r in s.wal.iter().take_while(|r| r.end <= s.commit_lsn) {
-                    if self.committed.get(&r.start) != Some(r) {
-                        return Err(format!("acceptor {a} ({what}): {r:?} below its commit LSN differs from committed WAL"));
+                if commit > WAL_START {
+                    let mine = disk.wal.range(WAL_START, commit)?;
+                    if mine != &self.committed[..mine.len()] {
+                        return Err(format!("acceptor {a} ({what}): WAL below its commit LSN {commit} differs from committed WAL"));
                     }
                 }
             }
         }
-        // Every committed record is durable on a majority.
-        for r in self.committed.values() {
-            let holders = self.disks.iter().filter(|d| d.wal.binary_search_by_key(&r.start, |x| x.start).is_ok_and(|i| d.wal[i] == *r)).count();
+        // The committed WAL is durable on a majority.
+        if end > WAL_START {
+            let holders = self.disks.iter().filter(|d| d.wal.range(WAL_START, end).is_ok_and(|w| w == &self.committed[..])).count();
             if holders <= ACCEPTORS / 2 {
-                return Err(format!("committed {r:?} is durable on only {holders} acceptors"));
+                return Err(format!("committed WAL up to {end} is durable on only {holders} acceptors"));
             }
         }
         Ok(())
@@ -288,23 +322,18 @@ impl Sim {
         self.loss = 0.0;
         self.crash_in_handler = 0.0;
         for a in 0..ACCEPTORS {
-            if self.acceptors[a].is_none() {
-                self.acceptors[a] = Some(Acceptor::new(self.disks[a].clone()));
-                self.seen_commit[a] = self.disks[a].commit_lsn;
-            }
+            self.restart(a);
         }
         let p = self.rng.gen_range(0..self.proposers.len());
-        let actions = self.proposers[p].start_election();
-        self.proposer_actions(p, actions)?;
-        let mut appended = None;
+        self.start_election(p)?;
+        let mut appended: Option<(Term, Lsn)> = None;
         for i in 0..20_000 {
             self.now += 1;
-            if i % 500 == 499 && !self.proposers[p].is_leader() {
+            if i % 500 == 499 && !self.proposers[p].core.is_leader() {
                 // Lost the race to a term another acceptor had seen: try again.
-                let actions = self.proposers[p].start_election();
-                self.proposer_actions(p, actions)?;
+                self.start_election(p)?;
             } else if self.rng.gen_bool(0.1) {
-                let actions = self.proposers[p].tick();
+                let actions = self.proposers[p].core.tick();
                 self.proposer_actions(p, actions)?;
             } else {
                 self.deliver_random()?;
@@ -312,24 +341,24 @@ impl Sim {
             if i % 16 == 0 {
                 self.check()?;
             }
-            // A record appended in a term the proposer lost is gone with that term: append again.
-            let term = self.proposers[p].term();
-            if appended.is_none_or(|(t, _)| t != term) {
-                if let Some((_, end, actions)) = self.proposers[p].append(u64::MAX - term, 1) {
-                    appended = Some((term, end));
-                    self.proposer_actions(p, actions)?;
-                }
+            // WAL appended in a term the proposer lost is gone with that term: append again.
+            let term = self.proposers[p].core.term();
+            if appended.is_none_or(|(t, _)| t != term) && self.proposers[p].core.wal_range().is_some() {
+                let end = self.proposers[p].store.client_append(&record(u64::MAX - term, 1));
+                appended = Some((term, end));
+                let actions = self.proposers[p].core.append(end);
+                self.proposer_actions(p, actions)?;
             }
             if let Some((_, end)) = appended {
-                let synced = self.acceptors.iter().all(|a| a.as_ref().is_some_and(|a| a.state().commit_lsn >= end));
+                let synced = self.nodes.iter().all(|n| n.as_ref().is_some_and(|n| n.acceptor.state().commit_lsn >= end));
                 if synced {
                     self.check()?;
                     let first = &self.disks[0].wal;
                     if self.disks.iter().any(|d| d.wal != *first) {
                         return Err("acceptors differ after catching up".into());
                     }
-                    if !self.committed.values().all(|r| first.contains(r)) {
-                        return Err("a committed record is missing after catching up".into());
+                    if first.range(WAL_START, committed_end(&self.committed)).map_err(|e| format!("after catching up: {e}"))? != &self.committed[..] {
+                        return Err("the committed WAL is not a prefix of the acceptors' WAL after catching up".into());
                     }
                     return Ok(());
                 }
@@ -337,14 +366,15 @@ impl Sim {
         }
         Err(format!(
             "no progress after healing (proposer {p}: {:?}); acceptors: {:?}",
-            self.proposers[p],
-            self.acceptors.iter().map(|a| a.as_ref().map(|a| a.state().clone())).collect::<Vec<_>>()
+            self.proposers[p].core,
+            self.nodes.iter().map(|n| n.as_ref().map(|n| n.acceptor.state().clone())).collect::<Vec<_>>()
         ))
     }
 }
 
 struct Outcome {
     commits: usize,
+    committed_bytes: usize,
     terms: usize,
 }
 
@@ -354,28 +384,30 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         sim.step().map_err(|e| format!("step {step}: {e}"))?;
     }
     sim.finish().map_err(|e| format!("after healing: {e}"))?;
-    Ok(Outcome { commits: sim.committed.len(), terms: sim.elected.len() })
+    Ok(Outcome { commits: sim.commits, committed_bytes: sim.committed.len(), terms: sim.elected.len() })
 }
 
 fn run_seed_or_panic(seed: u64) -> Outcome {
     let result = std::panic::catch_unwind(|| run_seed(seed));
+    let replay = format!("replay: FJORD_SIM_SEED={seed} cargo test -p quorum --test simulation replay_seed");
     match result {
         Ok(Ok(outcome)) => outcome,
-        Ok(Err(e)) => panic!("simulation seed {seed} failed: {e}\nreplay: FJORD_SIM_SEED={seed} cargo test -p safekeeper --test simulation replay_seed"),
-        Err(_) => panic!("simulation seed {seed} panicked\nreplay: FJORD_SIM_SEED={seed} cargo test -p safekeeper --test simulation replay_seed"),
+        Ok(Err(e)) => panic!("simulation seed {seed} failed: {e}\n{replay}"),
+        Err(_) => panic!("simulation seed {seed} panicked\n{replay}"),
     }
 }
 
 #[test]
 fn many_seeds() {
     let n: u64 = std::env::var("FJORD_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let (mut commits, mut terms) = (0, 0);
+    let (mut commits, mut bytes, mut terms) = (0, 0, 0);
     for seed in 0..n {
         let o = run_seed_or_panic(seed);
         commits += o.commits;
+        bytes += o.committed_bytes;
         terms += o.terms;
     }
-    eprintln!("{n} seeds: {commits} records committed, {terms} terms elected");
+    eprintln!("{n} seeds: {commits} commit advances, {bytes} bytes committed, {terms} terms elected");
     // The simulation must exercise something.
     assert!(n == 0 || commits > n as usize && terms > n as usize);
 }
@@ -384,5 +416,5 @@ fn many_seeds() {
 fn replay_seed() {
     let seed = std::env::var("FJORD_SIM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(42);
     let o = run_seed_or_panic(seed);
-    eprintln!("seed {seed}: {} records committed, {} terms elected", o.commits, o.terms);
+    eprintln!("seed {seed}: {} commit advances, {} bytes committed, {} terms elected", o.commits, o.committed_bytes, o.terms);
 }

@@ -1,0 +1,192 @@
+//! I/O shells for the consensus core used by the simulation and the scenarios: an acceptor
+//! whose "disk" is a `Vec<u8>` of WAL plus its durable state, and a proposer whose WAL store
+//! is a `Vec<u8>`. Both check that the core only asks for what they can do.
+
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use proto::Lsn;
+use quorum::{Acceptor, AcceptorAction, AcceptorState, Persist, ProposerAction, ToAcceptor, ToProposer};
+
+/// Where every proposer's own WAL begins in these tests: the timeline's first LSN.
+pub const WAL_START: Lsn = Lsn(100);
+
+/// WAL bytes `[begin, begin + bytes.len())`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Wal {
+    pub begin: Lsn,
+    pub bytes: Vec<u8>,
+}
+
+impl Wal {
+    pub fn end(&self) -> Lsn {
+        Lsn(self.begin.0 + self.bytes.len() as u64)
+    }
+
+    pub fn range(&self, from: Lsn, to: Lsn) -> Result<&[u8], String> {
+        if from < self.begin || to > self.end() || from > to {
+            return Err(format!("{from}..{to} is outside the WAL {}..{}", self.begin, self.end()));
+        }
+        Ok(&self.bytes[(from.0 - self.begin.0) as usize..(to.0 - self.begin.0) as usize])
+    }
+}
+
+/// An acceptor's durable state: what survives a crash.
+#[derive(Clone, Debug, Default)]
+pub struct Disk {
+    pub state: AcceptorState,
+    pub wal: Wal,
+}
+
+impl Disk {
+    pub fn apply(&mut self, p: &Persist) -> Result<(), String> {
+        match p {
+            Persist::Control { .. } => {}
+            Persist::Truncate { at } => {
+                if *at >= self.wal.begin && *at <= self.wal.end() && !self.wal.bytes.is_empty() {
+                    self.wal.bytes.truncate((at.0 - self.wal.begin.0) as usize);
+                } else {
+                    self.wal = Wal { begin: *at, bytes: Vec::new() };
+                }
+            }
+            Persist::Append { begin, data } => {
+                if *begin != self.wal.end() {
+                    return Err(format!("append at {begin} but the WAL ends at {}", self.wal.end()));
+                }
+                self.wal.bytes.extend_from_slice(data);
+            }
+        }
+        self.state.apply(p);
+        if self.state.flush_lsn != self.wal.end() && !(self.wal.bytes.is_empty() && self.state.flush_lsn == self.wal.begin) {
+            return Err(format!("flush LSN {} but the WAL ends at {}", self.state.flush_lsn, self.wal.end()));
+        }
+        Ok(())
+    }
+}
+
+/// A running acceptor over a disk.
+pub struct Node {
+    pub acceptor: Acceptor,
+}
+
+impl Node {
+    pub fn start(disk: &Disk) -> Node {
+        Node { acceptor: Acceptor::new(disk.state.clone()) }
+    }
+
+    /// Handles a message: applies up to `keep` persists (all if `None`: no crash), returns
+    /// the replies (none if it crashed) and whether it crashed.
+    pub fn handle(&mut self, disk: &mut Disk, msg: ToAcceptor, keep: Option<usize>) -> Result<(Vec<ToProposer>, bool), String> {
+        let actions = self.acceptor.handle(msg);
+        let persists = actions.iter().filter(|a| matches!(a, AcceptorAction::Persist(_))).count();
+        let keep = keep.map(|k| k.min(persists));
+        let mut applied = 0;
+        let mut replies = Vec::new();
+        for a in actions {
+            match a {
+                AcceptorAction::Persist(p) => {
+                    if Some(applied) == keep {
+                        return Ok((Vec::new(), true));
+                    }
+                    disk.apply(&p)?;
+                    applied += 1;
+                }
+                AcceptorAction::CommitLsn(_) => {}
+                AcceptorAction::SendWal { term, from, to } => {
+                    if applied < persists {
+                        return Err("WAL sent before persisting".into());
+                    }
+                    let data = Bytes::copy_from_slice(disk.wal.range(from, to)?);
+                    replies.push(ToProposer::Wal { term, from, data });
+                }
+                AcceptorAction::Reply(msg) => {
+                    if applied < persists {
+                        return Err(format!("reply before persisting: {msg:?}"));
+                    }
+                    replies.push(msg);
+                }
+            }
+        }
+        if keep.is_some_and(|k| k < persists) {
+            return Ok((Vec::new(), true));
+        }
+        Ok((replies, false))
+    }
+
+    /// Makes the in-memory commit LSN durable (the lazy write of the control file).
+    pub fn persist_commit(&self, disk: &mut Disk) {
+        disk.state.commit_lsn = disk.state.commit_lsn.max(self.acceptor.state().commit_lsn);
+    }
+}
+
+/// A proposer's WAL store, and its ghost: the whole log it believes in (the donor's log
+/// below its start LSN, as the donor had it when it voted, then its own WAL). The ghost is
+/// test-only knowledge used to check commits; the core never sees it.
+#[derive(Clone, Debug, Default)]
+pub struct Store {
+    pub wal: Wal,
+    pub ghost: Vec<u8>,
+}
+
+impl Store {
+    /// Elected: the store starts empty at `start`; the ghost is the donor's log up to it.
+    pub fn elected(&mut self, start: Lsn, donor_log: &Wal) -> Result<(), String> {
+        self.wal = Wal { begin: start, bytes: Vec::new() };
+        self.ghost = if start == WAL_START && donor_log.bytes.is_empty() {
+            Vec::new()
+        } else {
+            donor_log.range(WAL_START, start)?.to_vec()
+        };
+        Ok(())
+    }
+
+    pub fn client_append(&mut self, data: &[u8]) -> Lsn {
+        self.wal.bytes.extend_from_slice(data);
+        self.ghost.extend_from_slice(data);
+        self.wal.end()
+    }
+
+    /// Turns a proposer action into the message to send, if it is one.
+    pub fn message(&mut self, a: &ProposerAction) -> Result<Option<(usize, ToAcceptor)>, String> {
+        Ok(match a {
+            ProposerAction::Send(to, m) => Some((*to, m.clone())),
+            ProposerAction::SendWal { to, term, begin, end, commit_lsn } => {
+                let data = Bytes::copy_from_slice(self.wal.range(*begin, *end)?);
+                Some((*to, ToAcceptor::Append { term: *term, begin_lsn: *begin, data, commit_lsn: *commit_lsn }))
+            }
+            ProposerAction::StoreWal { from, data } => {
+                if Lsn(from.0 + data.len() as u64) != self.wal.begin {
+                    return Err(format!("fetched WAL at {from} does not end where the store begins ({})", self.wal.begin));
+                }
+                let ghost = &self.ghost[(from.0 - WAL_START.0) as usize..(self.wal.begin.0 - WAL_START.0) as usize];
+                if ghost != &data[..] {
+                    return Err(format!("fetched WAL at {from} differs from the elected history"));
+                }
+                let mut bytes = data.to_vec();
+                bytes.extend_from_slice(&self.wal.bytes);
+                self.wal = Wal { begin: *from, bytes };
+                None
+            }
+            _ => None,
+        })
+    }
+
+    /// The committed log this proposer claims when it reports `commit_lsn`.
+    pub fn committed(&self, commit_lsn: Lsn) -> Result<&[u8], String> {
+        let n = (commit_lsn.0 - WAL_START.0) as usize;
+        self.ghost.get(..n).ok_or_else(|| format!("commit {commit_lsn} beyond the proposer's log"))
+    }
+}
+
+/// Record bytes for payload `id`: deterministic, and different for different ids.
+pub fn record(id: u64, len: usize) -> Vec<u8> {
+    let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
