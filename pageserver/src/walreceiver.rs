@@ -429,6 +429,9 @@ fn stream(
         s.connected = true;
         s.last_error = None;
         s.durable_lsn = Some(start.to_string());
+        if let Some(src) = s.sources.get_mut(ctx.current) {
+            src.last_error = None;
+        }
     });
     let mut last_status = Instant::now() - STATUS_INTERVAL;
     let mut last_data = Instant::now();

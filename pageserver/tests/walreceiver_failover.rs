@@ -76,7 +76,7 @@ fn dead_first_source_fails_over_to_a_real_postgres() {
     assert_eq!(status.current_source_address.as_deref(), Some(format!("127.0.0.1:{}", pg.port()).as_str()));
     let dead_error = status.sources[0].last_error.as_deref().unwrap_or_default();
     assert!(dead_error.contains("connect"), "the dead source's error: {status:#?}");
-    assert!(status.sources[1].end_lsn.is_some(), "{status:#?}");
+    assert!(status.sources[1].end_lsn.is_some() && status.sources[1].last_error.is_none(), "{status:#?}");
     assert_eq!(pg.psql("postgres", "SELECT application_name FROM pg_stat_replication").trim(), "fjord_pageserver");
     rx.stop();
     pg.stop();
