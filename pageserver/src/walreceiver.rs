@@ -1,13 +1,29 @@
-//! The WAL receiver: follows a PostgreSQL server's WAL over the physical replication
-//! protocol, makes it durable in the timeline's local WAL (`localwal.rs`) and ingests it.
+//! The WAL receiver: follows a timeline's WAL over the physical replication protocol from
+//! one of a list of sources, makes it durable in the timeline's local WAL (`localwal.rs`)
+//! and ingests it.
 //!
-//! It speaks the client side of streaming replication: a replication connection
-//! (`application_name=fjord_pageserver`, the name to put in `synchronous_standby_names`),
-//! `IDENTIFY_SYSTEM`, `START_REPLICATION PHYSICAL <lsn> TIMELINE <tli>`, then `XLogData`
-//! messages in and standby status updates out, so the server counts the pageserver as a
-//! standby. Until safekeepers exist, the compute's own walsender is the source. Message
-//! framing and the regular messages come from `postgres-protocol`; `CopyBothResponse` and
-//! the replication payloads are decoded here.
+//! It speaks the client side of streaming replication (`conn.rs`): a replication
+//! connection (`application_name=fjord_pageserver`, the name to put in
+//! `synchronous_standby_names`; `database=<tenant id>/<timeline id>`, which selects the
+//! timeline on a safekeeper and which a compute's walsender ignores), `IDENTIFY_SYSTEM`,
+//! `START_REPLICATION PHYSICAL <lsn> TIMELINE <tli>`, then `XLogData` messages in and
+//! standby status updates out, so the server counts the pageserver as a standby and a
+//! safekeeper learns how far the pageserver got. The sources (`sources.rs`) are the
+//! timeline's safekeepers, which serve only committed WAL, or a compute's walsender.
+//!
+//! **Sources and failover.** The receiver streams from one source at a time. When a
+//! session with it fails (cannot connect, refused, stream error), the next session goes to
+//! the next source in the list, round robin, at once; only after a whole round of failed
+//! sessions does it wait, with a backoff doubling up to `BACKOFF_MAX`. A session that
+//! streamed WAL (or ran for `HEALTHY_SESSION_AFTER`) resets the round and the backoff.
+//! While streaming, if no WAL came from the current source for `LAG_PROBE_AFTER`, it
+//! probes every other source at once (a short connection doing only `IDENTIFY_SYSTEM`,
+//! whose `xlogpos` is that source's WAL end, at most `PROBE_TIMEOUT`), at most once per
+//! `LAG_PROBE_AFTER`; if one has WAL beyond what was received, the session ends and the
+//! next one goes to the source with the most WAL. That is how a safekeeper that fell
+//! behind (or that is partitioned from the compute but still answers) is left. A source
+//! switch is logged at info, a failure at warn when it differs from that source's previous
+//! one (the same failure repeating each round is logged at debug).
 //!
 //! **Durability and the fsync discipline.** Each turn of the loop waits (at most
 //! `READ_TIMEOUT`) for a message, then drains every message already readable from the
@@ -20,14 +36,16 @@
 //! keepalive that asks for a reply gets one after the batch's fsync. Status updates also
 //! go out every `STATUS_INTERVAL`.
 //!
-//! **Start and restart.** Each streaming session (the first, after a reconnect, and after
-//! a pageserver restart, whose timeline stands at its disk-consistent LSN) first ingests
-//! the local WAL from the timeline's last record LSN to its end (the first incomplete
-//! record), fsyncs the local segments (a process that died may not have), and then starts
-//! replication at the timeline's last record LSN, with a new decoder there. That is the
-//! start of the first record not complete locally, at or below the durable end the server
-//! was told: the bytes between are received again and rewritten identically, which is
-//! why no durable-end marker is kept (it would cost a second fsync per batch).
+//! **Start and restart.** Each streaming session (the first, after a reconnect or a switch
+//! to another source, and after a pageserver restart, whose timeline stands at its
+//! disk-consistent LSN) first ingests the local WAL from the timeline's last record LSN to
+//! its end (the first incomplete record), fsyncs the local segments (a process that died
+//! may not have), and then starts replication at the timeline's last record LSN, with a
+//! new decoder there. That is the start of the first record not complete locally, at or
+//! below the durable end the server was told: the bytes between are received again and
+//! rewritten identically, which is why no durable-end marker is kept (it would cost a
+//! second fsync per batch). Every source serves the same WAL (a safekeeper only WAL that a
+//! quorum holds), so the bytes received again from another source are the same bytes.
 //!
 //! Layer flushes happen by size (`maybe_freeze_and_flush`) and when WAL pauses
 //! (`IDLE_FLUSH_AFTER`); after each, local segments wholly below the disk-consistent LSN
@@ -36,22 +54,21 @@
 //! Invariants:
 //! - WAL confirmed as flushed is in fsynced local segment files or in layer files.
 //! - Streaming always resumes at the timeline's last record LSN, a record boundary, so
-//!   nothing is ingested twice or skipped across reconnects and restarts.
-//! - A connection failure is logged once and retried with backoff up to a ceiling; a
-//!   decoding, ingest or local WAL error stops the receiver (going past it would corrupt
-//!   the timeline or lie about durability), and its status says why.
+//!   nothing is ingested twice or skipped across reconnects, source switches and restarts.
+//! - A connection failure moves to the next source; a decoding, ingest or local WAL error
+//!   stops the receiver (going past it would corrupt the timeline or lie about
+//!   durability), and its status says why.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::os::fd::AsRawFd;
+mod conn;
+mod sources;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{anyhow, bail, Context};
-use bytes::{Buf, BytesMut};
-use fallible_iterator::FallibleIterator;
+use anyhow::{anyhow, Context};
+use bytes::BytesMut;
 use pgwal::{DecoderConfig, WalStreamDecoder};
 use postgres_protocol::message::{backend, frontend};
 use proto::Lsn;
@@ -61,19 +78,12 @@ use crate::localwal::{LocalWal, LOCAL_WAL_TLI};
 use crate::timeline::Timeline;
 use crate::value::Reconstructor;
 use crate::walingest::WalIngest;
+use conn::{connect, error_text, probe, Conn, Msg};
+pub use sources::{WalSource, WalSources, SOURCES_MAX};
 
 /// The `application_name` the receiver connects with: what a server names in
 /// `synchronous_standby_names` to wait for the pageserver.
 pub const APPLICATION_NAME: &str = "fjord_pageserver";
-
-/// Where to stream from.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct WalSource {
-    pub host: String,
-    pub port: u16,
-    pub user: String,
-}
 
 /// What the receiver is doing, for the management API.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -86,6 +96,27 @@ pub struct WalReceiverStatus {
     /// The end of the WAL fsynced in the local WAL, confirmed to the server as flushed.
     pub durable_lsn: Option<String>,
     pub last_error: Option<String>,
+    /// Every source, in the order they are tried.
+    pub sources: Vec<SourceStatus>,
+    /// The index in `sources` of the source being streamed from (or tried).
+    pub current_source: Option<usize>,
+    /// That source's `host:port`.
+    pub current_source_address: Option<String>,
+    /// How many times the receiver switched sources because another had more WAL.
+    pub lag_switches: u64,
+}
+
+/// One source as the receiver knows it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SourceStatus {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    /// Its WAL end as last learned: from `IDENTIFY_SYSTEM` (at session start or a lag
+    /// probe) or from the stream's `walEnd`; `None` until one of those.
+    pub end_lsn: Option<String>,
+    /// Why the last session with it or probe of it failed, until one succeeds.
+    pub last_error: Option<String>,
 }
 
 pub struct WalReceiver {
@@ -95,7 +126,19 @@ pub struct WalReceiver {
 }
 
 const STATUS_INTERVAL: Duration = Duration::from_millis(100);
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// A session that lasted this long counts as healthy even if no WAL came, so that a
+/// failure after it starts a new round without waiting.
+const HEALTHY_SESSION_AFTER: Duration = Duration::from_secs(5);
+/// Connecting, authenticating and `IDENTIFY_SYSTEM` of a streaming session.
+const SESSION_START_TIMEOUT: Duration = Duration::from_secs(10);
+/// When no WAL came from the current source for this long, ask the others for their WAL
+/// end; also the shortest interval between two such probes.
+const LAG_PROBE_AFTER: Duration = Duration::from_secs(1);
+/// A lag probe's connection and `IDENTIFY_SYSTEM`, together. Probes run in parallel, so
+/// this is also the longest a probe holds up the stream.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 /// When no WAL arrived for this long and some is not yet in layer files, flush it (which
 /// lets the local WAL shrink).
 const IDLE_FLUSH_AFTER: Duration = Duration::from_millis(500);
@@ -105,13 +148,21 @@ const BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
 const READ_TIMEOUT: Duration = Duration::from_millis(20);
 
 impl WalReceiver {
-    pub fn start(timeline: Arc<Timeline>, reconstructor: Arc<dyn Reconstructor>, source: WalSource) -> WalReceiver {
+    pub fn start(timeline: Arc<Timeline>, reconstructor: Arc<dyn Reconstructor>, sources: WalSources) -> WalReceiver {
         let stop = Arc::new(AtomicBool::new(false));
-        let status = Arc::new(Mutex::new(WalReceiverStatus { state: "starting".into(), ..Default::default() }));
+        let status = Arc::new(Mutex::new(WalReceiverStatus {
+            state: "starting".into(),
+            sources: sources
+                .as_slice()
+                .iter()
+                .map(|s| SourceStatus { host: s.host.clone(), port: s.port, user: s.user.clone(), ..Default::default() })
+                .collect(),
+            ..Default::default()
+        }));
         let (stop2, status2) = (Arc::clone(&stop), Arc::clone(&status));
         let thread = std::thread::Builder::new()
             .name("walreceiver".into())
-            .spawn(move || run(timeline, reconstructor, source, stop2, status2))
+            .spawn(move || run(timeline, reconstructor, sources, stop2, status2))
             .expect("spawn the wal receiver thread");
         WalReceiver { stop, status, thread: Some(thread) }
     }
@@ -138,24 +189,45 @@ fn set_status(status: &Mutex<WalReceiverStatus>, f: impl FnOnce(&mut WalReceiver
     f(&mut status.lock().unwrap_or_else(|p| p.into_inner()));
 }
 
+fn set_source_status(status: &Mutex<WalReceiverStatus>, index: usize, f: impl FnOnce(&mut SourceStatus)) {
+    set_status(status, |s| {
+        if let Some(src) = s.sources.get_mut(index) {
+            f(src);
+        }
+    });
+}
+
 /// Why a streaming session ended.
 enum Ended {
     Stopped,
-    /// The connection failed; try again.
+    /// The connection failed; try the next source.
     Connection(anyhow::Error),
+    /// Another source has WAL the current one did not send: stream from it.
+    Switch { to: usize, its_end: Lsn, received_end: Lsn },
     /// The WAL could not be ingested; going on would corrupt the timeline.
     Fatal(anyhow::Error),
+}
+
+/// What a session needs besides the timeline's state.
+struct SessionCtx<'a> {
+    sources: &'a WalSources,
+    current: usize,
+    /// The `database` startup parameter: `<tenant id>/<timeline id>`.
+    database: &'a str,
+    stop: &'a AtomicBool,
+    status: &'a Mutex<WalReceiverStatus>,
 }
 
 fn run(
     timeline: Arc<Timeline>,
     reconstructor: Arc<dyn Reconstructor>,
-    source: WalSource,
+    sources: WalSources,
     stop: Arc<AtomicBool>,
     status: Arc<Mutex<WalReceiverStatus>>,
 ) {
     let span = tracing::info_span!("walreceiver", tenant_id = %timeline.tenant_id(), timeline_id = %timeline.timeline_id());
     let _entered = span.enter();
+    let database = format!("{}/{}", timeline.tenant_id(), timeline.timeline_id());
     let mut ingest = WalIngest::new(Arc::clone(&timeline), reconstructor);
     let mut wal = match LocalWal::open(timeline.path(), timeline.last_record_lsn()) {
         Ok(w) => w,
@@ -168,9 +240,21 @@ fn run(
             return;
         }
     };
-    let mut backoff = Duration::from_millis(100);
+    let n = sources.len();
+    let mut current = 0usize;
+    let mut failed_in_round = 0usize;
+    let mut backoff = BACKOFF_MIN;
+    // The last failure logged at warn per source, so that a repeating one is not.
+    let mut logged: Vec<Option<String>> = vec![None; n];
     while !stop.load(Ordering::SeqCst) {
-        match stream(&timeline, &mut ingest, &mut wal, &source, &stop, &status) {
+        let source = &sources.as_slice()[current];
+        set_status(&status, |s| {
+            s.current_source = Some(current);
+            s.current_source_address = Some(source.to_string());
+        });
+        let ctx = SessionCtx { sources: &sources, current, database: &database, stop: &stop, status: &status };
+        let mut healthy = false;
+        match stream(&timeline, &mut ingest, &mut wal, &ctx, &mut healthy) {
             Ended::Stopped => break,
             Ended::Fatal(e) => {
                 tracing::error!("wal receiver stopped: {e:#}");
@@ -181,18 +265,54 @@ fn run(
                 });
                 return;
             }
+            Ended::Switch { to, its_end, received_end } => {
+                let target = &sources.as_slice()[to];
+                tracing::info!("switching WAL source from {source} to {target}: {target} has WAL up to {its_end}, {source} stopped at {received_end}");
+                set_status(&status, |s| {
+                    s.state = "switching".into();
+                    s.connected = false;
+                    s.lag_switches += 1;
+                });
+                current = to;
+                failed_in_round = 0;
+                backoff = BACKOFF_MIN;
+            }
             Ended::Connection(e) => {
-                tracing::warn!("could not stream WAL from {}:{}: {e:#}; retrying in {backoff:?}", source.host, source.port);
+                let message = format!("{e:#}");
+                if healthy {
+                    failed_in_round = 0;
+                    backoff = BACKOFF_MIN;
+                    logged[current] = None;
+                }
+                failed_in_round += 1;
+                let next = (current + 1) % n;
+                let wait = if failed_in_round >= n { Some(backoff) } else { None };
+                let then = match wait {
+                    Some(b) if n == 1 => format!("retrying in {b:?}"),
+                    Some(b) => format!("every source failed; trying {} in {b:?}", sources.as_slice()[next]),
+                    None => format!("trying {} next", sources.as_slice()[next]),
+                };
+                if logged[current].as_deref() != Some(message.as_str()) {
+                    tracing::warn!("could not stream WAL from {source}: {message}; {then}");
+                    logged[current] = Some(message.clone());
+                } else {
+                    tracing::debug!("could not stream WAL from {source}: {message}; {then}");
+                }
                 set_status(&status, |s| {
                     s.state = "reconnecting".into();
                     s.connected = false;
-                    s.last_error = Some(format!("{e:#}"));
+                    s.last_error = Some(message.clone());
                 });
-                let until = Instant::now() + backoff;
-                while Instant::now() < until && !stop.load(Ordering::SeqCst) {
-                    std::thread::sleep(Duration::from_millis(20));
+                set_source_status(&status, current, |s| s.last_error = Some(message));
+                if let Some(b) = wait {
+                    let until = Instant::now() + b;
+                    while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    failed_in_round = 0;
                 }
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                current = next;
             }
         }
     }
@@ -202,143 +322,39 @@ fn run(
     });
 }
 
-struct Conn {
-    stream: TcpStream,
-    buf: BytesMut,
-}
-
-impl Conn {
-    fn send(&mut self, out: &BytesMut) -> anyhow::Result<()> {
-        self.stream.write_all(out).context("write to the server")
-    }
-
-    /// A complete message from the buffer, if there is one. `CopyBothResponse` ('W'),
-    /// which postgres-protocol does not know, is `Msg::CopyBoth`.
-    fn buffered(&mut self) -> anyhow::Result<Option<Msg>> {
-        if self.buf.len() >= 5 {
-            let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
-            if self.buf[0] == b'W' {
-                if self.buf.len() >= 1 + len {
-                    self.buf.advance(1 + len);
-                    return Ok(Some(Msg::CopyBoth));
+/// Asks every source but the current one for its WAL end, all at once, and returns the
+/// one with the most WAL if that is beyond `received_end`.
+fn probe_others(ctx: &SessionCtx<'_>, received_end: Lsn) -> Option<(usize, Lsn)> {
+    let results: Vec<(usize, anyhow::Result<Lsn>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..ctx.sources.len())
+            .filter(|&i| i != ctx.current)
+            .map(|i| {
+                let source = &ctx.sources.as_slice()[i];
+                (i, scope.spawn(move || probe(source, ctx.database, PROBE_TIMEOUT)))
+            })
+            .collect();
+        handles.into_iter().map(|(i, h)| (i, h.join().unwrap_or_else(|_| Err(anyhow!("the probe thread panicked"))))).collect()
+    });
+    let mut best: Option<(usize, Lsn)> = None;
+    for (i, result) in results {
+        match result {
+            Ok(end) => {
+                set_source_status(ctx.status, i, |s| {
+                    s.end_lsn = Some(end.to_string());
+                    s.last_error = None;
+                });
+                if end > received_end && best.is_none_or(|(_, b)| end > b) {
+                    best = Some((i, end));
                 }
-            } else if let Some(m) = backend::Message::parse(&mut self.buf).context("parse a server message")? {
-                return Ok(Some(Msg::Backend(m)));
             }
-        }
-        Ok(None)
-    }
-
-    /// The next message, waiting at most `READ_TIMEOUT` for bytes; `Ok(None)` on timeout.
-    fn next(&mut self) -> anyhow::Result<Option<Msg>> {
-        loop {
-            if let Some(m) = self.buffered()? {
-                return Ok(Some(m));
-            }
-            let mut chunk = [0u8; 64 * 1024];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => bail!("the server closed the connection"),
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return Ok(None),
-                Err(e) => return Err(e).context("read from the server"),
+            Err(e) => {
+                // Routine while a source is down; its sessions log the failure.
+                tracing::debug!("could not probe {}: {e:#}", ctx.sources.as_slice()[i]);
+                set_source_status(ctx.status, i, |s| s.last_error = Some(format!("{e:#}")));
             }
         }
     }
-
-    /// The next message if it is already readable, without waiting.
-    fn try_next(&mut self) -> anyhow::Result<Option<Msg>> {
-        loop {
-            if let Some(m) = self.buffered()? {
-                return Ok(Some(m));
-            }
-            let mut chunk = [0u8; 64 * 1024];
-            // SAFETY: a valid buffer of the given length and an open socket.
-            let n = unsafe {
-                libc::recv(self.stream.as_raw_fd(), chunk.as_mut_ptr().cast::<libc::c_void>(), chunk.len(), libc::MSG_DONTWAIT)
-            };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                return match e.kind() {
-                    std::io::ErrorKind::WouldBlock => Ok(None),
-                    std::io::ErrorKind::Interrupted => continue,
-                    _ => Err(e).context("read from the server"),
-                };
-            }
-            if n == 0 {
-                bail!("the server closed the connection");
-            }
-            self.buf.extend_from_slice(&chunk[..n as usize]);
-        }
-    }
-
-    /// Runs a replication command that returns rows, returning the first row's fields.
-    fn simple_query(&mut self, query: &str, deadline: Instant) -> anyhow::Result<Vec<Option<String>>> {
-        let mut out = BytesMut::new();
-        frontend::query(query, &mut out)?;
-        self.send(&out)?;
-        let mut row = Vec::new();
-        loop {
-            match self.next()? {
-                None if Instant::now() > deadline => bail!("timed out waiting for the answer to {query}"),
-                None => {}
-                Some(Msg::Backend(backend::Message::DataRow(body))) => {
-                    let buf = body.buffer();
-                    for range in body.ranges().iterator() {
-                        let range = range.context("parse a data row")?;
-                        row.push(range.map(|r| String::from_utf8_lossy(&buf[r]).into_owned()));
-                    }
-                }
-                Some(Msg::Backend(backend::Message::ErrorResponse(body))) => bail!("{query} failed: {}", error_text(&body)),
-                Some(Msg::Backend(backend::Message::ReadyForQuery(_))) => return Ok(row),
-                Some(_) => {}
-            }
-        }
-    }
-}
-
-enum Msg {
-    Backend(backend::Message),
-    CopyBoth,
-}
-
-fn error_text(body: &backend::ErrorResponseBody) -> String {
-    let mut fields = body.fields();
-    let mut msg = String::new();
-    while let Ok(Some(f)) = fields.next() {
-        if f.type_() == b'M' {
-            msg = String::from_utf8_lossy(f.value_bytes()).into_owned();
-        }
-    }
-    msg
-}
-
-fn connect(source: &WalSource) -> anyhow::Result<Conn> {
-    let stream = TcpStream::connect((source.host.as_str(), source.port)).context("connect")?;
-    stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(READ_TIMEOUT))?;
-    let mut conn = Conn { stream, buf: BytesMut::new() };
-    let mut out = BytesMut::new();
-    frontend::startup_message(
-        [("user", source.user.as_str()), ("replication", "true"), ("application_name", APPLICATION_NAME)],
-        &mut out,
-    )?;
-    conn.send(&out)?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match conn.next()? {
-            None if Instant::now() > deadline => bail!("timed out waiting for the server to accept the connection"),
-            None => {}
-            Some(Msg::Backend(backend::Message::AuthenticationOk)) => {}
-            Some(Msg::Backend(backend::Message::ReadyForQuery(_))) => return Ok(conn),
-            Some(Msg::Backend(backend::Message::ErrorResponse(body))) => bail!("the server refused the connection: {}", error_text(&body)),
-            Some(Msg::Backend(
-                backend::Message::AuthenticationCleartextPassword
-                | backend::Message::AuthenticationMd5Password(_)
-                | backend::Message::AuthenticationSasl(_),
-            )) => bail!("the server asks for a password; the wal receiver supports only trust authentication so far"),
-            Some(_) => {}
-        }
-    }
+    best
 }
 
 fn now_pg_micros() -> i64 {
@@ -381,24 +397,24 @@ fn stream(
     timeline: &Arc<Timeline>,
     ingest: &mut WalIngest,
     wal: &mut LocalWal,
-    source: &WalSource,
-    stop: &AtomicBool,
-    status: &Mutex<WalReceiverStatus>,
+    ctx: &SessionCtx<'_>,
+    healthy: &mut bool,
 ) -> Ended {
+    let (source, status) = (&ctx.sources.as_slice()[ctx.current], ctx.status);
     let start = match replay_local_wal(timeline, ingest, wal) {
         Ok(lsn) => lsn,
         Err(e) => return Ended::Fatal(e),
     };
-    let mut conn = match connect(source) {
+    let mut conn = match connect(source, ctx.database, SESSION_START_TIMEOUT) {
         Ok(c) => c,
         Err(e) => return Ended::Connection(e),
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let ident = match conn.simple_query("IDENTIFY_SYSTEM", deadline) {
-        Ok(row) => row,
+    let ident = match conn.identify_system(Instant::now() + SESSION_START_TIMEOUT) {
+        Ok(ident) => ident,
         Err(e) => return Ended::Connection(e),
     };
-    let tli = ident.get(1).cloned().flatten().and_then(|t| t.parse::<u32>().ok()).unwrap_or(1);
+    set_source_status(status, ctx.current, |s| s.end_lsn = Some(ident.xlogpos.to_string()));
+    let tli = ident.tli;
     let mut out = BytesMut::new();
     if let Err(e) = frontend::query(&format!("START_REPLICATION PHYSICAL {start} TIMELINE {tli}"), &mut out).map_err(anyhow::Error::from).and_then(|()| conn.send(&out)) {
         return Ended::Connection(e);
@@ -407,18 +423,24 @@ fn stream(
         Ok(d) => d,
         Err(e) => return Ended::Fatal(anyhow!("cannot decode WAL from {start}: {e}")),
     };
-    tracing::info!("streaming WAL from {}:{} at {start}, timeline {tli}", source.host, source.port);
+    tracing::info!("streaming WAL from {source} at {start}, timeline {tli} (it has WAL up to {})", ident.xlogpos);
     set_status(status, |s| {
         s.state = "streaming".into();
         s.connected = true;
         s.last_error = None;
         s.durable_lsn = Some(start.to_string());
+        if let Some(src) = s.sources.get_mut(ctx.current) {
+            src.last_error = None;
+        }
     });
     let mut last_status = Instant::now() - STATUS_INTERVAL;
     let mut last_data = Instant::now();
+    let mut last_probe = Instant::now();
+    let session_started = Instant::now();
     let mut streaming = false;
     loop {
-        if stop.load(Ordering::SeqCst) {
+        *healthy |= streaming && session_started.elapsed() >= HEALTHY_SESSION_AFTER;
+        if ctx.stop.load(Ordering::SeqCst) {
             return Ended::Stopped;
         }
         // One batch: wait for a message, then drain what is readable, writing WAL as it comes.
@@ -451,7 +473,10 @@ fn stream(
                             batch_bytes += data.len() - 25;
                             batch.push(data.slice(25..));
                         }
-                        Some(b'k') if data.len() >= 18 => reply_requested |= data[17] != 0,
+                        Some(b'k') if data.len() >= 18 => {
+                            server_end = Some(Lsn(u64::from_be_bytes(data[1..9].try_into().expect("8 bytes"))));
+                            reply_requested |= data[17] != 0;
+                        }
                         other => {
                             return Ended::Connection(anyhow!(
                                 "unexpected replication message {:?} of {} bytes",
@@ -473,6 +498,7 @@ fn stream(
         }
         if !batch.is_empty() {
             last_data = Instant::now();
+            *healthy = true;
             let durable = match wal.sync() {
                 Ok(lsn) => lsn,
                 Err(e) => return Ended::Fatal(e.context("fsync the local WAL")),
@@ -509,6 +535,10 @@ fn stream(
                 s.last_received_lsn = Some(decoder.next_feed_lsn().to_string());
                 s.server_wal_end_lsn = Some(wal_end.to_string());
                 s.records_ingested = ingest.stats().records;
+                if let Some(src) = s.sources.get_mut(ctx.current) {
+                    src.end_lsn = Some(wal_end.to_string());
+                    src.last_error = None;
+                }
             });
         }
         let idle_with_unflushed = last_data.elapsed() >= IDLE_FLUSH_AFTER && timeline.disk_consistent_lsn() < timeline.last_record_lsn();
@@ -527,6 +557,13 @@ fn stream(
                 return Ended::Connection(e);
             }
             last_status = Instant::now();
+        }
+        if ctx.sources.len() > 1 && last_data.elapsed() >= LAG_PROBE_AFTER && last_probe.elapsed() >= LAG_PROBE_AFTER {
+            let received_end = wal.written_end();
+            if let Some((to, its_end)) = probe_others(ctx, received_end) {
+                return Ended::Switch { to, its_end, received_end };
+            }
+            last_probe = Instant::now();
         }
     }
 }

@@ -108,3 +108,46 @@ def test_streams_a_live_servers_wal(pageserver, pg_factory):
     assert ("fjord_pageserver", "streaming") in rows
     allowed = [r"could not stream WAL from .*: (the server closed the connection|connect)"]
     assert unexpected_lines(pageserver.log_text(), allowed) == []
+
+
+def test_source_list_validation_failover_and_persistence(pageserver, pg_factory):
+    """`{"sources": [...]}`: refused with a reason when invalid; a dead first source is
+    passed over for a live second one; the list survives a pageserver restart."""
+    from fixtures.pageserver import HttpError
+    from fixtures.postgres import free_port
+
+    pg = pg_factory("primary", {"autovacuum": "off"}).initdb()
+    pageserver.http("POST", "/v1/tenant", {"tenant_id": TENANT})
+    pageserver.http("POST", f"/v1/tenant/{TENANT}/timeline", {"timeline_id": TIMELINE})
+    pageserver.http("POST", f"/v1/tenant/{TENANT}/timeline/{TIMELINE}/import", {"pgdata": str(pg.datadir)})
+    pg.start()
+    route = f"/v1/tenant/{TENANT}/timeline/{TIMELINE}/wal_receiver"
+    live = {"host": "127.0.0.1", "port": pg.port, "user": pg.user}
+    dead = {"host": "127.0.0.1", "port": free_port(), "user": pg.user}
+    refused = [
+        ({"sources": []}, "sources must not be empty"),
+        ({"sources": [live, dict(live, user="other")]}, f"duplicate source 127.0.0.1:{pg.port}: sources 0 and 1"),
+        ({"sources": [dict(live, port=0)]}, "source 0 has an invalid port: 0"),
+        ({"sources": [live], "mode": "x"}, "unknown field `mode`"),
+    ]
+    for body, message in refused:
+        try:
+            pageserver.http("POST", route, body)
+            raise AssertionError(f"{body} was accepted")
+        except HttpError as e:
+            assert e.status == 400 and message in e.body["error"], (body, e)
+    assert timeline_status(pageserver)["wal_receiver"] is None
+
+    pageserver.http("POST", route, {"sources": [dead, live]})
+    for restarted in (False, True):
+        wait_until("the wal receiver to stream from the live source",
+                   lambda: timeline_status(pageserver)["wal_receiver"]["state"] == "streaming")
+        status = timeline_status(pageserver)["wal_receiver"]
+        assert status["current_source"] == 1 and status["current_source_address"] == f"127.0.0.1:{pg.port}", status
+        assert [(s["host"], s["port"]) for s in status["sources"]] == [("127.0.0.1", dead["port"]), ("127.0.0.1", pg.port)]
+        wait_for_ingest(pageserver, pg)
+        if not restarted:
+            pageserver.stop()
+            pageserver.start()
+    allowed = [r"could not stream WAL from .*: connect"]
+    assert unexpected_lines(pageserver.log_text(), allowed) == []

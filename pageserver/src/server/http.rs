@@ -9,7 +9,7 @@
 //! | POST | `/v1/tenant/{tenant}/timeline` | create: `{"timeline_id"?, "ancestor_timeline_id"?, "ancestor_lsn"?}` |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}` | one timeline's status |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/import` | `{"pgdata": "/path"}`: bootstrap from a shut-down data directory on this host |
-//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | `{"host", "port", "user"}`: follow a server's WAL over streaming replication (application_name `fjord_pageserver`); persisted, restarted when the pageserver starts |
+//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | `{"sources": [{"host", "port", "user"}, ...]}` (1 to 16, no duplicate host and port, no port 0) or one source `{"host", "port", "user"}`: follow the timeline's WAL over streaming replication from one source at a time, failing over to the next and switching to one with more WAL (application_name `fjord_pageserver`, database `<tenant>/<timeline>`); persisted, restarted when the pageserver starts; 400 with the reason for an invalid list |
 //! | DELETE | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | stop the receiver and forget its source (404 if there is none) |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/basebackup[?lsn=X/X]` | `application/x-tar` data directory to start a compute at the LSN (default: the last record LSN; an explicit one is waited for), header `X-Fjord-Lsn`; 400 below the GC horizon or branch point, 504 if the LSN is not ingested in time |
 //! | GET | `/metrics` | Prometheus text format |
@@ -216,9 +216,9 @@ async fn start_wal_receiver(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
-    let source: crate::walreceiver::WalSource = serde_json::from_slice(&body)
+    let sources = crate::walreceiver::WalSources::from_json(&body)
         .map_err(|e| ApiError(ManagementError::BadRequest(format!("invalid request body: {e}"))))?;
-    blocking(move || ps.start_wal_receiver(tenant, timeline, source)).await?;
+    blocking(move || ps.start_wal_receiver(tenant, timeline, sources)).await?;
     Ok(StatusCode::ACCEPTED)
 }
 

@@ -27,7 +27,7 @@ use crate::tenant::Tenant;
 use crate::timeline::Timeline;
 use crate::value::Reconstructor;
 use crate::localwal::WAL_RECEIVER_SOURCE_FILE;
-use crate::walreceiver::{WalReceiver, WalReceiverStatus, WalSource};
+use crate::walreceiver::{WalReceiver, WalReceiverStatus, WalSources};
 use crate::walredo::{WalRedoConfig, WalRedoManager};
 use crate::CreateTimelineError;
 pub use config::PageserverConfig;
@@ -222,11 +222,11 @@ impl Pageserver {
         Ok((out, summary))
     }
 
-    /// Starts following `source`'s WAL into the timeline, replacing any receiver it had.
-    /// The source is persisted in the timeline directory (`WAL_RECEIVER_SOURCE_FILE`,
-    /// written atomically) so that the receiver is started again when the pageserver
-    /// starts.
-    pub fn start_wal_receiver(&self, tenant: TenantId, timeline: TimelineId, source: WalSource) -> Result<(), ManagementError> {
+    /// Starts following the WAL of `sources` (one at a time, with failover) into the
+    /// timeline, replacing any receiver it had. The list is persisted in the timeline
+    /// directory (`WAL_RECEIVER_SOURCE_FILE`, written atomically) so that the receiver is
+    /// started again when the pageserver starts.
+    pub fn start_wal_receiver(&self, tenant: TenantId, timeline: TimelineId, sources: WalSources) -> Result<(), ManagementError> {
         let t = self.timeline(tenant, timeline)?;
         if !t.last_record_lsn().is_valid() {
             return Err(ManagementError::Conflict(format!(
@@ -234,9 +234,8 @@ impl Pageserver {
             )));
         }
         let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
-        let json = serde_json::to_vec_pretty(&source).context("encode the WAL receiver source")?;
-        crate::crashsafe::write_file_atomic(&path, &json).with_context(|| format!("write {}", path.display()))?;
-        self.spawn_wal_receiver(t, source);
+        crate::crashsafe::write_file_atomic(&path, &sources.to_json()).with_context(|| format!("write {}", path.display()))?;
+        self.spawn_wal_receiver(t, sources);
         Ok(())
     }
 
@@ -252,9 +251,10 @@ impl Pageserver {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
                 };
-                let source: WalSource = serde_json::from_slice(&bytes).with_context(|| format!("parse {}", path.display()))?;
-                tracing::info!(tenant = %id, timeline = %t.timeline_id(), "restarting the WAL receiver from {}:{}", source.host, source.port);
-                self.spawn_wal_receiver(t, source);
+                // Both the list and the single-source shape written before lists existed.
+                let sources = WalSources::from_json(&bytes).map_err(|e| anyhow::anyhow!("parse {}: {e}", path.display()))?;
+                tracing::info!(tenant = %id, timeline = %t.timeline_id(), "restarting the WAL receiver from {sources}");
+                self.spawn_wal_receiver(t, sources);
                 started += 1;
             }
         }
@@ -281,7 +281,7 @@ impl Pageserver {
         Ok(had_file || had_receiver)
     }
 
-    fn spawn_wal_receiver(&self, t: Arc<Timeline>, source: WalSource) {
+    fn spawn_wal_receiver(&self, t: Arc<Timeline>, sources: WalSources) {
         let (tenant, timeline) = (t.tenant_id(), t.timeline_id());
         let mut receivers = self.receivers.lock().unwrap_or_else(|p| p.into_inner());
         // The old receiver stops before the new one starts: a timeline has one writer, and
@@ -289,7 +289,7 @@ impl Pageserver {
         if let Some(old) = receivers.remove(&(tenant, timeline)) {
             old.stop();
         }
-        receivers.insert((tenant, timeline), WalReceiver::start(t, Arc::clone(&self.reconstructor), source));
+        receivers.insert((tenant, timeline), WalReceiver::start(t, Arc::clone(&self.reconstructor), sources));
     }
 
     pub fn wal_receiver_status(&self, tenant: TenantId, timeline: TimelineId) -> Option<WalReceiverStatus> {

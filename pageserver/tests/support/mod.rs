@@ -107,9 +107,24 @@ impl PgCluster {
     }
 
     pub fn start(&mut self) {
+        self.start_with("''");
+    }
+
+    /// Starts listening on `127.0.0.1:port` too, for clients that speak TCP only (the WAL
+    /// receiver). `initdb --auth=trust` lets replication connections in from there.
+    pub fn start_on_loopback(&mut self, port: u16) {
+        self.port = port;
+        self.start_with("'127.0.0.1'");
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn start_with(&mut self, listen_addresses: &str) {
         let pgdata = self.pgdata.display().to_string();
         let log = self.dir.path().join("postgres.log").display().to_string();
-        let opts = format!("-p {} -k {} -c listen_addresses=''", self.port, self.dir.path().display());
+        let opts = format!("-p {} -k {} -c listen_addresses={listen_addresses}", self.port, self.dir.path().display());
         self.run("pg_ctl", &["-D", &pgdata, "-l", &log, "-w", "-t", "60", "-o", &opts, "start"]);
         self.running = true;
     }
