@@ -189,7 +189,7 @@ impl TimelineStorage {
         let mut page = from.0 - from.0 % WAL_PAGE_BYTES;
         while page < to.0 {
             let lsn = Lsn(page);
-            let long = page % seg == 0;
+            let long = page.is_multiple_of(seg);
             let header_bytes = if long { SIZE_OF_XLOG_LONG_PHD } else { SIZE_OF_XLOG_SHORT_PHD } as u64;
             let header_end = page + header_bytes;
             // Only headers wholly inside the stored WAL can be checked.
