@@ -51,8 +51,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     let sk = safekeeper::Safekeeper::open(args.id, &args.data_dir)?;
     let rt = tokio::runtime::Runtime::new().context("start the async runtime")?;
     rt.block_on(async {
-        let listener = TcpListener::bind(&args.listen).await.with_context(|| format!("listen on {}", args.listen))?;
-        let http = TcpListener::bind(&args.http).await.with_context(|| format!("listen on {}", args.http))?;
+        let listener = TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("listen on {}", args.listen))?;
+        let http = TcpListener::bind(&args.http)
+            .await
+            .with_context(|| format!("listen on {}", args.http))?;
         tracing::info!(
             node_id = args.id,
             data_dir = %args.data_dir.display(),
@@ -69,7 +73,10 @@ fn run(args: Args) -> anyhow::Result<()> {
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("could not install signal handlers; stop with SIGKILL");
         return std::future::pending().await;
     };
