@@ -11,7 +11,7 @@
 //! handled first, the bad one changes nothing.
 
 use bytes::BytesMut;
-use quorum::wire::{AcceptorMessage, ProposerMessage, PROTOCOL_VERSION};
+use quorum::wire::{AcceptorMessage, PageserverFeedback, ProposerMessage, PROTOCOL_VERSION};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -94,16 +94,23 @@ pub async fn serve(mut stream: TcpStream, sk: Arc<Safekeeper>) -> anyhow::Result
                 return refuse(&mut stream, message).await;
             }
         };
+        // Subscribe before answering, so no change after the answer is missed; a proposer
+        // learns the current progress right away.
+        let feedback = tl.feedback_watch();
         let mut out = BytesMut::new();
         AcceptorMessage::HelloOk {
             protocol_version: PROTOCOL_VERSION,
             node_id: sk.node_id,
         }
         .encode(&mut out);
+        let current = *feedback.borrow();
+        if current != PageserverFeedback::default() {
+            AcceptorMessage::Feedback(current).encode(&mut out);
+        }
         stream.write_all(&out).await?;
         tracing::info!("proposer connected");
         sk.metrics.proposer_connections_open.inc();
-        let r = session(&mut stream, &mut buf, &tl).await;
+        let r = session(&mut stream, &mut buf, &tl, feedback).await;
         sk.metrics.proposer_connections_open.dec();
         match &r {
             Ok(()) => tracing::info!("proposer disconnected"),
@@ -119,9 +126,8 @@ async fn session(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     tl: &Arc<Timeline>,
+    mut feedback: tokio::sync::watch::Receiver<PageserverFeedback>,
 ) -> anyhow::Result<()> {
-    let mut feedback = tl.feedback_watch();
-    feedback.mark_unchanged();
     loop {
         // Drain what the socket already has, without waiting, so one sync covers it all.
         while buf.len() < BATCH_BYTES_MAX {

@@ -549,3 +549,44 @@ fn a_corrupt_control_file_is_reported_over_http_and_to_proposers() {
         "the corrupt file is left as it was"
     );
 }
+
+/// In process (the feedback comes from `replication.rs`, which runs inside the safekeeper):
+/// a change of the pageserver's progress reaches connected proposers.
+#[test]
+fn pageserver_feedback_reaches_proposers() {
+    let dir = tempfile::tempdir().unwrap();
+    let sk = safekeeper::Safekeeper::open(3, dir.path()).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (listener, http) = rt.block_on(async {
+        (
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        )
+    });
+    let port = listener.local_addr().unwrap().port();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = rt.spawn(safekeeper::server::run(sk.clone(), listener, http, async {
+        let _ = stop_rx.await;
+    }));
+    let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut conn = Conn {
+        s,
+        buf: BytesMut::new(),
+    };
+    assert!(matches!(
+        conn.hello(SYSID),
+        AcceptorMessage::HelloOk { node_id: 3, .. }
+    ));
+    let tl = sk.get_timeline(ids().0, ids().1).unwrap();
+    let f = quorum::wire::PageserverFeedback {
+        write_lsn: Lsn(300),
+        flush_lsn: Lsn(200),
+        apply_lsn: Lsn(100),
+    };
+    tl.set_pageserver_feedback(f);
+    assert_eq!(conn.recv(), Some(AcceptorMessage::Feedback(f)));
+    assert_eq!(tl.pageserver_feedback(), f);
+    let _ = stop_tx.send(());
+    rt.block_on(server).unwrap().unwrap();
+}

@@ -309,9 +309,6 @@ impl WalStore {
         if begin != self.written_end {
             bail!("append at {begin} but the WAL ends at {}", self.written_end);
         }
-        if self.durable.begin == Lsn(0) && self.durable.end == Lsn(0) && !data.is_empty() {
-            bail!("append at {begin} to a WAL that has no beginning yet");
-        }
         let mut lsn = begin.0;
         let mut rest = data;
         while !rest.is_empty() {
