@@ -1,1 +1,281 @@
-//! fjord's safekeeper (being built).
+//! fjord's safekeeper: one of the (three) acceptors that make a compute's WAL durable on a
+//! majority before a commit is acknowledged, and the source of committed WAL for the
+//! pageserver.
+//!
+//! - [`Safekeeper`]: the node: its data directory (locked against a second process), its
+//!   timelines, metrics. Timelines are loaded at startup; one that cannot be loaded (a
+//!   corrupt control file, a missing segment) is kept as *unavailable* with its error, shown
+//!   over HTTP and returned to whoever asks for it, and its files are left untouched.
+//! - [`timeline`]: one timeline's acceptor (the consensus core from `quorum`) and storage
+//!   behind one lock.
+//! - [`storage`]: the control file, WAL segments and `wal.end`; its docs state the fsync
+//!   discipline.
+//! - [`server`]: the TCP listener; a connection's first byte says whether it is a proposer
+//!   (`quorum::wire`, [`proposer`]) or a PostgreSQL replication client ([`replication`]).
+//! - [`http`]: status, timeline state and Prometheus metrics.
+
+pub mod http;
+pub mod metrics;
+pub mod proposer;
+pub mod replication;
+pub mod server;
+pub mod storage;
+pub mod timeline;
+
+use anyhow::Context;
+use proto::{TenantId, TimelineId};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use metrics::Metrics;
+use storage::TimelineStorage;
+pub use timeline::{Timeline, TimelineError};
+
+/// The lock file that keeps a second safekeeper off a data directory.
+pub const LOCK_FILE_NAME: &str = "safekeeper.lock";
+
+/// A timeline as the node knows it: usable, or not loadable with the reason.
+#[derive(Clone)]
+pub enum TimelineEntry {
+    Ok(Arc<Timeline>),
+    Unavailable(String),
+}
+
+pub struct Safekeeper {
+    pub node_id: u64,
+    data_dir: PathBuf,
+    timelines: RwLock<BTreeMap<(TenantId, TimelineId), TimelineEntry>>,
+    pub metrics: Arc<Metrics>,
+    /// Holds the `flock` on the lock file for the life of the process.
+    _lock: File,
+}
+
+impl Safekeeper {
+    /// Locks `data_dir` (creating it if needed) and loads every timeline in it. Errors only
+    /// if the directory cannot be used at all; a timeline that fails to load is logged and
+    /// kept as unavailable.
+    pub fn open(node_id: u64, data_dir: &Path) -> anyhow::Result<Arc<Safekeeper>> {
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("create data directory {}", data_dir.display()))?;
+        let lock = lock_data_dir(data_dir)?;
+        let metrics = Arc::new(Metrics::new().context("register metrics")?);
+        let mut timelines = BTreeMap::new();
+        for tenant_entry in read_dir_sorted(data_dir)? {
+            let Some(tenant) = tenant_entry
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.parse::<TenantId>().ok())
+            else {
+                continue;
+            };
+            if !tenant_entry.is_dir() {
+                continue;
+            }
+            for tl_entry in read_dir_sorted(&tenant_entry)? {
+                let Some(timeline) = tl_entry
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.parse::<TimelineId>().ok())
+                else {
+                    continue;
+                };
+                let entry = match load_timeline(&tl_entry, tenant, timeline, &metrics) {
+                    Ok(tl) => {
+                        tracing::info!(tenant_id = %tenant, timeline_id = %timeline, flush_lsn = %tl.flush_lsn(), commit_lsn = %tl.commit_lsn(), "loaded timeline");
+                        TimelineEntry::Ok(Arc::new(tl))
+                    }
+                    Err(e) => {
+                        let reason = format!("{e:#}");
+                        tracing::error!(tenant_id = %tenant, timeline_id = %timeline, "cannot load timeline: {reason}");
+                        TimelineEntry::Unavailable(reason)
+                    }
+                };
+                timelines.insert((tenant, timeline), entry);
+            }
+        }
+        Ok(Arc::new(Safekeeper {
+            node_id,
+            data_dir: data_dir.to_path_buf(),
+            timelines: RwLock::new(timelines),
+            metrics,
+            _lock: lock,
+        }))
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    fn timeline_dir(&self, tenant: TenantId, timeline: TimelineId) -> PathBuf {
+        self.data_dir
+            .join(tenant.to_string())
+            .join(timeline.to_string())
+    }
+
+    /// The timeline, if it exists and is usable; otherwise an error that says which it is.
+    pub fn get_timeline(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+    ) -> Result<Arc<Timeline>, TimelineError> {
+        let map = self.timelines.read().unwrap_or_else(|e| e.into_inner());
+        match map.get(&(tenant, timeline)) {
+            None => Err(TimelineError::NotFound { tenant, timeline }),
+            Some(TimelineEntry::Unavailable(reason)) => Err(TimelineError::Unavailable {
+                tenant,
+                timeline,
+                reason: reason.clone(),
+            }),
+            Some(TimelineEntry::Ok(tl)) => match tl.broken() {
+                Some(reason) => Err(TimelineError::Unavailable {
+                    tenant,
+                    timeline,
+                    reason,
+                }),
+                None => Ok(tl.clone()),
+            },
+        }
+    }
+
+    /// Every timeline with its entry, for status and shutdown.
+    pub fn timelines(&self) -> Vec<((TenantId, TimelineId), TimelineEntry)> {
+        let map = self.timelines.read().unwrap_or_else(|e| e.into_inner());
+        map.iter().map(|(k, v)| (*k, v.clone())).collect()
+    }
+
+    /// What a proposer's `Hello` does: the timeline, created if new (blocking: it writes
+    /// and fsyncs files). The error text is what the proposer is told.
+    pub fn hello_timeline(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        system_id: u64,
+        wal_segment_size: u32,
+    ) -> Result<Arc<Timeline>, String> {
+        let mut map = self.timelines.write().unwrap_or_else(|e| e.into_inner());
+        let tl = match map.get(&(tenant, timeline)) {
+            Some(TimelineEntry::Unavailable(reason)) => {
+                return Err(TimelineError::Unavailable {
+                    tenant,
+                    timeline,
+                    reason: reason.clone(),
+                }
+                .to_string())
+            }
+            Some(TimelineEntry::Ok(tl)) => tl.clone(),
+            None => {
+                let dir = self.timeline_dir(tenant, timeline);
+                let storage =
+                    TimelineStorage::create(&dir, tenant, timeline, system_id, wal_segment_size)
+                        .map_err(|e| {
+                            format!("could not create timeline {tenant}/{timeline}: {e:#}")
+                        })?;
+                tracing::info!(tenant_id = %tenant, timeline_id = %timeline, system_id, wal_segment_size, "created timeline");
+                let tl = Arc::new(Timeline::new(storage, self.metrics.clone()));
+                map.insert((tenant, timeline), TimelineEntry::Ok(tl.clone()));
+                tl
+            }
+        };
+        drop(map);
+        if let Some(reason) = tl.broken() {
+            return Err(TimelineError::Unavailable {
+                tenant,
+                timeline,
+                reason,
+            }
+            .to_string());
+        }
+        if tl.system_id() != system_id {
+            return Err(format!(
+                "timeline {tenant}/{timeline} was created for system {}, this proposer writes WAL of system {system_id}",
+                tl.system_id()
+            ));
+        }
+        if tl.wal_segment_size() != wal_segment_size {
+            return Err(format!(
+                "timeline {tenant}/{timeline} has WAL segments of {} bytes, this proposer uses {wal_segment_size}",
+                tl.wal_segment_size()
+            ));
+        }
+        Ok(tl)
+    }
+
+    /// Writes every timeline's commit LSN that advanced since it was last written (blocking).
+    /// Runs about once a second and at shutdown.
+    pub fn persist_commit_lsns(&self) {
+        for ((tenant, timeline), entry) in self.timelines() {
+            if let TimelineEntry::Ok(tl) = entry {
+                if let Err(e) = tl.persist_commit_lsn() {
+                    tracing::warn!(tenant_id = %tenant, timeline_id = %timeline, "could not persist commit LSN: {e:#}");
+                }
+            }
+        }
+    }
+}
+
+fn load_timeline(
+    dir: &Path,
+    tenant: TenantId,
+    timeline: TimelineId,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Timeline> {
+    let storage = TimelineStorage::open(dir)?;
+    let c = storage.control();
+    if c.tenant != tenant || c.timeline != timeline {
+        anyhow::bail!(
+            "control file in {} belongs to timeline {}/{}",
+            dir.display(),
+            c.tenant,
+            c.timeline
+        );
+    }
+    Ok(Timeline::new(storage, metrics.clone()))
+}
+
+fn read_dir_sorted(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir).with_context(|| format!("list {}", dir.display()))? {
+        v.push(e.with_context(|| format!("list {}", dir.display()))?.path());
+    }
+    v.sort();
+    Ok(v)
+}
+
+/// Takes an exclusive `flock` on `<data_dir>/safekeeper.lock` and writes our pid into it;
+/// fails clearly if another process holds it. The lock dies with the process, so a crash
+/// leaves nothing to clean up.
+fn lock_data_dir(data_dir: &Path) -> anyhow::Result<File> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let path = data_dir.join(LOCK_FILE_NAME);
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("open lock file {}", path.display()))?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        let mut pid = String::new();
+        let _ = f.read_to_string(&mut pid);
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            anyhow::bail!(
+                "data directory {} is in use by another safekeeper (pid {}, lock file {})",
+                data_dir.display(),
+                pid.trim(),
+                path.display()
+            );
+        }
+        return Err(err).with_context(|| format!("lock {}", path.display()));
+    }
+    f.set_len(0)
+        .and_then(|_| f.rewind())
+        .and_then(|_| writeln!(f, "{}", std::process::id()))
+        .with_context(|| format!("write {}", path.display()))?;
+    Ok(f)
+}

@@ -1,0 +1,87 @@
+//! The `safekeeper` process: flags, logging, the data directory lock, signals.
+
+use clap::Parser;
+use std::path::PathBuf;
+use tokio::net::TcpListener;
+
+/// fjord's safekeeper: stores a compute's WAL durably as one of a quorum of acceptors and
+/// serves committed WAL to the pageserver.
+///
+/// Proposers (the compute's WAL proposer) and PostgreSQL replication clients (the
+/// pageserver) share the --listen port. Logs go to stderr; set RUST_LOG (e.g.
+/// RUST_LOG=safekeeper=debug) to change what is logged. SIGTERM or SIGINT stops it cleanly.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about)]
+struct Args {
+    /// This safekeeper's node id, reported to proposers.
+    #[arg(long)]
+    id: u64,
+    /// Where timelines are stored (<dir>/<tenant_id>/<timeline_id>/); created if missing.
+    /// Only one safekeeper may use a directory at a time.
+    #[arg(long, value_name = "DIR")]
+    data_dir: PathBuf,
+    /// Address for proposers and replication clients.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:5454")]
+    listen: String,
+    /// Address of the HTTP API (status, timelines, /metrics).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:7676")]
+    http: String,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("safekeeper: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let sk = safekeeper::Safekeeper::open(args.id, &args.data_dir)?;
+    let rt = tokio::runtime::Runtime::new().context("start the async runtime")?;
+    rt.block_on(async {
+        let listener = TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("listen on {}", args.listen))?;
+        let http = TcpListener::bind(&args.http)
+            .await
+            .with_context(|| format!("listen on {}", args.http))?;
+        tracing::info!(
+            node_id = args.id,
+            data_dir = %args.data_dir.display(),
+            listen = %listener.local_addr()?,
+            http = %http.local_addr()?,
+            "safekeeper started"
+        );
+        safekeeper::server::run(sk, listener, http, shutdown_signal()).await
+    })?;
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    tracing::info!("safekeeper stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("could not install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}

@@ -1,0 +1,204 @@
+//! One proposer connection: `Hello`, then consensus messages through the timeline's
+//! acceptor (`quorum::wire` framing).
+//!
+//! Group commit: each time the socket is readable, everything already received is read and
+//! decoded, and the whole batch goes through [`Timeline::handle_batch`], which syncs once;
+//! the replies go out together afterwards. A proposer that pipelines appends (it may send up
+//! to its window ahead) thus pays two fsyncs per batch, not per message.
+//!
+//! A malformed message or a protocol violation gets `Error` with the reason and the
+//! connection is closed; messages decoded before it in the same read were valid and are
+//! handled first, the bad one changes nothing.
+
+use bytes::BytesMut;
+use quorum::wire::{AcceptorMessage, PageserverFeedback, ProposerMessage, PROTOCOL_VERSION};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tracing::Instrument;
+
+use crate::timeline::Timeline;
+use crate::Safekeeper;
+
+/// Read-ahead per socket read.
+const READ_CHUNK_BYTES: usize = 256 * 1024;
+/// Stop draining the socket into one batch beyond this (bounds memory per connection).
+const BATCH_BYTES_MAX: usize = 32 * 1024 * 1024;
+
+/// Closes the connection after telling the proposer why.
+async fn refuse(stream: &mut TcpStream, message: String) -> anyhow::Result<()> {
+    let mut out = BytesMut::new();
+    AcceptorMessage::Error {
+        message: message.clone(),
+    }
+    .encode(&mut out);
+    let _ = stream.write_all(&out).await;
+    let _ = stream.shutdown().await;
+    anyhow::bail!("{message}")
+}
+
+/// Reads until `buf` holds at least one more byte; `false` on end of stream.
+async fn read_more(stream: &mut TcpStream, buf: &mut BytesMut) -> anyhow::Result<bool> {
+    buf.reserve(READ_CHUNK_BYTES);
+    Ok(stream.read_buf(buf).await? > 0)
+}
+
+/// Serves a proposer connection (its first byte is `b'H'`).
+pub async fn serve(mut stream: TcpStream, sk: Arc<Safekeeper>) -> anyhow::Result<()> {
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let hello = loop {
+        match ProposerMessage::decode(&mut buf) {
+            Ok(Some(m)) => break m,
+            Ok(None) => {
+                if !read_more(&mut stream, &mut buf).await? {
+                    return Ok(());
+                }
+            }
+            Err(e) => return refuse(&mut stream, format!("malformed greeting: {e}")).await,
+        }
+    };
+    let ProposerMessage::Hello {
+        protocol_version,
+        tenant,
+        timeline,
+        system_id,
+        wal_segment_size,
+        name,
+    } = hello
+    else {
+        return refuse(&mut stream, "the first message must be Hello".into()).await;
+    };
+    if protocol_version != PROTOCOL_VERSION {
+        return refuse(
+            &mut stream,
+            format!("unsupported protocol version {protocol_version}, this safekeeper speaks {PROTOCOL_VERSION}"),
+        )
+        .await;
+    }
+    let span =
+        tracing::info_span!("proposer", tenant_id = %tenant, timeline_id = %timeline, %peer, %name);
+    async move {
+        let sk2 = sk.clone();
+        let tl = tokio::task::spawn_blocking(move || {
+            sk2.hello_timeline(tenant, timeline, system_id, wal_segment_size)
+        })
+        .await?;
+        let tl = match tl {
+            Ok(tl) => tl,
+            Err(message) => {
+                tracing::warn!("refused: {message}");
+                return refuse(&mut stream, message).await;
+            }
+        };
+        // Subscribe before answering, so no change after the answer is missed; a proposer
+        // learns the current progress right away.
+        let feedback = tl.feedback_watch();
+        let mut out = BytesMut::new();
+        AcceptorMessage::HelloOk {
+            protocol_version: PROTOCOL_VERSION,
+            node_id: sk.node_id,
+        }
+        .encode(&mut out);
+        let current = *feedback.borrow();
+        if current != PageserverFeedback::default() {
+            AcceptorMessage::Feedback(current).encode(&mut out);
+        }
+        stream.write_all(&out).await?;
+        tracing::info!("proposer connected");
+        sk.metrics.proposer_connections_open.inc();
+        let r = session(&mut stream, &mut buf, &tl, feedback).await;
+        sk.metrics.proposer_connections_open.dec();
+        match &r {
+            Ok(()) => tracing::info!("proposer disconnected"),
+            Err(e) => tracing::warn!("proposer connection closed: {e:#}"),
+        }
+        r
+    }
+    .instrument(span)
+    .await
+}
+
+async fn session(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    tl: &Arc<Timeline>,
+    mut feedback: tokio::sync::watch::Receiver<PageserverFeedback>,
+) -> anyhow::Result<()> {
+    loop {
+        // Drain what the socket already has, without waiting, so one sync covers it all.
+        while buf.len() < BATCH_BYTES_MAX {
+            buf.reserve(READ_CHUNK_BYTES);
+            match stream.try_read_buf(buf) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut msgs = Vec::new();
+        let mut violation = None;
+        loop {
+            match ProposerMessage::decode(buf) {
+                Ok(Some(ProposerMessage::Consensus(m))) => msgs.push(m),
+                Ok(Some(ProposerMessage::Hello { .. })) => {
+                    violation =
+                        Some("unexpected Hello on a connection that already greeted".to_string());
+                    break;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    violation = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        if !msgs.is_empty() {
+            let tl2 = tl.clone();
+            let outcome = tokio::task::spawn_blocking(move || tl2.handle_batch(msgs)).await?;
+            let outcome = match outcome {
+                Ok(o) => o,
+                Err(e) => return refuse(stream, e.to_string()).await,
+            };
+            let mut out = BytesMut::new();
+            for r in outcome.replies {
+                AcceptorMessage::Consensus(r).encode(&mut out);
+            }
+            stream.write_all(&out).await?;
+            if let Some(e) = outcome.error {
+                return refuse(stream, e).await;
+            }
+        }
+        if let Some(v) = violation {
+            return refuse(stream, v).await;
+        }
+        enum Event {
+            Read(anyhow::Result<bool>),
+            Feedback,
+        }
+        let event = tokio::select! {
+            more = read_more(stream, buf) => Event::Read(more),
+            changed = feedback.changed() => match changed {
+                Ok(()) => Event::Feedback,
+                // The timeline outlives its connections; treat it as nothing to send.
+                Err(_) => Event::Read(Ok(true)),
+            },
+        };
+        match event {
+            Event::Read(more) => {
+                if !more? {
+                    return Ok(());
+                }
+            }
+            Event::Feedback => {
+                let f = *feedback.borrow_and_update();
+                let mut out = BytesMut::new();
+                AcceptorMessage::Feedback(f).encode(&mut out);
+                stream.write_all(&out).await?;
+            }
+        }
+    }
+}

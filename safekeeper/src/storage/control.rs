@@ -1,0 +1,252 @@
+//! The control file, `safekeeper.control`: what a timeline's acceptor keeps durably besides
+//! its WAL bytes.
+//!
+//! Layout (integers little-endian), followed by a crc32c of everything before it:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 4 | magic `FJSK` |
+//! | 4 | format version (1) |
+//! | 16 | tenant id |
+//! | 16 | timeline id |
+//! | 8 | PostgreSQL system identifier of the WAL |
+//! | 4 | WAL segment size in bytes |
+//! | 8 | term |
+//! | 4 + 16 n | term history: n, then n × (term, LSN) |
+//! | 8 | commit LSN |
+//! | 8 | the WAL's beginning LSN when this file was written (informational: the durable
+//! |   | beginning and end live together in `wal.end`, see [`super::wal`]) |
+//! | 4 | crc32c |
+//!
+//! The file is replaced atomically (write a temporary file, fsync it, rename it over the
+//! old one, fsync the directory), so a crash leaves either the old or the new contents.
+//! A file that fails its checksum or cannot be parsed is corruption: the caller reports the
+//! timeline unusable and never rewrites the file.
+
+use anyhow::Context;
+use proto::{Lsn, TenantId, TimelineId};
+use quorum::{Term, TermHistory, TermSwitch};
+use std::path::Path;
+
+pub const CONTROL_FILE_NAME: &str = "safekeeper.control";
+const MAGIC: [u8; 4] = *b"FJSK";
+const FORMAT_VERSION: u32 = 1;
+/// A history longer than this is not something the wire would accept either.
+const HISTORY_ENTRIES_MAX: usize = quorum::wire::HISTORY_ENTRIES_MAX;
+
+/// The contents of a control file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControlFile {
+    pub tenant: TenantId,
+    pub timeline: TimelineId,
+    pub system_id: u64,
+    pub wal_segment_size: u32,
+    pub term: Term,
+    pub history: TermHistory,
+    pub commit_lsn: Lsn,
+    pub wal_begin: Lsn,
+}
+
+/// Why a control file cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ControlFileError {
+    #[error("control file is {0} bytes, too short to be one")]
+    TooShort(usize),
+    #[error("control file has a bad checksum (stored {stored:#010x}, computed {computed:#010x})")]
+    Checksum { stored: u32, computed: u32 },
+    #[error("control file has bad magic {0:02x?}")]
+    Magic([u8; 4]),
+    #[error("control file has format version {0}, this safekeeper reads version {FORMAT_VERSION}")]
+    Version(u32),
+    #[error("control file is malformed: {0}")]
+    Malformed(String),
+}
+
+impl ControlFile {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(128 + 16 * self.history.0.len());
+        b.extend_from_slice(&MAGIC);
+        b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b.extend_from_slice(self.tenant.as_bytes());
+        b.extend_from_slice(self.timeline.as_bytes());
+        b.extend_from_slice(&self.system_id.to_le_bytes());
+        b.extend_from_slice(&self.wal_segment_size.to_le_bytes());
+        b.extend_from_slice(&self.term.to_le_bytes());
+        b.extend_from_slice(&(self.history.0.len() as u32).to_le_bytes());
+        for e in &self.history.0 {
+            b.extend_from_slice(&e.term.to_le_bytes());
+            b.extend_from_slice(&e.lsn.0.to_le_bytes());
+        }
+        b.extend_from_slice(&self.commit_lsn.0.to_le_bytes());
+        b.extend_from_slice(&self.wal_begin.0.to_le_bytes());
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<ControlFile, ControlFileError> {
+        if buf.len() < 4 + 4 + 4 {
+            return Err(ControlFileError::TooShort(buf.len()));
+        }
+        let (body, crc) = buf.split_at(buf.len() - 4);
+        let stored = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+        let computed = crc32c::crc32c(body);
+        if stored != computed {
+            return Err(ControlFileError::Checksum { stored, computed });
+        }
+        let mut r = Reader(body);
+        let magic: [u8; 4] = r.take(4)?.try_into().expect("4 bytes");
+        if magic != MAGIC {
+            return Err(ControlFileError::Magic(magic));
+        }
+        let version = r.u32()?;
+        if version != FORMAT_VERSION {
+            return Err(ControlFileError::Version(version));
+        }
+        let tenant = TenantId::from_bytes(r.take(16)?.try_into().expect("16 bytes"));
+        let timeline = TimelineId::from_bytes(r.take(16)?.try_into().expect("16 bytes"));
+        let system_id = r.u64()?;
+        let wal_segment_size = r.u32()?;
+        if !wal_segment_size.is_power_of_two() || !(1 << 20..=1 << 30).contains(&wal_segment_size) {
+            return Err(ControlFileError::Malformed(format!(
+                "WAL segment size {wal_segment_size}"
+            )));
+        }
+        let term = r.u64()?;
+        let n = r.u32()? as usize;
+        if n > HISTORY_ENTRIES_MAX {
+            return Err(ControlFileError::Malformed(format!(
+                "term history of {n} entries"
+            )));
+        }
+        let mut history = Vec::with_capacity(n);
+        for _ in 0..n {
+            let e = TermSwitch {
+                term: r.u64()?,
+                lsn: Lsn(r.u64()?),
+            };
+            if history
+                .last()
+                .is_some_and(|p: &TermSwitch| e.term <= p.term || e.lsn < p.lsn)
+            {
+                return Err(ControlFileError::Malformed(
+                    "term history is not increasing".into(),
+                ));
+            }
+            history.push(e);
+        }
+        let commit_lsn = Lsn(r.u64()?);
+        let wal_begin = Lsn(r.u64()?);
+        if !r.0.is_empty() {
+            return Err(ControlFileError::Malformed(format!(
+                "{} trailing bytes",
+                r.0.len()
+            )));
+        }
+        Ok(ControlFile {
+            tenant,
+            timeline,
+            system_id,
+            wal_segment_size,
+            term,
+            history: TermHistory(history),
+            commit_lsn,
+            wal_begin,
+        })
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ControlFileError> {
+        if self.0.len() < n {
+            return Err(ControlFileError::Malformed("truncated".into()));
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u32(&mut self) -> Result<u32, ControlFileError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, ControlFileError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+}
+
+/// Replaces `dir/name` with `contents` atomically and durably: temporary file, fsync,
+/// rename, fsync of the directory. Returns the number of fsyncs done (for metrics).
+pub fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{name}.tmp"));
+    let path = dir.join(name);
+    let mut f = std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+    f.write_all(contents)
+        .with_context(|| format!("write {}", tmp.display()))?;
+    f.sync_all()
+        .with_context(|| format!("fsync {}", tmp.display()))?;
+    drop(f);
+    std::fs::rename(&tmp, &path)
+        .with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
+    fsync_dir(dir)
+}
+
+pub fn fsync_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("fsync directory {}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ControlFile {
+        ControlFile {
+            tenant: TenantId::from_bytes([1; 16]),
+            timeline: TimelineId::from_bytes([2; 16]),
+            system_id: 7,
+            wal_segment_size: 16 << 20,
+            term: 3,
+            history: TermHistory(vec![
+                TermSwitch {
+                    term: 1,
+                    lsn: Lsn(100),
+                },
+                TermSwitch {
+                    term: 3,
+                    lsn: Lsn(200),
+                },
+            ]),
+            commit_lsn: Lsn(150),
+            wal_begin: Lsn(100),
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let c = sample();
+        assert_eq!(ControlFile::decode(&c.encode()), Ok(c));
+    }
+
+    #[test]
+    fn every_flipped_byte_is_caught() {
+        let bytes = sample().encode();
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x40;
+            assert!(ControlFile::decode(&b).is_err(), "flip at {i} not caught");
+        }
+        for n in 0..bytes.len() {
+            assert!(
+                ControlFile::decode(&bytes[..n]).is_err(),
+                "truncation to {n} not caught"
+            );
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! A timeline's durable state: the control file ([`control`]) and the WAL ([`wal`]), in
+//! `<data_dir>/<tenant_id>/<timeline_id>/`.
+//!
+//! [`TimelineStorage`] carries out the acceptor's [`quorum::Persist`] actions:
+//! - `Persist::Control` replaces the control file atomically before returning (durable).
+//! - `Persist::Append` writes the bytes into their segments; they become durable at the next
+//!   [`TimelineStorage::sync`] (segments fdatasynced, then `wal.end`), which the caller runs
+//!   before it replies to anything — once per batch of messages (group commit).
+//! - `Persist::Truncate { at }` syncs pending appends, then moves the end (inside the WAL) or
+//!   empties the WAL to begin at `at` (outside it), durably, before returning.
+//!
+//! The commit LSN reaches the control file lazily ([`TimelineStorage::persist_commit_lsn`]):
+//! losing it in a crash only makes this safekeeper serve less WAL until a proposer tells it
+//! again.
+//!
+//! Reads: [`TimelineStorage::read_wal`] returns bytes as stored;
+//! [`TimelineStorage::read_wal_verified`] also checks the header of every WAL page the range
+//! touches (magic, page address, timeline, and for a segment's first page the system id and
+//! segment size) with `pgwal`, and names the segment file and LSN of a bad one.
+
+pub mod control;
+pub mod wal;
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use proto::{Lsn, TenantId, TimelineId};
+use quorum::{AcceptorState, Persist, TermHistory};
+use std::path::{Path, PathBuf};
+
+use control::{write_atomic, ControlFile, CONTROL_FILE_NAME};
+use pgwal::consts::{SIZE_OF_XLOG_LONG_PHD, SIZE_OF_XLOG_SHORT_PHD};
+pub use wal::SyncStats;
+use wal::{segment_file_name, WalExtent, WalStore, PG_TIMELINE};
+
+/// Size of a WAL page (`XLOG_BLCKSZ`).
+const WAL_PAGE_BYTES: u64 = proto::lsn::WAL_PAGE_SIZE_BYTES;
+
+/// A timeline's control file and WAL. The timeline's lock serialises access.
+pub struct TimelineStorage {
+    dir: PathBuf,
+    control: ControlFile,
+    wal: WalStore,
+}
+
+impl TimelineStorage {
+    /// Creates the files of a new timeline in `dir` (which must not exist): built in a
+    /// temporary sibling directory and renamed into place, so a crash never leaves half a
+    /// timeline under its real name.
+    pub fn create(
+        dir: &Path,
+        tenant: TenantId,
+        timeline: TimelineId,
+        system_id: u64,
+        wal_segment_size: u32,
+    ) -> anyhow::Result<TimelineStorage> {
+        let parent = dir.parent().context("timeline directory has no parent")?;
+        std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
+        let tmp = parent.join(format!(".{timeline}.creating"));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).with_context(|| format!("remove {}", tmp.display()))?;
+        }
+        std::fs::create_dir(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+        let control = ControlFile {
+            tenant,
+            timeline,
+            system_id,
+            wal_segment_size,
+            term: 0,
+            history: TermHistory::default(),
+            commit_lsn: Lsn(0),
+            wal_begin: Lsn(0),
+        };
+        write_atomic(&tmp, CONTROL_FILE_NAME, &control.encode())?;
+        WalStore::create(&tmp)?;
+        control::fsync_dir(&tmp)?;
+        std::fs::rename(&tmp, dir)
+            .with_context(|| format!("rename {} to {}", tmp.display(), dir.display()))?;
+        control::fsync_dir(parent)?;
+        // The tenant directory may be new too.
+        if let Some(data_dir) = parent.parent() {
+            control::fsync_dir(data_dir)?;
+        }
+        Self::open(dir)
+    }
+
+    /// Opens an existing timeline. Errors (a corrupt control file, a missing segment) are
+    /// reported by the caller as the timeline being unusable; nothing is rewritten here.
+    pub fn open(dir: &Path) -> anyhow::Result<TimelineStorage> {
+        let path = dir.join(CONTROL_FILE_NAME);
+        let bytes = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
+        let control = ControlFile::decode(&bytes)
+            .with_context(|| format!("{} is corrupt", path.display()))?;
+        let wal = WalStore::open(dir, u64::from(control.wal_segment_size))?;
+        let extent = wal.extent();
+        if control.commit_lsn > extent.end {
+            bail!(
+                "control file's commit LSN {} is beyond the end of WAL {}",
+                control.commit_lsn,
+                extent.end
+            );
+        }
+        Ok(TimelineStorage {
+            dir: dir.to_path_buf(),
+            control,
+            wal,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn control(&self) -> &ControlFile {
+        &self.control
+    }
+
+    pub fn wal_extent(&self) -> WalExtent {
+        self.wal.extent()
+    }
+
+    /// The acceptor's durable state as on disk.
+    pub fn acceptor_state(&self) -> AcceptorState {
+        AcceptorState {
+            term: self.control.term,
+            history: self.control.history.clone(),
+            commit_lsn: self.control.commit_lsn,
+            flush_lsn: self.wal.extent().end,
+        }
+    }
+
+    /// Carries out one `Persist` action; see the module docs for what is durable when.
+    pub fn persist(&mut self, p: &Persist, stats: &mut SyncStats) -> anyhow::Result<()> {
+        match p {
+            Persist::Control {
+                term,
+                history,
+                commit_lsn,
+            } => {
+                self.sync(stats)?;
+                let mut c = self.control.clone();
+                c.term = *term;
+                c.history = history.clone();
+                c.commit_lsn = *commit_lsn;
+                self.write_control(c, stats)
+            }
+            Persist::Truncate { at } => {
+                self.sync(stats)?;
+                self.wal.truncate(*at, stats)?;
+                if self.control.wal_begin != self.wal.extent().begin {
+                    // Keep the control file's informational copy of the beginning current.
+                    let mut c = self.control.clone();
+                    c.wal_begin = self.wal.extent().begin;
+                    self.write_control(c, stats)?;
+                }
+                Ok(())
+            }
+            Persist::Append { begin, data } => self.wal.append(*begin, data, stats),
+        }
+    }
+
+    fn write_control(&mut self, mut c: ControlFile, stats: &mut SyncStats) -> anyhow::Result<()> {
+        c.wal_begin = self.wal.extent().begin;
+        let t = std::time::Instant::now();
+        write_atomic(&self.dir, CONTROL_FILE_NAME, &c.encode())?;
+        stats.fsyncs += 2;
+        stats.fsync_seconds += t.elapsed().as_secs_f64();
+        self.control = c;
+        Ok(())
+    }
+
+    /// Makes every append so far durable (two fsyncs if there were any).
+    pub fn sync(&mut self, stats: &mut SyncStats) -> anyhow::Result<()> {
+        self.wal.sync(stats)
+    }
+
+    /// Writes the commit LSN into the control file if it moved (the lazy path).
+    pub fn persist_commit_lsn(
+        &mut self,
+        commit_lsn: Lsn,
+        stats: &mut SyncStats,
+    ) -> anyhow::Result<bool> {
+        if commit_lsn <= self.control.commit_lsn {
+            return Ok(false);
+        }
+        self.sync(stats)?;
+        let mut c = self.control.clone();
+        c.commit_lsn = commit_lsn;
+        self.write_control(c, stats)?;
+        Ok(true)
+    }
+
+    /// The WAL in `[from, to)` as stored (`to` at most the end of what was written).
+    pub fn read_wal(&mut self, from: Lsn, to: Lsn) -> anyhow::Result<Bytes> {
+        self.wal.read(from, to)
+    }
+
+    /// The WAL in `[from, to)`, after checking the header of every page the range touches
+    /// whose header is inside the WAL (the WAL may begin mid-page, after a header it never
+    /// had). Errors name the segment file and the page's LSN.
+    pub fn read_wal_verified(&mut self, from: Lsn, to: Lsn) -> anyhow::Result<Bytes> {
+        let data = self.wal.read(from, to)?;
+        if from == to {
+            return Ok(data);
+        }
+        let seg = u64::from(self.control.wal_segment_size);
+        let begin = self.wal.extent().begin;
+        let mut page = from.0 - from.0 % WAL_PAGE_BYTES;
+        while page < to.0 {
+            let lsn = Lsn(page);
+            let long = page.is_multiple_of(seg);
+            let header_bytes = if long {
+                SIZE_OF_XLOG_LONG_PHD
+            } else {
+                SIZE_OF_XLOG_SHORT_PHD
+            } as u64;
+            let header_end = page + header_bytes;
+            // Only headers wholly inside the stored WAL can be checked.
+            if page >= begin.0 && header_end <= self.wal_written_end().0 {
+                let header = if page >= from.0 && header_end <= to.0 {
+                    data.slice((page - from.0) as usize..(header_end - from.0) as usize)
+                } else {
+                    self.wal.read(lsn, Lsn(header_end))?
+                };
+                self.check_page_header(lsn, &header, seg)?;
+            }
+            page += WAL_PAGE_BYTES;
+        }
+        Ok(data)
+    }
+
+    fn wal_written_end(&self) -> Lsn {
+        // Reads are bounded by the written end; verification uses the same bound.
+        self.wal.written_end()
+    }
+
+    fn check_page_header(&self, lsn: Lsn, header: &[u8], seg: u64) -> anyhow::Result<()> {
+        let segment = segment_file_name(lsn.0 / seg, seg);
+        let h = pgwal::PageHeader::parse(header)
+            .with_context(|| format!("WAL segment {segment} at {lsn}: page header is truncated"))?;
+        h.validate(lsn, seg, Some(self.control.system_id))
+            .with_context(|| format!("WAL segment {segment} at {lsn}: invalid page header"))?;
+        if h.tli.0 != PG_TIMELINE {
+            bail!(
+                "WAL segment {segment} at {lsn}: page of timeline {}, expected {PG_TIMELINE}",
+                h.tli.0
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,353 @@
+//! One timeline on this safekeeper: its [`quorum::Acceptor`], its storage, and the values
+//! other tasks watch (commit LSN, flush LSN, pageserver feedback).
+//!
+//! All proposer connections of a timeline (an old and a new compute may both be connected)
+//! go through one lock: a batch of messages is handled under it, its `Persist` actions are
+//! carried out in order, and pending appends are synced before the lock is released and the
+//! replies are sent. So a reply never precedes the durability it depends on, and the
+//! in-memory acceptor state equals the durable state whenever the lock is free.
+//!
+//! If storage fails mid-batch (an fsync error), the in-memory state may be ahead of the disk;
+//! the timeline is then marked broken and refuses everything until the safekeeper restarts
+//! and reloads it from disk (retrying an fsync after a failure proves nothing).
+
+use bytes::Bytes;
+use proto::{Lsn, TenantId, TimelineId};
+use quorum::wire::{PageserverFeedback, WAL_BYTES_MAX};
+use quorum::{Acceptor, AcceptorAction, Persist, ToAcceptor, ToProposer};
+use serde::Serialize;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+use crate::storage::{SyncStats, TimelineStorage};
+
+/// Why a timeline cannot be used.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum TimelineError {
+    #[error("timeline {tenant}/{timeline} does not exist on this safekeeper")]
+    NotFound {
+        tenant: TenantId,
+        timeline: TimelineId,
+    },
+    #[error("timeline {tenant}/{timeline} is unavailable: {reason}")]
+    Unavailable {
+        tenant: TenantId,
+        timeline: TimelineId,
+        reason: String,
+    },
+}
+
+/// What handling a batch of proposer messages produced.
+#[derive(Debug, Default)]
+pub struct BatchOutcome {
+    /// Replies to send, in order; everything they depend on is durable.
+    pub replies: Vec<ToProposer>,
+    /// The request could not be served (the connection says so and closes); replies before
+    /// it are still valid.
+    pub error: Option<String>,
+}
+
+struct Inner {
+    acceptor: Acceptor,
+    storage: TimelineStorage,
+    /// Set when storage failed; the timeline refuses everything after that.
+    broken: Option<String>,
+}
+
+pub struct Timeline {
+    pub tenant: TenantId,
+    pub timeline: TimelineId,
+    system_id: u64,
+    wal_segment_size: u32,
+    inner: Mutex<Inner>,
+    commit_tx: watch::Sender<Lsn>,
+    flush_tx: watch::Sender<Lsn>,
+    feedback_tx: watch::Sender<PageserverFeedback>,
+    metrics: Arc<Metrics>,
+}
+
+/// The state of a timeline as the HTTP API shows it.
+#[derive(Debug, Serialize)]
+pub struct TimelineStatus {
+    pub tenant_id: String,
+    pub timeline_id: String,
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub system_id: u64,
+    pub wal_segment_size: u32,
+    pub term: u64,
+    pub term_history: Vec<TermSwitchJson>,
+    pub flush_lsn: String,
+    pub commit_lsn: String,
+    pub wal_begin_lsn: String,
+    pub pageserver_feedback: FeedbackJson,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TermSwitchJson {
+    pub term: u64,
+    pub lsn: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FeedbackJson {
+    pub write_lsn: String,
+    pub flush_lsn: String,
+    pub apply_lsn: String,
+}
+
+impl Timeline {
+    pub(crate) fn new(storage: TimelineStorage, metrics: Arc<Metrics>) -> Timeline {
+        let c = storage.control().clone();
+        let state = storage.acceptor_state();
+        let (commit_tx, _) = watch::channel(state.commit_lsn);
+        let (flush_tx, _) = watch::channel(state.flush_lsn);
+        let (feedback_tx, _) = watch::channel(PageserverFeedback::default());
+        let tl = Timeline {
+            tenant: c.tenant,
+            timeline: c.timeline,
+            system_id: c.system_id,
+            wal_segment_size: c.wal_segment_size,
+            inner: Mutex::new(Inner {
+                acceptor: Acceptor::new(state.clone()),
+                storage,
+                broken: None,
+            }),
+            commit_tx,
+            flush_tx,
+            feedback_tx,
+            metrics,
+        };
+        tl.update_gauges(state.flush_lsn, state.commit_lsn);
+        tl
+    }
+
+    fn labels(&self) -> [String; 2] {
+        [self.tenant.to_string(), self.timeline.to_string()]
+    }
+
+    fn update_gauges(&self, flush: Lsn, commit: Lsn) {
+        let [t, tl] = self.labels();
+        self.metrics
+            .flush_lsn
+            .with_label_values(&[&t, &tl])
+            .set(flush.0 as i64);
+        self.metrics
+            .commit_lsn
+            .with_label_values(&[&t, &tl])
+            .set(commit.0 as i64);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves no partial disk state we would trust less
+        // than the disk itself; keep going with the data.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn unavailable(&self, reason: &str) -> TimelineError {
+        TimelineError::Unavailable {
+            tenant: self.tenant,
+            timeline: self.timeline,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// The PostgreSQL system identifier of this timeline's WAL.
+    pub fn system_id(&self) -> u64 {
+        self.system_id
+    }
+
+    pub fn wal_segment_size(&self) -> u32 {
+        self.wal_segment_size
+    }
+
+    /// The commit LSN as this safekeeper knows it: WAL below it is on a majority. WAL may be
+    /// served to pageservers and replicas only up to here. This safekeeper holds it durably
+    /// (the commit LSN never exceeds the flush LSN).
+    pub fn commit_lsn(&self) -> Lsn {
+        *self.commit_tx.borrow()
+    }
+
+    /// A receiver of the commit LSN that changes whenever it advances (after the batch that
+    /// advanced it is durable).
+    pub fn commit_lsn_watch(&self) -> watch::Receiver<Lsn> {
+        self.commit_tx.subscribe()
+    }
+
+    /// The durable end of this safekeeper's WAL (which may include uncommitted WAL, and may
+    /// move back when an election truncates it; never below the commit LSN).
+    pub fn flush_lsn(&self) -> Lsn {
+        *self.flush_tx.borrow()
+    }
+
+    /// Records the pageserver's progress (from replication standby status updates); proposer
+    /// connections forward it to their proposer when it changes.
+    pub fn set_pageserver_feedback(&self, f: PageserverFeedback) {
+        self.feedback_tx.send_if_modified(|cur| {
+            let changed = *cur != f;
+            *cur = f;
+            changed
+        });
+    }
+
+    pub fn pageserver_feedback(&self) -> PageserverFeedback {
+        *self.feedback_tx.borrow()
+    }
+
+    pub fn feedback_watch(&self) -> watch::Receiver<PageserverFeedback> {
+        self.feedback_tx.subscribe()
+    }
+
+    /// Whether storage failed; the reason if so.
+    pub fn broken(&self) -> Option<String> {
+        self.lock().broken.clone()
+    }
+
+    /// The WAL in `[from, to)` as stored, blocking (call from `spawn_blocking` in async code).
+    /// `to` must not exceed [`Timeline::flush_lsn`]; `from` must not be below the WAL's
+    /// beginning.
+    pub fn read_wal(&self, from: Lsn, to: Lsn) -> anyhow::Result<Bytes> {
+        let mut inner = self.lock();
+        if let Some(b) = &inner.broken {
+            return Err(self.unavailable(b).into());
+        }
+        inner.storage.read_wal(from, to)
+    }
+
+    /// Like [`Timeline::read_wal`], and checks the header of every WAL page the range touches
+    /// (magic, page address, timeline 1, system id and segment size on a segment's first
+    /// page); an error names the segment file and the page's LSN. Blocking. Replication
+    /// must not ask beyond [`Timeline::commit_lsn`].
+    pub fn read_wal_verified(&self, from: Lsn, to: Lsn) -> anyhow::Result<Bytes> {
+        let mut inner = self.lock();
+        if let Some(b) = &inner.broken {
+            return Err(self.unavailable(b).into());
+        }
+        inner.storage.read_wal_verified(from, to)
+    }
+
+    /// Handles a batch of messages from one proposer connection, blocking: runs each through
+    /// the acceptor, carries out its actions in order, syncs pending appends once at the end,
+    /// and returns the replies (all now safe to send).
+    pub fn handle_batch(&self, msgs: Vec<ToAcceptor>) -> Result<BatchOutcome, TimelineError> {
+        let mut inner = self.lock();
+        if let Some(b) = &inner.broken {
+            return Err(self.unavailable(b));
+        }
+        let mut stats = SyncStats::default();
+        let mut out = BatchOutcome::default();
+        let mut appends = 0u64;
+        let mut bytes = 0u64;
+        let result = (|| -> anyhow::Result<()> {
+            'msgs: for msg in msgs {
+                let actions = inner.acceptor.handle(msg);
+                for action in actions {
+                    match action {
+                        AcceptorAction::Persist(p) => {
+                            if let Persist::Append { data, .. } = &p {
+                                appends += 1;
+                                bytes += data.len() as u64;
+                            }
+                            inner.storage.persist(&p, &mut stats)?;
+                        }
+                        // Persisted lazily by `persist_commit_lsn`.
+                        AcceptorAction::CommitLsn(_) => {}
+                        AcceptorAction::SendWal { term, from, to } => {
+                            let to = Lsn(to.0.min(from.0.saturating_add(WAL_BYTES_MAX as u64)));
+                            match inner.storage.read_wal(from, to) {
+                                Ok(data) => out.replies.push(ToProposer::Wal { term, from, data }),
+                                Err(e) => {
+                                    out.error = Some(format!("{e:#}"));
+                                    break 'msgs;
+                                }
+                            }
+                        }
+                        AcceptorAction::Reply(r) => out.replies.push(r),
+                    }
+                }
+            }
+            inner.storage.sync(&mut stats)
+        })();
+        self.metrics.fsyncs.inc_by(stats.fsyncs);
+        if stats.fsyncs > 0 {
+            self.metrics.fsync_seconds.observe(stats.fsync_seconds);
+        }
+        let [t, tl] = self.labels();
+        self.metrics
+            .appends
+            .with_label_values(&[&t, &tl])
+            .inc_by(appends);
+        self.metrics
+            .wal_bytes_written
+            .with_label_values(&[&t, &tl])
+            .inc_by(bytes);
+        if let Err(e) = result {
+            let reason =
+                format!("storage failed, restart the safekeeper to reload from disk: {e:#}");
+            tracing::error!(tenant_id = %self.tenant, timeline_id = %self.timeline, "{reason}");
+            inner.broken = Some(reason.clone());
+            return Err(self.unavailable(&reason));
+        }
+        let state = inner.acceptor.state();
+        let (flush, commit) = (state.flush_lsn, state.commit_lsn);
+        drop(inner);
+        self.flush_tx
+            .send_if_modified(|f| std::mem::replace(f, flush) != flush);
+        self.commit_tx
+            .send_if_modified(|c| std::mem::replace(c, commit) != commit);
+        self.update_gauges(flush, commit);
+        Ok(out)
+    }
+
+    /// Writes the commit LSN into the control file if it advanced since it was last written
+    /// (the lazy path for `AcceptorAction::CommitLsn`). Blocking.
+    pub fn persist_commit_lsn(&self) -> anyhow::Result<()> {
+        let mut inner = self.lock();
+        if inner.broken.is_some() {
+            return Ok(());
+        }
+        let commit = inner.acceptor.state().commit_lsn;
+        let mut stats = SyncStats::default();
+        let r = inner.storage.persist_commit_lsn(commit, &mut stats);
+        self.metrics.fsyncs.inc_by(stats.fsyncs);
+        r.map(|_| ())
+    }
+
+    pub fn status(&self) -> TimelineStatus {
+        let inner = self.lock();
+        let state = inner.acceptor.state();
+        let f = self.pageserver_feedback();
+        TimelineStatus {
+            tenant_id: self.tenant.to_string(),
+            timeline_id: self.timeline.to_string(),
+            state: if inner.broken.is_some() {
+                "broken"
+            } else {
+                "ok"
+            },
+            error: inner.broken.clone(),
+            system_id: self.system_id,
+            wal_segment_size: self.wal_segment_size,
+            term: state.term,
+            term_history: state
+                .history
+                .0
+                .iter()
+                .map(|e| TermSwitchJson {
+                    term: e.term,
+                    lsn: e.lsn.to_string(),
+                })
+                .collect(),
+            flush_lsn: state.flush_lsn.to_string(),
+            commit_lsn: state.commit_lsn.to_string(),
+            wal_begin_lsn: inner.storage.wal_extent().begin.to_string(),
+            pageserver_feedback: FeedbackJson {
+                write_lsn: f.write_lsn.to_string(),
+                flush_lsn: f.flush_lsn.to_string(),
+                apply_lsn: f.apply_lsn.to_string(),
+            },
+        }
+    }
+}

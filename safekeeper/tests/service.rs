@@ -1,0 +1,592 @@
+//! The `safekeeper` binary as a real process on loopback, driven over TCP by
+//! `quorum::Proposer` speaking the wire protocol: election, appends, commit, restart;
+//! malformed messages; a wrong system id; the HTTP API; the data directory lock.
+
+use bytes::{Bytes, BytesMut};
+use proto::{Lsn, TenantId, TimelineId};
+use quorum::wire::{AcceptorMessage, ProposerMessage, PROTOCOL_VERSION};
+use quorum::{Proposer, ProposerAction, ProposerConfig, ToAcceptor};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SEG: u32 = 1 << 20;
+const SYSID: u64 = 7_123_456_789;
+
+fn ids() -> (TenantId, TimelineId) {
+    (
+        TenantId::from_bytes([0x11; 16]),
+        TimelineId::from_bytes([0x22; 16]),
+    )
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Node {
+    child: Child,
+    port: u16,
+    http_port: u16,
+}
+
+impl Node {
+    fn start(data_dir: &Path) -> Node {
+        let (port, http_port) = (free_port(), free_port());
+        let child = Command::new(env!("CARGO_BIN_EXE_safekeeper"))
+            .args(["--id", "7", "--data-dir"])
+            .arg(data_dir)
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--http",
+                &format!("127.0.0.1:{http_port}"),
+            ])
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let node = Node {
+            child,
+            port,
+            http_port,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while http_get(node.http_port, "/v1/status").is_none() {
+            assert!(Instant::now() < deadline, "safekeeper did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        node
+    }
+
+    /// SIGTERM, and expect a clean exit.
+    fn stop(mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "safekeeper exited with {status}");
+    }
+
+    fn connect(&self) -> Conn {
+        let s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        Conn {
+            s,
+            buf: BytesMut::new(),
+        }
+    }
+
+    fn timeline(&self) -> (u16, serde_json::Value) {
+        let (t, tl) = ids();
+        let (code, body) =
+            http_get(self.http_port, &format!("/v1/tenant/{t}/timeline/{tl}")).unwrap();
+        (code, serde_json::from_str(&body).unwrap())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal HTTP/1.1 GET: (status code, body), `None` if nothing listens.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    let code = resp.split(' ').nth(1)?.parse().ok()?;
+    let body = resp.split_once("\r\n\r\n")?.1.to_string();
+    Some((code, body))
+}
+
+struct Conn {
+    s: TcpStream,
+    buf: BytesMut,
+}
+
+impl Conn {
+    fn send(&mut self, m: &ProposerMessage) {
+        let mut out = BytesMut::new();
+        m.encode(&mut out);
+        self.s.write_all(&out).unwrap();
+    }
+
+    fn send_raw(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).unwrap();
+    }
+
+    /// The next message; `None` at end of stream.
+    fn recv(&mut self) -> Option<AcceptorMessage> {
+        loop {
+            if let Some(m) = AcceptorMessage::decode(&mut self.buf).unwrap() {
+                return Some(m);
+            }
+            let mut chunk = [0u8; 65536];
+            let n = self.s.read(&mut chunk).unwrap();
+            if n == 0 {
+                return None;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn hello(&mut self, system_id: u64) -> AcceptorMessage {
+        let (tenant, timeline) = ids();
+        self.send(&ProposerMessage::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            tenant,
+            timeline,
+            system_id,
+            wal_segment_size: SEG,
+            name: "test proposer".into(),
+        });
+        self.recv().unwrap()
+    }
+}
+
+/// The proposer's shell: its WAL from `start`, one connection to acceptor 0.
+struct Shell {
+    p: Proposer,
+    conn: Conn,
+    start: Lsn,
+    wal: Vec<u8>,
+    elected: Option<Lsn>,
+    commit: Lsn,
+}
+
+impl Shell {
+    fn new(conn: Conn, start: Lsn) -> Shell {
+        let p = Proposer::new(
+            1,
+            start,
+            ProposerConfig {
+                max_append: 64 * 1024,
+                ..ProposerConfig::default()
+            },
+        );
+        Shell {
+            p,
+            conn,
+            start,
+            wal: Vec::new(),
+            elected: None,
+            commit: Lsn(0),
+        }
+    }
+
+    /// Carries out actions and feeds replies back until nothing is outstanding.
+    fn drive(&mut self, actions: Vec<ProposerAction>) {
+        let mut queue: std::collections::VecDeque<ProposerAction> = actions.into();
+        let mut outstanding = 0usize;
+        loop {
+            while let Some(a) = queue.pop_front() {
+                match a {
+                    ProposerAction::Send(0, m) => {
+                        outstanding += 1;
+                        self.conn.send(&ProposerMessage::Consensus(m));
+                    }
+                    ProposerAction::SendWal {
+                        to: 0,
+                        term,
+                        begin,
+                        end,
+                        commit_lsn,
+                    } => {
+                        let from = (begin.0 - self.start.0) as usize;
+                        let to = (end.0 - self.start.0) as usize;
+                        let data = Bytes::copy_from_slice(&self.wal[from..to]);
+                        outstanding += 1;
+                        self.conn
+                            .send(&ProposerMessage::Consensus(ToAcceptor::Append {
+                                term,
+                                begin_lsn: begin,
+                                data,
+                                commit_lsn,
+                            }));
+                    }
+                    ProposerAction::Elected { start_lsn, .. } => self.elected = Some(start_lsn),
+                    ProposerAction::Commit { commit_lsn, .. } => self.commit = commit_lsn,
+                    other => panic!("unexpected proposer action {other:?}"),
+                }
+            }
+            if outstanding == 0 {
+                return;
+            }
+            match self.conn.recv().expect("safekeeper closed the connection") {
+                AcceptorMessage::Consensus(m) => {
+                    outstanding -= 1;
+                    queue.extend(self.p.handle(0, m));
+                }
+                AcceptorMessage::Feedback(_) => {}
+                other => panic!("unexpected message {other:?}"),
+            }
+        }
+    }
+
+    fn elect(&mut self) {
+        let a = self.p.start_election();
+        self.drive(a);
+        assert!(self.p.is_leader(), "proposer was not elected");
+    }
+
+    fn append(&mut self, data: &[u8]) -> Lsn {
+        self.wal.extend_from_slice(data);
+        let end = Lsn(self.start.0 + self.wal.len() as u64);
+        let a = self.p.append(end);
+        self.drive(a);
+        end
+    }
+}
+
+fn synthetic(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn proposer_session_election_appends_commit_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    let start = Lsn(3 * SEG as u64 + 0x28);
+
+    let mut conn = node.connect();
+    assert_eq!(
+        conn.hello(SYSID),
+        AcceptorMessage::HelloOk {
+            protocol_version: PROTOCOL_VERSION,
+            node_id: 7
+        }
+    );
+    let mut shell = Shell::new(conn, start);
+    shell.elect();
+    assert_eq!(shell.elected, Some(start));
+    let a = synthetic(300_000, 1);
+    let b = synthetic(1_500_000, 2); // crosses a segment boundary
+    shell.append(&a);
+    let end = shell.append(&b);
+    assert_eq!(
+        shell.commit, end,
+        "a single acceptor commits everything it flushed"
+    );
+    let (code, st) = node.timeline();
+    assert_eq!(code, 200);
+    assert_eq!(st["state"], "ok");
+    assert_eq!(st["term"], 1);
+    assert_eq!(st["flush_lsn"], end.to_string());
+    assert_eq!(st["commit_lsn"], end.to_string());
+    assert_eq!(st["wal_begin_lsn"], start.to_string());
+    assert_eq!(st["term_history"][0]["lsn"], start.to_string());
+    let (_, metrics) = http_get(node.http_port, "/metrics").unwrap();
+    assert!(metrics.contains("safekeeper_fsyncs_total"), "{metrics}");
+    assert!(
+        metrics.contains(&format!("safekeeper_flush_lsn{{tenant_id=\"{}\"", ids().0)),
+        "{metrics}"
+    );
+    let (_, status) = http_get(node.http_port, "/v1/status").unwrap();
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["node_id"], 7);
+    assert_eq!(status["timelines"], 1);
+    drop(shell);
+    node.stop();
+
+    // Restart: term, history, flush and (persisted at shutdown) commit are back.
+    let node = Node::start(dir.path());
+    let (_, st) = node.timeline();
+    assert_eq!(st["term"], 1);
+    assert_eq!(st["flush_lsn"], end.to_string());
+    assert_eq!(st["commit_lsn"], end.to_string());
+
+    // A new proposer (a new compute) is elected in term 2 from this safekeeper's WAL and
+    // continues it.
+    let mut conn = node.connect();
+    assert!(matches!(conn.hello(SYSID), AcceptorMessage::HelloOk { .. }));
+    let mut shell2 = Shell::new(conn, end);
+    shell2.elect();
+    assert_eq!(shell2.p.term(), 2);
+    assert_eq!(shell2.elected, Some(end));
+    let c = synthetic(70_000, 3);
+    let end2 = shell2.append(&c);
+    assert_eq!(shell2.commit, end2);
+    let (_, st) = node.timeline();
+    assert_eq!(st["term"], 2);
+    assert_eq!(st["term_history"].as_array().unwrap().len(), 2);
+    assert_eq!(st["flush_lsn"], end2.to_string());
+    drop(shell2);
+    node.stop();
+
+    // Every byte is on disk, in place.
+    let sk = safekeeper::Safekeeper::open(7, dir.path()).unwrap();
+    let tl = sk.get_timeline(ids().0, ids().1).unwrap();
+    let all: Vec<u8> = [a, b, c].concat();
+    assert_eq!(&tl.read_wal(start, end2).unwrap()[..], &all[..]);
+    assert_eq!(tl.commit_lsn(), end2);
+}
+
+/// State of the timeline that malformed input must not change.
+fn snapshot(node: &Node) -> serde_json::Value {
+    node.timeline().1
+}
+
+#[test]
+fn malformed_messages_get_an_error_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    let start = Lsn(SEG as u64 + 0x28);
+    let mut conn = node.connect();
+    conn.hello(SYSID);
+    let mut shell = Shell::new(conn, start);
+    shell.elect();
+    shell.append(&synthetic(10_000, 4));
+    let before = snapshot(&node);
+
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("unknown tag", vec![b'Z', 0, 0, 0, 0], "unknown message tag"),
+        ("truncated", vec![b'V', 0, 0, 0, 3, 1, 2, 3], "truncated"),
+        ("trailing bytes", vec![b'G', 0, 0, 0, 2, 0, 0], "trailing"),
+        ("too long", vec![b'A', 0xff, 0xff, 0xff, 0xff], "too long"),
+        (
+            "garbage",
+            b"\x00\x00\x00\x00\x05junk!".to_vec(),
+            "unknown message tag 0x00",
+        ),
+        (
+            "garbage with a huge length",
+            b"garbage garbage".to_vec(),
+            "too long",
+        ),
+        (
+            "a second hello",
+            {
+                let mut b = BytesMut::new();
+                let (tenant, timeline) = ids();
+                ProposerMessage::Hello {
+                    protocol_version: PROTOCOL_VERSION,
+                    tenant,
+                    timeline,
+                    system_id: SYSID,
+                    wal_segment_size: SEG,
+                    name: "x".into(),
+                }
+                .encode(&mut b);
+                b.to_vec()
+            },
+            "unexpected Hello",
+        ),
+        (
+            "append in an old term",
+            {
+                let mut b = BytesMut::new();
+                ProposerMessage::Consensus(ToAcceptor::Append {
+                    term: 0,
+                    begin_lsn: Lsn(0),
+                    data: Bytes::new(),
+                    commit_lsn: Lsn(0),
+                })
+                .encode(&mut b);
+                // Valid on the wire (answered Rejected); then garbage.
+                b.extend_from_slice(&[b'Q', 0, 0, 0, 0]);
+                b.to_vec()
+            },
+            "unknown message tag",
+        ),
+    ];
+    for (what, bytes, expect) in cases {
+        let mut conn = node.connect();
+        assert!(
+            matches!(conn.hello(SYSID), AcceptorMessage::HelloOk { .. }),
+            "{what}"
+        );
+        conn.send_raw(&bytes);
+        let mut got_error = None;
+        while let Some(m) = conn.recv() {
+            if let AcceptorMessage::Error { message } = m {
+                got_error = Some(message);
+            }
+        }
+        let message = got_error.unwrap_or_else(|| panic!("{what}: no Error reply"));
+        assert!(message.contains(expect), "{what}: {message}");
+        assert_eq!(snapshot(&node), before, "{what} changed the timeline");
+    }
+
+    // A connection whose first message is not Hello, but starts with 'H' garbage.
+    let mut conn = node.connect();
+    conn.send_raw(&[b'H', 0, 0, 0, 2, 1, 2]);
+    match conn.recv() {
+        Some(AcceptorMessage::Error { message }) => {
+            assert!(message.contains("malformed greeting"), "{message}")
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // The first proposer is still connected and still works.
+    let end = shell.append(&synthetic(5_000, 5));
+    assert_eq!(shell.commit, end);
+}
+
+#[test]
+fn a_proposer_of_another_system_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    let mut conn = node.connect();
+    assert!(matches!(conn.hello(SYSID), AcceptorMessage::HelloOk { .. }));
+    drop(conn);
+    let mut conn = node.connect();
+    match conn.hello(SYSID + 1) {
+        AcceptorMessage::Error { message } => {
+            assert!(
+                message.contains(&format!("was created for system {SYSID}")),
+                "{message}"
+            );
+            assert!(
+                message.contains(&format!("writes WAL of system {}", SYSID + 1)),
+                "{message}"
+            );
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(conn.recv().is_none(), "the connection is closed");
+    // Wrong protocol version.
+    let mut conn = node.connect();
+    let (tenant, timeline) = ids();
+    conn.send(&ProposerMessage::Hello {
+        protocol_version: 99,
+        tenant,
+        timeline,
+        system_id: SYSID,
+        wal_segment_size: SEG,
+        name: "x".into(),
+    });
+    match conn.recv() {
+        Some(AcceptorMessage::Error { message }) => {
+            assert!(message.contains("protocol version 99"), "{message}")
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn http_errors_and_the_lock_of_a_running_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    let (t, tl) = ids();
+    let (code, body) = http_get(node.http_port, &format!("/v1/tenant/{t}/timeline/{tl}")).unwrap();
+    assert_eq!(code, 404);
+    assert!(body.contains("does not exist"), "{body}");
+    let (code, body) = http_get(node.http_port, "/v1/tenant/nothex/timeline/x").unwrap();
+    assert_eq!(code, 400, "{body}");
+    // A second process on the same data directory refuses to start.
+    let out = Command::new(env!("CARGO_BIN_EXE_safekeeper"))
+        .args(["--id", "8", "--data-dir"])
+        .arg(dir.path())
+        .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("in use by another safekeeper"), "{stderr}");
+    // A non-proposer connection goes to the replication handler.
+    let mut s = TcpStream::connect(("127.0.0.1", node.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&[0, 0, 0, 8, 4, 210, 22, 47]).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    node.stop();
+}
+
+#[test]
+fn a_corrupt_control_file_is_reported_over_http_and_to_proposers() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    assert!(matches!(
+        node.connect().hello(SYSID),
+        AcceptorMessage::HelloOk { .. }
+    ));
+    node.stop();
+    let (t, tl) = ids();
+    let control = dir
+        .path()
+        .join(t.to_string())
+        .join(tl.to_string())
+        .join("safekeeper.control");
+    let mut bytes = std::fs::read(&control).unwrap();
+    bytes[50] ^= 0x80;
+    std::fs::write(&control, &bytes).unwrap();
+
+    let node = Node::start(dir.path());
+    let (code, st) = node.timeline();
+    assert_eq!(code, 200);
+    assert_eq!(st["state"], "corrupt");
+    assert!(st["error"].as_str().unwrap().contains("checksum"), "{st}");
+    match node.connect().hello(SYSID) {
+        AcceptorMessage::Error { message } => assert!(message.contains("unavailable"), "{message}"),
+        other => panic!("a corrupt timeline was served: {other:?}"),
+    }
+    node.stop();
+    assert_eq!(
+        std::fs::read(&control).unwrap(),
+        bytes,
+        "the corrupt file is left as it was"
+    );
+}
+
+/// In process (the feedback comes from `replication.rs`, which runs inside the safekeeper):
+/// a change of the pageserver's progress reaches connected proposers.
+#[test]
+fn pageserver_feedback_reaches_proposers() {
+    let dir = tempfile::tempdir().unwrap();
+    let sk = safekeeper::Safekeeper::open(3, dir.path()).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (listener, http) = rt.block_on(async {
+        (
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        )
+    });
+    let port = listener.local_addr().unwrap().port();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = rt.spawn(safekeeper::server::run(sk.clone(), listener, http, async {
+        let _ = stop_rx.await;
+    }));
+    let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut conn = Conn {
+        s,
+        buf: BytesMut::new(),
+    };
+    assert!(matches!(
+        conn.hello(SYSID),
+        AcceptorMessage::HelloOk { node_id: 3, .. }
+    ));
+    let tl = sk.get_timeline(ids().0, ids().1).unwrap();
+    let f = quorum::wire::PageserverFeedback {
+        write_lsn: Lsn(300),
+        flush_lsn: Lsn(200),
+        apply_lsn: Lsn(100),
+    };
+    tl.set_pageserver_feedback(f);
+    assert_eq!(conn.recv(), Some(AcceptorMessage::Feedback(f)));
+    assert_eq!(tl.pageserver_feedback(), f);
+    let _ = stop_tx.send(());
+    rt.block_on(server).unwrap().unwrap();
+}
