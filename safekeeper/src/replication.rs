@@ -58,20 +58,21 @@
 //!   packet) or the replication sub-protocol is violated, it is a `FATAL` error and the
 //!   connection is closed. Every error message says what was wrong.
 //!
+//! Code map: this file has the connection, the frontend message reader, the command loop and
+//! streaming; `startup` the startup packet and its parameters; `command` the tokenizer and
+//! parser of replication commands; `messages` the backend messages, errors and SQLSTATEs.
 //! Frontend messages are decoded here (the `postgres-protocol` crate parses only backend
-//! messages); backend messages are encoded here too, since that crate encodes only frontend
-//! ones. Its frontend encoder and backend parser drive the tests (`tests/replication.rs`),
-//! together with PostgreSQL's `pg_receivewal`.
+//! messages), and backend messages encoded here (it encodes only frontend ones). Its frontend
+//! encoder and backend parser drive the tests (`tests/replication.rs`), together with
+//! PostgreSQL's `pg_receivewal`.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use proto::lsn::WAL_SEGMENT_SIZE_BYTES;
 use proto::{Lsn, TenantId, TimelineId};
 use quorum::wire::PageserverFeedback;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -80,14 +81,27 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+mod command;
+mod messages;
+mod startup;
+
+use command::{parse_command, query_text, show_value, tokenize, Command};
+use messages::{
+    command_complete, data_row, error_response, keepalive, message, parameter_status, pg_now, ready_for_query,
+    row_description, sqlstate, PgError, INT4_OID, TEXT_OID,
+};
+use startup::{startup, Startup};
+
 /// What a replication connection needs from a timeline. The safekeeper's timeline
 /// implements it; the tests use an in-memory one.
 pub trait WalSource: Send + Sync + 'static {
     /// PostgreSQL's system identifier of the cluster whose WAL this is.
     fn system_id(&self) -> u64;
+    /// The WAL segment size in bytes (a power of two, 1 MiB to 1 GiB; 16 MiB in fjord).
+    fn wal_segment_size(&self) -> u32;
     /// The first LSN of WAL this safekeeper has for the timeline; nothing before it can be
     /// served.
-    fn wal_start_lsn(&self) -> Lsn;
+    fn wal_begin_lsn(&self) -> Lsn;
     /// The commit LSN: WAL below it is committed and may be served.
     fn commit_lsn(&self) -> Lsn;
     /// A watch of the commit LSN, which only moves forward. Its sender being dropped means
@@ -95,7 +109,7 @@ pub trait WalSource: Send + Sync + 'static {
     fn commit_lsn_watch(&self) -> watch::Receiver<Lsn>;
     /// The WAL bytes in `[from, to)`, exactly `to - from` of them, checked against their
     /// checksums (an error for a corrupt or missing segment). Called only with
-    /// `wal_start_lsn() <= from < to <= commit LSN`, and never across a segment boundary.
+    /// `wal_begin_lsn() <= from < to <= commit LSN`, and never across a segment boundary.
     /// It may block (file I/O): it runs on tokio's blocking pool.
     fn read_wal_verified(&self, from: Lsn, to: Lsn) -> anyhow::Result<Bytes>;
     /// Records the progress the client reported in a standby status update.
@@ -132,41 +146,17 @@ impl Default for Config {
 pub const MAX_SEND_BYTES: usize = 128 * 1024;
 /// What `server_version` says: the PostgreSQL major version whose WAL is served.
 pub const SERVER_VERSION: &str = "15.0";
-const SERVER_VERSION_NUM: &str = "150000";
+pub(crate) const SERVER_VERSION_NUM: &str = "150000";
 /// The only PostgreSQL timeline a fjord compute writes.
 pub const PG_TIMELINE: u32 = 1;
 /// The `options` setting that names the timeline when `database` cannot (see the module
 /// documentation).
 pub const TIMELINE_OPTION: &str = "fjord.timeline";
 
-const STARTUP_PACKET_MAX: usize = 10_000;
 /// No frontend message of this protocol is longer (PostgreSQL allows 1 GB for CopyData,
 /// but a replication client sends only small status messages and queries).
 const MESSAGE_BYTES_MAX: usize = 1 << 20;
-const PROTOCOL_3_0: u32 = 3 << 16;
-const SSL_REQUEST: u32 = 80_877_103;
-const GSSENC_REQUEST: u32 = 80_877_104;
-const CANCEL_REQUEST: u32 = 80_877_102;
 
-const TEXT_OID: u32 = 25;
-const INT4_OID: u32 = 23;
-
-/// SQLSTATE codes used here.
-mod sqlstate {
-    pub const PROTOCOL_VIOLATION: &str = "08P01";
-    pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
-    pub const INVALID_PARAMETER_VALUE: &str = "22023";
-    pub const CHARACTER_NOT_IN_REPERTOIRE: &str = "22021";
-    pub const INVALID_AUTHORIZATION: &str = "28000";
-    pub const INVALID_CATALOG_NAME: &str = "3D000";
-    pub const SYNTAX_ERROR: &str = "42601";
-    pub const UNDEFINED_OBJECT: &str = "42704";
-    pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
-    pub const UNDEFINED_FILE: &str = "58P01";
-    pub const DATA_CORRUPTED: &str = "XX001";
-    pub const ADMIN_SHUTDOWN: &str = "57P01";
-    pub const CONNECTION_FAILURE: &str = "08006";
-}
 
 /// Serves one replication connection handed over by the safekeeper's listener.
 pub async fn serve(stream: TcpStream, sk: Arc<crate::Safekeeper>) -> anyhow::Result<()> {
@@ -175,10 +165,28 @@ pub async fn serve(stream: TcpStream, sk: Arc<crate::Safekeeper>) -> anyhow::Res
 
 /// The timeline a replication connection asked for.
 ///
-/// MERGE: this is where the safekeeper's timeline registry plugs in: return
-/// `sk.get_timeline(tenant, timeline)` (an `Arc<Timeline>`) once `crate::Safekeeper` and
-/// `crate::timeline::Timeline` exist and `Timeline` implements [`WalSource`]; until then
-/// `crate::Safekeeper` is a placeholder without timelines.
+/// MERGE: this is where the safekeeper's timeline registry plugs in. With the service
+/// branch's `Safekeeper::get_timeline` (which returns `Result<Arc<Timeline>, TimelineError>`)
+/// the body becomes `Ok(sk.get_timeline(tenant, timeline)?)` with the return type
+/// `anyhow::Result<Arc<crate::Timeline>>`, and `Timeline` implements [`WalSource`] by
+/// delegating to its methods of the same names, plus one new method for the WAL's
+/// beginning (its storage's `wal_extent().begin`, read under the timeline's lock):
+///
+/// ```ignore
+/// impl WalSource for crate::Timeline {
+///     fn system_id(&self) -> u64 { crate::Timeline::system_id(self) }
+///     fn wal_segment_size(&self) -> u32 { crate::Timeline::wal_segment_size(self) }
+///     fn wal_begin_lsn(&self) -> Lsn { crate::Timeline::wal_begin_lsn(self) }
+///     fn commit_lsn(&self) -> Lsn { crate::Timeline::commit_lsn(self) }
+///     fn commit_lsn_watch(&self) -> watch::Receiver<Lsn> { crate::Timeline::commit_lsn_watch(self) }
+///     fn read_wal_verified(&self, from: Lsn, to: Lsn) -> anyhow::Result<Bytes> {
+///         crate::Timeline::read_wal_verified(self, from, to)
+///     }
+///     fn set_pageserver_feedback(&self, f: PageserverFeedback) { crate::Timeline::set_pageserver_feedback(self, f) }
+/// }
+/// ```
+///
+/// Until then `crate::Safekeeper` is a placeholder without timelines.
 fn lookup_timeline(sk: &crate::Safekeeper, tenant: TenantId, timeline: TimelineId) -> anyhow::Result<Arc<dyn WalSource>> {
     sk.replication_source(tenant, timeline)
 }
@@ -212,22 +220,6 @@ where
     result
 }
 
-/// An error to report to the client.
-#[derive(Debug)]
-struct PgError {
-    fatal: bool,
-    code: &'static str,
-    message: String,
-}
-
-impl PgError {
-    fn error(code: &'static str, message: impl Into<String>) -> PgError {
-        PgError { fatal: false, code, message: message.into() }
-    }
-    fn fatal(code: &'static str, message: impl Into<String>) -> PgError {
-        PgError { fatal: true, code, message: message.into() }
-    }
-}
 
 struct Conn {
     /// Taken by the reader task once the startup is done.
@@ -265,303 +257,6 @@ impl Conn {
         let _ = self.report(&e).await;
         anyhow!("{} (SQLSTATE {})", e.message, e.code)
     }
-}
-
-// ---------------------------------------------------------------------------------------
-// Backend messages.
-
-fn message(buf: &mut BytesMut, tag: u8, body: impl FnOnce(&mut BytesMut)) {
-    buf.put_u8(tag);
-    let at = buf.len();
-    buf.put_u32(0);
-    body(buf);
-    let len = (buf.len() - at) as u32;
-    buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
-}
-
-fn put_cstr(buf: &mut BytesMut, s: &str) {
-    // A NUL inside would end the string early on the client's side.
-    buf.put_slice(s.replace('\0', " ").as_bytes());
-    buf.put_u8(0);
-}
-
-fn error_response(buf: &mut BytesMut, e: &PgError) {
-    let severity = if e.fatal { "FATAL" } else { "ERROR" };
-    message(buf, b'E', |b| {
-        for (field, value) in [(b'S', severity), (b'V', severity), (b'C', e.code), (b'M', e.message.as_str())] {
-            b.put_u8(field);
-            put_cstr(b, value);
-        }
-        b.put_u8(0);
-    });
-}
-
-fn ready_for_query(buf: &mut BytesMut) {
-    message(buf, b'Z', |b| b.put_u8(b'I'));
-}
-
-fn parameter_status(buf: &mut BytesMut, name: &str, value: &str) {
-    message(buf, b'S', |b| {
-        put_cstr(b, name);
-        put_cstr(b, value);
-    });
-}
-
-fn row_description(buf: &mut BytesMut, columns: &[(&str, u32)]) {
-    message(buf, b'T', |b| {
-        b.put_i16(columns.len() as i16);
-        for (name, type_oid) in columns {
-            put_cstr(b, name);
-            b.put_u32(0); // table
-            b.put_i16(0); // column
-            b.put_u32(*type_oid);
-            b.put_i16(if *type_oid == INT4_OID { 4 } else { -1 });
-            b.put_i32(-1); // type modifier
-            b.put_i16(0); // text format
-        }
-    });
-}
-
-fn data_row(buf: &mut BytesMut, values: &[Option<&str>]) {
-    message(buf, b'D', |b| {
-        b.put_i16(values.len() as i16);
-        for v in values {
-            match v {
-                Some(v) => {
-                    b.put_i32(v.len() as i32);
-                    b.put_slice(v.as_bytes());
-                }
-                None => b.put_i32(-1),
-            }
-        }
-    });
-}
-
-fn command_complete(buf: &mut BytesMut, tag: &str) {
-    message(buf, b'C', |b| put_cstr(b, tag));
-}
-
-/// Microseconds since 2000-01-01, PostgreSQL's `TimestampTz`.
-fn pg_now() -> i64 {
-    const PG_EPOCH_UNIX_SECONDS: i64 = 946_684_800;
-    let unix = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(unix.as_micros()).unwrap_or(i64::MAX).saturating_sub(PG_EPOCH_UNIX_SECONDS * 1_000_000)
-}
-
-fn keepalive(buf: &mut BytesMut, wal_end: Lsn, reply_requested: bool) {
-    message(buf, b'd', |b| {
-        b.put_u8(b'k');
-        b.put_u64(wal_end.0);
-        b.put_i64(pg_now());
-        b.put_u8(reply_requested as u8);
-    });
-}
-
-// ---------------------------------------------------------------------------------------
-// Startup.
-
-/// What the startup packet asked for.
-struct Startup {
-    tenant: TenantId,
-    timeline: TimelineId,
-    application_name: Option<String>,
-}
-
-/// Reads a startup packet's length and code and its body, validating the length.
-async fn read_startup_packet(read: &mut OwnedReadHalf) -> Result<Option<(u32, Bytes)>, PgError> {
-    let mut head = [0u8; 4];
-    match read.read_exact(&mut head).await {
-        Ok(_) => {}
-        // A client that connects and goes away (a port probe) is no error.
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(PgError::fatal(sqlstate::CONNECTION_FAILURE, format!("could not read the startup packet: {e}"))),
-    }
-    let len = u32::from_be_bytes(head) as usize;
-    if !(8..=STARTUP_PACKET_MAX).contains(&len) {
-        return Err(PgError::fatal(
-            sqlstate::PROTOCOL_VIOLATION,
-            format!("invalid length of startup packet: {len} bytes (expected 8 to {STARTUP_PACKET_MAX})"),
-        ));
-    }
-    let mut body = vec![0u8; len - 4];
-    read.read_exact(&mut body).await.map_err(|e| {
-        PgError::fatal(sqlstate::PROTOCOL_VIOLATION, format!("incomplete startup packet ({len} bytes announced): {e}"))
-    })?;
-    let mut body = Bytes::from(body);
-    let code = body.get_u32();
-    Ok(Some((code, body)))
-}
-
-/// Splits `key\0value\0...\0` into pairs.
-fn parse_startup_params(mut body: Bytes) -> Result<BTreeMap<String, String>, PgError> {
-    let bad = |what: &str| PgError::fatal(sqlstate::PROTOCOL_VIOLATION, format!("invalid startup packet layout: {what}"));
-    let cstr = |body: &mut Bytes| -> Result<String, PgError> {
-        let n = body.iter().position(|&b| b == 0).ok_or_else(|| bad("expected terminator as last byte"))?;
-        let s = body.split_to(n);
-        body.advance(1);
-        String::from_utf8(s.to_vec()).map_err(|_| bad("a parameter is not valid UTF-8"))
-    };
-    let mut params = BTreeMap::new();
-    loop {
-        let key = cstr(&mut body)?;
-        if key.is_empty() {
-            break;
-        }
-        let value = cstr(&mut body)?;
-        params.insert(key, value);
-    }
-    if !body.is_empty() {
-        return Err(bad("bytes after the terminator"));
-    }
-    Ok(params)
-}
-
-/// The value of `-c name=value` or `--name=value` in PostgreSQL's `options` string
-/// (whitespace separates arguments; a backslash escapes the next character).
-fn option_value(options: &str, name: &str) -> Option<String> {
-    let mut args = Vec::new();
-    let mut cur = String::new();
-    let mut chars = options.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => cur.extend(chars.next()),
-            c if c.is_whitespace() => {
-                if !cur.is_empty() {
-                    args.push(std::mem::take(&mut cur));
-                }
-            }
-            c => cur.push(c),
-        }
-    }
-    if !cur.is_empty() {
-        args.push(cur);
-    }
-    let mut found = None;
-    let mut i = 0;
-    while i < args.len() {
-        let setting = if args[i] == "-c" {
-            i += 1;
-            args.get(i).map(String::as_str)
-        } else {
-            args[i].strip_prefix("-c").or_else(|| args[i].strip_prefix("--"))
-        };
-        if let Some((k, v)) = setting.and_then(|s| s.split_once('=')) {
-            if k.replace('-', "_").eq_ignore_ascii_case(name) {
-                found = Some(v.to_string());
-            }
-        }
-        i += 1;
-    }
-    found
-}
-
-/// Parses `<tenant id>/<timeline id>`.
-fn parse_timeline_name(s: &str, from: &str) -> Result<(TenantId, TimelineId), PgError> {
-    let bad = |why: String| {
-        PgError::fatal(
-            sqlstate::INVALID_PARAMETER_VALUE,
-            format!("{from} {s:?} does not name a timeline: {why} (expected <tenant id>/<timeline id>, 32 hex digits each)"),
-        )
-    };
-    let (t, tl) = s.split_once('/').ok_or_else(|| bad("no '/'".into()))?;
-    let tenant = t.parse::<TenantId>().map_err(|e| bad(e.to_string()))?;
-    let timeline = tl.parse::<TimelineId>().map_err(|e| bad(e.to_string()))?;
-    Ok((tenant, timeline))
-}
-
-/// Checks the startup parameters of a replication connection.
-fn check_startup(params: &BTreeMap<String, String>) -> Result<Startup, PgError> {
-    match params.get("replication").map(|v| v.to_ascii_lowercase()) {
-        Some(v) if ["true", "on", "yes", "1"].contains(&v.as_str()) => {}
-        Some(v) if v == "database" => {
-            return Err(PgError::fatal(
-                sqlstate::FEATURE_NOT_SUPPORTED,
-                "logical replication (replication=database) is not served by a safekeeper; connect with replication=true",
-            ))
-        }
-        Some(v) if ["false", "off", "no", "0"].contains(&v.as_str()) => {
-            return Err(PgError::fatal(
-                sqlstate::FEATURE_NOT_SUPPORTED,
-                "a safekeeper serves only physical replication connections, and this one has replication=false",
-            ))
-        }
-        Some(v) => {
-            return Err(PgError::fatal(
-                sqlstate::INVALID_PARAMETER_VALUE,
-                format!("invalid value for parameter \"replication\": {v:?} (expected true, on, yes or 1)"),
-            ))
-        }
-        None => {
-            return Err(PgError::fatal(
-                sqlstate::FEATURE_NOT_SUPPORTED,
-                "a safekeeper serves only physical replication connections: the startup parameter replication=true is missing",
-            ))
-        }
-    }
-    if params.get("user").is_none_or(|u| u.is_empty()) {
-        return Err(PgError::fatal(sqlstate::INVALID_AUTHORIZATION, "no PostgreSQL user name specified in startup packet"));
-    }
-    let (tenant, timeline) = match params.get("database").filter(|d| d.as_str() != "replication") {
-        Some(db) => parse_timeline_name(db, "database")?,
-        None => match params.get("options").and_then(|o| option_value(o, TIMELINE_OPTION)) {
-            Some(v) => parse_timeline_name(&v, TIMELINE_OPTION)?,
-            None => {
-                return Err(PgError::fatal(
-                    sqlstate::INVALID_CATALOG_NAME,
-                    format!(
-                        "no timeline named: set the startup parameter database=<tenant id>/<timeline id>, \
-                         or options='-c {TIMELINE_OPTION}=<tenant id>/<timeline id>'"
-                    ),
-                ))
-            }
-        },
-    };
-    Ok(Startup { tenant, timeline, application_name: params.get("application_name").cloned() })
-}
-
-/// Runs the startup: `Ok(None)` if the client went away or cancelled.
-async fn startup(conn: &mut Conn) -> Result<Option<Startup>, PgError> {
-    let read = conn.read.as_mut().expect("the reader is taken only after the startup");
-    // At most one SSL and one GSS negotiation, as PostgreSQL allows.
-    for _ in 0..3 {
-        let Some((code, body)) = read_startup_packet(read).await? else { return Ok(None) };
-        match code {
-            SSL_REQUEST | GSSENC_REQUEST => {
-                if !body.is_empty() {
-                    return Err(PgError::fatal(sqlstate::PROTOCOL_VIOLATION, "invalid length of encryption request packet"));
-                }
-                conn.write
-                    .write_all(b"N")
-                    .await
-                    .map_err(|e| PgError::fatal(sqlstate::CONNECTION_FAILURE, format!("write to the client: {e}")))?;
-            }
-            CANCEL_REQUEST => {
-                tracing::debug!("ignoring a cancel request: a replication connection has nothing to cancel");
-                return Ok(None);
-            }
-            code if code >> 16 == 3 => {
-                let params = parse_startup_params(body)?;
-                let unknown_pq: Vec<&String> = params.keys().filter(|k| k.starts_with("_pq_.")).collect();
-                if code != PROTOCOL_3_0 || !unknown_pq.is_empty() {
-                    message(&mut conn.out, b'v', |b| {
-                        b.put_u32(0);
-                        b.put_u32(unknown_pq.len() as u32);
-                        for k in &unknown_pq {
-                            put_cstr(b, k);
-                        }
-                    });
-                }
-                return check_startup(&params).map(Some);
-            }
-            code => {
-                return Err(PgError::fatal(
-                    sqlstate::FEATURE_NOT_SUPPORTED,
-                    format!("unsupported frontend protocol {}.{}: server supports 3.0", code >> 16, code & 0xffff),
-                ))
-            }
-        }
-    }
-    Err(PgError::fatal(sqlstate::PROTOCOL_VIOLATION, "too many encryption requests before the startup packet"))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -749,232 +444,6 @@ async fn session<S: WalSource + ?Sized>(conn: &mut Conn, source: Arc<S>, startup
 // ---------------------------------------------------------------------------------------
 // Commands.
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Token {
-    /// A keyword or identifier, lowercased.
-    Word(String),
-    /// A double-quoted identifier, as written.
-    Quoted(String),
-    Lsn(Lsn),
-    Number(u64),
-    Semicolon,
-    Other(char),
-}
-
-impl std::fmt::Display for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Token::Word(w) => write!(f, "{w}"),
-            Token::Quoted(q) => write!(f, "{q:?}"),
-            Token::Lsn(l) => write!(f, "{l}"),
-            Token::Number(n) => write!(f, "{n}"),
-            Token::Semicolon => write!(f, ";"),
-            Token::Other(c) => write!(f, "{c}"),
-        }
-    }
-}
-
-/// Splits a replication command into tokens, as PostgreSQL's `repl_scanner.l` does for the
-/// part of the grammar served here.
-fn tokenize(s: &str) -> Result<Vec<Token>, String> {
-    let is_word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$';
-    let mut tokens = Vec::new();
-    let mut rest = s;
-    while let Some(c) = rest.chars().next() {
-        if c.is_whitespace() {
-            rest = &rest[c.len_utf8()..];
-        } else if c == ';' {
-            tokens.push(Token::Semicolon);
-            rest = &rest[1..];
-        } else if c == '"' {
-            let mut ident = String::new();
-            let mut chars = rest[1..].char_indices();
-            let mut end = None;
-            while let Some((i, c)) = chars.next() {
-                if c == '"' {
-                    if rest[1 + i + 1..].starts_with('"') {
-                        ident.push('"');
-                        chars.next();
-                    } else {
-                        end = Some(1 + i + 1);
-                        break;
-                    }
-                } else {
-                    ident.push(c);
-                }
-            }
-            let end = end.ok_or("unterminated quoted identifier")?;
-            if ident.is_empty() {
-                return Err("zero-length delimited identifier".into());
-            }
-            tokens.push(Token::Quoted(ident));
-            rest = &rest[end..];
-        } else if is_word(c) {
-            let n = rest.find(|c: char| !is_word(c)).unwrap_or(rest.len());
-            let word = &rest[..n];
-            let after = &rest[n..];
-            if after.starts_with('/') && word.bytes().all(|b| b.is_ascii_hexdigit()) {
-                let m = after[1..].find(|c: char| !c.is_ascii_hexdigit()).unwrap_or(after.len() - 1);
-                let text = &rest[..n + 1 + m];
-                let lsn = text.parse::<Lsn>().map_err(|e| e.to_string())?;
-                tokens.push(Token::Lsn(lsn));
-                rest = &rest[n + 1 + m..];
-            } else {
-                if word.bytes().all(|b| b.is_ascii_digit()) {
-                    tokens.push(Token::Number(word.parse().map_err(|_| format!("number {word} is out of range"))?));
-                } else {
-                    tokens.push(Token::Word(word.to_ascii_lowercase()));
-                }
-                rest = after;
-            }
-        } else {
-            tokens.push(Token::Other(c));
-            rest = &rest[c.len_utf8()..];
-        }
-    }
-    if tokens.last() == Some(&Token::Semicolon) {
-        tokens.pop();
-    }
-    Ok(tokens)
-}
-
-/// A parsed command.
-#[derive(Debug, PartialEq, Eq)]
-enum Command {
-    IdentifySystem,
-    Show(String),
-    StartReplication { start: Lsn, timeline: Option<u64> },
-}
-
-fn syntax_error(command: &str, what: String) -> PgError {
-    PgError::error(sqlstate::SYNTAX_ERROR, format!("syntax error in {command}: {what}"))
-}
-
-fn expect_end(command: &str, tokens: &[Token]) -> Result<(), PgError> {
-    match tokens.first() {
-        None => Ok(()),
-        Some(t) => Err(syntax_error(command, format!("unexpected \"{t}\""))),
-    }
-}
-
-fn parse_command(tokens: &[Token]) -> Result<Command, PgError> {
-    let Some(first) = tokens.first() else { unreachable!("empty queries are answered before parsing") };
-    let rest = &tokens[1..];
-    let word = |t: Option<&Token>| match t {
-        Some(Token::Word(w)) => Some(w.clone()),
-        _ => None,
-    };
-    match word(Some(first)).as_deref() {
-        Some("identify_system") => {
-            expect_end("IDENTIFY_SYSTEM", rest)?;
-            Ok(Command::IdentifySystem)
-        }
-        Some("show") => {
-            // var_name: IDENT ('.' IDENT)*
-            let mut name = String::new();
-            let mut rest = rest;
-            loop {
-                match rest.first() {
-                    Some(Token::Word(w)) | Some(Token::Quoted(w)) => name.push_str(w),
-                    Some(t) => return Err(syntax_error("SHOW", format!("expected a parameter name, found \"{t}\""))),
-                    None => return Err(syntax_error("SHOW", "expected a parameter name".into())),
-                }
-                rest = &rest[1..];
-                if rest.first() == Some(&Token::Other('.')) {
-                    name.push('.');
-                    rest = &rest[1..];
-                } else {
-                    break;
-                }
-            }
-            expect_end("SHOW", rest)?;
-            Ok(Command::Show(name))
-        }
-        Some("start_replication") => {
-            const C: &str = "START_REPLICATION";
-            let mut rest = rest;
-            if word(rest.first()).as_deref() == Some("slot") {
-                match rest.get(1) {
-                    Some(Token::Word(_) | Token::Quoted(_)) => rest = &rest[2..],
-                    _ => return Err(syntax_error(C, "expected a slot name after SLOT".into())),
-                }
-            }
-            match word(rest.first()).as_deref() {
-                Some("physical") => rest = &rest[1..],
-                Some("logical") => {
-                    return Err(PgError::error(
-                        sqlstate::FEATURE_NOT_SUPPORTED,
-                        "logical replication is not served by a safekeeper; use START_REPLICATION [PHYSICAL] X/X",
-                    ))
-                }
-                _ => {}
-            }
-            let start = match rest.first() {
-                Some(Token::Lsn(l)) => *l,
-                Some(t) => return Err(syntax_error(C, format!("expected a start LSN such as 0/16B3748, found \"{t}\""))),
-                None => return Err(syntax_error(C, "expected a start LSN such as 0/16B3748".into())),
-            };
-            rest = &rest[1..];
-            let mut timeline = None;
-            if word(rest.first()).as_deref() == Some("timeline") {
-                match rest.get(1) {
-                    Some(Token::Number(n)) => timeline = Some(*n),
-                    _ => return Err(syntax_error(C, "expected a timeline number after TIMELINE".into())),
-                }
-                rest = &rest[2..];
-            }
-            expect_end(C, rest)?;
-            Ok(Command::StartReplication { start, timeline })
-        }
-        Some(
-            w @ ("timeline_history"
-            | "base_backup"
-            | "create_replication_slot"
-            | "drop_replication_slot"
-            | "read_replication_slot"
-            | "upload_manifest"),
-        ) => Err(PgError::error(
-            sqlstate::FEATURE_NOT_SUPPORTED,
-            format!("{} is not supported by a safekeeper (it serves IDENTIFY_SYSTEM, SHOW and START_REPLICATION)", w.to_ascii_uppercase()),
-        )),
-        _ => Err(PgError::error(
-            sqlstate::FEATURE_NOT_SUPPORTED,
-            format!(
-                "unknown replication command starting with \"{first}\": a safekeeper serves only \
-                 IDENTIFY_SYSTEM, SHOW and START_REPLICATION (SQL is not accepted on physical replication connections)"
-            ),
-        )),
-    }
-}
-
-/// The text of a Query message: one NUL-terminated UTF-8 string and nothing after it.
-fn query_text(body: &Bytes) -> Result<&str, PgError> {
-    let n = body.iter().position(|&b| b == 0).ok_or_else(|| {
-        PgError::error(sqlstate::PROTOCOL_VIOLATION, "invalid string in message: the query string is not NUL-terminated")
-    })?;
-    if n + 1 != body.len() {
-        return Err(PgError::error(
-            sqlstate::PROTOCOL_VIOLATION,
-            format!("invalid message format: {} bytes after the query string", body.len() - n - 1),
-        ));
-    }
-    std::str::from_utf8(&body[..n]).map_err(|e| {
-        PgError::error(sqlstate::CHARACTER_NOT_IN_REPERTOIRE, format!("invalid byte sequence for encoding \"UTF8\" in the query: {e}"))
-    })
-}
-
-/// The value `SHOW name` answers, if it is one served here.
-fn show_value(name: &str) -> Option<String> {
-    Some(match name.to_ascii_lowercase().as_str() {
-        "wal_segment_size" => format!("{}MB", WAL_SEGMENT_SIZE_BYTES >> 20),
-        "server_version" => SERVER_VERSION.into(),
-        "server_version_num" => SERVER_VERSION_NUM.into(),
-        "data_directory_mode" => "0700".into(),
-        "integer_datetimes" => "on".into(),
-        "server_encoding" | "client_encoding" => "UTF8".into(),
-        _ => return None,
-    })
-}
 
 /// Runs one simple query.
 async fn query<S: WalSource + ?Sized>(
@@ -1023,7 +492,7 @@ async fn query<S: WalSource + ?Sized>(
             ready_for_query(&mut conn.out);
             conn.flush().await?;
         }
-        Command::Show(name) => match show_value(&name) {
+        Command::Show(name) => match show_value(&name, source.wal_segment_size()) {
             Some(value) => {
                 row_description(&mut conn.out, &[(name.as_str(), TEXT_OID)]);
                 data_row(&mut conn.out, &[Some(&value)]);
@@ -1046,7 +515,7 @@ async fn query<S: WalSource + ?Sized>(
                 return Ok(Next::Continue);
             }
             let commit = source.commit_lsn();
-            let wal_start = source.wal_start_lsn();
+            let wal_start = source.wal_begin_lsn();
             if start > commit {
                 let e = PgError::error(
                     sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -1080,9 +549,10 @@ async fn query<S: WalSource + ?Sized>(
 // Streaming.
 
 /// The end of the next chunk to send from `sent`: at most `max` bytes, not beyond `commit`,
-/// not across a segment boundary.
-fn chunk_end(sent: Lsn, commit: Lsn, max: usize) -> Lsn {
-    let segment_end = (sent.0 / WAL_SEGMENT_SIZE_BYTES + 1).saturating_mul(WAL_SEGMENT_SIZE_BYTES);
+/// not across a boundary of segments of `segment_bytes`.
+fn chunk_end(sent: Lsn, commit: Lsn, max: usize, segment_bytes: u64) -> Lsn {
+    let segment_bytes = segment_bytes.max(1);
+    let segment_end = (sent.0 / segment_bytes + 1).saturating_mul(segment_bytes);
     Lsn(sent.0.saturating_add(max.max(1) as u64).min(commit.0).min(segment_end))
 }
 
@@ -1200,7 +670,7 @@ async fn stream_wal<S: WalSource + ?Sized>(
             st.last_send = now;
         }
         if st.sent < commit {
-            let end = chunk_end(st.sent, commit, conn.config.send_bytes_max);
+            let end = chunk_end(st.sent, commit, conn.config.send_bytes_max, u64::from(source.wal_segment_size()));
             let data = match read_wal(source, st.sent, end).await {
                 Ok(d) => d,
                 Err(e) => {
@@ -1271,76 +741,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokenizes_replication_commands() {
-        assert_eq!(
-            tokenize("start_replication SLOT \"My\"\"slot\" physical 1A/B374D848 TIMELINE 1;").unwrap(),
-            vec![
-                Token::Word("start_replication".into()),
-                Token::Word("slot".into()),
-                Token::Quoted("My\"slot".into()),
-                Token::Word("physical".into()),
-                Token::Lsn(Lsn(0x1A_B374_D848)),
-                Token::Word("timeline".into()),
-                Token::Number(1),
-            ]
-        );
-        assert_eq!(tokenize("  ;  ").unwrap(), vec![]);
-        assert!(tokenize("START_REPLICATION 1/ZZ").is_err());
-        assert!(tokenize("SHOW \"unterminated").is_err());
-        assert!(tokenize("START_REPLICATION 123456789/0").is_err());
-    }
-
-    #[test]
-    fn parses_commands() {
-        let parse = |s: &str| parse_command(&tokenize(s).unwrap());
-        assert_eq!(parse("identify_system").unwrap(), Command::IdentifySystem);
-        assert_eq!(parse("SHOW wal_segment_size;").unwrap(), Command::Show("wal_segment_size".into()));
-        assert_eq!(
-            parse("START_REPLICATION 0/3000000").unwrap(),
-            Command::StartReplication { start: Lsn(0x300_0000), timeline: None }
-        );
-        assert_eq!(
-            parse("START_REPLICATION SLOT s PHYSICAL 0/3000000 TIMELINE 1").unwrap(),
-            Command::StartReplication { start: Lsn(0x300_0000), timeline: Some(1) }
-        );
-        for bad in ["IDENTIFY_SYSTEM now", "START_REPLICATION", "START_REPLICATION PHYSICAL", "START_REPLICATION 0/1 TIMELINE", "SHOW", "SHOW 1"] {
-            assert_eq!(parse(bad).unwrap_err().code, sqlstate::SYNTAX_ERROR, "{bad}");
-        }
-        for unsupported in ["TIMELINE_HISTORY 1", "BASE_BACKUP", "SELECT 1", "START_REPLICATION SLOT s LOGICAL 0/1"] {
-            let e = parse(unsupported).unwrap_err();
-            assert_eq!(e.code, sqlstate::FEATURE_NOT_SUPPORTED, "{unsupported}");
-            assert!(!e.fatal);
-        }
-    }
-
-    #[test]
-    fn reads_the_timeline_from_options() {
-        assert_eq!(option_value("-c fjord.timeline=a/b", TIMELINE_OPTION).as_deref(), Some("a/b"));
-        assert_eq!(option_value("--fjord.timeline=a/b -c x=y", TIMELINE_OPTION).as_deref(), Some("a/b"));
-        assert_eq!(option_value("-cfjord.timeline=a\\ b", TIMELINE_OPTION).as_deref(), Some("a b"));
-        assert_eq!(option_value("-c other=1", TIMELINE_OPTION), None);
-    }
-
-    #[test]
     fn chunks_stop_at_commit_segment_end_and_size() {
-        let seg = WAL_SEGMENT_SIZE_BYTES;
-        assert_eq!(chunk_end(Lsn(seg - 10), Lsn(seg + 100), MAX_SEND_BYTES), Lsn(seg));
-        assert_eq!(chunk_end(Lsn(seg), Lsn(seg + 100), MAX_SEND_BYTES), Lsn(seg + 100));
-        assert_eq!(chunk_end(Lsn(seg), Lsn(3 * seg), MAX_SEND_BYTES), Lsn(seg + MAX_SEND_BYTES as u64));
-    }
-
-    #[test]
-    fn startup_parameters_are_checked() {
-        let params = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>();
-        let t = "0123456789abcdef0123456789abcdef";
-        let ok = check_startup(&params(&[("user", "u"), ("replication", "on"), ("database", &format!("{t}/{t}"))])).unwrap();
-        assert_eq!(ok.tenant.to_string(), t);
-        let e = |p: &[(&str, &str)]| check_startup(&params(p)).err().expect("refused");
-        assert!(e(&[("user", "u"), ("database", &format!("{t}/{t}"))]).message.contains("replication=true is missing"));
-        assert!(e(&[("user", "u"), ("replication", "database"), ("database", "x")]).message.contains("logical replication"));
-        assert!(e(&[("user", "u"), ("replication", "maybe")]).message.contains("invalid value"));
-        assert_eq!(e(&[("user", "u"), ("replication", "true"), ("database", "nope")]).code, sqlstate::INVALID_PARAMETER_VALUE);
-        assert_eq!(e(&[("user", "u"), ("replication", "true"), ("database", "replication")]).code, sqlstate::INVALID_CATALOG_NAME);
-        assert_eq!(e(&[("replication", "true"), ("database", &format!("{t}/{t}"))]).code, sqlstate::INVALID_AUTHORIZATION);
+        let seg = 16 << 20;
+        assert_eq!(chunk_end(Lsn(seg - 10), Lsn(seg + 100), MAX_SEND_BYTES, seg), Lsn(seg));
+        assert_eq!(chunk_end(Lsn(seg), Lsn(seg + 100), MAX_SEND_BYTES, seg), Lsn(seg + 100));
+        assert_eq!(chunk_end(Lsn(seg), Lsn(3 * seg), MAX_SEND_BYTES, seg), Lsn(seg + MAX_SEND_BYTES as u64));
+        assert_eq!(chunk_end(Lsn((1 << 20) - 1), Lsn(3 * seg), MAX_SEND_BYTES, 1 << 20), Lsn(1 << 20));
+        assert_eq!(show_value("wal_segment_size", 1 << 30).as_deref(), Some("1GB"));
+        assert_eq!(show_value("WAL_SEGMENT_SIZE", 16 << 20).as_deref(), Some("16MB"));
     }
 }

@@ -80,7 +80,10 @@ impl WalSource for MemWal {
     fn system_id(&self) -> u64 {
         self.system_id
     }
-    fn wal_start_lsn(&self) -> Lsn {
+    fn wal_segment_size(&self) -> u32 {
+        SEGMENT as u32
+    }
+    fn wal_begin_lsn(&self) -> Lsn {
         self.start
     }
     fn commit_lsn(&self) -> Lsn {
