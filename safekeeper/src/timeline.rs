@@ -172,6 +172,11 @@ impl Timeline {
 
     /// A receiver of the commit LSN that changes whenever it advances (after the batch that
     /// advanced it is durable).
+    /// Where this timeline's WAL begins on this safekeeper.
+    pub fn wal_begin_lsn(&self) -> Lsn {
+        self.lock().storage.wal_extent().begin
+    }
+
     pub fn commit_lsn_watch(&self) -> watch::Receiver<Lsn> {
         self.commit_tx.subscribe()
     }

@@ -1,0 +1,768 @@
+//! The replication protocol (`safekeeper::replication`) over real loopback sockets, against
+//! real WAL (the fixture PostgreSQL 15 wrote for `pgwal`'s tests).
+//!
+//! The timeline is an in-memory [`WalSource`] holding that WAL: a test double of the
+//! safekeeper's storage, which lives on another branch. The clients are `postgres-protocol`'s
+//! frontend encoder and backend parser, and PostgreSQL's own `pg_receivewal`, whose segment
+//! files must come out byte for byte equal to the WAL served.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::message::{backend, frontend};
+use proto::{Lsn, TenantId, TimelineId};
+use quorum::wire::PageserverFeedback;
+use safekeeper::replication::{serve_with_config, Config, WalSource};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+
+const SEGMENT: u64 = 16 * 1024 * 1024;
+
+struct Fixture {
+    start: Lsn,
+    end: Lsn,
+    system_id: u64,
+    wal: Vec<u8>,
+}
+
+fn fixture() -> Fixture {
+    let dir = manifest_dir().join("../pgwal/tests/data").display().to_string();
+    let env = std::fs::read_to_string(format!("{dir}/fixture.env")).expect("read fixture.env");
+    let vars: BTreeMap<&str, &str> = env.lines().filter_map(|l| l.split_once('=')).collect();
+    let wal = zstd::decode_all(&std::fs::read(format!("{dir}/wal.bin.zst")).expect("read wal.bin.zst")[..]).expect("unzstd");
+    let f = Fixture {
+        start: vars["START_LSN"].parse().unwrap(),
+        end: vars["END_LSN"].parse().unwrap(),
+        system_id: vars["SYSTEM_ID"].parse().unwrap(),
+        wal,
+    };
+    assert!(f.wal.len() as u64 >= f.end.0 - f.start.0);
+    assert!(f.end.0 > f.start.0 + SEGMENT, "the fixture must cross a segment boundary");
+    f
+}
+
+/// The storage test double: WAL in memory from `start`, a commit LSN watch, and a range
+/// that reads as corrupt.
+struct MemWal {
+    system_id: u64,
+    start: Lsn,
+    wal: Vec<u8>,
+    commit: watch::Sender<Lsn>,
+    corrupt: Mutex<Option<Lsn>>,
+    feedback: Mutex<Vec<PageserverFeedback>>,
+}
+
+impl MemWal {
+    fn new(f: &Fixture, commit: Lsn) -> Arc<MemWal> {
+        Arc::new(MemWal {
+            system_id: f.system_id,
+            start: f.start,
+            wal: f.wal[..(f.end.0 - f.start.0) as usize].to_vec(),
+            commit: watch::channel(commit).0,
+            corrupt: Mutex::new(None),
+            feedback: Mutex::new(Vec::new()),
+        })
+    }
+    fn bytes(&self, from: Lsn, to: Lsn) -> &[u8] {
+        &self.wal[(from.0 - self.start.0) as usize..(to.0 - self.start.0) as usize]
+    }
+    fn last_feedback(&self) -> Option<PageserverFeedback> {
+        self.feedback.lock().unwrap().last().copied()
+    }
+}
+
+impl WalSource for MemWal {
+    fn system_id(&self) -> u64 {
+        self.system_id
+    }
+    fn wal_segment_size(&self) -> u32 {
+        SEGMENT as u32
+    }
+    fn wal_begin_lsn(&self) -> Lsn {
+        self.start
+    }
+    fn commit_lsn(&self) -> Lsn {
+        *self.commit.borrow()
+    }
+    fn commit_lsn_watch(&self) -> watch::Receiver<Lsn> {
+        self.commit.subscribe()
+    }
+    fn read_wal_verified(&self, from: Lsn, to: Lsn) -> anyhow::Result<Bytes> {
+        assert!(self.start <= from && from < to && to <= self.commit_lsn(), "read {from}..{to} outside the committed WAL");
+        assert_eq!(from.0 / SEGMENT, (to.0 - 1) / SEGMENT, "read {from}..{to} crosses a segment");
+        if let Some(bad) = *self.corrupt.lock().unwrap() {
+            if from <= bad && bad < to {
+                anyhow::bail!("CRC mismatch in WAL segment 000000010000000000000002 at {bad}");
+            }
+        }
+        Ok(Bytes::copy_from_slice(self.bytes(from, to)))
+    }
+    fn set_pageserver_feedback(&self, feedback: PageserverFeedback) {
+        self.feedback.lock().unwrap().push(feedback);
+    }
+}
+
+struct Server {
+    addr: SocketAddr,
+    tenant: TenantId,
+    timeline: TimelineId,
+    /// The result of each connection, as it ends.
+    results: mpsc::UnboundedReceiver<anyhow::Result<()>>,
+}
+
+impl Server {
+    fn database(&self) -> String {
+        format!("{}/{}", self.tenant, self.timeline)
+    }
+    async fn next_result(&mut self) -> anyhow::Result<()> {
+        tokio::time::timeout(Duration::from_secs(10), self.results.recv()).await.expect("a connection ends").expect("server runs")
+    }
+}
+
+async fn server(src: Arc<MemWal>, config: Config) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let tenant: TenantId = "11111111111111111111111111111111".parse().unwrap();
+    let timeline: TimelineId = "22222222222222222222222222222222".parse().unwrap();
+    let (tx, results) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (src, tx, config) = (Arc::clone(&src), tx.clone(), config.clone());
+            tokio::spawn(async move {
+                let lookup = move |t: TenantId, tl: TimelineId| {
+                    if (t, tl) == (tenant, timeline) {
+                        Ok(Arc::clone(&src))
+                    } else {
+                        Err(anyhow::anyhow!("no such timeline here"))
+                    }
+                };
+                let _ = tx.send(serve_with_config(stream, lookup, config).await);
+            });
+        }
+    });
+    Server { addr, tenant, timeline, results }
+}
+
+enum Msg {
+    Backend(backend::Message),
+    CopyBoth,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use backend::Message as M;
+        match self {
+            Msg::CopyBoth => write!(f, "CopyBothResponse"),
+            Msg::Backend(M::ErrorResponse(e)) => write!(f, "ErrorResponse({:?})", pg_err(e)),
+            Msg::Backend(M::CopyData(d)) => write!(f, "CopyData({:?}, {} bytes)", d.data().first().map(|&b| b as char), d.data().len()),
+            Msg::Backend(M::CommandComplete(c)) => write!(f, "CommandComplete({:?})", c.tag().ok()),
+            Msg::Backend(M::ParameterStatus(p)) => write!(f, "ParameterStatus({:?})", p.name().ok()),
+            Msg::Backend(M::AuthenticationOk) => write!(f, "AuthenticationOk"),
+            Msg::Backend(M::ReadyForQuery(_)) => write!(f, "ReadyForQuery"),
+            Msg::Backend(M::RowDescription(_)) => write!(f, "RowDescription"),
+            Msg::Backend(M::DataRow(_)) => write!(f, "DataRow"),
+            Msg::Backend(M::EmptyQueryResponse) => write!(f, "EmptyQueryResponse"),
+            Msg::Backend(M::CopyDone) => write!(f, "CopyDone"),
+            Msg::Backend(M::BackendKeyData(_)) => write!(f, "BackendKeyData"),
+            Msg::Backend(_) => write!(f, "another backend message"),
+        }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+struct PgErr {
+    severity: String,
+    code: String,
+    message: String,
+}
+
+fn pg_err(body: &backend::ErrorResponseBody) -> PgErr {
+    let mut e = PgErr { severity: String::new(), code: String::new(), message: String::new() };
+    let mut fields = body.fields();
+    while let Some(f) = fields.next().unwrap() {
+        let value = String::from_utf8_lossy(f.value_bytes()).into_owned();
+        match f.type_() {
+            b'S' => e.severity = value,
+            b'C' => e.code = value,
+            b'M' => e.message = value,
+            _ => {}
+        }
+    }
+    e
+}
+
+struct Client {
+    s: TcpStream,
+    buf: BytesMut,
+}
+
+impl Client {
+    async fn raw(addr: SocketAddr) -> Client {
+        Client { s: TcpStream::connect(addr).await.unwrap(), buf: BytesMut::new() }
+    }
+
+    async fn connect(addr: SocketAddr, params: &[(&str, &str)]) -> Client {
+        let mut c = Client::raw(addr).await;
+        c.send(|b| frontend::startup_message(params.iter().copied(), b).unwrap()).await;
+        c
+    }
+
+    /// Connects as the pageserver does and waits for ReadyForQuery.
+    async fn ready(server: &Server) -> Client {
+        let db = server.database();
+        let mut c = Client::connect(server.addr, &[("user", "ps"), ("replication", "true"), ("application_name", "test"), ("database", &db)]).await;
+        let msgs = c.until_ready().await;
+        assert!(matches!(msgs[0], Msg::Backend(backend::Message::AuthenticationOk)), "{msgs:?}");
+        let params: BTreeMap<String, String> = msgs
+            .iter()
+            .filter_map(|m| match m {
+                Msg::Backend(backend::Message::ParameterStatus(p)) => Some((p.name().unwrap().into(), p.value().unwrap().into())),
+                _ => None,
+            })
+            .collect();
+        assert!(params["server_version"].starts_with("15"));
+        assert_eq!(params["integer_datetimes"], "on");
+        assert_eq!(params["server_encoding"], "UTF8");
+        assert!(msgs.iter().any(|m| matches!(m, Msg::Backend(backend::Message::BackendKeyData(_)))));
+        c
+    }
+
+    async fn send(&mut self, f: impl FnOnce(&mut BytesMut)) {
+        let mut out = BytesMut::new();
+        f(&mut out);
+        self.s.write_all(&out).await.unwrap();
+    }
+
+    async fn send_raw(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).await.unwrap();
+    }
+
+    /// The next message, `None` once the server closed the connection.
+    async fn recv(&mut self) -> Option<Msg> {
+        loop {
+            if self.buf.len() >= 5 && self.buf[0] == b'W' {
+                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+                if self.buf.len() > len {
+                    assert_eq!(&self.buf[5..1 + len], &[0, 0, 0], "CopyBothResponse: binary, no columns");
+                    self.buf.advance(1 + len);
+                    return Some(Msg::CopyBoth);
+                }
+            } else if let Some(m) = backend::Message::parse(&mut self.buf).unwrap() {
+                return Some(Msg::Backend(m));
+            }
+            let n = tokio::time::timeout(Duration::from_secs(10), self.s.read_buf(&mut self.buf))
+                .await
+                .expect("the server answers within 10 s")
+                .unwrap_or(0);
+            if n == 0 {
+                assert!(self.buf.is_empty(), "the server closed in the middle of a message");
+                return None;
+            }
+        }
+    }
+
+    async fn until_ready(&mut self) -> Vec<Msg> {
+        let mut msgs = Vec::new();
+        loop {
+            let m = self.recv().await.expect("ReadyForQuery before the connection closes");
+            if matches!(m, Msg::Backend(backend::Message::ReadyForQuery(_))) {
+                return msgs;
+            }
+            msgs.push(m);
+        }
+    }
+
+    /// Runs a query: its rows (text) and column types, or its error.
+    async fn query(&mut self, q: &str) -> Result<(Vec<(String, u32)>, Vec<Vec<Option<String>>>), PgErr> {
+        self.send(|b| frontend::query(q, b).unwrap()).await;
+        let mut cols = Vec::new();
+        let mut rows = Vec::new();
+        let mut err = None;
+        for m in self.until_ready().await {
+            match m {
+                Msg::Backend(backend::Message::RowDescription(d)) => {
+                    cols = d.fields().map(|f| Ok((f.name().to_string(), f.type_oid()))).collect().unwrap();
+                }
+                Msg::Backend(backend::Message::DataRow(r)) => {
+                    let buf = r.buffer();
+                    rows.push(r.ranges().map(|x| Ok(x.map(|x| String::from_utf8(buf[x].to_vec()).unwrap()))).collect().unwrap());
+                }
+                Msg::Backend(backend::Message::ErrorResponse(e)) => err = Some(pg_err(&e)),
+                _ => {}
+            }
+        }
+        match err {
+            Some(e) => Err(e),
+            None => Ok((cols, rows)),
+        }
+    }
+
+    /// Expects a FATAL error and then the end of the connection.
+    async fn expect_fatal(&mut self) -> PgErr {
+        loop {
+            match self.recv().await {
+                Some(Msg::Backend(backend::Message::ErrorResponse(e))) => {
+                    let e = pg_err(&e);
+                    assert_eq!(e.severity, "FATAL", "{e:?}");
+                    assert!(self.recv().await.is_none(), "the connection is closed after FATAL");
+                    return e;
+                }
+                Some(Msg::Backend(backend::Message::NoticeResponse(_))) => {}
+                other => panic!("expected a FATAL error, got {other:?}"),
+            }
+        }
+    }
+
+    async fn status_update(&mut self, write: Lsn, flush: Lsn, apply: Lsn, reply: bool) {
+        let mut p = Vec::new();
+        p.push(b'r');
+        for v in [write.0, flush.0, apply.0, 0] {
+            p.extend_from_slice(&v.to_be_bytes());
+        }
+        p.push(reply as u8);
+        self.send(|b| frontend::CopyData::new(&p[..]).unwrap().write(b)).await;
+    }
+}
+
+/// A replication message inside CopyData.
+#[derive(Debug)]
+enum Repl {
+    XLogData { start: Lsn, end: Lsn, data: Bytes },
+    Keepalive { end: Lsn, reply: bool },
+}
+
+fn repl(m: Option<Msg>) -> Repl {
+    let Some(Msg::Backend(backend::Message::CopyData(d))) = m else { panic!("expected CopyData, got {m:?}") };
+    let mut d = d.into_bytes();
+    match d.get_u8() {
+        b'w' => {
+            let start = Lsn(d.get_u64());
+            let end = Lsn(d.get_u64());
+            let _time = d.get_i64();
+            Repl::XLogData { start, end, data: d }
+        }
+        b'k' => {
+            assert_eq!(d.len(), 17);
+            let end = Lsn(d.get_u64());
+            let _time = d.get_i64();
+            Repl::Keepalive { end, reply: d.get_u8() != 0 }
+        }
+        t => panic!("unexpected replication message {:?}", t as char),
+    }
+}
+
+/// Receives XLogData until `upto`, checking it is contiguous from `*next`, in chunks of at
+/// most 128 KiB that do not cross segments and announce `commit` as the end of WAL.
+async fn receive_until(c: &mut Client, next: &mut Lsn, upto: Lsn, commit: Lsn, into: &mut Vec<u8>) {
+    while *next < upto {
+        match repl(c.recv().await) {
+            Repl::XLogData { start, end, data } => {
+                assert_eq!(start, *next, "contiguous WAL");
+                assert_eq!(end, commit, "walEnd is the commit LSN");
+                assert!(!data.is_empty() && data.len() <= 128 * 1024, "chunk of {} bytes", data.len());
+                assert_eq!(start.0 / SEGMENT, (start.0 + data.len() as u64 - 1) / SEGMENT, "chunk crosses a segment");
+                *next = Lsn(start.0 + data.len() as u64);
+                assert!(*next <= commit, "sent beyond the commit LSN");
+                into.extend_from_slice(&data);
+            }
+            Repl::Keepalive { .. } => {}
+        }
+    }
+}
+
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn streams_committed_wal_and_follows_the_commit_lsn() {
+    let f = fixture();
+    let first_commit = Lsn(f.start.0 + 1_000_003);
+    let src = MemWal::new(&f, first_commit);
+    let mut server = server(Arc::clone(&src), Config::default()).await;
+    let mut c = Client::ready(&server).await;
+
+    let (cols, rows) = c.query("IDENTIFY_SYSTEM").await.unwrap();
+    assert_eq!(
+        cols,
+        vec![("systemid".into(), 25), ("timeline".into(), 23), ("xlogpos".into(), 25), ("dbname".into(), 25)]
+    );
+    assert_eq!(rows, vec![vec![Some(f.system_id.to_string()), Some("1".into()), Some(first_commit.to_string()), None]]);
+    let (_, rows) = c.query("show WAL_SEGMENT_SIZE;").await.unwrap();
+    assert_eq!(rows, vec![vec![Some("16MB".to_string())]]);
+
+    c.send(|b| frontend::query(&format!("START_REPLICATION PHYSICAL {} TIMELINE 1", f.start), b).unwrap()).await;
+    assert!(matches!(c.recv().await, Some(Msg::CopyBoth)));
+    let mut got = Vec::new();
+    let mut next = f.start;
+    receive_until(&mut c, &mut next, first_commit, first_commit, &mut got).await;
+    assert_eq!(&got[..], src.bytes(f.start, first_commit));
+
+    // The pageserver's progress is recorded as it reports it.
+    c.status_update(first_commit, Lsn(first_commit.0 - 10), f.start, false).await;
+    wait_for("the status update", || src.last_feedback().is_some()).await;
+    assert_eq!(
+        src.last_feedback().unwrap(),
+        PageserverFeedback { write_lsn: first_commit, flush_lsn: Lsn(first_commit.0 - 10), apply_lsn: f.start }
+    );
+
+    // Nothing beyond the commit LSN is sent until it moves; then all of it, across the
+    // segment boundary.
+    src.commit.send_replace(f.end);
+    receive_until(&mut c, &mut next, f.end, f.end, &mut got).await;
+    assert_eq!(next, f.end);
+    assert_eq!(&got[..], src.bytes(f.start, f.end));
+
+    // The client ends streaming; the connection is then usable again.
+    c.send(frontend::copy_done).await;
+    let mut saw_copy_done = false;
+    let mut tags = Vec::new();
+    for m in c.until_ready().await {
+        match m {
+            Msg::Backend(backend::Message::CopyDone) => saw_copy_done = true,
+            Msg::Backend(backend::Message::CommandComplete(t)) => tags.push(t.tag().unwrap().to_string()),
+            Msg::Backend(backend::Message::CopyData(_)) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(saw_copy_done);
+    assert_eq!(tags, vec!["START_STREAMING".to_string()]);
+    let (_, rows) = c.query("IDENTIFY_SYSTEM").await.unwrap();
+    assert_eq!(rows[0][2], Some(f.end.to_string()));
+
+    c.send(frontend::terminate).await;
+    assert!(c.recv().await.is_none());
+    server.next_result().await.unwrap();
+}
+
+#[tokio::test]
+async fn keepalives_ask_for_a_reply_and_a_silent_client_is_dropped() {
+    let f = fixture();
+    let commit = Lsn(f.start.0 + 8192);
+    let src = MemWal::new(&f, commit);
+    let config = Config { keepalive_interval: Duration::from_millis(100), sender_timeout: Duration::from_millis(1500), ..Config::default() };
+    let mut server = server(Arc::clone(&src), config).await;
+    let mut c = Client::ready(&server).await;
+    c.send(|b| frontend::query(&format!("START_REPLICATION {commit}"), b).unwrap()).await;
+    assert!(matches!(c.recv().await, Some(Msg::CopyBoth)));
+    // Caught up at once: keepalives without a reply request, announcing the commit LSN.
+    let Repl::Keepalive { end, reply: false } = repl(c.recv().await) else { panic!("expected a plain keepalive") };
+    assert_eq!(end, commit);
+    // A reply resets the clock; silence for half the timeout brings a reply request.
+    c.status_update(commit, commit, commit, false).await;
+    let started = std::time::Instant::now();
+    loop {
+        match repl(c.recv().await) {
+            Repl::Keepalive { reply: true, .. } => break,
+            Repl::Keepalive { reply: false, .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(started.elapsed() >= Duration::from_millis(600), "the reply was requested after {:?}", started.elapsed());
+    // Still silent: the connection is closed after the whole timeout.
+    let e = loop {
+        match c.recv().await {
+            Some(Msg::Backend(backend::Message::ErrorResponse(e))) => break pg_err(&e),
+            Some(Msg::Backend(backend::Message::CopyData(_))) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(e.severity, "FATAL");
+    assert!(e.message.contains("sent nothing"), "{e:?}");
+    assert!(c.recv().await.is_none());
+    assert!(server.next_result().await.is_err());
+}
+
+#[tokio::test]
+async fn refuses_bad_startups() {
+    let f = fixture();
+    let src = MemWal::new(&f, f.end);
+    let mut server = server(src, Config::default()).await;
+    let db = server.database();
+    let other = format!("{}/33333333333333333333333333333333", server.tenant);
+    // (startup parameters, SQLSTATE, part of the message)
+    type Case<'a> = (Vec<(&'a str, &'a str)>, &'a str, &'a str);
+    let cases: Vec<Case> = vec![
+        (vec![("user", "u"), ("replication", "true"), ("database", &other)], "3D000", "no such timeline here"),
+        (vec![("user", "u"), ("database", &db)], "0A000", "replication=true is missing"),
+        (vec![("user", "u"), ("replication", "database"), ("database", &db)], "0A000", "logical replication"),
+        (vec![("user", "u"), ("replication", "true"), ("database", "tenant/timeline")], "22023", "does not name a timeline"),
+        (vec![("user", "u"), ("replication", "true"), ("database", "replication")], "3D000", "no timeline named"),
+        (vec![("replication", "true"), ("database", &db)], "28000", "no PostgreSQL user name"),
+    ];
+    for (params, code, text) in cases {
+        let mut c = Client::connect(server.addr, &params).await;
+        let e = c.expect_fatal().await;
+        assert_eq!(e.code, code, "{params:?}: {e:?}");
+        assert!(e.message.contains(text), "{params:?}: {e:?}");
+        assert!(server.next_result().await.is_err());
+    }
+
+    // A startup packet of an impossible length.
+    let mut c = Client::raw(server.addr).await;
+    c.send_raw(&[0, 0, 0, 3]).await;
+    let e = c.expect_fatal().await;
+    assert!(e.message.contains("invalid length of startup packet"), "{e:?}");
+    assert!(server.next_result().await.is_err());
+
+    // An unknown protocol version.
+    let mut c = Client::raw(server.addr).await;
+    c.send_raw(&[0, 0, 0, 8, 0, 2, 0, 0]).await;
+    let e = c.expect_fatal().await;
+    assert!(e.message.contains("unsupported frontend protocol 2.0"), "{e:?}");
+    assert!(server.next_result().await.is_err());
+
+    // SSL and GSS encryption requests are declined, then the startup goes on; the timeline
+    // can also be named in `options`, as pg_receivewal must.
+    let mut c = Client::raw(server.addr).await;
+    c.send(frontend::ssl_request).await;
+    let mut answer = [0u8; 1];
+    c.s.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"N");
+    c.send_raw(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x30]).await;
+    c.s.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"N");
+    let options = format!("-c fjord.timeline={db}");
+    c.send(|b| {
+        frontend::startup_message([("user", "u"), ("replication", "on"), ("database", "replication"), ("options", options.as_str())], b).unwrap()
+    })
+    .await;
+    c.until_ready().await;
+    let (_, rows) = c.query("IDENTIFY_SYSTEM").await.unwrap();
+    assert_eq!(rows[0][2], Some(f.end.to_string()));
+    drop(c);
+    server.next_result().await.unwrap();
+
+    // A client that connects and leaves is no error.
+    drop(Client::raw(server.addr).await);
+    server.next_result().await.unwrap();
+}
+
+#[tokio::test]
+async fn malformed_messages_and_unknown_commands() {
+    let f = fixture();
+    let src = MemWal::new(&f, f.end);
+    let mut server = server(src, Config::default()).await;
+    let mut c = Client::ready(&server).await;
+
+    // Framing intact: ERROR, ReadyForQuery, and the connection goes on.
+    let query_without_nul = [b'Q', 0, 0, 0, 8, b'a', b'b', b'c', b'd'];
+    let bad_utf8 = [b'Q', 0, 0, 0, 7, b'S', 0xff, 0];
+    let trailing = [b'Q', 0, 0, 0, 7, b'x', 0, b'y'];
+    for (bytes, code, text) in [
+        (&query_without_nul[..], "08P01", "not NUL-terminated"),
+        (&bad_utf8[..], "22021", "invalid byte sequence"),
+        (&trailing[..], "08P01", "bytes after the query string"),
+    ] {
+        c.send_raw(bytes).await;
+        let msgs = c.until_ready().await;
+        let [Msg::Backend(backend::Message::ErrorResponse(e))] = &msgs[..] else { panic!("expected one error, got {msgs:?}") };
+        let e = pg_err(e);
+        assert_eq!((e.severity.as_str(), e.code.as_str()), ("ERROR", code), "{e:?}");
+        assert!(e.message.contains(text), "{e:?}");
+    }
+    for (q, code, text) in [
+        ("SELECT 1", "0A000", "unknown replication command starting with \"select\""),
+        ("TIMELINE_HISTORY 1", "0A000", "TIMELINE_HISTORY is not supported"),
+        ("START_REPLICATION LOGICAL 0/1", "0A000", "logical replication"),
+        ("IDENTIFY_SYSTEM please", "42601", "unexpected \"please\""),
+        ("START_REPLICATION PHYSICAL 0/ZZ", "42601", "invalid LSN: \"0/\""),
+        ("START_REPLICATION PHYSICAL now", "42601", "expected a start LSN"),
+        ("SHOW work_mem", "42704", "unrecognized configuration parameter \"work_mem\""),
+    ] {
+        let e = c.query(q).await.unwrap_err();
+        assert_eq!((e.severity.as_str(), e.code.as_str()), ("ERROR", code), "{q}: {e:?}");
+        assert!(e.message.contains(text), "{q}: {e:?}");
+    }
+    // An empty query.
+    c.send(|b| frontend::query(" ; ", b).unwrap()).await;
+    let msgs = c.until_ready().await;
+    assert!(matches!(msgs[..], [Msg::Backend(backend::Message::EmptyQueryResponse)]), "{msgs:?}");
+    // The extended query protocol: one error, everything up to Sync skipped.
+    c.send(|b| {
+        frontend::parse("", "IDENTIFY_SYSTEM", None, b).unwrap();
+        frontend::execute("", 0, b).unwrap();
+        frontend::sync(b);
+    })
+    .await;
+    let msgs = c.until_ready().await;
+    let [Msg::Backend(backend::Message::ErrorResponse(e))] = &msgs[..] else { panic!("expected one error, got {msgs:?}") };
+    assert!(pg_err(e).message.contains("extended query protocol not supported"));
+    assert!(c.query("IDENTIFY_SYSTEM").await.is_ok(), "still usable");
+
+    // Broken framing: FATAL and closed.
+    c.send_raw(&[b'Y', 0, 0, 0, 4]).await;
+    let e = c.expect_fatal().await;
+    assert!(e.message.contains("invalid frontend message type 89"), "{e:?}");
+    assert!(server.next_result().await.is_err());
+
+    let mut c = Client::ready(&server).await;
+    c.send_raw(&[b'Q', 0, 0, 0, 2]).await;
+    let e = c.expect_fatal().await;
+    assert!(e.message.contains("invalid message length 2"), "{e:?}");
+    assert!(server.next_result().await.is_err());
+
+    let mut c = Client::ready(&server).await;
+    c.send_raw(&[b'Q', 0x7f, 0, 0, 0]).await;
+    let e = c.expect_fatal().await;
+    assert!(e.message.contains("invalid message length"), "{e:?}");
+    assert!(server.next_result().await.is_err());
+
+    // A standby message the protocol does not have, while streaming.
+    let mut c = Client::ready(&server).await;
+    c.send(|b| frontend::query(&format!("START_REPLICATION {}", f.end), b).unwrap()).await;
+    assert!(matches!(c.recv().await, Some(Msg::CopyBoth)));
+    c.send(|b| frontend::CopyData::new(&b"z123"[..]).unwrap().write(b)).await;
+    let e = loop {
+        match c.recv().await {
+            Some(Msg::Backend(backend::Message::ErrorResponse(e))) => break pg_err(&e),
+            Some(Msg::Backend(backend::Message::CopyData(_))) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert!(e.message.contains("unexpected standby message type 'z'"), "{e:?}");
+    assert!(c.recv().await.is_none());
+    assert!(server.next_result().await.is_err());
+}
+
+#[tokio::test]
+async fn start_positions_outside_the_committed_wal_are_refused() {
+    let f = fixture();
+    let commit = Lsn(f.start.0 + 100_000);
+    let src = MemWal::new(&f, commit);
+    let server = server(src, Config::default()).await;
+    let mut c = Client::ready(&server).await;
+    let ahead = Lsn(commit.0 + 1);
+    let e = c.query(&format!("START_REPLICATION PHYSICAL {ahead} TIMELINE 1")).await.unwrap_err();
+    assert_eq!(e.severity, "ERROR");
+    assert!(
+        e.message.contains(&format!("requested starting point {ahead} is ahead of the WAL flush position of this server {commit}")),
+        "{e:?}"
+    );
+    let below = Lsn(f.start.0 - 8192);
+    let e = c.query(&format!("START_REPLICATION {below}")).await.unwrap_err();
+    assert!(e.message.contains(&format!("requested WAL at {below} is not available here (WAL begins at {})", f.start)), "{e:?}");
+    let e = c.query(&format!("START_REPLICATION {} TIMELINE 2", f.start)).await.unwrap_err();
+    assert!(e.message.contains("timeline 2 is not in this server's history"), "{e:?}");
+    // Streaming from exactly the commit LSN is allowed (nothing to send yet).
+    c.send(|b| frontend::query(&format!("START_REPLICATION {commit}"), b).unwrap()).await;
+    assert!(matches!(c.recv().await, Some(Msg::CopyBoth)));
+}
+
+#[tokio::test]
+async fn corrupt_wal_is_never_sent() {
+    let f = fixture();
+    let commit = Lsn(f.start.0 + 1_000_000);
+    let src = MemWal::new(&f, commit);
+    let bad = Lsn(f.start.0 + 300_000);
+    *src.corrupt.lock().unwrap() = Some(bad);
+    let mut server = server(Arc::clone(&src), Config::default()).await;
+    let mut c = Client::ready(&server).await;
+    c.send(|b| frontend::query(&format!("START_REPLICATION {}", f.start), b).unwrap()).await;
+    assert!(matches!(c.recv().await, Some(Msg::CopyBoth)));
+    let mut got = Vec::new();
+    let e = loop {
+        match c.recv().await {
+            Some(Msg::Backend(backend::Message::ErrorResponse(e))) => break pg_err(&e),
+            m @ Some(Msg::Backend(backend::Message::CopyData(_))) => {
+                if let Repl::XLogData { start, data, .. } = repl(m) {
+                    assert_eq!(start.0, f.start.0 + got.len() as u64);
+                    got.extend_from_slice(&data);
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!((e.severity.as_str(), e.code.as_str()), ("FATAL", "XX001"), "{e:?}");
+    assert!(e.message.contains("CRC mismatch in WAL segment"), "{e:?}");
+    assert!(f.start.0 + (got.len() as u64) <= bad.0, "WAL up to {} was sent past the corrupt byte at {bad}", got.len());
+    assert_eq!(&got[..], src.bytes(f.start, Lsn(f.start.0 + got.len() as u64)));
+    assert!(c.recv().await.is_none());
+    let err = server.next_result().await.unwrap_err();
+    assert!(format!("{err:#}").contains("CRC mismatch"), "{err:#}");
+}
+
+/// The crate's directory, from cargo at run time (a test binary reused from another
+/// checkout's build must not read that checkout).
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
+}
+
+/// PostgreSQL's bin directory: `FJORD_PG_BIN`, or `target/pg15/bin` as `scripts/setup`
+/// builds it (as the pageserver's tests find it).
+fn pg_bin() -> std::path::PathBuf {
+    let dir = std::env::var_os("FJORD_PG_BIN").map(std::path::PathBuf::from).unwrap_or_else(|| manifest_dir().join("../target/pg15/bin"));
+    assert!(dir.join("pg_receivewal").exists(), "no pg_receivewal in {}; run ./scripts/setup first or set FJORD_PG_BIN", dir.display());
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_receivewal_writes_exactly_the_served_wal() {
+    let bin = pg_bin();
+    let f = fixture();
+    assert_eq!(f.start.0 % SEGMENT, 0);
+    let first_commit = Lsn(f.start.0 + 5 * 1024 * 1024 + 77);
+    let src = MemWal::new(&f, first_commit);
+    let server = server(Arc::clone(&src), Config::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    // pg_receivewal starts after the newest complete segment in its directory: a dummy
+    // segment before the fixture's first makes it start at the fixture's start.
+    // WAL file names: timeline, then the segment number in two halves of 256 segments.
+    let seg = |n: u64| format!("{:08X}{:08X}{:08X}", 1, n / 256, n % 256);
+    let first = f.start.0 / SEGMENT;
+    std::fs::write(dir.path().join(seg(first - 1)), vec![0u8; SEGMENT as usize]).unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=fjord options='-c fjord.timeline={}'",
+        server.addr.port(),
+        server.database()
+    );
+    let mut child = std::process::Command::new(bin.join("pg_receivewal"))
+        .args(["-d", &conninfo, "-D"])
+        .arg(dir.path())
+        .args(["--no-loop", "--verbose", "--status-interval=1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    // It reports what it wrote (and flushed) as it goes; then the commit LSN moves.
+    wait_for("pg_receivewal to report the first commit LSN", || src.last_feedback().is_some_and(|fb| fb.write_lsn >= first_commit)).await;
+    src.commit.send_replace(f.end);
+    wait_for("pg_receivewal to report the end of the WAL", || src.last_feedback().is_some_and(|fb| fb.write_lsn >= f.end)).await;
+    assert!(src.last_feedback().unwrap().write_lsn == f.end, "{:?}", src.last_feedback());
+
+    // SIGINT makes it close its files and exit 0.
+    let killed = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "pg_receivewal did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(status.success(), "pg_receivewal failed: {log}");
+
+    // The complete segment and the partial one hold exactly the WAL served.
+    let full = std::fs::read(dir.path().join(seg(first))).unwrap_or_else(|e| panic!("segment {}: {e}; log: {log}", seg(first)));
+    assert_eq!(full.len() as u64, SEGMENT);
+    assert!(full == src.bytes(f.start, Lsn(f.start.0 + SEGMENT)), "segment {} differs", seg(first));
+    let partial = std::fs::read(dir.path().join(format!("{}.partial", seg(first + 1)))).unwrap();
+    let tail = src.bytes(Lsn(f.start.0 + SEGMENT), f.end);
+    assert!(&partial[..tail.len()] == tail, "the partial segment differs");
+    assert!(partial[tail.len()..].iter().all(|&b| b == 0), "bytes after the commit LSN in the partial segment");
+    assert!(log.contains("starting log streaming at 0/2000000"), "{log}");
+}
