@@ -7,6 +7,7 @@
 pub mod pageserver_api;
 pub mod pgconf;
 pub mod postgres;
+pub mod safekeepers;
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;

@@ -72,10 +72,37 @@ impl PageserverClient {
         Ok(Basebackup { lsn, bytes: body.bytes })
     }
 
+    /// PostgreSQL's system identifier of `timeline`, from the pageserver's timeline status
+    /// (its `system_id` field).
+    pub fn system_id(&self, tenant: TenantId, timeline: TimelineId) -> anyhow::Result<u64> {
+        let url = self.timeline_url(tenant, timeline);
+        let response = self.agent.get(&url).call().with_context(|| format!("could not reach the pageserver at {url}"))?;
+        let mut response = check_status(response, "timeline status")?;
+        let text = response.body_mut().read_to_string().context("read the timeline status")?;
+        let info: serde_json::Value = serde_json::from_str(&text).context("parse the timeline status")?;
+        match info.get("system_id") {
+            Some(serde_json::Value::String(s)) => s.parse().with_context(|| format!("timeline status has an invalid system_id {s:?}")),
+            Some(serde_json::Value::Number(n)) => n.as_u64().with_context(|| format!("timeline status has an invalid system_id {n}")),
+            Some(serde_json::Value::Null) => bail!("timeline {timeline} has no data yet (no system_id); import or branch it first"),
+            _ => bail!("the pageserver's timeline status has no system_id (is the pageserver too old?)"),
+        }
+    }
+
+    /// Asks the pageserver to stream WAL of `timeline` from the safekeepers (any of them; it
+    /// takes committed WAL only).
+    pub fn start_wal_receiver_from_safekeepers(&self, tenant: TenantId, timeline: TimelineId, safekeepers: &[(String, u16)]) -> anyhow::Result<()> {
+        let sources: Vec<_> = safekeepers.iter().map(|(host, port)| serde_json::json!({ "host": host, "port": port, "user": "fjord" })).collect();
+        self.post_wal_receiver(tenant, timeline, serde_json::json!({ "sources": sources }))
+    }
+
     /// Asks the pageserver to stream WAL of `timeline` from the compute at `host:port`.
     pub fn start_wal_receiver(&self, tenant: TenantId, timeline: TimelineId, host: &str, port: u16, user: &str) -> anyhow::Result<()> {
+        self.post_wal_receiver(tenant, timeline, serde_json::json!({ "host": host, "port": port, "user": user }))
+    }
+
+    fn post_wal_receiver(&self, tenant: TenantId, timeline: TimelineId, body: serde_json::Value) -> anyhow::Result<()> {
         let url = format!("{}/wal_receiver", self.timeline_url(tenant, timeline));
-        let body = serde_json::json!({ "host": host, "port": port, "user": user }).to_string();
+        let body = body.to_string();
         let response = self
             .agent
             .post(&url)

@@ -25,6 +25,10 @@ pub struct ComputeSettings {
     /// Set for a compute started at a past LSN: it must not add WAL to its branch, so it
     /// is read-only and the pageserver does not follow it.
     pub static_lsn: Option<Lsn>,
+    /// `host:port,...` of the safekeepers (`fjord.safekeepers`): the compute's WAL goes to
+    /// them and a commit waits for a majority. `None`: the pageserver follows the compute
+    /// directly and a commit waits for it.
+    pub safekeepers: Option<String>,
     /// Where postgres puts its Unix-domain socket; `None` leaves TCP only.
     pub socket_dir: Option<String>,
     /// `-c name=value` settings, appended last so that they win.
@@ -83,6 +87,12 @@ pub fn postgresql_conf(s: &ComputeSettings) -> String {
     set("max_replication_slots", "10");
     set("wal_keep_size", "1GB");
     match s.static_lsn {
+        None if s.safekeepers.is_some() => {
+            // The extension's WAL proposer streams the WAL to the safekeepers and releases
+            // a committing backend once a majority has it (it is the standby `walproposer`).
+            set("fjord.safekeepers", s.safekeepers.as_deref().unwrap_or_default());
+            set("synchronous_standby_names", "walproposer");
+        }
         None => {
             // A commit is acknowledged only once the pageserver (application_name
             // `fjord_pageserver`) has flushed it: the compute keeps no data files of its own.
@@ -154,6 +164,7 @@ mod tests {
             timeline_id: "22222222222222222222222222222222".parse().unwrap(),
             shared_buffers: "128MB".into(),
             static_lsn: None,
+            safekeepers: None,
             socket_dir: None,
             overrides: vec![],
         }
@@ -176,6 +187,15 @@ mod tests {
         assert_eq!(value_of(&conf, "port").unwrap(), "'55432'");
         assert_eq!(value_of(&conf, "unix_socket_directories").unwrap(), "''");
         assert!(value_of(&conf, "default_transaction_read_only").is_none());
+    }
+
+    #[test]
+    fn compute_with_safekeepers_waits_for_the_walproposer() {
+        let conf = postgresql_conf(&ComputeSettings { safekeepers: Some("a:1,b:2,c:3".into()), ..settings() });
+        assert_eq!(value_of(&conf, "fjord.safekeepers").unwrap(), "'a:1,b:2,c:3'");
+        assert_eq!(value_of(&conf, "synchronous_standby_names").unwrap(), "'walproposer'");
+        assert_eq!(value_of(&conf, "synchronous_commit").unwrap(), "'on'");
+        assert!(value_of(&postgresql_conf(&settings()), "fjord.safekeepers").is_none());
     }
 
     #[test]

@@ -10,12 +10,26 @@
 //! Threads: plain std threads and blocking sockets; no PostgreSQL function is ever called
 //! from them (the extension gives a `wake` callback that only sets a latch).
 //!
-//! STATUS: API only; being implemented.
+//! See README.md for the threads, what is read from where, and how failures are handled.
+
+mod conn;
+mod core;
+mod walstore;
+
+pub use walstore::{segment_file_name, WalReadError};
 
 use proto::{Lsn, TenantId, TimelineId};
+use quorum::wire::{PageserverFeedback, ProposerMessage, PROTOCOL_VERSION};
+use quorum::{Proposer, ProposerConfig};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::core::{Core, Event, Mode};
+use crate::walstore::WalStore;
 
 /// Where and what to propose.
 #[derive(Clone, Debug)]
@@ -49,6 +63,9 @@ pub enum Status {
     /// Another proposer took over (a higher term) or the safekeepers' WAL does not continue
     /// where this compute started: this compute must never commit again. `reason` says why.
     Fenced { reason: String },
+    /// The proposer cannot go on for a reason of its own (e.g. a WAL segment a safekeeper
+    /// needs was already removed from `pg_wal`). Fatal for the compute, as `Fenced` is.
+    Failed { reason: String },
 }
 
 /// The pageserver's progress, as the safekeepers report it (the highest over them).
@@ -58,44 +75,262 @@ pub struct Feedback {
     pub pageserver_apply_lsn: Lsn,
 }
 
+/// How a proposer ended (sync: its result).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Synced(Option<Lsn>),
+    Failed(String),
+}
+
+/// State shared by the caller, the core thread and the connection threads.
+pub(crate) struct Shared {
+    pub stopping: AtomicBool,
+    pub commit_lsn: AtomicU64,
+    /// The highest LSN `wal_flushed` reported.
+    pub flushed: AtomicU64,
+    /// An `Event::Flushed` is on its way to the core: later calls only raise `flushed`.
+    pub flush_pending: AtomicBool,
+    pub status: Mutex<Status>,
+    /// Per safekeeper: the last feedback it sent.
+    feedback: Mutex<Vec<PageserverFeedback>>,
+    /// Per safekeeper: `None` while connected, else why not.
+    nodes: Mutex<Vec<Option<String>>>,
+    /// The core's one-line account of where it stands.
+    pub progress: Mutex<String>,
+    outcome: Mutex<Option<Outcome>>,
+    outcome_cv: Condvar,
+    stop_lock: Mutex<()>,
+    stop_cv: Condvar,
+}
+
+impl Shared {
+    fn new(n: usize, wal_start: Lsn) -> Shared {
+        Shared {
+            stopping: AtomicBool::new(false),
+            commit_lsn: AtomicU64::new(0),
+            flushed: AtomicU64::new(wal_start.0),
+            flush_pending: AtomicBool::new(false),
+            status: Mutex::new(Status::Electing),
+            feedback: Mutex::new(vec![PageserverFeedback::default(); n]),
+            nodes: Mutex::new(vec![Some("not connected yet".to_string()); n]),
+            progress: Mutex::new(String::new()),
+            outcome: Mutex::new(None),
+            outcome_cv: Condvar::new(),
+            stop_lock: Mutex::new(()),
+            stop_cv: Condvar::new(),
+        }
+    }
+
+    pub fn set_feedback(&self, node: usize, f: PageserverFeedback) {
+        lock(&self.feedback)[node] = f;
+    }
+
+    pub fn set_node_state(&self, node: usize, down_because: Option<String>) {
+        lock(&self.nodes)[node] = down_because;
+    }
+
+    pub fn set_outcome(&self, outcome: Outcome) {
+        let mut o = lock(&self.outcome);
+        if o.is_none() {
+            *o = Some(outcome);
+        }
+        self.outcome_cv.notify_all();
+    }
+
+    /// Sleeps for `d`, or less if the proposer stops meanwhile.
+    pub fn sleep_unless_stopping(&self, d: Duration) {
+        let guard = lock(&self.stop_lock);
+        if self.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let _ = self.stop_cv.wait_timeout(guard, d);
+    }
+
+    fn stop(&self) {
+        let _guard = lock(&self.stop_lock);
+        self.stopping.store(true, Ordering::SeqCst);
+        self.stop_cv.notify_all();
+    }
+}
+
+/// A poisoned lock only means another thread panicked while holding it; the data (plain
+/// values replaced whole) is still consistent.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A running proposer (threads inside).
 pub struct WalProposer {
-    _private: (),
+    shared: Arc<Shared>,
+    events: Sender<Event>,
+    threads: Vec<JoinHandle<()>>,
+    addrs: Vec<String>,
 }
 
 impl WalProposer {
     /// Connects to the safekeepers and starts the election in background threads. `wake` is
     /// called (from those threads) whenever the commit LSN or the status changes.
     pub fn start(config: Config, wake: Arc<dyn Fn() + Send + Sync>) -> anyhow::Result<WalProposer> {
-        let _ = (config, wake);
-        anyhow::bail!("walproposer: not implemented yet")
+        if !config.wal_start.is_valid() {
+            anyhow::bail!("cannot start a WAL proposer without a start LSN (wal_start is 0)");
+        }
+        let Some(dir) = config.wal_dir.clone() else {
+            anyhow::bail!("cannot start a WAL proposer without a pg_wal directory (wal_dir)");
+        };
+        Self::spawn(&config, Mode::Compute, Some(dir), config.wal_start, wake)
+    }
+
+    fn spawn(config: &Config, mode: Mode, dir: Option<PathBuf>, wal_start: Lsn, wake: Arc<dyn Fn() + Send + Sync>) -> anyhow::Result<WalProposer> {
+        validate(config)?;
+        let n = config.safekeepers.len();
+        let shared = Arc::new(Shared::new(n, wal_start));
+        let (tx, rx) = mpsc::channel();
+        let segment_size = u64::from(config.wal_segment_size);
+        let core = Core::new(
+            Proposer::new(n, wal_start, ProposerConfig::default()),
+            mode,
+            wal_start,
+            WalStore::new(dir, segment_size, wal_start),
+            Arc::clone(&shared),
+            wake,
+            config.safekeepers.clone(),
+            config.reconnect_max,
+        );
+        let hello = ProposerMessage::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            tenant: config.tenant_id,
+            timeline: config.timeline_id,
+            system_id: config.system_id,
+            wal_segment_size: config.wal_segment_size,
+            name: config.name.clone(),
+        };
+        let mut proposer = WalProposer { shared: Arc::clone(&shared), events: tx.clone(), threads: Vec::new(), addrs: config.safekeepers.clone() };
+        let span = tracing::info_span!("walproposer", tenant_id = %config.tenant_id, timeline_id = %config.timeline_id);
+        let core_span = span.clone();
+        let spawned = std::thread::Builder::new().name("walproposer".into()).spawn(move || {
+            let _entered = core_span.enter();
+            core.run(rx)
+        });
+        proposer.threads.push(spawned.map_err(|e| anyhow::anyhow!("could not start the walproposer thread: {e}"))?);
+        for (node, addr) in config.safekeepers.iter().enumerate() {
+            let ctx = conn::ConnCtx {
+                node,
+                addr: addr.clone(),
+                hello: hello.clone(),
+                reconnect_max: config.reconnect_max,
+                shared: Arc::clone(&shared),
+                events: tx.clone(),
+            };
+            let conn_span = span.clone();
+            let spawned = std::thread::Builder::new().name(format!("walproposer sk{node}")).spawn(move || {
+                let _entered = conn_span.enter();
+                conn::run(ctx)
+            });
+            // On failure, `proposer` drops here and stops the threads already running.
+            proposer.threads.push(spawned.map_err(|e| anyhow::anyhow!("could not start a walproposer connection thread: {e}"))?);
+        }
+        Ok(proposer)
     }
 
     /// PostgreSQL has flushed its WAL up to `lsn` (monotone; ignored if lower than before).
+    /// Cheap: an atomic maximum, and an event to the core only if none is pending.
     pub fn wal_flushed(&self, lsn: Lsn) {
-        let _ = lsn;
+        let previous = self.shared.flushed.fetch_max(lsn.0, Ordering::SeqCst);
+        if lsn.0 > previous && !self.shared.flush_pending.swap(true, Ordering::SeqCst) {
+            let _ = self.events.send(Event::Flushed);
+        }
     }
 
     /// WAL below this is on a majority of safekeepers.
     pub fn commit_lsn(&self) -> Lsn {
-        Lsn(0)
+        Lsn(self.shared.commit_lsn.load(Ordering::SeqCst))
     }
 
     pub fn status(&self) -> Status {
-        Status::Electing
+        lock(&self.shared.status).clone()
     }
 
+    /// The pageserver's progress: the highest any safekeeper reported.
     pub fn feedback(&self) -> Feedback {
-        Feedback::default()
+        let all = lock(&self.shared.feedback);
+        Feedback {
+            pageserver_flush_lsn: all.iter().map(|f| f.flush_lsn).max().unwrap_or_default(),
+            pageserver_apply_lsn: all.iter().map(|f| f.apply_lsn).max().unwrap_or_default(),
+        }
+    }
+
+    /// Per safekeeper (`host:port`): `None` while connected, else why it is not.
+    pub fn connections(&self) -> Vec<(String, Option<String>)> {
+        self.addrs.iter().cloned().zip(lock(&self.shared.nodes).iter().cloned()).collect()
     }
 
     /// Stops the threads (closing the connections).
     pub fn stop(self) {}
+
+    fn shutdown(&mut self) {
+        self.shared.stop();
+        let _ = self.events.send(Event::Stop);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for WalProposer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn validate(config: &Config) -> anyhow::Result<()> {
+    if config.safekeepers.is_empty() {
+        anyhow::bail!("cannot propose WAL without safekeepers: the list is empty");
+    }
+    for (i, a) in config.safekeepers.iter().enumerate() {
+        if config.safekeepers[..i].contains(a) {
+            anyhow::bail!("safekeeper {a} is listed twice");
+        }
+    }
+    let size = config.wal_segment_size;
+    if !size.is_power_of_two() || !(1 << 20..=1 << 30).contains(&size) {
+        anyhow::bail!("invalid WAL segment size {size}: must be a power of two between 1 MiB and 1 GiB");
+    }
+    Ok(())
 }
 
 /// Makes a majority of safekeepers agree on the end of the timeline's WAL, commits it, and
 /// returns it; `None` if no safekeeper has WAL for the timeline yet. Gives up after `timeout`.
+///
+/// The sync is a proposer that writes no WAL of its own: `config.wal_start` and
+/// `config.wal_dir` are ignored (taken as 0 and none). It wins an election, fetches the
+/// donor's WAL as far as a lagging safekeeper needs it, and returns once the commit LSN has
+/// reached the elected start LSN and a majority of safekeepers acknowledged a commit LSN at
+/// least that high, so that they serve the WAL up to it to the pageserver.
 pub fn sync_safekeepers(config: &Config, timeout: Duration) -> anyhow::Result<Option<Lsn>> {
-    let _ = (config, timeout);
-    anyhow::bail!("sync_safekeepers: not implemented yet")
+    let started = Instant::now();
+    let proposer = WalProposer::spawn(config, Mode::Sync, None, Lsn(0), Arc::new(|| {}))?;
+    let shared = Arc::clone(&proposer.shared);
+    let mut outcome = lock(&shared.outcome);
+    while outcome.is_none() {
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        outcome = shared.outcome_cv.wait_timeout(outcome, left).unwrap_or_else(|e| e.into_inner()).0;
+    }
+    let result = outcome.clone();
+    drop(outcome);
+    let connections = proposer.connections();
+    let progress = lock(&shared.progress).clone();
+    drop(proposer);
+    match result {
+        Some(Outcome::Synced(lsn)) => Ok(lsn),
+        Some(Outcome::Failed(reason)) => anyhow::bail!("could not sync the safekeepers: {reason}"),
+        None => {
+            let down: Vec<String> =
+                connections.iter().filter_map(|(a, why)| why.as_ref().map(|w| format!("{a} ({w})"))).collect();
+            let down = if down.is_empty() { "none".to_string() } else { down.join(", ") };
+            anyhow::bail!("could not sync the safekeepers within {timeout:?}: {progress}; unreachable safekeepers: {down}")
+        }
+    }
 }

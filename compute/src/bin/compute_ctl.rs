@@ -1,7 +1,9 @@
 //! `compute_ctl`: starts one fjord compute and supervises it in the foreground.
 //!
-//! empty data directory -> basebackup from the pageserver -> config files -> `postgres -D`
-//! -> wait for connections -> ask the pageserver to follow the compute's WAL -> report
+//! empty data directory -> [with --safekeepers: sync the safekeepers, make the pageserver
+//! follow them] -> basebackup from the pageserver (at the synced LSN) -> config files ->
+//! `postgres -D` -> wait for connections -> [without: ask the pageserver to follow the
+//! compute's WAL] -> report
 //! (one JSON line on stdout) -> forward shutdown signals until postgres exits -> exit with
 //! postgres' status.
 
@@ -15,6 +17,7 @@ use clap::Parser;
 use compute::pageserver_api::PageserverClient;
 use compute::pgconf::{self, ComputeSettings};
 use compute::postgres::{self, Postmaster};
+use compute::safekeepers::{self, Safekeeper};
 use proto::{Lsn, TenantId, TimelineId};
 
 /// Starts a fjord compute: fetches a basebackup of a timeline from the pageserver into an
@@ -64,6 +67,14 @@ struct Args {
     /// Also write the startup report (and, at exit, the final state) to this JSON file.
     #[arg(long, value_name = "FILE")]
     status_file: Option<PathBuf>,
+    /// host:port,host:port,... of the safekeepers. The compute then starts at the end of the
+    /// WAL they agree on (a sync runs first), streams its WAL to them, and the pageserver
+    /// follows them instead of the compute.
+    #[arg(long, value_name = "HOST:PORT,...")]
+    safekeepers: Option<String>,
+    /// How long the safekeeper sync may take, in seconds.
+    #[arg(long, default_value_t = 30)]
+    sync_safekeepers_timeout_secs: u64,
     /// How long to wait for postgres to accept connections, in seconds.
     #[arg(long, default_value_t = 60)]
     start_timeout_secs: u64,
@@ -93,7 +104,14 @@ fn run(args: Args) -> anyhow::Result<i32> {
     let span = tracing::info_span!("compute", tenant_id = %args.tenant, timeline_id = %args.timeline);
     let _entered = span.enter();
     let started = Instant::now();
-    let settings = settings(&args)?;
+    let safekeepers = match &args.safekeepers {
+        None => None,
+        Some(_) if args.lsn.is_some() => {
+            bail!("cannot use --safekeepers with --lsn: a compute at a past LSN writes no WAL and starts at the LSN given")
+        }
+        Some(list) => Some(safekeepers::parse_list(list)?),
+    };
+    let settings = settings(&args, safekeepers.as_deref())?;
     let user = compute::os_user_name()?;
     let pgdata = absolute(&args.pgdata)?;
     let postgres_log = match &args.postgres_log {
@@ -109,12 +127,20 @@ fn run(args: Args) -> anyhow::Result<i32> {
 
     let created = compute::prepare_pgdata(&pgdata)?;
     let client = PageserverClient::new(&args.pageserver_http);
-    let fetched = client
-        .basebackup(args.tenant, args.timeline, args.lsn, &pgdata)
-        .context("fetch basebackup")
-        .and_then(|backup| compute::set_mode_0700(&pgdata).map(|()| backup))
-        .and_then(|backup| pgconf::write_config_files(&pgdata, &settings).map(|()| backup));
-    let backup = match fetched {
+    let synced = match &safekeepers {
+        None => Ok(None),
+        Some(list) => sync_and_follow(&client, &args, list).map(Some),
+    };
+    let fetched = synced.and_then(|synced| {
+        let lsn = synced.as_ref().map_or(args.lsn, |s| s.lsn);
+        client
+            .basebackup(args.tenant, args.timeline, lsn, &pgdata)
+            .context("fetch basebackup")
+            .and_then(|backup| compute::set_mode_0700(&pgdata).map(|()| backup))
+            .and_then(|backup| pgconf::write_config_files(&pgdata, &settings).map(|()| backup))
+            .map(|backup| (synced, backup))
+    });
+    let (synced, backup) = match fetched {
         Ok(backup) => backup,
         Err(e) => {
             compute::clear_pgdata(&pgdata, created);
@@ -137,7 +163,9 @@ fn run(args: Args) -> anyhow::Result<i32> {
     let start_ms = start_began.elapsed().as_millis();
     tracing::info!(pid = postmaster.pid(), "postgres accepts connections on {probe_host}:{} after {start_ms} ms", args.port);
 
-    if args.lsn.is_none() {
+    if args.lsn.is_none() && safekeepers.is_some() {
+        postmaster.checkpoint_before_shutdown(&args.pg_bin_dir, &probe_host, args.port, &user);
+    } else if args.lsn.is_none() {
         if let Err(e) = client.start_wal_receiver(args.tenant, args.timeline, &probe_host, args.port, &user) {
             postmaster.kill();
             compute::clear_pgdata(&pgdata, created);
@@ -159,6 +187,9 @@ fn run(args: Args) -> anyhow::Result<i32> {
         "basebackup_bytes": backup.bytes,
         "basebackup_ms": basebackup_ms,
         "start_ms": start_ms,
+        "safekeepers": safekeepers.as_deref().map(safekeepers::to_setting),
+        "sync_lsn": synced.as_ref().and_then(|s| s.lsn).map(|l| l.to_string()),
+        "sync_ms": synced.as_ref().map(|s| s.elapsed.as_millis()),
         "total_ms": started.elapsed().as_millis(),
     });
     // The status file first: whoever reads the stdout line may look at the file next.
@@ -179,7 +210,25 @@ fn run(args: Args) -> anyhow::Result<i32> {
     Ok(postgres::exit_code(status))
 }
 
-fn settings(args: &Args) -> anyhow::Result<ComputeSettings> {
+/// Syncs the safekeepers and points the pageserver's WAL receiver at them (before the
+/// basebackup: a basebackup at the synced LSN waits until the pageserver has that WAL).
+fn sync_and_follow(client: &PageserverClient, args: &Args, list: &[Safekeeper]) -> anyhow::Result<safekeepers::Synced> {
+    let system_id = client.system_id(args.tenant, args.timeline).context("get the timeline's system identifier")?;
+    let timeout = Duration::from_secs(args.sync_safekeepers_timeout_secs);
+    tracing::info!("syncing safekeepers {}", safekeepers::to_setting(list));
+    let synced = safekeepers::sync(list, args.tenant, args.timeline, system_id, timeout)?;
+    match synced.lsn {
+        Some(lsn) => tracing::info!("safekeepers synced at {lsn} in {} ms", synced.elapsed.as_millis()),
+        None => tracing::info!("safekeepers have no WAL for this timeline yet; starting at the pageserver's latest LSN"),
+    }
+    let sources: Vec<(String, u16)> = list.iter().map(|s| (s.host.clone(), s.port)).collect();
+    client
+        .start_wal_receiver_from_safekeepers(args.tenant, args.timeline, &sources)
+        .context("make the pageserver follow the safekeepers")?;
+    Ok(synced)
+}
+
+fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>) -> anyhow::Result<ComputeSettings> {
     let overrides = args.settings.iter().map(|s| pgconf::parse_override(s)).collect::<anyhow::Result<Vec<_>>>()?;
     Ok(ComputeSettings {
         listen: args.listen.clone(),
@@ -189,6 +238,7 @@ fn settings(args: &Args) -> anyhow::Result<ComputeSettings> {
         timeline_id: args.timeline,
         shared_buffers: args.shared_buffers.clone(),
         static_lsn: args.lsn,
+        safekeepers: safekeepers.map(safekeepers::to_setting),
         socket_dir: pgconf::socket_dir_for(&absolute(&args.pgdata)?),
         overrides,
     })

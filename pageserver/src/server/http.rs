@@ -7,7 +7,7 @@
 //! | POST | `/v1/tenant` | create a tenant: `{"tenant_id": "..."}` (optional; random if absent) |
 //! | GET | `/v1/tenant/{tenant}/timeline` | the tenant's timelines with their LSNs |
 //! | POST | `/v1/tenant/{tenant}/timeline` | create: `{"timeline_id"?, "ancestor_timeline_id"?, "ancestor_lsn"?}` |
-//! | GET | `/v1/tenant/{tenant}/timeline/{timeline}` | one timeline's status |
+//! | GET | `/v1/tenant/{tenant}/timeline/{timeline}` | one timeline's status (LSNs, layers, WAL receiver, `system_id`) |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/import` | `{"pgdata": "/path"}`: bootstrap from a shut-down data directory on this host |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | `{"sources": [{"host", "port", "user"}, ...]}` (1 to 16, no duplicate host and port, no port 0) or one source `{"host", "port", "user"}`: follow the timeline's WAL over streaming replication from one source at a time, failing over to the next and switching to one with more WAL (application_name `fjord_pageserver`, database `<tenant>/<timeline>`); persisted, restarted when the pageserver starts; 400 with the reason for an invalid list |
 //! | DELETE | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | stop the receiver and forget its source (404 if there is none) |
@@ -78,6 +78,9 @@ struct TimelineInfo {
     gc_cutoff_lsn: String,
     layers: usize,
     wal_receiver: Option<crate::walreceiver::WalReceiverStatus>,
+    /// PostgreSQL's system identifier (decimal, from the stored control file); compute_ctl
+    /// greets the safekeepers with it. `None` before the timeline has data.
+    system_id: Option<String>,
 }
 
 fn timeline_info(ps: &Pageserver, t: &Timeline) -> TimelineInfo {
@@ -91,7 +94,19 @@ fn timeline_info(ps: &Pageserver, t: &Timeline) -> TimelineInfo {
         disk_consistent_lsn: t.disk_consistent_lsn().to_string(),
         gc_cutoff_lsn: t.gc_cutoff_lsn().to_string(),
         layers: t.layers().len(),
+        system_id: system_id(ps, t).map(|id| id.to_string()),
     }
+}
+
+/// The system identifier in the timeline's control file at its last record LSN.
+fn system_id(ps: &Pageserver, t: &Timeline) -> Option<u64> {
+    let lsn = t.last_record_lsn();
+    if !lsn.is_valid() {
+        return None;
+    }
+    let datadir = crate::datadir::Datadir::new(t, ps.reconstructor.as_ref());
+    let raw = datadir.get_control_file(lsn).ok()?;
+    crate::import::ControlFile::parse(&raw).ok().map(|c| c.system_identifier)
 }
 
 #[derive(Deserialize, Default)]

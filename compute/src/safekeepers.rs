@@ -1,0 +1,106 @@
+//! compute_ctl and the safekeepers: the `--safekeepers` list, and the sync that decides where
+//! a compute starts.
+//!
+//! With safekeepers, a compute must start exactly at the end of the WAL a majority of them
+//! agreed on (the elected start LSN of a sync), so compute_ctl syncs them before it fetches
+//! the basebackup and asks the pageserver for that LSN. The compute's own WAL proposer (in
+//! the extension) then continues from there.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use proto::{Lsn, TenantId, TimelineId};
+
+/// One safekeeper of `--safekeepers`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Safekeeper {
+    /// As given (`[v6]:port` keeps its brackets), for `host:port` users.
+    pub addr: String,
+    /// The host without brackets, for the pageserver's WAL receiver.
+    pub host: String,
+    pub port: u16,
+}
+
+/// Parses `host:port,host:port,...`: no empty entries, valid ports, no duplicates.
+pub fn parse_list(list: &str) -> anyhow::Result<Vec<Safekeeper>> {
+    let mut out: Vec<Safekeeper> = Vec::new();
+    for entry in list.split(',').map(str::trim) {
+        if entry.is_empty() {
+            bail!("invalid --safekeepers {list:?}: empty entry (expected host:port,host:port,...)");
+        }
+        let Some((host, port)) = entry.rsplit_once(':') else {
+            bail!("invalid safekeeper {entry:?}: expected host:port");
+        };
+        let port: u16 = match port.parse() {
+            Ok(p) if p != 0 => p,
+            _ => bail!("invalid safekeeper {entry:?}: port {port:?} is not a number between 1 and 65535"),
+        };
+        let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+        if bare.is_empty() || bare.contains(char::is_whitespace) || (bare.contains(':') && bare == host) {
+            bail!("invalid safekeeper {entry:?}: bad host {host:?} (write IPv6 addresses as [addr]:port)");
+        }
+        if out.iter().any(|s| s.addr == entry) {
+            bail!("invalid --safekeepers {list:?}: {entry} is listed twice");
+        }
+        out.push(Safekeeper { addr: entry.to_string(), host: bare.to_string(), port });
+    }
+    Ok(out)
+}
+
+/// The list as `fjord.safekeepers` takes it.
+pub fn to_setting(list: &[Safekeeper]) -> String {
+    list.iter().map(|s| s.addr.as_str()).collect::<Vec<_>>().join(",")
+}
+
+/// What a sync found.
+#[derive(Debug)]
+pub struct Synced {
+    /// The end of the committed WAL; `None` if no safekeeper has WAL for the timeline.
+    pub lsn: Option<Lsn>,
+    pub elapsed: Duration,
+}
+
+/// Syncs the safekeepers of a timeline (see `walproposer::sync_safekeepers`).
+pub fn sync(list: &[Safekeeper], tenant: TenantId, timeline: TimelineId, system_id: u64, timeout: Duration) -> anyhow::Result<Synced> {
+    let started = Instant::now();
+    let config = walproposer::Config {
+        safekeepers: list.iter().map(|s| s.addr.clone()).collect(),
+        tenant_id: tenant,
+        timeline_id: timeline,
+        system_id,
+        wal_segment_size: proto::lsn::WAL_SEGMENT_SIZE_BYTES as u32,
+        wal_start: Lsn(0),
+        wal_dir: None,
+        name: format!("compute_ctl sync (pid {})", std::process::id()),
+        reconnect_max: Duration::from_secs(1),
+    };
+    let lsn = walproposer::sync_safekeepers(&config, timeout).context("sync the safekeepers")?;
+    Ok(Synced { lsn, elapsed: started.elapsed() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_are_validated() {
+        let l = parse_list("127.0.0.1:5454, sk2:5455,[::1]:5456").unwrap();
+        assert_eq!(l.len(), 3);
+        assert_eq!((l[1].host.as_str(), l[1].port), ("sk2", 5455));
+        assert_eq!((l[2].host.as_str(), l[2].addr.as_str()), ("::1", "[::1]:5456"));
+        assert_eq!(to_setting(&l), "127.0.0.1:5454,sk2:5455,[::1]:5456");
+        for (bad, why) in [
+            ("", "empty entry"),
+            ("a:1,,b:2", "empty entry"),
+            ("host", "expected host:port"),
+            ("host:0", "port"),
+            ("host:99999", "port"),
+            (":5454", "bad host"),
+            ("::1:5454", "IPv6"),
+            ("a:1,a:1", "listed twice"),
+        ] {
+            let err = parse_list(bad).unwrap_err().to_string();
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! WalProposer and sync_safekeepers against real `safekeeper` processes. The safekeeper
+//! service is built on another branch until it is merged, so this test runs only when
+//! `FJORD_SAFEKEEPER_BIN` names its binary (it passes silently otherwise).
+
+mod harness;
+
+use harness::{wait_until, write_segments, SEGMENT_BYTES};
+use proto::Lsn;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+use walproposer::{sync_safekeepers, Config, Status, WalProposer};
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn streams_commits_and_syncs_with_real_safekeepers() {
+    let Some(bin) = std::env::var_os("FJORD_SAFEKEEPER_BIN") else {
+        eprintln!("FJORD_SAFEKEEPER_BIN is not set; skipped");
+        return;
+    };
+    let root = std::env::temp_dir().join(format!("walproposer-real-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let mut procs = Vec::new();
+    let mut addrs = Vec::new();
+    for id in 1..=3 {
+        let (port, http) = (free_port(), free_port());
+        let child = Command::new(&bin)
+            .args(["--id", &id.to_string(), "--listen", &format!("127.0.0.1:{port}"), "--http", &format!("127.0.0.1:{http}")])
+            .arg("--data-dir")
+            .arg(root.join(format!("sk{id}")))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        procs.push(Proc(child));
+        addrs.push(format!("127.0.0.1:{port}"));
+    }
+    let dir = root.join("pg_wal");
+    let start = Lsn(3 * SEGMENT_BYTES + 40);
+    write_segments(&dir, start, Lsn(6 * SEGMENT_BYTES));
+    let config = Config {
+        safekeepers: addrs,
+        tenant_id: "11111111111111111111111111111111".parse().unwrap(),
+        timeline_id: "22222222222222222222222222222222".parse().unwrap(),
+        system_id: 7,
+        wal_segment_size: SEGMENT_BYTES as u32,
+        wal_start: start,
+        wal_dir: Some(dir),
+        name: "test".into(),
+        reconnect_max: Duration::from_millis(200),
+    };
+    let p = WalProposer::start(config.clone(), Arc::new(|| {})).unwrap();
+    let end = Lsn(5 * SEGMENT_BYTES + 777);
+    p.wal_flushed(end);
+    wait_until("commit", Duration::from_secs(30), || p.commit_lsn() == end);
+    assert!(matches!(p.status(), Status::Streaming { .. }));
+    p.stop();
+    let synced = sync_safekeepers(&Config { wal_start: Lsn(0), wal_dir: None, ..config }, Duration::from_secs(30)).unwrap();
+    assert_eq!(synced, Some(end));
+    drop(procs);
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -1,0 +1,220 @@
+//! WalProposer and sync_safekeepers against in-process acceptors over real TCP sockets
+//! (see `harness/mod.rs`: a test double of the safekeeper service until it is merged).
+
+mod harness;
+
+use harness::{pattern, wait_until, write_segments, TestSafekeeper, SEGMENT_BYTES};
+use proto::Lsn;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use walproposer::{sync_safekeepers, Config, Status, WalProposer};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn safekeepers(n: usize) -> Vec<TestSafekeeper> {
+    (0..n).map(|i| TestSafekeeper::start(i as u64 + 1)).collect()
+}
+
+fn config(sks: &[TestSafekeeper], wal_start: Lsn, wal_dir: Option<&Path>) -> Config {
+    Config {
+        safekeepers: sks.iter().map(|s| s.addr.clone()).collect(),
+        tenant_id: "11111111111111111111111111111111".parse().unwrap(),
+        timeline_id: "22222222222222222222222222222222".parse().unwrap(),
+        system_id: 7,
+        wal_segment_size: SEGMENT_BYTES as u32,
+        wal_start,
+        wal_dir: wal_dir.map(Path::to_path_buf),
+        name: "test".into(),
+        reconnect_max: Duration::from_millis(200),
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("walproposer-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A proposer and a counter of its wake calls.
+fn start(cfg: Config) -> (WalProposer, Arc<AtomicU64>) {
+    let wakes = Arc::new(AtomicU64::new(0));
+    let w = Arc::clone(&wakes);
+    let p = WalProposer::start(cfg, Arc::new(move || {
+        w.fetch_add(1, Ordering::SeqCst);
+    }))
+    .unwrap();
+    (p, wakes)
+}
+
+fn assert_has_pattern(sk: &TestSafekeeper, from: Lsn, to: Lsn) {
+    let node = sk.node.lock().unwrap();
+    let got = node.bytes(from, to);
+    let want: Vec<u8> = (from.0..to.0).map(pattern).collect();
+    assert!(got == &want[..], "safekeeper {} has wrong bytes in {from}..{to}", sk.addr);
+}
+
+const START: Lsn = Lsn(3 * SEGMENT_BYTES + 40);
+
+#[test]
+fn streams_and_commits_with_a_majority() {
+    let dir = temp_dir("stream");
+    write_segments(&dir, START, Lsn(8 * SEGMENT_BYTES));
+    let sks = safekeepers(3);
+    let (p, wakes) = start(config(&sks, START, Some(&dir)));
+    wait_until("elected", WAIT, || matches!(p.status(), Status::Streaming { .. }));
+    assert_eq!(p.status(), Status::Streaming { term: 1, start_lsn: START });
+
+    // Small, then across two segment boundaries.
+    let e1 = Lsn(START.0 + 1000);
+    p.wal_flushed(e1);
+    wait_until("commit reaches e1", WAIT, || p.commit_lsn() >= e1);
+    let e2 = Lsn(5 * SEGMENT_BYTES + 123);
+    for step in 1..=50 {
+        p.wal_flushed(Lsn(e1.0 + (e2.0 - e1.0) * step / 50));
+    }
+    wait_until("commit reaches e2", WAIT, || p.commit_lsn() == e2);
+    assert!(wakes.load(Ordering::SeqCst) >= 2);
+    wait_until("all safekeepers have e2", WAIT, || sks.iter().all(|s| s.flush_lsn() == e2));
+    for sk in &sks {
+        assert_has_pattern(sk, START, e2);
+    }
+    wait_until("feedback", WAIT, || p.feedback().pageserver_flush_lsn >= e1);
+
+    // One down: a majority still commits.
+    sks[0].down();
+    let e3 = Lsn(e2.0 + 300_000);
+    p.wal_flushed(e3);
+    wait_until("commit reaches e3 with one safekeeper down", WAIT, || p.commit_lsn() == e3);
+
+    // Two down: no commit.
+    sks[1].down();
+    let e4 = Lsn(e3.0 + 5000);
+    p.wal_flushed(e4);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(p.commit_lsn(), e3, "no commit without a majority");
+    assert_eq!(p.status(), Status::Streaming { term: 1, start_lsn: START });
+
+    // Back: commits resume, and the one that was down longest catches up.
+    sks[1].up();
+    wait_until("commit reaches e4", WAIT, || p.commit_lsn() == e4);
+    sks[0].up();
+    wait_until("safekeeper 0 catches up", WAIT, || sks[0].flush_lsn() == e4);
+    assert_has_pattern(&sks[0], START, e4);
+    p.stop();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_newer_compute_fences_the_older_and_a_stale_one_is_fenced() {
+    let dir = temp_dir("fence");
+    write_segments(&dir, START, Lsn(6 * SEGMENT_BYTES));
+    let sks = safekeepers(3);
+    let (p1, _) = start(config(&sks, START, Some(&dir)));
+    let end = Lsn(START.0 + 200_000);
+    p1.wal_flushed(end);
+    wait_until("p1 commits", WAIT, || p1.commit_lsn() == end);
+
+    // A compute started at the old LSN: the safekeepers' WAL has moved on without it.
+    let (stale, _) = start(config(&sks, START, Some(&dir)));
+    wait_until("the stale compute is fenced", WAIT, || matches!(stale.status(), Status::Fenced { .. }));
+    let Status::Fenced { reason } = stale.status() else { unreachable!() };
+    assert!(reason.contains("another compute has written WAL since"), "{reason}");
+    assert!(reason.contains(&end.to_string()) && reason.contains(&START.to_string()), "{reason}");
+    stale.stop();
+
+    // A compute started at the end of the WAL is elected; the first one, once it tries to
+    // write, learns of the higher term and is fenced for good.
+    let (p2, _) = start(config(&sks, end, Some(&dir)));
+    wait_until("p2 elected", WAIT, || matches!(p2.status(), Status::Streaming { start_lsn, .. } if start_lsn == end));
+    p1.wal_flushed(Lsn(end.0 + 100));
+    wait_until("p1 fenced", WAIT, || matches!(p1.status(), Status::Fenced { .. }));
+    let Status::Fenced { reason } = p1.status() else { unreachable!() };
+    assert!(reason.contains("accepted term") && reason.contains("can no longer commit"), "{reason}");
+    assert_eq!(p1.commit_lsn(), end, "a fenced compute commits nothing more");
+    let e2 = Lsn(end.0 + 5000);
+    p2.wal_flushed(e2);
+    wait_until("p2 commits", WAIT, || p2.commit_lsn() == e2);
+    p1.stop();
+    p2.stop();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_missing_segment_fails_the_proposer() {
+    let dir = temp_dir("gone");
+    let sks = safekeepers(3);
+    let (p, _) = start(config(&sks, START, Some(&dir)));
+    wait_until("elected", WAIT, || matches!(p.status(), Status::Streaming { .. }));
+    p.wal_flushed(Lsn(START.0 + 10));
+    wait_until("failed", WAIT, || matches!(p.status(), Status::Failed { .. }));
+    let Status::Failed { reason } = p.status() else { unreachable!() };
+    assert!(reason.contains("is gone") && reason.contains("000000010000000000000003"), "{reason}");
+    p.stop();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn sync_of_empty_safekeepers_finds_no_wal() {
+    let sks = safekeepers(3);
+    assert_eq!(sync_safekeepers(&config(&sks, Lsn(0), None), WAIT).unwrap(), None);
+}
+
+#[test]
+fn sync_returns_the_end_of_wal_and_brings_a_lagging_safekeeper_up() {
+    let dir = temp_dir("sync");
+    write_segments(&dir, START, Lsn(6 * SEGMENT_BYTES));
+    let sks = safekeepers(3);
+    // Safekeeper 2 misses all of the WAL.
+    sks[2].down();
+    let (p, _) = start(config(&sks, START, Some(&dir)));
+    // More than the proposer fetches at once (1 MiB), so the sync fetches in steps.
+    let end = Lsn(START.0 + 2_500_000);
+    p.wal_flushed(end);
+    wait_until("commit", WAIT, || p.commit_lsn() == end);
+    p.stop();
+    assert_eq!(sks[2].flush_lsn(), Lsn(0));
+
+    // The sync can use only safekeepers 1 and 2: 2 must receive everything from the donor.
+    sks[2].up();
+    sks[0].down();
+    let synced = sync_safekeepers(&config(&sks, Lsn(0), None), WAIT).unwrap();
+    assert_eq!(synced, Some(end));
+    for sk in &sks[1..] {
+        assert_eq!(sk.flush_lsn(), end);
+        assert!(sk.commit_lsn() >= end, "{} commit LSN {}", sk.addr, sk.commit_lsn());
+        assert_has_pattern(sk, START, end);
+    }
+
+    // All up: the same answer, and the compute that starts there is elected.
+    sks[0].up();
+    assert_eq!(sync_safekeepers(&config(&sks, Lsn(0), None), WAIT).unwrap(), Some(end));
+    let (p2, _) = start(config(&sks, end, Some(&dir)));
+    wait_until("p2 elected", WAIT, || matches!(p2.status(), Status::Streaming { start_lsn, .. } if start_lsn == end));
+    p2.stop();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn sync_times_out_naming_the_unreachable_safekeepers() {
+    let sks = safekeepers(3);
+    sks[0].down();
+    sks[1].down();
+    let err = sync_safekeepers(&config(&sks, Lsn(0), None), Duration::from_secs(1)).unwrap_err().to_string();
+    assert!(err.contains("within 1s") && err.contains("electing"), "{err}");
+    assert!(err.contains(&sks[0].addr) && err.contains(&sks[1].addr) && !err.contains(&sks[2].addr), "{err}");
+}
+
+#[test]
+fn invalid_configs_are_refused() {
+    let sks = safekeepers(1);
+    let dir = temp_dir("invalid");
+    let err = |cfg: Config| WalProposer::start(cfg, Arc::new(|| {})).err().unwrap().to_string();
+    assert!(err(config(&sks, Lsn(0), Some(&dir))).contains("without a start LSN"));
+    assert!(err(config(&sks, START, None)).contains("pg_wal"));
+    assert!(err(Config { safekeepers: vec![], ..config(&sks, START, Some(&dir)) }).contains("empty"));
+    assert!(err(Config { wal_segment_size: 1000, ..config(&sks, START, Some(&dir)) }).contains("segment size 1000"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
