@@ -231,7 +231,8 @@ def test_corrupt_wal_segment_is_detected_not_served(tmp_path, timeline, safekeep
     start_lsn = f"{(begin >> 32):X}/{(begin & 0xFFFFFFFF) - (begin & 0xFFFFFFFF) % 8192:X}"
     r = subprocess.run(
         [str(pg_bin_dir() / "pg_receivewal"), "-h", "127.0.0.1", "-p", str(sk1.port), "-U", "fjord",
-         "-d", f"dbname={timeline.tenant}/{timeline.timeline}", "-D", str(out), "--no-loop", "-n",
+         # pg_receivewal cannot name a database: the timeline goes in `options`.
+         "-d", f"options='-c fjord.timeline={timeline.tenant}/{timeline.timeline}'", "-D", str(out), "--no-loop", "-n",
          "--startpos", start_lsn, "-v"],
         capture_output=True, text=True, timeout=60,
     )
