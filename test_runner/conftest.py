@@ -11,6 +11,7 @@ from fixtures import compute
 from fixtures.pageserver import Pageserver
 from fixtures.paths import pg_bin_dir
 from fixtures.postgres import PgServer
+from fixtures.safekeeper import Safekeeper
 
 
 def pytest_sessionstart(session):
@@ -56,3 +57,12 @@ def pageserver(tmp_path: Path):
     ps = Pageserver(tmp_path).start()
     yield ps
     ps.stop()
+
+
+@pytest.fixture
+def safekeepers(tmp_path: Path):
+    """Three running safekeeper processes (ids 1..3); killed at the end of the test."""
+    sks = [Safekeeper(tmp_path / "safekeepers", i).start() for i in (1, 2, 3)]
+    yield sks
+    for sk in sks:
+        sk.kill()

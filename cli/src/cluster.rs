@@ -1,4 +1,5 @@
-//! `fjord init | start | stop | status`: the repo and its pageserver.
+//! `fjord init | start | stop | status` and `fjord safekeeper ...`: the repo, its pageserver
+//! and its safekeepers.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -7,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::config::{RepoConfig, DEFAULT_BASE_PORT};
-use crate::process::log_tail;
+use crate::process::{log_tail, Daemon};
 use crate::repo::Repo;
 use crate::state::{write_atomically, State};
 
@@ -25,6 +26,10 @@ pub struct InitArgs {
     /// fjord executable].
     #[arg(long, value_name = "DIR")]
     fjord_bin_dir: Option<PathBuf>,
+    /// How many safekeepers hold the WAL (a commit waits for a majority). 0: none, computes
+    /// stream WAL straight to the pageserver (no quorum, no fencing).
+    #[arg(long, default_value_t = crate::config::DEFAULT_SAFEKEEPERS, value_parser = clap::value_parser!(u8).range(0..=crate::config::MAX_SAFEKEEPERS as i64))]
+    safekeepers: u8,
 }
 
 pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
@@ -50,24 +55,31 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
             .to_path_buf(),
     };
     let fjord_bin_dir = canonical(&fjord_bin_dir, "--fjord-bin-dir")?;
-    for tool in ["pageserver", "compute_ctl"] {
+    let tools: &[&str] = if args.safekeepers > 0 { &["pageserver", "compute_ctl", "safekeeper"] } else { &["pageserver", "compute_ctl"] };
+    for tool in tools {
         if !fjord_bin_dir.join(tool).is_file() {
             bail!("cannot find {tool} in {} (pass --fjord-bin-dir: `cargo build --release` puts it beside fjord)", fjord_bin_dir.display());
         }
     }
-    let config = RepoConfig::new(args.base_port, pg_bin_dir, fjord_bin_dir)?;
+    let config = RepoConfig::new(args.base_port, pg_bin_dir, fjord_bin_dir, args.safekeepers)?;
 
     for sub in ["pageserver", "endpoints", "tmp"] {
         std::fs::create_dir_all(dir.join(sub)).with_context(|| format!("create {}", dir.join(sub).display()))?;
+    }
+    for id in config.safekeeper_ids() {
+        let d = Repo::safekeeper_dir_in(dir, id);
+        std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
     }
     State::default().save(&dir.join("state.json"))?;
     // config.toml last: its presence is what makes the directory a repo.
     write_atomically(&Repo::config_path(dir), config.to_toml()?.as_bytes())?;
     println!(
-        "initialized fjord repo at {}: page service 127.0.0.1:{}, HTTP API {}, endpoints from port {}",
+        "initialized fjord repo at {}: page service 127.0.0.1:{}, HTTP API {}, {} safekeeper(s) from port {}, endpoints from port {}",
         dir.display(),
         config.pageserver_pg_port(),
         config.pageserver_http_url(),
+        config.safekeepers,
+        config.safekeeper_port(1),
         config.endpoint_ports().start
     );
     Ok(())
@@ -85,9 +97,18 @@ fn canonical(path: &Path, flag: &str) -> anyhow::Result<PathBuf> {
     path.canonicalize().with_context(|| format!("cannot use {} ({flag})", path.display()))
 }
 
+/// `fjord start`: the pageserver, then every safekeeper.
 pub fn start(repo: &Repo) -> anyhow::Result<()> {
     crate::refuse_root("start the pageserver")?;
     let _lock = repo.lock()?;
+    start_pageserver(repo)?;
+    for id in repo.config.safekeeper_ids() {
+        start_safekeeper(repo, id)?;
+    }
+    Ok(())
+}
+
+fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
     let daemon = repo.pageserver();
     if let Some(pid) = daemon.running_pid()? {
         println!("pageserver already running (pid {pid})");
@@ -112,22 +133,7 @@ pub fn start(repo: &Repo) -> anyhow::Result<()> {
         cmd.env("RUST_LOG", "info");
     }
     tracing::info!("starting {}", conf.pageserver_bin().display());
-    let mut child = daemon.spawn(&mut cmd)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().context("wait for the pageserver")? {
-            crate::process::remove_file_if_exists(&daemon.pid_file)?;
-            bail!("the pageserver exited during startup ({status}); the end of {}:\n{}", daemon.log_file.display(), log_tail(&daemon.log_file, 20));
-        }
-        if api.is_up() {
-            break;
-        }
-        if Instant::now() > deadline {
-            daemon.stop(libc::SIGKILL, Duration::from_secs(5))?;
-            bail!("the pageserver did not answer on {} within 30 s; the end of {}:\n{}", conf.pageserver_http_url(), daemon.log_file.display(), log_tail(&daemon.log_file, 20));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let child = spawn_and_wait(&daemon, &mut cmd, "the pageserver", &conf.pageserver_http_url(), || api.is_up())?;
     println!(
         "pageserver started (pid {}): page service {}, HTTP API {}, log {}",
         child.id(),
@@ -138,12 +144,116 @@ pub fn start(repo: &Repo) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Spawns a daemon and waits until `is_up` (its HTTP API answers), at most 30 s.
+fn spawn_and_wait(daemon: &Daemon, cmd: &mut Command, what: &str, url: &str, is_up: impl Fn() -> bool) -> anyhow::Result<std::process::Child> {
+    let mut child = daemon.spawn(cmd)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().with_context(|| format!("wait for {what}"))? {
+            crate::process::remove_file_if_exists(&daemon.pid_file)?;
+            bail!("{what} exited during startup ({status}); the end of {}:\n{}", daemon.log_file.display(), log_tail(&daemon.log_file, 20));
+        }
+        if is_up() {
+            return Ok(child);
+        }
+        if Instant::now() > deadline {
+            daemon.stop(libc::SIGKILL, Duration::from_secs(5))?;
+            bail!("{what} did not answer on {url} within 30 s; the end of {}:\n{}", daemon.log_file.display(), log_tail(&daemon.log_file, 20));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Whether something answers `GET {url}/v1/status` with 200.
+fn http_up(url: &str) -> bool {
+    let agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(2))).build().new_agent();
+    agent.get(format!("{url}/v1/status")).call().is_ok()
+}
+
+fn check_safekeeper_id(repo: &Repo, id: u8) -> anyhow::Result<()> {
+    if !repo.config.safekeeper_ids().contains(&id) {
+        bail!("no safekeeper {id}: this repo has {} (ids 1..={0})", repo.config.safekeepers);
+    }
+    Ok(())
+}
+
+/// Starts safekeeper `id` unless it runs.
+pub fn start_safekeeper(repo: &Repo, id: u8) -> anyhow::Result<()> {
+    check_safekeeper_id(repo, id)?;
+    let conf = &repo.config;
+    let daemon = repo.safekeeper(id);
+    if let Some(pid) = daemon.running_pid()? {
+        println!("safekeeper {id} already running (pid {pid})");
+        return Ok(());
+    }
+    let url = conf.safekeeper_http_url(id);
+    if http_up(&url) {
+        bail!("something else already answers on {url}: is another repo using base port {}?", conf.base_port);
+    }
+    let dir = repo.safekeeper_dir(id);
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let mut cmd = Command::new(conf.safekeeper_bin());
+    cmd.args(["--id", &id.to_string()])
+        .arg("--data-dir")
+        .arg(&dir)
+        .args(["--listen", &conf.safekeeper_addr(id), "--http", &format!("127.0.0.1:{}", conf.safekeeper_http_port(id))])
+        .current_dir(&repo.dir);
+    if std::env::var_os("RUST_LOG").is_none() {
+        cmd.env("RUST_LOG", "info");
+    }
+    let child = spawn_and_wait(&daemon, &mut cmd, &format!("safekeeper {id}"), &url, || http_up(&url))?;
+    println!("safekeeper {id} started (pid {}): {}, HTTP API {url}, log {}", child.id(), conf.safekeeper_addr(id), daemon.log_file.display());
+    Ok(())
+}
+
+/// `fjord safekeeper start ID`.
+pub fn safekeeper_start(repo: &Repo, id: u8) -> anyhow::Result<()> {
+    crate::refuse_root("start a safekeeper")?;
+    let _lock = repo.lock()?;
+    start_safekeeper(repo, id)
+}
+
+/// `fjord safekeeper stop ID`: SIGTERM (clean) or, with `immediate`, SIGKILL (a crash).
+pub fn safekeeper_stop(repo: &Repo, id: u8, immediate: bool, timeout: Duration) -> anyhow::Result<()> {
+    check_safekeeper_id(repo, id)?;
+    let _lock = repo.lock()?;
+    let signal = if immediate { libc::SIGKILL } else { libc::SIGTERM };
+    if repo.safekeeper(id).stop(signal, timeout)? {
+        println!("safekeeper {id} stopped");
+    } else {
+        println!("safekeeper {id} was not running");
+    }
+    Ok(())
+}
+
+fn print_safekeepers(repo: &Repo) -> anyhow::Result<()> {
+    let conf = &repo.config;
+    if conf.safekeepers == 0 {
+        println!("safekeepers none (computes stream WAL straight to the pageserver)");
+    }
+    for id in conf.safekeeper_ids() {
+        let url = conf.safekeeper_http_url(id);
+        match (repo.safekeeper(id).running_pid()?, http_up(&url)) {
+            (Some(pid), true) => println!("safekeeper {id} running (pid {pid}), {}, HTTP API {url}", conf.safekeeper_addr(id)),
+            (Some(pid), false) => println!("safekeeper {id} not answering (pid {pid}), HTTP API {url}"),
+            (None, true) => println!("safekeeper {id} answering on {url} but not started by this repo"),
+            (None, false) => println!("safekeeper {id} stopped"),
+        }
+    }
+    Ok(())
+}
+
 pub fn stop(repo: &Repo, timeout: Duration) -> anyhow::Result<()> {
     let _lock = repo.lock()?;
     let state = repo.load_state()?;
     for name in state.endpoints.keys() {
         if repo.endpoint(name).stop(libc::SIGTERM, timeout)? {
             println!("endpoint {name} stopped");
+        }
+    }
+    for id in repo.config.safekeeper_ids() {
+        if repo.safekeeper(id).stop(libc::SIGTERM, timeout)? {
+            println!("safekeeper {id} stopped");
         }
     }
     if repo.pageserver().stop(libc::SIGTERM, timeout)? {
@@ -167,6 +277,7 @@ pub fn status(repo: &Repo) -> anyhow::Result<()> {
         (None, true) => println!("pageserver  answering on {} but not started by this repo", conf.pageserver_http_url()),
         (None, false) => println!("pageserver  stopped"),
     }
+    print_safekeepers(repo)?;
     println!();
     if up && pid.is_some() {
         let tenants = api.tenants()?;

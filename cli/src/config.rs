@@ -7,7 +7,8 @@
 //! |---|---|
 //! | base | pageserver page service |
 //! | base + 1 | pageserver HTTP management API |
-//! | base + 2 .. base + 9 | reserved (safekeepers) |
+//! | base + 2 + 2i | safekeeper i+1: proposer and replication protocols (i = 0..3) |
+//! | base + 3 + 2i | safekeeper i+1: HTTP API |
 //! | base + 10 .. base + 99 | endpoints (computes), in order of creation |
 
 use std::path::{Path, PathBuf};
@@ -19,6 +20,14 @@ use serde::{Deserialize, Serialize};
 pub const PORTS_PER_REPO: u16 = 100;
 const FIRST_ENDPOINT_OFFSET: u16 = 10;
 pub const DEFAULT_BASE_PORT: u16 = 15000;
+/// How many safekeepers a repo runs unless `fjord init --safekeepers` says otherwise.
+pub const DEFAULT_SAFEKEEPERS: u8 = 3;
+/// The most safekeepers the port plan has room for.
+pub const MAX_SAFEKEEPERS: u8 = 4;
+
+fn default_safekeepers() -> u8 {
+    DEFAULT_SAFEKEEPERS
+}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -26,13 +35,17 @@ pub struct RepoConfig {
     pub base_port: u16,
     /// Bin directory of fjord's PostgreSQL build (initdb, postgres, pg_isready).
     pub pg_bin_dir: PathBuf,
-    /// Where `pageserver` and `compute_ctl` are.
+    /// Where `pageserver`, `safekeeper` and `compute_ctl` are.
     pub fjord_bin_dir: PathBuf,
+    /// How many safekeepers; 0 = none: computes send WAL straight to the pageserver (their
+    /// synchronous standby), with no quorum and no fencing.
+    #[serde(default = "default_safekeepers")]
+    pub safekeepers: u8,
 }
 
 impl RepoConfig {
-    pub fn new(base_port: u16, pg_bin_dir: PathBuf, fjord_bin_dir: PathBuf) -> anyhow::Result<RepoConfig> {
-        let conf = RepoConfig { base_port, pg_bin_dir, fjord_bin_dir };
+    pub fn new(base_port: u16, pg_bin_dir: PathBuf, fjord_bin_dir: PathBuf, safekeepers: u8) -> anyhow::Result<RepoConfig> {
+        let conf = RepoConfig { base_port, pg_bin_dir, fjord_bin_dir, safekeepers };
         conf.validate()?;
         Ok(conf)
     }
@@ -43,6 +56,9 @@ impl RepoConfig {
         }
         if u32::from(self.base_port) + u32::from(PORTS_PER_REPO) > 65536 {
             bail!("invalid base port {}: it must leave room for {PORTS_PER_REPO} ports below 65536", self.base_port);
+        }
+        if self.safekeepers > MAX_SAFEKEEPERS {
+            bail!("invalid number of safekeepers {}: at most {MAX_SAFEKEEPERS} (3 is the usual quorum)", self.safekeepers);
         }
         Ok(())
     }
@@ -58,7 +74,8 @@ impl RepoConfig {
         let body = toml::to_string(self).context("render config.toml")?;
         Ok(format!(
             "# fjord repo configuration, written by `fjord init`.\n\
-             # Ports: page service = base_port, HTTP API = base_port + 1, endpoints from base_port + 10.\n{body}"
+             # Ports: page service = base_port, HTTP API = base_port + 1, safekeeper N = base_port + 2N\n\
+             # (and its HTTP API base_port + 2N + 1), endpoints from base_port + 10.\n{body}"
         ))
     }
 
@@ -90,6 +107,37 @@ impl RepoConfig {
     pub fn compute_ctl_bin(&self) -> PathBuf {
         self.fjord_bin_dir.join("compute_ctl")
     }
+
+    pub fn safekeeper_bin(&self) -> PathBuf {
+        self.fjord_bin_dir.join("safekeeper")
+    }
+
+    /// Safekeeper ids: 1..=safekeepers.
+    pub fn safekeeper_ids(&self) -> std::ops::RangeInclusive<u8> {
+        1..=self.safekeepers
+    }
+
+    /// The port of safekeeper `id` (1-based) for proposers and replication clients.
+    pub fn safekeeper_port(&self, id: u8) -> u16 {
+        self.base_port + 2 * u16::from(id)
+    }
+
+    pub fn safekeeper_http_port(&self, id: u8) -> u16 {
+        self.base_port + 2 * u16::from(id) + 1
+    }
+
+    pub fn safekeeper_addr(&self, id: u8) -> String {
+        format!("127.0.0.1:{}", self.safekeeper_port(id))
+    }
+
+    pub fn safekeeper_http_url(&self, id: u8) -> String {
+        format!("http://127.0.0.1:{}", self.safekeeper_http_port(id))
+    }
+
+    /// Every safekeeper's address, comma-separated, as compute_ctl takes them.
+    pub fn safekeepers_list(&self) -> String {
+        self.safekeeper_ids().map(|id| self.safekeeper_addr(id)).collect::<Vec<_>>().join(",")
+    }
 }
 
 /// The lowest endpoint port not in `taken`.
@@ -103,7 +151,7 @@ mod tests {
     use super::*;
 
     fn conf(base: u16) -> RepoConfig {
-        RepoConfig::new(base, "/pg/bin".into(), "/fjord/bin".into()).unwrap()
+        RepoConfig::new(base, "/pg/bin".into(), "/fjord/bin".into(), 3).unwrap()
     }
 
     #[test]
@@ -113,6 +161,12 @@ mod tests {
         assert_eq!(c.pageserver_http_port(), 15001);
         assert_eq!(c.pageserver_http_url(), "http://127.0.0.1:15001");
         assert_eq!(c.endpoint_ports(), 15010..15100);
+        assert_eq!((c.safekeeper_port(1), c.safekeeper_http_port(1)), (15002, 15003));
+        assert_eq!((c.safekeeper_port(3), c.safekeeper_http_port(3)), (15006, 15007));
+        assert_eq!(c.safekeepers_list(), "127.0.0.1:15002,127.0.0.1:15004,127.0.0.1:15006");
+        // The most safekeepers still end below the endpoints.
+        let four = RepoConfig::new(15000, "/a".into(), "/b".into(), MAX_SAFEKEEPERS).unwrap();
+        assert!(four.safekeeper_http_port(MAX_SAFEKEEPERS) < four.endpoint_ports().start);
         // Two repos a PORTS_PER_REPO apart share no port.
         let other = conf(15000 + PORTS_PER_REPO);
         assert!(other.pageserver_pg_port() >= c.endpoint_ports().end);
@@ -120,9 +174,10 @@ mod tests {
 
     #[test]
     fn base_ports_that_do_not_fit_are_refused() {
-        assert!(RepoConfig::new(80, "/a".into(), "/b".into()).unwrap_err().to_string().contains("at least 1024"));
-        assert!(RepoConfig::new(65500, "/a".into(), "/b".into()).unwrap_err().to_string().contains("below 65536"));
-        RepoConfig::new(65436, "/a".into(), "/b".into()).unwrap();
+        assert!(RepoConfig::new(80, "/a".into(), "/b".into(), 3).unwrap_err().to_string().contains("at least 1024"));
+        assert!(RepoConfig::new(65500, "/a".into(), "/b".into(), 3).unwrap_err().to_string().contains("below 65536"));
+        RepoConfig::new(65436, "/a".into(), "/b".into(), 3).unwrap();
+        assert!(RepoConfig::new(15000, "/a".into(), "/b".into(), 5).unwrap_err().to_string().contains("at most 4"));
     }
 
     #[test]
@@ -141,6 +196,9 @@ mod tests {
         assert_eq!(toml::from_str::<RepoConfig>(&text).unwrap(), c);
         let err = toml::from_str::<RepoConfig>("base_prot = 1\npg_bin_dir = 'a'\nfjord_bin_dir = 'b'\n").unwrap_err();
         assert!(err.to_string().contains("base_prot"), "{err}");
+        // A config written before safekeepers existed gets the default.
+        let old: RepoConfig = toml::from_str("base_port = 16000\npg_bin_dir = 'a'\nfjord_bin_dir = 'b'\n").unwrap();
+        assert_eq!(old.safekeepers, DEFAULT_SAFEKEEPERS);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.toml");
         std::fs::write(&path, "base_port = 10\npg_bin_dir = 'a'\nfjord_bin_dir = 'b'\n").unwrap();

@@ -78,8 +78,8 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     let span = tracing::info_span!("endpoint", name, tenant_id = %tenant, timeline_id = %timeline);
     let _entered = span.enter();
 
-    // Two writers on one branch would fork its WAL; until safekeepers fence the older one
-    // off, the CLI refuses to start the second.
+    // Two writers on one branch: with safekeepers the second would fence the first off (its
+    // commits stop); without, their WAL would fork. Either way the CLI refuses.
     if args.at.is_none() {
         for (other, ep) in &state.endpoints {
             if other != name && ep.lsn.is_none() && ep.timeline_id == timeline.to_string() && repo.endpoint(other).running_pid()?.is_some() {
@@ -121,6 +121,8 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
         .current_dir(&dir);
     if let Some(lsn) = args.at {
         cmd.args(["--lsn", &lsn.to_string()]);
+    } else if conf.safekeepers > 0 {
+        cmd.args(["--safekeepers", &conf.safekeepers_list()]);
     }
     for s in &args.settings {
         cmd.arg("-c").arg(s);

@@ -21,8 +21,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use proto::{Lsn, TenantId};
 
-/// Runs a fjord cluster on this machine: a pageserver, tenants with branches, and
-/// endpoints (PostgreSQL computes that read their pages from the pageserver).
+/// Runs a fjord cluster on this machine: a pageserver, safekeepers, tenants with branches,
+/// and endpoints (PostgreSQL computes that send WAL to the safekeepers and read their pages
+/// from the pageserver).
 ///
 /// A first session:
 ///   fjord init && fjord start && fjord tenant create
@@ -44,16 +45,20 @@ struct Cli {
 enum Command {
     /// Create a repo: config.toml (ports, binaries) and an empty pageserver directory.
     Init(cluster::InitArgs),
-    /// Start the pageserver in the background.
+    /// Start the pageserver and the safekeepers in the background.
     Start,
-    /// Stop every running endpoint, then the pageserver.
+    /// Stop every running endpoint, then the safekeepers and the pageserver.
     Stop {
         /// Seconds to wait for each process before killing it.
         #[arg(long, default_value_t = 30)]
         timeout_secs: u64,
     },
-    /// Show the pageserver, tenants, branches with their LSNs, and endpoints.
+    /// Show the pageserver, safekeepers, tenants, branches with their LSNs, and endpoints.
     Status,
+    /// Safekeepers: the WAL quorum (started and stopped with `fjord start`/`stop`; these
+    /// commands act on one, e.g. to see the cluster ride out a failure).
+    #[command(subcommand)]
+    Safekeeper(SafekeeperCommand),
     /// Tenants: independent PostgreSQL clusters.
     #[command(subcommand)]
     Tenant(TenantCommand),
@@ -63,6 +68,22 @@ enum Command {
     /// Endpoints: computes (PostgreSQL servers) on a branch.
     #[command(subcommand)]
     Endpoint(EndpointCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum SafekeeperCommand {
+    /// Start safekeeper ID (1-based).
+    Start { id: u8 },
+    /// Stop safekeeper ID.
+    Stop {
+        id: u8,
+        /// Kill it (SIGKILL) as a crash would, instead of a clean shutdown.
+        #[arg(long)]
+        immediate: bool,
+        /// Seconds to wait before killing it.
+        #[arg(long, default_value_t = 30)]
+        timeout_secs: u64,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -149,6 +170,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Start => cluster::start(&repo),
         Command::Stop { timeout_secs } => cluster::stop(&repo, std::time::Duration::from_secs(timeout_secs)),
         Command::Status => cluster::status(&repo),
+        Command::Safekeeper(SafekeeperCommand::Start { id }) => cluster::safekeeper_start(&repo, id),
+        Command::Safekeeper(SafekeeperCommand::Stop { id, immediate, timeout_secs }) => {
+            cluster::safekeeper_stop(&repo, id, immediate, std::time::Duration::from_secs(timeout_secs))
+        }
         Command::Tenant(TenantCommand::Create { tenant_id }) => tenant::create(&repo, tenant_id),
         Command::Tenant(TenantCommand::List) => tenant::list(&repo),
         Command::Branch(BranchCommand::Create { name, from, at, tenant }) => tenant::branch_create(&repo, &name, &from, at, tenant),

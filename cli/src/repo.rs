@@ -6,6 +6,8 @@
 //! <repo>/.lock                     held by commands that change state
 //! <repo>/pageserver/               the pageserver's work directory
 //! <repo>/pageserver.log, .pid
+//! <repo>/safekeepers/sk<N>/        safekeeper N's data directory
+//! <repo>/safekeeper<N>.log, .pid
 //! <repo>/endpoints/<name>/pgdata   refetched at every start
 //! <repo>/endpoints/<name>/{compute_ctl.log, compute_ctl.pid, postgres.log, status.json}
 //! <repo>/tmp/                      initdb scratch space for `tenant create`
@@ -62,6 +64,22 @@ impl Repo {
 
     pub fn pageserver(&self) -> Daemon {
         Daemon { pid_file: self.dir.join("pageserver.pid"), log_file: self.dir.join("pageserver.log"), exe_name: "pageserver".into() }
+    }
+
+    pub fn safekeeper_dir_in(dir: &Path, id: u8) -> PathBuf {
+        dir.join("safekeepers").join(format!("sk{id}"))
+    }
+
+    pub fn safekeeper_dir(&self, id: u8) -> PathBuf {
+        Repo::safekeeper_dir_in(&self.dir, id)
+    }
+
+    pub fn safekeeper(&self, id: u8) -> Daemon {
+        Daemon {
+            pid_file: self.dir.join(format!("safekeeper{id}.pid")),
+            log_file: self.dir.join(format!("safekeeper{id}.log")),
+            exe_name: "safekeeper".into(),
+        }
     }
 
     pub fn api(&self) -> PageserverApi {

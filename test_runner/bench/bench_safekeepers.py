@@ -1,0 +1,155 @@
+"""Commit latency and pgbench TPS: fjord with three safekeepers against plain PostgreSQL
+with synchronous_commit=on, and against plain PostgreSQL with two synchronous standbys
+(ANY 1 of 2: two copies on disk before a commit returns, as a majority of three
+safekeepers gives), in one run.
+
+Run through scripts/bench-safekeepers (which explains the flags). All servers: same build,
+fsync=on, synchronous_commit=on, the same shared_buffers. The fjord compute's commits wait
+for 2 of 3 safekeepers to fsync (each safekeeper fsyncs WAL and its end marker per batch).
+Commit latency is pgbench with one client running a one-row INSERT; TPS is pgbench's
+TPC-B-like script. Prints a table, writes JSON and a markdown section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fixtures.compute import Endpoint, Timeline  # noqa: E402
+from fixtures.pageserver import Pageserver  # noqa: E402
+from fixtures.paths import pg_bin_dir  # noqa: E402
+from fixtures.postgres import PgServer, free_port, wait_until  # noqa: E402
+from fixtures.safekeeper import Safekeeper  # noqa: E402
+
+
+def pgbench(port: int, user: str, *args: str) -> str:
+    r = subprocess.run([str(pg_bin_dir() / "pgbench"), "-h", "127.0.0.1", "-p", str(port), "-U", user, *args, "postgres"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"pgbench {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+def parse(out: str) -> dict:
+    tps = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
+    lat = re.search(r"latency average = ([0-9.]+) ms", out)
+    return {"tps": float(tps.group(1)) if tps else None, "latency_ms": float(lat.group(1)) if lat else None}
+
+
+def run_suite(name: str, port: int, user: str, a, script: Path) -> dict:
+    res = {}
+    with_conn = ["-h", "127.0.0.1", "-p", str(port), "-U", user]
+    subprocess.run([str(pg_bin_dir() / "psql"), *with_conn, "-d", "postgres", "-qc",
+                    "CREATE TABLE IF NOT EXISTS commit_bench (x int)"], check=True, capture_output=True)
+    pgbench(port, user, "-i", "-s", str(a.scale), "-q")
+    out = pgbench(port, user, "-n", "-c", "1", "-T", str(a.duration), "-f", str(script))
+    res["commit"] = parse(out)
+    print(f"{name}: one-row INSERT, 1 client: {res['commit']}", flush=True)
+    out = pgbench(port, user, "-n", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.duration))
+    res["tpcb"] = parse(out)
+    print(f"{name}: pgbench TPC-B-like, {a.clients} clients: {res['tpcb']}", flush=True)
+    return res
+
+
+def standby(base: Path, primary: PgServer, name: str, settings: dict) -> PgServer:
+    s = PgServer(base, name, settings)
+    s.datadir.parent.mkdir(parents=True, exist_ok=True)
+    s.run(str(pg_bin_dir() / "pg_basebackup"), "-d",
+          f"host=127.0.0.1 port={primary.port} user={primary.user} application_name={name}",
+          "-D", str(s.datadir), "-R", "-X", "stream", "-c", "fast")
+    with open(s.datadir / "postgresql.conf", "a") as f:
+        f.write(f"\nport = {s.port}\nunix_socket_directories = '{s.datadir.parent}'\n")
+    return s.start()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--scale", type=int, default=5)
+    p.add_argument("--duration", type=int, default=20)
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--shared-buffers", default="128MB")
+    p.add_argument("--json", required=True)
+    p.add_argument("--markdown", required=True)
+    p.add_argument("--command", required=True)
+    p.add_argument("--flavor", required=True)
+    a = p.parse_args()
+
+    settings = {"shared_buffers": a.shared_buffers, "synchronous_commit": "on", "fsync": "on", "max_connections": "50"}
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="fjord-bench-sk-") as tmp:
+        base = Path(tmp)
+        script = base / "commit.sql"
+        script.write_text("INSERT INTO commit_bench VALUES (1);\n")
+
+        plain = PgServer(base, "plain", settings).initdb().start()
+        try:
+            results["plain"] = run_suite("plain", plain.port, plain.user, a, script)
+        finally:
+            plain.stop("fast")
+
+        primary = PgServer(base, "primary", settings).initdb().start()
+        standbys = []
+        try:
+            standbys = [standby(base, primary, n, settings) for n in ("s1", "s2")]
+            primary.sql("ALTER SYSTEM SET synchronous_standby_names = 'ANY 1 (s1, s2)'")
+            primary.sql("SELECT pg_reload_conf()")
+            wait_until("both standbys to be synchronous candidates", lambda: primary.sql(
+                "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'quorum'")[0][0] == 2)
+            results["plain_2_standbys"] = run_suite("plain + 2 sync standbys (ANY 1)", primary.port, primary.user, a, script)
+        finally:
+            for s in standbys:
+                s.stop("immediate")
+            primary.stop("fast")
+
+        ps = Pageserver(base).start()
+        sks = [Safekeeper(base / "safekeepers", i).start() for i in (1, 2, 3)]
+        ep = None
+        try:
+            tl = Timeline(base, ps)
+            ep = Endpoint(base, tl, settings=settings, safekeepers=sks).start()
+            results["fjord"] = run_suite("fjord (3 safekeepers)", ep.port, ep.user, a, script)
+        finally:
+            if ep:
+                ep.stop()
+            for sk in sks:
+                sk.stop()
+            ps.stop()
+
+    result = {
+        "date": time.strftime("%Y-%m-%d", time.gmtime()), "command": a.command, "flavor": a.flavor,
+        "machine": f"{platform.machine()}, {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores",
+        "scale": a.scale, "duration_s": a.duration, "clients": a.clients, "shared_buffers": a.shared_buffers,
+        **results,
+    }
+    Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
+    names = {"plain": "plain PostgreSQL, synchronous_commit=on",
+             "plain_2_standbys": "plain PostgreSQL + 2 sync standbys (ANY 1)",
+             "fjord": "fjord, 3 safekeepers (commit on 2)"}
+    lines = [
+        f"Measured {result['date']} on {result['machine']}, PostgreSQL {a.flavor} flavor, all on one machine over "
+        f"loopback, fsync=on, shared_buffers {a.shared_buffers}; commit latency = pgbench, 1 client, a one-row INSERT "
+        f"per transaction; TPS = pgbench TPC-B-like at scale {a.scale}, {a.clients} clients; {a.duration} s per run. "
+        f"Command: `{a.command}`.",
+        "",
+        "| setup | commit latency ms | commits/s (1 client) | TPC-B TPS | TPC-B latency ms |",
+        "|---|---|---|---|---|",
+    ]
+    for key, label in names.items():
+        r = results[key]
+        lines.append(f"| {label} | {r['commit']['latency_ms']:.3f} | {r['commit']['tps']:.0f} | "
+                     f"{r['tpcb']['tps']:.0f} | {r['tpcb']['latency_ms']:.2f} |")
+    Path(a.markdown).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""Safekeepers under failure, with real processes on loopback: a compute whose WAL goes to
+three safekeepers, a pageserver that follows them, and safekeepers killed, restarted,
+corrupted and sent garbage while pgbench and a ledger of acknowledged commits run.
+
+A commit is acknowledged only when a majority of safekeepers has its WAL on disk, so every
+id the ledger saw acknowledged must be there at the end, also on a fresh compute (which
+starts from the pageserver, which got its WAL from the safekeepers).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+import threading
+import time
+
+import psycopg
+import pytest
+
+from fixtures.compute import Endpoint, Timeline
+from fixtures.paths import pg_bin_dir
+from fixtures.postgres import wait_until
+
+
+@pytest.fixture
+def timeline(tmp_path, pageserver) -> Timeline:
+    return Timeline(tmp_path, pageserver)
+
+
+def endpoint(tmp_path, tl, sks, name="ep", settings=None) -> Endpoint:
+    return Endpoint(tmp_path, tl, name, settings, safekeepers=sks).start()
+
+
+def pgbench(ep: Endpoint, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(pg_bin_dir() / "pgbench"), "-h", "127.0.0.1", "-p", str(ep.port), "-U", ep.user, *args, "postgres"],
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+class Ledger(threading.Thread):
+    """Inserts ids one autocommit transaction at a time and remembers which commits were
+    acknowledged; reconnects after errors (an id whose commit raised counts as not
+    acknowledged)."""
+
+    def __init__(self, ep: Endpoint):
+        super().__init__(daemon=True)
+        self.ep = ep
+        self.acked: list[int] = []
+        self.errors: list[str] = []
+        self.stopping = threading.Event()
+
+    def run(self):
+        next_id = 1
+        conn = None
+        while not self.stopping.is_set():
+            try:
+                if conn is None:
+                    conn = self.ep.connect(connect_timeout=5)
+                conn.execute("INSERT INTO ledger VALUES (%s)", (next_id,))
+                self.acked.append(next_id)
+            except psycopg.Error as e:
+                self.errors.append(str(e).strip())
+                conn = None
+                time.sleep(0.2)
+            next_id += 1
+
+    def stop(self) -> list[int]:
+        self.stopping.set()
+        self.join(timeout=120)
+        assert not self.is_alive(), "the ledger thread hangs"
+        return self.acked
+
+
+def check_ledger(ep: Endpoint, acked: list[int]):
+    present = {r[0] for r in ep.sql("SELECT id FROM ledger")}
+    lost = sorted(set(acked) - present)
+    assert not lost, f"{len(lost)} acknowledged commits lost, e.g. {lost[:10]}"
+
+
+def check_pgbench_consistent(ep: Endpoint):
+    (a, h), = ep.sql("SELECT (SELECT sum(abalance) FROM pgbench_accounts), (SELECT coalesce(sum(delta), 0) FROM pgbench_history)")
+    assert a == h, f"balances {a} differ from the history's deltas {h}"
+
+
+def sk_lsn(sk, tl, field="flush_lsn") -> int:
+    hi, lo = sk.timeline(tl.tenant, tl.timeline)[field].split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+def test_pgbench_survives_safekeeper_restarts(tmp_path, timeline, safekeepers):
+    ep = endpoint(tmp_path, timeline, safekeepers)
+    ep.sql("CREATE TABLE ledger (id int PRIMARY KEY)")
+    r = pgbench(ep, "-i", "-s", "1", "-q")
+    assert r.returncode == 0, r.stderr
+    ledger = Ledger(ep)
+    ledger.start()
+    bench = subprocess.Popen(
+        [str(pg_bin_dir() / "pgbench"), "-h", "127.0.0.1", "-p", str(ep.port), "-U", ep.user, "-c", "2", "-T", "45", "postgres"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    for sk in safekeepers:
+        time.sleep(4)
+        sk.kill()
+        before = len(ledger.acked)
+        time.sleep(4)
+        assert len(ledger.acked) > before, f"commits stopped with only safekeeper {sk.id} down"
+        sk.start()
+        # It catches up with the others.
+        wait_until(f"safekeeper {sk.id} to catch up",
+                   lambda: sk_lsn(sk, timeline) >= min(sk_lsn(o, timeline) for o in safekeepers if o is not sk) - 0,
+                   timeout_s=60)
+    out, err = bench.communicate(timeout=300)
+    assert bench.returncode == 0, f"pgbench failed:\n{out}\n{err}"
+    acked = ledger.stop()
+    assert len(acked) > 50, f"only {len(acked)} ledger commits (errors: {ledger.errors[:5]})"
+    assert not ledger.errors, f"the ledger saw errors with one safekeeper down at a time: {ledger.errors[:5]}"
+    check_ledger(ep, acked)
+    check_pgbench_consistent(ep)
+    # A fresh compute starts where the safekeepers agree WAL ends, from the pageserver.
+    ep.stop()
+    ep2 = endpoint(tmp_path, timeline, safekeepers, name="ep2")
+    check_ledger(ep2, acked)
+    check_pgbench_consistent(ep2)
+
+
+def test_commits_wait_without_a_majority(tmp_path, timeline, safekeepers):
+    ep = endpoint(tmp_path, timeline, safekeepers)
+    ep.sql("CREATE TABLE t (x int)")
+    safekeepers[1].kill()
+    safekeepers[2].kill()
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def insert():
+        try:
+            ep.sql("INSERT INTO t VALUES (1)")
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            failure.append(e)
+        done.set()
+
+    threading.Thread(target=insert, daemon=True).start()
+    assert not done.wait(5), "a commit was acknowledged with two of three safekeepers down"
+    waiting = ep.sql("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")[0][0]
+    assert waiting == 1, "the commit should be waiting for the safekeepers"
+    assert ep.sql("SELECT count(*) FROM t")[0][0] == 1, "the row is committed locally, not yet acknowledged"
+    safekeepers[1].start()
+    assert done.wait(60), "the commit did not resume once a majority was back"
+    assert not failure, failure
+    ep.sql("INSERT INTO t VALUES (2)")
+    assert ep.sql("SELECT count(*) FROM t")[0][0] == 2
+
+
+def test_second_compute_fences_the_first(tmp_path, timeline, safekeepers):
+    ep1 = endpoint(tmp_path, timeline, safekeepers, name="ep1")
+    ep1.sql("CREATE TABLE t (who text)")
+    ep1.sql("INSERT INTO t VALUES ('first')")
+    conn1 = ep1.connect()
+    ep2 = endpoint(tmp_path, timeline, safekeepers, name="ep2")
+    assert ep2.sql("SELECT who FROM t") == [("first",)]
+    # The first compute's next commit cannot be acknowledged: it is told why and stops.
+    with pytest.raises(psycopg.OperationalError):
+        conn1.execute("INSERT INTO t VALUES ('stale')")
+    wait_until("the fenced compute to stop", lambda: ep1.proc.poll() is not None, timeout_s=60)
+    assert "fenced" in ep1.pg_log_text(), ep1.log_tail()
+    ep2.sql("INSERT INTO t VALUES ('second')")
+    assert sorted(ep2.sql("SELECT who FROM t")) == [("first",), ("second",)]
+
+
+def test_lagging_safekeeper_catches_up(tmp_path, timeline, safekeepers):
+    sk1, sk2, sk3 = safekeepers
+    ep = endpoint(tmp_path, timeline, safekeepers)
+    ep.sql("CREATE TABLE t (x int, pad text)")
+    sk3.kill()
+    ep.sql("INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g")
+    # A new compute starts while sk3 is down: sk3 now misses WAL from before that
+    # compute's start, which the compute does not have; it is fetched from another
+    # safekeeper.
+    ep.stop()
+    ep = endpoint(tmp_path, timeline, safekeepers, name="ep2")
+    ep.sql("INSERT INTO t SELECT g, repeat('y', 200) FROM generate_series(1, 20000) g")
+    sk3.start()
+    wait_until("sk3 to catch up", lambda: sk_lsn(sk3, timeline) == sk_lsn(sk1, timeline) == sk_lsn(sk2, timeline), timeout_s=60)
+    # With sk1 down, sk2 and sk3 are a majority: sk3 really has the WAL.
+    sk1.kill()
+    ep.sql("INSERT INTO t VALUES (-1, 'after')")
+    assert ep.sql("SELECT count(*) FROM t")[0][0] == 40001
+
+
+def test_corrupt_control_file_is_detected_not_served(tmp_path, timeline, safekeepers):
+    sk1 = safekeepers[0]
+    ep = endpoint(tmp_path, timeline, safekeepers)
+    ep.sql("CREATE TABLE t (x int)")
+    ep.sql("INSERT INTO t VALUES (1)")
+    sk1.stop()
+    control = sk1.timeline_dir(timeline.tenant, timeline.timeline) / "safekeeper.control"
+    data = bytearray(control.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    control.write_bytes(bytes(data))
+    sk1.start()
+    status = sk1.timeline(timeline.tenant, timeline.timeline)
+    assert "corrupt" in str(status).lower() or "checksum" in str(status).lower(), status
+    assert control.read_bytes() == bytes(data), "the corrupt control file was changed"
+    # The other two carry on.
+    ep.sql("INSERT INTO t VALUES (2)")
+    assert ep.sql("SELECT count(*) FROM t")[0][0] == 2
+    assert "control" in sk1.log_text().lower()
+
+
+def test_corrupt_wal_segment_is_detected_not_served(tmp_path, timeline, safekeepers):
+    sk1 = safekeepers[0]
+    ep = endpoint(tmp_path, timeline, safekeepers)
+    ep.sql("CREATE TABLE t (x int, pad text)")
+    ep.sql("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 5000) g")
+    ep.stop()
+    sk1.stop()
+    tldir = sk1.timeline_dir(timeline.tenant, timeline.timeline)
+    segments = sorted(p for p in tldir.iterdir() if len(p.name) == 24 and p.name.isalnum())
+    assert segments, list(tldir.iterdir())
+    seg = segments[0]
+    # Smash the header of a page in the middle of the WAL this safekeeper holds.
+    begin = sk_lsn_offline(tldir)
+    data = bytearray(seg.read_bytes())
+    page = ((begin % len(data)) // 8192 + 2) * 8192
+    data[page:page + 4] = b"\xde\xad\xbe\xef"
+    seg.write_bytes(bytes(data))
+    sk1.start()
+    out = tmp_path / "receivewal"
+    out.mkdir()
+    start_lsn = f"{(begin >> 32):X}/{(begin & 0xFFFFFFFF) - (begin & 0xFFFFFFFF) % 8192:X}"
+    r = subprocess.run(
+        [str(pg_bin_dir() / "pg_receivewal"), "-h", "127.0.0.1", "-p", str(sk1.port), "-U", "fjord",
+         # pg_receivewal cannot name a database: the timeline goes in `options`.
+         "-d", f"options='-c fjord.timeline={timeline.tenant}/{timeline.timeline}'", "-D", str(out), "--no-loop", "-n",
+         "--startpos", start_lsn, "-v"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode != 0, f"corrupt WAL was streamed:\n{r.stdout}\n{r.stderr}"
+    assert "corrupt" in r.stderr.lower() or "invalid" in r.stderr.lower(), r.stderr
+    assert seg.name in sk1.log_text(), sk1.log_tail()
+
+
+def sk_lsn_offline(tldir) -> int:
+    """Where this safekeeper's WAL of the test begins: the first segment's start plus a page,
+    from the segment name (timeline 1, 16 MiB segments)."""
+    seg = sorted(p.name for p in tldir.iterdir() if len(p.name) == 24 and p.name.isalnum())[0]
+    log, segno = int(seg[8:16], 16), int(seg[16:24], 16)
+    return (log << 32) + segno * (16 << 20) + 8192
+
+
+def test_malformed_protocol_messages_get_clear_errors(tmp_path, timeline, safekeepers):
+    sk = safekeepers[0]
+    ep = endpoint(tmp_path, timeline, safekeepers)
+    ep.sql("CREATE TABLE t (x int)")
+    # The proposer protocol: a Hello with a truncated body.
+    with socket.create_connection(("127.0.0.1", sk.port), timeout=10) as s:
+        s.sendall(b"H" + struct.pack(">I", 3) + b"\x00\x00\x00")
+        reply = recv_all(s)
+    assert reply[:1] == b"x", reply
+    assert b"truncated" in reply, reply
+    # An unknown message tag after a good start is refused the same way.
+    with socket.create_connection(("127.0.0.1", sk.port), timeout=10) as s:
+        s.sendall(b"H" + struct.pack(">I", 0x7fffffff))
+        reply = recv_all(s)
+    assert reply[:1] == b"x" and b"too long" in reply, reply
+    # The replication protocol: a startup packet without the replication parameter.
+    with socket.create_connection(("127.0.0.1", sk.port), timeout=10) as s:
+        params = b"user\x00fjord\x00database\x00nonsense\x00\x00"
+        s.sendall(struct.pack(">II", 8 + len(params), 196608) + params)
+        reply = recv_all(s)
+    assert reply[:1] == b"E", reply
+    # Nothing changed: the safekeeper still serves, the compute still commits.
+    assert sk.http("GET", "/v1/status")
+    ep.sql("INSERT INTO t VALUES (1)")
+    assert ep.sql("SELECT count(*) FROM t")[0][0] == 1
+
+
+def recv_all(s: socket.socket) -> bytes:
+    chunks = []
+    while True:
+        try:
+            b = s.recv(65536)
+        except (ConnectionResetError, socket.timeout):
+            break
+        if not b:
+            break
+        chunks.append(b)
+    return b"".join(chunks)
