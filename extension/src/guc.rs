@@ -102,7 +102,7 @@ pub fn define() {
     );
     GucRegistry::define_string_guc(
         c"fjord.walproposer_test_fake",
-        c"Tests only: drive commits with a stand-in for the safekeepers ('echo' or 'echo, stalled pageserver').",
+        c"Tests only: drive commits with a stand-in for the safekeepers ('echo', 'echo, stalled pageserver', 'echo, fenced after 3s').",
         c"",
         &WALPROPOSER_TEST_FAKE,
         GucContext::Postmaster,

@@ -269,6 +269,9 @@ impl Driver {
     fn status(&self) -> Status {
         match self {
             Driver::Real(p) => p.status(),
+            Driver::Fake(e) if e.fence_at.is_some_and(|at| Instant::now() >= at) => {
+                Status::Fenced { reason: "the test stand-in fenced this compute".to_string() }
+            }
             Driver::Fake(e) => Status::Streaming { term: 1, start_lsn: e.start },
         }
     }
@@ -277,7 +280,7 @@ impl Driver {
         match self {
             Driver::Real(p) => p.feedback(),
             Driver::Fake(e) => {
-                let lsn = if e.stall_pageserver { e.start } else { Lsn(e.flushed.load(Ordering::Relaxed)) };
+                let lsn = if e.mode == FakeMode::StalledPageserver { e.start } else { Lsn(e.flushed.load(Ordering::Relaxed)) };
                 Feedback { pageserver_flush_lsn: lsn, pageserver_apply_lsn: lsn }
             }
         }
@@ -292,29 +295,41 @@ impl Driver {
 
 /// The test-only stand-in for the safekeepers (`fjord.walproposer_test_fake`): it confirms
 /// WAL as soon as PostgreSQL has flushed it, and reports a pageserver that has applied
-/// everything, or (`echo, stalled pageserver`) nothing past the start LSN. It exists so that
-/// the PostgreSQL side (release through patch 0008, the worker's loop, backpressure) is
-/// tested on its own; it makes a commit exactly as durable as without safekeepers.
+/// everything, or (`echo, stalled pageserver`) nothing past the start LSN, or
+/// (`echo, fenced after 3s`) reports the compute fenced 3 s after it started. It exists so
+/// that the PostgreSQL side (release through patch 0008, the worker's loop, backpressure,
+/// fencing) is tested on its own; it makes a commit exactly as durable as without
+/// safekeepers.
 struct Echo {
     flushed: std::sync::atomic::AtomicU64,
     start: Lsn,
-    stall_pageserver: bool,
+    mode: FakeMode,
+    fence_at: Option<Instant>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FakeMode {
+    Echo,
+    StalledPageserver,
+    FencedAfter3s,
 }
 
 impl Echo {
-    fn new(start: Lsn, stall_pageserver: bool) -> Echo {
-        Echo { flushed: std::sync::atomic::AtomicU64::new(0), start, stall_pageserver }
+    fn new(start: Lsn, mode: FakeMode) -> Echo {
+        let fence_at = (mode == FakeMode::FencedAfter3s).then(|| Instant::now() + Duration::from_secs(3));
+        Echo { flushed: std::sync::atomic::AtomicU64::new(0), start, mode, fence_at }
     }
 }
 
-/// `fjord.walproposer_test_fake`: `None` for the real proposer, `Some(stall_pageserver)`.
-fn fake_mode() -> Result<Option<bool>, String> {
+/// `fjord.walproposer_test_fake`: `None` for the real proposer.
+fn fake_mode() -> Result<Option<FakeMode>, String> {
     match guc::walproposer_test_fake().as_deref() {
         None => Ok(None),
-        Some("echo") => Ok(Some(false)),
-        Some("echo, stalled pageserver") => Ok(Some(true)),
+        Some("echo") => Ok(Some(FakeMode::Echo)),
+        Some("echo, stalled pageserver") => Ok(Some(FakeMode::StalledPageserver)),
+        Some("echo, fenced after 3s") => Ok(Some(FakeMode::FencedAfter3s)),
         Some(other) => Err(format!(
-            "fjord.walproposer_test_fake \"{other}\" is not one of 'echo', 'echo, stalled pageserver'"
+            "fjord.walproposer_test_fake \"{other}\" is not one of 'echo', 'echo, stalled pageserver', 'echo, fenced after 3s'"
         )),
     }
 }
@@ -376,9 +391,9 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
     loop {
         if proposer.is_none() && wp.state.load(Ordering::Relaxed) != State::Fenced as u32 && Instant::now() >= next_start {
             let started = match fake {
-                Some(stall_pageserver) => {
+                Some(mode) => {
                     warning!("fjord walproposer: fjord.walproposer_test_fake is set: commits are confirmed without any safekeeper (tests only)");
-                    Ok(Driver::Fake(Echo::new(config.wal_start, stall_pageserver)))
+                    Ok(Driver::Fake(Echo::new(config.wal_start, mode)))
                 }
                 None => WalProposer::start(config.clone(), wake_fn.clone()).map(Driver::Real),
             };

@@ -213,6 +213,23 @@ def test_backpressure_on_a_stalled_pageserver(pg_factory):
     assert unexpected_lines(pg.log_text(), ["fjord.walproposer_test_fake is set", "canceling wait for synchronous replication"]) == []
 
 
+def test_fenced_compute_shuts_down(pg_factory):
+    pg = pg_factory("fenced", proposer_settings(DEAD_SAFEKEEPER, **{"fjord.walproposer_test_fake": "'echo, fenced after 3s'"}))
+    pg.initdb().start()
+    create_extension(pg)
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int)")  # confirmed while not fenced yet
+    # The worker asks the postmaster for a fast shutdown; the server goes away by itself.
+    wait_until("the server to stop", lambda: not (pg.datadir / "postmaster.pid").exists(), timeout_s=30)
+    log = pg.log_text()
+    assert (
+        "WARNING:  fjord: this compute was fenced: the test stand-in fenced this compute; "
+        "it can no longer commit; shutting down" in log
+    ), log
+    assert "received fast shutdown request" in log
+    assert unexpected_lines(log, ["fjord.walproposer_test_fake is set", "this compute was fenced"]) == []
+
+
 def test_without_safekeepers_nothing_changes(fjord_pg):
     fjord_pg.sql("CREATE EXTENSION fjord")
     st = status(fjord_pg)
