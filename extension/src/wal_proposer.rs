@@ -146,6 +146,23 @@ pub fn install() {
             )
         );
     }
+    // Commits wait only with a non-empty synchronous_standby_names and walsenders allowed
+    // (patch 0008 keeps PostgreSQL's early returns); compute_ctl sets both. Without them the
+    // proposer still streams, but commits return before the safekeepers have them.
+    // SAFETY: plain reads of GUC variables, set before shared_preload_libraries is processed.
+    let (standby_names, max_wal_senders) = unsafe {
+        let names = pg_sys::SyncRepStandbyNames;
+        let names = if names.is_null() { String::new() } else { CStr::from_ptr(names).to_string_lossy().into_owned() };
+        (names, pg_sys::max_wal_senders)
+    };
+    if standby_names.trim().is_empty() || max_wal_senders == 0 {
+        ereport!(
+            PgLogLevel::WARNING,
+            PgSqlErrorCode::ERRCODE_WARNING,
+            "fjord.safekeepers is set but commits will not wait for the safekeepers",
+            "Commits wait only with synchronous_standby_names = 'walproposer' and max_wal_senders > 0; compute_ctl sets both."
+        );
+    }
     BackgroundWorkerBuilder::new("fjord walproposer")
         .set_type("fjord walproposer")
         .set_library("fjord")

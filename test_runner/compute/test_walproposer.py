@@ -230,6 +230,12 @@ def test_fenced_compute_shuts_down(pg_factory):
     assert unexpected_lines(log, ["fjord.walproposer_test_fake is set", "this compute was fenced"]) == []
 
 
+def test_safekeepers_without_synchronous_standby_names_is_a_warning(pg_factory):
+    pg = pg_factory("nosync", proposer_settings(DEAD_SAFEKEEPER, synchronous_standby_names="''")).initdb().start()
+    assert "WARNING:  fjord.safekeepers is set but commits will not wait for the safekeepers" in pg.log_text()
+    pg.sql("CREATE TABLE t AS SELECT 1 AS x")  # does not wait: nothing to wait for
+
+
 def test_without_safekeepers_nothing_changes(fjord_pg):
     fjord_pg.sql("CREATE EXTENSION fjord")
     st = status(fjord_pg)
