@@ -1,8 +1,14 @@
-//! The extension's settings (`fjord.*`), all fixed at server start.
+//! The extension's settings (`fjord.*`), fixed at server start unless noted.
 //!
 //! With `fjord.pageserver_address` empty the storage manager runs in pass-through mode
 //! (every relation on local disk through md.c); set, permanent relations live on the
 //! pageserver and `fjord.tenant_id` / `fjord.timeline_id` must name the timeline.
+//!
+//! With `fjord.safekeepers` set, the WAL proposer runs as a background worker and commits
+//! wait for a majority of safekeepers (`wal_proposer.rs`). The list is validated in
+//! `_PG_init` ([`safekeepers`]), not by a GUC check hook: PostgreSQL applies a value that a
+//! check hook rejects at preload time as a WARNING and keeps the default, which here would
+//! silently start a compute that commits without safekeepers. An invalid list is FATAL.
 
 use std::ffi::CString;
 
@@ -14,6 +20,14 @@ pub static TIMELINE_ID: GucSetting<Option<CString>> = GucSetting::<Option<CStrin
 pub static READ_LSN: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static PAGESERVER_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 pub static RELSIZE_CACHE_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(131_072);
+pub static SAFEKEEPERS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static WALPROPOSER_TEST_FAKE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// In MB; see [`max_pageserver_lag_bytes`].
+pub static MAX_PAGESERVER_LAG_MB: GucSetting<i32> = GucSetting::<i32>::new(64);
+
+/// The most safekeepers a compute may name: the quorum is a majority of them, and more
+/// than 7 only adds latency to every commit without a failure model that needs it.
+pub const SAFEKEEPERS_MAX: usize = 7;
 
 pub fn define() {
     GucRegistry::define_string_guc(
@@ -68,6 +82,32 @@ pub fn define() {
         GucContext::Postmaster,
         GucFlags::default(),
     );
+    GucRegistry::define_string_guc(
+        c"fjord.safekeepers",
+        c"host:port of every safekeeper, comma-separated (1 to 7, an odd number); empty: no WAL proposer.",
+        c"When set, the WAL proposer background worker streams WAL to the safekeepers and a commit returns once a majority has flushed it (with synchronous_standby_names = 'walproposer').",
+        &SAFEKEEPERS,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"fjord.max_pageserver_lag",
+        c"How far the pageserver may fall behind this compute's WAL before commits are slowed down; 0 disables.",
+        c"The lag is this compute's flushed WAL minus the pageserver's apply LSN as the safekeepers report it. Reads wait for the pageserver to reach their LSN, so the lag bounds how long a read of a recently changed page can wait.",
+        &MAX_PAGESERVER_LAG_MB,
+        0,
+        1_048_576,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_string_guc(
+        c"fjord.walproposer_test_fake",
+        c"Tests only: drive commits with a stand-in for the safekeepers ('echo', 'echo, stalled pageserver', 'echo, fenced after 3s').",
+        c"",
+        &WALPROPOSER_TEST_FAKE,
+        GucContext::Postmaster,
+        GucFlags::NO_SHOW_ALL,
+    );
 }
 
 fn string(s: &GucSetting<Option<CString>>) -> Option<String> {
@@ -102,4 +142,56 @@ pub fn read_lsn() -> Option<u64> {
         Ok(lsn) => *lsn,
         Err(message) => pgrx::error!("{message}"),
     }
+}
+
+/// The safekeepers named by `fjord.safekeepers`, validated: `None` when the setting is empty
+/// (no WAL proposer), else 1 to [`SAFEKEEPERS_MAX`] distinct `host:port` entries. The error
+/// names the entry and what is wrong with it.
+pub fn safekeepers() -> Result<Option<Vec<String>>, String> {
+    let Some(text) = string(&SAFEKEEPERS) else { return Ok(None) };
+    parse_safekeepers(&text).map(Some)
+}
+
+fn parse_safekeepers(text: &str) -> Result<Vec<String>, String> {
+    let mut list: Vec<String> = Vec::new();
+    for entry in text.split(',') {
+        let entry = entry.trim();
+        if entry.is_empty() {
+            return Err(format!("fjord.safekeepers \"{text}\" has an empty entry"));
+        }
+        let (host, port) = entry
+            .rsplit_once(':')
+            .ok_or_else(|| format!("fjord.safekeepers entry \"{entry}\" is not host:port"))?;
+        // An IPv6 address is written [addr]:port, as in a URL.
+        let bare_host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+        if bare_host.is_empty() || bare_host.contains(|c: char| c.is_whitespace() || c == '[' || c == ']') {
+            return Err(format!("fjord.safekeepers entry \"{entry}\" has no valid host"));
+        }
+        if bare_host.contains(':') && !host.starts_with('[') {
+            return Err(format!("fjord.safekeepers entry \"{entry}\": write an IPv6 address as [addr]:port"));
+        }
+        match port.parse::<u16>() {
+            Ok(p) if p != 0 => {}
+            _ => return Err(format!("fjord.safekeepers entry \"{entry}\" has an invalid port \"{port}\" (1-65535)")),
+        }
+        if list.iter().any(|e| e == entry) {
+            return Err(format!("fjord.safekeepers names \"{entry}\" twice"));
+        }
+        list.push(entry.to_string());
+    }
+    if list.len() > SAFEKEEPERS_MAX {
+        return Err(format!("fjord.safekeepers names {} safekeepers; at most {SAFEKEEPERS_MAX} are supported", list.len()));
+    }
+    Ok(list)
+}
+
+/// `fjord.max_pageserver_lag` in bytes; 0 when backpressure is off. Read by backends as they
+/// wait for a commit (the setting can change on reload).
+pub fn max_pageserver_lag_bytes() -> u64 {
+    u64::try_from(MAX_PAGESERVER_LAG_MB.get()).unwrap_or(0) << 20
+}
+
+/// `fjord.walproposer_test_fake`, trimmed; `None` when empty (the real proposer).
+pub fn walproposer_test_fake() -> Option<String> {
+    string(&WALPROPOSER_TEST_FAKE).map(|s| s.trim().to_string())
 }

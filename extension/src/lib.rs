@@ -3,7 +3,10 @@
 //! Loaded through `shared_preload_libraries`, it installs fjord's storage manager through
 //! the `smgr_select_hook` that patch 0001 adds to PostgreSQL. Today that storage manager
 //! keeps permanent relations on the pageserver when `fjord.pageserver_address` is set
-//! (`smgr.rs`, `client.rs`, `cache.rs`), and is a counting pass-through to md.c otherwise. `CREATE EXTENSION fjord` adds SQL functions in the `fjord` schema
+//! (`smgr.rs`, `client.rs`, `cache.rs`), and is a counting pass-through to md.c otherwise.
+//! With `fjord.safekeepers` set it also runs the WAL proposer as a background worker and
+//! makes commits wait for a majority of safekeepers (`wal_proposer.rs`, `sync_commit.rs`,
+//! patch 0008). `CREATE EXTENSION fjord` adds SQL functions in the `fjord` schema
 //! that show what the extension is doing.
 //!
 //! Invariant: nothing here runs unless the library was preloaded. Loaded any other way
@@ -19,6 +22,8 @@ mod guc;
 mod shmem;
 mod smgr;
 mod status;
+mod sync_commit;
+mod wal_proposer;
 mod walredo;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -32,4 +37,5 @@ pub extern "C-unwind" fn _PG_init() {
     }
     guc::define();
     smgr::install();
+    wal_proposer::install();
 }

@@ -1,15 +1,17 @@
-//! The extension's shared memory: storage manager counters, the last-written LSN cache
-//! and the relation-size cache, in one segment requested at preload time.
+//! The extension's shared memory: storage manager counters, the last-written LSN cache,
+//! the relation-size cache and the WAL proposer's published state, in one segment
+//! requested at preload time.
 //!
-//! Layout: [`Shared`] (counters and the last-written LSN slots), then
+//! Layout: [`Shared`] (counters, the last-written LSN slots, the WAL proposer's state), then
 //! `fjord.relsize_cache_entries` [`RelSizeEntry`] slots. The relation-size cache is guarded
-//! by one LWLock of the named tranche `fjord`; everything else is atomics.
+//! by LWLock 0 of the named tranche `fjord`, the WAL proposer's message by LWLock 1;
+//! everything else is atomics.
 //!
 //! Invariant: a process that has no shared memory (a standalone backend, the WAL-redo
 //! process) sees `None` from [`shared`] and must not use the remote storage manager.
 
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use pgrx::pg_sys;
 use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
@@ -38,6 +40,41 @@ pub struct SmgrCounters {
     pub relsize_misses: AtomicU64,
 }
 
+/// What the WAL proposer worker publishes for backends (the commit hook) and the status
+/// function. Written only by the worker, except `throttled_*`, which backends add to.
+/// LSNs are bytes; 0 means "not known yet".
+#[repr(C)]
+pub struct WalProposerShared {
+    /// The worker's latch while it runs (null otherwise): what the commit hook sets.
+    pub worker_latch: AtomicPtr<pg_sys::Latch>,
+    /// A `wal_proposer::State` as u32.
+    pub state: AtomicU32,
+    pub term: AtomicU64,
+    /// The LSN this compute's WAL started at (what the proposer is told it owns from).
+    pub wal_start_lsn: AtomicU64,
+    /// Where the elected proposer's WAL begins (the election's start LSN).
+    pub elected_start_lsn: AtomicU64,
+    /// WAL on a majority of safekeepers; waiters are released up to it.
+    pub commit_lsn: AtomicU64,
+    /// The flush LSN last passed to the proposer.
+    pub flush_lsn: AtomicU64,
+    pub pageserver_flush_lsn: AtomicU64,
+    pub pageserver_apply_lsn: AtomicU64,
+    /// Time backends spent in backpressure, and how many waits were delayed at all.
+    pub throttled_us: AtomicU64,
+    pub throttled_waits: AtomicU64,
+    /// Times the worker started the proposer (a restart after a failure counts again).
+    pub starts: AtomicU64,
+    pub message_lock: *mut pg_sys::LWLock,
+    /// The last thing worth telling an operator (a start failure, the fencing reason),
+    /// UTF-8, `message_len` bytes; under `message_lock`.
+    message_len: std::sync::atomic::AtomicUsize,
+    message: std::cell::UnsafeCell<[u8; MESSAGE_MAX]>,
+}
+
+/// Bytes of [`WalProposerShared::message`].
+pub const MESSAGE_MAX: usize = 512;
+
 /// Slots of the last-written LSN cache: a lossy map from block to the highest LSN at which
 /// any block hashing to the slot was last written. 2^16 slots, 512 KiB.
 pub const LWLSN_SLOTS: usize = 1 << 16;
@@ -50,6 +87,7 @@ pub struct Shared {
     pub relsize_capacity: usize,
     /// Slots in use; changed only under the lock.
     pub relsize_used: std::sync::atomic::AtomicUsize,
+    pub walproposer: WalProposerShared,
 }
 
 /// One relation fork's size. `used == 0` marks a free slot.
@@ -118,7 +156,7 @@ unsafe extern "C-unwind" fn shmem_request() {
             pg_guard_ffi_boundary(|| prev());
         }
         pg_sys::RequestAddinShmemSpace(total_size());
-        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
+        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 2);
     }
 }
 
@@ -142,7 +180,9 @@ unsafe extern "C-unwind" fn shmem_startup() {
             // All-zero bytes are a valid initial state for every field: zero counters,
             // LSN 0 in every slot, free relation-size slots.
             ptr::write_bytes(p.cast::<u8>(), 0, size);
-            (*p).relsize_lock = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
+            let locks = pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr());
+            (*p).relsize_lock = &raw mut (*locks).lock;
+            (*p).walproposer.message_lock = &raw mut (*locks.add(1)).lock;
             (*p).relsize_capacity = relsize_capacity();
         }
         SHARED.store(p, Ordering::Release);
@@ -153,5 +193,34 @@ unsafe extern "C-unwind" fn shmem_startup() {
 pub fn count(field: impl Fn(&SmgrCounters) -> &AtomicU64) {
     if let Some(s) = shared() {
         field(&s.counters).fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl WalProposerShared {
+    /// Replaces the message (truncated to [`MESSAGE_MAX`] bytes at a character boundary).
+    pub fn set_message(&self, text: &str) {
+        let mut end = text.len().min(MESSAGE_MAX);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        // SAFETY: the lock was set up with the segment; the bytes are written only under it
+        // in exclusive mode. LWLockAcquire can ERROR only on programming errors.
+        unsafe {
+            pg_sys::LWLockAcquire(self.message_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+            (&mut *self.message.get())[..end].copy_from_slice(&text.as_bytes()[..end]);
+            self.message_len.store(end, Ordering::Relaxed);
+            pg_sys::LWLockRelease(self.message_lock);
+        }
+    }
+
+    pub fn message(&self) -> String {
+        // SAFETY: read under the lock in shared mode; see set_message.
+        unsafe {
+            pg_sys::LWLockAcquire(self.message_lock, pg_sys::LWLockMode::LW_SHARED);
+            let len = self.message_len.load(Ordering::Relaxed).min(MESSAGE_MAX);
+            let text = String::from_utf8_lossy(&(&*self.message.get())[..len]).into_owned();
+            pg_sys::LWLockRelease(self.message_lock);
+            text
+        }
     }
 }

@@ -64,6 +64,71 @@ fn storage_manager() -> TableIterator<
     ))
 }
 
+/// One row describing the WAL proposer (`fjord.safekeepers`); see `wal_proposer.rs`.
+///
+/// `state` is `off` (no safekeepers configured, or the library not preloaded), `starting`,
+/// `start failed` (retrying; `message` says why), `electing`, `streaming`, `fenced`
+/// (`message` has the reason) or `stopped`. LSNs are text as `pg_lsn` prints them (cast
+/// with `::pg_lsn`), `NULL` while unknown: `wal_start_lsn` where this compute's WAL begins,
+/// `elected_start_lsn` where the elected proposer's WAL begins, `commit_lsn` what a majority
+/// of safekeepers has flushed (commits up to it have returned), `flush_lsn` what the server
+/// had flushed when the worker last looked, and the pageserver's flush and apply LSNs as the
+/// safekeepers report them. `throttled_ms` and `throttled_waits` total the backpressure
+/// (`fjord.max_pageserver_lag`) that commits went through since the server started.
+#[pg_extern]
+#[allow(clippy::type_complexity)]
+fn walproposer_status() -> TableIterator<
+    'static,
+    (
+        name!(state, &'static str),
+        name!(safekeepers, Option<String>),
+        name!(term, Option<i64>),
+        name!(wal_start_lsn, Option<String>),
+        name!(elected_start_lsn, Option<String>),
+        name!(commit_lsn, Option<String>),
+        name!(flush_lsn, Option<String>),
+        name!(pageserver_flush_lsn, Option<String>),
+        name!(pageserver_apply_lsn, Option<String>),
+        name!(throttled_ms, i64),
+        name!(throttled_waits, i64),
+        name!(proposer_starts, i64),
+        name!(message, Option<String>),
+    ),
+> {
+    let Some(shared) = crate::shmem::shared() else {
+        return TableIterator::once(("off", None, None, None, None, None, None, None, None, 0, 0, 0, None));
+    };
+    let wp = &shared.walproposer;
+    let lsn = |a: &std::sync::atomic::AtomicU64| -> Option<String> {
+        match a.load(Ordering::Relaxed) {
+            0 => None,
+            v => Some(proto::Lsn(v).to_string()),
+        }
+    };
+    let count = |a: &std::sync::atomic::AtomicU64| i64::try_from(a.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
+    let state = crate::wal_proposer::State::from_u32(wp.state.load(Ordering::Relaxed));
+    let term = match wp.term.load(Ordering::Relaxed) {
+        0 => None,
+        t => Some(i64::try_from(t).unwrap_or(i64::MAX)),
+    };
+    let message = Some(wp.message()).filter(|m| !m.is_empty());
+    TableIterator::once((
+        state.name(),
+        crate::guc::safekeepers().ok().flatten().map(|l| l.join(",")),
+        term,
+        lsn(&wp.wal_start_lsn),
+        lsn(&wp.elected_start_lsn),
+        lsn(&wp.commit_lsn),
+        lsn(&wp.flush_lsn),
+        lsn(&wp.pageserver_flush_lsn),
+        lsn(&wp.pageserver_apply_lsn),
+        count(&wp.throttled_us) / 1000,
+        count(&wp.throttled_waits),
+        count(&wp.starts),
+        message,
+    ))
+}
+
 /// The version of the fjord library loaded into this server.
 #[pg_extern]
 fn version() -> &'static str {

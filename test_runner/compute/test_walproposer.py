@@ -1,0 +1,276 @@
+"""The WAL proposer's PostgreSQL side: the background worker, commits waiting for it
+(patch 0008), backpressure, the status function and the settings' validation.
+
+There are no safekeepers yet: a dead address shows what a compute does while none answers
+(commits wait, a cancel ends the wait with PostgreSQL's warning), and the test-only stand-in
+`fjord.walproposer_test_fake` ("echo": WAL is confirmed as soon as it is flushed) drives the
+release path and backpressure. End-to-end tests with real safekeepers come with them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from fixtures.logs import unexpected_lines
+from fixtures.postgres import wait_until
+
+TENANT = "0123456789abcdef0123456789abcdef"
+TIMELINE = "fedcba9876543210fedcba9876543210"
+
+# A port nothing listens on: connections are refused at once.
+DEAD_SAFEKEEPER = "127.0.0.1:1"
+
+
+def proposer_settings(safekeepers: str, **extra: str) -> dict[str, str]:
+    return {
+        "shared_preload_libraries": "'fjord'",
+        "fjord.safekeepers": f"'{safekeepers}'",
+        "fjord.tenant_id": f"'{TENANT}'",
+        "fjord.timeline_id": f"'{TIMELINE}'",
+        # What compute_ctl writes with safekeepers configured.
+        "synchronous_standby_names": "'walproposer'",
+        "synchronous_commit": "on",
+        **extra,
+    }
+
+
+def local_conn(pg) -> psycopg.Connection:
+    """A session whose commits do not wait for the safekeepers (synchronous_commit = local)."""
+    conn = pg.connect()
+    conn.execute("SET synchronous_commit = local")
+    return conn
+
+
+def status(pg) -> dict:
+    with local_conn(pg) as conn:
+        cur = conn.execute("SELECT * FROM fjord.walproposer_status()")
+        return dict(zip([d.name for d in cur.description], cur.fetchone()))
+
+
+def create_extension(pg):
+    with local_conn(pg) as conn:
+        conn.execute("CREATE EXTENSION fjord")
+
+
+class BackgroundStatement:
+    """Runs one statement in its own session on a thread, keeping its notices."""
+
+    def __init__(self, pg, sql: str):
+        self.conn = pg.connect()
+        self.pid = self.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        self.notices: list[str] = []
+        self.conn.add_notice_handler(lambda d: self.notices.append(f"{d.severity}: {d.message_primary}"))
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(sql,), daemon=True)
+        self.thread.start()
+
+    def _run(self, sql: str):
+        try:
+            self.conn.execute(sql)
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            self.error = e
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def close(self):
+        self.conn.close()
+
+
+def worker_processes(pg) -> int:
+    """Processes of this server titled "fjord walproposer" (a worker without a database
+    connection is not in pg_stat_activity)."""
+    postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
+    count = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == postmaster:
+                count += b"fjord walproposer" in (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+    return count
+
+
+def wait_event(pg, pid: int) -> tuple:
+    with local_conn(pg) as conn:
+        return conn.execute(
+            "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)
+        ).fetchone()
+
+
+def test_dead_safekeepers_commit_waits_until_canceled(pg_factory):
+    pg = pg_factory("dead", proposer_settings(DEAD_SAFEKEEPER)).initdb().start()
+    create_extension(pg)
+    # The worker runs and says what it is doing. Until the proposer exists (another branch),
+    # it fails to start and retries; with it, it keeps electing (no safekeeper answers).
+    st = wait_until("the worker's state", lambda: (s := status(pg))["state"] in ("start failed", "electing") and s)
+    assert st["safekeepers"] == DEAD_SAFEKEEPER
+    assert st["wal_start_lsn"] is not None
+    assert st["commit_lsn"] is None
+    assert "fjord walproposer: starting for timeline" in pg.log_text()
+    assert worker_processes(pg) == 1
+    with local_conn(pg) as conn:
+        conn.execute("CREATE TABLE t (id int)")
+
+    # A commit waits: nothing confirms it.
+    stmt = BackgroundStatement(pg, "INSERT INTO t VALUES (1)")
+    wait_until("the commit to wait", lambda: wait_event(pg, stmt.pid) == ("IPC", "SyncRep"))
+    time.sleep(2)
+    assert not stmt.done(), "a commit returned without any safekeeper"
+
+    # A cancel ends the wait with PostgreSQL's warning; the row committed locally.
+    with local_conn(pg) as conn:
+        conn.execute("SELECT pg_cancel_backend(%s)", (stmt.pid,))
+    wait_until("the canceled commit to return", stmt.done, timeout_s=10)
+    assert stmt.error is None, stmt.error
+    assert any("canceling wait for synchronous replication due to user request" in n for n in stmt.notices), stmt.notices
+    stmt.close()
+    with local_conn(pg) as conn:
+        assert conn.execute("SELECT count(*) FROM t").fetchone() == (1,)
+
+    # Termination ends a wait too, with the connection.
+    stmt = BackgroundStatement(pg, "INSERT INTO t VALUES (2)")
+    wait_until("the commit to wait", lambda: wait_event(pg, stmt.pid) == ("IPC", "SyncRep"))
+    with local_conn(pg) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (stmt.pid,))
+    wait_until("the terminated commit to return", stmt.done, timeout_s=10)
+    stmt.close()
+    assert "canceling the wait for synchronous replication and terminating connection" in pg.log_text()
+
+    allowed = [
+        "could not start the WAL proposer",
+        "canceling wait for synchronous replication",
+        "canceling the wait for synchronous replication",
+        "terminating connection due to administrator command",
+    ]
+    assert unexpected_lines(pg.log_text(), allowed) == []
+
+
+def test_echo_stand_in_releases_commits(pg_factory):
+    pg = pg_factory("echo", proposer_settings(DEAD_SAFEKEEPER, **{"fjord.walproposer_test_fake": "'echo'"}))
+    pg.initdb().start()
+    create_extension(pg)
+    wait_until("streaming", lambda: status(pg)["state"] == "streaming")
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int)")
+        started = time.monotonic()
+        for i in range(100):
+            conn.execute("INSERT INTO t VALUES (%s)", (i,))
+        # Released by the worker through patch 0008, woken by the commit hook: well below
+        # the 25 ms that waiting for the worker's 50 ms poll would cost a commit on average.
+        elapsed = time.monotonic() - started
+        assert elapsed < 100 * 0.015, f"100 commits took {elapsed:.2f} s: released at the worker's poll, not woken by its latch"
+        flushed = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+    st = status(pg)
+    assert st["term"] == 1
+    with local_conn(pg) as conn:
+        assert conn.execute("SELECT %s::pg_lsn >= %s::pg_lsn", (st["commit_lsn"], str(flushed))).fetchone() == (True,)
+    assert unexpected_lines(pg.log_text(), ["fjord.walproposer_test_fake is set"]) == []
+
+
+def test_backpressure_on_a_stalled_pageserver(pg_factory):
+    settings = proposer_settings(
+        DEAD_SAFEKEEPER,
+        **{"fjord.walproposer_test_fake": "'echo, stalled pageserver'", "fjord.max_pageserver_lag": "'1MB'"},
+    )
+    pg = pg_factory("stalled", settings).initdb().start()
+    create_extension(pg)
+    wait_until("streaming", lambda: status(pg)["state"] == "streaming")
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE small (id int)")  # little WAL: not throttled
+    assert status(pg)["throttled_waits"] == 0
+
+    # About 3 MB of WAL, more than the pageserver (stuck at the start LSN) may lag.
+    stmt = BackgroundStatement(pg, "CREATE TABLE big AS SELECT g, repeat('x', 100) AS v FROM generate_series(1, 20000) g")
+    wait_until("the commit to be throttled", lambda: wait_event(pg, stmt.pid) == ("Extension", "Extension"))
+    time.sleep(1)
+    assert not stmt.done()
+    with local_conn(pg) as conn:
+        conn.execute("SELECT pg_cancel_backend(%s)", (stmt.pid,))
+    wait_until("the throttled commit to return", stmt.done, timeout_s=10)
+    # The stand-in confirmed the commit while it was throttled, so the wait ends as
+    # replicated: the cancel only cut the backpressure short, without an error.
+    assert stmt.error is None, stmt.error
+    assert not any("canceling" in n for n in stmt.notices), stmt.notices
+    stmt.close()
+    assert pg.sql("SELECT count(*) FROM big") == [(20000,)]
+    st = status(pg)
+    assert st["throttled_waits"] == 1 and st["throttled_ms"] >= 1000, st
+
+    # The limit is reloadable; 0 turns backpressure off.
+    with local_conn(pg) as conn:
+        conn.execute("ALTER SYSTEM SET fjord.max_pageserver_lag = 0")
+        conn.execute("SELECT pg_reload_conf()")
+    time.sleep(0.5)
+    with pg.connect() as conn:
+        conn.execute("INSERT INTO small VALUES (1)")
+    assert status(pg)["throttled_waits"] == 1
+    assert unexpected_lines(pg.log_text(), ["fjord.walproposer_test_fake is set", "canceling wait for synchronous replication"]) == []
+
+
+def test_fenced_compute_shuts_down(pg_factory):
+    pg = pg_factory("fenced", proposer_settings(DEAD_SAFEKEEPER, **{"fjord.walproposer_test_fake": "'echo, fenced after 3s'"}))
+    pg.initdb().start()
+    create_extension(pg)
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int)")  # confirmed while not fenced yet
+    # The worker asks the postmaster for a fast shutdown; the server goes away by itself.
+    wait_until("the server to stop", lambda: not (pg.datadir / "postmaster.pid").exists(), timeout_s=30)
+    log = pg.log_text()
+    assert (
+        "WARNING:  fjord: this compute was fenced: the test stand-in fenced this compute; "
+        "it can no longer commit; shutting down" in log
+    ), log
+    assert "received fast shutdown request" in log
+    assert unexpected_lines(log, ["fjord.walproposer_test_fake is set", "this compute was fenced"]) == []
+
+
+def test_safekeepers_without_synchronous_standby_names_is_a_warning(pg_factory):
+    pg = pg_factory("nosync", proposer_settings(DEAD_SAFEKEEPER, synchronous_standby_names="''")).initdb().start()
+    assert "WARNING:  fjord.safekeepers is set but commits will not wait for the safekeepers" in pg.log_text()
+    pg.sql("CREATE TABLE t AS SELECT 1 AS x")  # does not wait: nothing to wait for
+
+
+def test_without_safekeepers_nothing_changes(fjord_pg):
+    fjord_pg.sql("CREATE EXTENSION fjord")
+    st = status(fjord_pg)
+    assert st["state"] == "off" and st["safekeepers"] is None and st["commit_lsn"] is None
+    assert worker_processes(fjord_pg) == 0
+    fjord_pg.sql("CREATE TABLE t AS SELECT 1 AS x")  # commits do not wait
+    assert unexpected_lines(fjord_pg.log_text()) == []
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"fjord.safekeepers": "'localhost'"}, 'fjord.safekeepers entry "localhost" is not host:port'),
+        ({"fjord.safekeepers": "'a:1,,b:2'"}, 'fjord.safekeepers "a:1,,b:2" has an empty entry'),
+        ({"fjord.safekeepers": "'a:0'"}, 'fjord.safekeepers entry "a:0" has an invalid port "0"'),
+        ({"fjord.safekeepers": "'a:99999'"}, 'has an invalid port "99999"'),
+        ({"fjord.safekeepers": "':5454'"}, 'fjord.safekeepers entry ":5454" has no valid host'),
+        ({"fjord.safekeepers": "'::1:5454'"}, "write an IPv6 address as [addr]:port"),
+        ({"fjord.safekeepers": "'a:1,a:1,b:1'"}, 'fjord.safekeepers names "a:1" twice'),
+        ({"fjord.safekeepers": "'" + ",".join(f"h{i}:1" for i in range(9)) + "'"}, "names 9 safekeepers; at most 7"),
+        ({"fjord.tenant_id": "''"}, "fjord.safekeepers is set but fjord.tenant_id is not"),
+        ({"fjord.timeline_id": "'xyz'"}, 'fjord.timeline_id "xyz" is not a timeline id'),
+        ({"fjord.walproposer_test_fake": "'yes'"}, 'fjord.walproposer_test_fake "yes" is not one of'),
+    ],
+)
+def test_invalid_settings_refuse_to_start(pg_factory, settings, message):
+    pg = pg_factory("bad", {**proposer_settings("a:1,b:2,c:3"), **settings}).initdb()
+    with pytest.raises(Exception):
+        pg.start()
+    log = pg.log_text()
+    assert f"FATAL:  {message}" in log or (message in log and "FATAL" in log), log
+
+
+def test_even_number_of_safekeepers_is_a_warning(pg_factory):
+    pg = pg_factory("even", proposer_settings("[::1]:1,127.0.0.1:1")).initdb().start()
+    assert "WARNING:  fjord.safekeepers names an even number of safekeepers (2)" in pg.log_text()
+    create_extension(pg)
+    assert status(pg)["safekeepers"] == "[::1]:1,127.0.0.1:1"
