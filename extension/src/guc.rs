@@ -21,7 +21,6 @@ pub static READ_LSN: GucSetting<Option<CString>> = GucSetting::<Option<CString>>
 pub static PAGESERVER_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 pub static RELSIZE_CACHE_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(131_072);
 pub static SAFEKEEPERS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
-pub static WALPROPOSER_TEST_FAKE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// In MB; see [`max_pageserver_lag_bytes`].
 pub static MAX_PAGESERVER_LAG_MB: GucSetting<i32> = GucSetting::<i32>::new(64);
 
@@ -99,14 +98,6 @@ pub fn define() {
         1_048_576,
         GucContext::Sighup,
         GucFlags::UNIT_MB,
-    );
-    GucRegistry::define_string_guc(
-        c"fjord.walproposer_test_fake",
-        c"Tests only: drive commits with a stand-in for the safekeepers ('echo', 'echo, stalled pageserver', 'echo, fenced after 3s').",
-        c"",
-        &WALPROPOSER_TEST_FAKE,
-        GucContext::Postmaster,
-        GucFlags::NO_SHOW_ALL,
     );
 }
 
@@ -191,7 +182,3 @@ pub fn max_pageserver_lag_bytes() -> u64 {
     u64::try_from(MAX_PAGESERVER_LAG_MB.get()).unwrap_or(0) << 20
 }
 
-/// `fjord.walproposer_test_fake`, trimmed; `None` when empty (the real proposer).
-pub fn walproposer_test_fake() -> Option<String> {
-    string(&WALPROPOSER_TEST_FAKE).map(|s| s.trim().to_string())
-}

@@ -35,7 +35,7 @@ use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTi
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use proto::{Lsn, TenantId, TimelineId};
-use walproposer::{Config, Feedback, Status, WalProposer};
+use walproposer::{Config, Status, WalProposer};
 
 use crate::guc;
 use crate::shmem::{self, WalProposerShared};
@@ -119,7 +119,7 @@ pub fn settings() -> Result<Option<Settings>, String> {
 /// Called from `_PG_init` in the postmaster: validates the settings (FATAL if wrong) and, if
 /// safekeepers are configured, registers the worker and the commit hook.
 pub fn install() {
-    let settings = match settings().and_then(|s| fake_mode().map(|_| s)) {
+    let settings = match settings() {
         Ok(Some(s)) => s,
         Ok(None) => return,
         Err(message) => {
@@ -245,7 +245,7 @@ fn publish_status(status: &Status) {
             wp.elected_start_lsn.store(start_lsn.0, Ordering::Relaxed);
             wp.state.store(State::Streaming as u32, Ordering::Relaxed);
         }
-        Status::Fenced { reason } => {
+        Status::Fenced { reason } | Status::Failed { reason } => {
             wp.set_message(reason);
             wp.state.store(State::Fenced as u32, Ordering::Relaxed);
         }
@@ -257,97 +257,7 @@ fn describe(status: &Status) -> String {
         Status::Electing => "electing".to_string(),
         Status::Streaming { term, start_lsn } => format!("elected in term {term}, streaming WAL from {start_lsn}"),
         Status::Fenced { reason } => format!("fenced: {reason}"),
-    }
-}
-
-/// What the worker drives: the real proposer, or the test-only stand-in.
-enum Driver {
-    Real(WalProposer),
-    Fake(Echo),
-}
-
-impl Driver {
-    fn wal_flushed(&self, lsn: Lsn) {
-        match self {
-            Driver::Real(p) => p.wal_flushed(lsn),
-            Driver::Fake(e) => {
-                e.flushed.fetch_max(lsn.0, Ordering::Relaxed);
-            }
-        }
-    }
-
-    fn commit_lsn(&self) -> Lsn {
-        match self {
-            Driver::Real(p) => p.commit_lsn(),
-            Driver::Fake(e) => Lsn(e.flushed.load(Ordering::Relaxed)),
-        }
-    }
-
-    fn status(&self) -> Status {
-        match self {
-            Driver::Real(p) => p.status(),
-            Driver::Fake(e) if e.fence_at.is_some_and(|at| Instant::now() >= at) => {
-                Status::Fenced { reason: "the test stand-in fenced this compute".to_string() }
-            }
-            Driver::Fake(e) => Status::Streaming { term: 1, start_lsn: e.start },
-        }
-    }
-
-    fn feedback(&self) -> Feedback {
-        match self {
-            Driver::Real(p) => p.feedback(),
-            Driver::Fake(e) => {
-                let lsn = if e.mode == FakeMode::StalledPageserver { e.start } else { Lsn(e.flushed.load(Ordering::Relaxed)) };
-                Feedback { pageserver_flush_lsn: lsn, pageserver_apply_lsn: lsn }
-            }
-        }
-    }
-
-    fn stop(self) {
-        if let Driver::Real(p) = self {
-            p.stop();
-        }
-    }
-}
-
-/// The test-only stand-in for the safekeepers (`fjord.walproposer_test_fake`): it confirms
-/// WAL as soon as PostgreSQL has flushed it, and reports a pageserver that has applied
-/// everything, or (`echo, stalled pageserver`) nothing past the start LSN, or
-/// (`echo, fenced after 3s`) reports the compute fenced 3 s after it started. It exists so
-/// that the PostgreSQL side (release through patch 0008, the worker's loop, backpressure,
-/// fencing) is tested on its own; it makes a commit exactly as durable as without
-/// safekeepers.
-struct Echo {
-    flushed: std::sync::atomic::AtomicU64,
-    start: Lsn,
-    mode: FakeMode,
-    fence_at: Option<Instant>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum FakeMode {
-    Echo,
-    StalledPageserver,
-    FencedAfter3s,
-}
-
-impl Echo {
-    fn new(start: Lsn, mode: FakeMode) -> Echo {
-        let fence_at = (mode == FakeMode::FencedAfter3s).then(|| Instant::now() + Duration::from_secs(3));
-        Echo { flushed: std::sync::atomic::AtomicU64::new(0), start, mode, fence_at }
-    }
-}
-
-/// `fjord.walproposer_test_fake`: `None` for the real proposer.
-fn fake_mode() -> Result<Option<FakeMode>, String> {
-    match guc::walproposer_test_fake().as_deref() {
-        None => Ok(None),
-        Some("echo") => Ok(Some(FakeMode::Echo)),
-        Some("echo, stalled pageserver") => Ok(Some(FakeMode::StalledPageserver)),
-        Some("echo, fenced after 3s") => Ok(Some(FakeMode::FencedAfter3s)),
-        Some(other) => Err(format!(
-            "fjord.walproposer_test_fake \"{other}\" is not one of 'echo', 'echo, stalled pageserver', 'echo, fenced after 3s'"
-        )),
+        Status::Failed { reason } => format!("failed: {reason}"),
     }
 }
 
@@ -363,7 +273,6 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
         Ok(None) => return,
         Err(message) => error!("{message}"),
     };
-    let fake = fake_mode().unwrap_or_else(|message| error!("{message}"));
     let wp = wp();
     // SAFETY: plain reads of globals set at start-up.
     let (latch, system_id, seg_size, data_dir, postmaster_pid) = unsafe {
@@ -398,7 +307,7 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
 
     let latch_addr = latch as usize;
     let wake_fn: Arc<dyn Fn() + Send + Sync> = Arc::new(move || wake(latch_addr));
-    let mut proposer: Option<Driver> = None;
+    let mut proposer: Option<WalProposer> = None;
     let mut next_start = Instant::now();
     let mut retry = START_RETRY_MIN;
     let mut last_error = String::new();
@@ -407,14 +316,7 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
 
     loop {
         if proposer.is_none() && wp.state.load(Ordering::Relaxed) != State::Fenced as u32 && Instant::now() >= next_start {
-            let started = match fake {
-                Some(mode) => {
-                    warning!("fjord walproposer: fjord.walproposer_test_fake is set: commits are confirmed without any safekeeper (tests only)");
-                    Ok(Driver::Fake(Echo::new(config.wal_start, mode)))
-                }
-                None => WalProposer::start(config.clone(), wake_fn.clone()).map(Driver::Real),
-            };
-            match started {
+            match WalProposer::start(config.clone(), wake_fn.clone()) {
                 Ok(p) => {
                     wp.starts.fetch_add(1, Ordering::Relaxed);
                     wp.state.store(State::Electing as u32, Ordering::Relaxed);
@@ -448,15 +350,20 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
             let status = p.status();
             if last_status.as_ref() != Some(&status) {
                 publish_status(&status);
-                if !matches!(status, Status::Fenced { .. }) {
+                if !matches!(status, Status::Fenced { .. } | Status::Failed { .. }) {
                     log!("fjord walproposer: {}", describe(&status));
                 }
                 last_status = Some(status.clone());
             }
-            if let Status::Fenced { reason } = &status {
+            if let Status::Fenced { reason } | Status::Failed { reason } = &status {
                 // Nothing is released any more: a fenced compute's WAL past the commit LSN
-                // may be overwritten by the new writer.
-                warning!("fjord: this compute was fenced: {reason}; it can no longer commit; shutting down");
+                // may be overwritten by the new writer; a failed proposer cannot make any
+                // more WAL durable.
+                if matches!(status, Status::Fenced { .. }) {
+                    warning!("fjord: this compute was fenced: {reason}; it can no longer commit; shutting down");
+                } else {
+                    warning!("fjord: the WAL proposer failed: {reason}; this compute can no longer commit; shutting down");
+                }
                 if let Some(p) = proposer.take() {
                     p.stop();
                 }
