@@ -59,7 +59,7 @@ pub fn run(ctx: ConnCtx) {
     };
     while !ctx.shared.stopping.load(Ordering::SeqCst) {
         match connect(&ctx) {
-            Ok((stream, node_id)) => {
+            Ok((stream, node_id, leftover)) => {
                 generation += 1;
                 let connected_at = Instant::now();
                 log_once(format!("connected (safekeeper node id {node_id})"), false);
@@ -74,7 +74,7 @@ pub fn run(ctx: ConnCtx) {
                 if ctx.events.send(Event::Connected { node: ctx.node, generation, writer }).is_err() {
                     return;
                 }
-                let reason = read_loop(&ctx, stream, generation);
+                let reason = read_loop(&ctx, stream, generation, leftover);
                 if ctx.shared.stopping.load(Ordering::SeqCst) {
                     return;
                 }
@@ -98,7 +98,9 @@ pub fn run(ctx: ConnCtx) {
 }
 
 /// Connects and greets; returns the stream and the safekeeper's node id.
-fn connect(ctx: &ConnCtx) -> Result<(TcpStream, u64), String> {
+/// Connects and greets; returns the stream, the safekeeper's node id, and whatever it sent
+/// after `HelloOk` (it may send `Feedback` at once).
+fn connect(ctx: &ConnCtx) -> Result<(TcpStream, u64, BytesMut), String> {
     let addrs = ctx.addr.to_socket_addrs().map_err(|e| format!("could not resolve {}: {e}", ctx.addr))?;
     let mut last_error = format!("{} resolves to no address", ctx.addr);
     let mut stream = None;
@@ -142,16 +144,13 @@ fn connect(ctx: &ConnCtx) -> Result<(TcpStream, u64), String> {
         AcceptorMessage::Error { message } => return Err(format!("safekeeper refused the connection: {message}")),
         other => return Err(format!("protocol error: safekeeper answered Hello with {other:?}")),
     };
-    if !buf.is_empty() {
-        return Err("protocol error: safekeeper sent more than HelloOk before being asked".into());
-    }
     stream.set_read_timeout(Some(READ_POLL)).map_err(|e| io("set a read timeout", e))?;
-    Ok((stream, node_id))
+    Ok((stream, node_id, buf))
 }
 
 /// Reads messages until the connection breaks or the proposer stops; returns why it ended.
-fn read_loop(ctx: &ConnCtx, mut stream: TcpStream, generation: u64) -> String {
-    let mut buf = BytesMut::with_capacity(64 * 1024);
+fn read_loop(ctx: &ConnCtx, mut stream: TcpStream, generation: u64, mut buf: BytesMut) -> String {
+    buf.reserve(64 * 1024);
     let mut chunk = vec![0u8; 256 * 1024];
     loop {
         loop {
