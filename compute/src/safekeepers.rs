@@ -73,6 +73,7 @@ pub fn sync(list: &[Safekeeper], tenant: TenantId, timeline: TimelineId, system_
         wal_dir: None,
         name: format!("compute_ctl sync (pid {})", std::process::id()),
         reconnect_max: Duration::from_secs(1),
+        whole_records: true,
     };
     let lsn = walproposer::sync_safekeepers(&config, timeout).context("sync the safekeepers")?;
     Ok(Synced { lsn, elapsed: started.elapsed() })

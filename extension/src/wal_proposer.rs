@@ -294,6 +294,7 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
         wal_dir: Some(PathBuf::from(&data_dir).join("pg_wal")),
         name: format!("compute pid {postmaster_pid}"),
         reconnect_max: RECONNECT_MAX,
+        whole_records: true,
     };
     wp.state.store(State::Starting as u32, Ordering::Relaxed);
     wp.worker_latch.store(latch, Ordering::Release);

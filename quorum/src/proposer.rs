@@ -69,10 +69,33 @@ struct Leader {
     /// The shell has WAL in `[floor, end)`.
     floor: Lsn,
     end: Lsn,
+    /// The ends given to `append` (at or above the lowest joined acceptor's flush LSN):
+    /// WAL is sent in pieces that end there, so that an acceptor's log ends where its
+    /// writer's did (for a compute, at a record boundary), never inside a record.
+    boundaries: std::collections::BTreeSet<Lsn>,
     /// The outstanding fetch: (from whom, from, to).
     fetching: Option<(NodeId, Lsn, Lsn)>,
     peers: BTreeMap<NodeId, Peer>,
     commit_lsn: Lsn,
+}
+
+/// Where the piece of WAL sent from `from` ends: within `max` bytes, at the last `append`
+/// boundary that fits (or the first one after `from` if none fits, up to 64 times `max`);
+/// below the proposer's own start, at most at that start.
+fn chunk_end(boundaries: &std::collections::BTreeSet<Lsn>, start_lsn: Lsn, end: Lsn, from: Lsn, max: u64) -> Lsn {
+    let limit = Lsn((from.0 + max).min(end.0));
+    if from < start_lsn {
+        return limit.min(start_lsn);
+    }
+    if let Some(&b) = boundaries.range(..=limit).next_back() {
+        if b > from {
+            return b;
+        }
+    }
+    match boundaries.range(Lsn(from.0 + 1)..).next() {
+        Some(&b) if b.0 - from.0 <= max.saturating_mul(64) => b,
+        _ => limit,
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -152,6 +175,7 @@ impl Proposer {
             return Vec::new();
         }
         l.end = end;
+        l.boundaries.insert(end);
         self.stream_all()
     }
 
@@ -229,7 +253,7 @@ impl Proposer {
             }
             let mut sent_any = false;
             while from < l.end && from.0 - p.flush.0 < cfg.window {
-                let to = Lsn((from.0 + cfg.max_append).min(l.end.0));
+                let to = chunk_end(&l.boundaries, l.start_lsn, l.end, from, cfg.max_append);
                 out.push(ProposerAction::SendWal { to: i, term, begin: from, end: to, commit_lsn: l.commit_lsn });
                 from = to;
                 sent_any = true;
@@ -341,6 +365,12 @@ impl Proposer {
                 if p.sent < flush_lsn {
                     p.sent = flush_lsn;
                 }
+                // Boundaries below every joined acceptor's flush LSN are not needed any more.
+                if let Some(low) = l.peers.values().map(|p| p.flush).min() {
+                    if l.boundaries.first().is_some_and(|b| *b < low) {
+                        l.boundaries = l.boundaries.split_off(&low);
+                    }
+                }
                 out.extend(self.update_commit());
                 out.extend(self.stream_all());
             }
@@ -408,6 +438,7 @@ impl Proposer {
             donor,
             floor: start_lsn,
             end: start_lsn,
+            boundaries: std::collections::BTreeSet::new(),
             fetching: None,
             peers: BTreeMap::new(),
             commit_lsn: Lsn(0),

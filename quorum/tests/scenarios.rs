@@ -244,3 +244,37 @@ fn empty_sync_elects_nothing() {
     assert!(!p.core.is_leader());
     assert!(c.disks.iter().all(|d| d.state.history.0.is_empty()));
 }
+
+/// WAL is sent in pieces that end where appends ended (a compute's record boundaries), even
+/// when an append is larger than `max_append`: an acceptor's log never ends inside one.
+#[test]
+fn appends_are_sent_whole() {
+    let mut c = Cluster::new();
+    let config = ProposerConfig { max_append: 12, window: 1000, max_fetch: 12 };
+    let mut p = P { core: Proposer::new(3, WAL_START, config), store: Store::default(), ghosts: BTreeMap::new() };
+    c.elect(&mut p, &only(&[0, 1, 2]));
+    let mut ends = vec![WAL_START];
+    let mut queue: VecDeque<ProposerAction> = VecDeque::new();
+    for (id, len) in [(1, 10), (2, 15), (3, 15), (4, 3), (5, 4)] {
+        let end = p.store.client_append(&record(id, len));
+        ends.push(end);
+        queue.extend(p.core.append(end));
+    }
+    // Deliver one message at a time, checking every acceptor's end after each.
+    while let Some(a) = queue.pop_front() {
+        if let Some((to, msg)) = p.store.message(&a).unwrap() {
+            if let ToAcceptor::Append { begin_lsn, data, .. } = &msg {
+                let end = Lsn(begin_lsn.0 + data.len() as u64);
+                assert!(ends.contains(&end), "a piece ends at {end}, inside an append (ends {ends:?})");
+            }
+            let (replies, _) = c.nodes[to].handle(&mut c.disks[to], msg, None).unwrap();
+            for r in replies {
+                queue.extend(p.core.handle(to, r));
+            }
+            for d in &c.disks {
+                assert!(ends.contains(&d.state.flush_lsn), "an acceptor's WAL ends at {}", d.state.flush_lsn);
+            }
+        }
+    }
+    assert!(c.disks.iter().all(|d| d.state.flush_lsn == *ends.last().unwrap()));
+}

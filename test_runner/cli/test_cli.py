@@ -9,6 +9,9 @@ pageserver answers that route with 404.
 from __future__ import annotations
 
 import json
+
+from fixtures.postgres import wait_until
+import urllib.request
 import re
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import pytest
 from fixtures.cli import PORTS_PER_REPO, FjordRepo, free_base_port
 from fixtures.logs import unexpected_lines
 from fixtures.paths import pg_bin_dir
+from fixtures.postgres import wait_until
 from fixtures.standin_pageserver import TENANT, TIMELINE, StandInPageserver, initdb_source
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -161,8 +165,9 @@ def test_clear_errors(repo_factory, tmp_path):
 def test_endpoint_mechanics_with_a_stand_in_pageserver(repo_factory, tmp_path):
     """Endpoint start/stop/list/connstr against the stand-in basebackup server: the CLI's
     process handling, whatever the state of the real basebackup. The stand-in's basebackup
-    holds relation files, so the computes run without the fjord library."""
-    repo = repo_factory().init()
+    holds relation files, so the computes run without the fjord library (and without
+    safekeepers: the stand-in serves no timeline status to sync against)."""
+    repo = repo_factory().init("--safekeepers", "0")
     (repo.path / "state.json").write_text(json.dumps(
         {"default_tenant": TENANT, "tenants": {TENANT: {"branches": {"main": TIMELINE}}}, "endpoints": {}}))
     standin = StandInPageserver(initdb_source(tmp_path / "source"), port=repo.http_port)
@@ -239,6 +244,28 @@ def test_endpoint_lifecycle(started_repo):
     with connect(connstr) as conn:
         assert conn.execute("SELECT sum(x) FROM t").fetchone()[0] == 500500
         conn.execute("INSERT INTO t VALUES (0)")
+        flushed = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
+
+    # Three safekeepers run with the cluster; with one killed, commits go on.
+    status = repo.run("status").stdout
+    assert all(f"safekeeper {i} running" in status for i in (1, 2, 3)), status
+    assert "safekeeper 2 stopped" in repo.run("safekeeper", "stop", "2", "--immediate").stdout
+    with connect(connstr) as conn:
+        conn.execute("CREATE TABLE during_outage AS SELECT 1 AS x")
+        flushed = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
+    assert "safekeeper 2 started" in repo.run("safekeeper", "start", "2").stdout
+    assert "no safekeeper 7" in repo.fail("safekeeper", "start", "7")
+
+    # A branch "now" starts at the pageserver's latest LSN: wait until it has main's last
+    # commit (it follows the safekeepers' committed WAL).
+    def lsn(text):
+        hi, lo = text.split("/")
+        return (int(hi, 16) << 32) | int(lo, 16)
+
+    def ingested():
+        with urllib.request.urlopen(f"http://127.0.0.1:{repo.http_port}/v1/tenant/{tenant}/timeline", timeout=10) as r:
+            return all(lsn(t["last_record_lsn"]) >= lsn(flushed) for t in json.loads(r.read()))
+    wait_until("the pageserver to ingest main's last commit", ingested, timeout_s=60)
 
     # A branch gets its own endpoint and port, and sees main's data as of the branch point.
     repo.run("branch", "create", "dev", "--from", "main")

@@ -65,6 +65,8 @@ pub struct Core {
     pub wake: Arc<dyn Fn() + Send + Sync>,
     pub addrs: Vec<String>,
     pub reconnect_max: Duration,
+    /// See [`crate::Config::whole_records`].
+    pub whole_records: bool,
     conns: Vec<Option<Conn>>,
     /// An election was started (once any connection existed).
     started: bool,
@@ -78,6 +80,11 @@ pub struct Core {
     /// The safekeeper whose message is being handled (to name it when stepping down).
     handling: Option<NodeId>,
     done: bool,
+    /// Compute mode, once elected: decodes the compute's own WAL as it is flushed, so that
+    /// only whole records are given to the proposer (see [`Core::record_end`]).
+    decoder: Option<pgwal::WalStreamDecoder>,
+    /// The end of the last whole record decoded.
+    record_end: Lsn,
 }
 
 impl Core {
@@ -91,6 +98,7 @@ impl Core {
         wake: Arc<dyn Fn() + Send + Sync>,
         addrs: Vec<String>,
         reconnect_max: Duration,
+        whole_records: bool,
     ) -> Core {
         let n = addrs.len();
         Core {
@@ -102,11 +110,14 @@ impl Core {
             wake,
             addrs,
             reconnect_max,
+            whole_records,
             conns: (0..n).map(|_| None).collect(),
             started: false,
             elected: None,
             commit_lsn: Lsn(0),
             acked_commit: vec![Lsn(0); n],
+            decoder: None,
+            record_end: Lsn(0),
             retry_at: None,
             election_backoff: ELECTION_BACKOFF_MIN,
             handling: None,
@@ -204,8 +215,10 @@ impl Core {
                 let flushed = Lsn(self.shared.flushed.load(Ordering::SeqCst));
                 self.store.set_flushed(flushed);
                 if self.mode == Mode::Compute && self.elected.is_some() {
-                    let actions = self.proposer.append(flushed);
-                    self.perform(actions);
+                    if let Some(end) = self.record_end(flushed) {
+                        let actions = self.proposer.append(end);
+                        self.perform(actions);
+                    }
                 }
             }
             Event::Stop => self.done = true,
@@ -276,7 +289,22 @@ impl Core {
             Mode::Compute => {
                 let flushed = Lsn(self.shared.flushed.load(Ordering::SeqCst));
                 self.store.set_flushed(flushed);
-                self.proposer.append(flushed)
+                let config = pgwal::DecoderConfig { segment_size_bytes: self.store.segment_size(), system_id: None };
+                match pgwal::WalStreamDecoder::new(start_lsn, config) {
+                    Ok(d) => {
+                        self.decoder = Some(d);
+                        self.record_end = start_lsn;
+                    }
+                    Err(e) => {
+                        let reason = format!("cannot decode this compute's WAL from {start_lsn}: {e}");
+                        self.finish(Status::Failed { reason: reason.clone() }, Outcome::Failed(reason));
+                        return Vec::new();
+                    }
+                }
+                match self.record_end(flushed) {
+                    Some(end) => self.proposer.append(end),
+                    None => Vec::new(),
+                }
             }
             Mode::Sync => Vec::new(),
         }
@@ -321,6 +349,47 @@ impl Core {
             drop(s);
             (self.wake)();
         }
+    }
+
+    /// The end of the last whole record in the compute's WAL below `flushed`, decoding what
+    /// was flushed since the last call. PostgreSQL flushes whole pages in the background, so
+    /// its flush LSN can be inside a record; a safekeeper's WAL must not end there, or the
+    /// next compute would start inside a record. `None` if decoding failed (the proposer has
+    /// failed then).
+    fn record_end(&mut self, flushed: Lsn) -> Option<Lsn> {
+        const STEP: u64 = 4 << 20;
+        if !self.whole_records {
+            return Some(flushed);
+        }
+        let decoder = self.decoder.as_mut()?;
+        let mut failure = None;
+        'feed: while decoder.next_feed_lsn() < flushed {
+            let from = decoder.next_feed_lsn();
+            let to = Lsn(flushed.0.min(from.0 + STEP));
+            match self.store.read(from, to) {
+                Ok(bytes) => decoder.feed_bytes(&bytes),
+                Err(e) => {
+                    failure = Some(format!("cannot read this compute's WAL at {from}: {e}"));
+                    break;
+                }
+            }
+            loop {
+                match decoder.poll_decode() {
+                    Ok(Some(rec)) => self.record_end = rec.end_lsn().min(flushed),
+                    Ok(None) => break,
+                    Err(e) => {
+                        failure = Some(format!("cannot decode this compute's WAL: {e}"));
+                        break 'feed;
+                    }
+                }
+            }
+        }
+        if let Some(reason) = failure {
+            self.decoder = None;
+            self.finish(Status::Failed { reason: reason.clone() }, Outcome::Failed(reason));
+            return None;
+        }
+        Some(self.record_end)
     }
 
     fn finish(&mut self, status: Status, outcome: Outcome) {

@@ -51,6 +51,13 @@ pub struct Config {
     pub name: String,
     /// Reconnect backoff ceiling.
     pub reconnect_max: Duration,
+    /// Give the safekeepers whole PostgreSQL WAL records only: the proposer decodes the
+    /// compute's WAL (`pgwal`) and streams up to the end of the last complete record, never
+    /// up to a flush LSN inside a record (PostgreSQL flushes whole pages in the background),
+    /// so that the safekeepers' WAL, and the next compute's start, end at a record
+    /// boundary. `true` for every compute; `false` only where the bytes are not WAL (tests
+    /// with synthetic segments).
+    pub whole_records: bool,
 }
 
 /// The proposer's state, for logs, status functions and decisions.
@@ -195,6 +202,7 @@ impl WalProposer {
             wake,
             config.safekeepers.clone(),
             config.reconnect_max,
+            config.whole_records,
         );
         let hello = ProposerMessage::Hello {
             protocol_version: PROTOCOL_VERSION,

@@ -51,6 +51,10 @@ impl WalStore {
     }
 
     /// The own WAL begins at `start` (the elected start LSN). Fetched WAL, if any, ends here.
+    pub fn segment_size(&self) -> u64 {
+        self.segment_size
+    }
+
     pub fn set_own_start(&mut self, start: Lsn) {
         self.own_start = start;
         self.flushed = self.flushed.max(start);

@@ -28,6 +28,8 @@ fn config(sks: &[TestSafekeeper], wal_start: Lsn, wal_dir: Option<&Path>) -> Con
         wal_dir: wal_dir.map(Path::to_path_buf),
         name: "test".into(),
         reconnect_max: Duration::from_millis(200),
+        // Synthetic segments: bytes, not WAL records.
+        whole_records: false,
     }
 }
 
