@@ -107,7 +107,13 @@ pub fn postgresql_conf(s: &ComputeSettings) -> String {
         }
     }
     set("synchronous_commit", "on");
-    set("fsync", "on");
+    // With safekeepers, a commit is durable once a majority of them flushed it; the
+    // compute's own pg_wal is only where the WAL proposer reads it from (PostgreSQL's flush
+    // LSN still advances only after the write), and a compute never restarts on its data
+    // directory. An fsync there would add a disk flush to every commit and protect nothing.
+    // Without safekeepers the pageserver is the durable copy, and local fsync stays on as
+    // before.
+    set("fsync", if s.safekeepers.is_some() && s.static_lsn.is_none() { "off" } else { "on" });
     set("full_page_writes", "on");
     // A crashed compute is replaced by a new one from a basebackup, not restarted locally:
     // local crash recovery would replay WAL the pageserver may not have.
@@ -195,7 +201,9 @@ mod tests {
         assert_eq!(value_of(&conf, "fjord.safekeepers").unwrap(), "'a:1,b:2,c:3'");
         assert_eq!(value_of(&conf, "synchronous_standby_names").unwrap(), "'walproposer'");
         assert_eq!(value_of(&conf, "synchronous_commit").unwrap(), "'on'");
+        assert_eq!(value_of(&conf, "fsync").unwrap(), "'off'");
         assert!(value_of(&postgresql_conf(&settings()), "fjord.safekeepers").is_none());
+        assert_eq!(value_of(&postgresql_conf(&settings()), "fsync").unwrap(), "'on'");
     }
 
     #[test]
