@@ -79,9 +79,10 @@ pub fn postgresql_conf(s: &ComputeSettings) -> String {
     set("fjord.pageserver_address", &s.pageserver_pg);
     set("fjord.tenant_id", &s.tenant_id.to_string());
     set("fjord.timeline_id", &s.timeline_id.to_string());
-    // The pageserver follows the compute over physical replication, so the compute is a
-    // primary with WAL senders. Until safekeepers exist, the compute's own pg_wal is the
-    // only place the pageserver can re-read WAL from after a reconnect: keep plenty.
+    // Without safekeepers the pageserver follows the compute over physical replication (WAL
+    // senders), and the compute's own pg_wal is the only place it can re-read WAL from after
+    // a reconnect; with safekeepers, the WAL proposer reads what a lagging safekeeper lacks
+    // from pg_wal. Either way: keep plenty.
     set("wal_level", "replica");
     set("max_wal_senders", "10");
     set("max_replication_slots", "10");
