@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -29,22 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fixtures.compute import Endpoint, Timeline  # noqa: E402
 from fixtures.pageserver import Pageserver  # noqa: E402
 from fixtures.paths import pg_bin_dir  # noqa: E402
+from fixtures.pgbench import parse, pgbench  # noqa: E402
 from fixtures.postgres import PgServer, free_port, wait_until  # noqa: E402
 from fixtures.safekeeper import Safekeeper  # noqa: E402
-
-
-def pgbench(port: int, user: str, *args: str) -> str:
-    r = subprocess.run([str(pg_bin_dir() / "pgbench"), "-h", "127.0.0.1", "-p", str(port), "-U", user, *args, "postgres"],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"pgbench {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
-    return r.stdout
-
-
-def parse(out: str) -> dict:
-    tps = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
-    lat = re.search(r"latency average = ([0-9.]+) ms", out)
-    return {"tps": float(tps.group(1)) if tps else None, "latency_ms": float(lat.group(1)) if lat else None}
 
 
 def run_suite(name: str, port: int, user: str, a, script: Path) -> dict:
