@@ -9,10 +9,8 @@ pageserver answers that route with 404.
 from __future__ import annotations
 
 import json
-
-from fixtures.postgres import wait_until
-import urllib.request
 import re
+import urllib.request
 from pathlib import Path
 
 import psycopg
@@ -20,6 +18,7 @@ import pytest
 
 from fixtures.cli import PORTS_PER_REPO, FjordRepo, free_base_port
 from fixtures.logs import unexpected_lines
+from fixtures.pagestream import lsn_int
 from fixtures.paths import pg_bin_dir
 from fixtures.postgres import wait_until
 from fixtures.standin_pageserver import TENANT, TIMELINE, StandInPageserver, initdb_source
@@ -258,13 +257,9 @@ def test_endpoint_lifecycle(started_repo):
 
     # A branch "now" starts at the pageserver's latest LSN: wait until it has main's last
     # commit (it follows the safekeepers' committed WAL).
-    def lsn(text):
-        hi, lo = text.split("/")
-        return (int(hi, 16) << 32) | int(lo, 16)
-
     def ingested():
         with urllib.request.urlopen(f"http://127.0.0.1:{repo.http_port}/v1/tenant/{tenant}/timeline", timeout=10) as r:
-            return all(lsn(t["last_record_lsn"]) >= lsn(flushed) for t in json.loads(r.read()))
+            return all(lsn_int(t["last_record_lsn"]) >= lsn_int(flushed) for t in json.loads(r.read()))
     wait_until("the pageserver to ingest main's last commit", ingested, timeout_s=60)
 
     # A branch gets its own endpoint and port, and sees main's data as of the branch point.

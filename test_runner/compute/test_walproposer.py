@@ -16,7 +16,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from fixtures.compute import Endpoint, Timeline
 from fixtures.logs import unexpected_lines
+from fixtures.pagestream import lsn_int
 from fixtures.postgres import wait_until
 
 TENANT = "0123456789abcdef0123456789abcdef"
@@ -176,14 +178,7 @@ def test_real_safekeepers_release_commits(pg_factory, safekeepers):
     assert unexpected_lines(pg.log_text()) == []
 
 
-def lsn_int(text: str) -> int:
-    hi, lo = text.split("/")
-    return (int(hi, 16) << 32) | int(lo, 16)
-
-
 def test_backpressure_when_the_pageserver_stops_following(tmp_path, pageserver, safekeepers):
-    from fixtures.compute import Endpoint, Timeline
-
     tl = Timeline(tmp_path, pageserver)
     ep = Endpoint(tmp_path, tl, settings={"fjord.max_pageserver_lag": "1MB"}, safekeepers=safekeepers).start()
     ep.sql("CREATE EXTENSION IF NOT EXISTS fjord")

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from fixtures.compute import Endpoint, Timeline
+from fixtures.pagestream import lsn_int
 from fixtures.paths import pg_bin_dir
 from fixtures.postgres import wait_until
 
@@ -85,8 +86,7 @@ def check_pgbench_consistent(ep: Endpoint):
 
 
 def sk_lsn(sk, tl, field="flush_lsn") -> int:
-    hi, lo = sk.timeline(tl.tenant, tl.timeline)[field].split("/")
-    return (int(hi, 16) << 32) | int(lo, 16)
+    return lsn_int(sk.timeline(tl.tenant, tl.timeline)[field])
 
 
 def test_pgbench_survives_safekeeper_restarts(tmp_path, timeline, safekeepers):
@@ -247,11 +247,6 @@ def test_corrupt_wal_segment_is_detected_not_served(tmp_path, timeline, safekeep
     partial = out / (victim.name + ".partial")
     got = partial.read_bytes() if partial.exists() else b""
     assert b"\xde\xad\xbe\xef" not in got
-
-
-def lsn_int(text: str) -> int:
-    hi, lo = text.split("/")
-    return (int(hi, 16) << 32) | int(lo, 16)
 
 
 def test_malformed_protocol_messages_get_clear_errors(tmp_path, timeline, safekeepers):
