@@ -1,8 +1,8 @@
 //! The replication protocol (`safekeeper::replication`) over real loopback sockets, against
 //! real WAL (the fixture PostgreSQL 15 wrote for `pgwal`'s tests).
 //!
-//! The timeline is an in-memory [`WalSource`] holding that WAL: a test double of the
-//! safekeeper's storage, which lives on another branch. The clients are `postgres-protocol`'s
+//! The timeline is an in-memory [`WalSource`] holding that WAL (the protocol code is generic
+//! over it; the real storage is tested in `storage.rs` and `service.rs`). The clients are `postgres-protocol`'s
 //! frontend encoder and backend parser, and PostgreSQL's own `pg_receivewal`, whose segment
 //! files must come out byte for byte equal to the WAL served.
 

@@ -108,8 +108,8 @@ def wait_event(pg, pid: int) -> tuple:
 def test_dead_safekeepers_commit_waits_until_canceled(pg_factory):
     pg = pg_factory("dead", proposer_settings(DEAD_SAFEKEEPER)).initdb().start()
     create_extension(pg)
-    # The worker runs and says what it is doing. Until the proposer exists (another branch),
-    # it fails to start and retries; with it, it keeps electing (no safekeeper answers).
+    # The worker runs and says what it is doing: it keeps electing (no safekeeper answers;
+    # "start failed" would be a proposer that could not even start its threads).
     st = wait_until("the worker's state", lambda: (s := status(pg))["state"] in ("start failed", "electing") and s)
     assert st["safekeepers"] == DEAD_SAFEKEEPER
     assert st["wal_start_lsn"] is not None

@@ -1,8 +1,8 @@
 //! A test double of the safekeeper service: a TCP server on loopback that speaks
 //! `quorum::wire` around a `quorum::Acceptor`, keeping its WAL in a `Vec<u8>`.
 //!
-//! TEMPORARY: it stands in for the real `safekeeper` binary (built on another branch) until
-//! that is merged; then these tests should run against real safekeeper processes too.
+//! Written before the service existed; kept because it is fast and lets the tests script
+//! failures. `real_safekeepers.rs` and `test_runner/safekeeper/` use real processes.
 //! "Persisting" is applying to memory, which is what the protocol requires of ordering.
 
 #![allow(dead_code)]
