@@ -8,10 +8,7 @@
 use std::process::Command;
 
 fn pg_config(pg_config: &str, arg: &str) -> String {
-    let out = Command::new(pg_config)
-        .arg(arg)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {pg_config} {arg}: {e}"));
+    let out = Command::new(pg_config).arg(arg).output().unwrap_or_else(|e| panic!("cannot run {pg_config} {arg}: {e}"));
     assert!(out.status.success(), "{pg_config} {arg} failed");
     String::from_utf8(out.stdout).expect("pg_config prints UTF-8").trim().to_string()
 }

@@ -116,7 +116,11 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
     }
     let api = repo.api();
     if api.is_up() {
-        bail!("something else already answers on {}: is another repo using base port {}?", repo.config.pageserver_http_url(), repo.config.base_port);
+        bail!(
+            "something else already answers on {}: is another repo using base port {}?",
+            repo.config.pageserver_http_url(),
+            repo.config.base_port
+        );
     }
     let conf = &repo.config;
     let mut cmd = Command::new(conf.pageserver_bin());
@@ -145,7 +149,13 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
 }
 
 /// Spawns a daemon and waits until `is_up` (its HTTP API answers), at most 30 s.
-fn spawn_and_wait(daemon: &Daemon, cmd: &mut Command, what: &str, url: &str, is_up: impl Fn() -> bool) -> anyhow::Result<std::process::Child> {
+fn spawn_and_wait(
+    daemon: &Daemon,
+    cmd: &mut Command,
+    what: &str,
+    url: &str,
+    is_up: impl Fn() -> bool,
+) -> anyhow::Result<std::process::Child> {
     let mut child = daemon.spawn(cmd)?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -158,7 +168,11 @@ fn spawn_and_wait(daemon: &Daemon, cmd: &mut Command, what: &str, url: &str, is_
         }
         if Instant::now() > deadline {
             daemon.stop(libc::SIGKILL, Duration::from_secs(5))?;
-            bail!("{what} did not answer on {url} within 30 s; the end of {}:\n{}", daemon.log_file.display(), log_tail(&daemon.log_file, 20));
+            bail!(
+                "{what} did not answer on {url} within 30 s; the end of {}:\n{}",
+                daemon.log_file.display(),
+                log_tail(&daemon.log_file, 20)
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -202,7 +216,12 @@ pub fn start_safekeeper(repo: &Repo, id: u8) -> anyhow::Result<()> {
         cmd.env("RUST_LOG", "info");
     }
     let child = spawn_and_wait(&daemon, &mut cmd, &format!("safekeeper {id}"), &url, || http_up(&url))?;
-    println!("safekeeper {id} started (pid {}): {}, HTTP API {url}, log {}", child.id(), conf.safekeeper_addr(id), daemon.log_file.display());
+    println!(
+        "safekeeper {id} started (pid {}): {}, HTTP API {url}, log {}",
+        child.id(),
+        conf.safekeeper_addr(id),
+        daemon.log_file.display()
+    );
     Ok(())
 }
 
@@ -272,7 +291,9 @@ pub fn status(repo: &Repo) -> anyhow::Result<()> {
     let api = repo.api();
     let up = api.is_up();
     match (pid, up) {
-        (Some(pid), true) => println!("pageserver  running (pid {pid}), page service {}, HTTP API {}", conf.pageserver_pg_addr(), conf.pageserver_http_url()),
+        (Some(pid), true) => {
+            println!("pageserver  running (pid {pid}), page service {}, HTTP API {}", conf.pageserver_pg_addr(), conf.pageserver_http_url())
+        }
         (Some(pid), false) => println!("pageserver  not answering (pid {pid}), HTTP API {}", conf.pageserver_http_url()),
         (None, true) => println!("pageserver  answering on {} but not started by this repo", conf.pageserver_http_url()),
         (None, false) => println!("pageserver  stopped"),

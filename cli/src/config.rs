@@ -143,7 +143,10 @@ impl RepoConfig {
 /// The lowest endpoint port not in `taken`.
 pub fn first_free_port(range: std::ops::Range<u16>, taken: &[u16]) -> anyhow::Result<u16> {
     let (start, end) = (range.start, range.end);
-    range.into_iter().find(|p| !taken.contains(p)).with_context(|| format!("every endpoint port ({start}..{end}) is taken; stop or remove an endpoint"))
+    range
+        .into_iter()
+        .find(|p| !taken.contains(p))
+        .with_context(|| format!("every endpoint port ({start}..{end}) is taken; stop or remove an endpoint"))
 }
 
 #[cfg(test)]

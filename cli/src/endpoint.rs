@@ -82,7 +82,8 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     // commits stop); without, their WAL would fork. Either way the CLI refuses.
     if args.at.is_none() {
         for (other, ep) in &state.endpoints {
-            if other != name && ep.lsn.is_none() && ep.timeline_id == timeline.to_string() && repo.endpoint(other).running_pid()?.is_some() {
+            if other != name && ep.lsn.is_none() && ep.timeline_id == timeline.to_string() && repo.endpoint(other).running_pid()?.is_some()
+            {
                 bail!("endpoint {other} already writes to branch {branch}; stop it first (two writers on one branch would diverge), or start this one read-only with --at LSN");
             }
         }
@@ -134,7 +135,13 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     let mut child = daemon.spawn(&mut cmd)?;
     state.endpoints.insert(
         name.to_string(),
-        EndpointState { tenant_id: tenant.to_string(), branch: branch.clone(), timeline_id: timeline.to_string(), port, lsn: args.at.map(|l| l.to_string()) },
+        EndpointState {
+            tenant_id: tenant.to_string(),
+            branch: branch.clone(),
+            timeline_id: timeline.to_string(),
+            port,
+            lsn: args.at.map(|l| l.to_string()),
+        },
     );
     repo.save_state(&state)?;
 
@@ -166,13 +173,23 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
 
 /// Waits until compute_ctl's status file says "running"; fails with the end of its log if it
 /// exits first or takes too long.
-fn wait_ready(daemon: &Daemon, child: &mut Child, status_file: &Path, name: &str, start_timeout_secs: u64) -> anyhow::Result<serde_json::Value> {
+fn wait_ready(
+    daemon: &Daemon,
+    child: &mut Child,
+    status_file: &Path,
+    name: &str,
+    start_timeout_secs: u64,
+) -> anyhow::Result<serde_json::Value> {
     // compute_ctl has its own startup timeout; ours covers the basebackup too.
     let deadline = Instant::now() + Duration::from_secs(start_timeout_secs + 60);
     loop {
         if let Some(status) = child.try_wait().context("wait for compute_ctl")? {
             remove_file_if_exists(&daemon.pid_file)?;
-            bail!("endpoint {name} failed to start (compute_ctl {status}); the end of {}:\n{}", daemon.log_file.display(), log_tail(&daemon.log_file, 30));
+            bail!(
+                "endpoint {name} failed to start (compute_ctl {status}); the end of {}:\n{}",
+                daemon.log_file.display(),
+                log_tail(&daemon.log_file, 30)
+            );
         }
         if let Ok(text) = std::fs::read_to_string(status_file) {
             let report: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parse {}", status_file.display()))?;
@@ -182,7 +199,12 @@ fn wait_ready(daemon: &Daemon, child: &mut Child, status_file: &Path, name: &str
         }
         if Instant::now() > deadline {
             daemon.stop(libc::SIGQUIT, Duration::from_secs(10))?;
-            bail!("endpoint {name} was not ready within {} s; the end of {}:\n{}", start_timeout_secs + 60, daemon.log_file.display(), log_tail(&daemon.log_file, 30));
+            bail!(
+                "endpoint {name} was not ready within {} s; the end of {}:\n{}",
+                start_timeout_secs + 60,
+                daemon.log_file.display(),
+                log_tail(&daemon.log_file, 30)
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }

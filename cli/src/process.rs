@@ -60,7 +60,8 @@ impl Daemon {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             other => other.with_context(|| format!("read pid file {}", self.pid_file.display()))?,
         };
-        let pid: i32 = text.trim().parse().with_context(|| format!("pid file {} holds {:?}, not a pid", self.pid_file.display(), text.trim()))?;
+        let pid: i32 =
+            text.trim().parse().with_context(|| format!("pid file {} holds {:?}, not a pid", self.pid_file.display(), text.trim()))?;
         Ok(is_running(pid, &self.exe_name).then_some(pid))
     }
 

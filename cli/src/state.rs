@@ -76,7 +76,10 @@ impl State {
             Some(tl) => tl.parse().with_context(|| format!("timeline id of branch {branch} in the repo state")),
             None => {
                 let known: Vec<&str> = branches.map(|b| b.keys().map(String::as_str).collect()).unwrap_or_default();
-                bail!("branch {branch:?} does not exist in tenant {tenant} (branches: {})", if known.is_empty() { "none".into() } else { known.join(", ") })
+                bail!(
+                    "branch {branch:?} does not exist in tenant {tenant} (branches: {})",
+                    if known.is_empty() { "none".into() } else { known.join(", ") }
+                )
             }
         }
     }
@@ -184,7 +187,13 @@ mod tests {
         s.add_branch(T1.parse().unwrap(), "main", TL1.parse().unwrap());
         s.endpoints.insert(
             "ep".into(),
-            EndpointState { tenant_id: T1.into(), branch: "main".into(), timeline_id: TL1.into(), port: 15010, lsn: Some("0/16B3F88".into()) },
+            EndpointState {
+                tenant_id: T1.into(),
+                branch: "main".into(),
+                timeline_id: TL1.into(),
+                port: 15010,
+                lsn: Some("0/16B3F88".into()),
+            },
         );
         s.save(&path).unwrap();
         let back = State::load(&path).unwrap();

@@ -47,7 +47,11 @@ pub fn create(repo: &Repo, tenant_id: Option<TenantId>) -> anyhow::Result<()> {
         None => json!({}),
     };
     let created = api.post("/v1/tenant", &body)?;
-    let tenant: TenantId = created["tenant_id"].as_str().context("tenant_id in the pageserver's answer")?.parse().context("tenant_id in the pageserver's answer")?;
+    let tenant: TenantId = created["tenant_id"]
+        .as_str()
+        .context("tenant_id in the pageserver's answer")?
+        .parse()
+        .context("tenant_id in the pageserver's answer")?;
     let span = tracing::info_span!("tenant", tenant_id = %tenant);
     let _entered = span.enter();
     let timeline = api.post(&format!("/v1/tenant/{tenant}/timeline"), &json!({}))?;
@@ -141,9 +145,11 @@ pub fn print_branch_tree(state: &State, tenant: &str, timelines: &[TimelineInfo]
     }
     // Timelines whose ancestor the pageserver did not list are shown as roots.
     let known: Vec<&str> = timelines.iter().map(|t| t.timeline_id.as_str()).collect();
-    let mut roots: Vec<&TimelineInfo> = timelines.iter().filter(|t| t.ancestor_timeline_id.as_deref().is_none_or(|a| !known.contains(&a))).collect();
+    let mut roots: Vec<&TimelineInfo> =
+        timelines.iter().filter(|t| t.ancestor_timeline_id.as_deref().is_none_or(|a| !known.contains(&a))).collect();
     roots.sort_by_key(|t| (name(&t.timeline_id), t.timeline_id.clone()));
-    let width = timelines.iter().map(|t| name(&t.timeline_id).len()).max().unwrap_or(0) + 2 * depth_max(&children, None, 0).saturating_sub(1);
+    let width =
+        timelines.iter().map(|t| name(&t.timeline_id).len()).max().unwrap_or(0) + 2 * depth_max(&children, None, 0).saturating_sub(1);
 
     fn walk(
         t: &TimelineInfo,

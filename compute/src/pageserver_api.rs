@@ -90,8 +90,14 @@ impl PageserverClient {
 
     /// Asks the pageserver to stream WAL of `timeline` from the safekeepers (any of them; it
     /// takes committed WAL only).
-    pub fn start_wal_receiver_from_safekeepers(&self, tenant: TenantId, timeline: TimelineId, safekeepers: &[(String, u16)]) -> anyhow::Result<()> {
-        let sources: Vec<_> = safekeepers.iter().map(|(host, port)| serde_json::json!({ "host": host, "port": port, "user": "fjord" })).collect();
+    pub fn start_wal_receiver_from_safekeepers(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        safekeepers: &[(String, u16)],
+    ) -> anyhow::Result<()> {
+        let sources: Vec<_> =
+            safekeepers.iter().map(|(host, port)| serde_json::json!({ "host": host, "port": port, "user": "fjord" })).collect();
         self.post_wal_receiver(tenant, timeline, serde_json::json!({ "sources": sources }))
     }
 

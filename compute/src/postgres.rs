@@ -107,7 +107,12 @@ impl Postmaster {
         let pg_isready = pg_bin_dir.join("pg_isready");
         loop {
             if let Some(status) = self.child.try_wait().context("wait for postgres")? {
-                bail!("postgres exited during startup ({}); the end of {}:\n{}", describe(status), self.log_path.display(), log_tail(&self.log_path, 20));
+                bail!(
+                    "postgres exited during startup ({}); the end of {}:\n{}",
+                    describe(status),
+                    self.log_path.display(),
+                    log_tail(&self.log_path, 20)
+                );
             }
             if let Some(sig) = pending_signal() {
                 bail!("got signal {sig} while postgres was starting");

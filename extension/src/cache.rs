@@ -174,7 +174,16 @@ pub fn update_size(r: &RelFork, u: SizeUpdate) -> Option<u32> {
                 );
                 unreachable!("ereport(ERROR) does not return");
             };
-            entries[i] = RelSizeEntry { spcnode: r.spcnode, dbnode: r.dbnode, relnode: r.relnode, forknum: r.forknum, nblocks: n, used: 1, build_fake_lsn: 0, build_max_image_lsn: 0 };
+            entries[i] = RelSizeEntry {
+                spcnode: r.spcnode,
+                dbnode: r.dbnode,
+                relnode: r.relnode,
+                forknum: r.forknum,
+                nblocks: n,
+                used: 1,
+                build_fake_lsn: 0,
+                build_max_image_lsn: 0,
+            };
             s.relsize_used.fetch_add(1, Ordering::Relaxed);
             return Some(n);
         }

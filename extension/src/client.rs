@@ -76,8 +76,8 @@ fn parse_target() -> Result<Target, (String, &'static str)> {
     let id = |name: &str, v: Option<String>| v.ok_or_else(|| (format!("fjord.pageserver_address is set but {name} is not"), HINT));
     let tenant_s = id("fjord.tenant_id", guc::tenant_id())?;
     let timeline_s = id("fjord.timeline_id", guc::timeline_id())?;
-    let tenant = TenantId::from_str(tenant_s.trim())
-        .map_err(|e| (format!("fjord.tenant_id \"{tenant_s}\" is not a tenant id: {e}"), HINT))?;
+    let tenant =
+        TenantId::from_str(tenant_s.trim()).map_err(|e| (format!("fjord.tenant_id \"{tenant_s}\" is not a tenant id: {e}"), HINT))?;
     let timeline = TimelineId::from_str(timeline_s.trim())
         .map_err(|e| (format!("fjord.timeline_id \"{timeline_s}\" is not a timeline id: {e}"), HINT))?;
     Ok(Target { address, tenant, timeline })

@@ -150,9 +150,7 @@ fn parse_safekeepers(text: &str) -> Result<Vec<String>, String> {
         if entry.is_empty() {
             return Err(format!("fjord.safekeepers \"{text}\" has an empty entry"));
         }
-        let (host, port) = entry
-            .rsplit_once(':')
-            .ok_or_else(|| format!("fjord.safekeepers entry \"{entry}\" is not host:port"))?;
+        let (host, port) = entry.rsplit_once(':').ok_or_else(|| format!("fjord.safekeepers entry \"{entry}\" is not host:port"))?;
         // An IPv6 address is written [addr]:port, as in a URL.
         let bare_host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
         if bare_host.is_empty() || bare_host.contains(|c: char| c.is_whitespace() || c == '[' || c == ']') {
@@ -181,4 +179,3 @@ fn parse_safekeepers(text: &str) -> Result<Vec<String>, String> {
 pub fn max_pageserver_lag_bytes() -> u64 {
     u64::try_from(MAX_PAGESERVER_LAG_MB.get()).unwrap_or(0) << 20
 }
-

@@ -382,8 +382,7 @@ fn heap_page_has_running_xids(page: &[u8]) -> bool {
             return true;
         }
         if infomask & (HEAP_XMAX_INVALID | HEAP_XMAX_COMMITTED) == 0 {
-            let lock_only = infomask & HEAP_XMAX_LOCK_ONLY != 0
-                || infomask & (HEAP_XMAX_IS_MULTI | HEAP_LOCK_MASK) == HEAP_XMAX_EXCL_LOCK;
+            let lock_only = infomask & HEAP_XMAX_LOCK_ONLY != 0 || infomask & (HEAP_XMAX_IS_MULTI | HEAP_LOCK_MASK) == HEAP_XMAX_EXCL_LOCK;
             if lock_only {
                 continue;
             }

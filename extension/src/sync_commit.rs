@@ -55,10 +55,7 @@ fn pageserver_lag_bytes(wp: &shmem::WalProposerShared) -> Option<u64> {
 
 fn interrupt_pending() -> bool {
     // SAFETY: plain reads of flags that signal handlers set.
-    unsafe {
-        (&raw const pg_sys::ProcDiePending).read_volatile() != 0
-            || (&raw const pg_sys::QueryCancelPending).read_volatile() != 0
-    }
+    unsafe { (&raw const pg_sys::ProcDiePending).read_volatile() != 0 || (&raw const pg_sys::QueryCancelPending).read_volatile() != 0 }
 }
 
 #[pg_guard]

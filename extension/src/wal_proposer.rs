@@ -105,12 +105,11 @@ pub struct Settings {
 /// empty (no WAL proposer: commits do not wait for safekeepers).
 pub fn settings() -> Result<Option<Settings>, String> {
     let Some(safekeepers) = guc::safekeepers()? else { return Ok(None) };
-    let tenant_id = guc::tenant_id()
-        .ok_or("fjord.safekeepers is set but fjord.tenant_id is not: the WAL proposer must name the timeline")?;
-    let tenant_id: TenantId =
-        tenant_id.parse().map_err(|e| format!("fjord.tenant_id \"{tenant_id}\" is not a tenant id: {e}"))?;
-    let timeline_id = guc::timeline_id()
-        .ok_or("fjord.safekeepers is set but fjord.timeline_id is not: the WAL proposer must name the timeline")?;
+    let tenant_id =
+        guc::tenant_id().ok_or("fjord.safekeepers is set but fjord.tenant_id is not: the WAL proposer must name the timeline")?;
+    let tenant_id: TenantId = tenant_id.parse().map_err(|e| format!("fjord.tenant_id \"{tenant_id}\" is not a tenant id: {e}"))?;
+    let timeline_id =
+        guc::timeline_id().ok_or("fjord.safekeepers is set but fjord.timeline_id is not: the WAL proposer must name the timeline")?;
     let timeline_id: TimelineId =
         timeline_id.parse().map_err(|e| format!("fjord.timeline_id \"{timeline_id}\" is not a timeline id: {e}"))?;
     Ok(Some(Settings { safekeepers, tenant_id, timeline_id }))
@@ -217,9 +216,9 @@ fn wal_start_lsn(data_dir: &str) -> Lsn {
         return Lsn(published);
     }
     let path = PathBuf::from(data_dir).join("fjord.signal.done");
-    let from_signal = std::fs::read_to_string(&path).ok().and_then(|text| {
-        text.lines().find_map(|l| l.strip_prefix("LSN:")).and_then(|v| v.trim().parse::<Lsn>().ok())
-    });
+    let from_signal = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| text.lines().find_map(|l| l.strip_prefix("LSN:")).and_then(|v| v.trim().parse::<Lsn>().ok()));
     let lsn = match from_signal {
         Some(lsn) => lsn,
         None => {
@@ -333,7 +332,10 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
                     wp.set_message(&message);
                     // Once per distinct failure: a retry loop must not flood the log.
                     if message != last_error {
-                        warning!("fjord walproposer: {message}; retrying every {} s at most, commits wait meanwhile", START_RETRY_MAX.as_secs());
+                        warning!(
+                            "fjord walproposer: {message}; retrying every {} s at most, commits wait meanwhile",
+                            START_RETRY_MAX.as_secs()
+                        );
                         last_error = message;
                     }
                     next_start = Instant::now() + retry;

@@ -186,8 +186,7 @@ pub fn write_basebackup(
     let now = SystemTime::now().duration_since(UNIX_EPOCH).context("the clock is before 1970")?;
     let mut tar = TarWriter { builder: tar::Builder::new(Counting { inner: out, bytes: 0 }), mtime: now.as_secs(), files: 0 };
     tar.builder.mode(tar::HeaderMode::Complete);
-    let mut summary =
-        BasebackupSummary { lsn, prev_record_lsn, files: 0, databases: 0, slru_segments: 0, unlogged_relations: 0, bytes: 0 };
+    let mut summary = BasebackupSummary { lsn, prev_record_lsn, files: 0, databases: 0, slru_segments: 0, unlogged_relations: 0, bytes: 0 };
 
     let control = ControlFile::parse(&d.get_control_file(lsn)?).context("the stored control file")?;
     let mut checkpoint = d.get_checkpoint_state(lsn)?.current;

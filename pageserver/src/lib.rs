@@ -45,12 +45,12 @@ pub mod walredo;
 
 pub use config::StorageConfig;
 pub use datadir::{Datadir, DatadirError, Modification};
+pub use error::{CreateTimelineError, LayerError, ReadError, WaitLsnError, WriteError};
 pub use import::{import_datadir, ImportSummary};
+pub use layer::{LayerDesc, LayerKind};
 pub use pageapi::{PageApi, PageApiError};
 pub use reconstruct::{PgReconstructor, StoredRecord};
-pub use walingest::{IngestStats, WalFilesIngested, WalIngest};
-pub use error::{CreateTimelineError, LayerError, ReadError, WaitLsnError, WriteError};
-pub use layer::{LayerDesc, LayerKind};
 pub use tenant::Tenant;
 pub use timeline::{CompactionResult, GcResult, RecordLsns, Timeline, TimelineMetadata};
 pub use value::{ModelReconstructor, ReconstructData, Reconstructor, Value, WalRecord};
+pub use walingest::{IngestStats, WalFilesIngested, WalIngest};

@@ -104,7 +104,13 @@ impl LocalWal {
     fn segment(&mut self, segno: u64) -> anyhow::Result<&File> {
         if !self.files.contains_key(&segno) {
             let path = self.dir.join(wal_segment_file_name(LOCAL_WAL_TLI, Lsn(segno * WAL_SEGMENT_SIZE_BYTES)));
-            let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).with_context(|| format!("open {}", path.display()))?;
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .with_context(|| format!("open {}", path.display()))?;
             let len = file.metadata().with_context(|| format!("stat {}", path.display()))?.len();
             if len < WAL_SEGMENT_SIZE_BYTES {
                 // New (or cut short by a crash during creation): full size, zeros.

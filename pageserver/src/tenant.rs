@@ -195,10 +195,8 @@ impl Tenant {
     /// The branch points of the children of `timeline_id`: the LSNs its GC must keep.
     fn child_branch_points(&self, timeline_id: TimelineId) -> Vec<Lsn> {
         let timelines = lock(&self.timelines);
-        let mut points: Vec<Lsn> = timelines
-            .values()
-            .filter_map(|t| t.ancestor().filter(|a| a.timeline.timeline_id() == timeline_id).map(|a| a.lsn))
-            .collect();
+        let mut points: Vec<Lsn> =
+            timelines.values().filter_map(|t| t.ancestor().filter(|a| a.timeline.timeline_id() == timeline_id).map(|a| a.lsn)).collect();
         points.sort();
         points.dedup();
         points

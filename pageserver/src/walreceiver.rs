@@ -203,7 +203,11 @@ enum Ended {
     /// The connection failed; try the next source.
     Connection(anyhow::Error),
     /// Another source has WAL the current one did not send: stream from it.
-    Switch { to: usize, its_end: Lsn, received_end: Lsn },
+    Switch {
+        to: usize,
+        its_end: Lsn,
+        received_end: Lsn,
+    },
     /// The WAL could not be ingested; going on would corrupt the timeline.
     Fatal(anyhow::Error),
 }
@@ -267,7 +271,9 @@ fn run(
             }
             Ended::Switch { to, its_end, received_end } => {
                 let target = &sources.as_slice()[to];
-                tracing::info!("switching WAL source from {source} to {target}: {target} has WAL up to {its_end}, {source} stopped at {received_end}");
+                tracing::info!(
+                    "switching WAL source from {source} to {target}: {target} has WAL up to {its_end}, {source} stopped at {received_end}"
+                );
                 set_status(&status, |s| {
                     s.state = "switching".into();
                     s.connected = false;
@@ -393,13 +399,7 @@ fn replay_local_wal(timeline: &Timeline, ingest: &mut WalIngest, wal: &mut Local
     Ok(end)
 }
 
-fn stream(
-    timeline: &Arc<Timeline>,
-    ingest: &mut WalIngest,
-    wal: &mut LocalWal,
-    ctx: &SessionCtx<'_>,
-    healthy: &mut bool,
-) -> Ended {
+fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, ctx: &SessionCtx<'_>, healthy: &mut bool) -> Ended {
     let (source, status) = (&ctx.sources.as_slice()[ctx.current], ctx.status);
     let start = match replay_local_wal(timeline, ingest, wal) {
         Ok(lsn) => lsn,
@@ -416,7 +416,10 @@ fn stream(
     set_source_status(status, ctx.current, |s| s.end_lsn = Some(ident.xlogpos.to_string()));
     let tli = ident.tli;
     let mut out = BytesMut::new();
-    if let Err(e) = frontend::query(&format!("START_REPLICATION PHYSICAL {start} TIMELINE {tli}"), &mut out).map_err(anyhow::Error::from).and_then(|()| conn.send(&out)) {
+    if let Err(e) = frontend::query(&format!("START_REPLICATION PHYSICAL {start} TIMELINE {tli}"), &mut out)
+        .map_err(anyhow::Error::from)
+        .and_then(|()| conn.send(&out))
+    {
         return Ended::Connection(e);
     }
     let mut decoder = match WalStreamDecoder::new(start, DecoderConfig::default()) {
@@ -519,7 +522,8 @@ fn stream(
             loop {
                 match decoder.poll_decode() {
                     Ok(Some(record)) => {
-                        let ingested = record.decode().map_err(anyhow::Error::from).and_then(|d| ingest.ingest_record(&d, record.end_lsn()));
+                        let ingested =
+                            record.decode().map_err(anyhow::Error::from).and_then(|d| ingest.ingest_record(&d, record.end_lsn()));
                         if let Err(e) = ingested {
                             return Ended::Fatal(e.context(format!("ingest the record at {}", record.start_lsn())));
                         }

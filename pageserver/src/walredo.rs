@@ -69,12 +69,7 @@ struct RedoProcess {
 impl RedoProcess {
     fn spawn(config: &WalRedoConfig) -> Result<RedoProcess, WalRedoError> {
         let mut cmd = Command::new(&config.postgres_bin);
-        cmd.arg("--wal-redo")
-            .arg("fjord")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env_remove("PGDATA");
+        cmd.arg("--wal-redo").arg("fjord").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).env_remove("PGDATA");
         if let Some((uid, gid)) = config.run_as {
             use std::os::unix::process::CommandExt;
             cmd.uid(uid).gid(gid);
@@ -121,20 +116,18 @@ impl Drop for RedoProcess {
 }
 
 fn spawn_stderr_reader(pipe: ChildStderr, lines: Arc<Mutex<VecDeque<String>>>, pid: u32) -> Option<std::thread::JoinHandle<()>> {
-    let spawned = std::thread::Builder::new()
-        .name(format!("walredo-stderr-{pid}"))
-        .spawn(move || {
-            use std::io::BufRead;
-            for line in std::io::BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                tracing::warn!(pid, "wal redo process: {line}");
-                let mut l = lines.lock().unwrap_or_else(|p| p.into_inner());
-                if l.len() == STDERR_LINES_KEPT {
-                    l.pop_front();
-                }
-                l.push_back(line);
+    let spawned = std::thread::Builder::new().name(format!("walredo-stderr-{pid}")).spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            tracing::warn!(pid, "wal redo process: {line}");
+            let mut l = lines.lock().unwrap_or_else(|p| p.into_inner());
+            if l.len() == STDERR_LINES_KEPT {
+                l.pop_front();
             }
-        });
+            l.push_back(line);
+        }
+    });
     match spawned {
         Ok(handle) => Some(handle),
         Err(e) => {
@@ -190,13 +183,11 @@ fn write_all_until(w: &mut ChildStdin, mut buf: &[u8], deadline: Instant) -> Res
         match w.write(buf) {
             Ok(0) => return Err(IoFailure::Failed("the redo process closed its input".into())),
             Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                match poll_until(w.as_raw_fd(), libc::POLLOUT, deadline) {
-                    Ok(true) => {}
-                    Ok(false) => return Err(IoFailure::Timeout),
-                    Err(e) => return Err(IoFailure::Failed(format!("poll: {e}"))),
-                }
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => match poll_until(w.as_raw_fd(), libc::POLLOUT, deadline) {
+                Ok(true) => {}
+                Ok(false) => return Err(IoFailure::Timeout),
+                Err(e) => return Err(IoFailure::Failed(format!("poll: {e}"))),
+            },
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(IoFailure::Failed(format!("could not write to the redo process: {e}"))),
         }
@@ -208,20 +199,13 @@ fn read_exact_until(r: &mut ChildStdout, buf: &mut [u8], deadline: Instant) -> R
     let mut done = 0;
     while done < buf.len() {
         match r.read(&mut buf[done..]) {
-            Ok(0) => {
-                return Err(IoFailure::Failed(format!(
-                    "the redo process exited after sending {done} of {} bytes",
-                    buf.len()
-                )))
-            }
+            Ok(0) => return Err(IoFailure::Failed(format!("the redo process exited after sending {done} of {} bytes", buf.len()))),
             Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                match poll_until(r.as_raw_fd(), libc::POLLIN, deadline) {
-                    Ok(true) => {}
-                    Ok(false) => return Err(IoFailure::Timeout),
-                    Err(e) => return Err(IoFailure::Failed(format!("poll: {e}"))),
-                }
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => match poll_until(r.as_raw_fd(), libc::POLLIN, deadline) {
+                Ok(true) => {}
+                Ok(false) => return Err(IoFailure::Timeout),
+                Err(e) => return Err(IoFailure::Failed(format!("poll: {e}"))),
+            },
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(IoFailure::Failed(format!("could not read from the redo process: {e}"))),
         }
@@ -250,13 +234,7 @@ impl WalRedoManager {
     /// Rebuilds block `blkno` of `rel`: `base` (if given) is its image before the first
     /// record; `records` are replayed in order. Without a base image the first record must
     /// initialize the page.
-    pub fn redo(
-        &self,
-        rel: RelTag,
-        blkno: BlockNumber,
-        base: Option<&[u8]>,
-        records: &[RedoRecord],
-    ) -> Result<Bytes, WalRedoError> {
+    pub fn redo(&self, rel: RelTag, blkno: BlockNumber, base: Option<&[u8]>, records: &[RedoRecord]) -> Result<Bytes, WalRedoError> {
         let mut msg = Vec::with_capacity(64 + base.map_or(0, |b| b.len()) + records.iter().map(|r| r.rec.len() + 21).sum::<usize>());
         WalRedoRequest::Begin { rel, blkno }.encode(&mut msg);
         if let Some(page) = base {
@@ -270,8 +248,7 @@ impl WalRedoManager {
             WalRedoRequest::PushPage { rel, blkno, page: page.to_vec() }.encode(&mut msg);
         }
         for r in records {
-            WalRedoRequest::ApplyRecord { start_lsn: Lsn::INVALID, end_lsn: r.end_lsn, record: r.rec.to_vec() }
-                .encode(&mut msg);
+            WalRedoRequest::ApplyRecord { start_lsn: Lsn::INVALID, end_lsn: r.end_lsn, record: r.rec.to_vec() }.encode(&mut msg);
         }
         WalRedoRequest::GetPage { rel, blkno }.encode(&mut msg);
 
@@ -311,8 +288,8 @@ impl WalRedoManager {
             });
         };
         let mut page = vec![0u8; PAGE_SIZE_BYTES];
-        let result = write_all_until(&mut process.stdin, msg, deadline)
-            .and_then(|()| read_exact_until(&mut process.stdout, &mut page, deadline));
+        let result =
+            write_all_until(&mut process.stdin, msg, deadline).and_then(|()| read_exact_until(&mut process.stdout, &mut page, deadline));
         match result {
             Ok(()) => {
                 self.checkin(process);

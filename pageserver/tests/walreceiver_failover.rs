@@ -100,7 +100,8 @@ fn lagging_source_is_left_for_one_with_more_wal() {
     // Where the WAL ends, as ingesting pg_wal directly finds it.
     let pg_wal = pg.pgdata.join("pg_wal");
     let start = summary.import_lsn;
-    let end = WalIngest::new(Arc::clone(&reference), reconstructor()).ingest_pg_wal(&pg_wal, summary.pg_timeline_id, start).unwrap().end_lsn;
+    let end =
+        WalIngest::new(Arc::clone(&reference), reconstructor()).ingest_pg_wal(&pg_wal, summary.pg_timeline_id, start).unwrap().end_lsn;
     assert!(end.0 > start.0 + 100_000, "the workload wrote WAL: {start}..{end}");
     let wal = read_wal(&pg_wal, summary.pg_timeline_id, start, end);
     let middle = Lsn(start.0 + (end.0 - start.0) / 2);
@@ -243,7 +244,8 @@ fn serve(mut conn: TcpStream, served: &Served) -> std::io::Result<()> {
     conn.read_exact(&mut body)?;
     assert_eq!(&body[..4], &196_608u32.to_be_bytes(), "protocol 3.0");
     let strings: Vec<String> = body[4..].split(|&b| b == 0).map(|s| String::from_utf8_lossy(s).into_owned()).collect();
-    let params: HashMap<String, String> = strings.chunks(2).filter(|c| c.len() == 2 && !c[0].is_empty()).map(|c| (c[0].clone(), c[1].clone())).collect();
+    let params: HashMap<String, String> =
+        strings.chunks(2).filter(|c| c.len() == 2 && !c[0].is_empty()).map(|c| (c[0].clone(), c[1].clone())).collect();
     served.startups.lock().unwrap().push(params);
     conn.write_all(&message(b'R', &0u32.to_be_bytes()))?;
     conn.write_all(&message(b'Z', b"I"))?;

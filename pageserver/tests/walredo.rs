@@ -21,9 +21,12 @@ use pgwal::{DecodedRecord, DecoderConfig, WalStreamDecoder};
 use proto::{BlockNumber, ForkNumber, Lsn, RelTag};
 
 fn postgres_bin() -> PathBuf {
-    let dir = std::env::var_os("FJORD_PG_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))).join("../target/pg15/bin"));
+    let dir = std::env::var_os("FJORD_PG_BIN").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("CARGO_MANIFEST_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+            .join("../target/pg15/bin")
+    });
     let bin = dir.join("postgres");
     assert!(bin.exists(), "no postgres at {}; run ./scripts/setup first", bin.display());
     bin
@@ -54,14 +57,13 @@ fn manager(processes_max: usize) -> WalRedoManager {
 }
 
 fn fixture_records() -> Vec<(Lsn, DecodedRecord)> {
-    let data = std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))).join("../pgwal/tests/data");
+    let data = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+        .join("../pgwal/tests/data");
     let env = std::fs::read_to_string(data.join("fixture.env")).expect("read fixture.env");
     let get = |k: &str| -> Lsn {
-        env.lines()
-            .find_map(|l| l.strip_prefix(&format!("{k}=")))
-            .unwrap_or_else(|| panic!("{k} in fixture.env"))
-            .parse()
-            .expect("an LSN")
+        env.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or_else(|| panic!("{k} in fixture.env")).parse().expect("an LSN")
     };
     let wal = zstd::decode_all(&std::fs::read(data.join("wal.bin.zst")).expect("read wal.bin.zst")[..]).expect("unzstd");
     let mut decoder = WalStreamDecoder::new(get("START_LSN"), DecoderConfig::default()).expect("decoder");
@@ -219,11 +221,8 @@ fn a_failed_redo_reports_why_and_the_pool_recovers() {
 fn concurrent_requests_share_a_bounded_pool() {
     let redo = Arc::new(manager(2));
     let histories = Arc::new(heap_insert_histories(2));
-    let expected: Vec<Bytes> = histories
-        .iter()
-        .take(8)
-        .map(|h| redo.redo(h.rel, h.blkno, h.base.as_deref(), &h.records).expect("redo"))
-        .collect();
+    let expected: Vec<Bytes> =
+        histories.iter().take(8).map(|h| redo.redo(h.rel, h.blkno, h.base.as_deref(), &h.records).expect("redo")).collect();
     let threads: Vec<_> = (0..4)
         .map(|t| {
             let (redo, histories, expected) = (Arc::clone(&redo), Arc::clone(&histories), expected.clone());

@@ -56,8 +56,7 @@ pub const BKPIMAGE_COMPRESS_PGLZ: u8 = 0x04;
 pub const BKPIMAGE_COMPRESS_LZ4: u8 = 0x08;
 pub const BKPIMAGE_COMPRESS_ZSTD: u8 = 0x10;
 /// The bits of `bimg_info` that `BKPIMAGE_COMPRESSED()` tests.
-pub const BKPIMAGE_COMPRESS_MASK: u8 =
-    BKPIMAGE_COMPRESS_PGLZ | BKPIMAGE_COMPRESS_LZ4 | BKPIMAGE_COMPRESS_ZSTD;
+pub const BKPIMAGE_COMPRESS_MASK: u8 = BKPIMAGE_COMPRESS_PGLZ | BKPIMAGE_COMPRESS_LZ4 | BKPIMAGE_COMPRESS_ZSTD;
 
 pub const BKPBLOCK_FORK_MASK: u8 = 0x0F;
 pub const BKPBLOCK_FLAG_MASK: u8 = 0xF0;
@@ -112,9 +111,28 @@ pub const fn rmgr_id_is_valid(rmid: u8) -> bool {
 /// The resource manager's name as `pg_waldump` prints it, for messages and statistics.
 pub fn rmgr_name(rmid: u8) -> &'static str {
     const NAMES: [&str; 22] = [
-        "XLOG", "Transaction", "Storage", "CLOG", "Database", "Tablespace", "MultiXact", "RelMap",
-        "Standby", "Heap2", "Heap", "Btree", "Hash", "Gin", "Gist", "Sequence", "SPGist", "BRIN",
-        "CommitTs", "ReplicationOrigin", "Generic", "LogicalMessage",
+        "XLOG",
+        "Transaction",
+        "Storage",
+        "CLOG",
+        "Database",
+        "Tablespace",
+        "MultiXact",
+        "RelMap",
+        "Standby",
+        "Heap2",
+        "Heap",
+        "Btree",
+        "Hash",
+        "Gin",
+        "Gist",
+        "Sequence",
+        "SPGist",
+        "BRIN",
+        "CommitTs",
+        "ReplicationOrigin",
+        "Generic",
+        "LogicalMessage",
     ];
     NAMES.get(usize::from(rmid)).copied().unwrap_or("custom")
 }

@@ -84,13 +84,14 @@ impl BlockImage {
             }
             ImageCompression::Lz4 => {
                 let mut out = vec![0u8; raw_len];
-                let n = lz4_flex::block::decompress_into(&self.stored, &mut out)
-                    .map_err(|e| format!("could not decompress lz4 image: {e}"))?;
+                let n =
+                    lz4_flex::block::decompress_into(&self.stored, &mut out).map_err(|e| format!("could not decompress lz4 image: {e}"))?;
                 out.truncate(n);
                 out
             }
-            ImageCompression::Zstd => zstd::bulk::decompress(&self.stored, raw_len)
-                .map_err(|e| format!("could not decompress zstd image: {e}"))?,
+            ImageCompression::Zstd => {
+                zstd::bulk::decompress(&self.stored, raw_len).map_err(|e| format!("could not decompress zstd image: {e}"))?
+            }
         };
         if raw.len() != raw_len {
             return Err(format!("image has {} bytes, expected {raw_len} with a hole of {hole_length}", raw.len()));

@@ -111,11 +111,7 @@ impl PageHeader {
                     }
                 }
                 if u64::from(long.seg_size_bytes) != segment_size_bytes {
-                    return Err(WalError::SegmentSizeMismatch {
-                        lsn,
-                        found: long.seg_size_bytes,
-                        expected: segment_size_bytes,
-                    });
+                    return Err(WalError::SegmentSizeMismatch { lsn, found: long.seg_size_bytes, expected: segment_size_bytes });
                 }
                 if long.xlog_blcksz_bytes as usize != XLOG_BLCKSZ {
                     return Err(WalError::PageSizeMismatch { lsn, found: long.xlog_blcksz_bytes });
@@ -157,7 +153,6 @@ mod tests {
 
     const SEG: u64 = 16 * 1024 * 1024;
 
-
     #[test]
     fn round_trips_and_validates() {
         for addr in [Lsn(SEG), Lsn(SEG + 8192)] {
@@ -181,10 +176,7 @@ mod tests {
         let bad_addr = PageHeader { pageaddr: Lsn(8192), ..good };
         assert!(matches!(bad_addr.validate(lsn, SEG, Some(42)), Err(WalError::UnexpectedPageAddr { .. })));
         let short_at_segment_start = PageHeader { pageaddr: Lsn(SEG), ..good };
-        assert!(matches!(
-            short_at_segment_start.validate(Lsn(SEG), SEG, Some(42)),
-            Err(WalError::MissingLongPageHeader { .. })
-        ));
+        assert!(matches!(short_at_segment_start.validate(Lsn(SEG), SEG, Some(42)), Err(WalError::MissingLongPageHeader { .. })));
         let long = PageHeader::new(Lsn(SEG), TimeLineId(1), SEG, 7);
         assert!(matches!(long.validate(Lsn(SEG), SEG, Some(42)), Err(WalError::SystemIdMismatch { .. })));
         let wrong_seg = PageHeader::new(Lsn(SEG), TimeLineId(1), SEG / 2, 42);

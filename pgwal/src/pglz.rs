@@ -67,12 +67,7 @@ pub fn decompress(src: &[u8], raw_len: usize) -> Result<Vec<u8>, PglzError> {
         }
     }
     if out.len() != raw_len || sp != src.len() {
-        return Err(PglzError::SizeMismatch {
-            produced: out.len(),
-            consumed: sp,
-            input_len: src.len(),
-            expected: raw_len,
-        });
+        return Err(PglzError::SizeMismatch { produced: out.len(), consumed: sp, input_len: src.len(), expected: raw_len });
     }
     Ok(out)
 }

@@ -286,12 +286,7 @@ pub(crate) fn decode_verified(lsn: Lsn, raw: Bytes) -> Result<DecodedRecord, Wal
 
 /// Reads one `XLogRecordBlockHeader` with its optional image header, relation and block
 /// number, applying `DecodeXLogRecord`'s cross-checks.
-fn decode_block_header(
-    lsn: Lsn,
-    block_id: u8,
-    c: &mut Cursor<'_>,
-    last_rnode: &mut Option<RelFileNode>,
-) -> Result<PendingBlock, WalError> {
+fn decode_block_header(lsn: Lsn, block_id: u8, c: &mut Cursor<'_>, last_rnode: &mut Option<RelFileNode>) -> Result<PendingBlock, WalError> {
     let short = || WalError::InvalidRecordData { lsn, reason: format!("truncated header of block {block_id}") };
     let bad = |reason: String| WalError::InvalidBlockRef { lsn, block_id, reason };
     let fork_flags = c.u8().ok_or_else(short)?;
@@ -347,11 +342,8 @@ fn decode_block_header(
         None
     };
     let rnode = if fork_flags & BKPBLOCK_SAME_REL == 0 {
-        let rnode = RelFileNode {
-            spcnode: c.u32().ok_or_else(short)?,
-            dbnode: c.u32().ok_or_else(short)?,
-            relnode: c.u32().ok_or_else(short)?,
-        };
+        let rnode =
+            RelFileNode { spcnode: c.u32().ok_or_else(short)?, dbnode: c.u32().ok_or_else(short)?, relnode: c.u32().ok_or_else(short)? };
         *last_rnode = Some(rnode);
         rnode
     } else {

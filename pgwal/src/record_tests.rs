@@ -42,7 +42,11 @@ fn block_references_images_and_data_decode() {
         .block(BlockSpec::new(0, rel(16384, ForkNumber::Main), 7).data(vec![1, 2, 3]).will_init())
         .block(BlockSpec::new(1, rel(16384, ForkNumber::Main), 3).image(make_block_image(&page, 200, 5800, ImageCompression::Pglz)))
         .block(BlockSpec::new(2, rel(16384, ForkNumber::Fsm), 0).image(make_block_image(&page, 200, 5800, ImageCompression::Lz4)))
-        .block(BlockSpec::new(5, rel(16390, ForkNumber::VisibilityMap), 1).image(make_block_image(&page, 0, 0, ImageCompression::Zstd)).data(vec![9; 300]))
+        .block(
+            BlockSpec::new(5, rel(16390, ForkNumber::VisibilityMap), 1)
+                .image(make_block_image(&page, 0, 0, ImageCompression::Zstd))
+                .data(vec![9; 300]),
+        )
         .block(BlockSpec::new(6, rel(16390, ForkNumber::Main), 2).image(make_block_image(&page, 200, 5800, ImageCompression::None)))
         .main_data(vec![0xAB; 400]);
     let mut spec = spec;
@@ -187,10 +191,7 @@ fn smgr_records_parse() {
     assert_eq!((t.blkno, t.rnode.relnode), (BlockNumber(10), 16384));
     assert!(t.truncates(ForkNumber::Main) && t.truncates(ForkNumber::VisibilityMap) && !t.truncates(ForkNumber::Init));
     let short = RecordSpec::new(RM_SMGR_ID, XLOG_SMGR_TRUNCATE).main_data(u32s(&[10, 1663, 5, 16384]));
-    assert_eq!(
-        parse(short).unwrap_err().to_string(),
-        "invalid smgr truncate record at 0/1000028: main data is 16 bytes, expected 20"
-    );
+    assert_eq!(parse(short).unwrap_err().to_string(), "invalid smgr truncate record at 0/1000028: main data is 16 bytes, expected 20");
 }
 
 #[test]
@@ -337,10 +338,8 @@ fn heap_records_report_visibility_map_changes() {
 
     let mut upd = vec![0u8; SIZE_OF_HEAP_UPDATE];
     upd[7] = XLH_UPDATE_OLD_ALL_VISIBLE_CLEARED | XLH_UPDATE_NEW_ALL_VISIBLE_CLEARED;
-    let two_pages = RecordSpec::new(RM_HEAP_ID, XLOG_HEAP_UPDATE)
-        .block(b0())
-        .block(BlockSpec::new(1, heap, 12).data(vec![1]))
-        .main_data(upd.clone());
+    let two_pages =
+        RecordSpec::new(RM_HEAP_ID, XLOG_HEAP_UPDATE).block(b0()).block(BlockSpec::new(1, heap, 12).data(vec![1])).main_data(upd.clone());
     let MetadataRecord::VmBitsCleared(c) = parsed(two_pages) else { panic!() };
     assert_eq!(c.iter().map(|c| c.heap_blkno.0).collect::<Vec<_>>(), vec![12, 40_000]);
     let hot = RecordSpec::new(RM_HEAP_ID, XLOG_HEAP_HOT_UPDATE).block(b0()).main_data(upd);
@@ -349,7 +348,10 @@ fn heap_records_report_visibility_map_changes() {
 
     let mut del = vec![0u8; SIZE_OF_HEAP_DELETE];
     del[7] = XLH_DELETE_ALL_VISIBLE_CLEARED;
-    assert!(matches!(parsed(RecordSpec::new(RM_HEAP_ID, XLOG_HEAP_DELETE).block(b0()).main_data(del.clone())), MetadataRecord::VmBitsCleared(_)));
+    assert!(matches!(
+        parsed(RecordSpec::new(RM_HEAP_ID, XLOG_HEAP_DELETE).block(b0()).main_data(del.clone())),
+        MetadataRecord::VmBitsCleared(_)
+    ));
     // The block the flags refer to must be there.
     assert!(parse(RecordSpec::new(RM_HEAP_ID, XLOG_HEAP_DELETE).main_data(del)).is_err());
 
@@ -364,9 +366,14 @@ fn heap_records_report_visibility_map_changes() {
     };
     assert_eq!(c[0].bits, VISIBILITYMAP_ALL_FROZEN);
 
-    let multi = RecordSpec::new(RM_HEAP2_ID, XLOG_HEAP2_MULTI_INSERT | XLOG_HEAP_INIT_PAGE)
-        .block(b0())
-        .main_data(vec![XLH_INSERT_ALL_VISIBLE_CLEARED, 0, 1, 0, 1, 0]);
+    let multi = RecordSpec::new(RM_HEAP2_ID, XLOG_HEAP2_MULTI_INSERT | XLOG_HEAP_INIT_PAGE).block(b0()).main_data(vec![
+        XLH_INSERT_ALL_VISIBLE_CLEARED,
+        0,
+        1,
+        0,
+        1,
+        0,
+    ]);
     assert!(matches!(parsed(multi), MetadataRecord::VmBitsCleared(_)));
 
     let visible = RecordSpec::new(RM_HEAP2_ID, XLOG_HEAP2_VISIBLE)

@@ -239,9 +239,7 @@ impl WalStreamDecoder {
             // The record whose tail this would be was abandoned when the server crashed; an
             // XLOG_OVERWRITE_CONTRECORD record starts here instead (as in PostgreSQL, which
             // restarts reading at this page).
-            State::SkipContinuation { .. } | State::Assembling { .. } if header.is_overwrite_contrecord() => {
-                State::RecordStart
-            }
+            State::SkipContinuation { .. } | State::Assembling { .. } if header.is_overwrite_contrecord() => State::RecordStart,
             State::SkipContinuation { remaining } => {
                 check_contrecord(lsn, &header, remaining, lsn)?;
                 State::SkipContinuation { remaining }
@@ -265,8 +263,7 @@ impl WalStreamDecoder {
         let total_len = u32::from_le_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3]]);
         validate_tot_len(self.lsn, total_len)?;
         let capacity = (total_len as usize).min(2 * XLOG_BLCKSZ);
-        self.state =
-            State::Assembling { start: self.lsn, total_len, buf: BytesMut::with_capacity(capacity), header_checked: false };
+        self.state = State::Assembling { start: self.lsn, total_len, buf: BytesMut::with_capacity(capacity), header_checked: false };
         Ok(true)
     }
 

@@ -178,7 +178,9 @@ fn bad_page_headers_are_reported_at_the_page() {
 
     let mut bad = w.out.clone();
     bad[page1 + 2] &= !(XLP_FIRST_IS_CONTRECORD as u8);
-    assert!(matches!(err_of(start, &bad), WalError::MissingContrecord { lsn, record_lsn } if lsn == page1_lsn && record_lsn.0 == start.0 + 40));
+    assert!(
+        matches!(err_of(start, &bad), WalError::MissingContrecord { lsn, record_lsn } if lsn == page1_lsn && record_lsn.0 == start.0 + 40)
+    );
 
     let mut bad = w.out.clone();
     bad[page1 + 16] ^= 1; // xlp_rem_len
@@ -304,7 +306,8 @@ fn arb_record() -> impl Strategy<Value = RecordSpec> {
                 let rel = RelTag { relnode: 16384 + u32::from(relnode_delta), ..rel() };
                 let mut b = BlockSpec::new(i as u8 * 2, rel, blkno).data(vec![page_seed; data_len]);
                 if let Some((method, hole)) = image {
-                    let compression = [ImageCompression::None, ImageCompression::Pglz, ImageCompression::Lz4, ImageCompression::Zstd][usize::from(method)];
+                    let compression = [ImageCompression::None, ImageCompression::Pglz, ImageCompression::Lz4, ImageCompression::Zstd]
+                        [usize::from(method)];
                     let page = crate::fpi::tests::sample_page(page_seed);
                     let (off, len) = if hole { (200, 5800) } else { (0, 0) };
                     b = b.image(make_block_image(&page, off, len, compression));

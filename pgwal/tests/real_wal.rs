@@ -11,9 +11,7 @@ use std::collections::BTreeMap;
 
 use pgwal::consts::*;
 use pgwal::parse::{DbaseCreateStrategy, MultiXactStatus, XactKind};
-use pgwal::{
-    parse_metadata, DecodedRecord, DecoderConfig, ImageCompression, MetadataRecord, WalRecord, WalStreamDecoder,
-};
+use pgwal::{parse_metadata, DecodedRecord, DecoderConfig, ImageCompression, MetadataRecord, WalRecord, WalStreamDecoder};
 use proto::{ForkNumber, Lsn};
 
 /// The fixture directory, from cargo at run time (a test binary reused from another
@@ -249,7 +247,11 @@ fn metadata_records_parse_and_agree_with_pg_waldump() {
                     if *shutdown { "shutdown" } else { "online" }
                 );
                 assert!(desc.ends_with(&expected), "{at}\n   ours: {expected}");
-                if *shutdown { "checkpoint shutdown" } else { "checkpoint online" }
+                if *shutdown {
+                    "checkpoint shutdown"
+                } else {
+                    "checkpoint online"
+                }
             }
             MetadataRecord::NextOid(oid) => {
                 assert_eq!(desc, format!("NEXTOID {oid}"), "{at}");
@@ -297,10 +299,7 @@ fn metadata_records_parse_and_agree_with_pg_waldump() {
             }
             MetadataRecord::DbaseCreate(c) => match c.strategy {
                 DbaseCreateStrategy::FileCopy { src_db_id, src_tablespace_id } => {
-                    let expected = format!(
-                        "CREATE_FILE_COPY copy dir {src_tablespace_id}/{src_db_id} to {}/{}",
-                        c.tablespace_id, c.db_id
-                    );
+                    let expected = format!("CREATE_FILE_COPY copy dir {src_tablespace_id}/{src_db_id} to {}/{}", c.tablespace_id, c.db_id);
                     assert_eq!(desc, expected, "{at}");
                     "database create file copy"
                 }

@@ -181,12 +181,8 @@ impl KeyKind {
             KeyKind::DbDir => f(TAG_DB_DIR, 0, 0, 0, 0, 0),
             KeyKind::RelMapFile { spcnode, dbnode } => f(TAG_DATABASE, spcnode, dbnode, 0, DB_META_RELMAP, 0),
             KeyKind::RelDir { spcnode, dbnode } => f(TAG_DATABASE, spcnode, dbnode, 0, DB_META_RELDIR, 0),
-            KeyKind::RelBlock { rel, blkno } => {
-                f(TAG_DATABASE, rel.spcnode, rel.dbnode, rel.relnode, rel.forknum as u8, blkno.0)
-            }
-            KeyKind::RelSize { rel } => {
-                f(TAG_DATABASE, rel.spcnode, rel.dbnode, rel.relnode, rel.forknum as u8, SIZE_SLOT)
-            }
+            KeyKind::RelBlock { rel, blkno } => f(TAG_DATABASE, rel.spcnode, rel.dbnode, rel.relnode, rel.forknum as u8, blkno.0),
+            KeyKind::RelSize { rel } => f(TAG_DATABASE, rel.spcnode, rel.dbnode, rel.relnode, rel.forknum as u8, SIZE_SLOT),
             KeyKind::SlruDir { slru } => f(TAG_SLRU, slru as u32, SLRU_SUB_DIR, 0, 0, 0),
             KeyKind::SlruBlock { slru, segno, blkno } => f(TAG_SLRU, slru as u32, SLRU_SUB_SEGMENT, segno, 0, blkno.0),
             KeyKind::SlruSegmentSize { slru, segno } => f(TAG_SLRU, slru as u32, SLRU_SUB_SEGMENT, segno, 0, SIZE_SLOT),
@@ -234,10 +230,7 @@ struct Fields {
 impl Fields {
     const fn encode(self) -> [u8; KEY_SIZE_BYTES] {
         let (a, b, c, e) = (self.a.to_be_bytes(), self.b.to_be_bytes(), self.c.to_be_bytes(), self.e.to_be_bytes());
-        [
-            self.tag, a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], self.d, e[0], e[1], e[2],
-            e[3],
-        ]
+        [self.tag, a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], self.d, e[0], e[1], e[2], e[3]]
     }
 
     fn decode(bytes: &[u8; KEY_SIZE_BYTES]) -> Fields {
@@ -426,9 +419,7 @@ impl Key {
     /// The SLRU of an SLRU directory, block or segment size key.
     pub fn slru(self) -> Option<SlruKind> {
         match self.kind() {
-            KeyKind::SlruDir { slru } | KeyKind::SlruBlock { slru, .. } | KeyKind::SlruSegmentSize { slru, .. } => {
-                Some(slru)
-            }
+            KeyKind::SlruDir { slru } | KeyKind::SlruBlock { slru, .. } | KeyKind::SlruSegmentSize { slru, .. } => Some(slru),
             _ => None,
         }
     }
@@ -456,9 +447,7 @@ impl Key {
             KeyKind::RelBlock { rel, .. } => Key::rel_size(rel),
             KeyKind::RelSize { rel } => after_rel_fork(rel),
             KeyKind::SlruDir { slru } => Key::slru_block(slru, 0, BlockNumber(0)),
-            KeyKind::SlruBlock { slru, segno, blkno } if blkno.0 < MAX_BLOCK => {
-                Key::slru_block(slru, segno, BlockNumber(blkno.0 + 1))
-            }
+            KeyKind::SlruBlock { slru, segno, blkno } if blkno.0 < MAX_BLOCK => Key::slru_block(slru, segno, BlockNumber(blkno.0 + 1)),
             KeyKind::SlruBlock { slru, segno, .. } => Key::slru_segment_size(slru, segno),
             KeyKind::SlruSegmentSize { slru, segno } => match segno.checked_add(1) {
                 Some(segno) => Key::slru_block(slru, segno, BlockNumber(0)),

@@ -79,14 +79,35 @@ impl ErrorCode {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Response {
-    HelloOk { protocol_version: u16 },
-    Page { id: u64, page: Vec<u8> },
-    Nblocks { id: u64, nblocks: u32 },
-    Exists { id: u64, exists: bool },
-    DbSize { id: u64, size_bytes: u64 },
-    SlruSegment { id: u64, data: Vec<u8> },
+    HelloOk {
+        protocol_version: u16,
+    },
+    Page {
+        id: u64,
+        page: Vec<u8>,
+    },
+    Nblocks {
+        id: u64,
+        nblocks: u32,
+    },
+    Exists {
+        id: u64,
+        exists: bool,
+    },
+    DbSize {
+        id: u64,
+        size_bytes: u64,
+    },
+    SlruSegment {
+        id: u64,
+        data: Vec<u8>,
+    },
     /// `id` is 0 for an error that answers no request (a failed `Hello`).
-    Error { id: u64, code: ErrorCode, message: String },
+    Error {
+        id: u64,
+        code: ErrorCode,
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

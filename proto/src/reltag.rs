@@ -34,8 +34,7 @@ pub enum ForkNumber {
 }
 
 impl ForkNumber {
-    pub const ALL: [ForkNumber; 4] =
-        [ForkNumber::Main, ForkNumber::Fsm, ForkNumber::VisibilityMap, ForkNumber::Init];
+    pub const ALL: [ForkNumber; 4] = [ForkNumber::Main, ForkNumber::Fsm, ForkNumber::VisibilityMap, ForkNumber::Init];
 
     /// The fork with PostgreSQL's number `n`, or `None` if there is no such fork.
     pub fn from_u8(n: u8) -> Option<ForkNumber> {

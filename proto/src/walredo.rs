@@ -153,11 +153,7 @@ impl WalRedoRequest {
                 WalRedoRequest::PushPage { rel, blkno, page: p[REL_BLOCK_BYTES..].to_vec() }
             }
             b'M' => WalRedoRequest::MaskPage { rmid: p[0], blkno: BlockNumber(be_u32(&p[1..])), page: p[5..].to_vec() },
-            _ => WalRedoRequest::ApplyRecord {
-                start_lsn: Lsn(be_u64(p)),
-                end_lsn: Lsn(be_u64(&p[8..])),
-                record: p[16..].to_vec(),
-            },
+            _ => WalRedoRequest::ApplyRecord { start_lsn: Lsn(be_u64(p)), end_lsn: Lsn(be_u64(&p[8..])), record: p[16..].to_vec() },
         };
         Ok((msg, total))
     }
@@ -191,9 +187,8 @@ mod tests {
                 blkno: BlockNumber(b),
                 page: vec![fill; PAGE_SIZE_BYTES]
             }),
-            (any::<u64>(), any::<u64>(), proptest::collection::vec(any::<u8>(), 24..200)).prop_map(|(s, e, record)| {
-                WalRedoRequest::ApplyRecord { start_lsn: Lsn(s), end_lsn: Lsn(e), record }
-            }),
+            (any::<u64>(), any::<u64>(), proptest::collection::vec(any::<u8>(), 24..200))
+                .prop_map(|(s, e, record)| { WalRedoRequest::ApplyRecord { start_lsn: Lsn(s), end_lsn: Lsn(e), record } }),
         ]
     }
 
@@ -228,9 +223,6 @@ mod tests {
         msg.push(9);
         msg.extend_from_slice(&[0; 4]);
         assert_eq!(WalRedoRequest::decode(&msg).unwrap_err(), WalRedoProtocolError::BadFork(9));
-        assert_eq!(
-            WalRedoRequest::decode(&msg[..10]).unwrap_err(),
-            WalRedoProtocolError::Incomplete { have: 10, need: 22 }
-        );
+        assert_eq!(WalRedoRequest::decode(&msg[..10]).unwrap_err(), WalRedoProtocolError::Incomplete { have: 10, need: 22 });
     }
 }

@@ -32,7 +32,9 @@ fn dependencies_section(manifest: &str) -> Vec<String> {
 /// The crate's directory, from cargo at run time (a test binary reused from another
 /// checkout's build must not look at that checkout).
 fn manifest_dir() -> std::path::PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 #[test]

@@ -57,7 +57,11 @@ pub enum AcceptorAction {
     CommitLsn(Lsn),
     /// Reply `ToProposer::Wal { term, from, data }` with the WAL bytes in `[from, to)`
     /// (`to` is at most the flush LSN).
-    SendWal { term: Term, from: Lsn, to: Lsn },
+    SendWal {
+        term: Term,
+        from: Lsn,
+        to: Lsn,
+    },
     Reply(ToProposer),
 }
 
@@ -83,11 +87,7 @@ impl Acceptor {
     }
 
     fn persist_control(&mut self, out: &mut Vec<AcceptorAction>) {
-        let p = Persist::Control {
-            term: self.state.term,
-            history: self.state.history.clone(),
-            commit_lsn: self.state.commit_lsn,
-        };
+        let p = Persist::Control { term: self.state.term, history: self.state.history.clone(), commit_lsn: self.state.commit_lsn };
         out.push(AcceptorAction::Persist(p));
     }
 

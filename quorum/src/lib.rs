@@ -108,20 +108,37 @@ impl TermHistory {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ToAcceptor {
     Greeting,
-    VoteRequest { term: Term },
+    VoteRequest {
+        term: Term,
+    },
     /// The proposer of `term` was elected with `history`; its own term starts at `start_lsn`.
-    Elected { term: Term, history: TermHistory, start_lsn: Lsn },
+    Elected {
+        term: Term,
+        history: TermHistory,
+        start_lsn: Lsn,
+    },
     /// Ask an acceptor that took `term`'s election for its WAL in `[from, to)` (below its flush
     /// LSN that WAL is the elected history's).
-    FetchWal { term: Term, from: Lsn, to: Lsn },
+    FetchWal {
+        term: Term,
+        from: Lsn,
+        to: Lsn,
+    },
     /// WAL bytes starting at `begin_lsn` (possibly none: then it only carries `commit_lsn`).
-    Append { term: Term, begin_lsn: Lsn, data: Bytes, commit_lsn: Lsn },
+    Append {
+        term: Term,
+        begin_lsn: Lsn,
+        data: Bytes,
+        commit_lsn: Lsn,
+    },
 }
 
 /// Messages from an acceptor to a proposer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ToProposer {
-    GreetingReply { term: Term },
+    GreetingReply {
+        term: Term,
+    },
     Vote {
         /// The term asked for.
         term: Term,
@@ -132,11 +149,25 @@ pub enum ToProposer {
         flush_lsn: Lsn,
         commit_lsn: Lsn,
     },
-    ElectedAck { term: Term, flush_lsn: Lsn },
+    ElectedAck {
+        term: Term,
+        flush_lsn: Lsn,
+    },
     /// The answer to `FetchWal`: WAL bytes from `from` (fewer than asked if the acceptor has
     /// fewer).
-    Wal { term: Term, from: Lsn, data: Bytes },
-    AppendAck { term: Term, flush_lsn: Lsn, commit_lsn: Lsn },
+    Wal {
+        term: Term,
+        from: Lsn,
+        data: Bytes,
+    },
+    AppendAck {
+        term: Term,
+        flush_lsn: Lsn,
+        commit_lsn: Lsn,
+    },
     /// The acceptor has seen a higher term than the message's.
-    Rejected { term: Term, acceptor_term: Term },
+    Rejected {
+        term: Term,
+        acceptor_term: Term,
+    },
 }

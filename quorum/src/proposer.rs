@@ -204,14 +204,12 @@ impl Proposer {
         let term = self.term;
         match &mut self.phase {
             Phase::Idle => Vec::new(),
-            Phase::Greeting { terms } => (0..self.n)
-                .filter(|i| !terms.contains_key(i))
-                .map(|i| ProposerAction::Send(i, ToAcceptor::Greeting))
-                .collect(),
-            Phase::Voting { votes, .. } => (0..self.n)
-                .filter(|i| !votes.contains_key(i))
-                .map(|i| ProposerAction::Send(i, ToAcceptor::VoteRequest { term }))
-                .collect(),
+            Phase::Greeting { terms } => {
+                (0..self.n).filter(|i| !terms.contains_key(i)).map(|i| ProposerAction::Send(i, ToAcceptor::Greeting)).collect()
+            }
+            Phase::Voting { votes, .. } => {
+                (0..self.n).filter(|i| !votes.contains_key(i)).map(|i| ProposerAction::Send(i, ToAcceptor::VoteRequest { term })).collect()
+            }
             Phase::Leader(l) => {
                 let mut out = Vec::new();
                 for i in (0..self.n).filter(|i| !l.peers.contains_key(i)) {
@@ -272,9 +270,8 @@ impl Proposer {
             if l.fetching.is_none() {
                 // Any acceptor that joined this term and has WAL up to the floor has the
                 // elected history's bytes there; prefer the donor.
-                let source = std::iter::once(l.donor)
-                    .chain(l.peers.keys().copied())
-                    .find(|s| l.peers.get(s).is_some_and(|p| p.flush >= l.floor));
+                let source =
+                    std::iter::once(l.donor).chain(l.peers.keys().copied()).find(|s| l.peers.get(s).is_some_and(|p| p.flush >= l.floor));
                 if let Some(s) = source {
                     let from = Lsn(need.0.max(l.floor.0.saturating_sub(cfg.max_fetch)));
                     l.fetching = Some((s, from, l.floor));
@@ -413,10 +410,8 @@ impl Proposer {
     fn become_leader(&mut self) -> Vec<ProposerAction> {
         let Phase::Voting { votes, .. } = &self.phase else { return Vec::new() };
         // The most advanced log: highest last log term, then highest flush LSN.
-        let (&donor, best) = votes
-            .iter()
-            .max_by_key(|(_, v)| (v.history.up_to(v.flush_lsn).last_term(), v.flush_lsn))
-            .expect("a majority of votes");
+        let (&donor, best) =
+            votes.iter().max_by_key(|(_, v)| (v.history.up_to(v.flush_lsn).last_term(), v.flush_lsn)).expect("a majority of votes");
         let has_wal = !best.history.0.is_empty() && best.flush_lsn > Lsn(0);
         let start_lsn = if has_wal { best.flush_lsn } else { self.wal_start };
         let mut out = vec![ProposerAction::Elected { term: self.term, start_lsn, donor }];

@@ -70,9 +70,14 @@ pub struct PageserverFeedback {
 /// The safekeeper's side.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AcceptorMessage {
-    HelloOk { protocol_version: u32, node_id: u64 },
+    HelloOk {
+        protocol_version: u32,
+        node_id: u64,
+    },
     /// Refused: the connection is closed after this.
-    Error { message: String },
+    Error {
+        message: String,
+    },
     Consensus(ToProposer),
     Feedback(PageserverFeedback),
 }
@@ -226,16 +231,14 @@ fn lsn_range_ok(r: &Reader, from: Lsn, to: Lsn) -> Result<(), WireError> {
 impl ProposerMessage {
     pub fn encode(&self, buf: &mut BytesMut) {
         match self {
-            ProposerMessage::Hello { protocol_version, tenant, timeline, system_id, wal_segment_size, name } => {
-                frame(buf, b'H', |b| {
-                    b.put_u32(*protocol_version);
-                    b.put_slice(tenant.as_bytes());
-                    b.put_slice(timeline.as_bytes());
-                    b.put_u64(*system_id);
-                    b.put_u32(*wal_segment_size);
-                    put_str(b, name);
-                })
-            }
+            ProposerMessage::Hello { protocol_version, tenant, timeline, system_id, wal_segment_size, name } => frame(buf, b'H', |b| {
+                b.put_u32(*protocol_version);
+                b.put_slice(tenant.as_bytes());
+                b.put_slice(timeline.as_bytes());
+                b.put_u64(*system_id);
+                b.put_u32(*wal_segment_size);
+                put_str(b, name);
+            }),
             ProposerMessage::Consensus(m) => match m {
                 ToAcceptor::Greeting => frame(buf, b'G', |_| {}),
                 ToAcceptor::VoteRequest { term } => frame(buf, b'V', |b| b.put_u64(*term)),
@@ -334,16 +337,14 @@ impl AcceptorMessage {
             }),
             AcceptorMessage::Consensus(m) => match m {
                 ToProposer::GreetingReply { term } => frame(buf, b'g', |b| b.put_u64(*term)),
-                ToProposer::Vote { term, granted, acceptor_term, history, flush_lsn, commit_lsn } => {
-                    frame(buf, b'v', |b| {
-                        b.put_u64(*term);
-                        b.put_u8(*granted as u8);
-                        b.put_u64(*acceptor_term);
-                        b.put_u64(flush_lsn.0);
-                        b.put_u64(commit_lsn.0);
-                        put_history(b, history);
-                    })
-                }
+                ToProposer::Vote { term, granted, acceptor_term, history, flush_lsn, commit_lsn } => frame(buf, b'v', |b| {
+                    b.put_u64(*term);
+                    b.put_u8(*granted as u8);
+                    b.put_u64(*acceptor_term);
+                    b.put_u64(flush_lsn.0);
+                    b.put_u64(commit_lsn.0);
+                    put_history(b, history);
+                }),
                 ToProposer::ElectedAck { term, flush_lsn } => frame(buf, b'k', |b| {
                     b.put_u64(*term);
                     b.put_u64(flush_lsn.0);

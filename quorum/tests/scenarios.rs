@@ -132,7 +132,7 @@ fn no_commit_below_own_start_lsn() {
     append(&mut c, &mut p1, 1, &[0, 1, 2]); // +0..10 everywhere
     append(&mut c, &mut p1, 2, &[0]); // +10..20 on 0
     append(&mut c, &mut p1, 3, &[0]); // +20..30 on 0
-    // Term 2 gets votes from 1 and 2, but only 2 hears it was elected; it writes on 2.
+                                      // Term 2 gets votes from 1 and 2, but only 2 hears it was elected; it writes on 2.
     let mut p2 = proposer();
     let term2_reaches_only_2 = |to: usize, msg: ToAcceptor| match (to, &msg) {
         (0, _) => None,
@@ -141,7 +141,7 @@ fn no_commit_below_own_start_lsn() {
     };
     c.elect(&mut p2, &term2_reaches_only_2);
     append(&mut c, &mut p2, 20, &[2]); // +10..20 on 2, term 2
-    // Term 3 is elected by 0 and 1 with 0's log (start +30); 1 receives only up to +20.
+                                       // Term 3 is elected by 0 and 1 with 0's log (start +30); 1 receives only up to +20.
     let mut p3 = proposer();
     let to_1_up_to_20 = |to: usize, msg: ToAcceptor| match (to, msg) {
         (2, _) => None,

@@ -20,9 +20,18 @@ const STEPS: usize = 350;
 
 #[derive(Clone, Debug)]
 enum Envelope {
-    ToAcceptor { from: usize, to: NodeId, msg: ToAcceptor },
+    ToAcceptor {
+        from: usize,
+        to: NodeId,
+        msg: ToAcceptor,
+    },
     /// `ghost`: the acceptor's WAL when it sent a vote (test-only knowledge for the checker).
-    ToProposer { from: NodeId, to: usize, msg: ToProposer, ghost: Option<Wal> },
+    ToProposer {
+        from: NodeId,
+        to: usize,
+        msg: ToProposer,
+        ghost: Option<Wal>,
+    },
 }
 
 struct ProposerNode {
@@ -79,7 +88,11 @@ impl Sim {
             nodes: (0..ACCEPTORS).map(|_| Some(Node::start(&Disk::default()))).collect(),
             disks: vec![Disk::default(); ACCEPTORS],
             proposers: (0..proposers)
-                .map(|_| ProposerNode { core: Proposer::new(ACCEPTORS, WAL_START, config), store: Store::default(), ghosts: BTreeMap::new() })
+                .map(|_| ProposerNode {
+                    core: Proposer::new(ACCEPTORS, WAL_START, config),
+                    store: Store::default(),
+                    ghosts: BTreeMap::new(),
+                })
                 .collect(),
             net: Vec::new(),
             cut: BTreeSet::new(),
@@ -357,7 +370,9 @@ impl Sim {
                     if self.disks.iter().any(|d| d.wal != *first) {
                         return Err("acceptors differ after catching up".into());
                     }
-                    if first.range(WAL_START, committed_end(&self.committed)).map_err(|e| format!("after catching up: {e}"))? != &self.committed[..] {
+                    if first.range(WAL_START, committed_end(&self.committed)).map_err(|e| format!("after catching up: {e}"))?
+                        != &self.committed[..]
+                    {
                         return Err("the committed WAL is not a prefix of the acceptors' WAL after catching up".into());
                     }
                     return Ok(());

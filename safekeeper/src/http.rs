@@ -35,10 +35,7 @@ impl IntoResponse for ApiError {
 pub fn router(sk: Arc<Safekeeper>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
-        .route(
-            "/v1/tenant/{tenant_id}/timeline/{timeline_id}",
-            get(timeline_status),
-        )
+        .route("/v1/tenant/{tenant_id}/timeline/{timeline_id}", get(timeline_status))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .with_state(sk)
@@ -51,10 +48,7 @@ pub async fn serve(listener: TcpListener, sk: Arc<Safekeeper>) -> anyhow::Result
 
 async fn status(State(sk): State<Arc<Safekeeper>>) -> Json<serde_json::Value> {
     let timelines = sk.timelines();
-    let unavailable = timelines
-        .iter()
-        .filter(|(_, e)| matches!(e, TimelineEntry::Unavailable(_)))
-        .count();
+    let unavailable = timelines.iter().filter(|(_, e)| matches!(e, TimelineEntry::Unavailable(_))).count();
     Json(json!({
         "node_id": sk.node_id,
         "version": env!("CARGO_PKG_VERSION"),
@@ -67,21 +61,11 @@ async fn timeline_status(
     State(sk): State<Arc<Safekeeper>>,
     Path((tenant, timeline)): Path<(String, String)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let tenant: TenantId = tenant
-        .parse()
-        .map_err(|e| ApiError::BadRequest(format!("{e}")))?;
-    let timeline: TimelineId = timeline
-        .parse()
-        .map_err(|e| ApiError::BadRequest(format!("{e}")))?;
-    let entry = sk
-        .timelines()
-        .into_iter()
-        .find(|(k, _)| *k == (tenant, timeline))
-        .map(|(_, e)| e);
+    let tenant: TenantId = tenant.parse().map_err(|e| ApiError::BadRequest(format!("{e}")))?;
+    let timeline: TimelineId = timeline.parse().map_err(|e| ApiError::BadRequest(format!("{e}")))?;
+    let entry = sk.timelines().into_iter().find(|(k, _)| *k == (tenant, timeline)).map(|(_, e)| e);
     match entry {
-        None => Err(ApiError::NotFound(format!(
-            "timeline {tenant}/{timeline} does not exist on this safekeeper"
-        ))),
+        None => Err(ApiError::NotFound(format!("timeline {tenant}/{timeline} does not exist on this safekeeper"))),
         Some(TimelineEntry::Unavailable(reason)) => Ok(Json(json!({
             "tenant_id": tenant.to_string(),
             "timeline_id": timeline.to_string(),
@@ -90,18 +74,12 @@ async fn timeline_status(
         }))),
         Some(TimelineEntry::Ok(tl)) => {
             let tl2 = tl.clone();
-            let st = tokio::task::spawn_blocking(move || tl2.status())
-                .await
-                .map_err(|e| ApiError::Internal(e.to_string()))?;
-            serde_json::to_value(st)
-                .map(Json)
-                .map_err(|e| ApiError::Internal(e.to_string()))
+            let st = tokio::task::spawn_blocking(move || tl2.status()).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+            serde_json::to_value(st).map(Json).map_err(|e| ApiError::Internal(e.to_string()))
         }
     }
 }
 
 async fn metrics(State(sk): State<Arc<Safekeeper>>) -> Result<String, ApiError> {
-    sk.metrics
-        .render()
-        .map_err(|e| ApiError::Internal(format!("could not render metrics: {e:#}")))
+    sk.metrics.render().map_err(|e| ApiError::Internal(format!("could not render metrics: {e:#}")))
 }

@@ -57,28 +57,19 @@ impl Safekeeper {
     /// if the directory cannot be used at all; a timeline that fails to load is logged and
     /// kept as unavailable.
     pub fn open(node_id: u64, data_dir: &Path) -> anyhow::Result<Arc<Safekeeper>> {
-        std::fs::create_dir_all(data_dir)
-            .with_context(|| format!("create data directory {}", data_dir.display()))?;
+        std::fs::create_dir_all(data_dir).with_context(|| format!("create data directory {}", data_dir.display()))?;
         let lock = lock_data_dir(data_dir)?;
         let metrics = Arc::new(Metrics::new().context("register metrics")?);
         let mut timelines = BTreeMap::new();
         for tenant_entry in read_dir_sorted(data_dir)? {
-            let Some(tenant) = tenant_entry
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.parse::<TenantId>().ok())
-            else {
+            let Some(tenant) = tenant_entry.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse::<TenantId>().ok()) else {
                 continue;
             };
             if !tenant_entry.is_dir() {
                 continue;
             }
             for tl_entry in read_dir_sorted(&tenant_entry)? {
-                let Some(timeline) = tl_entry
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .and_then(|n| n.parse::<TimelineId>().ok())
-                else {
+                let Some(timeline) = tl_entry.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse::<TimelineId>().ok()) else {
                     continue;
                 };
                 let entry = match load_timeline(&tl_entry, tenant, timeline, &metrics) {
@@ -95,13 +86,7 @@ impl Safekeeper {
                 timelines.insert((tenant, timeline), entry);
             }
         }
-        Ok(Arc::new(Safekeeper {
-            node_id,
-            data_dir: data_dir.to_path_buf(),
-            timelines: RwLock::new(timelines),
-            metrics,
-            _lock: lock,
-        }))
+        Ok(Arc::new(Safekeeper { node_id, data_dir: data_dir.to_path_buf(), timelines: RwLock::new(timelines), metrics, _lock: lock }))
     }
 
     pub fn data_dir(&self) -> &Path {
@@ -109,31 +94,17 @@ impl Safekeeper {
     }
 
     fn timeline_dir(&self, tenant: TenantId, timeline: TimelineId) -> PathBuf {
-        self.data_dir
-            .join(tenant.to_string())
-            .join(timeline.to_string())
+        self.data_dir.join(tenant.to_string()).join(timeline.to_string())
     }
 
     /// The timeline, if it exists and is usable; otherwise an error that says which it is.
-    pub fn get_timeline(
-        &self,
-        tenant: TenantId,
-        timeline: TimelineId,
-    ) -> Result<Arc<Timeline>, TimelineError> {
+    pub fn get_timeline(&self, tenant: TenantId, timeline: TimelineId) -> Result<Arc<Timeline>, TimelineError> {
         let map = self.timelines.read().unwrap_or_else(|e| e.into_inner());
         match map.get(&(tenant, timeline)) {
             None => Err(TimelineError::NotFound { tenant, timeline }),
-            Some(TimelineEntry::Unavailable(reason)) => Err(TimelineError::Unavailable {
-                tenant,
-                timeline,
-                reason: reason.clone(),
-            }),
+            Some(TimelineEntry::Unavailable(reason)) => Err(TimelineError::Unavailable { tenant, timeline, reason: reason.clone() }),
             Some(TimelineEntry::Ok(tl)) => match tl.broken() {
-                Some(reason) => Err(TimelineError::Unavailable {
-                    tenant,
-                    timeline,
-                    reason,
-                }),
+                Some(reason) => Err(TimelineError::Unavailable { tenant, timeline, reason }),
                 None => Ok(tl.clone()),
             },
         }
@@ -157,21 +128,13 @@ impl Safekeeper {
         let mut map = self.timelines.write().unwrap_or_else(|e| e.into_inner());
         let tl = match map.get(&(tenant, timeline)) {
             Some(TimelineEntry::Unavailable(reason)) => {
-                return Err(TimelineError::Unavailable {
-                    tenant,
-                    timeline,
-                    reason: reason.clone(),
-                }
-                .to_string())
+                return Err(TimelineError::Unavailable { tenant, timeline, reason: reason.clone() }.to_string())
             }
             Some(TimelineEntry::Ok(tl)) => tl.clone(),
             None => {
                 let dir = self.timeline_dir(tenant, timeline);
-                let storage =
-                    TimelineStorage::create(&dir, tenant, timeline, system_id, wal_segment_size)
-                        .map_err(|e| {
-                            format!("could not create timeline {tenant}/{timeline}: {e:#}")
-                        })?;
+                let storage = TimelineStorage::create(&dir, tenant, timeline, system_id, wal_segment_size)
+                    .map_err(|e| format!("could not create timeline {tenant}/{timeline}: {e:#}"))?;
                 tracing::info!(tenant_id = %tenant, timeline_id = %timeline, system_id, wal_segment_size, "created timeline");
                 let tl = Arc::new(Timeline::new(storage, self.metrics.clone()));
                 map.insert((tenant, timeline), TimelineEntry::Ok(tl.clone()));
@@ -180,12 +143,7 @@ impl Safekeeper {
         };
         drop(map);
         if let Some(reason) = tl.broken() {
-            return Err(TimelineError::Unavailable {
-                tenant,
-                timeline,
-                reason,
-            }
-            .to_string());
+            return Err(TimelineError::Unavailable { tenant, timeline, reason }.to_string());
         }
         if tl.system_id() != system_id {
             return Err(format!(
@@ -215,21 +173,11 @@ impl Safekeeper {
     }
 }
 
-fn load_timeline(
-    dir: &Path,
-    tenant: TenantId,
-    timeline: TimelineId,
-    metrics: &Arc<Metrics>,
-) -> anyhow::Result<Timeline> {
+fn load_timeline(dir: &Path, tenant: TenantId, timeline: TimelineId, metrics: &Arc<Metrics>) -> anyhow::Result<Timeline> {
     let storage = TimelineStorage::open(dir)?;
     let c = storage.control();
     if c.tenant != tenant || c.timeline != timeline {
-        anyhow::bail!(
-            "control file in {} belongs to timeline {}/{}",
-            dir.display(),
-            c.tenant,
-            c.timeline
-        );
+        anyhow::bail!("control file in {} belongs to timeline {}/{}", dir.display(), c.tenant, c.timeline);
     }
     Ok(Timeline::new(storage, metrics.clone()))
 }

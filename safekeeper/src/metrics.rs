@@ -1,9 +1,7 @@
 //! Prometheus metrics of one safekeeper process, in a registry of its own (so in-process
 //! tests can run several safekeepers). Rendered by `GET /metrics`.
 
-use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -27,43 +25,17 @@ impl Metrics {
     pub fn new() -> anyhow::Result<Metrics> {
         let registry = Registry::new();
         let tl = &["tenant_id", "timeline_id"];
-        let flush_lsn = IntGaugeVec::new(
-            Opts::new(
-                "safekeeper_flush_lsn",
-                "durable end of WAL (as a byte position)",
-            ),
-            tl,
-        )?;
-        let commit_lsn = IntGaugeVec::new(
-            Opts::new(
-                "safekeeper_commit_lsn",
-                "commit LSN known to this safekeeper",
-            ),
-            tl,
-        )?;
-        let appends = IntCounterVec::new(
-            Opts::new("safekeeper_appends_total", "appends that carried new WAL"),
-            tl,
-        )?;
-        let wal_bytes_written = IntCounterVec::new(
-            Opts::new("safekeeper_wal_bytes_written_total", "WAL bytes written"),
-            tl,
-        )?;
+        let flush_lsn = IntGaugeVec::new(Opts::new("safekeeper_flush_lsn", "durable end of WAL (as a byte position)"), tl)?;
+        let commit_lsn = IntGaugeVec::new(Opts::new("safekeeper_commit_lsn", "commit LSN known to this safekeeper"), tl)?;
+        let appends = IntCounterVec::new(Opts::new("safekeeper_appends_total", "appends that carried new WAL"), tl)?;
+        let wal_bytes_written = IntCounterVec::new(Opts::new("safekeeper_wal_bytes_written_total", "WAL bytes written"), tl)?;
         let fsyncs = IntCounter::new("safekeeper_fsyncs_total", "fsync and fdatasync calls")?;
         let fsync_seconds = Histogram::with_opts(
             HistogramOpts::new("safekeeper_fsync_seconds", "time spent in fsync per batch")
-                .buckets(vec![
-                    0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0,
-                ]),
+                .buckets(vec![0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0]),
         )?;
-        let connections = IntCounterVec::new(
-            Opts::new("safekeeper_connections_total", "connections accepted"),
-            &["kind"],
-        )?;
-        let proposer_connections_open = IntGauge::new(
-            "safekeeper_proposer_connections_open",
-            "open proposer connections",
-        )?;
+        let connections = IntCounterVec::new(Opts::new("safekeeper_connections_total", "connections accepted"), &["kind"])?;
+        let proposer_connections_open = IntGauge::new("safekeeper_proposer_connections_open", "open proposer connections")?;
         registry.register(Box::new(flush_lsn.clone()))?;
         registry.register(Box::new(commit_lsn.clone()))?;
         registry.register(Box::new(appends.clone()))?;

@@ -28,10 +28,7 @@ const BATCH_BYTES_MAX: usize = 32 * 1024 * 1024;
 /// Closes the connection after telling the proposer why.
 async fn refuse(stream: &mut TcpStream, message: String) -> anyhow::Result<()> {
     let mut out = BytesMut::new();
-    AcceptorMessage::Error {
-        message: message.clone(),
-    }
-    .encode(&mut out);
+    AcceptorMessage::Error { message: message.clone() }.encode(&mut out);
     let _ = stream.write_all(&out).await;
     let _ = stream.shutdown().await;
     anyhow::bail!("{message}")
@@ -45,10 +42,7 @@ async fn read_more(stream: &mut TcpStream, buf: &mut BytesMut) -> anyhow::Result
 
 /// Serves a proposer connection (its first byte is `b'H'`).
 pub async fn serve(mut stream: TcpStream, sk: Arc<Safekeeper>) -> anyhow::Result<()> {
-    let peer = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
+    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let hello = loop {
         match ProposerMessage::decode(&mut buf) {
@@ -61,32 +55,17 @@ pub async fn serve(mut stream: TcpStream, sk: Arc<Safekeeper>) -> anyhow::Result
             Err(e) => return refuse(&mut stream, format!("malformed greeting: {e}")).await,
         }
     };
-    let ProposerMessage::Hello {
-        protocol_version,
-        tenant,
-        timeline,
-        system_id,
-        wal_segment_size,
-        name,
-    } = hello
-    else {
+    let ProposerMessage::Hello { protocol_version, tenant, timeline, system_id, wal_segment_size, name } = hello else {
         return refuse(&mut stream, "the first message must be Hello".into()).await;
     };
     if protocol_version != PROTOCOL_VERSION {
-        return refuse(
-            &mut stream,
-            format!("unsupported protocol version {protocol_version}, this safekeeper speaks {PROTOCOL_VERSION}"),
-        )
-        .await;
+        return refuse(&mut stream, format!("unsupported protocol version {protocol_version}, this safekeeper speaks {PROTOCOL_VERSION}"))
+            .await;
     }
-    let span =
-        tracing::info_span!("proposer", tenant_id = %tenant, timeline_id = %timeline, %peer, %name);
+    let span = tracing::info_span!("proposer", tenant_id = %tenant, timeline_id = %timeline, %peer, %name);
     async move {
         let sk2 = sk.clone();
-        let tl = tokio::task::spawn_blocking(move || {
-            sk2.hello_timeline(tenant, timeline, system_id, wal_segment_size)
-        })
-        .await?;
+        let tl = tokio::task::spawn_blocking(move || sk2.hello_timeline(tenant, timeline, system_id, wal_segment_size)).await?;
         let tl = match tl {
             Ok(tl) => tl,
             Err(message) => {
@@ -98,11 +77,7 @@ pub async fn serve(mut stream: TcpStream, sk: Arc<Safekeeper>) -> anyhow::Result
         // learns the current progress right away.
         let feedback = tl.feedback_watch();
         let mut out = BytesMut::new();
-        AcceptorMessage::HelloOk {
-            protocol_version: PROTOCOL_VERSION,
-            node_id: sk.node_id,
-        }
-        .encode(&mut out);
+        AcceptorMessage::HelloOk { protocol_version: PROTOCOL_VERSION, node_id: sk.node_id }.encode(&mut out);
         let current = *feedback.borrow();
         if current != PageserverFeedback::default() {
             AcceptorMessage::Feedback(current).encode(&mut out);
@@ -145,8 +120,7 @@ async fn session(
             match ProposerMessage::decode(buf) {
                 Ok(Some(ProposerMessage::Consensus(m))) => msgs.push(m),
                 Ok(Some(ProposerMessage::Hello { .. })) => {
-                    violation =
-                        Some("unexpected Hello on a connection that already greeted".to_string());
+                    violation = Some("unexpected Hello on a connection that already greeted".to_string());
                     break;
                 }
                 Ok(None) => break,

@@ -87,8 +87,8 @@ mod startup;
 
 use command::{parse_command, query_text, show_value, tokenize, Command};
 use messages::{
-    command_complete, data_row, error_response, keepalive, message, parameter_status, pg_now, ready_for_query,
-    row_description, sqlstate, PgError, INT4_OID, TEXT_OID,
+    command_complete, data_row, error_response, keepalive, message, parameter_status, pg_now, ready_for_query, row_description, sqlstate,
+    PgError, INT4_OID, TEXT_OID,
 };
 use startup::{startup, Startup};
 
@@ -157,7 +157,6 @@ pub const TIMELINE_OPTION: &str = "fjord.timeline";
 /// but a replication client sends only small status messages and queries).
 const MESSAGE_BYTES_MAX: usize = 1 << 20;
 
-
 /// Serves one replication connection handed over by the safekeeper's listener.
 pub async fn serve(stream: TcpStream, sk: Arc<crate::Safekeeper>) -> anyhow::Result<()> {
     serve_with(stream, move |tenant, timeline| lookup_timeline(&sk, tenant, timeline)).await
@@ -221,7 +220,6 @@ where
     }
     result
 }
-
 
 struct Conn {
     /// Taken by the reader task once the startup is done.
@@ -446,7 +444,6 @@ async fn session<S: WalSource + ?Sized>(conn: &mut Conn, source: Arc<S>, startup
 // ---------------------------------------------------------------------------------------
 // Commands.
 
-
 /// Runs one simple query.
 async fn query<S: WalSource + ?Sized>(
     conn: &mut Conn,
@@ -596,7 +593,11 @@ async fn streaming_message<S: WalSource + ?Sized>(
                         return Err(conn.fatal(sqlstate::PROTOCOL_VIOLATION, m).await);
                     }
                     body.advance(1);
-                    let feedback = PageserverFeedback { write_lsn: Lsn(body.get_u64()), flush_lsn: Lsn(body.get_u64()), apply_lsn: Lsn(body.get_u64()) };
+                    let feedback = PageserverFeedback {
+                        write_lsn: Lsn(body.get_u64()),
+                        flush_lsn: Lsn(body.get_u64()),
+                        apply_lsn: Lsn(body.get_u64()),
+                    };
                     let _client_time = body.get_i64();
                     let reply_requested = body.get_u8() != 0;
                     tracing::trace!("standby status update {feedback:?}");

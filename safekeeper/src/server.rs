@@ -44,16 +44,10 @@ async fn dispatch(stream: TcpStream, sk: Arc<Safekeeper>) -> anyhow::Result<()> 
         return Ok(());
     }
     if first[0] == b'H' {
-        sk.metrics
-            .connections
-            .with_label_values(&["proposer"])
-            .inc();
+        sk.metrics.connections.with_label_values(&["proposer"]).inc();
         crate::proposer::serve(stream, sk).await
     } else {
-        sk.metrics
-            .connections
-            .with_label_values(&["replication"])
-            .inc();
+        sk.metrics.connections.with_label_values(&["replication"]).inc();
         crate::replication::serve(stream, sk).await
     }
 }

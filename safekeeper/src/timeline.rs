@@ -26,16 +26,9 @@ use crate::storage::{SyncStats, TimelineStorage};
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum TimelineError {
     #[error("timeline {tenant}/{timeline} does not exist on this safekeeper")]
-    NotFound {
-        tenant: TenantId,
-        timeline: TimelineId,
-    },
+    NotFound { tenant: TenantId, timeline: TimelineId },
     #[error("timeline {tenant}/{timeline} is unavailable: {reason}")]
-    Unavailable {
-        tenant: TenantId,
-        timeline: TimelineId,
-        reason: String,
-    },
+    Unavailable { tenant: TenantId, timeline: TimelineId, reason: String },
 }
 
 /// What handling a batch of proposer messages produced.
@@ -110,11 +103,7 @@ impl Timeline {
             timeline: c.timeline,
             system_id: c.system_id,
             wal_segment_size: c.wal_segment_size,
-            inner: Mutex::new(Inner {
-                acceptor: Acceptor::new(state.clone()),
-                storage,
-                broken: None,
-            }),
+            inner: Mutex::new(Inner { acceptor: Acceptor::new(state.clone()), storage, broken: None }),
             commit_tx,
             flush_tx,
             feedback_tx,
@@ -130,14 +119,8 @@ impl Timeline {
 
     fn update_gauges(&self, flush: Lsn, commit: Lsn) {
         let [t, tl] = self.labels();
-        self.metrics
-            .flush_lsn
-            .with_label_values(&[&t, &tl])
-            .set(flush.0 as i64);
-        self.metrics
-            .commit_lsn
-            .with_label_values(&[&t, &tl])
-            .set(commit.0 as i64);
+        self.metrics.flush_lsn.with_label_values(&[&t, &tl]).set(flush.0 as i64);
+        self.metrics.commit_lsn.with_label_values(&[&t, &tl]).set(commit.0 as i64);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -147,11 +130,7 @@ impl Timeline {
     }
 
     fn unavailable(&self, reason: &str) -> TimelineError {
-        TimelineError::Unavailable {
-            tenant: self.tenant,
-            timeline: self.timeline,
-            reason: reason.to_string(),
-        }
+        TimelineError::Unavailable { tenant: self.tenant, timeline: self.timeline, reason: reason.to_string() }
     }
 
     /// The PostgreSQL system identifier of this timeline's WAL.
@@ -280,17 +259,10 @@ impl Timeline {
             self.metrics.fsync_seconds.observe(stats.fsync_seconds);
         }
         let [t, tl] = self.labels();
-        self.metrics
-            .appends
-            .with_label_values(&[&t, &tl])
-            .inc_by(appends);
-        self.metrics
-            .wal_bytes_written
-            .with_label_values(&[&t, &tl])
-            .inc_by(bytes);
+        self.metrics.appends.with_label_values(&[&t, &tl]).inc_by(appends);
+        self.metrics.wal_bytes_written.with_label_values(&[&t, &tl]).inc_by(bytes);
         if let Err(e) = result {
-            let reason =
-                format!("storage failed, restart the safekeeper to reload from disk: {e:#}");
+            let reason = format!("storage failed, restart the safekeeper to reload from disk: {e:#}");
             tracing::error!(tenant_id = %self.tenant, timeline_id = %self.timeline, "{reason}");
             inner.broken = Some(reason.clone());
             return Err(self.unavailable(&reason));
@@ -298,10 +270,8 @@ impl Timeline {
         let state = inner.acceptor.state();
         let (flush, commit) = (state.flush_lsn, state.commit_lsn);
         drop(inner);
-        self.flush_tx
-            .send_if_modified(|f| std::mem::replace(f, flush) != flush);
-        self.commit_tx
-            .send_if_modified(|c| std::mem::replace(c, commit) != commit);
+        self.flush_tx.send_if_modified(|f| std::mem::replace(f, flush) != flush);
+        self.commit_tx.send_if_modified(|c| std::mem::replace(c, commit) != commit);
         self.update_gauges(flush, commit);
         Ok(out)
     }
@@ -327,24 +297,12 @@ impl Timeline {
         TimelineStatus {
             tenant_id: self.tenant.to_string(),
             timeline_id: self.timeline.to_string(),
-            state: if inner.broken.is_some() {
-                "broken"
-            } else {
-                "ok"
-            },
+            state: if inner.broken.is_some() { "broken" } else { "ok" },
             error: inner.broken.clone(),
             system_id: self.system_id,
             wal_segment_size: self.wal_segment_size,
             term: state.term,
-            term_history: state
-                .history
-                .0
-                .iter()
-                .map(|e| TermSwitchJson {
-                    term: e.term,
-                    lsn: e.lsn.to_string(),
-                })
-                .collect(),
+            term_history: state.history.0.iter().map(|e| TermSwitchJson { term: e.term, lsn: e.lsn.to_string() }).collect(),
             flush_lsn: state.flush_lsn.to_string(),
             commit_lsn: state.commit_lsn.to_string(),
             wal_begin_lsn: inner.storage.wal_extent().begin.to_string(),

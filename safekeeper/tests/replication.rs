@@ -216,7 +216,8 @@ impl Client {
     /// Connects as the pageserver does and waits for ReadyForQuery.
     async fn ready(server: &Server) -> Client {
         let db = server.database();
-        let mut c = Client::connect(server.addr, &[("user", "ps"), ("replication", "true"), ("application_name", "test"), ("database", &db)]).await;
+        let mut c =
+            Client::connect(server.addr, &[("user", "ps"), ("replication", "true"), ("application_name", "test"), ("database", &db)]).await;
         let msgs = c.until_ready().await;
         assert!(matches!(msgs[0], Msg::Backend(backend::Message::AuthenticationOk)), "{msgs:?}");
         let params: BTreeMap<String, String> = msgs
@@ -393,10 +394,7 @@ async fn streams_committed_wal_and_follows_the_commit_lsn() {
     let mut c = Client::ready(&server).await;
 
     let (cols, rows) = c.query("IDENTIFY_SYSTEM").await.unwrap();
-    assert_eq!(
-        cols,
-        vec![("systemid".into(), 25), ("timeline".into(), 23), ("xlogpos".into(), 25), ("dbname".into(), 25)]
-    );
+    assert_eq!(cols, vec![("systemid".into(), 25), ("timeline".into(), 23), ("xlogpos".into(), 25), ("dbname".into(), 25)]);
     assert_eq!(rows, vec![vec![Some(f.system_id.to_string()), Some("1".into()), Some(first_commit.to_string()), None]]);
     let (_, rows) = c.query("show WAL_SEGMENT_SIZE;").await.unwrap();
     assert_eq!(rows, vec![vec![Some("16MB".to_string())]]);
@@ -450,7 +448,8 @@ async fn keepalives_ask_for_a_reply_and_a_silent_client_is_dropped() {
     let f = fixture();
     let commit = Lsn(f.start.0 + 8192);
     let src = MemWal::new(&f, commit);
-    let config = Config { keepalive_interval: Duration::from_millis(100), sender_timeout: Duration::from_millis(1500), ..Config::default() };
+    let config =
+        Config { keepalive_interval: Duration::from_millis(100), sender_timeout: Duration::from_millis(1500), ..Config::default() };
     let mut server = server(Arc::clone(&src), config).await;
     let mut c = Client::ready(&server).await;
     c.send(|b| frontend::query(&format!("START_REPLICATION {commit}"), b).unwrap()).await;
@@ -534,7 +533,8 @@ async fn refuses_bad_startups() {
     assert_eq!(&answer, b"N");
     let options = format!("-c fjord.timeline={db}");
     c.send(|b| {
-        frontend::startup_message([("user", "u"), ("replication", "on"), ("database", "replication"), ("options", options.as_str())], b).unwrap()
+        frontend::startup_message([("user", "u"), ("replication", "on"), ("database", "replication"), ("options", options.as_str())], b)
+            .unwrap()
     })
     .await;
     c.until_ready().await;
@@ -721,11 +721,7 @@ async fn pg_receivewal_writes_exactly_the_served_wal() {
     let seg = |n: u64| format!("{:08X}{:08X}{:08X}", 1, n / 256, n % 256);
     let first = f.start.0 / SEGMENT;
     std::fs::write(dir.path().join(seg(first - 1)), vec![0u8; SEGMENT as usize]).unwrap();
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user=fjord options='-c fjord.timeline={}'",
-        server.addr.port(),
-        server.database()
-    );
+    let conninfo = format!("host=127.0.0.1 port={} user=fjord options='-c fjord.timeline={}'", server.addr.port(), server.database());
     let mut child = std::process::Command::new(bin.join("pg_receivewal"))
         .args(["-d", &conninfo, "-D"])
         .arg(dir.path())

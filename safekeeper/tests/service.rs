@@ -16,18 +16,11 @@ const SEG: u32 = 1 << 20;
 const SYSID: u64 = 7_123_456_789;
 
 fn ids() -> (TenantId, TimelineId) {
-    (
-        TenantId::from_bytes([0x11; 16]),
-        TimelineId::from_bytes([0x22; 16]),
-    )
+    (TenantId::from_bytes([0x11; 16]), TimelineId::from_bytes([0x22; 16]))
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 struct Node {
@@ -42,24 +35,12 @@ impl Node {
         let child = Command::new(env!("CARGO_BIN_EXE_safekeeper"))
             .args(["--id", "7", "--data-dir"])
             .arg(data_dir)
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--http",
-                &format!("127.0.0.1:{http_port}"),
-            ])
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--http", &format!("127.0.0.1:{http_port}")])
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let node = Node {
-            child,
-            port,
-            http_port,
-        };
+        let node = Node { child, port, http_port };
         let deadline = Instant::now() + Duration::from_secs(20);
         while http_get(node.http_port, "/v1/status").is_none() {
             assert!(Instant::now() < deadline, "safekeeper did not start");
@@ -78,16 +59,12 @@ impl Node {
     fn connect(&self) -> Conn {
         let s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        Conn {
-            s,
-            buf: BytesMut::new(),
-        }
+        Conn { s, buf: BytesMut::new() }
     }
 
     fn timeline(&self) -> (u16, serde_json::Value) {
         let (t, tl) = ids();
-        let (code, body) =
-            http_get(self.http_port, &format!("/v1/tenant/{t}/timeline/{tl}")).unwrap();
+        let (code, body) = http_get(self.http_port, &format!("/v1/tenant/{t}/timeline/{tl}")).unwrap();
         (code, serde_json::from_str(&body).unwrap())
     }
 }
@@ -102,11 +79,7 @@ impl Drop for Node {
 /// A minimal HTTP/1.1 GET: (status code, body), `None` if nothing listens.
 fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
     let mut resp = String::new();
     s.read_to_string(&mut resp).ok()?;
     let code = resp.split(' ').nth(1)?.parse().ok()?;
@@ -171,22 +144,8 @@ struct Shell {
 
 impl Shell {
     fn new(conn: Conn, start: Lsn) -> Shell {
-        let p = Proposer::new(
-            1,
-            start,
-            ProposerConfig {
-                max_append: 64 * 1024,
-                ..ProposerConfig::default()
-            },
-        );
-        Shell {
-            p,
-            conn,
-            start,
-            wal: Vec::new(),
-            elected: None,
-            commit: Lsn(0),
-        }
+        let p = Proposer::new(1, start, ProposerConfig { max_append: 64 * 1024, ..ProposerConfig::default() });
+        Shell { p, conn, start, wal: Vec::new(), elected: None, commit: Lsn(0) }
     }
 
     /// Carries out actions and feeds replies back until nothing is outstanding.
@@ -200,24 +159,12 @@ impl Shell {
                         outstanding += 1;
                         self.conn.send(&ProposerMessage::Consensus(m));
                     }
-                    ProposerAction::SendWal {
-                        to: 0,
-                        term,
-                        begin,
-                        end,
-                        commit_lsn,
-                    } => {
+                    ProposerAction::SendWal { to: 0, term, begin, end, commit_lsn } => {
                         let from = (begin.0 - self.start.0) as usize;
                         let to = (end.0 - self.start.0) as usize;
                         let data = Bytes::copy_from_slice(&self.wal[from..to]);
                         outstanding += 1;
-                        self.conn
-                            .send(&ProposerMessage::Consensus(ToAcceptor::Append {
-                                term,
-                                begin_lsn: begin,
-                                data,
-                                commit_lsn,
-                            }));
+                        self.conn.send(&ProposerMessage::Consensus(ToAcceptor::Append { term, begin_lsn: begin, data, commit_lsn }));
                     }
                     ProposerAction::Elected { start_lsn, .. } => self.elected = Some(start_lsn),
                     ProposerAction::Commit { commit_lsn, .. } => self.commit = commit_lsn,
@@ -272,13 +219,7 @@ fn proposer_session_election_appends_commit_and_restart() {
     let start = Lsn(3 * SEG as u64 + 0x28);
 
     let mut conn = node.connect();
-    assert_eq!(
-        conn.hello(SYSID),
-        AcceptorMessage::HelloOk {
-            protocol_version: PROTOCOL_VERSION,
-            node_id: 7
-        }
-    );
+    assert_eq!(conn.hello(SYSID), AcceptorMessage::HelloOk { protocol_version: PROTOCOL_VERSION, node_id: 7 });
     let mut shell = Shell::new(conn, start);
     shell.elect();
     assert_eq!(shell.elected, Some(start));
@@ -286,10 +227,7 @@ fn proposer_session_election_appends_commit_and_restart() {
     let b = synthetic(1_500_000, 2); // crosses a segment boundary
     shell.append(&a);
     let end = shell.append(&b);
-    assert_eq!(
-        shell.commit, end,
-        "a single acceptor commits everything it flushed"
-    );
+    assert_eq!(shell.commit, end, "a single acceptor commits everything it flushed");
     let (code, st) = node.timeline();
     assert_eq!(code, 200);
     assert_eq!(st["state"], "ok");
@@ -300,10 +238,7 @@ fn proposer_session_election_appends_commit_and_restart() {
     assert_eq!(st["term_history"][0]["lsn"], start.to_string());
     let (_, metrics) = http_get(node.http_port, "/metrics").unwrap();
     assert!(metrics.contains("safekeeper_fsyncs_total"), "{metrics}");
-    assert!(
-        metrics.contains(&format!("safekeeper_flush_lsn{{tenant_id=\"{}\"", ids().0)),
-        "{metrics}"
-    );
+    assert!(metrics.contains(&format!("safekeeper_flush_lsn{{tenant_id=\"{}\"", ids().0)), "{metrics}");
     let (_, status) = http_get(node.http_port, "/v1/status").unwrap();
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["node_id"], 7);
@@ -366,16 +301,8 @@ fn malformed_messages_get_an_error_and_change_nothing() {
         ("truncated", vec![b'V', 0, 0, 0, 3, 1, 2, 3], "truncated"),
         ("trailing bytes", vec![b'G', 0, 0, 0, 2, 0, 0], "trailing"),
         ("too long", vec![b'A', 0xff, 0xff, 0xff, 0xff], "too long"),
-        (
-            "garbage",
-            b"\x00\x00\x00\x00\x05junk!".to_vec(),
-            "unknown message tag 0x00",
-        ),
-        (
-            "garbage with a huge length",
-            b"garbage garbage".to_vec(),
-            "too long",
-        ),
+        ("garbage", b"\x00\x00\x00\x00\x05junk!".to_vec(), "unknown message tag 0x00"),
+        ("garbage with a huge length", b"garbage garbage".to_vec(), "too long"),
         (
             "a second hello",
             {
@@ -398,13 +325,8 @@ fn malformed_messages_get_an_error_and_change_nothing() {
             "append in an old term",
             {
                 let mut b = BytesMut::new();
-                ProposerMessage::Consensus(ToAcceptor::Append {
-                    term: 0,
-                    begin_lsn: Lsn(0),
-                    data: Bytes::new(),
-                    commit_lsn: Lsn(0),
-                })
-                .encode(&mut b);
+                ProposerMessage::Consensus(ToAcceptor::Append { term: 0, begin_lsn: Lsn(0), data: Bytes::new(), commit_lsn: Lsn(0) })
+                    .encode(&mut b);
                 // Valid on the wire (answered Rejected); then garbage.
                 b.extend_from_slice(&[b'Q', 0, 0, 0, 0]);
                 b.to_vec()
@@ -414,10 +336,7 @@ fn malformed_messages_get_an_error_and_change_nothing() {
     ];
     for (what, bytes, expect) in cases {
         let mut conn = node.connect();
-        assert!(
-            matches!(conn.hello(SYSID), AcceptorMessage::HelloOk { .. }),
-            "{what}"
-        );
+        assert!(matches!(conn.hello(SYSID), AcceptorMessage::HelloOk { .. }), "{what}");
         conn.send_raw(&bytes);
         let mut got_error = None;
         while let Some(m) = conn.recv() {
@@ -454,14 +373,8 @@ fn a_proposer_of_another_system_is_refused() {
     let mut conn = node.connect();
     match conn.hello(SYSID + 1) {
         AcceptorMessage::Error { message } => {
-            assert!(
-                message.contains(&format!("was created for system {SYSID}")),
-                "{message}"
-            );
-            assert!(
-                message.contains(&format!("writes WAL of system {}", SYSID + 1)),
-                "{message}"
-            );
+            assert!(message.contains(&format!("was created for system {SYSID}")), "{message}");
+            assert!(message.contains(&format!("writes WAL of system {}", SYSID + 1)), "{message}");
         }
         other => panic!("unexpected {other:?}"),
     }
@@ -518,17 +431,10 @@ fn http_errors_and_the_lock_of_a_running_process() {
 fn a_corrupt_control_file_is_reported_over_http_and_to_proposers() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(dir.path());
-    assert!(matches!(
-        node.connect().hello(SYSID),
-        AcceptorMessage::HelloOk { .. }
-    ));
+    assert!(matches!(node.connect().hello(SYSID), AcceptorMessage::HelloOk { .. }));
     node.stop();
     let (t, tl) = ids();
-    let control = dir
-        .path()
-        .join(t.to_string())
-        .join(tl.to_string())
-        .join("safekeeper.control");
+    let control = dir.path().join(t.to_string()).join(tl.to_string()).join("safekeeper.control");
     let mut bytes = std::fs::read(&control).unwrap();
     bytes[50] ^= 0x80;
     std::fs::write(&control, &bytes).unwrap();
@@ -543,11 +449,7 @@ fn a_corrupt_control_file_is_reported_over_http_and_to_proposers() {
         other => panic!("a corrupt timeline was served: {other:?}"),
     }
     node.stop();
-    assert_eq!(
-        std::fs::read(&control).unwrap(),
-        bytes,
-        "the corrupt file is left as it was"
-    );
+    assert_eq!(std::fs::read(&control).unwrap(), bytes, "the corrupt file is left as it was");
 }
 
 /// In process (the feedback comes from `replication.rs`, which runs inside the safekeeper):
@@ -558,10 +460,7 @@ fn pageserver_feedback_reaches_proposers() {
     let sk = safekeeper::Safekeeper::open(3, dir.path()).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (listener, http) = rt.block_on(async {
-        (
-            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
-            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        )
+        (tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(), tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap())
     });
     let port = listener.local_addr().unwrap().port();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -570,20 +469,10 @@ fn pageserver_feedback_reaches_proposers() {
     }));
     let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut conn = Conn {
-        s,
-        buf: BytesMut::new(),
-    };
-    assert!(matches!(
-        conn.hello(SYSID),
-        AcceptorMessage::HelloOk { node_id: 3, .. }
-    ));
+    let mut conn = Conn { s, buf: BytesMut::new() };
+    assert!(matches!(conn.hello(SYSID), AcceptorMessage::HelloOk { node_id: 3, .. }));
     let tl = sk.get_timeline(ids().0, ids().1).unwrap();
-    let f = quorum::wire::PageserverFeedback {
-        write_lsn: Lsn(300),
-        flush_lsn: Lsn(200),
-        apply_lsn: Lsn(100),
-    };
+    let f = quorum::wire::PageserverFeedback { write_lsn: Lsn(300), flush_lsn: Lsn(200), apply_lsn: Lsn(100) };
     tl.set_pageserver_feedback(f);
     assert_eq!(conn.recv(), Some(AcceptorMessage::Feedback(f)));
     assert_eq!(tl.pageserver_feedback(), f);

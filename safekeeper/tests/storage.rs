@@ -15,56 +15,25 @@ const SEG64: u64 = SEG as u64;
 const SYSID: u64 = 7_000_000_000_000_000_001;
 
 fn ids() -> (TenantId, TimelineId) {
-    (
-        TenantId::from_bytes([0xa1; 16]),
-        TimelineId::from_bytes([0xb2; 16]),
-    )
+    (TenantId::from_bytes([0xa1; 16]), TimelineId::from_bytes([0xb2; 16]))
 }
 
 fn create(dir: &Path) -> TimelineStorage {
     let (t, tl) = ids();
-    TimelineStorage::create(
-        &dir.join(t.to_string()).join(tl.to_string()),
-        t,
-        tl,
-        SYSID,
-        SEG,
-    )
-    .unwrap()
+    TimelineStorage::create(&dir.join(t.to_string()).join(tl.to_string()), t, tl, SYSID, SEG).unwrap()
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1)
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1).collect()
 }
 
 /// Elects term 1 starting at `begin` and appends `data`, as the acceptor would persist it.
 fn start_and_append(s: &mut TimelineStorage, begin: Lsn, data: &[u8]) {
     let mut st = SyncStats::default();
-    let history = TermHistory(vec![TermSwitch {
-        term: 1,
-        lsn: begin,
-    }]);
-    s.persist(
-        &Persist::Control {
-            term: 1,
-            history,
-            commit_lsn: Lsn(0),
-        },
-        &mut st,
-    )
-    .unwrap();
-    s.persist(&Persist::Truncate { at: begin }, &mut st)
-        .unwrap();
-    s.persist(
-        &Persist::Append {
-            begin,
-            data: Bytes::copy_from_slice(data),
-        },
-        &mut st,
-    )
-    .unwrap();
+    let history = TermHistory(vec![TermSwitch { term: 1, lsn: begin }]);
+    s.persist(&Persist::Control { term: 1, history, commit_lsn: Lsn(0) }, &mut st).unwrap();
+    s.persist(&Persist::Truncate { at: begin }, &mut st).unwrap();
+    s.persist(&Persist::Append { begin, data: Bytes::copy_from_slice(data) }, &mut st).unwrap();
     s.sync(&mut st).unwrap();
     assert!(st.fsyncs > 0);
 }
@@ -78,32 +47,20 @@ fn restart_keeps_flush_term_history_and_bytes() {
     let tl_dir = {
         let mut s = create(dir.path());
         start_and_append(&mut s, begin, &data);
-        s.persist_commit_lsn(Lsn(begin.0 + 100), &mut SyncStats::default())
-            .unwrap();
+        s.persist_commit_lsn(Lsn(begin.0 + 100), &mut SyncStats::default()).unwrap();
         s.dir().to_path_buf()
     };
     let mut s = TimelineStorage::open(&tl_dir).unwrap();
     let st = s.acceptor_state();
     assert_eq!(st.term, 1);
-    assert_eq!(
-        st.history,
-        TermHistory(vec![TermSwitch {
-            term: 1,
-            lsn: begin
-        }])
-    );
+    assert_eq!(st.history, TermHistory(vec![TermSwitch { term: 1, lsn: begin }]));
     assert_eq!(st.flush_lsn, end);
     assert_eq!(st.commit_lsn, Lsn(begin.0 + 100));
     assert_eq!(s.wal_extent().begin, begin);
     assert_eq!(&s.read_wal(begin, end).unwrap()[..], &data[..]);
     for segno in 1..=4 {
         let p = tl_dir.join(segment_file_name(segno, SEG64));
-        assert_eq!(
-            std::fs::metadata(&p).unwrap().len(),
-            SEG64,
-            "{}",
-            p.display()
-        );
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), SEG64, "{}", p.display());
     }
     assert!(tl_dir.join("000000010000000000000004").exists());
     assert!(!tl_dir.join(segment_file_name(5, SEG64)).exists());
@@ -124,16 +81,10 @@ fn a_missing_or_short_end_segment_is_reported_at_open() {
     let f = std::fs::OpenOptions::new().write(true).open(&last).unwrap();
     f.set_len(SEG64 / 2).unwrap();
     let err = format!("{:#}", TimelineStorage::open(&tl_dir).err().unwrap());
-    assert!(
-        err.contains("000000010000000000000002") && err.contains("bytes"),
-        "{err}"
-    );
+    assert!(err.contains("000000010000000000000002") && err.contains("bytes"), "{err}");
     std::fs::remove_file(&last).unwrap();
     let err = format!("{:#}", TimelineStorage::open(&tl_dir).err().unwrap());
-    assert!(
-        err.contains("000000010000000000000002") && err.contains("missing"),
-        "{err}"
-    );
+    assert!(err.contains("000000010000000000000002") && err.contains("missing"), "{err}");
 }
 
 #[test]
@@ -144,8 +95,7 @@ fn truncate_inside_zeroes_the_tail_and_drops_later_segments() {
     let mut s = create(dir.path());
     start_and_append(&mut s, begin, &data);
     let at = Lsn(2 * SEG64 + 5000);
-    s.persist(&Persist::Truncate { at }, &mut SyncStats::default())
-        .unwrap();
+    s.persist(&Persist::Truncate { at }, &mut SyncStats::default()).unwrap();
     let tl_dir = s.dir().to_path_buf();
     drop(s);
     let mut s = TimelineStorage::open(&tl_dir).unwrap();
@@ -154,24 +104,14 @@ fn truncate_inside_zeroes_the_tail_and_drops_later_segments() {
     let kept = (at.0 - begin.0) as usize;
     assert_eq!(&s.read_wal(begin, at).unwrap()[..], &data[..kept]);
     let seg2 = std::fs::read(tl_dir.join(segment_file_name(2, SEG64))).unwrap();
-    assert!(
-        seg2[5000..].iter().all(|&b| b == 0),
-        "bytes after the truncation point are zeroed"
-    );
+    assert!(seg2[5000..].iter().all(|&b| b == 0), "bytes after the truncation point are zeroed");
     assert_eq!(seg2[4999], data[kept - 1]);
     assert!(!tl_dir.join(segment_file_name(3, SEG64)).exists());
     assert!(!tl_dir.join(segment_file_name(4, SEG64)).exists());
     // Appending continues at the new end.
     let more = pattern(100, 3);
     let mut st = SyncStats::default();
-    s.persist(
-        &Persist::Append {
-            begin: at,
-            data: Bytes::copy_from_slice(&more),
-        },
-        &mut st,
-    )
-    .unwrap();
+    s.persist(&Persist::Append { begin: at, data: Bytes::copy_from_slice(&more) }, &mut st).unwrap();
     s.sync(&mut st).unwrap();
     assert_eq!(&s.read_wal(at, Lsn(at.0 + 100)).unwrap()[..], &more[..]);
 }
@@ -185,27 +125,19 @@ fn truncate_outside_empties_the_wal_and_begins_there() {
     let tl_dir = s.dir().to_path_buf();
     // Beyond the end.
     let far = Lsn(10 * SEG64 + 0x100);
-    s.persist(&Persist::Truncate { at: far }, &mut SyncStats::default())
-        .unwrap();
+    s.persist(&Persist::Truncate { at: far }, &mut SyncStats::default()).unwrap();
     drop(s);
     let mut s = TimelineStorage::open(&tl_dir).unwrap();
     assert_eq!(s.acceptor_state().flush_lsn, far);
     assert_eq!(s.wal_extent().begin, far);
     assert_eq!(s.control().wal_begin, far);
-    let segs: Vec<String> = std::fs::read_dir(&tl_dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.len() == 24)
-        .collect();
+    let segs: Vec<String> =
+        std::fs::read_dir(&tl_dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).filter(|n| n.len() == 24).collect();
     assert_eq!(segs, vec![segment_file_name(10, SEG64)]);
-    assert!(
-        s.read_wal(begin, Lsn(begin.0 + 1)).is_err(),
-        "old WAL is gone"
-    );
+    assert!(s.read_wal(begin, Lsn(begin.0 + 1)).is_err(), "old WAL is gone");
     // Before the beginning.
     let early = Lsn(SEG64 / 2);
-    s.persist(&Persist::Truncate { at: early }, &mut SyncStats::default())
-        .unwrap();
+    s.persist(&Persist::Truncate { at: early }, &mut SyncStats::default()).unwrap();
     drop(s);
     let s = TimelineStorage::open(&tl_dir).unwrap();
     assert_eq!(s.wal_extent().begin, early);
@@ -236,9 +168,7 @@ fn verified_read_names_the_segment_of_a_corrupt_page_header() {
     start_and_append(&mut s, begin, &data);
     assert_eq!(&s.read_wal_verified(begin, end).unwrap()[..], &data[..]);
     // A read starting mid-page still checks that page's header.
-    assert!(s
-        .read_wal_verified(Lsn(begin.0 + 100), Lsn(begin.0 + 9000))
-        .is_ok());
+    assert!(s.read_wal_verified(Lsn(begin.0 + 100), Lsn(begin.0 + 9000)).is_ok());
     let tl_dir = s.dir().to_path_buf();
     drop(s);
 
@@ -253,9 +183,7 @@ fn verified_read_names_the_segment_of_a_corrupt_page_header() {
     assert!(err.contains("000000010000000000000002"), "{err}");
     assert!(err.contains(&bad.to_string()), "{err}");
     // Starting mid-page in the bad page still catches it; ranges before it do not.
-    assert!(s
-        .read_wal_verified(Lsn(bad.0 + 100), Lsn(bad.0 + 200))
-        .is_err());
+    assert!(s.read_wal_verified(Lsn(bad.0 + 100), Lsn(bad.0 + 200)).is_err());
     assert!(s.read_wal_verified(begin, bad).is_ok());
     // The unverified read returns the bytes as they are.
     assert!(s.read_wal(begin, end).is_ok());
@@ -265,10 +193,7 @@ fn verified_read_names_the_segment_of_a_corrupt_page_header() {
     bytes[3 * 8192 + 8] ^= 0x20; // xlp_pageaddr
     std::fs::write(&seg2, &bytes).unwrap();
     let err = format!("{:#}", s.read_wal_verified(begin, end).unwrap_err());
-    assert!(
-        err.contains("000000010000000000000002") && err.contains(&bad.to_string()),
-        "{err}"
-    );
+    assert!(err.contains("000000010000000000000002") && err.contains(&bad.to_string()), "{err}");
 }
 
 #[test]
@@ -279,14 +204,9 @@ fn corrupt_control_file_makes_the_timeline_unavailable_and_stays_untouched() {
         let sk = Safekeeper::open(1, dir.path()).unwrap();
         sk.hello_timeline(t, tl, SYSID, SEG).unwrap();
         // A second timeline that stays healthy.
-        sk.hello_timeline(t, TimelineId::from_bytes([0xc3; 16]), SYSID, SEG)
-            .unwrap();
+        sk.hello_timeline(t, TimelineId::from_bytes([0xc3; 16]), SYSID, SEG).unwrap();
     }
-    let control = dir
-        .path()
-        .join(t.to_string())
-        .join(tl.to_string())
-        .join("safekeeper.control");
+    let control = dir.path().join(t.to_string()).join(tl.to_string()).join("safekeeper.control");
     let mut bytes = std::fs::read(&control).unwrap();
     bytes[30] ^= 0x01;
     std::fs::write(&control, &bytes).unwrap();
@@ -294,32 +214,18 @@ fn corrupt_control_file_makes_the_timeline_unavailable_and_stays_untouched() {
     let sk = Safekeeper::open(1, dir.path()).unwrap();
     match sk.get_timeline(t, tl) {
         Err(TimelineError::Unavailable { reason, .. }) => {
-            assert!(
-                reason.contains("safekeeper.control") && reason.contains("checksum"),
-                "{reason}"
-            )
+            assert!(reason.contains("safekeeper.control") && reason.contains("checksum"), "{reason}")
         }
         Err(e) => panic!("unexpected error: {e}"),
         Ok(_) => panic!("a corrupt timeline was served"),
     }
     let err = sk.hello_timeline(t, tl, SYSID, SEG).err().unwrap();
     assert!(err.contains("unavailable"), "{err}");
-    assert!(
-        sk.get_timeline(t, TimelineId::from_bytes([0xc3; 16]))
-            .is_ok(),
-        "other timelines load"
-    );
-    assert!(matches!(
-        sk.get_timeline(t, TimelineId::from_bytes([0xdd; 16])),
-        Err(TimelineError::NotFound { .. })
-    ));
+    assert!(sk.get_timeline(t, TimelineId::from_bytes([0xc3; 16])).is_ok(), "other timelines load");
+    assert!(matches!(sk.get_timeline(t, TimelineId::from_bytes([0xdd; 16])), Err(TimelineError::NotFound { .. })));
     sk.persist_commit_lsns();
     drop(sk);
-    assert_eq!(
-        std::fs::read(&control).unwrap(),
-        bytes,
-        "the corrupt file is left as it was"
-    );
+    assert_eq!(std::fs::read(&control).unwrap(), bytes, "the corrupt file is left as it was");
 }
 
 #[test]

@@ -182,7 +182,8 @@ fn read_loop(ctx: &ConnCtx, mut stream: TcpStream, generation: u64, mut buf: Byt
         match stream.read(&mut chunk) {
             Ok(0) => return "closed by the safekeeper (or by this proposer after a failed write)".into(),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => {}
+            Err(e)
+                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => {}
             Err(e) => return format!("read failed: {e}"),
         }
     }

@@ -34,9 +34,20 @@ const ELECTION_BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BATCH_EVENTS_MAX: usize = 256;
 
 pub enum Event {
-    Connected { node: NodeId, generation: u64, writer: TcpStream },
-    Disconnected { node: NodeId, generation: u64 },
-    Message { node: NodeId, generation: u64, msg: ToProposer },
+    Connected {
+        node: NodeId,
+        generation: u64,
+        writer: TcpStream,
+    },
+    Disconnected {
+        node: NodeId,
+        generation: u64,
+    },
+    Message {
+        node: NodeId,
+        generation: u64,
+        msg: ToProposer,
+    },
     /// `wal_flushed` raised `Shared::flushed` (coalesced: one event per burst).
     Flushed,
     Stop,
@@ -313,7 +324,9 @@ impl Core {
     fn on_stepped_down(&mut self, term: u64, seen: u64) {
         let who = self.handling.map_or_else(|| "a safekeeper".to_string(), |i| format!("safekeeper {}", self.addrs[i]));
         if self.mode == Mode::Compute && self.elected.is_some() {
-            let reason = format!("{who} accepted term {seen} from another compute (this one was elected in term {term}); this compute can no longer commit");
+            let reason = format!(
+                "{who} accepted term {seen} from another compute (this one was elected in term {term}); this compute can no longer commit"
+            );
             self.finish(Status::Fenced { reason: reason.clone() }, Outcome::Failed(reason));
             return;
         }

@@ -187,7 +187,13 @@ impl WalProposer {
         Self::spawn(&config, Mode::Compute, Some(dir), config.wal_start, wake)
     }
 
-    fn spawn(config: &Config, mode: Mode, dir: Option<PathBuf>, wal_start: Lsn, wake: Arc<dyn Fn() + Send + Sync>) -> anyhow::Result<WalProposer> {
+    fn spawn(
+        config: &Config,
+        mode: Mode,
+        dir: Option<PathBuf>,
+        wal_start: Lsn,
+        wake: Arc<dyn Fn() + Send + Sync>,
+    ) -> anyhow::Result<WalProposer> {
         validate(config)?;
         let n = config.safekeepers.len();
         let shared = Arc::new(Shared::new(n, wal_start));
@@ -212,7 +218,8 @@ impl WalProposer {
             wal_segment_size: config.wal_segment_size,
             name: config.name.clone(),
         };
-        let mut proposer = WalProposer { shared: Arc::clone(&shared), events: tx.clone(), threads: Vec::new(), addrs: config.safekeepers.clone() };
+        let mut proposer =
+            WalProposer { shared: Arc::clone(&shared), events: tx.clone(), threads: Vec::new(), addrs: config.safekeepers.clone() };
         let span = tracing::info_span!("walproposer", tenant_id = %config.tenant_id, timeline_id = %config.timeline_id);
         let core_span = span.clone();
         let spawned = std::thread::Builder::new().name("walproposer".into()).spawn(move || {
@@ -335,8 +342,7 @@ pub fn sync_safekeepers(config: &Config, timeout: Duration) -> anyhow::Result<Op
         Some(Outcome::Synced(lsn)) => Ok(lsn),
         Some(Outcome::Failed(reason)) => anyhow::bail!("could not sync the safekeepers: {reason}"),
         None => {
-            let down: Vec<String> =
-                connections.iter().filter_map(|(a, why)| why.as_ref().map(|w| format!("{a} ({w})"))).collect();
+            let down: Vec<String> = connections.iter().filter_map(|(a, why)| why.as_ref().map(|w| format!("{a} ({w})"))).collect();
             let down = if down.is_empty() { "none".to_string() } else { down.join(", ") };
             anyhow::bail!("could not sync the safekeepers within {timeout:?}: {progress}; unreachable safekeepers: {down}")
         }

@@ -153,12 +153,8 @@ impl WalStore {
     }
 
     fn segment(&mut self, segno: u64, lsn: Lsn) -> Result<(String, &File), WalReadError> {
-        let dir = self.dir.as_ref().ok_or(WalReadError::NotHere {
-            lsn,
-            floor: Lsn(0),
-            wal_start: self.own_start,
-            flushed: self.flushed,
-        })?;
+        let dir =
+            self.dir.as_ref().ok_or(WalReadError::NotHere { lsn, floor: Lsn(0), wal_start: self.own_start, flushed: self.flushed })?;
         let path = dir.join(segment_file_name(PG_TIMELINE, segno, self.segment_size));
         let shown = path.display().to_string();
         if self.open.as_ref().is_none_or(|(s, _)| *s != segno) {

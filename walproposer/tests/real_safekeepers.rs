@@ -26,7 +26,8 @@ fn free_port() -> u16 {
 #[test]
 fn streams_commits_and_syncs_with_real_safekeepers() {
     let bin = std::env::var_os("FJORD_SAFEKEEPER_BIN").map(std::path::PathBuf::from).unwrap_or_else(|| {
-        let manifest = std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+        let manifest =
+            std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
         manifest.join("../target/bin/safekeeper")
     });
     assert!(bin.is_file(), "no safekeeper binary at {} (run ./scripts/setup, or set FJORD_SAFEKEEPER_BIN)", bin.display());

@@ -44,9 +44,12 @@ fn temp_dir(name: &str) -> PathBuf {
 fn start(cfg: Config) -> (WalProposer, Arc<AtomicU64>) {
     let wakes = Arc::new(AtomicU64::new(0));
     let w = Arc::clone(&wakes);
-    let p = WalProposer::start(cfg, Arc::new(move || {
-        w.fetch_add(1, Ordering::SeqCst);
-    }))
+    let p = WalProposer::start(
+        cfg,
+        Arc::new(move || {
+            w.fetch_add(1, Ordering::SeqCst);
+        }),
+    )
     .unwrap();
     (p, wakes)
 }

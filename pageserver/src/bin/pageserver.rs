@@ -80,10 +80,7 @@ fn main() -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listen for HTTP on {}", ps.conf.listen_http_addr))?;
         tracing::info!("management API listening on http://{}", ps.conf.listen_http_addr);
-        axum::serve(listener, http::router(Arc::clone(&ps)))
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("serve HTTP")?;
+        axum::serve(listener, http::router(Arc::clone(&ps))).with_graceful_shutdown(shutdown_signal()).await.context("serve HTTP")?;
         anyhow::Ok(())
     })?;
     ps.stop_wal_receivers();

@@ -285,13 +285,8 @@ mod tests {
     fn golden_rel_dir() {
         let set: BTreeSet<RelEntry> = [rel(16384, 0), rel(1259, 2), rel(16384, 3)].into();
         let bytes = encode_rel_dir(&set);
-        let expected: Vec<u8> = [
-            &[b'R', 1, 3, 0, 0, 0][..],
-            &[0xEB, 0x04, 0, 0, 2],
-            &[0x00, 0x40, 0, 0, 0],
-            &[0x00, 0x40, 0, 0, 3],
-        ]
-        .concat();
+        let expected: Vec<u8> =
+            [&[b'R', 1, 3, 0, 0, 0][..], &[0xEB, 0x04, 0, 0, 2], &[0x00, 0x40, 0, 0, 0], &[0x00, 0x40, 0, 0, 3]].concat();
         assert_eq!(&bytes[..], &expected[..]);
         assert_eq!(decode_rel_dir(&bytes).unwrap(), set);
         assert_eq!(decode_rel_dir(&encode_rel_dir(&BTreeSet::new())).unwrap(), BTreeSet::new());
@@ -304,13 +299,53 @@ mod tests {
             (vec![], "invalid relation directory: 0 bytes, shorter than the 6-byte header"),
             (good[..good.len() - 1].to_vec(), "invalid relation directory: 2 entries announced in 15 bytes"),
             ([&good[..], &[0]].concat(), "invalid relation directory: 2 entries announced in 17 bytes"),
-            ({ let mut b = good.clone(); b[0] = b'D'; b }, "invalid relation directory: kind byte 0x44, expected 0x52"),
-            ({ let mut b = good.clone(); b[1] = 2; b }, "invalid relation directory: format version 2, this build reads only version 1"),
-            ({ let mut b = good.clone(); b[10] = 9; b }, "invalid relation directory: entry 0: invalid fork number 9"),
-            ({ let mut b = good.clone(); b[6] = 0; b }, "invalid relation directory: entry 0: relnode 0 is not a relation"),
-            ({ let mut b = good.clone(); b[11] = 5; b }, "invalid relation directory: entry 1 is not in ascending order"),
             (
-                { let mut b = good.clone(); b[2] = 0xff; b[5] = 0xff; b },
+                {
+                    let mut b = good.clone();
+                    b[0] = b'D';
+                    b
+                },
+                "invalid relation directory: kind byte 0x44, expected 0x52",
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[1] = 2;
+                    b
+                },
+                "invalid relation directory: format version 2, this build reads only version 1",
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[10] = 9;
+                    b
+                },
+                "invalid relation directory: entry 0: invalid fork number 9",
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[6] = 0;
+                    b
+                },
+                "invalid relation directory: entry 0: relnode 0 is not a relation",
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[11] = 5;
+                    b
+                },
+                "invalid relation directory: entry 1 is not in ascending order",
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[2] = 0xff;
+                    b[5] = 0xff;
+                    b
+                },
                 "invalid relation directory: 4278190335 entries announced in 16 bytes",
             ),
         ];

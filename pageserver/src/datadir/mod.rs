@@ -76,9 +76,7 @@ pub(crate) trait ValueSource {
     fn decoded<T, E: std::fmt::Display>(&self, key: Key, decode: impl FnOnce(&[u8]) -> Result<T, E>) -> Result<Option<T>, DatadirError> {
         match self.value(key)? {
             None => Ok(None),
-            Some(bytes) => decode(&bytes)
-                .map(Some)
-                .map_err(|e| DatadirError::Corrupt { key, lsn: self.read_lsn(), reason: e.to_string() }),
+            Some(bytes) => decode(&bytes).map(Some).map_err(|e| DatadirError::Corrupt { key, lsn: self.read_lsn(), reason: e.to_string() }),
         }
     }
 
@@ -391,11 +389,9 @@ impl ValueSource for Modification<'_> {
     fn value(&self, key: Key) -> Result<Option<Bytes>, DatadirError> {
         match self.pending.get(&key) {
             Some(Value::Image(img)) => Ok(Some(img.clone())),
-            Some(Value::WalRecord { .. }) => Err(DatadirError::Corrupt {
-                key,
-                lsn: self.lsn,
-                reason: "read of a value this modification holds only as a record".into(),
-            }),
+            Some(Value::WalRecord { .. }) => {
+                Err(DatadirError::Corrupt { key, lsn: self.lsn, reason: "read of a value this modification holds only as a record".into() })
+            }
             None => Snapshot { timeline: self.timeline, lsn: self.read_lsn }.value(key),
         }
     }

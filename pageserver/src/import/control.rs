@@ -183,6 +183,9 @@ mod tests {
         assert_eq!(new[OFFSET_BACKUP_END_REQUIRED], 0);
         // Only the fields named change.
         let changed: Vec<usize> = (0..new.len()).filter(|&i| new[i] != raw[i]).collect();
-        assert!(changed.iter().all(|&i| (16..40).contains(&i) || (40..128).contains(&i) || (136..172).contains(&i) || (288..292).contains(&i)), "{changed:?}");
+        assert!(
+            changed.iter().all(|&i| (16..40).contains(&i) || (40..128).contains(&i) || (136..172).contains(&i) || (288..292).contains(&i)),
+            "{changed:?}"
+        );
     }
 }

@@ -167,10 +167,7 @@ fn read_checkpoint_record(pg_wal: &Path, control: &ControlFile) -> anyhow::Resul
             let mut copy = control.checkpoint_copy.clone();
             copy[17..24].fill(0);
             copy[60..64].fill(0);
-            ensure!(
-                checkpoint.to_bytes()[..] == copy[..],
-                "the checkpoint record at {start} differs from pg_control's copy of it"
-            );
+            ensure!(checkpoint.to_bytes()[..] == copy[..], "the checkpoint record at {start} differs from pg_control's copy of it");
         }
         Some(MetadataRecord::Checkpoint { shutdown: false, .. }) => {
             bail!("the checkpoint at {start} is an online checkpoint: the server was not shut down cleanly")

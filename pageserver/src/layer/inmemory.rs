@@ -216,10 +216,10 @@ mod tests {
         let mut c = ValueCollector::default();
         assert!(!layer.collect(Key::MIN, Lsn(10)..Lsn(13), &mut c).unwrap());
         let data = c.finish();
-        assert_eq!(data.records.iter().map(|(l, r)| (l.0, r.rec.clone())).collect::<Vec<_>>(), vec![
-            (10, Bytes::from_static(b"a")),
-            (12, Bytes::from_static(b"c"))
-        ]);
+        assert_eq!(
+            data.records.iter().map(|(l, r)| (l.0, r.rec.clone())).collect::<Vec<_>>(),
+            vec![(10, Bytes::from_static(b"a")), (12, Bytes::from_static(b"c"))]
+        );
         assert_eq!(layer.keys(&KeyRange::ALL, Lsn(12)), vec![Key::MIN]);
         layer.freeze(Lsn(14));
         let file = layer.write_l0(dir.path(), &StorageConfig::default()).unwrap().unwrap();

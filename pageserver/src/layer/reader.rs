@@ -50,7 +50,10 @@ impl LayerFile {
             return Err(LayerError::corrupt(
                 path,
                 16,
-                format!("header describes {:?} {}..{} {}, the file name another layer", header.kind, header.lsn_start, header.lsn_end, header.key_range),
+                format!(
+                    "header describes {:?} {}..{} {}, the file name another layer",
+                    header.kind, header.lsn_start, header.lsn_end, header.key_range
+                ),
             ));
         }
         let index_len = usize::try_from(header.index_len).map_err(|_| LayerError::corrupt(path, 76, "index too large"))?;
@@ -150,7 +153,10 @@ impl LayerFile {
                     if entry.key != key || entry.first_lsn != lsn || entry.block_offset != block_offset {
                         return Err(self.corrupt(
                             block_offset,
-                            format!("found {key} at LSN {lsn} here, the index says {} at LSN {} in block {}", entry.key, entry.first_lsn, entry.block_offset),
+                            format!(
+                                "found {key} at LSN {lsn} here, the index says {} at LSN {} in block {}",
+                                entry.key, entry.first_lsn, entry.block_offset
+                            ),
                         ));
                     }
                     current = Some((entry, 1));
@@ -168,7 +174,9 @@ impl LayerFile {
 
     fn check_count(&self, entry: &IndexEntry, seen: u32) -> Result<(), LayerError> {
         if seen != entry.value_count {
-            return Err(self.corrupt(entry.block_offset, format!("key {} has {seen} versions, the index says {}", entry.key, entry.value_count)));
+            return Err(
+                self.corrupt(entry.block_offset, format!("key {} has {seen} versions, the index says {}", entry.key, entry.value_count))
+            );
         }
         Ok(())
     }
@@ -265,7 +273,9 @@ impl LayerFile {
 /// Converts a format check failure into the error callers see.
 fn format_error(path: &Path, e: FormatError) -> LayerError {
     match e.unsupported_version {
-        Some(version) => LayerError::UnsupportedVersion { path: path.to_path_buf(), offset: e.offset, version, supported: format::FORMAT_VERSION },
+        Some(version) => {
+            LayerError::UnsupportedVersion { path: path.to_path_buf(), offset: e.offset, version, supported: format::FORMAT_VERSION }
+        }
         None => LayerError::corrupt(path, e.offset, e.reason),
     }
 }

@@ -60,11 +60,8 @@ impl LayerWriter {
         ensure!(kind == LayerKind::Delta || lsn_range.end.0 == lsn_range.start.0 + 1, "image layer LSN range must be one LSN");
         let seq = TEMP_FILE_SEQ.fetch_add(1, Ordering::Relaxed);
         let tmp_path = dir.join(format!("layer-{}-{seq}{}", std::process::id(), crashsafe::TEMP_SUFFIX));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp_path)
-            .with_context(|| format!("create {}", tmp_path.display()))?;
+        let file =
+            OpenOptions::new().write(true).create_new(true).open(&tmp_path).with_context(|| format!("create {}", tmp_path.display()))?;
         let mut file = BufWriter::new(file);
         // Placeholder, overwritten by `finish` once the index position is known.
         file.write_all(&[0u8; HEADER_SIZE_BYTES]).with_context(|| format!("write {}", tmp_path.display()))?;

@@ -142,7 +142,8 @@ impl PageService {
         let (tenant_id, timeline_id) = match first {
             Request::Hello { protocol_version, tenant, timeline } if protocol_version == PROTOCOL_VERSION => (tenant, timeline),
             Request::Hello { protocol_version, .. } => {
-                let msg = format!("unsupported page service protocol version {protocol_version}; this pageserver speaks {PROTOCOL_VERSION}");
+                let msg =
+                    format!("unsupported page service protocol version {protocol_version}; this pageserver speaks {PROTOCOL_VERSION}");
                 send_error(&mut writer, 0, ErrorCode::Protocol, &msg)?;
                 return Err(ConnectionError::Protocol(msg));
             }
@@ -197,15 +198,13 @@ impl PageService {
             Request::Nblocks { lsns, rel, .. } => {
                 api.get_rel_size(rel, read_lsn(api, lsns), t).map(|nblocks| Response::Nblocks { id, nblocks })
             }
-            Request::Exists { lsns, rel, .. } => {
-                api.rel_exists(rel, read_lsn(api, lsns), t).map(|exists| Response::Exists { id, exists })
-            }
+            Request::Exists { lsns, rel, .. } => api.rel_exists(rel, read_lsn(api, lsns), t).map(|exists| Response::Exists { id, exists }),
             Request::DbSize { lsns, spcnode, dbnode, .. } => {
                 api.get_db_size(spcnode, dbnode, read_lsn(api, lsns), t).map(|size_bytes| Response::DbSize { id, size_bytes })
             }
-            Request::GetSlruSegment { lsns, kind, segno, .. } => api
-                .get_slru_segment(kind, segno, read_lsn(api, lsns), t)
-                .map(|data| Response::SlruSegment { id, data: data.to_vec() }),
+            Request::GetSlruSegment { lsns, kind, segno, .. } => {
+                api.get_slru_segment(kind, segno, read_lsn(api, lsns), t).map(|data| Response::SlruSegment { id, data: data.to_vec() })
+            }
         };
         result.unwrap_or_else(|e| {
             let code = error_code(&e);

@@ -146,8 +146,7 @@ fn pipelined_requests_are_answered_in_order() {
     let mut c = Client::hello(&f);
     let mut batch = Vec::new();
     for id in 1..=200u64 {
-        Request::GetPage { id, lsns: lsns(0x200, 0x100), rel: rel(16384), blkno: BlockNumber((id % 2) as u32) }
-            .encode(&mut batch);
+        Request::GetPage { id, lsns: lsns(0x200, 0x100), rel: rel(16384), blkno: BlockNumber((id % 2) as u32) }.encode(&mut batch);
     }
     c.send_raw(&batch);
     for id in 1..=200u64 {

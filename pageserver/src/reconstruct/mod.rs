@@ -86,10 +86,7 @@ impl PgReconstructor {
                 page = Some(self.redo(rel, blkno, page.as_deref(), &batch)?);
                 batch.clear();
             }
-            let mut buf = page
-                .take()
-                .ok_or_else(|| anyhow!("{} record at {rec_lsn} has no page to apply to", stored.name()))?
-                .to_vec();
+            let mut buf = page.take().ok_or_else(|| anyhow!("{} record at {rec_lsn} has no page to apply to", stored.name()))?.to_vec();
             let applied = match &stored {
                 StoredRecord::VmClear { blocks } if rel.forknum == proto::ForkNumber::VisibilityMap => {
                     blocks.iter().try_for_each(|(heap_blkno, bits)| layout::vm_clear_bits(&mut buf, blkno, *heap_blkno, *bits))
@@ -134,12 +131,12 @@ fn slru_page(key: Key, lsn: Lsn, slru: SlruKind, here: SlruPage, data: Reconstru
             (StoredRecord::ClogSetStatus { status, xids }, SlruKind::Clog) => {
                 xids.iter().try_for_each(|xid| layout::clog_set_status(&mut page, here, *xid, *status))
             }
-            (StoredRecord::MultiXactOffsets { entries }, SlruKind::MultiXactOffsets) => entries
-                .iter()
-                .try_for_each(|(multi, offset)| layout::multixact_set_offset(&mut page, here, *multi, *offset)),
-            (StoredRecord::MultiXactMembers { members }, SlruKind::MultiXactMembers) => members
-                .iter()
-                .try_for_each(|(offset, xid, status)| layout::multixact_set_member(&mut page, here, *offset, *xid, *status)),
+            (StoredRecord::MultiXactOffsets { entries }, SlruKind::MultiXactOffsets) => {
+                entries.iter().try_for_each(|(multi, offset)| layout::multixact_set_offset(&mut page, here, *multi, *offset))
+            }
+            (StoredRecord::MultiXactMembers { members }, SlruKind::MultiXactMembers) => {
+                members.iter().try_for_each(|(offset, xid, status)| layout::multixact_set_member(&mut page, here, *offset, *xid, *status))
+            }
             (other, _) => Err(format!("a {} record does not apply to {slru}", other.name())),
         };
         applied.map_err(|reason| anyhow!("record at {rec_lsn}: {reason}"))?;
@@ -236,9 +233,7 @@ mod tests {
             image: Some((Lsn(1), Bytes::from(vec![0u8; PAGE_SIZE_BYTES]))),
             records: vec![(Lsn(2), rec(StoredRecord::ClogSetStatus { status: XidStatus::Committed, xids: vec![40000] }))],
         };
-        let err = PgReconstructor::rust_only()
-            .reconstruct(Key::slru_block(SlruKind::Clog, 0, BlockNumber(0)), Lsn(2), data)
-            .unwrap_err();
+        let err = PgReconstructor::rust_only().reconstruct(Key::slru_block(SlruKind::Clog, 0, BlockNumber(0)), Lsn(2), data).unwrap_err();
         assert_eq!(err.to_string(), "record at 0/2: the status of xid 40000 belongs on segment 0 page 1, not on segment 0 page 0");
         // Whole values never have records.
         let data = ReconstructData { image: None, records: vec![(Lsn(5), rec(StoredRecord::VmTruncate { heap_blocks: BlockNumber(1) }))] };

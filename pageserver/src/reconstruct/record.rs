@@ -143,8 +143,7 @@ impl StoredRecord {
             }
             TAG_MULTIXACT_MEMBERS => {
                 let n = entries(0, 9, "multixact members")?;
-                let members: Vec<(u32, u32, u8)> =
-                    (0..n).map(|i| (u32_at(4 + 9 * i), u32_at(8 + 9 * i), body[12 + 9 * i])).collect();
+                let members: Vec<(u32, u32, u8)> = (0..n).map(|i| (u32_at(4 + 9 * i), u32_at(8 + 9 * i), body[12 + 9 * i])).collect();
                 if let Some(m) = members.iter().find(|m| m.2 > MULTIXACT_STATUS_MAX) {
                     return Err(e(format!("invalid multixact member status {}", m.2)));
                 }
@@ -177,16 +176,13 @@ mod tests {
     fn record_strategy() -> impl Strategy<Value = StoredRecord> {
         prop_oneof![
             proptest::collection::vec(any::<u8>(), 0..64).prop_map(|v| StoredRecord::Postgres(Bytes::from(v))),
-            (0u8..4, proptest::collection::vec(any::<u32>(), 0..10)).prop_map(|(s, xids)| StoredRecord::ClogSetStatus {
-                status: XidStatus::from_u8(s).unwrap(),
-                xids
-            }),
+            (0u8..4, proptest::collection::vec(any::<u32>(), 0..10))
+                .prop_map(|(s, xids)| StoredRecord::ClogSetStatus { status: XidStatus::from_u8(s).unwrap(), xids }),
             proptest::collection::vec(any::<(u32, u32)>(), 0..10).prop_map(|entries| StoredRecord::MultiXactOffsets { entries }),
             proptest::collection::vec((any::<u32>(), any::<u32>(), 0u8..=5), 0..10)
                 .prop_map(|members| StoredRecord::MultiXactMembers { members }),
-            proptest::collection::vec((any::<u32>(), 0u8..4), 0..10).prop_map(|v| StoredRecord::VmClear {
-                blocks: v.into_iter().map(|(b, bits)| (BlockNumber(b), bits)).collect()
-            }),
+            proptest::collection::vec((any::<u32>(), 0u8..4), 0..10)
+                .prop_map(|v| StoredRecord::VmClear { blocks: v.into_iter().map(|(b, bits)| (BlockNumber(b), bits)).collect() }),
             any::<u32>().prop_map(|b| StoredRecord::VmTruncate { heap_blocks: BlockNumber(b) }),
         ]
     }

@@ -43,7 +43,9 @@ impl From<ManagementError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = match &self.0 {
-            ManagementError::TenantNotFound(_) | ManagementError::TimelineNotFound(..) | ManagementError::NotFound(_) => StatusCode::NOT_FOUND,
+            ManagementError::TenantNotFound(_) | ManagementError::TimelineNotFound(..) | ManagementError::NotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
             ManagementError::Conflict(_) => StatusCode::CONFLICT,
             ManagementError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ManagementError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -197,14 +199,19 @@ async fn create_timeline(
         (None, Some(_)) => {
             return Err(ApiError(ManagementError::BadRequest("ancestor_lsn needs ancestor_timeline_id".into())));
         }
-        (Some(a), lsn) => Some((parse::<TimelineId>("ancestor timeline id", &a)?, lsn.map(|l| parse::<Lsn>("ancestor LSN", &l)).transpose()?)),
+        (Some(a), lsn) => {
+            Some((parse::<TimelineId>("ancestor timeline id", &a)?, lsn.map(|l| parse::<Lsn>("ancestor LSN", &l)).transpose()?))
+        }
     };
     let ps2 = Arc::clone(&ps);
     let created = blocking(move || ps.create_timeline(tenant, timeline, ancestor)).await?;
     Ok((StatusCode::CREATED, Json(timeline_info(&ps2, &created))))
 }
 
-async fn get_timeline(State(ps): State<Arc<Pageserver>>, Path((tenant, timeline)): Path<(String, String)>) -> Result<Json<TimelineInfo>, ApiError> {
+async fn get_timeline(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+) -> Result<Json<TimelineInfo>, ApiError> {
     let t = ps.timeline(parse("tenant id", &tenant)?, parse("timeline id", &timeline)?)?;
     Ok(Json(timeline_info(&ps, &t)))
 }
@@ -237,7 +244,10 @@ async fn start_wal_receiver(
     Ok(StatusCode::ACCEPTED)
 }
 
-async fn stop_wal_receiver(State(ps): State<Arc<Pageserver>>, Path((tenant, timeline)): Path<(String, String)>) -> Result<StatusCode, ApiError> {
+async fn stop_wal_receiver(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
     let (tenant, timeline): (TenantId, TimelineId) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
     if blocking(move || ps.stop_wal_receiver(tenant, timeline)).await? {
         Ok(StatusCode::OK)

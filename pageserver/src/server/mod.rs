@@ -21,12 +21,12 @@ use proto::{Lsn, TenantId, TimelineId};
 
 use crate::basebackup::{write_basebackup, BasebackupSummary};
 use crate::import::{import_datadir, ImportSummary};
+use crate::localwal::WAL_RECEIVER_SOURCE_FILE;
 use crate::page_service::{PageService, PageServiceHandle, TenantRegistry};
 use crate::reconstruct::PgReconstructor;
 use crate::tenant::Tenant;
 use crate::timeline::Timeline;
 use crate::value::Reconstructor;
-use crate::localwal::WAL_RECEIVER_SOURCE_FILE;
 use crate::walreceiver::{WalReceiver, WalReceiverStatus, WalSources};
 use crate::walredo::{WalRedoConfig, WalRedoManager};
 use crate::CreateTimelineError;
@@ -184,7 +184,12 @@ impl Pageserver {
     /// explicit `lsn` is waited for up to the wait-LSN timeout and must be a record
     /// boundary (the end of a record); one below the GC cutoff or the branch point is
     /// refused. The previous record LSN is passed only at the last record LSN.
-    pub fn basebackup(&self, tenant: TenantId, timeline: TimelineId, lsn: Option<Lsn>) -> Result<(Vec<u8>, BasebackupSummary), ManagementError> {
+    pub fn basebackup(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        lsn: Option<Lsn>,
+    ) -> Result<(Vec<u8>, BasebackupSummary), ManagementError> {
         let t = self.timeline(tenant, timeline)?;
         if !t.last_record_lsn().is_valid() {
             return Err(ManagementError::Conflict(format!("timeline {timeline} has no data yet; import or branch it first")));
@@ -204,7 +209,9 @@ impl Pageserver {
                     )));
                 }
                 if let Some(branch) = t.ancestor_lsn().filter(|&b| lsn < b) {
-                    return Err(ManagementError::BadRequest(format!("requested LSN {lsn} is below the branch point {branch} of timeline {timeline}")));
+                    return Err(ManagementError::BadRequest(format!(
+                        "requested LSN {lsn} is below the branch point {branch} of timeline {timeline}"
+                    )));
                 }
                 t.wait_lsn(lsn, self.conf.wait_lsn_timeout()).map_err(|e| ManagementError::Timeout(e.to_string()))?;
                 let r = t.record_lsns();

@@ -97,12 +97,8 @@ impl TimelineMetadata {
             FLAG_HAS_ANCESTOR => Some((id_at(36), Lsn(u64_at(52)))),
             _ => return Err(corrupt(10, format!("invalid flags {flags:#06x} or ancestor fields"))),
         };
-        let meta = TimelineMetadata {
-            timeline_id: id_at(12),
-            disk_consistent_lsn: Lsn(u64_at(28)),
-            ancestor,
-            latest_gc_cutoff: Lsn(u64_at(60)),
-        };
+        let meta =
+            TimelineMetadata { timeline_id: id_at(12), disk_consistent_lsn: Lsn(u64_at(28)), ancestor, latest_gc_cutoff: Lsn(u64_at(60)) };
         if let Some((_, ancestor_lsn)) = meta.ancestor {
             if meta.disk_consistent_lsn < ancestor_lsn {
                 return Err(corrupt(28, format!("disk-consistent LSN {} below the branch point {ancestor_lsn}", meta.disk_consistent_lsn)));

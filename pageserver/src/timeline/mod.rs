@@ -323,10 +323,8 @@ impl Timeline {
     /// Waits until `lsn` is published, or `timeout` has passed.
     pub fn wait_lsn(&self, lsn: Lsn, timeout: Duration) -> Result<(), WaitLsnError> {
         let guard = lock(&self.last_record_lsn);
-        let (guard, _) = self
-            .last_record_lsn_changed
-            .wait_timeout_while(guard, timeout, |l| l.last < lsn)
-            .unwrap_or_else(|e| e.into_inner());
+        let (guard, _) =
+            self.last_record_lsn_changed.wait_timeout_while(guard, timeout, |l| l.last < lsn).unwrap_or_else(|e| e.into_inner());
         if guard.last < lsn {
             let _entered = self.span.enter();
             let err = WaitLsnError::Timeout { awaited: lsn, last_record: guard.last, timeout };

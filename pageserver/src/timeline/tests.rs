@@ -250,12 +250,18 @@ fn branch_errors() {
     let (_dir, tenant, t) = setup(StorageConfig::default());
     put(&t, key(1), 100, rec("a"));
     let e = |r: Result<Arc<Timeline>, CreateTimelineError>| r.unwrap_err().to_string();
-    assert_eq!(e(tenant.branch_timeline(BRANCH, MAIN, Lsn(101))), "cannot branch at LSN 0/65: the ancestor has only ingested up to LSN 0/64");
+    assert_eq!(
+        e(tenant.branch_timeline(BRANCH, MAIN, Lsn(101))),
+        "cannot branch at LSN 0/65: the ancestor has only ingested up to LSN 0/64"
+    );
     let missing = TimelineId([0xCC; 16]);
     assert_eq!(e(tenant.branch_timeline(BRANCH, missing, Lsn(50))), format!("ancestor timeline {missing} not found"));
     assert_eq!(e(tenant.create_timeline(MAIN)), format!("timeline {MAIN} already exists"));
     tenant.gc_timeline(MAIN, Lsn(60)).unwrap();
-    assert_eq!(e(tenant.branch_timeline(BRANCH, MAIN, Lsn(59))), "cannot branch at LSN 0/3B: below the ancestor's garbage collection horizon 0/3C");
+    assert_eq!(
+        e(tenant.branch_timeline(BRANCH, MAIN, Lsn(59))),
+        "cannot branch at LSN 0/3B: below the ancestor's garbage collection horizon 0/3C"
+    );
     let child = tenant.branch_timeline(BRANCH, MAIN, Lsn(80)).unwrap();
     assert_eq!(child.gc_cutoff_lsn(), Lsn(60), "a branch inherits its ancestor's horizon");
     assert_eq!(e(tenant.branch_timeline(BRANCH, MAIN, Lsn(90))), format!("timeline {BRANCH} already exists"));

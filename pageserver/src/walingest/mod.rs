@@ -167,7 +167,12 @@ impl WalIngest {
     }
 
     /// Puts the checkpoint value if `record` changes the counters (`counters.rs`).
-    fn track_counters(&mut self, m: &mut Modification<'_>, record: &DecodedRecord, meta: Option<&pgwal::MetadataRecord>) -> anyhow::Result<()> {
+    fn track_counters(
+        &mut self,
+        m: &mut Modification<'_>,
+        record: &DecodedRecord,
+        meta: Option<&pgwal::MetadataRecord>,
+    ) -> anyhow::Result<()> {
         let stored = match self.checkpoint.take() {
             Some(cached) => cached,
             None => m.checkpoint()?,

@@ -259,22 +259,10 @@ fn counters_follow_every_record_and_are_put_only_when_they_change() {
     f.ingest(RM_CLOG_ID, CLOG_ZEROPAGE, 700, &le(&[0]));
     assert!(f.check(|d, lsn| d.get_checkpoint_state(lsn)).is_err());
 
-    f.ingest(
-        RM_XLOG_ID,
-        XLOG_CHECKPOINT_ONLINE,
-        0,
-        &checkpoint_data(500, 16384, 10, 20),
-    );
+    f.ingest(RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE, 0, &checkpoint_data(500, 16384, 10, 20));
     let checkpoint_lsn = Lsn(f.lsn - 0x40);
     let state = |f: &Fixture| f.check(|d, lsn| d.get_checkpoint_state(lsn).unwrap());
-    let put_at = |f: &Fixture| {
-        f.timeline
-            .get_reconstruct_data(Key::checkpoint(), Lsn(f.lsn))
-            .unwrap()
-            .image
-            .unwrap()
-            .0
-    };
+    let put_at = |f: &Fixture| f.timeline.get_reconstruct_data(Key::checkpoint(), Lsn(f.lsn)).unwrap().image.unwrap().0;
     assert_eq!(state(&f).current.next_xid.0, 500);
     assert_eq!(state(&f).record_lsn, checkpoint_lsn);
 
@@ -288,79 +276,32 @@ fn counters_follow_every_record_and_are_put_only_when_they_change() {
     // An older xid changes nothing, and nothing is put.
     f.ingest(RM_XACT_ID, XLOG_XACT_ABORT, 550, &abort);
     assert_eq!(state(&f).current.next_xid.0, 601);
-    assert_eq!(
-        put_at(&f),
-        changed_at,
-        "no new version when nothing changed"
-    );
+    assert_eq!(put_at(&f), changed_at, "no new version when nothing changed");
     // Subtransactions of a commit count too.
     let mut commit = Vec::new();
     commit.extend_from_slice(&0i64.to_le_bytes());
     commit.extend_from_slice(&le(&[XACT_XINFO_HAS_SUBXACTS, 1, 640]));
-    f.ingest(
-        RM_XACT_ID,
-        XLOG_XACT_COMMIT | XLOG_XACT_HAS_INFO,
-        620,
-        &commit,
-    );
+    f.ingest(RM_XACT_ID, XLOG_XACT_COMMIT | XLOG_XACT_HAS_INFO, 620, &commit);
     assert_eq!(state(&f).current.next_xid.0, 641);
 
     f.ingest(RM_XLOG_ID, XLOG_NEXTOID, 0, &le(&[24576]));
     f.ingest(RM_MULTIXACT_ID, XLOG_MULTIXACT_ZERO_OFF_PAGE, 0, &le(&[0]));
     f.ingest(RM_MULTIXACT_ID, XLOG_MULTIXACT_ZERO_MEM_PAGE, 0, &le(&[0]));
-    f.ingest(
-        RM_MULTIXACT_ID,
-        XLOG_MULTIXACT_CREATE_ID,
-        0,
-        &le(&[10, 20, 2, 700, 1, 701, 5]),
-    );
+    f.ingest(RM_MULTIXACT_ID, XLOG_MULTIXACT_CREATE_ID, 0, &le(&[10, 20, 2, 700, 1, 701, 5]));
     let s = state(&f).current;
-    assert_eq!(
-        (s.next_oid, s.next_multi.0, s.next_multi_offset.0),
-        (24576, 11, 22)
-    );
+    assert_eq!((s.next_oid, s.next_multi.0, s.next_multi_offset.0), (24576, 11, 22));
 
     // An online checkpoint with older counters (its redo point is earlier) moves nothing
     // back and leaves the OID alone; its other fields replace the old ones.
-    f.ingest(
-        RM_XLOG_ID,
-        XLOG_CHECKPOINT_ONLINE,
-        0,
-        &checkpoint_data(610, 20000, 5, 10),
-    );
+    f.ingest(RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE, 0, &checkpoint_data(610, 20000, 5, 10));
     let s = state(&f);
-    assert_eq!(
-        (
-            s.current.next_xid.0,
-            s.current.next_oid,
-            s.current.next_multi.0,
-            s.current.next_multi_offset.0
-        ),
-        (641, 24576, 11, 22)
-    );
+    assert_eq!((s.current.next_xid.0, s.current.next_oid, s.current.next_multi.0, s.current.next_multi_offset.0), (641, 24576, 11, 22));
     assert_eq!(s.record_lsn, Lsn(f.lsn - 0x40));
-    assert_eq!(
-        f.check(|d, lsn| d.get_checkpoint(lsn).unwrap()).1.next_oid,
-        20000,
-        "the record as logged"
-    );
+    assert_eq!(f.check(|d, lsn| d.get_checkpoint(lsn).unwrap()).1.next_oid, 20000, "the record as logged");
     // A shutdown checkpoint's OID is taken.
-    f.ingest(
-        RM_XLOG_ID,
-        XLOG_CHECKPOINT_SHUTDOWN,
-        0,
-        &checkpoint_data(700, 30000, 12, 30),
-    );
+    f.ingest(RM_XLOG_ID, XLOG_CHECKPOINT_SHUTDOWN, 0, &checkpoint_data(700, 30000, 12, 30));
     let s = state(&f).current;
-    assert_eq!(
-        (
-            s.next_xid.0,
-            s.next_oid,
-            s.next_multi.0,
-            s.next_multi_offset.0
-        ),
-        (700, 30000, 12, 30)
-    );
+    assert_eq!((s.next_xid.0, s.next_oid, s.next_multi.0, s.next_multi_offset.0), (700, 30000, 12, 30));
     // Earlier LSNs still read the earlier counters.
     let earlier = f.check(|d, _| d.get_checkpoint_state(changed_at).unwrap());
     assert_eq!(earlier.current.next_xid.0, 601);

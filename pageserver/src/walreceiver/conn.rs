@@ -85,9 +85,8 @@ impl Conn {
             }
             let mut chunk = [0u8; 64 * 1024];
             // SAFETY: a valid buffer of the given length and an open socket.
-            let n = unsafe {
-                libc::recv(self.stream.as_raw_fd(), chunk.as_mut_ptr().cast::<libc::c_void>(), chunk.len(), libc::MSG_DONTWAIT)
-            };
+            let n =
+                unsafe { libc::recv(self.stream.as_raw_fd(), chunk.as_mut_ptr().cast::<libc::c_void>(), chunk.len(), libc::MSG_DONTWAIT) };
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 return match e.kind() {
@@ -177,12 +176,7 @@ pub(super) fn connect(source: &WalSource, database: &str, timeout: Duration) -> 
     let mut conn = Conn { stream, buf: BytesMut::new() };
     let mut out = BytesMut::new();
     frontend::startup_message(
-        [
-            ("user", source.user.as_str()),
-            ("replication", "true"),
-            ("application_name", APPLICATION_NAME),
-            ("database", database),
-        ],
+        [("user", source.user.as_str()), ("replication", "true"), ("application_name", APPLICATION_NAME), ("database", database)],
         &mut out,
     )?;
     conn.send(&out)?;

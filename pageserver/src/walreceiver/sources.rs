@@ -157,7 +157,10 @@ mod tests {
     fn invalid_bodies_are_refused_with_a_reason() {
         let cases: &[(&str, &str)] = &[
             (r#"{"sources": []}"#, "sources must not be empty"),
-            (r#"{"sources": [{"host": "a", "port": 1, "user": "u"}, {"host": "a", "port": 1, "user": "v"}]}"#, "duplicate source a:1: sources 0 and 1"),
+            (
+                r#"{"sources": [{"host": "a", "port": 1, "user": "u"}, {"host": "a", "port": 1, "user": "v"}]}"#,
+                "duplicate source a:1: sources 0 and 1",
+            ),
             (r#"{"sources": [{"host": "a", "port": 0, "user": "u"}]}"#, "source 0 has an invalid port: 0"),
             (r#"{"host": "a", "port": 0, "user": "u"}"#, "source 0 has an invalid port: 0"),
             (r#"{"host": "", "port": 1, "user": "u"}"#, "source 0 has an empty host"),

@@ -22,9 +22,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 pub fn pg_bin_dir() -> PathBuf {
-    let dir = std::env::var_os("FJORD_PG_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))).join("../target/pg15/bin"));
+    let dir = std::env::var_os("FJORD_PG_BIN").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("CARGO_MANIFEST_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+            .join("../target/pg15/bin")
+    });
     assert!(dir.join("postgres").exists(), "no postgres in {}; run ./scripts/setup first", dir.display());
     dir
 }

@@ -84,10 +84,8 @@ pub(super) fn parse_smgr(record: &DecodedRecord, info: u8) -> Result<Option<Meta
             let mut d = MainData::new(record, "smgr create", 16, true)?;
             let rnode = d.rel_file_node()?;
             let fork = d.u32()?;
-            let forknum = u8::try_from(fork)
-                .ok()
-                .and_then(ForkNumber::from_u8)
-                .ok_or_else(|| d.error(format!("invalid fork number {fork}")))?;
+            let forknum =
+                u8::try_from(fork).ok().and_then(ForkNumber::from_u8).ok_or_else(|| d.error(format!("invalid fork number {fork}")))?;
             Ok(Some(MetadataRecord::SmgrCreate(SmgrCreate { rel: rnode.fork(forknum) })))
         }
         XLOG_SMGR_TRUNCATE => {

@@ -140,19 +140,7 @@ fn parse_completion(record: &DecodedRecord, info: u8, kind: XactKind) -> Result<
             twophase_xid.ok_or_else(|| d.error("prepared transaction record without XACT_XINFO_HAS_TWOPHASE"))?
         }
     };
-    Ok(XactCompletion {
-        kind,
-        xid,
-        xact_time,
-        xinfo,
-        db_id,
-        ts_id,
-        subxacts,
-        dropped_rels,
-        twophase_xid,
-        twophase_gid,
-        origin,
-    })
+    Ok(XactCompletion { kind, xid, xact_time, xinfo, db_id, ts_id, subxacts, dropped_rels, twophase_xid, twophase_gid, origin })
 }
 
 fn parse_prepare(record: &DecodedRecord) -> Result<XactPrepare, WalError> {
@@ -196,17 +184,7 @@ fn parse_prepare(record: &DecodedRecord) -> Result<XactPrepare, WalError> {
     d.skip_items(nabortstats, SIZE_OF_XACT_STATS_ITEM)?;
     d.align8()?;
     d.skip_items(ninvalmsgs, SIZE_OF_SHARED_INVALIDATION_MESSAGE)?;
-    Ok(XactPrepare {
-        xid,
-        db_id,
-        prepared_at,
-        owner,
-        subxacts,
-        commit_rels,
-        abort_rels,
-        gid,
-        state: record.main_data.clone(),
-    })
+    Ok(XactPrepare { xid, db_id, prepared_at, owner, subxacts, commit_rels, abort_rels, gid, state: record.main_data.clone() })
 }
 
 fn read_xids(d: &mut MainData<'_>, n: usize) -> Result<Vec<TransactionId>, WalError> {

@@ -153,9 +153,8 @@ mod tests {
     use proptest::prelude::*;
 
     fn decode(bytes: &[u8]) -> Result<CheckPoint, WalError> {
-        let record = crate::test_encoder::RecordSpec::new(RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE)
-            .main_data(bytes.to_vec())
-            .decoded(Lsn(0x1000028));
+        let record =
+            crate::test_encoder::RecordSpec::new(RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE).main_data(bytes.to_vec()).decoded(Lsn(0x1000028));
         match super::parse(&record, XLOG_CHECKPOINT_ONLINE)? {
             Some(MetadataRecord::Checkpoint { checkpoint, shutdown: false }) => Ok(checkpoint),
             other => panic!("unexpected {other:?}"),

@@ -22,37 +22,21 @@ fn golden() -> Vec<(Key, &'static str, &'static str)> {
     vec![
         (Key::db_dir(), "00 00000000 00000000 00000000 00 00000000", "database directory"),
         (Key::rel_dir(1663, 5), "01 0000067F 00000005 00000000 01 00000000", "relation directory of spc 1663 db 5"),
-        (
-            Key::rel_size(rel(1663, 5, 16384, ForkNumber::Main)),
-            "01 0000067F 00000005 00004000 00 FFFFFFFF",
-            "base/5/16384 size",
-        ),
-        (
-            Key::rel_block(rel(1663, 5, 16384, VM), BlockNumber(7)),
-            "01 0000067F 00000005 00004000 02 00000007",
-            "base/5/16384_vm block 7",
-        ),
+        (Key::rel_size(rel(1663, 5, 16384, ForkNumber::Main)), "01 0000067F 00000005 00004000 00 FFFFFFFF", "base/5/16384 size"),
+        (Key::rel_block(rel(1663, 5, 16384, VM), BlockNumber(7)), "01 0000067F 00000005 00004000 02 00000007", "base/5/16384_vm block 7"),
         (Key::relmap_file(1664, 0), "01 00000680 00000000 00000000 00 00000000", "pg_filenode.map of spc 1664 db 0"),
         (
             Key::rel_block(rel(1664, 0, 1262, ForkNumber::Main), BlockNumber(0xFFFF_FFFE)),
             "01 00000680 00000000 000004EE 00 FFFFFFFE",
             "global/1262 block 4294967294",
         ),
-        (
-            Key::slru_block(SlruKind::Clog, 3, BlockNumber(31)),
-            "02 00000000 00000001 00000003 00 0000001F",
-            "pg_xact/0003 block 31",
-        ),
+        (Key::slru_block(SlruKind::Clog, 3, BlockNumber(31)), "02 00000000 00000001 00000003 00 0000001F", "pg_xact/0003 block 31"),
         (
             Key::slru_segment_size(SlruKind::MultiXactOffsets, 0x1234),
             "02 00000001 00000001 00001234 00 FFFFFFFF",
             "pg_multixact/offsets/1234 size",
         ),
-        (
-            Key::slru_dir(SlruKind::MultiXactMembers),
-            "02 00000002 00000000 00000000 00 00000000",
-            "pg_multixact/members directory",
-        ),
+        (Key::slru_dir(SlruKind::MultiXactMembers), "02 00000002 00000000 00000000 00 00000000", "pg_multixact/members directory"),
         (Key::twophase_dir(), "03 00000000 00000000 00000000 00 00000000", "pg_twophase directory"),
         (Key::twophase_file(1234), "03 00000001 00000000 00000000 00 000004D2", "pg_twophase/000004D2"),
         (Key::checkpoint(), "04 00000000 00000000 00000000 00 00000000", "checkpoint record"),

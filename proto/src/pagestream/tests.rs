@@ -23,12 +23,10 @@ fn request() -> impl Strategy<Value = Request> {
             tenant: TenantId(t),
             timeline: TimelineId(l)
         }),
-        (1u64.., lsns(), rel(), any::<u32>())
-            .prop_map(|(id, lsns, rel, b)| Request::GetPage { id, lsns, rel, blkno: BlockNumber(b) }),
+        (1u64.., lsns(), rel(), any::<u32>()).prop_map(|(id, lsns, rel, b)| Request::GetPage { id, lsns, rel, blkno: BlockNumber(b) }),
         (1u64.., lsns(), rel()).prop_map(|(id, lsns, rel)| Request::Nblocks { id, lsns, rel }),
         (1u64.., lsns(), rel()).prop_map(|(id, lsns, rel)| Request::Exists { id, lsns, rel }),
-        (1u64.., lsns(), any::<u32>(), any::<u32>())
-            .prop_map(|(id, lsns, spcnode, dbnode)| Request::DbSize { id, lsns, spcnode, dbnode }),
+        (1u64.., lsns(), any::<u32>(), any::<u32>()).prop_map(|(id, lsns, spcnode, dbnode)| Request::DbSize { id, lsns, spcnode, dbnode }),
         (1u64.., lsns(), 0u32..3, any::<u32>()).prop_map(|(id, lsns, k, segno)| Request::GetSlruSegment {
             id,
             lsns,
@@ -118,10 +116,7 @@ fn rejects_bad_requests_with_clear_errors() {
 
     let mut bad = buf.clone();
     bad[5 + 8 + 8..5 + 8 + 16].copy_from_slice(&200u64.to_be_bytes()); // nms > request
-    assert_eq!(
-        Request::decode(&bad).unwrap_err().to_string(),
-        "not_modified_since 0/C8 is above request_lsn 0/64"
-    );
+    assert_eq!(Request::decode(&bad).unwrap_err().to_string(), "not_modified_since 0/C8 is above request_lsn 0/64");
 
     let mut bad = buf.clone();
     bad[5 + 8..5 + 16].copy_from_slice(&0u64.to_be_bytes());

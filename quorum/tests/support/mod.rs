@@ -132,11 +132,8 @@ impl Store {
     /// Elected: the store starts empty at `start`; the ghost is the donor's log up to it.
     pub fn elected(&mut self, start: Lsn, donor_log: &Wal) -> Result<(), String> {
         self.wal = Wal { begin: start, bytes: Vec::new() };
-        self.ghost = if start == WAL_START && donor_log.bytes.is_empty() {
-            Vec::new()
-        } else {
-            donor_log.range(WAL_START, start)?.to_vec()
-        };
+        self.ghost =
+            if start == WAL_START && donor_log.bytes.is_empty() { Vec::new() } else { donor_log.range(WAL_START, start)?.to_vec() };
         Ok(())
     }
 

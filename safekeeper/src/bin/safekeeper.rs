@@ -31,9 +31,7 @@ struct Args {
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     match run(args) {
@@ -51,12 +49,8 @@ fn run(args: Args) -> anyhow::Result<()> {
     let sk = safekeeper::Safekeeper::open(args.id, &args.data_dir)?;
     let rt = tokio::runtime::Runtime::new().context("start the async runtime")?;
     rt.block_on(async {
-        let listener = TcpListener::bind(&args.listen)
-            .await
-            .with_context(|| format!("listen on {}", args.listen))?;
-        let http = TcpListener::bind(&args.http)
-            .await
-            .with_context(|| format!("listen on {}", args.http))?;
+        let listener = TcpListener::bind(&args.listen).await.with_context(|| format!("listen on {}", args.listen))?;
+        let http = TcpListener::bind(&args.http).await.with_context(|| format!("listen on {}", args.http))?;
         tracing::info!(
             node_id = args.id,
             data_dir = %args.data_dir.display(),
@@ -73,10 +67,7 @@ fn run(args: Args) -> anyhow::Result<()> {
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         tracing::error!("could not install signal handlers; stop with SIGKILL");
         return std::future::pending().await;
     };

@@ -208,9 +208,10 @@ pub(super) fn parse_command(tokens: &[Token]) -> Result<Command, PgError> {
 
 /// The text of a Query message: one NUL-terminated UTF-8 string and nothing after it.
 pub(super) fn query_text(body: &Bytes) -> Result<&str, PgError> {
-    let n = body.iter().position(|&b| b == 0).ok_or_else(|| {
-        PgError::error(sqlstate::PROTOCOL_VIOLATION, "invalid string in message: the query string is not NUL-terminated")
-    })?;
+    let n = body
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or_else(|| PgError::error(sqlstate::PROTOCOL_VIOLATION, "invalid string in message: the query string is not NUL-terminated"))?;
     if n + 1 != body.len() {
         return Err(PgError::error(
             sqlstate::PROTOCOL_VIOLATION,
@@ -266,15 +267,14 @@ mod tests {
         let parse = |s: &str| parse_command(&tokenize(s).unwrap());
         assert_eq!(parse("identify_system").unwrap(), Command::IdentifySystem);
         assert_eq!(parse("SHOW wal_segment_size;").unwrap(), Command::Show("wal_segment_size".into()));
-        assert_eq!(
-            parse("START_REPLICATION 0/3000000").unwrap(),
-            Command::StartReplication { start: Lsn(0x300_0000), timeline: None }
-        );
+        assert_eq!(parse("START_REPLICATION 0/3000000").unwrap(), Command::StartReplication { start: Lsn(0x300_0000), timeline: None });
         assert_eq!(
             parse("START_REPLICATION SLOT s PHYSICAL 0/3000000 TIMELINE 1").unwrap(),
             Command::StartReplication { start: Lsn(0x300_0000), timeline: Some(1) }
         );
-        for bad in ["IDENTIFY_SYSTEM now", "START_REPLICATION", "START_REPLICATION PHYSICAL", "START_REPLICATION 0/1 TIMELINE", "SHOW", "SHOW 1"] {
+        for bad in
+            ["IDENTIFY_SYSTEM now", "START_REPLICATION", "START_REPLICATION PHYSICAL", "START_REPLICATION 0/1 TIMELINE", "SHOW", "SHOW 1"]
+        {
             assert_eq!(parse(bad).unwrap_err().code, sqlstate::SYNTAX_ERROR, "{bad}");
         }
         for unsupported in ["TIMELINE_HISTORY 1", "BASE_BACKUP", "SELECT 1", "START_REPLICATION SLOT s LOGICAL 0/1"] {

@@ -42,9 +42,9 @@ pub(super) async fn read_startup_packet(read: &mut OwnedReadHalf) -> Result<Opti
         ));
     }
     let mut body = vec![0u8; len - 4];
-    read.read_exact(&mut body).await.map_err(|e| {
-        PgError::fatal(sqlstate::PROTOCOL_VIOLATION, format!("incomplete startup packet ({len} bytes announced): {e}"))
-    })?;
+    read.read_exact(&mut body)
+        .await
+        .map_err(|e| PgError::fatal(sqlstate::PROTOCOL_VIOLATION, format!("incomplete startup packet ({len} bytes announced): {e}")))?;
     let mut body = Bytes::from(body);
     let code = body.get_u32();
     Ok(Some((code, body)))

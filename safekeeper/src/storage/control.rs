@@ -108,51 +108,27 @@ impl ControlFile {
         let system_id = r.u64()?;
         let wal_segment_size = r.u32()?;
         if !wal_segment_size.is_power_of_two() || !(1 << 20..=1 << 30).contains(&wal_segment_size) {
-            return Err(ControlFileError::Malformed(format!(
-                "WAL segment size {wal_segment_size}"
-            )));
+            return Err(ControlFileError::Malformed(format!("WAL segment size {wal_segment_size}")));
         }
         let term = r.u64()?;
         let n = r.u32()? as usize;
         if n > HISTORY_ENTRIES_MAX {
-            return Err(ControlFileError::Malformed(format!(
-                "term history of {n} entries"
-            )));
+            return Err(ControlFileError::Malformed(format!("term history of {n} entries")));
         }
         let mut history = Vec::with_capacity(n);
         for _ in 0..n {
-            let e = TermSwitch {
-                term: r.u64()?,
-                lsn: Lsn(r.u64()?),
-            };
-            if history
-                .last()
-                .is_some_and(|p: &TermSwitch| e.term <= p.term || e.lsn < p.lsn)
-            {
-                return Err(ControlFileError::Malformed(
-                    "term history is not increasing".into(),
-                ));
+            let e = TermSwitch { term: r.u64()?, lsn: Lsn(r.u64()?) };
+            if history.last().is_some_and(|p: &TermSwitch| e.term <= p.term || e.lsn < p.lsn) {
+                return Err(ControlFileError::Malformed("term history is not increasing".into()));
             }
             history.push(e);
         }
         let commit_lsn = Lsn(r.u64()?);
         let wal_begin = Lsn(r.u64()?);
         if !r.0.is_empty() {
-            return Err(ControlFileError::Malformed(format!(
-                "{} trailing bytes",
-                r.0.len()
-            )));
+            return Err(ControlFileError::Malformed(format!("{} trailing bytes", r.0.len())));
         }
-        Ok(ControlFile {
-            tenant,
-            timeline,
-            system_id,
-            wal_segment_size,
-            term,
-            history: TermHistory(history),
-            commit_lsn,
-            wal_begin,
-        })
+        Ok(ControlFile { tenant, timeline, system_id, wal_segment_size, term, history: TermHistory(history), commit_lsn, wal_begin })
     }
 }
 
@@ -168,14 +144,10 @@ impl<'a> Reader<'a> {
         Ok(a)
     }
     fn u32(&mut self) -> Result<u32, ControlFileError> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().expect("4 bytes"),
-        ))
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
     }
     fn u64(&mut self) -> Result<u64, ControlFileError> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
 }
 
@@ -186,20 +158,15 @@ pub fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> anyhow::Result<(
     let tmp = dir.join(format!("{name}.tmp"));
     let path = dir.join(name);
     let mut f = std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
-    f.write_all(contents)
-        .with_context(|| format!("write {}", tmp.display()))?;
-    f.sync_all()
-        .with_context(|| format!("fsync {}", tmp.display()))?;
+    f.write_all(contents).with_context(|| format!("write {}", tmp.display()))?;
+    f.sync_all().with_context(|| format!("fsync {}", tmp.display()))?;
     drop(f);
-    std::fs::rename(&tmp, &path)
-        .with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
     fsync_dir(dir)
 }
 
 pub fn fsync_dir(dir: &Path) -> anyhow::Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("fsync directory {}", dir.display()))
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("fsync directory {}", dir.display()))
 }
 
 #[cfg(test)]
@@ -213,16 +180,7 @@ mod tests {
             system_id: 7,
             wal_segment_size: 16 << 20,
             term: 3,
-            history: TermHistory(vec![
-                TermSwitch {
-                    term: 1,
-                    lsn: Lsn(100),
-                },
-                TermSwitch {
-                    term: 3,
-                    lsn: Lsn(200),
-                },
-            ]),
+            history: TermHistory(vec![TermSwitch { term: 1, lsn: Lsn(100) }, TermSwitch { term: 3, lsn: Lsn(200) }]),
             commit_lsn: Lsn(150),
             wal_begin: Lsn(100),
         }
@@ -243,10 +201,7 @@ mod tests {
             assert!(ControlFile::decode(&b).is_err(), "flip at {i} not caught");
         }
         for n in 0..bytes.len() {
-            assert!(
-                ControlFile::decode(&bytes[..n]).is_err(),
-                "truncation to {n} not caught"
-            );
+            assert!(ControlFile::decode(&bytes[..n]).is_err(), "truncation to {n} not caught");
         }
     }
 }

@@ -73,8 +73,7 @@ impl TimelineStorage {
         write_atomic(&tmp, CONTROL_FILE_NAME, &control.encode())?;
         WalStore::create(&tmp)?;
         control::fsync_dir(&tmp)?;
-        std::fs::rename(&tmp, dir)
-            .with_context(|| format!("rename {} to {}", tmp.display(), dir.display()))?;
+        std::fs::rename(&tmp, dir).with_context(|| format!("rename {} to {}", tmp.display(), dir.display()))?;
         control::fsync_dir(parent)?;
         // The tenant directory may be new too.
         if let Some(data_dir) = parent.parent() {
@@ -88,22 +87,13 @@ impl TimelineStorage {
     pub fn open(dir: &Path) -> anyhow::Result<TimelineStorage> {
         let path = dir.join(CONTROL_FILE_NAME);
         let bytes = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
-        let control = ControlFile::decode(&bytes)
-            .with_context(|| format!("{} is corrupt", path.display()))?;
+        let control = ControlFile::decode(&bytes).with_context(|| format!("{} is corrupt", path.display()))?;
         let wal = WalStore::open(dir, u64::from(control.wal_segment_size))?;
         let extent = wal.extent();
         if control.commit_lsn > extent.end {
-            bail!(
-                "control file's commit LSN {} is beyond the end of WAL {}",
-                control.commit_lsn,
-                extent.end
-            );
+            bail!("control file's commit LSN {} is beyond the end of WAL {}", control.commit_lsn, extent.end);
         }
-        Ok(TimelineStorage {
-            dir: dir.to_path_buf(),
-            control,
-            wal,
-        })
+        Ok(TimelineStorage { dir: dir.to_path_buf(), control, wal })
     }
 
     pub fn dir(&self) -> &Path {
@@ -131,11 +121,7 @@ impl TimelineStorage {
     /// Carries out one `Persist` action; see the module docs for what is durable when.
     pub fn persist(&mut self, p: &Persist, stats: &mut SyncStats) -> anyhow::Result<()> {
         match p {
-            Persist::Control {
-                term,
-                history,
-                commit_lsn,
-            } => {
+            Persist::Control { term, history, commit_lsn } => {
                 self.sync(stats)?;
                 let mut c = self.control.clone();
                 c.term = *term;
@@ -174,11 +160,7 @@ impl TimelineStorage {
     }
 
     /// Writes the commit LSN into the control file if it moved (the lazy path).
-    pub fn persist_commit_lsn(
-        &mut self,
-        commit_lsn: Lsn,
-        stats: &mut SyncStats,
-    ) -> anyhow::Result<bool> {
+    pub fn persist_commit_lsn(&mut self, commit_lsn: Lsn, stats: &mut SyncStats) -> anyhow::Result<bool> {
         if commit_lsn <= self.control.commit_lsn {
             return Ok(false);
         }
@@ -208,11 +190,7 @@ impl TimelineStorage {
         while page < to.0 {
             let lsn = Lsn(page);
             let long = page.is_multiple_of(seg);
-            let header_bytes = if long {
-                SIZE_OF_XLOG_LONG_PHD
-            } else {
-                SIZE_OF_XLOG_SHORT_PHD
-            } as u64;
+            let header_bytes = if long { SIZE_OF_XLOG_LONG_PHD } else { SIZE_OF_XLOG_SHORT_PHD } as u64;
             let header_end = page + header_bytes;
             // Only headers wholly inside the stored WAL can be checked.
             if page >= begin.0 && header_end <= self.wal_written_end().0 {
@@ -235,15 +213,11 @@ impl TimelineStorage {
 
     fn check_page_header(&self, lsn: Lsn, header: &[u8], seg: u64) -> anyhow::Result<()> {
         let segment = segment_file_name(lsn.0 / seg, seg);
-        let h = pgwal::PageHeader::parse(header)
-            .with_context(|| format!("WAL segment {segment} at {lsn}: page header is truncated"))?;
+        let h = pgwal::PageHeader::parse(header).with_context(|| format!("WAL segment {segment} at {lsn}: page header is truncated"))?;
         h.validate(lsn, seg, Some(self.control.system_id))
             .with_context(|| format!("WAL segment {segment} at {lsn}: invalid page header"))?;
         if h.tli.0 != PG_TIMELINE {
-            bail!(
-                "WAL segment {segment} at {lsn}: page of timeline {}, expected {PG_TIMELINE}",
-                h.tli.0
-            );
+            bail!("WAL segment {segment} at {lsn}: page of timeline {}, expected {PG_TIMELINE}", h.tli.0);
         }
         Ok(())
     }

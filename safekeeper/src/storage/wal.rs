@@ -57,11 +57,7 @@ const CHUNK_BYTES: usize = 1 << 20;
 /// PostgreSQL's file name for segment `segno` of timeline 1 with segments of `segment_size`.
 pub fn segment_file_name(segno: u64, segment_size: u64) -> String {
     let per_xlogid = 0x1_0000_0000 / segment_size;
-    format!(
-        "{PG_TIMELINE:08X}{:08X}{:08X}",
-        segno / per_xlogid,
-        segno % per_xlogid
-    )
+    format!("{PG_TIMELINE:08X}{:08X}{:08X}", segno / per_xlogid, segno % per_xlogid)
 }
 
 /// The segment number a PostgreSQL segment file name stands for, if it is one of ours.
@@ -95,10 +91,7 @@ impl WalExtent {
 
     fn decode(b: &[u8]) -> anyhow::Result<WalExtent> {
         if b.len() != WAL_END_RECORD_BYTES {
-            bail!(
-                "{WAL_END_FILE_NAME} is {} bytes, expected {WAL_END_RECORD_BYTES}",
-                b.len()
-            );
+            bail!("{WAL_END_FILE_NAME} is {} bytes, expected {WAL_END_RECORD_BYTES}", b.len());
         }
         let stored = u32::from_le_bytes(b[16..20].try_into().expect("4 bytes"));
         let computed = crc32c::crc32c(&b[..16]);
@@ -151,16 +144,9 @@ impl WalStore {
     pub fn create(dir: &Path) -> anyhow::Result<()> {
         let path = dir.join(WAL_END_FILE_NAME);
         let f = File::create(&path).with_context(|| format!("create {}", path.display()))?;
-        f.write_all_at(
-            &WalExtent {
-                begin: Lsn(0),
-                end: Lsn(0),
-            }
-            .encode(),
-            0,
-        )
-        .and_then(|_| f.sync_all())
-        .with_context(|| format!("write {}", path.display()))?;
+        f.write_all_at(&WalExtent { begin: Lsn(0), end: Lsn(0) }.encode(), 0)
+            .and_then(|_| f.sync_all())
+            .with_context(|| format!("write {}", path.display()))?;
         Ok(())
     }
 
@@ -168,17 +154,10 @@ impl WalStore {
     /// with the full size, and removes segments outside it (left by an interrupted truncation).
     pub fn open(dir: &Path, segment_size: u64) -> anyhow::Result<WalStore> {
         let path = dir.join(WAL_END_FILE_NAME);
-        let end_file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("open {}", path.display()))?;
+        let end_file = OpenOptions::new().read(true).write(true).open(&path).with_context(|| format!("open {}", path.display()))?;
         let mut buf = [0u8; WAL_END_RECORD_BYTES + 1];
-        let n = end_file
-            .read_at(&mut buf, 0)
-            .with_context(|| format!("read {}", path.display()))?;
-        let durable =
-            WalExtent::decode(&buf[..n]).with_context(|| format!("read {}", path.display()))?;
+        let n = end_file.read_at(&mut buf, 0).with_context(|| format!("read {}", path.display()))?;
+        let durable = WalExtent::decode(&buf[..n]).with_context(|| format!("read {}", path.display()))?;
         let store = WalStore {
             dir: dir.to_path_buf(),
             segment_size,
@@ -191,20 +170,10 @@ impl WalStore {
         if let Some((first, last)) = store.segment_range(durable) {
             for segno in first..=last {
                 let p = store.segment_path(segno);
-                let meta = std::fs::metadata(&p).with_context(|| {
-                    format!(
-                        "WAL segment {} for the WAL in {}..{} is missing",
-                        p.display(),
-                        durable.begin,
-                        durable.end
-                    )
-                })?;
+                let meta = std::fs::metadata(&p)
+                    .with_context(|| format!("WAL segment {} for the WAL in {}..{} is missing", p.display(), durable.begin, durable.end))?;
                 if meta.len() != segment_size {
-                    bail!(
-                        "WAL segment {} is {} bytes, expected {segment_size}",
-                        p.display(),
-                        meta.len()
-                    );
+                    bail!("WAL segment {} is {} bytes, expected {segment_size}", p.display(), meta.len());
                 }
             }
         }
@@ -226,11 +195,7 @@ impl WalStore {
         if e.begin == Lsn(0) && e.end == Lsn(0) {
             return None;
         }
-        let last_byte = if e.end > e.begin {
-            e.end.0 - 1
-        } else {
-            e.begin.0
-        };
+        let last_byte = if e.end > e.begin { e.end.0 - 1 } else { e.begin.0 };
         Some((e.begin.0 / self.segment_size, last_byte / self.segment_size))
     }
 
@@ -241,20 +206,14 @@ impl WalStore {
     fn remove_segments_outside(&self, e: WalExtent) -> anyhow::Result<()> {
         let range = self.segment_range(e);
         let mut removed = false;
-        for entry in
-            std::fs::read_dir(&self.dir).with_context(|| format!("list {}", self.dir.display()))?
-        {
+        for entry in std::fs::read_dir(&self.dir).with_context(|| format!("list {}", self.dir.display()))? {
             let entry = entry.with_context(|| format!("list {}", self.dir.display()))?;
             let name = entry.file_name();
-            let Some(segno) = name
-                .to_str()
-                .and_then(|n| parse_segment_file_name(n, self.segment_size))
-            else {
+            let Some(segno) = name.to_str().and_then(|n| parse_segment_file_name(n, self.segment_size)) else {
                 continue;
             };
             if range.is_none_or(|(first, last)| segno < first || segno > last) {
-                std::fs::remove_file(entry.path())
-                    .with_context(|| format!("remove {}", entry.path().display()))?;
+                std::fs::remove_file(entry.path()).with_context(|| format!("remove {}", entry.path().display()))?;
                 removed = true;
             }
         }
@@ -271,11 +230,8 @@ impl WalStore {
             if !path.exists() {
                 self.create_segment(segno, stats)?;
             }
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .with_context(|| format!("open WAL segment {}", path.display()))?;
+            let f =
+                OpenOptions::new().read(true).write(true).open(&path).with_context(|| format!("open WAL segment {}", path.display()))?;
             self.open.insert(segno, f);
         }
         Ok(&self.open[&segno])
@@ -289,16 +245,12 @@ impl WalStore {
         let mut off = 0;
         while off < self.segment_size {
             let n = (self.segment_size - off).min(CHUNK_BYTES as u64) as usize;
-            f.write_all_at(&zeros[..n], off)
-                .with_context(|| format!("zero-fill {}", tmp.display()))?;
+            f.write_all_at(&zeros[..n], off).with_context(|| format!("zero-fill {}", tmp.display()))?;
             off += n as u64;
         }
-        stats
-            .timed(|| f.sync_all())
-            .with_context(|| format!("fsync {}", tmp.display()))?;
+        stats.timed(|| f.sync_all()).with_context(|| format!("fsync {}", tmp.display()))?;
         drop(f);
-        std::fs::rename(&tmp, &path)
-            .with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
         stats.fsyncs += 1;
         fsync_dir(&self.dir)
     }
@@ -316,12 +268,8 @@ impl WalStore {
             let off = lsn % self.segment_size;
             let n = rest.len().min((self.segment_size - off) as usize);
             let f = self.segment(segno, stats)?;
-            f.write_all_at(&rest[..n], off).with_context(|| {
-                format!(
-                    "write WAL segment {}",
-                    segment_file_name(segno, self.segment_size)
-                )
-            })?;
+            f.write_all_at(&rest[..n], off)
+                .with_context(|| format!("write WAL segment {}", segment_file_name(segno, self.segment_size)))?;
             if !self.dirty.contains(&segno) {
                 self.dirty.push(segno);
             }
@@ -349,27 +297,18 @@ impl WalStore {
         }
         for segno in std::mem::take(&mut self.dirty) {
             let f = &self.open[&segno];
-            stats.timed(|| f.sync_data()).with_context(|| {
-                format!(
-                    "fdatasync WAL segment {}",
-                    segment_file_name(segno, self.segment_size)
-                )
-            })?;
+            stats
+                .timed(|| f.sync_data())
+                .with_context(|| format!("fdatasync WAL segment {}", segment_file_name(segno, self.segment_size)))?;
         }
-        let extent = WalExtent {
-            begin: self.durable.begin,
-            end: self.written_end,
-        };
+        let extent = WalExtent { begin: self.durable.begin, end: self.written_end };
         self.write_extent(extent, stats)
     }
 
     fn write_extent(&mut self, e: WalExtent, stats: &mut SyncStats) -> anyhow::Result<()> {
         let f = &self.end_file;
-        f.write_all_at(&e.encode(), 0)
-            .with_context(|| format!("write {WAL_END_FILE_NAME}"))?;
-        stats
-            .timed(|| f.sync_data())
-            .with_context(|| format!("fdatasync {WAL_END_FILE_NAME}"))?;
+        f.write_all_at(&e.encode(), 0).with_context(|| format!("write {WAL_END_FILE_NAME}"))?;
+        stats.timed(|| f.sync_data()).with_context(|| format!("fdatasync {WAL_END_FILE_NAME}"))?;
         self.durable = e;
         self.written_end = e.end;
         Ok(())
@@ -383,16 +322,8 @@ impl WalStore {
             bail!("truncate with unsynced appends");
         }
         let old = self.durable;
-        let inside =
-            old.begin <= at && at <= old.end && !(old.begin == Lsn(0) && old.end == Lsn(0));
-        let new = if inside {
-            WalExtent {
-                begin: old.begin,
-                end: at,
-            }
-        } else {
-            WalExtent { begin: at, end: at }
-        };
+        let inside = old.begin <= at && at <= old.end && !(old.begin == Lsn(0) && old.end == Lsn(0));
+        let new = if inside { WalExtent { begin: old.begin, end: at } } else { WalExtent { begin: at, end: at } };
         if new == old {
             return Ok(());
         }
@@ -413,14 +344,11 @@ impl WalStore {
             let mut pos = off;
             while pos < seg_size {
                 let n = (seg_size - pos).min(CHUNK_BYTES as u64) as usize;
-                f.write_all_at(&zeros[..n], pos)
-                    .context("zero the WAL after the truncation point")?;
+                f.write_all_at(&zeros[..n], pos).context("zero the WAL after the truncation point")?;
                 pos += n as u64;
             }
             let f = &self.open[&segno];
-            stats
-                .timed(|| f.sync_data())
-                .context("fdatasync the truncated WAL segment")?;
+            stats.timed(|| f.sync_data()).context("fdatasync the truncated WAL segment")?;
         }
         self.remove_segments_outside(new)
     }
@@ -432,11 +360,7 @@ impl WalStore {
             bail!("cannot read WAL {from}..{to}: the range is backwards");
         }
         if from < self.durable.begin || to > self.written_end {
-            bail!(
-                "cannot read WAL {from}..{to}: this safekeeper has WAL {}..{}",
-                self.durable.begin,
-                self.written_end
-            );
+            bail!("cannot read WAL {from}..{to}: this safekeeper has WAL {}..{}", self.durable.begin, self.written_end);
         }
         let mut out = BytesMut::zeroed((to.0 - from.0) as usize);
         let mut lsn = from.0;
@@ -451,8 +375,7 @@ impl WalStore {
                 bail!("WAL segment {name} holding {} is missing", Lsn(lsn));
             }
             let f = self.segment(segno, &mut ignored)?;
-            f.read_exact_at(&mut out[done..done + n], off)
-                .with_context(|| format!("read WAL segment {name} at {}", Lsn(lsn)))?;
+            f.read_exact_at(&mut out[done..done + n], off).with_context(|| format!("read WAL segment {name} at {}", Lsn(lsn)))?;
             lsn += n as u64;
             done += n;
         }
@@ -472,24 +395,15 @@ mod tests {
         assert_eq!(segment_file_name(0x1ff, seg), "0000000100000001000000FF");
         assert_eq!(segment_file_name(5, 1 << 30), "000000010000000100000001");
         for segno in [0, 1, 255, 256, 1000] {
-            assert_eq!(
-                parse_segment_file_name(&segment_file_name(segno, seg), seg),
-                Some(segno)
-            );
+            assert_eq!(parse_segment_file_name(&segment_file_name(segno, seg), seg), Some(segno));
         }
-        assert_eq!(
-            parse_segment_file_name("000000020000000000000003", seg),
-            None
-        );
+        assert_eq!(parse_segment_file_name("000000020000000000000003", seg), None);
         assert_eq!(parse_segment_file_name("wal.end", seg), None);
     }
 
     #[test]
     fn extent_record_checks_its_crc() {
-        let e = WalExtent {
-            begin: Lsn(100),
-            end: Lsn(200),
-        };
+        let e = WalExtent { begin: Lsn(100), end: Lsn(200) };
         let mut b = e.encode();
         assert_eq!(WalExtent::decode(&b).unwrap(), e);
         b[3] ^= 1;
