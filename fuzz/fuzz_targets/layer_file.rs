@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use pageserver::layer::{LayerDesc, LayerFile};
+use layerstore::layer::{LayerDesc, LayerFile};
 use proto::{Key, KeyRange, Lsn};
 
 fuzz_target!(|data: &[u8]| {

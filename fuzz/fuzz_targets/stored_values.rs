@@ -6,8 +6,8 @@
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use pageserver::datadir::codec;
-use pageserver::reconstruct::StoredRecord;
+use pageserver::pgdata::datadir::codec;
+use pageserver::pgdata::reconstruct::StoredRecord;
 
 fuzz_target!(|data: &[u8]| {
     let bytes = Bytes::copy_from_slice(data);

@@ -17,10 +17,11 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
-use pageserver::basebackup::{write_basebackup, EMPTY_DIRS};
-use pageserver::walingest::wal_segment_file_name;
-use pageserver::walredo::WalRedoManager;
-use pageserver::{import_datadir, PgReconstructor, Reconstructor, StorageConfig, Tenant, WalIngest};
+use layerstore::{Reconstructor, StorageConfig, Tenant};
+use pageserver::pgdata::basebackup::{write_basebackup, EMPTY_DIRS};
+use pageserver::pgdata::walingest::wal_segment_file_name;
+use pageserver::pgdata::walredo::WalRedoManager;
+use pageserver::{import_datadir, PgReconstructor, WalIngest};
 use proto::{Lsn, TenantId, TimelineId};
 use support::PgCluster;
 
@@ -101,10 +102,11 @@ fn basebackup_of_a_real_workload_is_a_shut_down_data_directory_at_the_lsn() {
     let reconstructor: Arc<dyn Reconstructor> = Arc::new(PgReconstructor::new(redo));
     let mut ingest = WalIngest::new(timeline.clone(), reconstructor.clone());
     ingest.ingest_pg_wal_until(&pg.pgdata.join("pg_wal"), summary.pg_timeline_id, summary.import_lsn, insert_lsn).unwrap();
-    let lsns = timeline.record_lsns();
-    let lsn = lsns.last;
+    let lsn = timeline.last_record_lsn();
     assert!(lsn <= insert_lsn && lsn.0 + 8192 > insert_lsn.0, "ingested up to the insert LSN: {lsn} vs {insert_lsn}");
-    let prev = lsns.prev.expect("ingest records where the last record starts");
+    let last = ingest.last_record().expect("ingest records where the last record starts");
+    assert_eq!(last.end, lsn);
+    let prev = last.start;
     assert!(prev < lsn);
 
     let mut tar = Vec::new();

@@ -21,9 +21,10 @@ use std::fs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pageserver::import::ControlFile;
-use pageserver::walredo::WalRedoManager;
-use pageserver::{import_datadir, PageApi, PageApiError, PgReconstructor, Reconstructor, StorageConfig, Tenant, WalIngest};
+use layerstore::{Reconstructor, StorageConfig, Tenant};
+use pageserver::pgdata::import::ControlFile;
+use pageserver::pgdata::walredo::WalRedoManager;
+use pageserver::{import_datadir, PageApi, PageApiError, PgReconstructor, WalIngest};
 use proto::{BlockNumber, ForkNumber, Lsn, Oid, RelTag, TenantId, TimelineId};
 use support::compare::{compare_relations, compare_slrus_and_twophase, relation_kinds, Masker, Report, Source, TIMEOUT};
 use support::PgCluster;

@@ -42,9 +42,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pageserver::import::ControlFile;
-use pageserver::walredo::WalRedoManager;
-use pageserver::{import_datadir, PageApi, PgReconstructor, Reconstructor, StorageConfig, Tenant, Timeline, WalIngest};
+use layerstore::{Reconstructor, StorageConfig, Tenant, Timeline};
+use pageserver::pgdata::import::ControlFile;
+use pageserver::pgdata::walredo::WalRedoManager;
+use pageserver::{import_datadir, PageApi, PgReconstructor, WalIngest};
 use proto::{KeyRange, Lsn, Oid, SlruKind, TenantId, TimelineId};
 use support::compare::{compare_relations, compare_slrus_and_twophase, relation_kinds, Kinds, Masker, Report, Source};
 use support::PgCluster;

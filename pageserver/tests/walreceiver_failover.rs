@@ -24,8 +24,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pageserver::walreceiver::{WalReceiver, WalReceiverStatus, WalSource, WalSources};
-use pageserver::{import_datadir, PgReconstructor, Reconstructor, StorageConfig, Tenant, WalIngest};
+use layerstore::{Reconstructor, StorageConfig, Tenant};
+use pageserver::service::walreceiver::{WalReceiver, WalReceiverStatus, WalSource, WalSources};
+use pageserver::{import_datadir, PgReconstructor, WalIngest};
 use proto::{Lsn, TenantId, TimelineId};
 use support::PgCluster;
 
@@ -65,7 +66,7 @@ fn dead_first_source_fails_over_to_a_real_postgres() {
     pg.start_on_loopback(free_port());
     let dead = free_port();
     let sources = WalSources::new(vec![source(dead), source(pg.port())]).unwrap();
-    let rx = WalReceiver::start(Arc::clone(&timeline), reconstructor(), sources);
+    let rx = WalReceiver::start(Arc::clone(&timeline), Default::default(), reconstructor(), sources);
 
     pg.psql("postgres", "CREATE TABLE t AS SELECT g, md5(g::text) FROM generate_series(1, 5000) g;");
     let flushed: Lsn = pg.psql("postgres", "SELECT pg_current_wal_flush_lsn()").trim().parse().unwrap();
@@ -109,7 +110,7 @@ fn lagging_source_is_left_for_one_with_more_wal() {
     let behind = FakeWalsender::start(start, wal.clone(), middle);
     let ahead = FakeWalsender::start(start, wal, end);
     let sources = WalSources::new(vec![source(behind.port), source(ahead.port)]).unwrap();
-    let rx = WalReceiver::start(Arc::clone(&timeline), reconstructor(), sources);
+    let rx = WalReceiver::start(Arc::clone(&timeline), Default::default(), reconstructor(), sources);
     wait_for("the receiver to ingest all the WAL", &rx, || timeline.last_record_lsn() == end);
 
     let status: WalReceiverStatus = rx.status();

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use pageserver::walredo::{RedoRecord, WalRedoConfig, WalRedoError, WalRedoManager};
+use pageserver::pgdata::walredo::{RedoRecord, WalRedoConfig, WalRedoError, WalRedoManager};
 use pgwal::consts::{RM_HEAP_ID, XLOG_HEAP_INSERT, XLOG_HEAP_OPMASK};
 use pgwal::{DecodedRecord, DecoderConfig, WalStreamDecoder};
 use proto::{BlockNumber, ForkNumber, Lsn, RelTag};

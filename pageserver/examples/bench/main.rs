@@ -32,10 +32,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use pageserver::walredo::WalRedoManager;
-use pageserver::{
-    import_datadir, LayerDesc, LayerKind, PageApi, PgReconstructor, Reconstructor, StorageConfig, Tenant, Timeline, WalIngest,
-};
+use layerstore::{LayerDesc, LayerKind, Reconstructor, StorageConfig, Tenant, Timeline};
+use pageserver::pgdata::walredo::WalRedoManager;
+use pageserver::{import_datadir, PageApi, PgReconstructor, WalIngest};
 use proto::{BlockNumber, ForkNumber, Key, KeyRange, Lsn, Oid, RelTag, TenantId, TimelineId};
 use report::{Latency, Results, Throughput};
 use support::PgCluster;

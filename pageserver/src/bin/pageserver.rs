@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use pageserver::server::{http, Pageserver, PageserverConfig};
+use pageserver::service::server::{http, Pageserver, PageserverConfig};
 
 /// fjord's pageserver: stores every page version of its tenants' timelines and serves
 /// GetPage@LSN to computes.

@@ -43,8 +43,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use pageserver::reconstruct::layout::{page_init, page_is_new};
-use pageserver::walredo::WalRedoManager;
+use pageserver::pgdata::reconstruct::layout::{page_init, page_is_new};
+use pageserver::pgdata::walredo::WalRedoManager;
 use pageserver::PageApi;
 use pgwal::consts::*;
 use proto::{BlockNumber, ForkNumber, Lsn, Oid, RelTag, SlruKind};

@@ -254,8 +254,8 @@ impl Drop for PgSession {
 }
 
 /// The WAL redo configuration for our build, as root running as the unprivileged user.
-pub fn walredo_config() -> pageserver::walredo::WalRedoConfig {
-    pageserver::walredo::WalRedoConfig {
+pub fn walredo_config() -> pageserver::pgdata::walredo::WalRedoConfig {
+    pageserver::pgdata::walredo::WalRedoConfig {
         postgres_bin: pg_bin_dir().join("postgres"),
         processes_max: 2,
         request_timeout: Duration::from_secs(60),

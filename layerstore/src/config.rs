@@ -1,0 +1,77 @@
+//! The storage engine's tunables, one typed struct with defaults that work on a laptop.
+//!
+//! Every tunable has a hostile value in the tests (tiny blocks, tiny layers, compaction
+//! after every flush) so that the code paths that only large databases reach by size are
+//! exercised on a few kilobytes. `validate` rejects values the engine cannot work with,
+//! so a bad configuration fails at startup instead of in the middle of a flush.
+
+use serde::{Deserialize, Serialize};
+
+use crate::value::VALUE_SIZE_BYTES_MAX;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// Uncompressed size at which a layer file block is cut and compressed. Smaller blocks
+    /// mean less to decompress per read and a worse compression ratio.
+    pub block_size_bytes: usize,
+    /// zstd level for layer file blocks; 1 favours ingest and compaction speed.
+    pub compression_level: i32,
+    /// Open layer size at which `maybe_freeze_and_flush` freezes and flushes it. Bounds the
+    /// log to re-ingest after a crash and the size of an L0 delta layer.
+    pub checkpoint_distance_bytes: u64,
+    /// Number of L0 delta layers at which `compact` merges them into L1 layers.
+    pub compaction_l0_threshold: usize,
+    /// Size at which compaction starts a new L1 delta layer (at a key boundary).
+    pub compaction_target_size_bytes: u64,
+    /// Size at which image layer creation starts a new image layer (at a key boundary).
+    pub image_layer_target_size_bytes: u64,
+    /// Retention window in LSN distance: `Tenant::gc_iteration` keeps every version needed
+    /// to read any LSN within this many bytes of log below each timeline's last record.
+    pub gc_horizon_bytes: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            block_size_bytes: 64 * 1024,
+            compression_level: 1,
+            checkpoint_distance_bytes: 256 * 1024 * 1024,
+            compaction_l0_threshold: 10,
+            compaction_target_size_bytes: 128 * 1024 * 1024,
+            image_layer_target_size_bytes: 128 * 1024 * 1024,
+            gc_horizon_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl StorageConfig {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            (1..=VALUE_SIZE_BYTES_MAX).contains(&self.block_size_bytes),
+            "block_size_bytes must be between 1 and {VALUE_SIZE_BYTES_MAX}, not {}",
+            self.block_size_bytes
+        );
+        anyhow::ensure!(
+            zstd::compression_level_range().contains(&self.compression_level),
+            "compression_level {} is not a zstd level",
+            self.compression_level
+        );
+        anyhow::ensure!(self.compaction_l0_threshold >= 1, "compaction_l0_threshold must be at least 1");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_values_are_rejected() {
+        StorageConfig::default().validate().unwrap();
+        let bad = StorageConfig { block_size_bytes: 0, ..StorageConfig::default() };
+        assert!(bad.validate().unwrap_err().to_string().contains("block_size_bytes"));
+        let bad = StorageConfig { compaction_l0_threshold: 0, ..StorageConfig::default() };
+        assert!(bad.validate().is_err());
+    }
+}

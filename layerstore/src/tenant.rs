@@ -1,0 +1,239 @@
+//! A tenant: a directory of timelines that may branch from one another.
+//!
+//! ```text
+//! <tenants dir>/<tenant id>/timelines/<timeline id>/metadata
+//!                                                  /<layer files>
+//! ```
+//! Creating a timeline, empty or as a branch, writes only its metadata file, into a
+//! temporary directory that is renamed into place: a crash leaves the timeline complete
+//! or absent. A branch is O(1): it copies nothing, and reads fall through to the ancestor
+//! at the branch point. Loading orders timelines so that every ancestor is loaded before
+//! its children.
+//!
+//! Invariants: a branch point is at or below the ancestor's last record LSN, at or above
+//! its GC cutoff and at or above its own branch point, all checked under `gc_lock`, which
+//! GC also holds, so GC always knows every child's branch point.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, Context};
+use proto::{Lsn, TenantId, TimelineId};
+
+use crate::config::StorageConfig;
+use crate::error::CreateTimelineError;
+use crate::timeline::{GcResult, Timeline, TimelineMetadata};
+
+const TIMELINES_DIR: &str = "timelines";
+
+pub struct Tenant {
+    tenant_id: TenantId,
+    path: PathBuf,
+    conf: Arc<StorageConfig>,
+    timelines: Mutex<BTreeMap<TimelineId, Arc<Timeline>>>,
+    /// Held by branch creation and GC: a branch point is either checked against a GC cutoff
+    /// that GC will not raise meanwhile, or known to GC as a point to retain.
+    gc_lock: Mutex<()>,
+    span: tracing::Span,
+    /// Names in timeline directories that belong to the caller (see `load`).
+    foreign_entries: &'static [&'static str],
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Tenant {
+    /// Creates the directory of a new tenant under `tenants_dir`.
+    pub fn create(tenants_dir: &Path, tenant_id: TenantId, conf: StorageConfig) -> anyhow::Result<Tenant> {
+        conf.validate()?;
+        let path = tenants_dir.join(tenant_id.to_string());
+        if path.exists() {
+            bail!("tenant {tenant_id} already exists in {}", tenants_dir.display());
+        }
+        let tmp = crashsafe::temp_path(&path);
+        if tmp.exists() {
+            crashsafe::remove_temp(&tmp).with_context(|| format!("remove {}", tmp.display()))?;
+        }
+        fs::create_dir_all(tmp.join(TIMELINES_DIR)).with_context(|| format!("create {}", tmp.display()))?;
+        crashsafe::fsync_dir(&tmp).and_then(|()| crashsafe::durable_rename(&tmp, &path)).context("create tenant directory")?;
+        Tenant::load(tenants_dir, tenant_id, conf, &[])
+    }
+
+    /// Loads a tenant and all its timelines from `tenants_dir`. Entries of timeline
+    /// directories named in `foreign_entries` are the caller's, and left alone.
+    pub fn load(
+        tenants_dir: &Path,
+        tenant_id: TenantId,
+        conf: StorageConfig,
+        foreign_entries: &'static [&'static str],
+    ) -> anyhow::Result<Tenant> {
+        conf.validate()?;
+        let conf = Arc::new(conf);
+        let path = tenants_dir.join(tenant_id.to_string());
+        let span = tracing::info_span!("tenant", tenant_id = %tenant_id);
+        let entered = span.enter();
+        let timelines_dir = path.join(TIMELINES_DIR);
+        let mut metas = BTreeMap::new();
+        for entry in fs::read_dir(&timelines_dir).with_context(|| format!("list {}", timelines_dir.display()))? {
+            let entry = entry.with_context(|| format!("list {}", timelines_dir.display()))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if crashsafe::is_temp_name(&name) {
+                tracing::info!("removing unfinished timeline directory {name}");
+                crashsafe::remove_temp(&entry.path()).with_context(|| format!("remove {}", entry.path().display()))?;
+                continue;
+            }
+            let id: TimelineId = name.parse().with_context(|| format!("unexpected entry in {}", timelines_dir.display()))?;
+            metas.insert(id, TimelineMetadata::read(&entry.path(), id)?);
+        }
+        // Load ancestors before children: repeatedly load the timelines whose ancestor is
+        // loaded. A round that loads nothing means a missing ancestor or a cycle.
+        let mut loaded: BTreeMap<TimelineId, Arc<Timeline>> = BTreeMap::new();
+        while loaded.len() < metas.len() {
+            let before = loaded.len();
+            for (id, meta) in &metas {
+                if loaded.contains_key(id) {
+                    continue;
+                }
+                let ancestor = match meta.ancestor {
+                    None => None,
+                    Some((ancestor_id, _)) => match loaded.get(&ancestor_id) {
+                        Some(a) => Some(a.clone()),
+                        None => continue,
+                    },
+                };
+                let timeline =
+                    Timeline::load(conf.clone(), tenant_id, *id, &timelines_dir.join(id.to_string()), ancestor, foreign_entries)?;
+                loaded.insert(*id, timeline);
+            }
+            if loaded.len() == before {
+                let missing: Vec<String> = metas.keys().filter(|id| !loaded.contains_key(id)).map(|id| id.to_string()).collect();
+                bail!("cannot load timelines {}: their ancestors are missing", missing.join(", "));
+            }
+        }
+        tracing::info!("loaded {} timelines", loaded.len());
+        drop(entered);
+        Ok(Tenant { tenant_id, path, conf, timelines: Mutex::new(loaded), gc_lock: Mutex::new(()), span, foreign_entries })
+    }
+
+    pub fn tenant_id(&self) -> TenantId {
+        self.tenant_id
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn conf(&self) -> &StorageConfig {
+        &self.conf
+    }
+
+    pub fn get_timeline(&self, timeline_id: TimelineId) -> Option<Arc<Timeline>> {
+        lock(&self.timelines).get(&timeline_id).cloned()
+    }
+
+    pub fn timelines(&self) -> Vec<Arc<Timeline>> {
+        lock(&self.timelines).values().cloned().collect()
+    }
+
+    /// Creates an empty timeline with no ancestor. Its first put may be at any valid LSN.
+    pub fn create_timeline(&self, timeline_id: TimelineId) -> Result<Arc<Timeline>, CreateTimelineError> {
+        let _entered = self.span.enter();
+        let meta = TimelineMetadata { timeline_id, disk_consistent_lsn: Lsn::INVALID, ancestor: None, latest_gc_cutoff: Lsn::INVALID };
+        self.install_timeline(meta, None)
+    }
+
+    /// Creates timeline `timeline_id` as a branch of `ancestor_id` at LSN `at`: it sees the
+    /// ancestor's versions up to `at` and its own after. Writes only a metadata file.
+    pub fn branch_timeline(&self, timeline_id: TimelineId, ancestor_id: TimelineId, at: Lsn) -> Result<Arc<Timeline>, CreateTimelineError> {
+        let _entered = self.span.enter();
+        let _gc = lock(&self.gc_lock);
+        let ancestor = self.get_timeline(ancestor_id).ok_or(CreateTimelineError::AncestorNotFound(ancestor_id))?;
+        let last_record = ancestor.last_record_lsn();
+        if at > last_record {
+            return Err(CreateTimelineError::LsnNotReached { at, last_record });
+        }
+        let horizon = ancestor.gc_cutoff_lsn();
+        if at < horizon {
+            return Err(CreateTimelineError::BelowGcHorizon { at, horizon });
+        }
+        if let Some(grand) = ancestor.ancestor() {
+            if at < grand.lsn {
+                return Err(CreateTimelineError::BelowAncestorBranchPoint {
+                    at,
+                    ancestor_lsn: grand.lsn,
+                    grandparent: grand.timeline.timeline_id(),
+                });
+            }
+        }
+        let meta = TimelineMetadata { timeline_id, disk_consistent_lsn: at, ancestor: Some((ancestor_id, at)), latest_gc_cutoff: horizon };
+        let timeline = self.install_timeline(meta, Some(ancestor))?;
+        tracing::info!("created timeline {timeline_id} as a branch of {ancestor_id} at {at}");
+        Ok(timeline)
+    }
+
+    /// Writes a new timeline's directory crash-safely, loads it and registers it.
+    fn install_timeline(&self, meta: TimelineMetadata, ancestor: Option<Arc<Timeline>>) -> Result<Arc<Timeline>, CreateTimelineError> {
+        let timeline_id = meta.timeline_id;
+        let mut timelines = lock(&self.timelines);
+        if timelines.contains_key(&timeline_id) {
+            return Err(CreateTimelineError::AlreadyExists(timeline_id));
+        }
+        let other = |error: anyhow::Error| CreateTimelineError::Other { timeline_id, error };
+        let path = self.path.join(TIMELINES_DIR).join(timeline_id.to_string());
+        let tmp = crashsafe::temp_path(&path);
+        let create = || -> anyhow::Result<()> {
+            if tmp.exists() {
+                crashsafe::remove_temp(&tmp)?;
+            }
+            fs::create_dir(&tmp)?;
+            meta.write(&tmp)?;
+            crashsafe::fsync_dir(&tmp)?;
+            crashsafe::durable_rename(&tmp, &path)?;
+            Ok(())
+        };
+        create().with_context(|| format!("create {}", path.display())).map_err(other)?;
+        let timeline =
+            Timeline::load(self.conf.clone(), self.tenant_id, timeline_id, &path, ancestor, self.foreign_entries).map_err(other)?;
+        timelines.insert(timeline_id, timeline.clone());
+        Ok(timeline)
+    }
+
+    /// The branch points of the children of `timeline_id`: the LSNs its GC must keep.
+    fn child_branch_points(&self, timeline_id: TimelineId) -> Vec<Lsn> {
+        let timelines = lock(&self.timelines);
+        let mut points: Vec<Lsn> =
+            timelines.values().filter_map(|t| t.ancestor().filter(|a| a.timeline.timeline_id() == timeline_id).map(|a| a.lsn)).collect();
+        points.sort();
+        points.dedup();
+        points
+    }
+
+    /// Runs GC on one timeline at `cutoff`, keeping what its children's branch points need.
+    pub fn gc_timeline(&self, timeline_id: TimelineId, cutoff: Lsn) -> anyhow::Result<GcResult> {
+        let _entered = self.span.enter();
+        let _gc = lock(&self.gc_lock);
+        let timeline = self.get_timeline(timeline_id).with_context(|| format!("timeline {timeline_id} not found"))?;
+        timeline.gc(cutoff, &self.child_branch_points(timeline_id))
+    }
+
+    /// Runs GC on every timeline with the cutoff `gc_horizon_bytes` below its last record.
+    pub fn gc_iteration(&self) -> anyhow::Result<Vec<(TimelineId, GcResult)>> {
+        let mut results = Vec::new();
+        for timeline in self.timelines() {
+            let cutoff = Lsn(timeline.last_record_lsn().0.saturating_sub(self.conf.gc_horizon_bytes));
+            results.push((timeline.timeline_id(), self.gc_timeline(timeline.timeline_id(), cutoff)?));
+        }
+        Ok(results)
+    }
+
+    /// Freezes and flushes every timeline: what a clean shutdown does.
+    pub fn flush_all(&self) -> anyhow::Result<()> {
+        for timeline in self.timelines() {
+            timeline.freeze_and_flush().with_context(|| format!("flush timeline {}", timeline.timeline_id()))?;
+        }
+        Ok(())
+    }
+}

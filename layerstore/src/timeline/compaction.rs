@@ -1,0 +1,181 @@
+//! Compaction (L0 delta layers into L1 delta layers) and image layer creation.
+//!
+//! **L0 → L1.** Every flush adds an L0 layer covering all keys, so every read has to
+//! look into every L0 layer. Once `compaction_l0_threshold` of them have piled up,
+//! compaction merges the oldest contiguous run of them (a k-way merge in `(key, lsn)`
+//! order, streaming one block per input at a time) and cuts the output into L1 layers
+//! at key boundaries whenever a layer reaches `compaction_target_size_bytes`. All L1 layers
+//! of one run share the run's LSN range and have disjoint key ranges, so a read looks
+//! into one of them. An L1 layer never covers the whole key space: that is how an L0 layer
+//! is recognized by its name. The new layers replace the old ones in one layer map change;
+//! then the old files are deleted.
+//!
+//! **Image layers.** For a key range at an LSN, every key that exists there is rebuilt by
+//! the `Reconstructor` (redo) and written to image layers, cut at
+//! `image_layer_target_size_bytes` with contiguous key ranges covering exactly the
+//! requested range: an image layer is authoritative for its key range, which is what lets
+//! reads stop there and GC remove what is below it. Images are only created at or below
+//! the disk-consistent LSN, so a crash never leaves one above it.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+
+use anyhow::{bail, ensure, Context};
+use proto::{Key, KeyRange, Lsn};
+
+use super::{lock, Timeline};
+use crate::layer::reader::LayerIter;
+use crate::layer::{Layer, LayerDesc, LayerFile, LayerKind, LayerWriter};
+use crate::value::{Reconstructor, Value};
+
+/// What one compaction did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompactionResult {
+    pub l0_removed: Vec<LayerDesc>,
+    pub l1_created: Vec<LayerDesc>,
+}
+
+/// Merges several layers' entries into one `(key, lsn)` order.
+struct MergeIter<'a> {
+    iters: Vec<LayerIter<'a>>,
+    heads: BinaryHeap<Reverse<(Key, Lsn, usize)>>,
+    values: Vec<Option<Value>>,
+}
+
+impl<'a> MergeIter<'a> {
+    fn new(layers: &'a [Arc<LayerFile>]) -> anyhow::Result<Self> {
+        let mut merge = MergeIter { iters: layers.iter().map(|l| l.iter()).collect(), heads: BinaryHeap::new(), values: Vec::new() };
+        merge.values.resize(layers.len(), None);
+        for i in 0..layers.len() {
+            merge.refill(i)?;
+        }
+        Ok(merge)
+    }
+
+    fn refill(&mut self, i: usize) -> anyhow::Result<()> {
+        if let Some(item) = self.iters[i].next() {
+            let (key, lsn, value) = item?;
+            self.heads.push(Reverse((key, lsn, i)));
+            self.values[i] = Some(value);
+        }
+        Ok(())
+    }
+
+    fn next(&mut self) -> anyhow::Result<Option<(Key, Lsn, Value)>> {
+        let Some(Reverse((key, lsn, i))) = self.heads.pop() else {
+            return Ok(None);
+        };
+        let value = self.values[i].take().context("merge head without a value")?;
+        self.refill(i)?;
+        if let Some(Reverse((k, l, _))) = self.heads.peek() {
+            // L0 layers have disjoint LSN ranges, so no version can come twice.
+            ensure!((*k, *l) != (key, lsn), "version of {key} at {lsn} appears in two layers");
+        }
+        Ok(Some((key, lsn, value)))
+    }
+}
+
+impl Timeline {
+    /// Compacts L0 layers once `compaction_l0_threshold` of them exist.
+    pub fn compact(&self) -> anyhow::Result<CompactionResult> {
+        self.compact_level0(false)
+    }
+
+    /// Merges the oldest contiguous run of L0 layers into L1 layers; with `force`, even
+    /// below the threshold (a single L0 layer is then just partitioned by key).
+    pub fn compact_level0(&self, force: bool) -> anyhow::Result<CompactionResult> {
+        let _entered = self.span.enter();
+        let _exclusive = lock(&self.layer_removal_lock);
+        let mut l0 = self.layer_map().l0_layers();
+        let contiguous = 1 + l0.windows(2).take_while(|w| w[0].desc().lsn_range.end == w[1].desc().lsn_range.start).count();
+        l0.truncate(contiguous);
+        if l0.is_empty() || (!force && l0.len() < self.conf.compaction_l0_threshold) {
+            return Ok(CompactionResult::default());
+        }
+        let lsn_range = l0[0].desc().lsn_range.start..l0[l0.len() - 1].desc().lsn_range.end;
+        let mut merge = MergeIter::new(&l0)?;
+        let mut created: Vec<Arc<LayerFile>> = Vec::new();
+        let mut current: Option<(Key, LayerWriter)> = None;
+        while let Some((key, lsn, value)) = merge.next()? {
+            if let Some((first_key, writer)) = &current {
+                let last_key = writer.last_key().context("open L1 writer without a key")?;
+                let full = writer.size_bytes() >= self.conf.compaction_target_size_bytes;
+                // [Key::MIN, Key::MAX) is what marks an L0 layer; never write an L1 like it.
+                let would_cover_all = *first_key == Key::MIN && key.next() == Key::MAX;
+                if key != last_key && (full || would_cover_all) {
+                    let (first_key, writer) = current.take().context("checked above")?;
+                    created.push(Arc::new(writer.finish(KeyRange { start: first_key, end: last_key.next() })?));
+                }
+            }
+            if current.is_none() {
+                current = Some((key, LayerWriter::new(&self.path, LayerKind::Delta, lsn_range.clone(), &self.conf)?));
+            }
+            if let Some((_, writer)) = &mut current {
+                writer.put(key, lsn, &value)?;
+            }
+        }
+        if let Some((first_key, writer)) = current {
+            let last_key = writer.last_key().context("open L1 writer without a key")?;
+            created.push(Arc::new(writer.finish(KeyRange { start: first_key, end: last_key.next() })?));
+        }
+        let result = CompactionResult {
+            l0_removed: l0.iter().map(|l| l.desc().clone()).collect(),
+            l1_created: created.iter().map(|l| l.desc().clone()).collect(),
+        };
+        for desc in &result.l1_created {
+            assert!(!desc.is_l0(), "compaction produced an L1 layer that looks like L0: {desc}");
+        }
+        self.modify_layer_map(|m| {
+            m.remove_files(&result.l0_removed);
+            for layer in created {
+                m.insert_file(layer);
+            }
+        });
+        let removed: Vec<Layer> = l0.into_iter().map(Layer::File).collect();
+        self.delete_layer_files(&removed)?;
+        tracing::info!("compacted {} L0 layers into {} L1 layers", result.l0_removed.len(), result.l1_created.len());
+        Ok(result)
+    }
+
+    /// Writes image layers covering `key_range` at `lsn`, rebuilding every key that exists
+    /// there with `reconstructor`. `lsn` must be at or below the disk-consistent LSN, at or
+    /// above the GC cutoff and at or above the branch point.
+    pub fn create_image_layers(&self, key_range: &KeyRange, lsn: Lsn, reconstructor: &dyn Reconstructor) -> anyhow::Result<Vec<LayerDesc>> {
+        let _entered = self.span.enter();
+        let _exclusive = lock(&self.layer_removal_lock);
+        ensure!(!key_range.is_empty(), "cannot create image layers for the empty key range {key_range}");
+        let disk_consistent_lsn = self.disk_consistent_lsn();
+        if lsn > disk_consistent_lsn {
+            bail!("cannot create image layers at LSN {lsn}: above the disk-consistent LSN {disk_consistent_lsn}");
+        }
+        if let Some(ancestor_lsn) = self.ancestor_lsn().filter(|a| lsn < *a) {
+            bail!("cannot create image layers at LSN {lsn}: below the branch point {ancestor_lsn}");
+        }
+        let keys = self.keys_in_range(key_range, lsn)?;
+        let new_writer = || LayerWriter::new(&self.path, LayerKind::Image, lsn..Lsn(lsn.0 + 1), &self.conf);
+        let mut created = Vec::new();
+        let mut part_start = key_range.start;
+        let mut writer = new_writer()?;
+        for key in keys {
+            if !writer.is_empty() && writer.size_bytes() >= self.conf.image_layer_target_size_bytes {
+                let full = std::mem::replace(&mut writer, new_writer()?);
+                created.push(Arc::new(full.finish(KeyRange { start: part_start, end: key })?));
+                part_start = key;
+            }
+            let data = self.get_reconstruct_data(key, lsn)?;
+            ensure!(!data.is_empty(), "key {key} listed at {lsn} has no version");
+            let image = reconstructor.reconstruct(key, lsn, data).with_context(|| format!("reconstruct {key} at {lsn}"))?;
+            writer.put(key, lsn, &Value::Image(image))?;
+        }
+        created.push(Arc::new(writer.finish(KeyRange { start: part_start, end: key_range.end })?));
+        let descs: Vec<LayerDesc> = created.iter().map(|l| l.desc().clone()).collect();
+        self.modify_layer_map(|m| {
+            for layer in created {
+                m.insert_file(layer);
+            }
+        });
+        tracing::info!("created {} image layers for {key_range} at {lsn}", descs.len());
+        Ok(descs)
+    }
+}

@@ -1,0 +1,291 @@
+//! WAL ingest: decoded PostgreSQL records in, puts and published LSNs out.
+//!
+//! Every value a record produces is put at the record's **end LSN**: that is the LSN
+//! PostgreSQL's redo stamps on the pages it changes, and a compute that read a page with
+//! LSN X asks for it "at X", so a read at X must see every record ending at or before X.
+//! After the record's values are in, `advance_last_record_lsn(end_lsn)` publishes them.
+//!
+//! For each block reference (`ingest_blocks`):
+//! - an applied full-page image becomes `Value::Image` of the restored page, with `pd_lsn`
+//!   set to the end LSN unless the page is new (all zeros), exactly what PostgreSQL's
+//!   `XLogReadBufferForRedoExtended` produces;
+//! - otherwise the whole record is stored for the block (`StoredRecord::Postgres`), with
+//!   `will_init` from `BKPBLOCK_WILL_INIT`; the WAL redo process replays only that block;
+//! - a block at or beyond the fork's end extends it, and blocks skipped over become zero
+//!   pages (PostgreSQL's redo extends a relation with zeros the same way); a reference to
+//!   a fork that does not exist creates it, as `XLogReadBufferExtended` does;
+//! - free space map blocks are ignored (see `datadir`).
+//!
+//! Records that change more than their blocks are handled in `metadata.rs`; WAL files in
+//! `files.rs`.
+//!
+//! Invariants: the relation size cache always equals the stored sizes as of the last
+//! record, because this is the timeline's only writer. After any error the ingest refuses
+//! further records: its cache may be ahead of the store, and the caller must start again
+//! from the timeline's last record LSN with a new `WalIngest`.
+
+mod counters;
+mod files;
+mod metadata;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use pgwal::{parse_metadata, DecodedRecord};
+use proto::walredo::PAGE_SIZE_BYTES;
+use proto::{BlockNumber, ForkNumber, Key, KeyKind, Lsn, RelTag};
+
+use crate::pgdata::datadir::codec::{encode_checkpoint, DbEntry, RelEntry, StoredCheckpoint};
+use crate::pgdata::datadir::{Modification, ValueSource};
+use crate::pgdata::reconstruct::layout::{page_is_new, page_set_lsn};
+use crate::pgdata::reconstruct::StoredRecord;
+pub use files::{wal_segment_file_name, WalFilesIngested};
+use layerstore::timeline::Timeline;
+use layerstore::value::Reconstructor;
+
+/// What one `WalIngest` has done so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IngestStats {
+    pub records: u64,
+    /// Block references stored as page images (applied full-page images).
+    pub images: u64,
+    /// Block references stored as PostgreSQL records.
+    pub block_records: u64,
+    /// Records fjord applies itself (CLOG, multixact, visibility map; `StoredRecord`).
+    pub rust_records: u64,
+    /// Values put, all kinds.
+    pub puts: u64,
+}
+
+/// Ingests the WAL of one timeline. See the module documentation.
+pub struct WalIngest {
+    timeline: Arc<Timeline>,
+    /// Rebuilds relation pages that `CREATE DATABASE ... STRATEGY FILE_COPY` copies.
+    reconstructor: Arc<dyn Reconstructor>,
+    /// Sizes of the existing relation forks (never the FSM) that ingest has looked at.
+    rel_sizes: HashMap<RelTag, u32>,
+    /// The multixact offsets page that a `CREATE_ID` record zeroed because it did not exist
+    /// yet; the `ZERO_OFF_PAGE` record for it that follows must not zero it again
+    /// (`pre_initialized_offsets_page` in `multixact.c`).
+    pre_initialized_offsets_page: Option<u32>,
+    /// The stored checkpoint value as of the last record (`counters.rs`); loaded from the
+    /// store on the first record, `Some(None)` if the timeline has none yet.
+    checkpoint: Option<Option<StoredCheckpoint>>,
+    failed: bool,
+    stats: IngestStats,
+    /// Where the last record ingested here starts and ends.
+    last_record: Option<LastRecord>,
+}
+
+/// Where a WAL record starts and ends: what a server started at `end` needs as its
+/// previous-record pointer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LastRecord {
+    pub start: Lsn,
+    pub end: Lsn,
+}
+
+impl WalIngest {
+    /// Ingest for `timeline`, continuing after its last record LSN (the import LSN for a
+    /// freshly imported timeline).
+    pub fn new(timeline: Arc<Timeline>, reconstructor: Arc<dyn Reconstructor>) -> WalIngest {
+        WalIngest {
+            timeline,
+            reconstructor,
+            rel_sizes: HashMap::new(),
+            pre_initialized_offsets_page: None,
+            checkpoint: None,
+            failed: false,
+            stats: IngestStats::default(),
+            last_record: None,
+        }
+    }
+
+    pub fn timeline(&self) -> &Arc<Timeline> {
+        &self.timeline
+    }
+
+    pub fn stats(&self) -> &IngestStats {
+        &self.stats
+    }
+
+    /// The last record ingested by this `WalIngest`, if any.
+    pub fn last_record(&self) -> Option<LastRecord> {
+        self.last_record
+    }
+
+    /// Stores everything `record`, which ends at `end_lsn`, changes, then publishes
+    /// `end_lsn`. Records must come in WAL order, each ending after the last record LSN.
+    pub fn ingest_record(&mut self, record: &DecodedRecord, end_lsn: Lsn) -> anyhow::Result<()> {
+        if self.failed {
+            bail!("cannot ingest the record at {}: an earlier record failed, ingest must restart", record.lsn);
+        }
+        let result = self.ingest_record_inner(record, end_lsn);
+        if result.is_err() {
+            self.failed = true;
+        }
+        result.with_context(|| format!("ingest the WAL record at {} (ending at {end_lsn})", record.lsn))
+    }
+
+    fn ingest_record_inner(&mut self, record: &DecodedRecord, end_lsn: Lsn) -> anyhow::Result<()> {
+        let last = self.timeline.last_record_lsn();
+        if end_lsn <= last {
+            bail!("record ends at {end_lsn}, not after the last record LSN {last}");
+        }
+        let timeline = Arc::clone(&self.timeline);
+        let mut m = Modification::new(&timeline, end_lsn);
+        self.ingest_blocks(&mut m, record, end_lsn)?;
+        let meta = parse_metadata(record)?;
+        self.track_counters(&mut m, record, meta.as_ref())?;
+        if let Some(meta) = meta {
+            self.ingest_metadata(&mut m, meta)?;
+        }
+        self.stats.records += 1;
+        self.stats.puts += m.len() as u64;
+        m.commit()?;
+        self.last_record = Some(LastRecord { start: record.lsn, end: end_lsn });
+        self.timeline.maybe_freeze_and_flush()?;
+        Ok(())
+    }
+
+    fn ingest_blocks(&mut self, m: &mut Modification<'_>, record: &DecodedRecord, end_lsn: Lsn) -> anyhow::Result<()> {
+        // First extend every fork to its highest referenced block, so that the zero pages
+        // of a gap never collide with a block this same record writes.
+        let mut highest: BTreeMap<RelTag, u32> = BTreeMap::new();
+        let mut referenced: BTreeSet<(RelTag, u32)> = BTreeSet::new();
+        for blk in record.blocks.iter().filter(|b| b.rel.forknum != ForkNumber::Fsm) {
+            Key::try_from(KeyKind::RelBlock { rel: blk.rel, blkno: blk.blkno })
+                .with_context(|| format!("block reference {} names no relation block", blk.block_id))?;
+            let h = highest.entry(blk.rel).or_insert(blk.blkno.0);
+            *h = (*h).max(blk.blkno.0);
+            referenced.insert((blk.rel, blk.blkno.0));
+        }
+        for (rel, blkno) in highest {
+            self.extend_rel(m, rel, blkno + 1, &referenced)?;
+        }
+        for blk in record.blocks.iter().filter(|b| b.rel.forknum != ForkNumber::Fsm) {
+            let key = Key::rel_block(blk.rel, blk.blkno);
+            if blk.image.as_ref().is_some_and(|i| i.apply()) {
+                let mut page = record.restore_page(blk.block_id)?.to_vec();
+                if !page_is_new(&page) {
+                    page_set_lsn(&mut page, end_lsn);
+                }
+                m.put_image(key, Bytes::from(page));
+                self.stats.images += 1;
+            } else {
+                m.put_record(key, StoredRecord::Postgres(record.raw.clone()), blk.will_init())?;
+                self.stats.block_records += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts the checkpoint value if `record` changes the counters (`counters.rs`).
+    fn track_counters(
+        &mut self,
+        m: &mut Modification<'_>,
+        record: &DecodedRecord,
+        meta: Option<&pgwal::MetadataRecord>,
+    ) -> anyhow::Result<()> {
+        let stored = match self.checkpoint.take() {
+            Some(cached) => cached,
+            None => m.checkpoint()?,
+        };
+        let updated = counters::apply(stored.as_ref(), record, meta);
+        if let Some(new) = &updated {
+            m.put_image(Key::checkpoint(), encode_checkpoint(new));
+        }
+        self.checkpoint = Some(updated.or(stored));
+        Ok(())
+    }
+
+    /// The size of an existing fork, or `None` if it does not exist.
+    fn rel_size(&mut self, m: &Modification<'_>, rel: RelTag) -> anyhow::Result<Option<u32>> {
+        if let Some(&n) = self.rel_sizes.get(&rel) {
+            return Ok(Some(n));
+        }
+        if !m.rel_listed(rel)? {
+            return Ok(None);
+        }
+        let n = m.rel_size_raw(rel)?.with_context(|| format!("relation {rel} is listed but has no size"))?;
+        self.rel_sizes.insert(rel, n);
+        Ok(Some(n))
+    }
+
+    /// Creates `rel` with 0 blocks if it does not exist (and its database, if needed).
+    fn create_rel(&mut self, m: &mut Modification<'_>, rel: RelTag) -> anyhow::Result<()> {
+        debug_assert_ne!(rel.forknum, ForkNumber::Fsm, "the FSM is not stored");
+        if self.rel_size(m, rel)?.is_some() {
+            return Ok(());
+        }
+        let mut dir = match m.rel_dir(rel.spcnode, rel.dbnode)? {
+            Some(dir) => dir,
+            None => {
+                self.create_db(m, rel.spcnode, rel.dbnode)?;
+                BTreeSet::new()
+            }
+        };
+        dir.insert(RelEntry { relnode: rel.relnode, forknum: rel.forknum });
+        m.put_rel_dir(rel.spcnode, rel.dbnode, &dir);
+        m.put_rel_size(rel, 0);
+        self.rel_sizes.insert(rel, 0);
+        Ok(())
+    }
+
+    /// Adds a database with an empty relation directory, replacing whatever a dropped
+    /// database of the same oids left behind.
+    fn create_db(&mut self, m: &mut Modification<'_>, spcnode: u32, dbnode: u32) -> anyhow::Result<()> {
+        let mut dbs = m.db_dir()?;
+        dbs.insert(DbEntry { spcnode, dbnode });
+        m.put_db_dir(&dbs);
+        m.put_rel_dir(spcnode, dbnode, &BTreeSet::new());
+        self.rel_sizes.retain(|r, _| (r.spcnode, r.dbnode) != (spcnode, dbnode));
+        Ok(())
+    }
+
+    /// Makes `rel` at least `blocks` long, creating it if needed; new blocks not in
+    /// `skip` become zero pages.
+    fn extend_rel(&mut self, m: &mut Modification<'_>, rel: RelTag, blocks: u32, skip: &BTreeSet<(RelTag, u32)>) -> anyhow::Result<()> {
+        self.create_rel(m, rel)?;
+        let size = self.rel_sizes[&rel];
+        if blocks <= size {
+            return Ok(());
+        }
+        let zero = Bytes::from(vec![0u8; PAGE_SIZE_BYTES]);
+        for blkno in size..blocks {
+            if !skip.contains(&(rel, blkno)) {
+                m.put_image(Key::rel_block(rel, BlockNumber(blkno)), zero.clone());
+            }
+        }
+        m.put_rel_size(rel, blocks);
+        self.rel_sizes.insert(rel, blocks);
+        Ok(())
+    }
+
+    /// Sets the size of an existing fork (truncation).
+    fn set_rel_size(&mut self, m: &mut Modification<'_>, rel: RelTag, blocks: u32) {
+        m.put_rel_size(rel, blocks);
+        self.rel_sizes.insert(rel, blocks);
+    }
+
+    /// Removes every fork of a relation from its database's directory.
+    fn drop_rel(&mut self, m: &mut Modification<'_>, rnode: pgwal::RelFileNode) -> anyhow::Result<()> {
+        let Some(mut dir) = m.rel_dir(rnode.spcnode, rnode.dbnode)? else {
+            return Ok(());
+        };
+        let before = dir.len();
+        dir.retain(|e| e.relnode != rnode.relnode);
+        if dir.len() != before {
+            m.put_rel_dir(rnode.spcnode, rnode.dbnode, &dir);
+        }
+        for forknum in ForkNumber::ALL {
+            self.rel_sizes.remove(&rnode.fork(forknum));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

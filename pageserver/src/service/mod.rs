@@ -1,0 +1,22 @@
+//! The pageserver as a service: the parts that talk to the network and run threads, on top
+//! of the PostgreSQL data path (`crate::pgdata`) and the storage engine (`layerstore`).
+//!
+//! - [`server`]: the process's state (tenants, WAL receivers), its configuration and the
+//!   HTTP management API.
+//! - [`page_service`]: GetPage@LSN and friends over TCP (`proto::pagestream`).
+//! - [`walreceiver`]: follows a list of safekeepers over PostgreSQL's streaming replication
+//!   protocol, failing over between them, and ingests what it receives.
+//! - [`localwal`]: the received WAL, fsynced before it is confirmed and kept until it is in
+//!   layer files.
+//! - [`ingest_gate`]: what the WAL receiver and a basebackup at the newest LSN share.
+//!
+//! The network-facing parts (`server`, `walreceiver`) are behind the `server` feature, which
+//! the fuzz targets turn off.
+
+pub mod ingest_gate;
+pub mod localwal;
+pub mod page_service;
+#[cfg(feature = "server")]
+pub mod server;
+#[cfg(feature = "server")]
+pub mod walreceiver;

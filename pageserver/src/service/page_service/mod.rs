@@ -1,0 +1,280 @@
+//! The page service: computes read pages, sizes and SLRU segments over TCP.
+//!
+//! The protocol is `proto::pagestream`: a `Hello` naming protocol version, tenant and
+//! timeline, then pipelined requests answered in order. Each connection gets a thread of
+//! its own with blocking I/O: a compute opens one connection per backend, requests are
+//! served one at a time per connection anyway (answers must stay in order), and the work
+//! behind a request (waiting for WAL, WAL redo) blocks. Responses are buffered and flushed
+//! when no further request is already waiting in the input, so a pipelining client gets
+//! its answers in batches and a one-at-a-time client gets each at once.
+//!
+//! Invariants:
+//! - Nothing a client sends can crash the service: a malformed message gets an `Error`
+//!   with code `Protocol` and the connection is closed; a request that fails (LSN too old,
+//!   timeout, no such block) gets an `Error` with the request's id and the connection
+//!   stays open.
+//! - Which LSN a read uses: the request's `request_lsn` if already ingested, else the
+//!   newest ingested LSN, but never below `not_modified_since`, which is waited for. The
+//!   compute promised the object did not change in between, so every choice in that range
+//!   gives the same answer, and the earliest ingested one avoids waiting for newer WAL.
+
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use proto::pagestream::{ErrorCode, PagestreamError, ReadLsns, Request, Response, MESSAGE_BYTES_MAX, PROTOCOL_VERSION};
+use proto::{Lsn, TenantId, TimelineId};
+
+use crate::pgdata::datadir::DatadirError;
+use crate::pgdata::pageapi::{PageApi, PageApiError};
+use layerstore::tenant::Tenant;
+use layerstore::value::Reconstructor;
+
+/// The tenants this pageserver serves.
+#[derive(Default)]
+pub struct TenantRegistry {
+    tenants: RwLock<HashMap<TenantId, Arc<Tenant>>>,
+}
+
+impl TenantRegistry {
+    pub fn insert(&self, tenant: Arc<Tenant>) {
+        self.tenants.write().unwrap_or_else(|p| p.into_inner()).insert(tenant.tenant_id(), tenant);
+    }
+
+    pub fn get(&self, id: TenantId) -> Option<Arc<Tenant>> {
+        self.tenants.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
+    }
+
+    /// Every tenant id, sorted.
+    pub fn ids(&self) -> Vec<TenantId> {
+        let mut ids: Vec<TenantId> = self.tenants.read().unwrap_or_else(|p| p.into_inner()).keys().copied().collect();
+        ids.sort();
+        ids
+    }
+}
+
+pub struct PageService {
+    tenants: Arc<TenantRegistry>,
+    reconstructor: Arc<dyn Reconstructor>,
+    /// How long a request waits for its `not_modified_since` LSN to be ingested.
+    wait_lsn_timeout: Duration,
+}
+
+/// A running page service; stops when [`PageServiceHandle::shutdown`] is called.
+pub struct PageServiceHandle {
+    pub addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl PageServiceHandle {
+    /// Stops accepting connections; open connections end when their clients disconnect.
+    pub fn shutdown(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the acceptor from accept().
+        let _ = TcpStream::connect(self.addr);
+        if let Some(t) = self.acceptor.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Why a connection ended abnormally (logged once, where it is handled).
+#[derive(Debug, thiserror::Error)]
+enum ConnectionError {
+    #[error("could not read from or write to the client: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+}
+
+impl PageService {
+    pub fn new(tenants: Arc<TenantRegistry>, reconstructor: Arc<dyn Reconstructor>, wait_lsn_timeout: Duration) -> PageService {
+        PageService { tenants, reconstructor, wait_lsn_timeout }
+    }
+
+    /// Serves connections accepted on `listener` until shut down.
+    pub fn start(self: Arc<Self>, listener: TcpListener) -> std::io::Result<PageServiceHandle> {
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = Arc::clone(&stop);
+        let acceptor = std::thread::Builder::new().name("page-service-accept".into()).spawn(move || {
+            for conn in listener.incoming() {
+                if stop2.load(Ordering::SeqCst) {
+                    break;
+                }
+                let stream = match conn {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // Out of file descriptors, most likely: back off instead of spinning.
+                        tracing::warn!("could not accept a page service connection: {e}");
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                };
+                let service = Arc::clone(&self);
+                let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                let spawned = std::thread::Builder::new().name("page-service-conn".into()).spawn(move || {
+                    if let Err(e) = service.handle_connection(stream) {
+                        tracing::warn!(peer, "page service connection ended: {e}");
+                    }
+                });
+                if let Err(e) = spawned {
+                    tracing::error!("could not start a thread for a page service connection: {e}");
+                }
+            }
+        })?;
+        Ok(PageServiceHandle { addr, stop, acceptor: Some(acceptor) })
+    }
+
+    fn handle_connection(&self, stream: TcpStream) -> Result<(), ConnectionError> {
+        stream.set_nodelay(true)?;
+        let mut reader = BufReader::with_capacity(64 * 1024, stream.try_clone()?);
+        let mut writer = BufWriter::with_capacity(64 * 1024, stream);
+        let mut out = Vec::with_capacity(16 * 1024);
+
+        // The handshake.
+        let Some(first) = read_request(&mut reader, &mut writer)? else { return Ok(()) };
+        let (tenant_id, timeline_id) = match first {
+            Request::Hello { protocol_version, tenant, timeline } if protocol_version == PROTOCOL_VERSION => (tenant, timeline),
+            Request::Hello { protocol_version, .. } => {
+                let msg =
+                    format!("unsupported page service protocol version {protocol_version}; this pageserver speaks {PROTOCOL_VERSION}");
+                send_error(&mut writer, 0, ErrorCode::Protocol, &msg)?;
+                return Err(ConnectionError::Protocol(msg));
+            }
+            other => {
+                let msg = format!("expected Hello as the first message, got request {}", other.id());
+                send_error(&mut writer, 0, ErrorCode::Protocol, &msg)?;
+                return Err(ConnectionError::Protocol(msg));
+            }
+        };
+        let Some(api) = self.page_api(tenant_id, timeline_id) else {
+            let msg = format!("tenant {tenant_id} timeline {timeline_id} is not served by this pageserver");
+            send_error(&mut writer, 0, ErrorCode::NotFound, &msg)?;
+            return Ok(());
+        };
+        let span = tracing::info_span!("page_service", tenant = %tenant_id, timeline = %timeline_id);
+        let _enter = span.enter();
+        Response::HelloOk { protocol_version: PROTOCOL_VERSION }.encode(&mut out);
+        writer.write_all(&out)?;
+        writer.flush()?;
+
+        loop {
+            let Some(req) = read_request(&mut reader, &mut writer)? else { return Ok(()) };
+            if matches!(req, Request::Hello { .. }) {
+                let msg = "Hello may only be sent once, as the first message";
+                send_error(&mut writer, 0, ErrorCode::Protocol, msg)?;
+                return Err(ConnectionError::Protocol(msg.into()));
+            }
+            out.clear();
+            self.handle_request(&api, req).encode(&mut out);
+            writer.write_all(&out)?;
+            // Flush unless the client already sent the next request.
+            if reader.buffer().is_empty() {
+                writer.flush()?;
+            }
+        }
+    }
+
+    fn page_api(&self, tenant: TenantId, timeline: TimelineId) -> Option<PageApi> {
+        let timeline = self.tenants.get(tenant)?.get_timeline(timeline)?;
+        Some(PageApi::new(timeline, Arc::clone(&self.reconstructor)))
+    }
+
+    fn handle_request(&self, api: &PageApi, req: Request) -> Response {
+        let id = req.id();
+        let t = self.wait_lsn_timeout;
+        let result = match req {
+            // The connection loop answers a second Hello itself; this keeps the match total.
+            Request::Hello { .. } => return error_response(0, ErrorCode::Protocol, "Hello may only be sent once".into()),
+            Request::GetPage { lsns, rel, blkno, .. } => {
+                api.get_page(rel, blkno, read_lsn(api, lsns), t).map(|page| Response::Page { id, page: page.to_vec() })
+            }
+            Request::Nblocks { lsns, rel, .. } => {
+                api.get_rel_size(rel, read_lsn(api, lsns), t).map(|nblocks| Response::Nblocks { id, nblocks })
+            }
+            Request::Exists { lsns, rel, .. } => api.rel_exists(rel, read_lsn(api, lsns), t).map(|exists| Response::Exists { id, exists }),
+            Request::DbSize { lsns, spcnode, dbnode, .. } => {
+                api.get_db_size(spcnode, dbnode, read_lsn(api, lsns), t).map(|size_bytes| Response::DbSize { id, size_bytes })
+            }
+            Request::GetSlruSegment { lsns, kind, segno, .. } => {
+                api.get_slru_segment(kind, segno, read_lsn(api, lsns), t).map(|data| Response::SlruSegment { id, data: data.to_vec() })
+            }
+        };
+        result.unwrap_or_else(|e| {
+            let code = error_code(&e);
+            if code == ErrorCode::Internal {
+                tracing::error!("request {id} failed: {e}");
+            }
+            error_response(id, code, e.to_string())
+        })
+    }
+}
+
+/// The LSN a read uses (see the module documentation).
+fn read_lsn(api: &PageApi, lsns: ReadLsns) -> Lsn {
+    let last = api.timeline().last_record_lsn();
+    if lsns.request_lsn <= last {
+        lsns.request_lsn
+    } else {
+        last.max(lsns.not_modified_since)
+    }
+}
+
+fn error_code(e: &PageApiError) -> ErrorCode {
+    match e {
+        PageApiError::BelowGcHorizon { .. } => ErrorCode::LsnTooOld,
+        PageApiError::WaitLsn(_) => ErrorCode::LsnTimeout,
+        PageApiError::BlockBeyondEnd { .. } => ErrorCode::NoSuchBlock,
+        PageApiError::Datadir(DatadirError::NotFound { .. }) => ErrorCode::NoSuchBlock,
+        PageApiError::Datadir(_) => ErrorCode::Internal,
+    }
+}
+
+fn error_response(id: u64, code: ErrorCode, message: String) -> Response {
+    Response::Error { id, code, message }
+}
+
+fn send_error(writer: &mut BufWriter<TcpStream>, id: u64, code: ErrorCode, message: &str) -> std::io::Result<()> {
+    let mut out = Vec::new();
+    error_response(id, code, message.to_string()).encode(&mut out);
+    writer.write_all(&out)?;
+    writer.flush()
+}
+
+/// Reads one request; `None` when the client closed the connection between messages.
+/// A malformed message is answered with a protocol error before the connection closes.
+fn read_request(reader: &mut BufReader<TcpStream>, writer: &mut BufWriter<TcpStream>) -> Result<Option<Request>, ConnectionError> {
+    let mut header = [0u8; 5];
+    match reader.read_exact(&mut header[..1]) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    reader.read_exact(&mut header[1..])?;
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    if len > MESSAGE_BYTES_MAX {
+        let msg = PagestreamError::TooLong(len).to_string();
+        send_error(writer, 0, ErrorCode::Protocol, &msg)?;
+        return Err(ConnectionError::Protocol(msg));
+    }
+    let mut frame = vec![0u8; 5 + len];
+    frame[..5].copy_from_slice(&header);
+    reader.read_exact(&mut frame[5..])?;
+    match Request::decode(&frame) {
+        Ok((req, _)) => Ok(Some(req)),
+        Err(e) => {
+            let msg = e.to_string();
+            send_error(writer, 0, ErrorCode::Protocol, &msg)?;
+            Err(ConnectionError::Protocol(msg))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

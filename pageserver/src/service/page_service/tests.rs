@@ -1,0 +1,240 @@
+//! The page service over real TCP on loopback, against a small timeline built with
+//! `Modification` (pages are images, so no WAL redo process is needed).
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use proto::pagestream::{ErrorCode, ReadLsns, Request, Response, PROTOCOL_VERSION};
+use proto::{BlockNumber, ForkNumber, Key, Lsn, RelTag, SlruKind, TenantId, TimelineId};
+
+use super::*;
+use crate::pgdata::datadir::codec::{DbEntry, RelEntry};
+use crate::pgdata::datadir::Modification;
+use crate::pgdata::reconstruct::PgReconstructor;
+use layerstore::StorageConfig;
+
+const TENANT: TenantId = TenantId([1; 16]);
+const TIMELINE: TimelineId = TimelineId([2; 16]);
+
+fn rel(relnode: u32) -> RelTag {
+    RelTag { spcnode: 1663, dbnode: 5, relnode, forknum: ForkNumber::Main }
+}
+
+fn page(fill: u8) -> Bytes {
+    Bytes::from(vec![fill; 8192])
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    _tenant: Arc<Tenant>,
+    handle: Option<PageServiceHandle>,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            h.shutdown();
+        }
+    }
+}
+
+/// Relation 16384 has two blocks at 0/100; block 0 is rewritten at 0/200.
+fn start() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let tenant = Arc::new(Tenant::create(dir.path(), TENANT, StorageConfig::default()).unwrap());
+    let t = tenant.create_timeline(TIMELINE).unwrap();
+    let mut m = Modification::new(&t, Lsn(0x100));
+    m.put_db_dir(&[DbEntry { spcnode: 1663, dbnode: 5 }].into());
+    m.put_rel_dir(1663, 5, &[RelEntry { relnode: 16384, forknum: ForkNumber::Main }].into());
+    m.put_rel_size(rel(16384), 2);
+    m.put_image(Key::rel_block(rel(16384), BlockNumber(0)), page(1));
+    m.put_image(Key::rel_block(rel(16384), BlockNumber(1)), page(2));
+    m.put_slru_dir(SlruKind::Clog, &BTreeSet::from([0]));
+    m.put_slru_segment_size(SlruKind::Clog, 0, 1);
+    m.put_image(Key::slru_block(SlruKind::Clog, 0, BlockNumber(0)), page(9));
+    m.commit().unwrap();
+    let mut m = Modification::new(&t, Lsn(0x200));
+    m.put_image(Key::rel_block(rel(16384), BlockNumber(0)), page(3));
+    m.commit().unwrap();
+
+    let registry = Arc::new(TenantRegistry::default());
+    registry.insert(Arc::clone(&tenant));
+    let service = Arc::new(PageService::new(registry, Arc::new(PgReconstructor::rust_only()), Duration::from_millis(300)));
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let handle = service.start(listener).unwrap();
+    Fixture { _dir: dir, _tenant: tenant, handle: Some(handle) }
+}
+
+struct Client {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    fn connect(f: &Fixture) -> Client {
+        let stream = TcpStream::connect(f.handle.as_ref().unwrap().addr).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Client { stream, buf: Vec::new() }
+    }
+
+    fn send(&mut self, req: &Request) {
+        let mut out = Vec::new();
+        req.encode(&mut out);
+        self.stream.write_all(&out).unwrap();
+    }
+
+    fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    fn recv(&mut self) -> Option<Response> {
+        loop {
+            match Response::decode(&self.buf) {
+                Ok((resp, used)) => {
+                    self.buf.drain(..used);
+                    return Some(resp);
+                }
+                Err(proto::pagestream::PagestreamError::Incomplete { .. }) => {}
+                Err(e) => panic!("bad response: {e}"),
+            }
+            let mut chunk = [0u8; 16384];
+            let n = self.stream.read(&mut chunk).unwrap();
+            if n == 0 {
+                return None;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn hello(f: &Fixture) -> Client {
+        let mut c = Client::connect(f);
+        c.send(&Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: TENANT, timeline: TIMELINE });
+        assert_eq!(c.recv(), Some(Response::HelloOk { protocol_version: PROTOCOL_VERSION }));
+        c
+    }
+}
+
+fn lsns(request: u64, nms: u64) -> ReadLsns {
+    ReadLsns { request_lsn: Lsn(request), not_modified_since: Lsn(nms) }
+}
+
+#[test]
+fn serves_pages_sizes_and_slru_at_an_lsn() {
+    let f = start();
+    let mut c = Client::hello(&f);
+    c.send(&Request::GetPage { id: 1, lsns: lsns(0x180, 0x100), rel: rel(16384), blkno: BlockNumber(0) });
+    assert_eq!(c.recv(), Some(Response::Page { id: 1, page: page(1).to_vec() }));
+    c.send(&Request::GetPage { id: 2, lsns: lsns(0x200, 0x200), rel: rel(16384), blkno: BlockNumber(0) });
+    assert_eq!(c.recv(), Some(Response::Page { id: 2, page: page(3).to_vec() }));
+    c.send(&Request::Nblocks { id: 3, lsns: lsns(0x200, 0x100), rel: rel(16384) });
+    assert_eq!(c.recv(), Some(Response::Nblocks { id: 3, nblocks: 2 }));
+    c.send(&Request::Exists { id: 4, lsns: lsns(0x200, 0x100), rel: rel(99) });
+    assert_eq!(c.recv(), Some(Response::Exists { id: 4, exists: false }));
+    c.send(&Request::DbSize { id: 5, lsns: lsns(0x200, 0x100), spcnode: 1663, dbnode: 5 });
+    assert_eq!(c.recv(), Some(Response::DbSize { id: 5, size_bytes: 2 * 8192 }));
+    c.send(&Request::GetSlruSegment { id: 6, lsns: lsns(0x200, 0x100), kind: SlruKind::Clog, segno: 0 });
+    assert_eq!(c.recv(), Some(Response::SlruSegment { id: 6, data: page(9).to_vec() }));
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let f = start();
+    let mut c = Client::hello(&f);
+    let mut batch = Vec::new();
+    for id in 1..=200u64 {
+        Request::GetPage { id, lsns: lsns(0x200, 0x100), rel: rel(16384), blkno: BlockNumber((id % 2) as u32) }.encode(&mut batch);
+    }
+    c.send_raw(&batch);
+    for id in 1..=200u64 {
+        let want = if id % 2 == 0 { page(3) } else { page(2) };
+        assert_eq!(c.recv(), Some(Response::Page { id, page: want.to_vec() }));
+    }
+}
+
+#[test]
+fn a_request_ahead_of_ingest_waits_only_for_not_modified_since() {
+    let f = start();
+    let mut c = Client::hello(&f);
+    // The compute is at 0/900 but promises the page did not change after 0/100: no wait.
+    c.send(&Request::GetPage { id: 1, lsns: lsns(0x900, 0x100), rel: rel(16384), blkno: BlockNumber(1) });
+    assert_eq!(c.recv(), Some(Response::Page { id: 1, page: page(2).to_vec() }));
+    // Promising only 0/900 means waiting for WAL that never comes: a timeout, named.
+    c.send(&Request::GetPage { id: 2, lsns: lsns(0x900, 0x900), rel: rel(16384), blkno: BlockNumber(1) });
+    match c.recv() {
+        Some(Response::Error { id: 2, code: ErrorCode::LsnTimeout, message }) => {
+            assert!(message.contains("0/900"), "{message}")
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    // The connection is still usable.
+    c.send(&Request::Nblocks { id: 3, lsns: lsns(0x200, 0x100), rel: rel(16384) });
+    assert_eq!(c.recv(), Some(Response::Nblocks { id: 3, nblocks: 2 }));
+}
+
+#[test]
+fn errors_name_what_is_wrong_and_keep_the_connection() {
+    let f = start();
+    let mut c = Client::hello(&f);
+    c.send(&Request::GetPage { id: 7, lsns: lsns(0x200, 0x100), rel: rel(16384), blkno: BlockNumber(5) });
+    match c.recv() {
+        Some(Response::Error { id: 7, code: ErrorCode::NoSuchBlock, message }) => {
+            assert!(message.contains("block 5") && message.contains("2 blocks"), "{message}")
+        }
+        other => panic!("expected no such block, got {other:?}"),
+    }
+    c.send(&Request::GetPage { id: 8, lsns: lsns(0x200, 0x100), rel: rel(16384), blkno: BlockNumber(1) });
+    assert_eq!(c.recv(), Some(Response::Page { id: 8, page: page(2).to_vec() }));
+}
+
+#[test]
+fn bad_handshakes_and_malformed_messages_are_refused() {
+    let f = start();
+    // Unknown tenant.
+    let mut c = Client::connect(&f);
+    c.send(&Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: TenantId([9; 16]), timeline: TIMELINE });
+    match c.recv() {
+        Some(Response::Error { code: ErrorCode::NotFound, message, .. }) => {
+            assert!(message.contains("0909"), "names the tenant: {message}")
+        }
+        other => panic!("expected not found, got {other:?}"),
+    }
+    assert_eq!(c.recv(), None, "the connection is closed");
+
+    // Wrong protocol version.
+    let mut c = Client::connect(&f);
+    c.send(&Request::Hello { protocol_version: 99, tenant: TENANT, timeline: TIMELINE });
+    match c.recv() {
+        Some(Response::Error { code: ErrorCode::Protocol, message, .. }) => assert!(message.contains("99"), "{message}"),
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+
+    // A request before Hello.
+    let mut c = Client::connect(&f);
+    c.send(&Request::Nblocks { id: 1, lsns: lsns(0x200, 0x100), rel: rel(16384) });
+    assert!(matches!(c.recv(), Some(Response::Error { code: ErrorCode::Protocol, .. })));
+
+    // A second Hello closes the connection.
+    let mut c = Client::hello(&f);
+    c.send(&Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: TENANT, timeline: TIMELINE });
+    assert!(matches!(c.recv(), Some(Response::Error { id: 0, code: ErrorCode::Protocol, .. })));
+    assert_eq!(c.recv(), None);
+
+    // Garbage after a good handshake: a protocol error, then the connection closes, and
+    // the service goes on serving others.
+    let mut c = Client::hello(&f);
+    c.send_raw(b"z\0\0\0\x01!");
+    match c.recv() {
+        Some(Response::Error { code: ErrorCode::Protocol, message, .. }) => {
+            assert!(message.contains("unrecognized page service message tag: 122"), "{message}")
+        }
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+    assert_eq!(c.recv(), None);
+    let mut c = Client::hello(&f);
+    c.send(&Request::Nblocks { id: 1, lsns: lsns(0x200, 0x100), rel: rel(16384) });
+    assert_eq!(c.recv(), Some(Response::Nblocks { id: 1, nblocks: 2 }));
+}

@@ -1,0 +1,96 @@
+//! The pageserver's configuration: one typed struct, read from a TOML file, overridden by
+//! command-line flags, with defaults that work on a laptop.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use layerstore::StorageConfig;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PageserverConfig {
+    /// Where tenants live: `<workdir>/tenants/<tenant id>/timelines/<timeline id>/`.
+    pub workdir: PathBuf,
+    /// The page service (computes' GetPage@LSN).
+    pub listen_pg_addr: SocketAddr,
+    /// The HTTP management API and `/metrics`.
+    pub listen_http_addr: SocketAddr,
+    /// The bin directory of fjord's PostgreSQL build; its `postgres` runs WAL redo.
+    pub pg_bin_dir: PathBuf,
+    pub wal_redo_processes_max: usize,
+    pub wal_redo_timeout_ms: u64,
+    /// How long a page request waits for its not-modified-since LSN to be ingested.
+    pub wait_lsn_timeout_ms: u64,
+    pub storage: StorageConfig,
+}
+
+impl Default for PageserverConfig {
+    fn default() -> Self {
+        PageserverConfig {
+            workdir: PathBuf::from(".fjord/pageserver"),
+            listen_pg_addr: "127.0.0.1:64000".parse().expect("valid address"),
+            listen_http_addr: "127.0.0.1:9898".parse().expect("valid address"),
+            pg_bin_dir: PathBuf::from("target/pg15/bin"),
+            wal_redo_processes_max: 4,
+            wal_redo_timeout_ms: 30_000,
+            wait_lsn_timeout_ms: 60_000,
+            storage: StorageConfig::default(),
+        }
+    }
+}
+
+impl PageserverConfig {
+    /// Reads a TOML file; every field is optional and defaults as above.
+    pub fn load(path: &Path) -> anyhow::Result<PageserverConfig> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("read config file {}", path.display()))?;
+        let conf: PageserverConfig = toml::from_str(&text).with_context(|| format!("parse config file {}", path.display()))?;
+        Ok(conf)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.wal_redo_processes_max > 0, "wal_redo_processes_max must be at least 1");
+        anyhow::ensure!(self.wal_redo_timeout_ms > 0, "wal_redo_timeout_ms must be positive");
+        anyhow::ensure!(self.listen_pg_addr != self.listen_http_addr, "listen_pg_addr and listen_http_addr must differ");
+        self.storage.validate()
+    }
+
+    pub fn tenants_dir(&self) -> PathBuf {
+        self.workdir.join("tenants")
+    }
+
+    pub fn wal_redo_timeout(&self) -> Duration {
+        Duration::from_millis(self.wal_redo_timeout_ms)
+    }
+
+    pub fn wait_lsn_timeout(&self) -> Duration {
+        Duration::from_millis(self.wait_lsn_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fill_in_what_a_file_leaves_out() {
+        let conf: PageserverConfig = toml::from_str("listen_pg_addr = '127.0.0.1:7000'\n[storage]\ngc_horizon_bytes = 1024\n").unwrap();
+        assert_eq!(conf.listen_pg_addr.port(), 7000);
+        assert_eq!(conf.storage.gc_horizon_bytes, 1024);
+        assert_eq!(conf.wal_redo_processes_max, PageserverConfig::default().wal_redo_processes_max);
+        conf.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_and_bad_settings_are_refused() {
+        let err = toml::from_str::<PageserverConfig>("listen_pg_adr = '127.0.0.1:7000'").unwrap_err();
+        assert!(err.to_string().contains("listen_pg_adr"), "{err}");
+        let err = toml::from_str::<PageserverConfig>("listen_pg_addr = 'nowhere'").unwrap_err();
+        assert!(err.to_string().contains("listen_pg_addr"), "{err}");
+        let conf = PageserverConfig { wal_redo_processes_max: 0, ..Default::default() };
+        assert!(conf.validate().unwrap_err().to_string().contains("wal_redo_processes_max"));
+    }
+}

@@ -1,0 +1,334 @@
+//! The management API: JSON over HTTP (axum), plus Prometheus `/metrics`.
+//!
+//! | method | path | what |
+//! |---|---|---|
+//! | GET | `/v1/status` | liveness, version |
+//! | GET | `/v1/tenant` | tenant ids |
+//! | POST | `/v1/tenant` | create a tenant: `{"tenant_id": "..."}` (optional; random if absent) |
+//! | GET | `/v1/tenant/{tenant}/timeline` | the tenant's timelines with their LSNs |
+//! | POST | `/v1/tenant/{tenant}/timeline` | create: `{"timeline_id"?, "ancestor_timeline_id"?, "ancestor_lsn"?}` |
+//! | GET | `/v1/tenant/{tenant}/timeline/{timeline}` | one timeline's status (LSNs, layers, WAL receiver, `system_id`) |
+//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/import` | `{"pgdata": "/path"}`: bootstrap from a shut-down data directory on this host |
+//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | `{"sources": [{"host", "port", "user"}, ...]}` (1 to 16, no duplicate host and port, no port 0) or one source `{"host", "port", "user"}`: follow the timeline's WAL over streaming replication from one source at a time, failing over to the next and switching to one with more WAL (application_name `fjord_pageserver`, database `<tenant>/<timeline>`); persisted, restarted when the pageserver starts; 400 with the reason for an invalid list |
+//! | DELETE | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | stop the receiver and forget its source (404 if there is none) |
+//! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/basebackup[?lsn=X/X]` | `application/x-tar` data directory to start a compute at the LSN (default: the last record LSN; an explicit one is waited for), header `X-Fjord-Lsn`; 400 below the GC horizon or branch point, 504 if the LSN is not ingested in time |
+//! | GET | `/metrics` | Prometheus text format |
+//!
+//! Errors are `{"error": "..."}` with a status code chosen in one place, [`ApiError`].
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
+use proto::{Lsn, TenantId, TimelineId};
+use serde::{Deserialize, Serialize};
+
+use super::{ManagementError, Pageserver};
+use layerstore::timeline::Timeline;
+
+/// Maps domain errors to HTTP, in one place.
+pub struct ApiError(ManagementError);
+
+impl From<ManagementError> for ApiError {
+    fn from(e: ManagementError) -> Self {
+        ApiError(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = match &self.0 {
+            ManagementError::TenantNotFound(_) | ManagementError::TimelineNotFound(..) | ManagementError::NotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
+            ManagementError::Conflict(_) => StatusCode::CONFLICT,
+            ManagementError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ManagementError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ManagementError::Internal(e) => {
+                tracing::error!("management request failed: {e:#}");
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        let message = match &self.0 {
+            ManagementError::Internal(e) => format!("{e:#}"),
+            other => other.to_string(),
+        };
+        (status, Json(serde_json::json!({ "error": message }))).into_response()
+    }
+}
+
+fn parse<T: std::str::FromStr>(what: &str, s: &str) -> Result<T, ApiError>
+where
+    T::Err: std::fmt::Display,
+{
+    s.parse().map_err(|e: T::Err| ApiError(ManagementError::BadRequest(format!("invalid {what}: {e}"))))
+}
+
+#[derive(Serialize)]
+struct TimelineInfo {
+    tenant_id: String,
+    timeline_id: String,
+    ancestor_timeline_id: Option<String>,
+    ancestor_lsn: Option<String>,
+    last_record_lsn: String,
+    disk_consistent_lsn: String,
+    gc_cutoff_lsn: String,
+    layers: usize,
+    wal_receiver: Option<crate::service::walreceiver::WalReceiverStatus>,
+    /// PostgreSQL's system identifier (decimal, from the stored control file); compute_ctl
+    /// greets the safekeepers with it. `None` before the timeline has data.
+    system_id: Option<String>,
+}
+
+fn timeline_info(ps: &Pageserver, t: &Timeline) -> TimelineInfo {
+    TimelineInfo {
+        wal_receiver: ps.wal_receiver_status(t.tenant_id(), t.timeline_id()),
+        tenant_id: t.tenant_id().to_string(),
+        timeline_id: t.timeline_id().to_string(),
+        ancestor_timeline_id: t.ancestor_timeline_id().map(|id| id.to_string()),
+        ancestor_lsn: t.ancestor_lsn().map(|l| l.to_string()),
+        last_record_lsn: t.last_record_lsn().to_string(),
+        disk_consistent_lsn: t.disk_consistent_lsn().to_string(),
+        gc_cutoff_lsn: t.gc_cutoff_lsn().to_string(),
+        layers: t.layers().len(),
+        system_id: system_id(ps, t).map(|id| id.to_string()),
+    }
+}
+
+/// The system identifier in the timeline's control file at its last record LSN.
+fn system_id(ps: &Pageserver, t: &Timeline) -> Option<u64> {
+    let lsn = t.last_record_lsn();
+    if !lsn.is_valid() {
+        return None;
+    }
+    let datadir = crate::pgdata::datadir::Datadir::new(t, ps.reconstructor.as_ref());
+    let raw = datadir.get_control_file(lsn).ok()?;
+    crate::pgdata::import::ControlFile::parse(&raw).ok().map(|c| c.system_identifier)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CreateTenant {
+    tenant_id: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CreateTimeline {
+    timeline_id: Option<String>,
+    ancestor_timeline_id: Option<String>,
+    ancestor_lsn: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Import {
+    pgdata: std::path::PathBuf,
+}
+
+/// Parses a JSON request body ourselves, so that a malformed one gets the same
+/// `{"error": ...}` answer as every other bad request. An empty body means "all defaults".
+fn json_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError(ManagementError::BadRequest(format!("invalid request body: {e}"))))
+}
+
+fn random_id() -> [u8; 16] {
+    rand::random()
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ManagementError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError(ManagementError::Internal(anyhow::anyhow!("management task failed: {e}"))))?
+        .map_err(ApiError)
+}
+
+pub fn router(ps: Arc<Pageserver>) -> Router {
+    Router::new()
+        .route("/v1/status", get(|| async { Json(serde_json::json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") })) }))
+        .route("/v1/tenant", get(list_tenants).post(create_tenant))
+        .route("/v1/tenant/{tenant}/timeline", get(list_timelines).post(create_timeline))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}", get(get_timeline))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/import", post(import))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver", post(start_wal_receiver).delete(stop_wal_receiver))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/basebackup", get(basebackup))
+        .route("/metrics", get(metrics))
+        .with_state(ps)
+}
+
+async fn list_tenants(State(ps): State<Arc<Pageserver>>) -> Json<Vec<String>> {
+    Json(ps.tenants.ids().iter().map(|id| id.to_string()).collect())
+}
+
+async fn create_tenant(State(ps): State<Arc<Pageserver>>, body: Bytes) -> Result<impl IntoResponse, ApiError> {
+    let req: CreateTenant = json_body(&body)?;
+    let id = match req.tenant_id {
+        Some(s) => parse::<TenantId>("tenant id", &s)?,
+        None => TenantId(random_id()),
+    };
+    blocking(move || ps.create_tenant(id)).await?;
+    Ok((StatusCode::CREATED, Json(serde_json::json!({ "tenant_id": id.to_string() }))))
+}
+
+async fn list_timelines(State(ps): State<Arc<Pageserver>>, Path(tenant): Path<String>) -> Result<Json<Vec<TimelineInfo>>, ApiError> {
+    let tenant = ps.tenant(parse("tenant id", &tenant)?)?;
+    Ok(Json(tenant.timelines().iter().map(|t| timeline_info(&ps, t)).collect()))
+}
+
+async fn create_timeline(
+    State(ps): State<Arc<Pageserver>>,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let tenant: TenantId = parse("tenant id", &tenant)?;
+    let req: CreateTimeline = json_body(&body)?;
+    let timeline = match req.timeline_id {
+        Some(s) => parse::<TimelineId>("timeline id", &s)?,
+        None => TimelineId(random_id()),
+    };
+    let ancestor = match (req.ancestor_timeline_id, req.ancestor_lsn) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(ApiError(ManagementError::BadRequest("ancestor_lsn needs ancestor_timeline_id".into())));
+        }
+        (Some(a), lsn) => {
+            Some((parse::<TimelineId>("ancestor timeline id", &a)?, lsn.map(|l| parse::<Lsn>("ancestor LSN", &l)).transpose()?))
+        }
+    };
+    let ps2 = Arc::clone(&ps);
+    let created = blocking(move || ps.create_timeline(tenant, timeline, ancestor)).await?;
+    Ok((StatusCode::CREATED, Json(timeline_info(&ps2, &created))))
+}
+
+async fn get_timeline(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+) -> Result<Json<TimelineInfo>, ApiError> {
+    let t = ps.timeline(parse("tenant id", &tenant)?, parse("timeline id", &timeline)?)?;
+    Ok(Json(timeline_info(&ps, &t)))
+}
+
+async fn import(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let req: Import = json_body(&body)?;
+    let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    let summary = blocking(move || ps.import(tenant, timeline, &req.pgdata)).await?;
+    Ok(Json(serde_json::json!({
+        "import_lsn": summary.import_lsn.to_string(),
+        "checkpoint_lsn": summary.checkpoint_lsn.to_string(),
+        "system_identifier": summary.system_identifier.to_string(),
+        "databases": summary.databases,
+    })))
+}
+
+async fn start_wal_receiver(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    let sources = crate::service::walreceiver::WalSources::from_json(&body)
+        .map_err(|e| ApiError(ManagementError::BadRequest(format!("invalid request body: {e}"))))?;
+    blocking(move || ps.start_wal_receiver(tenant, timeline, sources)).await?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+async fn stop_wal_receiver(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let (tenant, timeline): (TenantId, TimelineId) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    if blocking(move || ps.stop_wal_receiver(tenant, timeline)).await? {
+        Ok(StatusCode::OK)
+    } else {
+        Err(ApiError(ManagementError::NotFound(format!("timeline {timeline} of tenant {tenant} has no WAL receiver"))))
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct BasebackupParams {
+    lsn: Option<String>,
+}
+
+async fn basebackup(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    let params: BasebackupParams = match query.as_deref() {
+        None | Some("") => BasebackupParams::default(),
+        Some(q) => parse_basebackup_query(q)?,
+    };
+    let lsn = params.lsn.map(|l| parse::<Lsn>("LSN", &l)).transpose()?;
+    let (tar, summary) = blocking(move || ps.basebackup(tenant, timeline, lsn)).await?;
+    let headers = [
+        (axum::http::header::CONTENT_TYPE, "application/x-tar".to_string()),
+        (axum::http::header::HeaderName::from_static("x-fjord-lsn"), summary.lsn.to_string()),
+    ];
+    Ok((headers, tar).into_response())
+}
+
+/// The one query parameter there is (`lsn=X/X`, with `/` possibly percent-encoded).
+fn parse_basebackup_query(query: &str) -> Result<BasebackupParams, ApiError> {
+    let mut params = BasebackupParams::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("lsn", value)) => params.lsn = Some(value.replace("%2F", "/").replace("%2f", "/")),
+            _ => return Err(ApiError(ManagementError::BadRequest(format!("unknown query parameter {pair:?}; the only one is lsn=X/X")))),
+        }
+    }
+    Ok(params)
+}
+
+/// Gauges read off the tenants at scrape time.
+async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError> {
+    let internal = |e: prometheus::Error| ApiError(ManagementError::Internal(anyhow::anyhow!("render metrics: {e}")));
+    let registry = Registry::new();
+    let gauge = |name: &str, help: &str| -> Result<IntGaugeVec, ApiError> {
+        let g = IntGaugeVec::new(Opts::new(name, help), &["tenant_id", "timeline_id"]).map_err(internal)?;
+        registry.register(Box::new(g.clone())).map_err(internal)?;
+        Ok(g)
+    };
+    let last = gauge("pageserver_last_record_lsn", "The LSN up to which WAL has been ingested")?;
+    let disk = gauge("pageserver_disk_consistent_lsn", "The LSN up to which ingested WAL is in layer files")?;
+    let layers = gauge("pageserver_layers", "Layer files of the timeline")?;
+    let counter = |name: &str, help: &str, value: u64| -> Result<(), ApiError> {
+        let c = prometheus::IntCounter::new(name, help).map_err(internal)?;
+        c.inc_by(value);
+        registry.register(Box::new(c)).map_err(internal)
+    };
+    let bb = &ps.basebackup_stats;
+    counter("pageserver_basebackups_total", "Basebackups served", bb.count.load(std::sync::atomic::Ordering::Relaxed))?;
+    counter("pageserver_basebackup_bytes_total", "Bytes of basebackups served", bb.bytes.load(std::sync::atomic::Ordering::Relaxed))?;
+    counter(
+        "pageserver_basebackup_microseconds_total",
+        "Time spent generating basebackups",
+        bb.micros.load(std::sync::atomic::Ordering::Relaxed),
+    )?;
+    for id in ps.tenants.ids() {
+        let Some(tenant) = ps.tenants.get(id) else { continue };
+        for t in tenant.timelines() {
+            let labels = [id.to_string(), t.timeline_id().to_string()];
+            let labels = [labels[0].as_str(), labels[1].as_str()];
+            last.with_label_values(&labels).set(i64::try_from(t.last_record_lsn().0).unwrap_or(i64::MAX));
+            disk.with_label_values(&labels).set(i64::try_from(t.disk_consistent_lsn().0).unwrap_or(i64::MAX));
+            layers.with_label_values(&labels).set(i64::try_from(t.layers().len()).unwrap_or(i64::MAX));
+        }
+    }
+    let mut out = Vec::new();
+    TextEncoder::new().encode(&registry.gather(), &mut out).map_err(internal)?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
+}

@@ -1,0 +1,325 @@
+//! The pageserver as a process: configuration, the tenants it serves, the page service and
+//! the HTTP management API. `src/bin/pageserver.rs` is the thin `main` around this.
+//!
+//! Invariants:
+//! - Every tenant directory under `<workdir>/tenants/` is loaded at start; one that fails
+//!   to load stops the start with an error naming it, rather than serving a partial set.
+//! - Tenant and timeline creation is serialized by one lock, so two requests creating the
+//!   same id cannot both succeed.
+
+pub mod config;
+pub mod http;
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::Context;
+use proto::{Lsn, TenantId, TimelineId};
+
+use crate::pgdata::basebackup::{write_basebackup, BasebackupSummary};
+use crate::pgdata::import::{import_datadir, ImportSummary};
+use crate::pgdata::reconstruct::PgReconstructor;
+use crate::pgdata::walredo::{WalRedoConfig, WalRedoManager};
+use crate::service::ingest_gate::IngestGate;
+use crate::service::localwal::WAL_RECEIVER_SOURCE_FILE;
+use crate::service::page_service::{PageService, PageServiceHandle, TenantRegistry};
+use crate::service::walreceiver::{WalReceiver, WalReceiverStatus, WalSources};
+pub use config::PageserverConfig;
+use layerstore::tenant::Tenant;
+use layerstore::timeline::Timeline;
+use layerstore::value::Reconstructor;
+use layerstore::CreateTimelineError;
+
+pub struct Pageserver {
+    pub conf: PageserverConfig,
+    pub tenants: Arc<TenantRegistry>,
+    reconstructor: Arc<dyn Reconstructor>,
+    create_lock: Mutex<()>,
+    receivers: Mutex<HashMap<(TenantId, TimelineId), WalReceiver>>,
+    /// Each timeline's ingest gate, shared by its WAL receiver and basebackups; created on
+    /// first use.
+    ingest_gates: Mutex<HashMap<(TenantId, TimelineId), Arc<IngestGate>>>,
+    pub basebackup_stats: BasebackupStats,
+}
+
+/// Counters of the basebackups served, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct BasebackupStats {
+    pub count: AtomicU64,
+    pub bytes: AtomicU64,
+    pub micros: AtomicU64,
+}
+
+/// Why a management request was refused; mapped to HTTP status codes in one place
+/// (`http::ApiError`).
+#[derive(Debug, thiserror::Error)]
+pub enum ManagementError {
+    #[error("tenant {0} not found")]
+    TenantNotFound(TenantId),
+    #[error("timeline {1} of tenant {0} not found")]
+    TimelineNotFound(TenantId, TimelineId),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    BadRequest(String),
+    /// Waited too long for something (an LSN to be ingested).
+    #[error("{0}")]
+    Timeout(String),
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl Pageserver {
+    /// Loads every tenant in the work directory.
+    pub fn open(conf: PageserverConfig) -> anyhow::Result<Pageserver> {
+        conf.validate()?;
+        let tenants_dir = conf.tenants_dir();
+        std::fs::create_dir_all(&tenants_dir).with_context(|| format!("create {}", tenants_dir.display()))?;
+        let redo = Arc::new(WalRedoManager::new(WalRedoConfig {
+            postgres_bin: conf.pg_bin_dir.join("postgres"),
+            processes_max: conf.wal_redo_processes_max,
+            request_timeout: conf.wal_redo_timeout(),
+            run_as: None,
+        }));
+        let registry = Arc::new(TenantRegistry::default());
+        for entry in std::fs::read_dir(&tenants_dir).with_context(|| format!("list {}", tenants_dir.display()))? {
+            let entry = entry.with_context(|| format!("list {}", tenants_dir.display()))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(id) = name.parse::<TenantId>() else {
+                if !crashsafe::is_temp_name(&name) {
+                    tracing::warn!("ignoring {} in the tenants directory: not a tenant id", entry.path().display());
+                }
+                continue;
+            };
+            let tenant = Tenant::load(&tenants_dir, id, conf.storage.clone(), crate::service::localwal::TIMELINE_DIR_ENTRIES)
+                .with_context(|| format!("load tenant {id}"))?;
+            tracing::info!(tenant = %id, timelines = tenant.timelines().len(), "loaded tenant");
+            registry.insert(Arc::new(tenant));
+        }
+        Ok(Pageserver {
+            conf,
+            tenants: registry,
+            reconstructor: Arc::new(PgReconstructor::new(redo)),
+            create_lock: Mutex::new(()),
+            receivers: Mutex::new(HashMap::new()),
+            ingest_gates: Mutex::new(HashMap::new()),
+            basebackup_stats: BasebackupStats::default(),
+        })
+    }
+
+    /// Starts the page service on its configured address.
+    pub fn start_page_service(&self) -> anyhow::Result<PageServiceHandle> {
+        let listener = TcpListener::bind(self.conf.listen_pg_addr)
+            .with_context(|| format!("listen for the page service on {}", self.conf.listen_pg_addr))?;
+        let service = Arc::new(PageService::new(Arc::clone(&self.tenants), Arc::clone(&self.reconstructor), self.conf.wait_lsn_timeout()));
+        Ok(service.start(listener)?)
+    }
+
+    pub fn tenant(&self, id: TenantId) -> Result<Arc<Tenant>, ManagementError> {
+        self.tenants.get(id).ok_or(ManagementError::TenantNotFound(id))
+    }
+
+    pub fn timeline(&self, tenant: TenantId, timeline: TimelineId) -> Result<Arc<Timeline>, ManagementError> {
+        self.tenant(tenant)?.get_timeline(timeline).ok_or(ManagementError::TimelineNotFound(tenant, timeline))
+    }
+
+    pub fn create_tenant(&self, id: TenantId) -> Result<Arc<Tenant>, ManagementError> {
+        let _guard = self.create_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if self.tenants.get(id).is_some() {
+            return Err(ManagementError::Conflict(format!("tenant {id} already exists")));
+        }
+        let tenant = Arc::new(Tenant::create(&self.conf.tenants_dir(), id, self.conf.storage.clone())?);
+        self.tenants.insert(Arc::clone(&tenant));
+        tracing::info!(tenant = %id, "created tenant");
+        Ok(tenant)
+    }
+
+    /// Creates an empty timeline, or a branch of `ancestor` at `ancestor_lsn` (default: the
+    /// ancestor's last record LSN).
+    pub fn create_timeline(
+        &self,
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+        ancestor: Option<(TimelineId, Option<Lsn>)>,
+    ) -> Result<Arc<Timeline>, ManagementError> {
+        let _guard = self.create_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let tenant = self.tenant(tenant_id)?;
+        let created = match ancestor {
+            None => tenant.create_timeline(timeline_id),
+            Some((ancestor_id, at)) => {
+                let at = match at {
+                    Some(lsn) => lsn,
+                    None => self.timeline(tenant_id, ancestor_id)?.last_record_lsn(),
+                };
+                tenant.branch_timeline(timeline_id, ancestor_id, at)
+            }
+        };
+        created.map_err(|e| match e {
+            CreateTimelineError::AlreadyExists(_) => ManagementError::Conflict(e.to_string()),
+            CreateTimelineError::AncestorNotFound(id) => ManagementError::TimelineNotFound(tenant_id, id),
+            other => ManagementError::BadRequest(other.to_string()),
+        })
+    }
+
+    /// Fills an empty timeline from a shut-down PostgreSQL data directory on this host.
+    pub fn import(&self, tenant: TenantId, timeline: TimelineId, pgdata: &std::path::Path) -> Result<ImportSummary, ManagementError> {
+        if pgdata.as_os_str().is_empty() {
+            return Err(ManagementError::BadRequest("import needs \"pgdata\": the path of a shut-down data directory".into()));
+        }
+        let timeline = self.timeline(tenant, timeline)?;
+        if timeline.last_record_lsn().is_valid() {
+            return Err(ManagementError::Conflict(format!(
+                "timeline {} already has data up to {}; import needs an empty timeline",
+                timeline.timeline_id(),
+                timeline.last_record_lsn()
+            )));
+        }
+        let summary = import_datadir(&timeline, pgdata).map_err(|e| ManagementError::BadRequest(format!("{e:#}")))?;
+        timeline.freeze_and_flush()?;
+        Ok(summary)
+    }
+
+    /// A basebackup of the timeline at `lsn` (default: its last record LSN), generated
+    /// into memory (a few MiB: the WAL segment is 16 MiB of mostly zeros, SLRUs and maps
+    /// the rest; streaming it while generating is not worth the complexity yet). An
+    /// explicit `lsn` is waited for up to the wait-LSN timeout and must be a record
+    /// boundary (the end of a record); one below the GC cutoff or the branch point is
+    /// refused. The previous record LSN is passed only at the last record LSN.
+    pub fn basebackup(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        lsn: Option<Lsn>,
+    ) -> Result<(Vec<u8>, BasebackupSummary), ManagementError> {
+        let t = self.timeline(tenant, timeline)?;
+        if !t.last_record_lsn().is_valid() {
+            return Err(ManagementError::Conflict(format!("timeline {timeline} has no data yet; import or branch it first")));
+        }
+        let (lsn, prev) = match lsn {
+            None => {
+                // Not between a WAL receiver's confirming a batch and ingesting it.
+                let gate = self.ingest_gate(tenant, timeline);
+                let _held = gate.hold();
+                let last = t.last_record_lsn();
+                (last, gate.prev_record_lsn(last))
+            }
+            Some(lsn) => {
+                let cutoff = t.gc_cutoff_lsn();
+                if lsn < cutoff {
+                    return Err(ManagementError::BadRequest(format!(
+                        "requested LSN {lsn} is below the garbage collection horizon {cutoff} of timeline {timeline}"
+                    )));
+                }
+                if let Some(branch) = t.ancestor_lsn().filter(|&b| lsn < b) {
+                    return Err(ManagementError::BadRequest(format!(
+                        "requested LSN {lsn} is below the branch point {branch} of timeline {timeline}"
+                    )));
+                }
+                t.wait_lsn(lsn, self.conf.wait_lsn_timeout()).map_err(|e| ManagementError::Timeout(e.to_string()))?;
+                (lsn, self.ingest_gate(tenant, timeline).prev_record_lsn(lsn))
+            }
+        };
+        let started = Instant::now();
+        let mut out = Vec::new();
+        let summary = write_basebackup(&t, self.reconstructor.as_ref(), lsn, prev, &mut out)
+            .with_context(|| format!("basebackup of timeline {timeline} at {lsn}"))?;
+        let stats = &self.basebackup_stats;
+        stats.count.fetch_add(1, Ordering::Relaxed);
+        stats.bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
+        stats.micros.fetch_add(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        Ok((out, summary))
+    }
+
+    /// Starts following the WAL of `sources` (one at a time, with failover) into the
+    /// timeline, replacing any receiver it had. The list is persisted in the timeline
+    /// directory (`WAL_RECEIVER_SOURCE_FILE`, written atomically) so that the receiver is
+    /// started again when the pageserver starts.
+    pub fn start_wal_receiver(&self, tenant: TenantId, timeline: TimelineId, sources: WalSources) -> Result<(), ManagementError> {
+        let t = self.timeline(tenant, timeline)?;
+        if !t.last_record_lsn().is_valid() {
+            return Err(ManagementError::Conflict(format!(
+                "timeline {timeline} has no data yet; import or branch it before streaming WAL into it"
+            )));
+        }
+        let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
+        crashsafe::write_file_atomic(&path, &sources.to_json()).with_context(|| format!("write {}", path.display()))?;
+        self.spawn_wal_receiver(t, sources);
+        Ok(())
+    }
+
+    /// Starts the receivers whose sources are persisted (at pageserver start).
+    pub fn start_persisted_wal_receivers(&self) -> anyhow::Result<usize> {
+        let mut started = 0;
+        for id in self.tenants.ids() {
+            let Some(tenant) = self.tenants.get(id) else { continue };
+            for t in tenant.timelines() {
+                let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
+                let bytes = match std::fs::read(&path) {
+                    Ok(b) => b,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
+                };
+                // Both the list and the single-source shape written before lists existed.
+                let sources = WalSources::from_json(&bytes).map_err(|e| anyhow::anyhow!("parse {}: {e}", path.display()))?;
+                tracing::info!(tenant = %id, timeline = %t.timeline_id(), "restarting the WAL receiver from {sources}");
+                self.spawn_wal_receiver(t, sources);
+                started += 1;
+            }
+        }
+        Ok(started)
+    }
+
+    /// Stops a timeline's receiver and forgets its source; `false` if it had none.
+    pub fn stop_wal_receiver(&self, tenant: TenantId, timeline: TimelineId) -> Result<bool, ManagementError> {
+        let t = self.timeline(tenant, timeline)?;
+        let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
+        let had_file = match std::fs::remove_file(&path) {
+            Ok(()) => {
+                crashsafe::fsync_dir(t.path()).with_context(|| format!("fsync {}", t.path().display()))?;
+                true
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("remove {}", path.display())).into()),
+        };
+        let old = self.receivers.lock().unwrap_or_else(|p| p.into_inner()).remove(&(tenant, timeline));
+        let had_receiver = old.is_some();
+        if let Some(old) = old {
+            old.stop();
+        }
+        Ok(had_file || had_receiver)
+    }
+
+    fn spawn_wal_receiver(&self, t: Arc<Timeline>, sources: WalSources) {
+        let (tenant, timeline) = (t.tenant_id(), t.timeline_id());
+        let mut receivers = self.receivers.lock().unwrap_or_else(|p| p.into_inner());
+        // The old receiver stops before the new one starts: a timeline has one writer, and
+        // its local WAL one owner.
+        if let Some(old) = receivers.remove(&(tenant, timeline)) {
+            old.stop();
+        }
+        let gate = self.ingest_gate(tenant, timeline);
+        receivers.insert((tenant, timeline), WalReceiver::start(t, gate, Arc::clone(&self.reconstructor), sources));
+    }
+
+    fn ingest_gate(&self, tenant: TenantId, timeline: TimelineId) -> Arc<IngestGate> {
+        let mut gates = self.ingest_gates.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(gates.entry((tenant, timeline)).or_default())
+    }
+
+    pub fn wal_receiver_status(&self, tenant: TenantId, timeline: TimelineId) -> Option<WalReceiverStatus> {
+        self.receivers.lock().unwrap_or_else(|p| p.into_inner()).get(&(tenant, timeline)).map(WalReceiver::status)
+    }
+
+    /// Stops every WAL receiver (at shutdown).
+    pub fn stop_wal_receivers(&self) {
+        let receivers: Vec<WalReceiver> = self.receivers.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, r)| r).collect();
+        for r in receivers {
+            r.stop();
+        }
+    }
+}

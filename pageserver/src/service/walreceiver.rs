@@ -1,0 +1,590 @@
+//! The WAL receiver: follows a timeline's WAL over the physical replication protocol from
+//! one of a list of sources, makes it durable in the timeline's local WAL (`localwal.rs`)
+//! and ingests it.
+//!
+//! It speaks the client side of streaming replication (`conn.rs`): a replication
+//! connection (`application_name=fjord_pageserver`, the name to put in
+//! `synchronous_standby_names`; `database=<tenant id>/<timeline id>`, which selects the
+//! timeline on a safekeeper and which a compute's walsender ignores), `IDENTIFY_SYSTEM`,
+//! `START_REPLICATION PHYSICAL <lsn> TIMELINE <tli>`, then `XLogData` messages in and
+//! standby status updates out, so the server counts the pageserver as a standby and a
+//! safekeeper learns how far the pageserver got. The sources (`sources.rs`) are the
+//! timeline's safekeepers, which serve only committed WAL, or a compute's walsender.
+//!
+//! **Sources and failover.** The receiver streams from one source at a time. When a
+//! session with it fails (cannot connect, refused, stream error), the next session goes to
+//! the next source in the list, round robin, at once; only after a whole round of failed
+//! sessions does it wait, with a backoff doubling up to `BACKOFF_MAX`. A session that
+//! streamed WAL (or ran for `HEALTHY_SESSION_AFTER`) resets the round and the backoff.
+//! While streaming, if no WAL came from the current source for `LAG_PROBE_AFTER`, it
+//! probes every other source at once (a short connection doing only `IDENTIFY_SYSTEM`,
+//! whose `xlogpos` is that source's WAL end, at most `PROBE_TIMEOUT`), at most once per
+//! `LAG_PROBE_AFTER`; if one has WAL beyond what was received, the session ends and the
+//! next one goes to the source with the most WAL. That is how a safekeeper that fell
+//! behind (or that is partitioned from the compute but still answers) is left. A source
+//! switch is logged at info, a failure at warn when it differs from that source's previous
+//! one (the same failure repeating each round is logged at debug).
+//!
+//! **Durability and the fsync discipline.** Each turn of the loop waits (at most
+//! `READ_TIMEOUT`) for a message, then drains every message already readable from the
+//! socket without waiting (up to `BATCH_BYTES_MAX` of WAL), writing each `XLogData`
+//! payload into the local WAL segment files as it comes. Then, once per batch: one fsync
+//! of the segment files written (and of the `wal/` directory if a segment was created),
+//! then at once a status update with write = flush = the durable end and apply = the last
+//! record LSN (ingested). Only then is the batch decoded and ingested, so a synchronous
+//! commit waits for the network and one fsync, not for ingest or a layer flush. A
+//! keepalive that asks for a reply gets one after the batch's fsync. Status updates also
+//! go out every `STATUS_INTERVAL`.
+//!
+//! **Start and restart.** Each streaming session (the first, after a reconnect or a switch
+//! to another source, and after a pageserver restart, whose timeline stands at its
+//! disk-consistent LSN) first ingests the local WAL from the timeline's last record LSN to
+//! its end (the first incomplete record), fsyncs the local segments (a process that died
+//! may not have), and then starts replication at the timeline's last record LSN, with a
+//! new decoder there. That is the start of the first record not complete locally, at or
+//! below the durable end the server was told: the bytes between are received again and
+//! rewritten identically, which is why no durable-end marker is kept (it would cost a
+//! second fsync per batch). Every source serves the same WAL (a safekeeper only WAL that a
+//! quorum holds), so the bytes received again from another source are the same bytes.
+//!
+//! Layer flushes happen by size (`maybe_freeze_and_flush`) and when WAL pauses
+//! (`IDLE_FLUSH_AFTER`); after each, local segments wholly below the disk-consistent LSN
+//! are deleted.
+//!
+//! Invariants:
+//! - WAL confirmed as flushed is in fsynced local segment files or in layer files.
+//! - Streaming always resumes at the timeline's last record LSN, a record boundary, so
+//!   nothing is ingested twice or skipped across reconnects, source switches and restarts.
+//! - A connection failure moves to the next source; a decoding, ingest or local WAL error
+//!   stops the receiver (going past it would corrupt the timeline or lie about
+//!   durability), and its status says why.
+
+mod conn;
+mod sources;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{anyhow, Context};
+use bytes::BytesMut;
+use pgwal::{DecoderConfig, WalStreamDecoder};
+use postgres_protocol::message::{backend, frontend};
+use proto::Lsn;
+use serde::Serialize;
+
+use crate::pgdata::walingest::WalIngest;
+use crate::service::ingest_gate::IngestGate;
+use crate::service::localwal::{LocalWal, LOCAL_WAL_TLI};
+use conn::{connect, error_text, probe, Conn, Msg};
+use layerstore::timeline::Timeline;
+use layerstore::value::Reconstructor;
+pub use sources::{WalSource, WalSources, SOURCES_MAX};
+
+/// The `application_name` the receiver connects with: what a server names in
+/// `synchronous_standby_names` to wait for the pageserver.
+pub const APPLICATION_NAME: &str = "fjord_pageserver";
+
+/// What the receiver is doing, for the management API.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct WalReceiverStatus {
+    pub state: String,
+    pub connected: bool,
+    pub last_received_lsn: Option<String>,
+    pub server_wal_end_lsn: Option<String>,
+    pub records_ingested: u64,
+    /// The end of the WAL fsynced in the local WAL, confirmed to the server as flushed.
+    pub durable_lsn: Option<String>,
+    pub last_error: Option<String>,
+    /// Every source, in the order they are tried.
+    pub sources: Vec<SourceStatus>,
+    /// The index in `sources` of the source being streamed from (or tried).
+    pub current_source: Option<usize>,
+    /// That source's `host:port`.
+    pub current_source_address: Option<String>,
+    /// How many times the receiver switched sources because another had more WAL.
+    pub lag_switches: u64,
+}
+
+/// One source as the receiver knows it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SourceStatus {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    /// Its WAL end as last learned: from `IDENTIFY_SYSTEM` (at session start or a lag
+    /// probe) or from the stream's `walEnd`; `None` until one of those.
+    pub end_lsn: Option<String>,
+    /// Why the last session with it or probe of it failed, until one succeeds.
+    pub last_error: Option<String>,
+}
+
+pub struct WalReceiver {
+    stop: Arc<AtomicBool>,
+    status: Arc<Mutex<WalReceiverStatus>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+const STATUS_INTERVAL: Duration = Duration::from_millis(100);
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// A session that lasted this long counts as healthy even if no WAL came, so that a
+/// failure after it starts a new round without waiting.
+const HEALTHY_SESSION_AFTER: Duration = Duration::from_secs(5);
+/// Connecting, authenticating and `IDENTIFY_SYSTEM` of a streaming session.
+const SESSION_START_TIMEOUT: Duration = Duration::from_secs(10);
+/// When no WAL came from the current source for this long, ask the others for their WAL
+/// end; also the shortest interval between two such probes.
+const LAG_PROBE_AFTER: Duration = Duration::from_secs(1);
+/// A lag probe's connection and `IDENTIFY_SYSTEM`, together. Probes run in parallel, so
+/// this is also the longest a probe holds up the stream.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// When no WAL arrived for this long and some is not yet in layer files, flush it (which
+/// lets the local WAL shrink).
+const IDLE_FLUSH_AFTER: Duration = Duration::from_millis(500);
+/// At most this much WAL is drained from the socket per fsync.
+const BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// How long a read waits before the loop checks for a stop request and sends feedback.
+const READ_TIMEOUT: Duration = Duration::from_millis(20);
+
+impl WalReceiver {
+    /// Starts following `sources` into `timeline`, holding `gate` from confirming each batch
+    /// of WAL until it is ingested.
+    pub fn start(
+        timeline: Arc<Timeline>,
+        gate: Arc<IngestGate>,
+        reconstructor: Arc<dyn Reconstructor>,
+        sources: WalSources,
+    ) -> WalReceiver {
+        let stop = Arc::new(AtomicBool::new(false));
+        let status = Arc::new(Mutex::new(WalReceiverStatus {
+            state: "starting".into(),
+            sources: sources
+                .as_slice()
+                .iter()
+                .map(|s| SourceStatus { host: s.host.clone(), port: s.port, user: s.user.clone(), ..Default::default() })
+                .collect(),
+            ..Default::default()
+        }));
+        let (stop2, status2) = (Arc::clone(&stop), Arc::clone(&status));
+        let thread = std::thread::Builder::new()
+            .name("walreceiver".into())
+            .spawn(move || run(timeline, gate, reconstructor, sources, stop2, status2))
+            .expect("spawn the wal receiver thread");
+        WalReceiver { stop, status, thread: Some(thread) }
+    }
+
+    pub fn status(&self) -> WalReceiverStatus {
+        self.status.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for WalReceiver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+fn set_status(status: &Mutex<WalReceiverStatus>, f: impl FnOnce(&mut WalReceiverStatus)) {
+    f(&mut status.lock().unwrap_or_else(|p| p.into_inner()));
+}
+
+fn set_source_status(status: &Mutex<WalReceiverStatus>, index: usize, f: impl FnOnce(&mut SourceStatus)) {
+    set_status(status, |s| {
+        if let Some(src) = s.sources.get_mut(index) {
+            f(src);
+        }
+    });
+}
+
+/// Why a streaming session ended.
+enum Ended {
+    Stopped,
+    /// The connection failed; try the next source.
+    Connection(anyhow::Error),
+    /// Another source has WAL the current one did not send: stream from it.
+    Switch {
+        to: usize,
+        its_end: Lsn,
+        received_end: Lsn,
+    },
+    /// The WAL could not be ingested; going on would corrupt the timeline.
+    Fatal(anyhow::Error),
+}
+
+/// What a session needs besides the timeline's state.
+struct SessionCtx<'a> {
+    sources: &'a WalSources,
+    current: usize,
+    /// The `database` startup parameter: `<tenant id>/<timeline id>`.
+    database: &'a str,
+    stop: &'a AtomicBool,
+    status: &'a Mutex<WalReceiverStatus>,
+    gate: &'a IngestGate,
+}
+
+fn run(
+    timeline: Arc<Timeline>,
+    gate: Arc<IngestGate>,
+    reconstructor: Arc<dyn Reconstructor>,
+    sources: WalSources,
+    stop: Arc<AtomicBool>,
+    status: Arc<Mutex<WalReceiverStatus>>,
+) {
+    let span = tracing::info_span!("walreceiver", tenant_id = %timeline.tenant_id(), timeline_id = %timeline.timeline_id());
+    let _entered = span.enter();
+    let database = format!("{}/{}", timeline.tenant_id(), timeline.timeline_id());
+    let mut ingest = WalIngest::new(Arc::clone(&timeline), reconstructor);
+    let mut wal = match LocalWal::open(timeline.path(), timeline.last_record_lsn()) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!("wal receiver stopped: {e:#}");
+            set_status(&status, |s| {
+                s.state = "failed".into();
+                s.last_error = Some(format!("{e:#}"));
+            });
+            return;
+        }
+    };
+    let n = sources.len();
+    let mut current = 0usize;
+    let mut failed_in_round = 0usize;
+    let mut backoff = BACKOFF_MIN;
+    // The last failure logged at warn per source, so that a repeating one is not.
+    let mut logged: Vec<Option<String>> = vec![None; n];
+    while !stop.load(Ordering::SeqCst) {
+        let source = &sources.as_slice()[current];
+        set_status(&status, |s| {
+            s.current_source = Some(current);
+            s.current_source_address = Some(source.to_string());
+        });
+        let ctx = SessionCtx { sources: &sources, current, database: &database, stop: &stop, status: &status, gate: &gate };
+        let mut healthy = false;
+        match stream(&timeline, &mut ingest, &mut wal, &ctx, &mut healthy) {
+            Ended::Stopped => break,
+            Ended::Fatal(e) => {
+                tracing::error!("wal receiver stopped: {e:#}");
+                set_status(&status, |s| {
+                    s.state = "failed".into();
+                    s.connected = false;
+                    s.last_error = Some(format!("{e:#}"));
+                });
+                return;
+            }
+            Ended::Switch { to, its_end, received_end } => {
+                let target = &sources.as_slice()[to];
+                tracing::info!(
+                    "switching WAL source from {source} to {target}: {target} has WAL up to {its_end}, {source} stopped at {received_end}"
+                );
+                set_status(&status, |s| {
+                    s.state = "switching".into();
+                    s.connected = false;
+                    s.lag_switches += 1;
+                });
+                current = to;
+                failed_in_round = 0;
+                backoff = BACKOFF_MIN;
+            }
+            Ended::Connection(e) => {
+                let message = format!("{e:#}");
+                if healthy {
+                    failed_in_round = 0;
+                    backoff = BACKOFF_MIN;
+                    logged[current] = None;
+                }
+                failed_in_round += 1;
+                let next = (current + 1) % n;
+                let wait = if failed_in_round >= n { Some(backoff) } else { None };
+                let then = match wait {
+                    Some(b) if n == 1 => format!("retrying in {b:?}"),
+                    Some(b) => format!("every source failed; trying {} in {b:?}", sources.as_slice()[next]),
+                    None => format!("trying {} next", sources.as_slice()[next]),
+                };
+                if logged[current].as_deref() != Some(message.as_str()) {
+                    tracing::warn!("could not stream WAL from {source}: {message}; {then}");
+                    logged[current] = Some(message.clone());
+                } else {
+                    tracing::debug!("could not stream WAL from {source}: {message}; {then}");
+                }
+                set_status(&status, |s| {
+                    s.state = "reconnecting".into();
+                    s.connected = false;
+                    s.last_error = Some(message.clone());
+                });
+                set_source_status(&status, current, |s| s.last_error = Some(message));
+                if let Some(b) = wait {
+                    let until = Instant::now() + b;
+                    while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    failed_in_round = 0;
+                }
+                current = next;
+            }
+        }
+    }
+    set_status(&status, |s| {
+        s.state = "stopped".into();
+        s.connected = false;
+    });
+}
+
+/// Asks every source but the current one for its WAL end, all at once, and returns the
+/// one with the most WAL if that is beyond `received_end`.
+fn probe_others(ctx: &SessionCtx<'_>, received_end: Lsn) -> Option<(usize, Lsn)> {
+    let results: Vec<(usize, anyhow::Result<Lsn>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..ctx.sources.len())
+            .filter(|&i| i != ctx.current)
+            .map(|i| {
+                let source = &ctx.sources.as_slice()[i];
+                (i, scope.spawn(move || probe(source, ctx.database, PROBE_TIMEOUT)))
+            })
+            .collect();
+        handles.into_iter().map(|(i, h)| (i, h.join().unwrap_or_else(|_| Err(anyhow!("the probe thread panicked"))))).collect()
+    });
+    let mut best: Option<(usize, Lsn)> = None;
+    for (i, result) in results {
+        match result {
+            Ok(end) => {
+                set_source_status(ctx.status, i, |s| {
+                    s.end_lsn = Some(end.to_string());
+                    s.last_error = None;
+                });
+                if end > received_end && best.is_none_or(|(_, b)| end > b) {
+                    best = Some((i, end));
+                }
+            }
+            Err(e) => {
+                // Routine while a source is down; its sessions log the failure.
+                tracing::debug!("could not probe {}: {e:#}", ctx.sources.as_slice()[i]);
+                set_source_status(ctx.status, i, |s| s.last_error = Some(format!("{e:#}")));
+            }
+        }
+    }
+    best
+}
+
+fn now_pg_micros() -> i64 {
+    // PostgreSQL's epoch is 2000-01-01.
+    const PG_EPOCH_UNIX_SECONDS: u64 = 946_684_800;
+    let unix = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(unix.as_micros()).unwrap_or(i64::MAX) - (PG_EPOCH_UNIX_SECONDS as i64) * 1_000_000
+}
+
+/// A standby status update: written = flushed = the local WAL's durable end, applied =
+/// ingested (the last record LSN).
+fn send_status(conn: &mut Conn, timeline: &Timeline, durable: Lsn) -> anyhow::Result<()> {
+    let ingested = timeline.last_record_lsn();
+    let mut payload = Vec::with_capacity(34);
+    payload.push(b'r');
+    payload.extend_from_slice(&durable.0.to_be_bytes()); // written
+    payload.extend_from_slice(&durable.0.to_be_bytes()); // flushed
+    payload.extend_from_slice(&ingested.0.to_be_bytes()); // applied
+    payload.extend_from_slice(&now_pg_micros().to_be_bytes());
+    payload.push(0);
+    let mut out = BytesMut::new();
+    frontend::CopyData::new(&payload[..])?.write(&mut out);
+    conn.send(&out)
+}
+
+/// Ingests the local WAL from the timeline's last record LSN to its end, then makes the
+/// local WAL ready for streaming from there (see the module documentation).
+fn replay_local_wal(timeline: &Timeline, ingest: &mut WalIngest, wal: &mut LocalWal) -> anyhow::Result<Lsn> {
+    let start = timeline.last_record_lsn();
+    let replayed = ingest.ingest_pg_wal(wal.dir(), LOCAL_WAL_TLI, start).context("ingest the local WAL")?;
+    if replayed.records > 0 {
+        tracing::info!("ingested {} records of local WAL from {start} to {}", replayed.records, replayed.end_lsn);
+    }
+    let end = timeline.last_record_lsn();
+    wal.restart_at(end)?;
+    Ok(end)
+}
+
+fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, ctx: &SessionCtx<'_>, healthy: &mut bool) -> Ended {
+    let (source, status) = (&ctx.sources.as_slice()[ctx.current], ctx.status);
+    let replayed = {
+        let _held = ctx.gate.hold();
+        let replayed = replay_local_wal(timeline, ingest, wal);
+        ctx.gate.set_last_record(ingest.last_record());
+        replayed
+    };
+    let start = match replayed {
+        Ok(lsn) => lsn,
+        Err(e) => return Ended::Fatal(e),
+    };
+    let mut conn = match connect(source, ctx.database, SESSION_START_TIMEOUT) {
+        Ok(c) => c,
+        Err(e) => return Ended::Connection(e),
+    };
+    let ident = match conn.identify_system(Instant::now() + SESSION_START_TIMEOUT) {
+        Ok(ident) => ident,
+        Err(e) => return Ended::Connection(e),
+    };
+    set_source_status(status, ctx.current, |s| s.end_lsn = Some(ident.xlogpos.to_string()));
+    let tli = ident.tli;
+    let mut out = BytesMut::new();
+    if let Err(e) = frontend::query(&format!("START_REPLICATION PHYSICAL {start} TIMELINE {tli}"), &mut out)
+        .map_err(anyhow::Error::from)
+        .and_then(|()| conn.send(&out))
+    {
+        return Ended::Connection(e);
+    }
+    let mut decoder = match WalStreamDecoder::new(start, DecoderConfig::default()) {
+        Ok(d) => d,
+        Err(e) => return Ended::Fatal(anyhow!("cannot decode WAL from {start}: {e}")),
+    };
+    tracing::info!("streaming WAL from {source} at {start}, timeline {tli} (it has WAL up to {})", ident.xlogpos);
+    set_status(status, |s| {
+        s.state = "streaming".into();
+        s.connected = true;
+        s.last_error = None;
+        s.durable_lsn = Some(start.to_string());
+        if let Some(src) = s.sources.get_mut(ctx.current) {
+            src.last_error = None;
+        }
+    });
+    let mut last_status = Instant::now() - STATUS_INTERVAL;
+    let mut last_data = Instant::now();
+    let mut last_probe = Instant::now();
+    let session_started = Instant::now();
+    let mut streaming = false;
+    loop {
+        *healthy |= streaming && session_started.elapsed() >= HEALTHY_SESSION_AFTER;
+        if ctx.stop.load(Ordering::SeqCst) {
+            return Ended::Stopped;
+        }
+        // One batch: wait for a message, then drain what is readable, writing WAL as it comes.
+        let mut msg = match conn.next() {
+            Ok(m) => m,
+            Err(e) => return Ended::Connection(e),
+        };
+        let mut batch: Vec<bytes::Bytes> = Vec::new();
+        let mut batch_bytes = 0usize;
+        let mut reply_requested = false;
+        let mut server_end = None;
+        while let Some(m) = msg {
+            match m {
+                Msg::CopyBoth => streaming = true,
+                Msg::Backend(backend::Message::ErrorResponse(body)) => {
+                    return Ended::Connection(anyhow!("START_REPLICATION failed: {}", error_text(&body)));
+                }
+                Msg::Backend(backend::Message::CopyData(body)) if streaming => {
+                    let data = body.into_bytes();
+                    match data.first() {
+                        Some(b'w') if data.len() >= 25 => {
+                            let wal_start = Lsn(u64::from_be_bytes(data[1..9].try_into().expect("8 bytes")));
+                            server_end = Some(Lsn(u64::from_be_bytes(data[9..17].try_into().expect("8 bytes"))));
+                            if wal_start != wal.written_end() {
+                                return Ended::Fatal(anyhow!("the server sent WAL from {wal_start}, expected {}", wal.written_end()));
+                            }
+                            if let Err(e) = wal.append(wal_start, &data[25..]) {
+                                return Ended::Fatal(e.context("write to the local WAL"));
+                            }
+                            batch_bytes += data.len() - 25;
+                            batch.push(data.slice(25..));
+                        }
+                        Some(b'k') if data.len() >= 18 => {
+                            server_end = Some(Lsn(u64::from_be_bytes(data[1..9].try_into().expect("8 bytes"))));
+                            reply_requested |= data[17] != 0;
+                        }
+                        other => {
+                            return Ended::Connection(anyhow!(
+                                "unexpected replication message {:?} of {} bytes",
+                                other.map(|b| *b as char),
+                                data.len()
+                            ));
+                        }
+                    }
+                }
+                Msg::Backend(_) => {}
+            }
+            if batch_bytes >= BATCH_BYTES_MAX {
+                break;
+            }
+            msg = match conn.try_next() {
+                Ok(m) => m,
+                Err(e) => return Ended::Connection(e),
+            };
+        }
+        if !batch.is_empty() {
+            last_data = Instant::now();
+            *healthy = true;
+            let durable = match wal.sync() {
+                Ok(lsn) => lsn,
+                Err(e) => return Ended::Fatal(e.context("fsync the local WAL")),
+            };
+            set_status(status, |s| s.durable_lsn = Some(durable.to_string()));
+        }
+        // Confirming and ingesting happen under the gate, so that a basebackup at the
+        // newest LSN never falls between them (see `IngestGate`).
+        let held = ctx.gate.hold();
+        if streaming && (!batch.is_empty() || reply_requested) {
+            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end()) {
+                return Ended::Connection(e);
+            }
+            last_status = Instant::now();
+        }
+        for data in batch {
+            decoder.feed_bytes(&data);
+            loop {
+                match decoder.poll_decode() {
+                    Ok(Some(record)) => {
+                        let ingested =
+                            record.decode().map_err(anyhow::Error::from).and_then(|d| ingest.ingest_record(&d, record.end_lsn()));
+                        if let Err(e) = ingested {
+                            return Ended::Fatal(e.context(format!("ingest the record at {}", record.start_lsn())));
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => return Ended::Fatal(anyhow!("decode WAL: {e}")),
+                }
+            }
+        }
+        ctx.gate.set_last_record(ingest.last_record());
+        drop(held);
+        if let Some(wal_end) = server_end {
+            set_status(status, |s| {
+                s.last_received_lsn = Some(decoder.next_feed_lsn().to_string());
+                s.server_wal_end_lsn = Some(wal_end.to_string());
+                s.records_ingested = ingest.stats().records;
+                if let Some(src) = s.sources.get_mut(ctx.current) {
+                    src.end_lsn = Some(wal_end.to_string());
+                    src.last_error = None;
+                }
+            });
+        }
+        let idle_with_unflushed = last_data.elapsed() >= IDLE_FLUSH_AFTER && timeline.disk_consistent_lsn() < timeline.last_record_lsn();
+        let flushed = if idle_with_unflushed { timeline.freeze_and_flush().map(|()| true) } else { timeline.maybe_freeze_and_flush() };
+        match flushed {
+            Ok(true) => {
+                if let Err(e) = wal.remove_below(timeline.disk_consistent_lsn()) {
+                    return Ended::Fatal(e.context("remove local WAL that is in layer files"));
+                }
+            }
+            Ok(false) => {}
+            Err(e) => return Ended::Fatal(e.context("flush ingested WAL to layer files")),
+        }
+        if streaming && last_status.elapsed() >= STATUS_INTERVAL {
+            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end()) {
+                return Ended::Connection(e);
+            }
+            last_status = Instant::now();
+        }
+        if ctx.sources.len() > 1 && last_data.elapsed() >= LAG_PROBE_AFTER && last_probe.elapsed() >= LAG_PROBE_AFTER {
+            let received_end = wal.written_end();
+            if let Some((to, its_end)) = probe_others(ctx, received_end) {
+                return Ended::Switch { to, its_end, received_end };
+            }
+            last_probe = Instant::now();
+        }
+    }
+}
