@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::config::{RepoConfig, DEFAULT_BASE_PORT};
-use crate::process::{log_tail, Daemon};
+use crate::process::Daemon;
 use crate::repo::Repo;
 use crate::state::{write_atomically, State};
+use logtail::log_tail;
 
 #[derive(clap::Args, Debug)]
 pub struct InitArgs {

@@ -14,10 +14,11 @@ use anyhow::{bail, Context};
 use proto::{Lsn, TenantId};
 
 use crate::config::first_free_port;
-use crate::process::{log_tail, remove_file_if_exists, Daemon};
+use crate::process::{remove_file_if_exists, Daemon};
 use crate::repo::Repo;
 use crate::state::{check_name, EndpointState, State};
 use crate::tenant::MAIN_BRANCH;
+use logtail::log_tail;
 
 #[derive(clap::Args, Debug)]
 pub struct StartArgs {

@@ -129,18 +129,6 @@ pub fn remove_file_if_exists(path: &Path) -> anyhow::Result<()> {
     }
 }
 
-/// The last `lines` lines of a log file, for error messages.
-pub fn log_tail(path: &Path, lines: usize) -> String {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let text = String::from_utf8_lossy(&bytes);
-            let all: Vec<&str> = text.lines().collect();
-            all[all.len().saturating_sub(lines)..].join("\n")
-        }
-        Err(e) => format!("(could not read {}: {e})", path.display()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,6 @@
 //! Commands that change it hold the repo lock ([`RepoLock`]) from read to write.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
@@ -116,17 +115,9 @@ pub fn check_name(kind: &str, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes `bytes` to a temporary file beside `path`, fsyncs it, renames it over `path` and
-/// fsyncs the directory.
+/// Replaces `path` with `bytes` atomically and durably (`crashsafe::write_file_atomic`).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = path.parent().context("state file has no parent directory")?;
-    let tmp = dir.join(format!(".{}.tmp.{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("state"), std::process::id()));
-    let mut f = std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
-    f.write_all(bytes).with_context(|| format!("write {}", tmp.display()))?;
-    f.sync_all().with_context(|| format!("fsync {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("fsync {}", dir.display()))?;
-    Ok(())
+    crashsafe::write_file_atomic(path, bytes).with_context(|| format!("write {} atomically", path.display()))
 }
 
 /// An exclusive lock on the repo (flock on `.lock`), held by commands that change state, so

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use logtail::log_tail;
 
 /// The last shutdown signal received and not yet forwarded; 0 for none.
 static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -252,31 +253,9 @@ pub fn exit_code(status: ExitStatus) -> i32 {
     }
 }
 
-/// The last `lines` lines of a log file, for error messages.
-pub fn log_tail(path: &Path, lines: usize) -> String {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let text = String::from_utf8_lossy(&bytes);
-            let all: Vec<&str> = text.lines().collect();
-            all[all.len().saturating_sub(lines)..].join("\n")
-        }
-        Err(e) => format!("(could not read {}: {e})", path.display()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn log_tail_keeps_the_last_lines() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log");
-        std::fs::write(&path, "a\nb\nc\nd\n").unwrap();
-        assert_eq!(log_tail(&path, 2), "c\nd");
-        assert_eq!(log_tail(&path, 10), "a\nb\nc\nd");
-        assert!(log_tail(&dir.path().join("missing"), 2).contains("could not read"));
-    }
 
     #[test]
     fn exit_codes_follow_the_shell_convention() {

@@ -59,6 +59,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use pgrx::pg_sys;
 use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
 use pgrx::prelude::*;
+use proto::page::page_is_new;
 use proto::pagestream::{ErrorCode, ReadLsns, Request, Response};
 use proto::{BlockNumber, ForkNumber, Lsn, RelTag};
 
@@ -70,6 +71,8 @@ use crate::shmem::{self, count};
 pub use crate::shmem::SmgrCounters;
 
 const BLCKSZ: usize = pg_sys::BLCKSZ as usize;
+// The page size fjord's wire protocols carry (`proto::page`) is this build's.
+const _: () = assert!(BLCKSZ == proto::page::PAGE_SIZE_BYTES);
 
 /// Whether permanent relations live on a pageserver (decided in the postmaster at preload,
 /// inherited by every child).
@@ -226,7 +229,7 @@ fn read_lsns(last_written: u64) -> ReadLsns {
 /// reaches by ingesting the record that ends there; the position after the header only
 /// exists once another record is written.
 fn before_page_header(lsn: u64) -> u64 {
-    const XLOG_BLCKSZ: u64 = 8192;
+    const XLOG_BLCKSZ: u64 = proto::lsn::WAL_PAGE_SIZE_BYTES;
     const SHORT_HEADER: u64 = 24;
     const LONG_HEADER: u64 = 40;
     // SAFETY: a plain read of a PostgreSQL global set at start-up.
@@ -284,9 +287,7 @@ fn remote_exists(r: &RelFork) -> bool {
 }
 
 fn page_lsn(page: &[u8]) -> u64 {
-    let hi = u32::from_ne_bytes(page[0..4].try_into().expect("4 bytes"));
-    let lo = u32::from_ne_bytes(page[4..8].try_into().expect("4 bytes"));
-    (u64::from(hi) << 32) | u64::from(lo)
+    proto::page::page_lsn(page).0
 }
 
 fn u16_at(page: &[u8], off: usize) -> u16 {
@@ -295,11 +296,6 @@ fn u16_at(page: &[u8], off: usize) -> u16 {
 
 fn u32_at(page: &[u8], off: usize) -> u32 {
     u32::from_ne_bytes(page[off..off + 4].try_into().expect("4 bytes"))
-}
-
-/// `PageIsNew`: an all-zero page that was never initialized.
-fn page_is_new(page: &[u8]) -> bool {
-    u16_at(page, 14) == 0
 }
 
 /// `GistBuildLSN`: the fake LSN GiST stamps on pages during an unlogged build; anything

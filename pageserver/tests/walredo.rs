@@ -18,6 +18,7 @@ use bytes::Bytes;
 use pageserver::pgdata::walredo::{RedoRecord, WalRedoConfig, WalRedoError, WalRedoManager};
 use pgwal::consts::{RM_HEAP_ID, XLOG_HEAP_INSERT, XLOG_HEAP_OPMASK};
 use pgwal::{DecodedRecord, DecoderConfig, WalStreamDecoder};
+use proto::page::page_lsn;
 use proto::{BlockNumber, ForkNumber, Lsn, RelTag};
 
 fn postgres_bin() -> PathBuf {
@@ -128,12 +129,6 @@ fn page_histories(min_records: usize, wanted: impl Fn(&DecodedRecord) -> bool) -
     done.retain(|h| h.records.len() >= min_records);
     assert!(!done.is_empty(), "the fixture has no heap page with {min_records} inserts after its image");
     done
-}
-
-fn page_lsn(page: &[u8]) -> Lsn {
-    let hi = u32::from_le_bytes(page[0..4].try_into().unwrap());
-    let lo = u32::from_le_bytes(page[4..8].try_into().unwrap());
-    Lsn((u64::from(hi) << 32) | u64::from(lo))
 }
 
 fn line_pointers(page: &[u8]) -> usize {

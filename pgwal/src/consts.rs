@@ -13,9 +13,9 @@
 /// multiples of it and some payloads are padded to it.
 pub const MAXIMUM_ALIGNOF: usize = 8;
 /// Size of a data page (`BLCKSZ`), and so of every full-page image once restored.
-pub const BLCKSZ: usize = 8192;
+pub const BLCKSZ: usize = proto::page::PAGE_SIZE_BYTES;
 /// Size of a WAL page (`XLOG_BLCKSZ`).
-pub const XLOG_BLCKSZ: usize = 8192;
+pub const XLOG_BLCKSZ: usize = proto::lsn::WAL_PAGE_SIZE_BYTES as usize;
 
 /// Rounds `len` up to a multiple of [`MAXIMUM_ALIGNOF`], as PostgreSQL's `MAXALIGN`.
 pub const fn maxalign(len: usize) -> usize {

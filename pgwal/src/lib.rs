@@ -65,6 +65,7 @@ pub mod page;
 pub mod parse;
 pub mod pglz;
 pub mod record;
+pub mod segment;
 pub mod stream;
 
 #[cfg(test)]

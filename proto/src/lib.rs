@@ -8,6 +8,7 @@
 pub mod id;
 pub mod key;
 pub mod lsn;
+pub mod page;
 pub mod pagestream;
 pub mod reltag;
 pub mod walredo;

@@ -22,12 +22,11 @@
 //!   newest WAL to arrive. `not_modified_since <= request_lsn` always.
 
 use crate::key::SlruKind;
+use crate::page::PAGE_SIZE_BYTES;
 use crate::{BlockNumber, ForkNumber, Lsn, Oid, RelTag, TenantId, TimelineId};
 
 /// The protocol version this crate speaks.
 pub const PROTOCOL_VERSION: u16 = 1;
-/// The size of a page.
-pub const PAGE_SIZE_BYTES: usize = 8192;
 /// An SLRU segment is 32 pages.
 pub const SLRU_SEGMENT_BYTES_MAX: usize = 32 * PAGE_SIZE_BYTES;
 /// The longest error message a server sends.

@@ -20,10 +20,9 @@
 //! message goes to stderr. The decoder exists for tests and fuzzing of the encoder's
 //! counterpart; it validates everything the C side validates.
 
+use crate::page::PAGE_SIZE_BYTES;
 use crate::{BlockNumber, ForkNumber, Lsn, RelTag};
 
-/// The size of a PostgreSQL page.
-pub const PAGE_SIZE_BYTES: usize = 8192;
 const REL_BLOCK_BYTES: usize = 17;
 /// The largest WAL record PostgreSQL 15 writes (`XLogRecordMaxSize`), plus two LSNs.
 pub const MESSAGE_BYTES_MAX: usize = 1020 * 1024 * 1024 + 16;

@@ -25,7 +25,6 @@ pub mod timeline;
 use anyhow::Context;
 use proto::{TenantId, TimelineId};
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -49,7 +48,7 @@ pub struct Safekeeper {
     timelines: RwLock<BTreeMap<(TenantId, TimelineId), TimelineEntry>>,
     pub metrics: Arc<Metrics>,
     /// Holds the `flock` on the lock file for the life of the process.
-    _lock: File,
+    _lock: crashsafe::DataDirLock,
 }
 
 impl Safekeeper {
@@ -58,7 +57,8 @@ impl Safekeeper {
     /// kept as unavailable.
     pub fn open(node_id: u64, data_dir: &Path) -> anyhow::Result<Arc<Safekeeper>> {
         std::fs::create_dir_all(data_dir).with_context(|| format!("create data directory {}", data_dir.display()))?;
-        let lock = lock_data_dir(data_dir)?;
+        // A second process on the same directory fails here, naming the holder's pid.
+        let lock = crashsafe::DataDirLock::acquire(data_dir, LOCK_FILE_NAME, "safekeeper")?;
         let metrics = Arc::new(Metrics::new().context("register metrics")?);
         let mut timelines = BTreeMap::new();
         for tenant_entry in read_dir_sorted(data_dir)? {
@@ -189,41 +189,4 @@ fn read_dir_sorted(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     }
     v.sort();
     Ok(v)
-}
-
-/// Takes an exclusive `flock` on `<data_dir>/safekeeper.lock` and writes our pid into it;
-/// fails clearly if another process holds it. The lock dies with the process, so a crash
-/// leaves nothing to clean up.
-fn lock_data_dir(data_dir: &Path) -> anyhow::Result<File> {
-    use std::io::{Read, Seek, Write};
-    use std::os::fd::AsRawFd;
-    let path = data_dir.join(LOCK_FILE_NAME);
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .with_context(|| format!("open lock file {}", path.display()))?;
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        let err = std::io::Error::last_os_error();
-        let mut pid = String::new();
-        let _ = f.read_to_string(&mut pid);
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            anyhow::bail!(
-                "data directory {} is in use by another safekeeper (pid {}, lock file {})",
-                data_dir.display(),
-                pid.trim(),
-                path.display()
-            );
-        }
-        return Err(err).with_context(|| format!("lock {}", path.display()));
-    }
-    f.set_len(0)
-        .and_then(|_| f.rewind())
-        .and_then(|_| writeln!(f, "{}", std::process::id()))
-        .with_context(|| format!("write {}", path.display()))?;
-    Ok(f)
 }

@@ -267,7 +267,5 @@ fn remove_if_exists(path: &Path) -> anyhow::Result<()> {
 
 /// Readers of the status file see the old or the new report, never half of one.
 fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, format!("{text}\n")).with_context(|| format!("write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))
+    crashsafe::write_file_atomic(path, format!("{text}\n").as_bytes()).with_context(|| format!("write {} atomically", path.display()))
 }

@@ -47,7 +47,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, ensure, Context};
 use pgwal::{PageHeader, TimeLineId, TransactionId};
 use proto::lsn::WAL_SEGMENT_SIZE_BYTES;
-use proto::walredo::PAGE_SIZE_BYTES;
+use proto::page::PAGE_SIZE_BYTES;
 use proto::{BlockNumber, ForkNumber, Lsn, SlruKind};
 
 use crate::pgdata::datadir::{Datadir, DatadirError, DEFAULT_TABLESPACE_OID, GLOBAL_TABLESPACE_OID};
@@ -58,8 +58,6 @@ use layerstore::value::Reconstructor;
 
 /// The PostgreSQL timeline every compute starts on.
 pub const PG_TIMELINE_ID: u32 = 1;
-/// `XLOG_BLCKSZ`.
-const WAL_PAGE_SIZE_BYTES: u64 = 8192;
 /// `RELSEG_SIZE`: an init fork beyond one segment file is refused.
 const RELSEG_SIZE_BLOCKS: u32 = 131072;
 
@@ -116,7 +114,7 @@ pub fn wal_segment_for_start(lsn: Lsn, system_identifier: u64) -> Vec<u8> {
     let seg_start = lsn.0 - lsn.0 % WAL_SEGMENT_SIZE_BYTES;
     let first = PageHeader::new(Lsn(seg_start), TimeLineId(PG_TIMELINE_ID), WAL_SEGMENT_SIZE_BYTES, system_identifier).to_bytes();
     segment[..first.len()].copy_from_slice(&first);
-    let page_start = lsn.0 - lsn.0 % WAL_PAGE_SIZE_BYTES;
+    let page_start = lsn.0 - lsn.0 % proto::lsn::WAL_PAGE_SIZE_BYTES;
     if page_start != seg_start {
         let header = PageHeader::new(Lsn(page_start), TimeLineId(PG_TIMELINE_ID), WAL_SEGMENT_SIZE_BYTES, system_identifier).to_bytes();
         let at = (page_start - seg_start) as usize;

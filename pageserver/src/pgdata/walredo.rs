@@ -22,7 +22,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use proto::walredo::{WalRedoRequest, PAGE_SIZE_BYTES};
+use proto::page::PAGE_SIZE_BYTES;
+use proto::walredo::WalRedoRequest;
 use proto::{BlockNumber, Lsn, RelTag};
 
 #[derive(Clone, Debug)]

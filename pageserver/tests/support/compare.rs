@@ -43,10 +43,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use pageserver::pgdata::reconstruct::layout::{page_init, page_is_new};
+use pageserver::pgdata::reconstruct::layout::page_init;
 use pageserver::pgdata::walredo::WalRedoManager;
 use pageserver::PageApi;
 use pgwal::consts::*;
+use proto::page::page_is_new;
 use proto::{BlockNumber, ForkNumber, Lsn, Oid, RelTag, SlruKind};
 
 use super::PgCluster;

@@ -151,22 +151,15 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Replaces `dir/name` with `contents` atomically and durably: temporary file, fsync,
-/// rename, fsync of the directory. Returns the number of fsyncs done (for metrics).
+/// Replaces `dir/name` with `contents` atomically and durably (`crashsafe`: temporary
+/// file, fsync, rename, fsync of the directory).
 pub fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    let tmp = dir.join(format!("{name}.tmp"));
     let path = dir.join(name);
-    let mut f = std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
-    f.write_all(contents).with_context(|| format!("write {}", tmp.display()))?;
-    f.sync_all().with_context(|| format!("fsync {}", tmp.display()))?;
-    drop(f);
-    std::fs::rename(&tmp, &path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
-    fsync_dir(dir)
+    crashsafe::write_file_atomic(&path, contents).with_context(|| format!("write {} atomically", path.display()))
 }
 
 pub fn fsync_dir(dir: &Path) -> anyhow::Result<()> {
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("fsync directory {}", dir.display()))
+    crashsafe::fsync_dir(dir).with_context(|| format!("fsync directory {}", dir.display()))
 }
 
 #[cfg(test)]

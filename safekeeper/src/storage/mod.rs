@@ -32,9 +32,6 @@ use pgwal::consts::{SIZE_OF_XLOG_LONG_PHD, SIZE_OF_XLOG_SHORT_PHD};
 pub use wal::SyncStats;
 use wal::{segment_file_name, WalExtent, WalStore, PG_TIMELINE};
 
-/// Size of a WAL page (`XLOG_BLCKSZ`).
-const WAL_PAGE_BYTES: u64 = proto::lsn::WAL_PAGE_SIZE_BYTES;
-
 /// A timeline's control file and WAL. The timeline's lock serialises access.
 pub struct TimelineStorage {
     dir: PathBuf,
@@ -73,8 +70,7 @@ impl TimelineStorage {
         write_atomic(&tmp, CONTROL_FILE_NAME, &control.encode())?;
         WalStore::create(&tmp)?;
         control::fsync_dir(&tmp)?;
-        std::fs::rename(&tmp, dir).with_context(|| format!("rename {} to {}", tmp.display(), dir.display()))?;
-        control::fsync_dir(parent)?;
+        crashsafe::durable_rename(&tmp, dir).with_context(|| format!("rename {} to {}", tmp.display(), dir.display()))?;
         // The tenant directory may be new too.
         if let Some(data_dir) = parent.parent() {
             control::fsync_dir(data_dir)?;
@@ -186,7 +182,7 @@ impl TimelineStorage {
         }
         let seg = u64::from(self.control.wal_segment_size);
         let begin = self.wal.extent().begin;
-        let mut page = from.0 - from.0 % WAL_PAGE_BYTES;
+        let mut page = from.0 - from.0 % proto::lsn::WAL_PAGE_SIZE_BYTES;
         while page < to.0 {
             let lsn = Lsn(page);
             let long = page.is_multiple_of(seg);
@@ -201,7 +197,7 @@ impl TimelineStorage {
                 };
                 self.check_page_header(lsn, &header, seg)?;
             }
-            page += WAL_PAGE_BYTES;
+            page += proto::lsn::WAL_PAGE_SIZE_BYTES;
         }
         Ok(data)
     }

@@ -54,22 +54,16 @@ const WAL_END_RECORD_BYTES: usize = 20;
 /// Zero-filling and copying go in chunks of this size.
 const CHUNK_BYTES: usize = 1 << 20;
 
-/// PostgreSQL's file name for segment `segno` of timeline 1 with segments of `segment_size`.
+/// PostgreSQL's file name for segment `segno` of [`PG_TIMELINE`] with segments of
+/// `segment_size` (`pgwal::segment` names segments for the whole tree).
 pub fn segment_file_name(segno: u64, segment_size: u64) -> String {
-    let per_xlogid = 0x1_0000_0000 / segment_size;
-    format!("{PG_TIMELINE:08X}{:08X}{:08X}", segno / per_xlogid, segno % per_xlogid)
+    pgwal::segment::segment_file_name(PG_TIMELINE, segno, segment_size)
 }
 
-/// The segment number a PostgreSQL segment file name stands for, if it is one of ours.
+/// The segment number a PostgreSQL segment file name stands for, if it is one of ours
+/// (a segment of [`PG_TIMELINE`]).
 pub fn parse_segment_file_name(name: &str, segment_size: u64) -> Option<u64> {
-    if name.len() != 24 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    let tli = u32::from_str_radix(&name[0..8], 16).ok()?;
-    let hi = u64::from_str_radix(&name[8..16], 16).ok()?;
-    let lo = u64::from_str_radix(&name[16..24], 16).ok()?;
-    let per_xlogid = 0x1_0000_0000 / segment_size;
-    (tli == PG_TIMELINE && lo < per_xlogid).then_some(hi * per_xlogid + lo)
+    pgwal::segment::parse_segment_file_name(name, segment_size).and_then(|(tli, segno)| (tli == PG_TIMELINE).then_some(segno))
 }
 
 /// The durable extent of the WAL as recorded in `wal.end`.
@@ -239,7 +233,7 @@ impl WalStore {
 
     fn create_segment(&self, segno: u64, stats: &mut SyncStats) -> anyhow::Result<()> {
         let path = self.segment_path(segno);
-        let tmp = path.with_extension("tmp");
+        let tmp = crashsafe::temp_path(&path);
         let f = File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
         let zeros = vec![0u8; CHUNK_BYTES];
         let mut off = 0;
@@ -250,9 +244,9 @@ impl WalStore {
         }
         stats.timed(|| f.sync_all()).with_context(|| format!("fsync {}", tmp.display()))?;
         drop(f);
-        std::fs::rename(&tmp, &path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
+        crashsafe::durable_rename(&tmp, &path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
         stats.fsyncs += 1;
-        fsync_dir(&self.dir)
+        Ok(())
     }
 
     /// Writes `data` at `begin`, which must be the current (written) end; not durable until

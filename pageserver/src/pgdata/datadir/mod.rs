@@ -42,7 +42,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use bytes::Bytes;
 use pgwal::parse::CheckPoint;
 use pgwal::{parse_metadata, DecodedRecord, MetadataRecord};
-use proto::walredo::PAGE_SIZE_BYTES;
+use proto::page::PAGE_SIZE_BYTES;
 use proto::{BlockNumber, ForkNumber, Key, Lsn, Oid, RelTag, SlruKind};
 
 use crate::pgdata::reconstruct::{PgReconstructor, StoredRecord};

@@ -10,7 +10,7 @@
 
 use anyhow::{bail, ensure};
 use proto::lsn::WAL_SEGMENT_SIZE_BYTES;
-use proto::walredo::PAGE_SIZE_BYTES;
+use proto::page::PAGE_SIZE_BYTES;
 use proto::Lsn;
 
 /// `PG_CONTROL_VERSION` of PostgreSQL 15.

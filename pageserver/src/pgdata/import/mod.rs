@@ -35,7 +35,7 @@ use anyhow::{bail, ensure, Context};
 use bytes::Bytes;
 use pgwal::parse::CheckPoint;
 use pgwal::{parse_metadata, DecoderConfig, MetadataRecord, WalRecord, WalStreamDecoder};
-use proto::walredo::PAGE_SIZE_BYTES;
+use proto::page::PAGE_SIZE_BYTES;
 use proto::{BlockNumber, ForkNumber, Key, Lsn, Oid, RelTag, SlruKind};
 
 use crate::pgdata::datadir::codec::{self, DbEntry, RelEntry, StoredCheckpoint};

@@ -12,7 +12,7 @@
 //! and returns an error rather than writing elsewhere.
 
 use pgwal::parse::visibility_map_location;
-use proto::walredo::PAGE_SIZE_BYTES;
+use proto::page::{PAGE_HEADER_BYTES, PAGE_SIZE_BYTES};
 use proto::BlockNumber;
 
 /// Pages per SLRU segment file (`SLRU_PAGES_PER_SEGMENT`).
@@ -30,7 +30,6 @@ const MEMBERGROUPS_PER_PAGE: u32 = PAGE_SIZE_BYTES as u32 / MEMBERGROUP_BYTES;
 /// Members per members page (`MULTIXACT_MEMBERS_PER_PAGE`): 1636.
 pub const MULTIXACT_MEMBERS_PER_PAGE: u32 = MEMBERGROUPS_PER_PAGE * MEMBERS_PER_GROUP;
 /// `SizeOfPageHeaderData`, which is also `MAXALIGN` of it.
-const PAGE_HEADER_BYTES: usize = 24;
 
 /// A transaction's CLOG status (`XidStatus`): two bits per transaction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -167,24 +166,6 @@ pub fn vm_truncate_tail(page: &mut [u8], vm_blkno: BlockNumber, heap_blocks: Blo
     Ok(())
 }
 
-/// `PageIsNew`: a page that was never initialized (`pd_upper` is 0).
-pub fn page_is_new(page: &[u8]) -> bool {
-    page.len() >= PAGE_HEADER_BYTES && u16::from_le_bytes([page[14], page[15]]) == 0
-}
-
-/// `PageGetLSN`.
-pub fn page_lsn(page: &[u8]) -> proto::Lsn {
-    let hi = u32::from_le_bytes(page[0..4].try_into().expect("4 bytes"));
-    let lo = u32::from_le_bytes(page[4..8].try_into().expect("4 bytes"));
-    proto::Lsn((u64::from(hi) << 32) | u64::from(lo))
-}
-
-/// `PageSetLSN`.
-pub fn page_set_lsn(page: &mut [u8], lsn: proto::Lsn) {
-    page[0..4].copy_from_slice(&((lsn.0 >> 32) as u32).to_le_bytes());
-    page[4..8].copy_from_slice(&(lsn.0 as u32).to_le_bytes());
-}
-
 /// `PageInit(page, BLCKSZ, 0)`: an empty page with no special space, as `vm_readbuf` makes
 /// of a new visibility-map page.
 pub fn page_init() -> Vec<u8> {
@@ -275,7 +256,8 @@ mod tests {
     }
 
     #[test]
-    fn page_header_helpers() {
+    fn page_init_makes_an_empty_initialized_page() {
+        use proto::page::{page_is_new, page_lsn, page_set_lsn};
         let mut page = page_init();
         assert!(!page_is_new(&page));
         assert!(page_is_new(&zero()));

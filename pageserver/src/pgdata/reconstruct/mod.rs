@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
-use proto::walredo::PAGE_SIZE_BYTES;
+use proto::page::PAGE_SIZE_BYTES;
 use proto::{BlockNumber, Key, KeyKind, Lsn, RelTag, SlruKind};
 
 use crate::pgdata::walredo::{RedoRecord, WalRedoManager};

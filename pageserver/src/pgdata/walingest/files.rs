@@ -37,9 +37,7 @@ pub struct WalFilesIngested {
 
 /// The name of the 16 MiB WAL segment file holding `lsn` on PostgreSQL timeline `tli`.
 pub fn wal_segment_file_name(tli: u32, lsn: Lsn) -> String {
-    let segno = lsn.segment_number();
-    let segments_per_id = 0x1_0000_0000 / WAL_SEGMENT_SIZE_BYTES;
-    format!("{tli:08X}{:08X}{:08X}", segno / segments_per_id, segno % segments_per_id)
+    pgwal::segment::segment_file_name(tli, lsn.segment_number(), WAL_SEGMENT_SIZE_BYTES)
 }
 
 impl WalIngest {

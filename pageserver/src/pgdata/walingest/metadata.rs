@@ -18,7 +18,7 @@ use pgwal::parse::{
     XactCompletion, XactKind,
 };
 use pgwal::MetadataRecord;
-use proto::walredo::PAGE_SIZE_BYTES;
+use proto::page::PAGE_SIZE_BYTES;
 use proto::{BlockNumber, ForkNumber, Key, RelTag, SlruKind};
 
 use super::WalIngest;

@@ -34,16 +34,16 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use pgwal::{parse_metadata, DecodedRecord};
-use proto::walredo::PAGE_SIZE_BYTES;
+use proto::page::PAGE_SIZE_BYTES;
 use proto::{BlockNumber, ForkNumber, Key, KeyKind, Lsn, RelTag};
 
 use crate::pgdata::datadir::codec::{encode_checkpoint, DbEntry, RelEntry, StoredCheckpoint};
 use crate::pgdata::datadir::{Modification, ValueSource};
-use crate::pgdata::reconstruct::layout::{page_is_new, page_set_lsn};
 use crate::pgdata::reconstruct::StoredRecord;
 pub use files::{wal_segment_file_name, WalFilesIngested};
 use layerstore::timeline::Timeline;
 use layerstore::value::Reconstructor;
+use proto::page::{page_is_new, page_set_lsn};
 
 /// What one `WalIngest` has done so far.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use pgwal::consts::*;
 use pgwal::DecodedRecord;
-use proto::walredo::PAGE_SIZE_BYTES;
+use proto::page::PAGE_SIZE_BYTES;
 use proto::{BlockNumber, ForkNumber, Key, Lsn, RelTag, SlruKind, TenantId, TimelineId};
 
 use super::WalIngest;

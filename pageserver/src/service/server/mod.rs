@@ -43,7 +43,12 @@ pub struct Pageserver {
     /// first use.
     ingest_gates: Mutex<HashMap<(TenantId, TimelineId), Arc<IngestGate>>>,
     pub basebackup_stats: BasebackupStats,
+    /// Keeps a second pageserver off the work directory for the life of this one.
+    _lock: crashsafe::DataDirLock,
 }
+
+/// The lock file in the work directory (`crashsafe::DataDirLock`).
+pub const LOCK_FILE_NAME: &str = "pageserver.lock";
 
 /// Counters of the basebackups served, for `/metrics`.
 #[derive(Debug, Default)]
@@ -80,6 +85,8 @@ impl Pageserver {
         conf.validate()?;
         let tenants_dir = conf.tenants_dir();
         std::fs::create_dir_all(&tenants_dir).with_context(|| format!("create {}", tenants_dir.display()))?;
+        // Two pageservers on one work directory would both write its timelines.
+        let lock = crashsafe::DataDirLock::acquire(&conf.workdir, LOCK_FILE_NAME, "pageserver")?;
         let redo = Arc::new(WalRedoManager::new(WalRedoConfig {
             postgres_bin: conf.pg_bin_dir.join("postgres"),
             processes_max: conf.wal_redo_processes_max,
@@ -109,6 +116,7 @@ impl Pageserver {
             receivers: Mutex::new(HashMap::new()),
             ingest_gates: Mutex::new(HashMap::new()),
             basebackup_stats: BasebackupStats::default(),
+            _lock: lock,
         })
     }
 
@@ -321,5 +329,22 @@ impl Pageserver {
         for r in receivers {
             r.stop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_pageserver_on_the_same_work_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = PageserverConfig { workdir: dir.path().to_path_buf(), ..PageserverConfig::default() };
+        let first = Pageserver::open(conf.clone()).unwrap();
+        let err = Pageserver::open(conf.clone()).err().expect("a second pageserver on the directory");
+        let msg = format!("{err:#}");
+        assert!(msg.contains("in use by another pageserver") && msg.contains(&std::process::id().to_string()), "{msg}");
+        drop(first);
+        Pageserver::open(conf).expect("the directory is free again");
     }
 }
