@@ -332,3 +332,194 @@ async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError
     TextEncoder::new().encode(&registry.gather(), &mut out).map_err(internal)?;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    //! The API as bytes on the wire, against the real router on loopback: each exchange is
+    //! recorded (status and body, byte for byte), so a change of the JSON a client sees
+    //! fails here before it fails a client. Only what needs no PostgreSQL is exercised;
+    //! the bodies of an import and of a running WAL receiver are recorded in
+    //! `pageserver_api`'s tests and exercised by pytest.
+
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+
+    use super::*;
+    use crate::server::PageserverConfig;
+
+    const TENANT: &str = "11111111111111111111111111111111";
+    const TIMELINE: &str = "22222222222222222222222222222222";
+    const BRANCH: &str = "33333333333333333333333333333333";
+
+    /// The router on an ephemeral loopback port, served by its own runtime until the test
+    /// process exits.
+    fn serve(workdir: &std::path::Path) -> SocketAddr {
+        let conf = PageserverConfig { workdir: workdir.to_path_buf(), ..Default::default() };
+        let ps = Arc::new(Pageserver::open(conf).expect("open the pageserver"));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        listener.set_nonblocking(true).expect("nonblocking listener");
+        let addr = listener.local_addr().expect("local address");
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+                axum::serve(listener, router(ps)).await.expect("serve");
+            });
+        });
+        addr
+    }
+
+    /// One HTTP/1.1 exchange over a fresh connection: the status and the body as text.
+    fn exchange(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let mut stream = TcpStream::connect(addr).expect("connect");
+        let body = body.unwrap_or("");
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).expect("send");
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).expect("receive");
+        let text = String::from_utf8(response).expect("utf-8 response");
+        let (head, body) = text.split_once("\r\n\r\n").expect("a header block");
+        let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("a status line");
+        (status, body.to_string())
+    }
+
+    #[test]
+    fn responses_are_byte_for_byte_what_clients_expect() {
+        let dir = tempfile::tempdir().unwrap();
+        let addr = serve(dir.path());
+        let version = env!("CARGO_PKG_VERSION");
+        let empty_timeline = |id: &str| {
+            format!(
+                r#"{{"tenant_id":"{TENANT}","timeline_id":"{id}","ancestor_timeline_id":null,"ancestor_lsn":null,"last_record_lsn":"0/0","disk_consistent_lsn":"0/0","gc_cutoff_lsn":"0/0","layers":0,"wal_receiver":null,"system_id":null}}"#
+            )
+        };
+        let branch = format!(
+            r#"{{"tenant_id":"{TENANT}","timeline_id":"{BRANCH}","ancestor_timeline_id":"{TIMELINE}","ancestor_lsn":"0/0","last_record_lsn":"0/0","disk_consistent_lsn":"0/0","gc_cutoff_lsn":"0/0","layers":0,"wal_receiver":null,"system_id":null}}"#
+        );
+        let timeline_path = format!("/v1/tenant/{TENANT}/timeline/{TIMELINE}");
+        let cases: Vec<(&str, String, Option<String>, u16, String)> = vec![
+            ("GET", "/v1/status".into(), None, 200, format!(r#"{{"status":"ok","version":"{version}"}}"#)),
+            ("GET", "/v1/tenant".into(), None, 200, "[]".into()),
+            ("POST", "/v1/tenant".into(), Some(format!(r#"{{"tenant_id": "{TENANT}"}}"#)), 201, format!(r#"{{"tenant_id":"{TENANT}"}}"#)),
+            ("POST", "/v1/tenant".into(), Some(format!(r#"{{"tenant_id": "{TENANT}"}}"#)), 409, format!(r#"{{"error":"tenant {TENANT} already exists"}}"#)),
+            (
+                "POST",
+                "/v1/tenant".into(),
+                Some(r#"{"tenant_id": "xyz"}"#.into()),
+                400,
+                r#"{"error":"invalid tenant id: invalid tenant id: \"xyz\" (expected 32 hexadecimal digits)"}"#.into(),
+            ),
+            (
+                "POST",
+                "/v1/tenant".into(),
+                Some(format!(r#"{{"tenant": "{TENANT}"}}"#)),
+                400,
+                r#"{"error":"invalid request body: unknown field `tenant`, expected `tenant_id` at line 1 column 9"}"#.into(),
+            ),
+            ("GET", "/v1/tenant".into(), None, 200, format!(r#"["{TENANT}"]"#)),
+            ("GET", format!("/v1/tenant/{TENANT}/timeline"), None, 200, "[]".into()),
+            ("POST", format!("/v1/tenant/{TENANT}/timeline"), Some(format!(r#"{{"timeline_id": "{TIMELINE}"}}"#)), 201, empty_timeline(TIMELINE)),
+            (
+                "POST",
+                format!("/v1/tenant/{TENANT}/timeline"),
+                Some(format!(r#"{{"timeline_id": "{TIMELINE}"}}"#)),
+                409,
+                format!(r#"{{"error":"timeline {TIMELINE} already exists"}}"#),
+            ),
+            (
+                "POST",
+                format!("/v1/tenant/{TENANT}/timeline"),
+                Some(r#"{"ancestor_lsn": "0/10"}"#.into()),
+                400,
+                r#"{"error":"ancestor_lsn needs ancestor_timeline_id"}"#.into(),
+            ),
+            (
+                "POST",
+                format!("/v1/tenant/{TENANT}/timeline"),
+                Some(format!(r#"{{"timeline_id": "{BRANCH}", "ancestor_timeline_id": "{TIMELINE}"}}"#)),
+                201,
+                branch.clone(),
+            ),
+            ("GET", timeline_path.clone(), None, 200, empty_timeline(TIMELINE)),
+            ("GET", format!("/v1/tenant/{TENANT}/timeline/{BRANCH}"), None, 200, branch.clone()),
+            ("GET", format!("/v1/tenant/{TENANT}/timeline"), None, 200, format!("[{},{branch}]", empty_timeline(TIMELINE))),
+            (
+                "GET",
+                format!("/v1/tenant/{}/timeline", "4".repeat(32)),
+                None,
+                404,
+                format!(r#"{{"error":"tenant {} not found"}}"#, "4".repeat(32)),
+            ),
+            (
+                "GET",
+                format!("/v1/tenant/{TENANT}/timeline/{}", "5".repeat(32)),
+                None,
+                404,
+                format!(r#"{{"error":"timeline {} of tenant {TENANT} not found"}}"#, "5".repeat(32)),
+            ),
+            (
+                "GET",
+                "/v1/tenant/xyz/timeline".into(),
+                None,
+                400,
+                r#"{"error":"invalid tenant id: invalid tenant id: \"xyz\" (expected 32 hexadecimal digits)"}"#.into(),
+            ),
+            (
+                "POST",
+                format!("{timeline_path}/import"),
+                Some(r#"{"pgdata": ""}"#.into()),
+                400,
+                r#"{"error":"import needs \"pgdata\": the path of a shut-down data directory"}"#.into(),
+            ),
+            (
+                "POST",
+                format!("{timeline_path}/wal_receiver"),
+                Some(r#"{"host": "127.0.0.1", "port": 5432, "user": "u"}"#.into()),
+                409,
+                format!(r#"{{"error":"timeline {TIMELINE} has no data yet; import or branch it before streaming WAL into it"}}"#),
+            ),
+            (
+                "POST",
+                format!("{timeline_path}/wal_receiver"),
+                Some(r#"{"sources": []}"#.into()),
+                400,
+                r#"{"error":"invalid request body: sources must not be empty"}"#.into(),
+            ),
+            (
+                "DELETE",
+                format!("{timeline_path}/wal_receiver"),
+                None,
+                404,
+                format!(r#"{{"error":"timeline {TIMELINE} of tenant {TENANT} has no WAL receiver"}}"#),
+            ),
+            (
+                "GET",
+                format!("{timeline_path}/basebackup?lsn=0%2F10"),
+                None,
+                409,
+                format!(r#"{{"error":"timeline {TIMELINE} has no data yet; import or branch it first"}}"#),
+            ),
+            (
+                "GET",
+                format!("{timeline_path}/basebackup?at=0/10"),
+                None,
+                400,
+                r#"{"error":"unknown query parameter \"at=0/10\"; the only one is lsn=X/X"}"#.into(),
+            ),
+            (
+                "GET",
+                format!("{timeline_path}/basebackup?lsn=x"),
+                None,
+                400,
+                r#"{"error":"invalid LSN: invalid LSN: \"x\" (expected two hexadecimal numbers such as 16/B374D848)"}"#.into(),
+            ),
+        ];
+        for (method, path, body, status, expected) in cases {
+            let (got_status, got) = exchange(addr, method, &path, body.as_deref());
+            assert_eq!((got_status, got.as_str()), (status, expected.as_str()), "{method} {path}");
+        }
+    }
+}
