@@ -10,6 +10,7 @@ pub mod key;
 pub mod lsn;
 pub mod pagestream;
 pub mod reltag;
+mod serde_text;
 pub mod walredo;
 
 pub use id::{IdParseError, TenantId, TimelineId};
