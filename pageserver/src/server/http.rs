@@ -27,11 +27,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
 use pageserver_api::models::{
     BasebackupQuery, ErrorResponse, ImportRequest, ImportResponse, StatusResponse, TenantCreateRequest, TenantCreateResponse,
-    TimelineCreateRequest, TimelineInfo, BASEBACKUP_CONTENT_TYPE, LSN_HEADER,
+    TimelineCreateRequest, TimelineInfo, BASEBACKUP_CONTENT_TYPE,
 };
+use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
 use proto::{TenantId, TimelineId};
 
 use super::{ManagementError, Pageserver};
@@ -225,8 +225,7 @@ async fn basebackup(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
-    let query = BasebackupQuery::parse(query.as_deref().unwrap_or(""))
-        .map_err(|e| ApiError(ManagementError::BadRequest(e.to_string())))?;
+    let query = BasebackupQuery::parse(query.as_deref().unwrap_or("")).map_err(|e| ApiError(ManagementError::BadRequest(e.to_string())))?;
     let (tar, summary) = blocking(move || ps.basebackup(tenant, timeline, query.lsn)).await?;
     let headers = [
         (axum::http::header::CONTENT_TYPE, BASEBACKUP_CONTENT_TYPE.to_string()),
@@ -235,7 +234,8 @@ async fn basebackup(
     Ok((headers, tar).into_response())
 }
 
-/// [`LSN_HEADER`] as `HeaderName::from_static` needs it; a test checks they agree.
+/// `pageserver_api::models::LSN_HEADER` in lower case, as `HeaderName::from_static` needs
+/// it; a test checks that they agree.
 const LSN_HEADER_LOWERCASE: &str = "x-fjord-lsn";
 
 /// Gauges read off the tenants at scrape time.
@@ -349,7 +349,13 @@ mod tests {
             ("GET", "/v1/status".into(), None, 200, format!(r#"{{"status":"ok","version":"{version}"}}"#)),
             ("GET", "/v1/tenant".into(), None, 200, "[]".into()),
             ("POST", "/v1/tenant".into(), Some(format!(r#"{{"tenant_id": "{TENANT}"}}"#)), 201, format!(r#"{{"tenant_id":"{TENANT}"}}"#)),
-            ("POST", "/v1/tenant".into(), Some(format!(r#"{{"tenant_id": "{TENANT}"}}"#)), 409, format!(r#"{{"error":"tenant {TENANT} already exists"}}"#)),
+            (
+                "POST",
+                "/v1/tenant".into(),
+                Some(format!(r#"{{"tenant_id": "{TENANT}"}}"#)),
+                409,
+                format!(r#"{{"error":"tenant {TENANT} already exists"}}"#),
+            ),
             // Ids in a body are checked as the body is decoded, so the message is the
             // decoder's (it said "invalid tenant id: invalid tenant id: ..." before).
             (
@@ -357,7 +363,8 @@ mod tests {
                 "/v1/tenant".into(),
                 Some(r#"{"tenant_id": "xyz"}"#.into()),
                 400,
-                r#"{"error":"invalid request body: invalid tenant id: \"xyz\" (expected 32 hexadecimal digits) at line 1 column 19"}"#.into(),
+                r#"{"error":"invalid request body: invalid tenant id: \"xyz\" (expected 32 hexadecimal digits) at line 1 column 19"}"#
+                    .into(),
             ),
             (
                 "POST",
@@ -368,7 +375,13 @@ mod tests {
             ),
             ("GET", "/v1/tenant".into(), None, 200, format!(r#"["{TENANT}"]"#)),
             ("GET", format!("/v1/tenant/{TENANT}/timeline"), None, 200, "[]".into()),
-            ("POST", format!("/v1/tenant/{TENANT}/timeline"), Some(format!(r#"{{"timeline_id": "{TIMELINE}"}}"#)), 201, empty_timeline(TIMELINE)),
+            (
+                "POST",
+                format!("/v1/tenant/{TENANT}/timeline"),
+                Some(format!(r#"{{"timeline_id": "{TIMELINE}"}}"#)),
+                201,
+                empty_timeline(TIMELINE),
+            ),
             (
                 "POST",
                 format!("/v1/tenant/{TENANT}/timeline"),
@@ -494,9 +507,8 @@ mod tests {
 
         let root = client.create_timeline(tenant, &TimelineCreateRequest { timeline_id: Some(timeline), ..Default::default() }).unwrap();
         assert_eq!((root.tenant_id, root.timeline_id, root.last_record_lsn, root.system_id), (tenant, timeline, Lsn::INVALID, None));
-        let branch = client
-            .create_timeline(tenant, &TimelineCreateRequest { ancestor_timeline_id: Some(timeline), ..Default::default() })
-            .unwrap();
+        let branch =
+            client.create_timeline(tenant, &TimelineCreateRequest { ancestor_timeline_id: Some(timeline), ..Default::default() }).unwrap();
         assert_eq!((branch.ancestor_timeline_id, branch.ancestor_lsn), (Some(timeline), Some(Lsn::INVALID)));
         assert_eq!(client.timeline(tenant, branch.timeline_id).unwrap(), branch);
         assert_eq!(client.timelines(tenant).unwrap().len(), 2);
@@ -521,6 +533,7 @@ mod tests {
 
     #[test]
     fn the_lsn_header_name_agrees_with_the_models() {
+        use pageserver_api::models::LSN_HEADER;
         assert_eq!(LSN_HEADER_LOWERCASE, LSN_HEADER.to_ascii_lowercase());
     }
 }
