@@ -167,6 +167,20 @@ pub enum WalReceiverState {
     Stopped,
 }
 
+impl WalReceiverState {
+    /// The name on the wire, for people: `fjord branch list` prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WalReceiverState::Starting => "starting",
+            WalReceiverState::Streaming => "streaming",
+            WalReceiverState::Reconnecting => "reconnecting",
+            WalReceiverState::Switching => "switching",
+            WalReceiverState::Failed => "failed",
+            WalReceiverState::Stopped => "stopped",
+        }
+    }
+}
+
 /// A WAL receiver's status, in [`TimelineInfo::wal_receiver`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WalReceiverStatus {
@@ -356,11 +370,10 @@ mod tests {
             r#"{"checkpoint_lsn":"0/1","databases":1,"import_lsn":"0/2","system_identifier":7}"#
         )
         .is_err());
-        let err = serde_json::from_str::<ImportResponse>(
-            r#"{"checkpoint_lsn":"0/1","databases":1,"import_lsn":"0/2","system_identifier":"7x"}"#,
-        )
-        .unwrap_err()
-        .to_string();
+        let err =
+            serde_json::from_str::<ImportResponse>(r#"{"checkpoint_lsn":"0/1","databases":1,"import_lsn":"0/2","system_identifier":"7x"}"#)
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("invalid decimal number \"7x\""), "{err}");
     }
 
@@ -384,6 +397,21 @@ mod tests {
         ]
     }
 
+    #[test]
+    fn receiver_state_names_are_the_wire_names() {
+        let states = [
+            WalReceiverState::Starting,
+            WalReceiverState::Streaming,
+            WalReceiverState::Reconnecting,
+            WalReceiverState::Switching,
+            WalReceiverState::Failed,
+            WalReceiverState::Stopped,
+        ];
+        for state in states {
+            assert_eq!(serde_json::to_string(&state).unwrap(), format!("\"{}\"", state.as_str()));
+        }
+    }
+
     fn arb_receiver() -> impl Strategy<Value = WalReceiverStatus> {
         (
             arb_state(),
@@ -398,7 +426,18 @@ mod tests {
             any::<u64>(),
         )
             .prop_map(
-                |(state, connected, last_received_lsn, server_wal_end_lsn, records_ingested, durable_lsn, last_error, sources, current, lag)| {
+                |(
+                    state,
+                    connected,
+                    last_received_lsn,
+                    server_wal_end_lsn,
+                    records_ingested,
+                    durable_lsn,
+                    last_error,
+                    sources,
+                    current,
+                    lag,
+                )| {
                     WalReceiverStatus {
                         state,
                         connected,

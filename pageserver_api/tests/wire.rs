@@ -135,7 +135,10 @@ fn import_sends_the_path_and_decodes_the_summary() {
     assert_eq!(summary.system_identifier, 7426361234567890123);
     assert_eq!(serde_json::to_string(&summary).unwrap(), IMPORTED);
     let requests = server.requests.lock().unwrap();
-    assert_eq!(requests[0], (format!("POST /v1/tenant/{TENANT}/timeline/{TIMELINE}/import HTTP/1.1"), r#"{"pgdata":"/tmp/pgdata"}"#.into()));
+    assert_eq!(
+        requests[0],
+        (format!("POST /v1/tenant/{TENANT}/timeline/{TIMELINE}/import HTTP/1.1"), r#"{"pgdata":"/tmp/pgdata"}"#.into())
+    );
 }
 
 /// The request bodies the CLI and compute_ctl sent before the client existed, which the
@@ -152,7 +155,8 @@ fn requests_are_the_bodies_clients_always_sent() {
     client2.start_wal_receiver(tenant(), timeline(), &WalReceiverRequest::Single(source.clone())).unwrap();
     let list = WalReceiverRequest::Sources(WalSourceList { sources: vec![WalSource { user: "fjord".into(), ..source }] });
     client2.start_wal_receiver(tenant(), timeline(), &list).unwrap();
-    let bodies: Vec<String> = server.requests.lock().unwrap().iter().chain(server2.requests.lock().unwrap().iter()).map(|r| r.1.clone()).collect();
+    let bodies: Vec<String> =
+        server.requests.lock().unwrap().iter().chain(server2.requests.lock().unwrap().iter()).map(|r| r.1.clone()).collect();
     assert_eq!(
         bodies,
         [
@@ -184,11 +188,8 @@ fn error_answers_carry_the_server_message() {
 
 #[test]
 fn answers_that_are_not_the_model_are_malformed() {
-    let cases: &[(&'static str, &str)] = &[
-        (r#"{"status":"ok"}"#, "missing field `version`"),
-        ("<html>", "expected value"),
-        ("", "EOF while parsing"),
-    ];
+    let cases: &[(&'static str, &str)] =
+        &[(r#"{"status":"ok"}"#, "missing field `version`"), ("<html>", "expected value"), ("", "EOF while parsing")];
     for (body, reason) in cases {
         let server = serve(200, "", body);
         let err = Client::new(&server.url).status().unwrap_err();
@@ -213,7 +214,10 @@ fn basebackups_stream_with_their_lsn() {
     let mut body = String::new();
     backup.read_to_string(&mut body).unwrap();
     assert_eq!(body, "tar bytes");
-    assert_eq!(server.requests.lock().unwrap()[0].0, format!("GET /v1/tenant/{TENANT}/timeline/{TIMELINE}/basebackup?lsn=0/16B3748 HTTP/1.1"));
+    assert_eq!(
+        server.requests.lock().unwrap()[0].0,
+        format!("GET /v1/tenant/{TENANT}/timeline/{TIMELINE}/basebackup?lsn=0/16B3748 HTTP/1.1")
+    );
 
     let server = serve(200, "X-Fjord-Lsn: yesterday\r\n", "");
     let err = Client::new(&server.url).basebackup(tenant(), timeline(), &BasebackupQuery::default()).err().unwrap();
