@@ -116,7 +116,7 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
         return Ok(());
     }
     let api = repo.api();
-    if api.is_up() {
+    if crate::repo::is_up(&api) {
         bail!(
             "something else already answers on {}: is another repo using base port {}?",
             repo.config.pageserver_http_url(),
@@ -138,7 +138,7 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
         cmd.env("RUST_LOG", "info");
     }
     tracing::info!("starting {}", conf.pageserver_bin().display());
-    let child = spawn_and_wait(&daemon, &mut cmd, "the pageserver", &conf.pageserver_http_url(), || api.is_up())?;
+    let child = spawn_and_wait(&daemon, &mut cmd, "the pageserver", &conf.pageserver_http_url(), || crate::repo::is_up(&api))?;
     println!(
         "pageserver started (pid {}): page service {}, HTTP API {}, log {}",
         child.id(),
@@ -290,7 +290,7 @@ pub fn status(repo: &Repo) -> anyhow::Result<()> {
     println!("repo        {}", repo.dir.display());
     let pid = repo.pageserver().running_pid()?;
     let api = repo.api();
-    let up = api.is_up();
+    let up = crate::repo::is_up(&api);
     match (pid, up) {
         (Some(pid), true) => {
             println!("pageserver  running (pid {pid}), page service {}, HTTP API {}", conf.pageserver_pg_addr(), conf.pageserver_http_url())
@@ -307,9 +307,9 @@ pub fn status(repo: &Repo) -> anyhow::Result<()> {
             println!("no tenants: run `fjord tenant create`");
         }
         for tenant in &tenants {
-            let default = if state.default_tenant.map(|t| t.to_string()).as_deref() == Some(tenant) { " (default)" } else { "" };
+            let default = if state.default_tenant == Some(*tenant) { " (default)" } else { "" };
             println!("tenant {tenant}{default}");
-            crate::tenant::print_branch_tree(&state, tenant, &api.timelines(tenant)?, "  ");
+            crate::tenant::print_branch_tree(&state, *tenant, &api.timelines(*tenant)?, "  ");
         }
     } else {
         for (tenant, t) in &state.tenants {

@@ -90,8 +90,7 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
         }
     }
     if let Some(lsn) = args.at {
-        let info = api.timeline(&tenant.to_string(), &timeline.to_string())?;
-        let last: Lsn = info.last_record_lsn.parse().context("last_record_lsn in the pageserver's answer")?;
+        let last = api.timeline(tenant, timeline)?.last_record_lsn;
         if lsn > last {
             bail!("cannot start at {lsn}: branch {branch} ends at {last}");
         }

@@ -8,7 +8,6 @@
 mod cluster;
 mod config;
 mod endpoint;
-mod pageserver_api;
 mod process;
 mod repo;
 mod state;

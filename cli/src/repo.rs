@@ -14,11 +14,12 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
+use pageserver_api::{Client, ClientConfig};
 
 use crate::config::RepoConfig;
-use crate::pageserver_api::PageserverApi;
 use crate::process::Daemon;
 use crate::state::{RepoLock, State};
 
@@ -82,14 +83,20 @@ impl Repo {
         }
     }
 
-    pub fn api(&self) -> PageserverApi {
-        PageserverApi::new(&self.config.pageserver_http_url())
+    /// The client of this repo's pageserver.
+    pub fn api(&self) -> Client {
+        let config = ClientConfig {
+            connect_timeout: Duration::from_secs(5),
+            // Import of a large data directory takes a while; nothing else does.
+            request_timeout: Some(Duration::from_secs(600)),
+        };
+        Client::with_config(&self.config.pageserver_http_url(), config)
     }
 
     /// The API of a pageserver that must be up, with a hint if it is not.
-    pub fn running_api(&self) -> anyhow::Result<PageserverApi> {
+    pub fn running_api(&self) -> anyhow::Result<Client> {
         let api = self.api();
-        if !api.is_up() {
+        if !is_up(&api) {
             bail!("the pageserver is not running (nothing answers {}): run `fjord start`", self.config.pageserver_http_url());
         }
         Ok(api)
@@ -107,6 +114,11 @@ impl Repo {
     pub fn tmp_dir(&self) -> PathBuf {
         self.dir.join("tmp")
     }
+}
+
+/// True if the pageserver answers `/v1/status`.
+pub fn is_up(api: &Client) -> bool {
+    api.status().is_ok_and(|s| s.status == "ok")
 }
 
 /// The repo directory: `--repo`, else `$FJORD_REPO_DIR`, else `./.fjord` (clap does the

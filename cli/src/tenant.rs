@@ -6,10 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
-use proto::{Lsn, TenantId};
-use serde_json::json;
+use pageserver_api::models::{ImportRequest, TenantCreateRequest, TimelineCreateRequest, TimelineInfo};
+use proto::{Lsn, TenantId, TimelineId};
 
-use crate::pageserver_api::TimelineInfo;
 use crate::repo::Repo;
 use crate::state::{check_name, State};
 
@@ -42,28 +41,18 @@ pub fn create(repo: &Repo, tenant_id: Option<TenantId>) -> anyhow::Result<()> {
     std::fs::create_dir_all(repo.tmp_dir()).with_context(|| format!("create {}", repo.tmp_dir().display()))?;
     initdb(&repo.config.pg_bin_dir, &scratch.0, &user)?;
 
-    let body = match tenant_id {
-        Some(t) => json!({ "tenant_id": t.to_string() }),
-        None => json!({}),
-    };
-    let created = api.post("/v1/tenant", &body)?;
-    let tenant: TenantId = created["tenant_id"]
-        .as_str()
-        .context("tenant_id in the pageserver's answer")?
-        .parse()
-        .context("tenant_id in the pageserver's answer")?;
+    let tenant = api.create_tenant(&TenantCreateRequest { tenant_id })?.tenant_id;
     let span = tracing::info_span!("tenant", tenant_id = %tenant);
     let _entered = span.enter();
-    let timeline = api.post(&format!("/v1/tenant/{tenant}/timeline"), &json!({}))?;
-    let timeline_id = timeline["timeline_id"].as_str().context("timeline_id in the pageserver's answer")?.to_string();
+    let timeline_id = api.create_timeline(tenant, &TimelineCreateRequest::default())?.timeline_id;
     let imported = api
-        .post(&format!("/v1/tenant/{tenant}/timeline/{timeline_id}/import"), &json!({ "pgdata": scratch.0 }))
+        .import(tenant, timeline_id, &ImportRequest { pgdata: scratch.0.clone() })
         .with_context(|| format!("import the new cluster (tenant {tenant} exists on the pageserver now, without a branch)"))?;
-    state.add_branch(tenant, MAIN_BRANCH, timeline_id.parse().context("timeline_id in the pageserver's answer")?);
+    state.add_branch(tenant, MAIN_BRANCH, timeline_id);
     repo.save_state(&state)?;
     eprintln!(
         "created tenant {tenant}: branch {MAIN_BRANCH} is timeline {timeline_id} at LSN {}{}",
-        imported["import_lsn"].as_str().unwrap_or("?"),
+        imported.import_lsn,
         if state.default_tenant == Some(tenant) { " (default tenant)" } else { "" }
     );
     println!("{tenant}");
@@ -91,7 +80,11 @@ pub fn list(repo: &Repo) -> anyhow::Result<()> {
     let state = repo.load_state()?;
     let default = state.default_tenant.map(|t| t.to_string());
     let api = repo.api();
-    let tenants: Vec<String> = if api.is_up() { api.tenants()? } else { state.tenants.keys().cloned().collect() };
+    let tenants: Vec<String> = if crate::repo::is_up(&api) {
+        api.tenants()?.iter().map(TenantId::to_string).collect()
+    } else {
+        state.tenants.keys().cloned().collect()
+    };
     for t in tenants {
         println!("{t}{}", if Some(&t) == default.as_ref() { " (default)" } else { "" });
     }
@@ -108,23 +101,20 @@ pub fn branch_create(repo: &Repo, name: &str, from: &str, at: Option<Lsn>, tenan
         bail!("branch {name:?} already exists in tenant {tenant}");
     }
     let source = state.branch_timeline(tenant, from)?;
-    let mut body = json!({ "ancestor_timeline_id": source.to_string() });
-    if let Some(lsn) = at {
-        body["ancestor_lsn"] = json!(lsn.to_string());
-    }
-    let created = api.post(&format!("/v1/tenant/{tenant}/timeline"), &body)?;
-    let info: TimelineInfo = serde_json::from_value(created).context("parse the new timeline")?;
-    state.add_branch(tenant, name, info.timeline_id.parse().context("timeline_id in the pageserver's answer")?);
+    let request = TimelineCreateRequest { ancestor_timeline_id: Some(source), ancestor_lsn: at, ..Default::default() };
+    let info = api.create_timeline(tenant, &request)?;
+    state.add_branch(tenant, name, info.timeline_id);
     repo.save_state(&state)?;
-    println!("branch {name} created from {from} at {} (timeline {})", info.ancestor_lsn.as_deref().unwrap_or("?"), info.timeline_id);
+    let at = info.ancestor_lsn.map_or_else(|| "?".to_string(), |lsn| lsn.to_string());
+    println!("branch {name} created from {from} at {at} (timeline {})", info.timeline_id);
     Ok(())
 }
 
 pub fn branch_list(repo: &Repo, tenant: Option<TenantId>) -> anyhow::Result<()> {
     let state = repo.load_state()?;
-    let tenant = state.tenant(tenant)?.to_string();
+    let tenant = state.tenant(tenant)?;
     let api = repo.running_api()?;
-    print_branch_tree(&state, &tenant, &api.timelines(&tenant)?, "");
+    print_branch_tree(&state, tenant, &api.timelines(tenant)?, "");
     Ok(())
 }
 
@@ -134,41 +124,42 @@ pub fn branch_list(repo: &Repo, tenant: Option<TenantId>) -> anyhow::Result<()> 
 /// main   <timeline id>  LSN 0/16B3F88
 /// └ dev  <timeline id>  LSN 0/16B4000  from main@0/16B3F88
 /// ```
-pub fn print_branch_tree(state: &State, tenant: &str, timelines: &[TimelineInfo], indent: &str) {
-    let name = |id: &str| state.branch_name(tenant, id).unwrap_or("-").to_string();
-    let mut children: BTreeMap<Option<&str>, Vec<&TimelineInfo>> = BTreeMap::new();
+pub fn print_branch_tree(state: &State, tenant: TenantId, timelines: &[TimelineInfo], indent: &str) {
+    let tenant = tenant.to_string();
+    let name = |id: TimelineId| state.branch_name(&tenant, &id.to_string()).unwrap_or("-").to_string();
+    let mut children: BTreeMap<Option<TimelineId>, Vec<&TimelineInfo>> = BTreeMap::new();
     for t in timelines {
-        children.entry(t.ancestor_timeline_id.as_deref()).or_default().push(t);
+        children.entry(t.ancestor_timeline_id).or_default().push(t);
     }
+    // Ids order as their hex text does, so the order is the same as by the printed id.
     for list in children.values_mut() {
-        list.sort_by_key(|t| (name(&t.timeline_id), t.timeline_id.clone()));
+        list.sort_by_key(|t| (name(t.timeline_id), t.timeline_id));
     }
     // Timelines whose ancestor the pageserver did not list are shown as roots.
-    let known: Vec<&str> = timelines.iter().map(|t| t.timeline_id.as_str()).collect();
-    let mut roots: Vec<&TimelineInfo> =
-        timelines.iter().filter(|t| t.ancestor_timeline_id.as_deref().is_none_or(|a| !known.contains(&a))).collect();
-    roots.sort_by_key(|t| (name(&t.timeline_id), t.timeline_id.clone()));
+    let known: Vec<TimelineId> = timelines.iter().map(|t| t.timeline_id).collect();
+    let mut roots: Vec<&TimelineInfo> = timelines.iter().filter(|t| t.ancestor_timeline_id.is_none_or(|a| !known.contains(&a))).collect();
+    roots.sort_by_key(|t| (name(t.timeline_id), t.timeline_id));
     let width =
-        timelines.iter().map(|t| name(&t.timeline_id).len()).max().unwrap_or(0) + 2 * depth_max(&children, None, 0).saturating_sub(1);
+        timelines.iter().map(|t| name(t.timeline_id).len()).max().unwrap_or(0) + 2 * depth_max(&children, None, 0).saturating_sub(1);
 
     fn walk(
         t: &TimelineInfo,
         depth: usize,
-        children: &BTreeMap<Option<&str>, Vec<&TimelineInfo>>,
-        name: &dyn Fn(&str) -> String,
+        children: &BTreeMap<Option<TimelineId>, Vec<&TimelineInfo>>,
+        name: &dyn Fn(TimelineId) -> String,
         indent: &str,
         width: usize,
     ) {
-        let label = if depth == 0 { name(&t.timeline_id) } else { format!("{}└ {}", "  ".repeat(depth - 1), name(&t.timeline_id)) };
+        let label = if depth == 0 { name(t.timeline_id) } else { format!("{}└ {}", "  ".repeat(depth - 1), name(t.timeline_id)) };
         let mut line = format!("{indent}{label:<width$}  {}  LSN {}", t.timeline_id, t.last_record_lsn);
-        if let (Some(a), Some(lsn)) = (&t.ancestor_timeline_id, &t.ancestor_lsn) {
+        if let (Some(a), Some(lsn)) = (t.ancestor_timeline_id, t.ancestor_lsn) {
             line.push_str(&format!("  from {}@{lsn}", name(a)));
         }
-        if let Some(state) = t.wal_receiver.as_ref().and_then(|w| w["state"].as_str()) {
-            line.push_str(&format!("  wal receiver {state}"));
+        if let Some(receiver) = &t.wal_receiver {
+            line.push_str(&format!("  wal receiver {}", receiver.state.as_str()));
         }
         println!("{line}");
-        for c in children.get(&Some(t.timeline_id.as_str())).into_iter().flatten() {
+        for c in children.get(&Some(t.timeline_id)).into_iter().flatten() {
             walk(c, depth + 1, children, name, indent, width);
         }
     }
@@ -180,7 +171,7 @@ pub fn print_branch_tree(state: &State, tenant: &str, timelines: &[TimelineInfo]
     }
 }
 
-fn depth_max(children: &BTreeMap<Option<&str>, Vec<&TimelineInfo>>, of: Option<&str>, depth: usize) -> usize {
+fn depth_max(children: &BTreeMap<Option<TimelineId>, Vec<&TimelineInfo>>, of: Option<TimelineId>, depth: usize) -> usize {
     // Depth is bounded by the number of timelines, since ancestry has no cycles.
-    children.get(&of).into_iter().flatten().map(|c| depth_max(children, Some(c.timeline_id.as_str()), depth + 1)).max().unwrap_or(depth)
+    children.get(&of).into_iter().flatten().map(|c| depth_max(children, Some(c.timeline_id), depth + 1)).max().unwrap_or(depth)
 }

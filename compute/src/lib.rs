@@ -4,7 +4,7 @@
 //! Invariant: a compute owns no state worth keeping. Every start begins with an empty data
 //! directory; nothing here ever reuses or repairs an old one.
 
-pub mod pageserver_api;
+pub mod pageserver;
 pub mod pgconf;
 pub mod postgres;
 pub mod safekeepers;

@@ -72,7 +72,7 @@ fn dead_first_source_fails_over_to_a_real_postgres() {
     let flushed: Lsn = pg.psql("postgres", "SELECT pg_current_wal_flush_lsn()").trim().parse().unwrap();
     wait_for("the receiver to ingest the server's WAL", &rx, || timeline.last_record_lsn() >= flushed);
     let status = rx.status();
-    assert_eq!(status.state, "streaming", "{status:#?}");
+    assert_eq!(status.state.as_str(), "streaming", "{status:#?}");
     assert_eq!(status.current_source, Some(1), "{status:#?}");
     assert_eq!(status.current_source_address.as_deref(), Some(format!("127.0.0.1:{}", pg.port()).as_str()));
     let dead_error = status.sources[0].last_error.as_deref().unwrap_or_default();
@@ -116,8 +116,8 @@ fn lagging_source_is_left_for_one_with_more_wal() {
     let status: WalReceiverStatus = rx.status();
     assert_eq!(status.current_source, Some(1), "{status:#?}");
     assert_eq!(status.lag_switches, 1, "{status:#?}");
-    assert_eq!(status.sources[0].end_lsn, Some(middle.to_string()), "{status:#?}");
-    assert_eq!(status.sources[1].end_lsn, Some(end.to_string()), "{status:#?}");
+    assert_eq!(status.sources[0].end_lsn, Some(middle), "{status:#?}");
+    assert_eq!(status.sources[1].end_lsn, Some(end), "{status:#?}");
     rx.stop();
 
     // The lagging source was told how far the pageserver got: all it had, fsynced.

@@ -11,6 +11,7 @@ pub mod lsn;
 pub mod page;
 pub mod pagestream;
 pub mod reltag;
+mod serde_text;
 pub mod walredo;
 
 pub use id::{IdParseError, TenantId, TimelineId};

@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use compute::pageserver_api::PageserverClient;
+use compute::pageserver;
 use compute::pgconf::{self, ComputeSettings};
 use compute::postgres::{self, Postmaster};
 use compute::safekeepers::{self, Safekeeper};
+use pageserver_api::Client;
 use proto::{Lsn, TenantId, TimelineId};
 
 /// Starts a fjord compute: fetches a basebackup of a timeline from the pageserver into an
@@ -126,15 +127,14 @@ fn run(args: Args) -> anyhow::Result<i32> {
     }
 
     let created = compute::prepare_pgdata(&pgdata)?;
-    let client = PageserverClient::new(&args.pageserver_http);
+    let client = Client::new(&args.pageserver_http);
     let synced = match &safekeepers {
         None => Ok(None),
         Some(list) => sync_and_follow(&client, &args, list).map(Some),
     };
     let fetched = synced.and_then(|synced| {
         let lsn = synced.as_ref().map_or(args.lsn, |s| s.lsn);
-        client
-            .basebackup(args.tenant, args.timeline, lsn, &pgdata)
+        pageserver::basebackup(&client, args.tenant, args.timeline, lsn, &pgdata)
             .context("fetch basebackup")
             .and_then(|backup| compute::set_mode_0700(&pgdata).map(|()| backup))
             .and_then(|backup| pgconf::write_config_files(&pgdata, &settings).map(|()| backup))
@@ -166,7 +166,7 @@ fn run(args: Args) -> anyhow::Result<i32> {
     if args.lsn.is_none() && safekeepers.is_some() {
         postmaster.checkpoint_before_shutdown(&args.pg_bin_dir, &probe_host, args.port, &user);
     } else if args.lsn.is_none() {
-        if let Err(e) = client.start_wal_receiver(args.tenant, args.timeline, &probe_host, args.port, &user) {
+        if let Err(e) = pageserver::start_wal_receiver(&client, args.tenant, args.timeline, &probe_host, args.port, &user) {
             postmaster.kill();
             compute::clear_pgdata(&pgdata, created);
             return Err(e).context("make the pageserver follow the compute's WAL");
@@ -212,8 +212,8 @@ fn run(args: Args) -> anyhow::Result<i32> {
 
 /// Syncs the safekeepers and points the pageserver's WAL receiver at them (before the
 /// basebackup: a basebackup at the synced LSN waits until the pageserver has that WAL).
-fn sync_and_follow(client: &PageserverClient, args: &Args, list: &[Safekeeper]) -> anyhow::Result<safekeepers::Synced> {
-    let system_id = client.system_id(args.tenant, args.timeline).context("get the timeline's system identifier")?;
+fn sync_and_follow(client: &Client, args: &Args, list: &[Safekeeper]) -> anyhow::Result<safekeepers::Synced> {
+    let system_id = pageserver::system_id(client, args.tenant, args.timeline).context("get the timeline's system identifier")?;
     let timeout = Duration::from_secs(args.sync_safekeepers_timeout_secs);
     tracing::info!("syncing safekeepers {}", safekeepers::to_setting(list));
     let synced = safekeepers::sync(list, args.tenant, args.timeline, system_id, timeout)?;
@@ -222,8 +222,7 @@ fn sync_and_follow(client: &PageserverClient, args: &Args, list: &[Safekeeper]) 
         None => tracing::info!("safekeepers have no WAL for this timeline yet; starting at the pageserver's latest LSN"),
     }
     let sources: Vec<(String, u16)> = list.iter().map(|s| (s.host.clone(), s.port)).collect();
-    client
-        .start_wal_receiver_from_safekeepers(args.tenant, args.timeline, &sources)
+    pageserver::start_wal_receiver_from_safekeepers(client, args.tenant, args.timeline, &sources)
         .context("make the pageserver follow the safekeepers")?;
     Ok(synced)
 }

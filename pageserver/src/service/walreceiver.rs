@@ -72,7 +72,6 @@ use bytes::BytesMut;
 use pgwal::{DecoderConfig, WalStreamDecoder};
 use postgres_protocol::message::{backend, frontend};
 use proto::Lsn;
-use serde::Serialize;
 
 use crate::pgdata::walingest::WalIngest;
 use crate::service::ingest_gate::IngestGate;
@@ -86,39 +85,9 @@ pub use sources::{WalSource, WalSources, SOURCES_MAX};
 /// `synchronous_standby_names` to wait for the pageserver.
 pub const APPLICATION_NAME: &str = "fjord_pageserver";
 
-/// What the receiver is doing, for the management API.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct WalReceiverStatus {
-    pub state: String,
-    pub connected: bool,
-    pub last_received_lsn: Option<String>,
-    pub server_wal_end_lsn: Option<String>,
-    pub records_ingested: u64,
-    /// The end of the WAL fsynced in the local WAL, confirmed to the server as flushed.
-    pub durable_lsn: Option<String>,
-    pub last_error: Option<String>,
-    /// Every source, in the order they are tried.
-    pub sources: Vec<SourceStatus>,
-    /// The index in `sources` of the source being streamed from (or tried).
-    pub current_source: Option<usize>,
-    /// That source's `host:port`.
-    pub current_source_address: Option<String>,
-    /// How many times the receiver switched sources because another had more WAL.
-    pub lag_switches: u64,
-}
-
-/// One source as the receiver knows it.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct SourceStatus {
-    pub host: String,
-    pub port: u16,
-    pub user: String,
-    /// Its WAL end as last learned: from `IDENTIFY_SYSTEM` (at session start or a lag
-    /// probe) or from the stream's `walEnd`; `None` until one of those.
-    pub end_lsn: Option<String>,
-    /// Why the last session with it or probe of it failed, until one succeeds.
-    pub last_error: Option<String>,
-}
+/// The receiver's status is a type of the management API, which `GET .../timeline`
+/// returns as it is.
+pub use pageserver_api::models::{WalReceiverState, WalReceiverStatus, WalSourceStatus as SourceStatus};
 
 pub struct WalReceiver {
     stop: Arc<AtomicBool>,
@@ -159,7 +128,7 @@ impl WalReceiver {
     ) -> WalReceiver {
         let stop = Arc::new(AtomicBool::new(false));
         let status = Arc::new(Mutex::new(WalReceiverStatus {
-            state: "starting".into(),
+            state: WalReceiverState::Starting,
             sources: sources
                 .as_slice()
                 .iter()
@@ -248,7 +217,7 @@ fn run(
         Err(e) => {
             tracing::error!("wal receiver stopped: {e:#}");
             set_status(&status, |s| {
-                s.state = "failed".into();
+                s.state = WalReceiverState::Failed;
                 s.last_error = Some(format!("{e:#}"));
             });
             return;
@@ -273,7 +242,7 @@ fn run(
             Ended::Fatal(e) => {
                 tracing::error!("wal receiver stopped: {e:#}");
                 set_status(&status, |s| {
-                    s.state = "failed".into();
+                    s.state = WalReceiverState::Failed;
                     s.connected = false;
                     s.last_error = Some(format!("{e:#}"));
                 });
@@ -285,7 +254,7 @@ fn run(
                     "switching WAL source from {source} to {target}: {target} has WAL up to {its_end}, {source} stopped at {received_end}"
                 );
                 set_status(&status, |s| {
-                    s.state = "switching".into();
+                    s.state = WalReceiverState::Switching;
                     s.connected = false;
                     s.lag_switches += 1;
                 });
@@ -315,7 +284,7 @@ fn run(
                     tracing::debug!("could not stream WAL from {source}: {message}; {then}");
                 }
                 set_status(&status, |s| {
-                    s.state = "reconnecting".into();
+                    s.state = WalReceiverState::Reconnecting;
                     s.connected = false;
                     s.last_error = Some(message.clone());
                 });
@@ -333,7 +302,7 @@ fn run(
         }
     }
     set_status(&status, |s| {
-        s.state = "stopped".into();
+        s.state = WalReceiverState::Stopped;
         s.connected = false;
     });
 }
@@ -356,7 +325,7 @@ fn probe_others(ctx: &SessionCtx<'_>, received_end: Lsn) -> Option<(usize, Lsn)>
         match result {
             Ok(end) => {
                 set_source_status(ctx.status, i, |s| {
-                    s.end_lsn = Some(end.to_string());
+                    s.end_lsn = Some(end);
                     s.last_error = None;
                 });
                 if end > received_end && best.is_none_or(|(_, b)| end > b) {
@@ -429,7 +398,7 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         Ok(ident) => ident,
         Err(e) => return Ended::Connection(e),
     };
-    set_source_status(status, ctx.current, |s| s.end_lsn = Some(ident.xlogpos.to_string()));
+    set_source_status(status, ctx.current, |s| s.end_lsn = Some(ident.xlogpos));
     let tli = ident.tli;
     let mut out = BytesMut::new();
     if let Err(e) = frontend::query(&format!("START_REPLICATION PHYSICAL {start} TIMELINE {tli}"), &mut out)
@@ -444,10 +413,10 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
     };
     tracing::info!("streaming WAL from {source} at {start}, timeline {tli} (it has WAL up to {})", ident.xlogpos);
     set_status(status, |s| {
-        s.state = "streaming".into();
+        s.state = WalReceiverState::Streaming;
         s.connected = true;
         s.last_error = None;
-        s.durable_lsn = Some(start.to_string());
+        s.durable_lsn = Some(start);
         if let Some(src) = s.sources.get_mut(ctx.current) {
             src.last_error = None;
         }
@@ -522,7 +491,7 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
                 Ok(lsn) => lsn,
                 Err(e) => return Ended::Fatal(e.context("fsync the local WAL")),
             };
-            set_status(status, |s| s.durable_lsn = Some(durable.to_string()));
+            set_status(status, |s| s.durable_lsn = Some(durable));
         }
         // Confirming and ingesting happen under the gate, so that a basebackup at the
         // newest LSN never falls between them (see `IngestGate`).
@@ -553,11 +522,11 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         drop(held);
         if let Some(wal_end) = server_end {
             set_status(status, |s| {
-                s.last_received_lsn = Some(decoder.next_feed_lsn().to_string());
-                s.server_wal_end_lsn = Some(wal_end.to_string());
+                s.last_received_lsn = Some(decoder.next_feed_lsn());
+                s.server_wal_end_lsn = Some(wal_end);
                 s.records_ingested = ingest.stats().records;
                 if let Some(src) = s.sources.get_mut(ctx.current) {
-                    src.end_lsn = Some(wal_end.to_string());
+                    src.end_lsn = Some(wal_end);
                     src.last_error = None;
                 }
             });

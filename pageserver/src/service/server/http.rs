@@ -15,6 +15,9 @@
 //! | GET | `/metrics` | Prometheus text format |
 //!
 //! Errors are `{"error": "..."}` with a status code chosen in one place, [`ApiError`].
+//!
+//! Every body is a type of the `pageserver_api` crate, which the CLI and compute_ctl
+//! decode with the same types; this file only maps them to and from the domain.
 
 use std::sync::Arc;
 
@@ -24,9 +27,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use pageserver_api::models::{
+    BasebackupQuery, ErrorResponse, ImportRequest, ImportResponse, StatusResponse, TenantCreateRequest, TenantCreateResponse,
+    TimelineCreateRequest, TimelineInfo, BASEBACKUP_CONTENT_TYPE,
+};
 use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
-use proto::{Lsn, TenantId, TimelineId};
-use serde::{Deserialize, Serialize};
+use proto::{TenantId, TimelineId};
 
 use super::{ManagementError, Pageserver};
 use layerstore::timeline::Timeline;
@@ -58,7 +64,7 @@ impl IntoResponse for ApiError {
             ManagementError::Internal(e) => format!("{e:#}"),
             other => other.to_string(),
         };
-        (status, Json(serde_json::json!({ "error": message }))).into_response()
+        (status, Json(ErrorResponse { error: message })).into_response()
     }
 }
 
@@ -69,34 +75,18 @@ where
     s.parse().map_err(|e: T::Err| ApiError(ManagementError::BadRequest(format!("invalid {what}: {e}"))))
 }
 
-#[derive(Serialize)]
-struct TimelineInfo {
-    tenant_id: String,
-    timeline_id: String,
-    ancestor_timeline_id: Option<String>,
-    ancestor_lsn: Option<String>,
-    last_record_lsn: String,
-    disk_consistent_lsn: String,
-    gc_cutoff_lsn: String,
-    layers: usize,
-    wal_receiver: Option<crate::service::walreceiver::WalReceiverStatus>,
-    /// PostgreSQL's system identifier (decimal, from the stored control file); compute_ctl
-    /// greets the safekeepers with it. `None` before the timeline has data.
-    system_id: Option<String>,
-}
-
 fn timeline_info(ps: &Pageserver, t: &Timeline) -> TimelineInfo {
     TimelineInfo {
         wal_receiver: ps.wal_receiver_status(t.tenant_id(), t.timeline_id()),
-        tenant_id: t.tenant_id().to_string(),
-        timeline_id: t.timeline_id().to_string(),
-        ancestor_timeline_id: t.ancestor_timeline_id().map(|id| id.to_string()),
-        ancestor_lsn: t.ancestor_lsn().map(|l| l.to_string()),
-        last_record_lsn: t.last_record_lsn().to_string(),
-        disk_consistent_lsn: t.disk_consistent_lsn().to_string(),
-        gc_cutoff_lsn: t.gc_cutoff_lsn().to_string(),
-        layers: t.layers().len(),
-        system_id: system_id(ps, t).map(|id| id.to_string()),
+        tenant_id: t.tenant_id(),
+        timeline_id: t.timeline_id(),
+        ancestor_timeline_id: t.ancestor_timeline_id(),
+        ancestor_lsn: t.ancestor_lsn(),
+        last_record_lsn: t.last_record_lsn(),
+        disk_consistent_lsn: t.disk_consistent_lsn(),
+        gc_cutoff_lsn: t.gc_cutoff_lsn(),
+        layers: t.layers().len() as u64,
+        system_id: system_id(ps, t),
     }
 }
 
@@ -111,28 +101,9 @@ fn system_id(ps: &Pageserver, t: &Timeline) -> Option<u64> {
     crate::pgdata::import::ControlFile::parse(&raw).ok().map(|c| c.system_identifier)
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct CreateTenant {
-    tenant_id: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct CreateTimeline {
-    timeline_id: Option<String>,
-    ancestor_timeline_id: Option<String>,
-    ancestor_lsn: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct Import {
-    pgdata: std::path::PathBuf,
-}
-
 /// Parses a JSON request body ourselves, so that a malformed one gets the same
 /// `{"error": ...}` answer as every other bad request. An empty body means "all defaults".
+/// Ids and LSNs in a body are validated here too, as the model's fields are typed.
 fn json_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
@@ -153,7 +124,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ManagementErr
 
 pub fn router(ps: Arc<Pageserver>) -> Router {
     Router::new()
-        .route("/v1/status", get(|| async { Json(serde_json::json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") })) }))
+        .route("/v1/status", get(|| async { Json(StatusResponse { status: "ok".into(), version: env!("CARGO_PKG_VERSION").into() }) }))
         .route("/v1/tenant", get(list_tenants).post(create_tenant))
         .route("/v1/tenant/{tenant}/timeline", get(list_timelines).post(create_timeline))
         .route("/v1/tenant/{tenant}/timeline/{timeline}", get(get_timeline))
@@ -164,18 +135,15 @@ pub fn router(ps: Arc<Pageserver>) -> Router {
         .with_state(ps)
 }
 
-async fn list_tenants(State(ps): State<Arc<Pageserver>>) -> Json<Vec<String>> {
-    Json(ps.tenants.ids().iter().map(|id| id.to_string()).collect())
+async fn list_tenants(State(ps): State<Arc<Pageserver>>) -> Json<Vec<TenantId>> {
+    Json(ps.tenants.ids())
 }
 
 async fn create_tenant(State(ps): State<Arc<Pageserver>>, body: Bytes) -> Result<impl IntoResponse, ApiError> {
-    let req: CreateTenant = json_body(&body)?;
-    let id = match req.tenant_id {
-        Some(s) => parse::<TenantId>("tenant id", &s)?,
-        None => TenantId(random_id()),
-    };
+    let req: TenantCreateRequest = json_body(&body)?;
+    let id = req.tenant_id.unwrap_or_else(|| TenantId(random_id()));
     blocking(move || ps.create_tenant(id)).await?;
-    Ok((StatusCode::CREATED, Json(serde_json::json!({ "tenant_id": id.to_string() }))))
+    Ok((StatusCode::CREATED, Json(TenantCreateResponse { tenant_id: id })))
 }
 
 async fn list_timelines(State(ps): State<Arc<Pageserver>>, Path(tenant): Path<String>) -> Result<Json<Vec<TimelineInfo>>, ApiError> {
@@ -189,19 +157,14 @@ async fn create_timeline(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let tenant: TenantId = parse("tenant id", &tenant)?;
-    let req: CreateTimeline = json_body(&body)?;
-    let timeline = match req.timeline_id {
-        Some(s) => parse::<TimelineId>("timeline id", &s)?,
-        None => TimelineId(random_id()),
-    };
+    let req: TimelineCreateRequest = json_body(&body)?;
+    let timeline = req.timeline_id.unwrap_or_else(|| TimelineId(random_id()));
     let ancestor = match (req.ancestor_timeline_id, req.ancestor_lsn) {
         (None, None) => None,
         (None, Some(_)) => {
             return Err(ApiError(ManagementError::BadRequest("ancestor_lsn needs ancestor_timeline_id".into())));
         }
-        (Some(a), lsn) => {
-            Some((parse::<TimelineId>("ancestor timeline id", &a)?, lsn.map(|l| parse::<Lsn>("ancestor LSN", &l)).transpose()?))
-        }
+        (Some(a), lsn) => Some((a, lsn)),
     };
     let ps2 = Arc::clone(&ps);
     let created = blocking(move || ps.create_timeline(tenant, timeline, ancestor)).await?;
@@ -221,15 +184,15 @@ async fn import(
     Path((tenant, timeline)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let req: Import = json_body(&body)?;
+    let req: ImportRequest = json_body(&body)?;
     let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
     let summary = blocking(move || ps.import(tenant, timeline, &req.pgdata)).await?;
-    Ok(Json(serde_json::json!({
-        "import_lsn": summary.import_lsn.to_string(),
-        "checkpoint_lsn": summary.checkpoint_lsn.to_string(),
-        "system_identifier": summary.system_identifier.to_string(),
-        "databases": summary.databases,
-    })))
+    Ok(Json(ImportResponse {
+        checkpoint_lsn: summary.checkpoint_lsn,
+        databases: summary.databases as u64,
+        import_lsn: summary.import_lsn,
+        system_identifier: summary.system_identifier,
+    }))
 }
 
 async fn start_wal_receiver(
@@ -256,42 +219,24 @@ async fn stop_wal_receiver(
     }
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct BasebackupParams {
-    lsn: Option<String>,
-}
-
 async fn basebackup(
     State(ps): State<Arc<Pageserver>>,
     Path((tenant, timeline)): Path<(String, String)>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
-    let params: BasebackupParams = match query.as_deref() {
-        None | Some("") => BasebackupParams::default(),
-        Some(q) => parse_basebackup_query(q)?,
-    };
-    let lsn = params.lsn.map(|l| parse::<Lsn>("LSN", &l)).transpose()?;
-    let (tar, summary) = blocking(move || ps.basebackup(tenant, timeline, lsn)).await?;
+    let query = BasebackupQuery::parse(query.as_deref().unwrap_or("")).map_err(|e| ApiError(ManagementError::BadRequest(e.to_string())))?;
+    let (tar, summary) = blocking(move || ps.basebackup(tenant, timeline, query.lsn)).await?;
     let headers = [
-        (axum::http::header::CONTENT_TYPE, "application/x-tar".to_string()),
-        (axum::http::header::HeaderName::from_static("x-fjord-lsn"), summary.lsn.to_string()),
+        (axum::http::header::CONTENT_TYPE, BASEBACKUP_CONTENT_TYPE.to_string()),
+        (axum::http::header::HeaderName::from_static(LSN_HEADER_LOWERCASE), summary.lsn.to_string()),
     ];
     Ok((headers, tar).into_response())
 }
 
-/// The one query parameter there is (`lsn=X/X`, with `/` possibly percent-encoded).
-fn parse_basebackup_query(query: &str) -> Result<BasebackupParams, ApiError> {
-    let mut params = BasebackupParams::default();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("lsn", value)) => params.lsn = Some(value.replace("%2F", "/").replace("%2f", "/")),
-            _ => return Err(ApiError(ManagementError::BadRequest(format!("unknown query parameter {pair:?}; the only one is lsn=X/X")))),
-        }
-    }
-    Ok(params)
-}
+/// `pageserver_api::models::LSN_HEADER` in lower case, as `HeaderName::from_static` needs
+/// it; a test checks that they agree.
+const LSN_HEADER_LOWERCASE: &str = "x-fjord-lsn";
 
 /// Gauges read off the tenants at scrape time.
 async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError> {
@@ -331,4 +276,264 @@ async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError
     let mut out = Vec::new();
     TextEncoder::new().encode(&registry.gather(), &mut out).map_err(internal)?;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The API as bytes on the wire, against the real router on loopback: each exchange is
+    //! recorded (status and body, byte for byte), so a change of the JSON a client sees
+    //! fails here before it fails a client. Only what needs no PostgreSQL is exercised;
+    //! the bodies of an import and of a running WAL receiver are recorded in
+    //! `pageserver_api`'s tests and exercised by pytest.
+
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+
+    use super::*;
+    use crate::service::server::PageserverConfig;
+
+    const TENANT: &str = "11111111111111111111111111111111";
+    const TIMELINE: &str = "22222222222222222222222222222222";
+    const BRANCH: &str = "33333333333333333333333333333333";
+
+    /// The router on an ephemeral loopback port, served by its own runtime until the test
+    /// process exits.
+    fn serve(workdir: &std::path::Path) -> SocketAddr {
+        let conf = PageserverConfig { workdir: workdir.to_path_buf(), ..Default::default() };
+        let ps = Arc::new(Pageserver::open(conf).expect("open the pageserver"));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        listener.set_nonblocking(true).expect("nonblocking listener");
+        let addr = listener.local_addr().expect("local address");
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+                axum::serve(listener, router(ps)).await.expect("serve");
+            });
+        });
+        addr
+    }
+
+    /// One HTTP/1.1 exchange over a fresh connection: the status and the body as text.
+    fn exchange(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let mut stream = TcpStream::connect(addr).expect("connect");
+        let body = body.unwrap_or("");
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).expect("send");
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).expect("receive");
+        let text = String::from_utf8(response).expect("utf-8 response");
+        let (head, body) = text.split_once("\r\n\r\n").expect("a header block");
+        let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("a status line");
+        (status, body.to_string())
+    }
+
+    #[test]
+    fn responses_are_byte_for_byte_what_clients_expect() {
+        let dir = tempfile::tempdir().unwrap();
+        let addr = serve(dir.path());
+        let version = env!("CARGO_PKG_VERSION");
+        let empty_timeline = |id: &str| {
+            format!(
+                r#"{{"tenant_id":"{TENANT}","timeline_id":"{id}","ancestor_timeline_id":null,"ancestor_lsn":null,"last_record_lsn":"0/0","disk_consistent_lsn":"0/0","gc_cutoff_lsn":"0/0","layers":0,"wal_receiver":null,"system_id":null}}"#
+            )
+        };
+        let branch = format!(
+            r#"{{"tenant_id":"{TENANT}","timeline_id":"{BRANCH}","ancestor_timeline_id":"{TIMELINE}","ancestor_lsn":"0/0","last_record_lsn":"0/0","disk_consistent_lsn":"0/0","gc_cutoff_lsn":"0/0","layers":0,"wal_receiver":null,"system_id":null}}"#
+        );
+        let timeline_path = format!("/v1/tenant/{TENANT}/timeline/{TIMELINE}");
+        let cases: Vec<(&str, String, Option<String>, u16, String)> = vec![
+            ("GET", "/v1/status".into(), None, 200, format!(r#"{{"status":"ok","version":"{version}"}}"#)),
+            ("GET", "/v1/tenant".into(), None, 200, "[]".into()),
+            ("POST", "/v1/tenant".into(), Some(format!(r#"{{"tenant_id": "{TENANT}"}}"#)), 201, format!(r#"{{"tenant_id":"{TENANT}"}}"#)),
+            (
+                "POST",
+                "/v1/tenant".into(),
+                Some(format!(r#"{{"tenant_id": "{TENANT}"}}"#)),
+                409,
+                format!(r#"{{"error":"tenant {TENANT} already exists"}}"#),
+            ),
+            // Ids in a body are checked as the body is decoded, so the message is the
+            // decoder's (it said "invalid tenant id: invalid tenant id: ..." before).
+            (
+                "POST",
+                "/v1/tenant".into(),
+                Some(r#"{"tenant_id": "xyz"}"#.into()),
+                400,
+                r#"{"error":"invalid request body: invalid tenant id: \"xyz\" (expected 32 hexadecimal digits) at line 1 column 19"}"#
+                    .into(),
+            ),
+            (
+                "POST",
+                "/v1/tenant".into(),
+                Some(format!(r#"{{"tenant": "{TENANT}"}}"#)),
+                400,
+                r#"{"error":"invalid request body: unknown field `tenant`, expected `tenant_id` at line 1 column 9"}"#.into(),
+            ),
+            ("GET", "/v1/tenant".into(), None, 200, format!(r#"["{TENANT}"]"#)),
+            ("GET", format!("/v1/tenant/{TENANT}/timeline"), None, 200, "[]".into()),
+            (
+                "POST",
+                format!("/v1/tenant/{TENANT}/timeline"),
+                Some(format!(r#"{{"timeline_id": "{TIMELINE}"}}"#)),
+                201,
+                empty_timeline(TIMELINE),
+            ),
+            (
+                "POST",
+                format!("/v1/tenant/{TENANT}/timeline"),
+                Some(format!(r#"{{"timeline_id": "{TIMELINE}"}}"#)),
+                409,
+                format!(r#"{{"error":"timeline {TIMELINE} already exists"}}"#),
+            ),
+            (
+                "POST",
+                format!("/v1/tenant/{TENANT}/timeline"),
+                Some(r#"{"ancestor_lsn": "0/10"}"#.into()),
+                400,
+                r#"{"error":"ancestor_lsn needs ancestor_timeline_id"}"#.into(),
+            ),
+            (
+                "POST",
+                format!("/v1/tenant/{TENANT}/timeline"),
+                Some(format!(r#"{{"timeline_id": "{BRANCH}", "ancestor_timeline_id": "{TIMELINE}"}}"#)),
+                201,
+                branch.clone(),
+            ),
+            ("GET", timeline_path.clone(), None, 200, empty_timeline(TIMELINE)),
+            ("GET", format!("/v1/tenant/{TENANT}/timeline/{BRANCH}"), None, 200, branch.clone()),
+            ("GET", format!("/v1/tenant/{TENANT}/timeline"), None, 200, format!("[{},{branch}]", empty_timeline(TIMELINE))),
+            (
+                "GET",
+                format!("/v1/tenant/{}/timeline", "4".repeat(32)),
+                None,
+                404,
+                format!(r#"{{"error":"tenant {} not found"}}"#, "4".repeat(32)),
+            ),
+            (
+                "GET",
+                format!("/v1/tenant/{TENANT}/timeline/{}", "5".repeat(32)),
+                None,
+                404,
+                format!(r#"{{"error":"timeline {} of tenant {TENANT} not found"}}"#, "5".repeat(32)),
+            ),
+            (
+                "GET",
+                "/v1/tenant/xyz/timeline".into(),
+                None,
+                400,
+                r#"{"error":"invalid tenant id: invalid tenant id: \"xyz\" (expected 32 hexadecimal digits)"}"#.into(),
+            ),
+            (
+                "POST",
+                format!("{timeline_path}/import"),
+                Some(r#"{"pgdata": ""}"#.into()),
+                400,
+                r#"{"error":"import needs \"pgdata\": the path of a shut-down data directory"}"#.into(),
+            ),
+            (
+                "POST",
+                format!("{timeline_path}/wal_receiver"),
+                Some(r#"{"host": "127.0.0.1", "port": 5432, "user": "u"}"#.into()),
+                409,
+                format!(r#"{{"error":"timeline {TIMELINE} has no data yet; import or branch it before streaming WAL into it"}}"#),
+            ),
+            (
+                "POST",
+                format!("{timeline_path}/wal_receiver"),
+                Some(r#"{"sources": []}"#.into()),
+                400,
+                r#"{"error":"invalid request body: sources must not be empty"}"#.into(),
+            ),
+            (
+                "DELETE",
+                format!("{timeline_path}/wal_receiver"),
+                None,
+                404,
+                format!(r#"{{"error":"timeline {TIMELINE} of tenant {TENANT} has no WAL receiver"}}"#),
+            ),
+            (
+                "GET",
+                format!("{timeline_path}/basebackup?lsn=0%2F10"),
+                None,
+                409,
+                format!(r#"{{"error":"timeline {TIMELINE} has no data yet; import or branch it first"}}"#),
+            ),
+            (
+                "GET",
+                format!("{timeline_path}/basebackup?at=0/10"),
+                None,
+                400,
+                r#"{"error":"unknown query parameter \"at=0/10\"; the only one is lsn=X/X"}"#.into(),
+            ),
+            (
+                "GET",
+                format!("{timeline_path}/basebackup?lsn=x"),
+                None,
+                400,
+                r#"{"error":"invalid LSN: invalid LSN: \"x\" (expected two hexadecimal numbers such as 16/B374D848)"}"#.into(),
+            ),
+        ];
+        for (method, path, body, status, expected) in cases {
+            let (got_status, got) = exchange(addr, method, &path, body.as_deref());
+            assert_eq!((got_status, got.as_str()), (status, expected.as_str()), "{method} {path}");
+        }
+    }
+
+    /// The client the CLI and compute_ctl use, against this router: every answer decodes,
+    /// and each kind of failure comes out as its own kind of error.
+    #[test]
+    fn the_shared_client_decodes_what_the_router_encodes() {
+        use pageserver_api::client::{Client, Error};
+        use pageserver_api::models::{BasebackupQuery, ImportRequest, WalReceiverRequest, WalSource};
+        use proto::Lsn;
+
+        let dir = tempfile::tempdir().unwrap();
+        let client = Client::new(&format!("http://{}", serve(dir.path())));
+        let (tenant, timeline) = (TENANT.parse::<TenantId>().unwrap(), TIMELINE.parse::<TimelineId>().unwrap());
+
+        assert_eq!(client.status().unwrap(), StatusResponse { status: "ok".into(), version: env!("CARGO_PKG_VERSION").into() });
+        assert_eq!(client.tenants().unwrap(), []);
+        let created = client.create_tenant(&TenantCreateRequest::default()).unwrap().tenant_id;
+        assert_eq!(client.create_tenant(&TenantCreateRequest { tenant_id: Some(tenant) }).unwrap().tenant_id, tenant);
+        let mut tenants = client.tenants().unwrap();
+        tenants.sort();
+        let mut expected = vec![created, tenant];
+        expected.sort();
+        assert_eq!(tenants, expected);
+
+        let root = client.create_timeline(tenant, &TimelineCreateRequest { timeline_id: Some(timeline), ..Default::default() }).unwrap();
+        assert_eq!((root.tenant_id, root.timeline_id, root.last_record_lsn, root.system_id), (tenant, timeline, Lsn::INVALID, None));
+        let branch =
+            client.create_timeline(tenant, &TimelineCreateRequest { ancestor_timeline_id: Some(timeline), ..Default::default() }).unwrap();
+        assert_eq!((branch.ancestor_timeline_id, branch.ancestor_lsn), (Some(timeline), Some(Lsn::INVALID)));
+        assert_eq!(client.timeline(tenant, branch.timeline_id).unwrap(), branch);
+        assert_eq!(client.timelines(tenant).unwrap().len(), 2);
+
+        fn status_of<T>(r: Result<T, Error>) -> (u16, String) {
+            match r {
+                Err(Error::Status { status, message, .. }) => (status, message),
+                Err(other) => panic!("expected an HTTP error status, got {other:?}"),
+                Ok(_) => panic!("expected an HTTP error status, got success"),
+            }
+        }
+        let missing = TimelineId([9; 16]);
+        assert_eq!(status_of(client.timeline(tenant, missing)), (404, format!("timeline {missing} of tenant {tenant} not found")));
+        assert_eq!(status_of(client.create_tenant(&TenantCreateRequest { tenant_id: Some(tenant) })).0, 409);
+        assert_eq!(status_of(client.import(tenant, timeline, &ImportRequest::default())).0, 400);
+        let source = WalSource { host: "127.0.0.1".into(), port: 5432, user: "u".into() };
+        assert_eq!(status_of(client.start_wal_receiver(tenant, timeline, &WalReceiverRequest::Single(source))).0, 409);
+        assert_eq!(status_of(client.stop_wal_receiver(tenant, timeline)).0, 404);
+        let at = BasebackupQuery { lsn: Some(Lsn(0x10)) };
+        assert_eq!(status_of(client.basebackup(tenant, timeline, &at).map(|b| b.lsn)).0, 409);
+    }
+
+    #[test]
+    fn the_lsn_header_name_agrees_with_the_models() {
+        use pageserver_api::models::LSN_HEADER;
+        assert_eq!(LSN_HEADER_LOWERCASE, LSN_HEADER.to_ascii_lowercase());
+    }
 }

@@ -13,40 +13,20 @@
 
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
+use pageserver_api::models::WalSourceList;
+use serde::Serialize;
 
 /// At most this many sources per receiver: three safekeepers is the expected case, and a
 /// lag probe connects to every other source at once.
 pub const SOURCES_MAX: usize = 16;
 
-/// One server to stream from.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct WalSource {
-    pub host: String,
-    pub port: u16,
-    pub user: String,
-}
-
-impl fmt::Display for WalSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
-    }
-}
+/// One server to stream from: the management API's type, so that what a client sends is
+/// what the receiver connects to.
+pub use pageserver_api::models::WalSource;
 
 /// A validated, non-empty list of sources, in the order the receiver tries them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct WalSources {
-    sources: Vec<WalSource>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SourceList {
     sources: Vec<WalSource>,
 }
 
@@ -89,7 +69,7 @@ impl WalSources {
             }
         }
         let sources = if is_list {
-            serde_json::from_value::<SourceList>(value).map_err(|e| e.to_string())?.sources
+            serde_json::from_value::<WalSourceList>(value).map_err(|e| e.to_string())?.sources
         } else {
             vec![serde_json::from_value::<WalSource>(value).map_err(|e| e.to_string())?]
         };

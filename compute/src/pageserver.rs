@@ -1,0 +1,121 @@
+//! compute_ctl's requests to the pageserver, through the shared `pageserver_api` client:
+//! the basebackup it starts from, the timeline's system identifier, and the requests that
+//! make the pageserver follow the new compute's WAL.
+//!
+//! The basebackup is a tar stream; it is unpacked as it arrives, never held in memory.
+//! Errors carry the pageserver's own `{"error": ...}` message, worded as compute_ctl's log
+//! and its callers have always seen them ("pageserver refused the basebackup request:
+//! HTTP 404: ...").
+
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use pageserver_api::client::{Client, Error};
+use pageserver_api::models::{BasebackupQuery, WalReceiverRequest, WalSource, WalSourceList, LSN_HEADER};
+use proto::{Lsn, TenantId, TimelineId};
+
+/// The role the pageserver streams from safekeepers as.
+const SAFEKEEPER_USER: &str = "fjord";
+
+/// What a basebackup brought.
+#[derive(Debug)]
+pub struct Basebackup {
+    /// The LSN the pageserver says it is at; `None` if it did not say.
+    pub lsn: Option<Lsn>,
+    pub bytes: u64,
+}
+
+/// An error status becomes "pageserver refused the {what} request: HTTP {status}: {message}";
+/// the other kinds keep the client's own words.
+fn refused(what: &'static str) -> impl FnOnce(Error) -> anyhow::Error {
+    move |e| match e {
+        Error::Status { status, message, .. } => anyhow::anyhow!("pageserver refused the {what} request: HTTP {status}: {message}"),
+        other => other.into(),
+    }
+}
+
+/// Streams the basebackup of `timeline` (at `lsn`, or its latest) into `dest`.
+pub fn basebackup(client: &Client, tenant: TenantId, timeline: TimelineId, lsn: Option<Lsn>, dest: &Path) -> anyhow::Result<Basebackup> {
+    let query = BasebackupQuery { lsn };
+    let url = client.url(&client.basebackup_path(tenant, timeline, &query));
+    tracing::info!("fetching basebackup from {url}");
+    let response = client.basebackup(tenant, timeline, &query).map_err(|e| match e {
+        Error::Unreachable { source, .. } => anyhow::Error::new(source).context(format!("could not request basebackup from {url}")),
+        other => refused("basebackup")(other),
+    })?;
+    if response.lsn.is_none() {
+        tracing::warn!("basebackup response has no {LSN_HEADER} header");
+    }
+    let lsn = response.lsn;
+    let mut body = CountingReader { inner: response, bytes: 0 };
+    let mut archive = tar::Archive::new(&mut body);
+    archive.set_preserve_permissions(true);
+    archive.set_overwrite(false);
+    archive.unpack(dest).with_context(|| format!("unpack basebackup into {}", dest.display()))?;
+    // Whatever follows the end-of-archive marker (block padding) is read so that a
+    // truncated stream is reported rather than ignored.
+    std::io::copy(&mut body, &mut std::io::sink()).context("read the end of the basebackup stream")?;
+    Ok(Basebackup { lsn, bytes: body.bytes })
+}
+
+/// PostgreSQL's system identifier of `timeline`, from the pageserver's timeline status.
+pub fn system_id(client: &Client, tenant: TenantId, timeline: TimelineId) -> anyhow::Result<u64> {
+    let info = client.timeline(tenant, timeline).map_err(refused("timeline status"))?;
+    match info.system_id {
+        Some(id) => Ok(id),
+        None => bail!("timeline {timeline} has no data yet (no system_id); import or branch it first"),
+    }
+}
+
+/// Asks the pageserver to stream WAL of `timeline` from the safekeepers (any of them; it
+/// takes committed WAL only).
+pub fn start_wal_receiver_from_safekeepers(
+    client: &Client,
+    tenant: TenantId,
+    timeline: TimelineId,
+    safekeepers: &[(String, u16)],
+) -> anyhow::Result<()> {
+    let sources = safekeepers.iter().map(|(host, port)| WalSource { host: host.clone(), port: *port, user: SAFEKEEPER_USER.into() });
+    let request = WalReceiverRequest::Sources(WalSourceList { sources: sources.collect() });
+    client.start_wal_receiver(tenant, timeline, &request).map_err(refused("wal_receiver"))
+}
+
+/// Asks the pageserver to stream WAL of `timeline` from the compute at `host:port`.
+pub fn start_wal_receiver(
+    client: &Client,
+    tenant: TenantId,
+    timeline: TimelineId,
+    host: &str,
+    port: u16,
+    user: &str,
+) -> anyhow::Result<()> {
+    let request = WalReceiverRequest::Single(WalSource { host: host.into(), port, user: user.into() });
+    client.start_wal_receiver(tenant, timeline, &request).map_err(refused("wal_receiver"))
+}
+
+struct CountingReader<R> {
+    inner: R,
+    bytes: u64,
+}
+
+impl<R: Read> Read for CountingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_statuses_are_worded_as_refusals() {
+        let status = Error::Status { method: "GET", path: "/v1/x".into(), status: 404, message: "timeline not found".into() };
+        assert_eq!(refused("basebackup")(status).to_string(), "pageserver refused the basebackup request: HTTP 404: timeline not found");
+        let malformed = Error::Malformed { method: "GET", path: "/v1/x".into(), reason: "EOF".into() };
+        assert_eq!(refused("basebackup")(malformed).to_string(), "pageserver: malformed answer to GET /v1/x: EOF");
+    }
+}

@@ -1,0 +1,274 @@
+//! One blocking client of the management API, shared by the `fjord` CLI and compute_ctl.
+//!
+//! Both are synchronous programs that make a handful of requests, so the client is blocking
+//! (ureq) rather than async. Each method is one route: it encodes the request model, checks
+//! the status and decodes the response model. Its [`Error`] tells the three things a caller
+//! acts on differently apart: nothing answered ([`Error::Unreachable`]: start the pageserver,
+//! retry), the pageserver refused with its own message ([`Error::Status`]: show it), and an
+//! answer this client cannot read ([`Error::Malformed`]: a version mismatch or a bug).
+//!
+//! Invariant: a body from the network is never unwrapped; every failure to read or decode
+//! it is an [`Error::Malformed`] naming the route.
+
+use std::io::Read;
+use std::time::Duration;
+
+use proto::{Lsn, TenantId, TimelineId};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::models::{
+    BasebackupQuery, ErrorResponse, ImportRequest, ImportResponse, StatusResponse, TenantCreateRequest, TenantCreateResponse,
+    TimelineCreateRequest, TimelineInfo, WalReceiverRequest, LSN_HEADER,
+};
+
+/// At most this much of a non-JSON error body goes into an [`Error::Status`] message.
+const ERROR_BODY_CHARS_MAX: usize = 500;
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No answer: connection refused, DNS, a timeout, or a URL that is not one.
+    #[error("could not reach the pageserver at {url}")]
+    Unreachable {
+        url: String,
+        #[source]
+        source: Box<ureq::Error>,
+    },
+    /// The pageserver answered with a status other than 2xx. `message` is the `error`
+    /// field of its JSON body, else the body's text.
+    #[error("pageserver: {method} {path} failed: HTTP {status}: {message}")]
+    Status { method: &'static str, path: String, status: u16, message: String },
+    /// A 2xx answer that could not be read or is not the expected model.
+    #[error("pageserver: malformed answer to {method} {path}: {reason}")]
+    Malformed { method: &'static str, path: String, reason: String },
+}
+
+impl Error {
+    /// The HTTP status of an [`Error::Status`].
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Error::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// Timeouts of a [`Client`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientConfig {
+    pub connect_timeout: Duration,
+    /// The whole request, body included; `None` waits as long as the pageserver takes (a
+    /// basebackup at an LSN waits for it to be ingested, and its body is streamed by the
+    /// caller at the caller's pace).
+    pub request_timeout: Option<Duration>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig { connect_timeout: Duration::from_secs(10), request_timeout: None }
+    }
+}
+
+/// A client of one pageserver's management API, e.g. `http://127.0.0.1:9898`.
+pub struct Client {
+    base_url: String,
+    agent: ureq::Agent,
+}
+
+/// A basebackup being received: the LSN it was taken at (its `X-Fjord-Lsn` header; `None`
+/// if the server did not say), and the tar stream as a reader.
+pub struct Basebackup {
+    pub lsn: Option<Lsn>,
+    body: ureq::BodyReader<'static>,
+}
+
+impl Read for Basebackup {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.body.read(buf)
+    }
+}
+
+impl Client {
+    pub fn new(base_url: &str) -> Client {
+        Client::with_config(base_url, ClientConfig::default())
+    }
+
+    pub fn with_config(base_url: &str, config: ClientConfig) -> Client {
+        let agent = ureq::Agent::config_builder()
+            // Error statuses are answers with a message to show, not transport failures.
+            .http_status_as_error(false)
+            .timeout_connect(Some(config.connect_timeout))
+            .timeout_global(config.request_timeout)
+            .build()
+            .into();
+        Client { base_url: base_url.trim_end_matches('/').to_string(), agent }
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// The full URL of a route path.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base_url)
+    }
+
+    /// `GET /v1/status`.
+    pub fn status(&self) -> Result<StatusResponse, Error> {
+        self.get_json("/v1/status")
+    }
+
+    /// `GET /v1/tenant`.
+    pub fn tenants(&self) -> Result<Vec<TenantId>, Error> {
+        self.get_json("/v1/tenant")
+    }
+
+    /// `POST /v1/tenant`.
+    pub fn create_tenant(&self, request: &TenantCreateRequest) -> Result<TenantCreateResponse, Error> {
+        self.post_json("/v1/tenant", request)
+    }
+
+    /// `GET /v1/tenant/{tenant}/timeline`.
+    pub fn timelines(&self, tenant: TenantId) -> Result<Vec<TimelineInfo>, Error> {
+        self.get_json(&format!("/v1/tenant/{tenant}/timeline"))
+    }
+
+    /// `POST /v1/tenant/{tenant}/timeline`: a new timeline or a branch.
+    pub fn create_timeline(&self, tenant: TenantId, request: &TimelineCreateRequest) -> Result<TimelineInfo, Error> {
+        self.post_json(&format!("/v1/tenant/{tenant}/timeline"), request)
+    }
+
+    /// `GET /v1/tenant/{tenant}/timeline/{timeline}`.
+    pub fn timeline(&self, tenant: TenantId, timeline: TimelineId) -> Result<TimelineInfo, Error> {
+        self.get_json(&timeline_path(tenant, timeline))
+    }
+
+    /// `POST .../import`: fills the empty timeline from a data directory on the
+    /// pageserver's host.
+    pub fn import(&self, tenant: TenantId, timeline: TimelineId, request: &ImportRequest) -> Result<ImportResponse, Error> {
+        self.post_json(&format!("{}/import", timeline_path(tenant, timeline)), request)
+    }
+
+    /// `POST .../wal_receiver`: the pageserver follows the timeline's WAL from these sources.
+    pub fn start_wal_receiver(&self, tenant: TenantId, timeline: TimelineId, request: &WalReceiverRequest) -> Result<(), Error> {
+        let path = format!("{}/wal_receiver", timeline_path(tenant, timeline));
+        let body = encode(request);
+        let response = self.agent.post(self.url(&path)).content_type("application/json").send(body.as_str());
+        self.check("POST", &path, response).map(drop)
+    }
+
+    /// `DELETE .../wal_receiver`: stops the receiver and forgets its sources (404 if there
+    /// was none).
+    pub fn stop_wal_receiver(&self, tenant: TenantId, timeline: TimelineId) -> Result<(), Error> {
+        let path = format!("{}/wal_receiver", timeline_path(tenant, timeline));
+        let response = self.agent.delete(self.url(&path)).call();
+        self.check("DELETE", &path, response).map(drop)
+    }
+
+    /// The path of a basebackup request, query included.
+    pub fn basebackup_path(&self, tenant: TenantId, timeline: TimelineId, query: &BasebackupQuery) -> String {
+        format!("{}/basebackup{}", timeline_path(tenant, timeline), query.to_query_string())
+    }
+
+    /// `GET .../basebackup[?lsn=X/X]`: the tar stream, to be read by the caller as it
+    /// arrives.
+    pub fn basebackup(&self, tenant: TenantId, timeline: TimelineId, query: &BasebackupQuery) -> Result<Basebackup, Error> {
+        let path = self.basebackup_path(tenant, timeline, query);
+        let response = self.check("GET", &path, self.agent.get(self.url(&path)).call())?;
+        let malformed = |reason: String| Error::Malformed { method: "GET", path: path.clone(), reason };
+        let lsn = match response.headers().get(LSN_HEADER) {
+            None => None,
+            Some(value) => {
+                let text = value.to_str().map_err(|_| malformed(format!("the {LSN_HEADER} header is not text")))?;
+                Some(text.parse::<Lsn>().map_err(|e| malformed(format!("the {LSN_HEADER} header: {e}")))?)
+            }
+        };
+        Ok(Basebackup { lsn, body: response.into_body().into_reader() })
+    }
+
+    fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
+        let response = self.agent.get(self.url(path)).call();
+        self.decode("GET", path, response)
+    }
+
+    fn post_json<T: DeserializeOwned>(&self, path: &str, request: &impl Serialize) -> Result<T, Error> {
+        let body = encode(request);
+        let response = self.agent.post(self.url(path)).content_type("application/json").send(body.as_str());
+        self.decode("POST", path, response)
+    }
+
+    /// A 2xx response passes; no answer or any other status is an error.
+    fn check(
+        &self,
+        method: &'static str,
+        path: &str,
+        response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<ureq::http::Response<ureq::Body>, Error> {
+        let mut response = response.map_err(|e| Error::Unreachable { url: self.url(path), source: Box::new(e) })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        // The message is best effort: an unreadable error body still leaves the status.
+        let text = response.body_mut().read_to_string().unwrap_or_default();
+        Err(Error::Status { method, path: path.to_string(), status: status.as_u16(), message: server_message(&text) })
+    }
+
+    fn decode<T: DeserializeOwned>(
+        &self,
+        method: &'static str,
+        path: &str,
+        response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<T, Error> {
+        let mut response = self.check(method, path, response)?;
+        let malformed = |reason: String| Error::Malformed { method, path: path.to_string(), reason };
+        let text = response.body_mut().read_to_string().map_err(|e| malformed(format!("could not read it: {e}")))?;
+        serde_json::from_str(&text).map_err(|e| malformed(e.to_string()))
+    }
+}
+
+fn timeline_path(tenant: TenantId, timeline: TimelineId) -> String {
+    format!("/v1/tenant/{tenant}/timeline/{timeline}")
+}
+
+/// The models are plain data (strings, numbers, ids), which always encode.
+fn encode(request: &impl Serialize) -> String {
+    serde_json::to_string(request).expect("a request model encodes as JSON")
+}
+
+/// What an error answer says: the `error` field of [`ErrorResponse`], else the body itself
+/// (a proxy's page, a panic message), else a hint that the route may not exist.
+pub fn server_message(body: &str) -> String {
+    if let Ok(ErrorResponse { error }) = serde_json::from_str(body) {
+        return error;
+    }
+    match body.trim() {
+        "" => "no message (is this pageserver too old to have the route?)".to_string(),
+        t => t.chars().take(ERROR_BODY_CHARS_MAX).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_messages_are_extracted() {
+        assert_eq!(server_message(r#"{"error": "tenant 11 not found"}"#), "tenant 11 not found");
+        assert_eq!(server_message("plain text\n"), "plain text");
+        assert!(server_message("").contains("no message"));
+        assert_eq!(server_message(&"x".repeat(600)).len(), ERROR_BODY_CHARS_MAX);
+    }
+
+    #[test]
+    fn nothing_listening_is_unreachable() {
+        // Port 1 on loopback: nothing listens there on any machine that runs these tests.
+        let client =
+            Client::with_config("http://127.0.0.1:1/", ClientConfig { connect_timeout: Duration::from_secs(2), request_timeout: None });
+        let err = client.status().unwrap_err();
+        assert!(matches!(err, Error::Unreachable { .. }), "{err:?}");
+        assert_eq!(err.to_string(), "could not reach the pageserver at http://127.0.0.1:1/v1/status");
+        assert_eq!(err.status(), None);
+    }
+}

@@ -1,0 +1,537 @@
+//! Every request and response body of the pageserver's management API, one type each.
+//!
+//! Requests are strict: they refuse unknown fields (`deny_unknown_fields`), so a typo in a
+//! hand-written curl body is an error rather than a silently ignored setting; optional
+//! fields are left out when absent, so a client sends `{}` rather than `{"tenant_id": null}`.
+//! Responses are lenient: a client ignores fields it does not know, so the server can add
+//! one without breaking older clients.
+//!
+//! The field order of each type is the order of the keys on the wire (serde writes fields
+//! in declaration order); where the server built a body with `serde_json::json!`, whose map
+//! sorts its keys, the fields are declared in alphabetical order to keep the bytes.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use proto::{Lsn, LsnParseError, TenantId, TimelineId};
+use serde::{Deserialize, Serialize};
+
+/// The response header that names the LSN a basebackup was taken at.
+pub const LSN_HEADER: &str = "X-Fjord-Lsn";
+
+/// The content type of a basebackup: a tar stream of a data directory.
+pub const BASEBACKUP_CONTENT_TYPE: &str = "application/x-tar";
+
+/// `GET /v1/status`: the pageserver answers, and which version it is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusResponse {
+    /// Always `"ok"`: an answer at all is the liveness signal.
+    pub status: String,
+    pub version: String,
+}
+
+/// `POST /v1/tenant`. An empty body means a random tenant id.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantCreateRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<TenantId>,
+}
+
+/// The answer to `POST /v1/tenant` (201): the id of the tenant created.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantCreateResponse {
+    pub tenant_id: TenantId,
+}
+
+/// `POST /v1/tenant/{tenant}/timeline`: an empty timeline, or with `ancestor_timeline_id`
+/// a branch of that timeline at `ancestor_lsn` (default: the ancestor's last record LSN).
+/// `ancestor_lsn` without `ancestor_timeline_id` is refused (400). An empty body means an
+/// empty timeline with a random id.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimelineCreateRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline_id: Option<TimelineId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ancestor_timeline_id: Option<TimelineId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ancestor_lsn: Option<Lsn>,
+}
+
+/// One timeline's status: `GET .../timeline/{timeline}`, the elements of
+/// `GET .../timeline`, and the answer to `POST .../timeline` (201).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimelineInfo {
+    pub tenant_id: TenantId,
+    pub timeline_id: TimelineId,
+    /// The timeline this one was branched from; `None` for a root timeline.
+    pub ancestor_timeline_id: Option<TimelineId>,
+    /// The branch point on the ancestor.
+    pub ancestor_lsn: Option<Lsn>,
+    /// The end of the last WAL record ingested; `0/0` before the timeline has data.
+    pub last_record_lsn: Lsn,
+    /// Everything up to here is in layer files.
+    pub disk_consistent_lsn: Lsn,
+    /// Reads below this LSN are refused: garbage collection may have removed their data.
+    pub gc_cutoff_lsn: Lsn,
+    /// Layer files of the timeline.
+    pub layers: u64,
+    /// The WAL receiver, if one runs for the timeline.
+    pub wal_receiver: Option<WalReceiverStatus>,
+    /// PostgreSQL's system identifier (from the stored control file), in decimal text as
+    /// `pg_controldata` prints it; `None` before the timeline has data. compute_ctl greets
+    /// the safekeepers with it.
+    #[serde(with = "decimal_text_option")]
+    pub system_id: Option<u64>,
+}
+
+/// `POST .../timeline/{timeline}/import`: fill an empty timeline from a shut-down
+/// PostgreSQL data directory on the pageserver's host.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImportRequest {
+    pub pgdata: PathBuf,
+}
+
+/// The answer to an import. Alphabetical field order: see the module documentation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportResponse {
+    /// Where the shutdown checkpoint record starts.
+    pub checkpoint_lsn: Lsn,
+    /// Databases imported, counting `global/` as one.
+    pub databases: u64,
+    /// The end of the shutdown checkpoint record: the timeline's last record LSN now.
+    pub import_lsn: Lsn,
+    /// PostgreSQL's system identifier, in decimal text.
+    #[serde(with = "decimal_text")]
+    pub system_identifier: u64,
+}
+
+/// One server a WAL receiver may stream from over PostgreSQL's physical replication
+/// protocol: a safekeeper, or a compute's walsender.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WalSource {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+}
+
+/// `host:port`, with an IPv6 host in brackets: how logs and errors name a source.
+impl fmt::Display for WalSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// The list shape of a WAL receiver request, `{"sources": [...]}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WalSourceList {
+    pub sources: Vec<WalSource>,
+}
+
+/// `POST .../timeline/{timeline}/wal_receiver` (202): follow the timeline's WAL from these
+/// sources, one at a time with failover. Two shapes: a list (the timeline's safekeepers)
+/// or, as before lists existed, one source object (a compute's walsender).
+///
+/// The server validates the list where it parses it (1 to 16 sources, no port 0, no empty
+/// host or user, no duplicate host and port) and answers 400 with the reason; this type
+/// only carries it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum WalReceiverRequest {
+    Sources(WalSourceList),
+    Single(WalSource),
+}
+
+/// What a WAL receiver is doing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WalReceiverState {
+    /// Started, no session yet.
+    #[default]
+    Starting,
+    Streaming,
+    /// A session failed; the next goes to the next source.
+    Reconnecting,
+    /// Another source has more WAL; the next session goes there.
+    Switching,
+    /// Stopped by a decoding, ingest or local WAL error; `last_error` says which.
+    Failed,
+    Stopped,
+}
+
+impl WalReceiverState {
+    /// The name on the wire, for people: `fjord branch list` prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WalReceiverState::Starting => "starting",
+            WalReceiverState::Streaming => "streaming",
+            WalReceiverState::Reconnecting => "reconnecting",
+            WalReceiverState::Switching => "switching",
+            WalReceiverState::Failed => "failed",
+            WalReceiverState::Stopped => "stopped",
+        }
+    }
+}
+
+/// A WAL receiver's status, in [`TimelineInfo::wal_receiver`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalReceiverStatus {
+    pub state: WalReceiverState,
+    pub connected: bool,
+    /// The end of the WAL received from the current source.
+    pub last_received_lsn: Option<Lsn>,
+    /// The source's WAL end, as its stream last said.
+    pub server_wal_end_lsn: Option<Lsn>,
+    pub records_ingested: u64,
+    /// The end of the WAL fsynced in the local WAL, confirmed to the server as flushed.
+    pub durable_lsn: Option<Lsn>,
+    pub last_error: Option<String>,
+    /// Every source, in the order they are tried.
+    pub sources: Vec<WalSourceStatus>,
+    /// The index in `sources` of the source being streamed from (or tried).
+    pub current_source: Option<usize>,
+    /// That source's `host:port`.
+    pub current_source_address: Option<String>,
+    /// How many times the receiver switched sources because another had more WAL.
+    pub lag_switches: u64,
+}
+
+/// One source as the receiver knows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalSourceStatus {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    /// Its WAL end as last learned: from `IDENTIFY_SYSTEM` (at session start or a lag
+    /// probe) or from the stream's `walEnd`; `None` until one of those.
+    pub end_lsn: Option<Lsn>,
+    /// Why the last session with it or probe of it failed, until one succeeds.
+    pub last_error: Option<String>,
+}
+
+/// The query of `GET .../timeline/{timeline}/basebackup[?lsn=X/X]`: the LSN to start a
+/// compute at (default: the last record LSN; an explicit one is waited for).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BasebackupQuery {
+    pub lsn: Option<Lsn>,
+}
+
+/// Why a basebackup query was refused (400).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BasebackupQueryError {
+    #[error("unknown query parameter {0:?}; the only one is lsn=X/X")]
+    UnknownParameter(String),
+    #[error("invalid LSN: {0}")]
+    InvalidLsn(#[from] LsnParseError),
+}
+
+impl BasebackupQuery {
+    /// The query string with its `?`, or nothing. The `/` of the LSN is left as it is: it
+    /// is legal in a query, and the server accepts it percent-encoded too.
+    pub fn to_query_string(&self) -> String {
+        match self.lsn {
+            Some(lsn) => format!("?lsn={lsn}"),
+            None => String::new(),
+        }
+    }
+
+    /// Parses a raw query (without the `?`). Every parameter is checked before the LSN is
+    /// parsed, and a repeated `lsn` takes the last value, as the server always did.
+    pub fn parse(query: &str) -> Result<BasebackupQuery, BasebackupQueryError> {
+        let mut lsn = None;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("lsn", value)) => lsn = Some(value.replace("%2F", "/").replace("%2f", "/")),
+                _ => return Err(BasebackupQueryError::UnknownParameter(pair.to_string())),
+            }
+        }
+        Ok(BasebackupQuery { lsn: lsn.map(|l| l.parse()).transpose()? })
+    }
+}
+
+/// The body of every error answer (4xx, 5xx): `{"error": "..."}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    pub error: String,
+}
+
+/// A `u64` as decimal text, as the server always wrote system identifiers: they exceed
+/// 2^53, past which many JSON readers (JavaScript, `jq`) round numbers.
+mod decimal_text {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(v)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(|e| de::Error::custom(format!("invalid decimal number {text:?}: {e}")))
+    }
+}
+
+/// [`decimal_text`] or `null`.
+mod decimal_text_option {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.collect_str(v),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            Some(text) => text.parse().map(Some).map_err(|e| de::Error::custom(format!("invalid decimal number {text:?}: {e}"))),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn absent_options_are_left_out_of_requests() {
+        assert_eq!(serde_json::to_string(&TenantCreateRequest::default()).unwrap(), "{}");
+        assert_eq!(serde_json::to_string(&TimelineCreateRequest::default()).unwrap(), "{}");
+        let branch = TimelineCreateRequest { ancestor_timeline_id: Some(TimelineId([1; 16])), ..Default::default() };
+        assert_eq!(serde_json::to_string(&branch).unwrap(), format!(r#"{{"ancestor_timeline_id":"{}"}}"#, "01".repeat(16)));
+    }
+
+    #[test]
+    fn requests_refuse_unknown_fields_and_bad_values() {
+        let err = serde_json::from_str::<TenantCreateRequest>(r#"{"tenant": "x"}"#).unwrap_err().to_string();
+        assert!(err.starts_with("unknown field `tenant`, expected `tenant_id`"), "{err}");
+        let err = serde_json::from_str::<TimelineCreateRequest>(r#"{"ancestor_lsn": "0/1", "lsn": "0/2"}"#).unwrap_err().to_string();
+        assert!(err.starts_with("unknown field `lsn`, expected one of `timeline_id`, `ancestor_timeline_id`, `ancestor_lsn`"), "{err}");
+        let err = serde_json::from_str::<TimelineCreateRequest>(r#"{"ancestor_lsn": "0-1"}"#).unwrap_err().to_string();
+        assert!(err.starts_with("invalid LSN: \"0-1\""), "{err}");
+        let err = serde_json::from_str::<ImportRequest>("{}").unwrap_err().to_string();
+        assert!(err.starts_with("missing field `pgdata`"), "{err}");
+        let err = serde_json::from_str::<WalSourceList>(r#"{"sources": [], "mode": "x"}"#).unwrap_err().to_string();
+        assert!(err.starts_with("unknown field `mode`"), "{err}");
+    }
+
+    #[test]
+    fn responses_ignore_fields_they_do_not_know() {
+        let status: StatusResponse = serde_json::from_str(r#"{"status": "ok", "version": "1", "uptime": 3}"#).unwrap();
+        assert_eq!(status.status, "ok");
+    }
+
+    #[test]
+    fn wal_receiver_requests_have_two_shapes() {
+        let one = WalSource { host: "127.0.0.1".into(), port: 5432, user: "fjord".into() };
+        let single = WalReceiverRequest::Single(one.clone());
+        assert_eq!(serde_json::to_string(&single).unwrap(), r#"{"host":"127.0.0.1","port":5432,"user":"fjord"}"#);
+        let list = WalReceiverRequest::Sources(WalSourceList { sources: vec![one.clone(), WalSource { host: "::1".into(), ..one }] });
+        let text = serde_json::to_string(&list).unwrap();
+        assert_eq!(text, r#"{"sources":[{"host":"127.0.0.1","port":5432,"user":"fjord"},{"host":"::1","port":5432,"user":"fjord"}]}"#);
+        assert_eq!(serde_json::from_str::<WalReceiverRequest>(&text).unwrap(), list);
+        assert_eq!(serde_json::from_str::<WalReceiverRequest>(r#"{"host":"127.0.0.1","port":5432,"user":"fjord"}"#).unwrap(), single);
+        if let WalReceiverRequest::Sources(l) = &list {
+            assert_eq!(l.sources[1].to_string(), "[::1]:5432");
+        }
+    }
+
+    #[test]
+    fn basebackup_queries() {
+        let at = BasebackupQuery { lsn: Some(Lsn(0x16B3748)) };
+        assert_eq!(at.to_query_string(), "?lsn=0/16B3748");
+        assert_eq!(BasebackupQuery::default().to_query_string(), "");
+        assert_eq!(BasebackupQuery::parse("lsn=0/16B3748").unwrap(), at);
+        assert_eq!(BasebackupQuery::parse("lsn=0%2F16B3748").unwrap(), at);
+        assert_eq!(BasebackupQuery::parse("lsn=0%2f1&&lsn=0/16B3748").unwrap(), at);
+        assert_eq!(BasebackupQuery::parse("").unwrap(), BasebackupQuery::default());
+        assert_eq!(
+            BasebackupQuery::parse("lsn=x&at=1").unwrap_err().to_string(),
+            "unknown query parameter \"at=1\"; the only one is lsn=X/X"
+        );
+        assert_eq!(
+            BasebackupQuery::parse("lsn=x").unwrap_err().to_string(),
+            "invalid LSN: invalid LSN: \"x\" (expected two hexadecimal numbers such as 16/B374D848)"
+        );
+    }
+
+    #[test]
+    fn decimal_text_refuses_numbers_and_garbage() {
+        assert!(serde_json::from_str::<ImportResponse>(
+            r#"{"checkpoint_lsn":"0/1","databases":1,"import_lsn":"0/2","system_identifier":7}"#
+        )
+        .is_err());
+        let err =
+            serde_json::from_str::<ImportResponse>(r#"{"checkpoint_lsn":"0/1","databases":1,"import_lsn":"0/2","system_identifier":"7x"}"#)
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("invalid decimal number \"7x\""), "{err}");
+    }
+
+    fn arb_lsn() -> impl Strategy<Value = Lsn> {
+        any::<u64>().prop_map(Lsn)
+    }
+
+    fn arb_source_status() -> impl Strategy<Value = WalSourceStatus> {
+        ("[a-z0-9.:]{1,12}", any::<u16>(), "[a-z]{1,8}", proptest::option::of(arb_lsn()), proptest::option::of(".{0,20}"))
+            .prop_map(|(host, port, user, end_lsn, last_error)| WalSourceStatus { host, port, user, end_lsn, last_error })
+    }
+
+    fn arb_state() -> impl Strategy<Value = WalReceiverState> {
+        prop_oneof![
+            Just(WalReceiverState::Starting),
+            Just(WalReceiverState::Streaming),
+            Just(WalReceiverState::Reconnecting),
+            Just(WalReceiverState::Switching),
+            Just(WalReceiverState::Failed),
+            Just(WalReceiverState::Stopped),
+        ]
+    }
+
+    #[test]
+    fn receiver_state_names_are_the_wire_names() {
+        let states = [
+            WalReceiverState::Starting,
+            WalReceiverState::Streaming,
+            WalReceiverState::Reconnecting,
+            WalReceiverState::Switching,
+            WalReceiverState::Failed,
+            WalReceiverState::Stopped,
+        ];
+        for state in states {
+            assert_eq!(serde_json::to_string(&state).unwrap(), format!("\"{}\"", state.as_str()));
+        }
+    }
+
+    fn arb_receiver() -> impl Strategy<Value = WalReceiverStatus> {
+        (
+            arb_state(),
+            any::<bool>(),
+            proptest::option::of(arb_lsn()),
+            proptest::option::of(arb_lsn()),
+            any::<u64>(),
+            proptest::option::of(arb_lsn()),
+            proptest::option::of(".{0,20}"),
+            proptest::collection::vec(arb_source_status(), 0..4),
+            proptest::option::of(0usize..4),
+            any::<u64>(),
+        )
+            .prop_map(
+                |(
+                    state,
+                    connected,
+                    last_received_lsn,
+                    server_wal_end_lsn,
+                    records_ingested,
+                    durable_lsn,
+                    last_error,
+                    sources,
+                    current,
+                    lag,
+                )| {
+                    WalReceiverStatus {
+                        state,
+                        connected,
+                        last_received_lsn,
+                        server_wal_end_lsn,
+                        records_ingested,
+                        durable_lsn,
+                        last_error,
+                        current_source_address: current.and_then(|i| sources.get(i)).map(|s| format!("{}:{}", s.host, s.port)),
+                        sources,
+                        current_source: current,
+                        lag_switches: lag,
+                    }
+                },
+            )
+    }
+
+    fn arb_timeline() -> impl Strategy<Value = TimelineInfo> {
+        (
+            any::<[u8; 16]>(),
+            any::<[u8; 16]>(),
+            proptest::option::of((any::<[u8; 16]>(), arb_lsn())),
+            (arb_lsn(), arb_lsn(), arb_lsn()),
+            any::<u64>(),
+            proptest::option::of(arb_receiver()),
+            proptest::option::of(any::<u64>()),
+        )
+            .prop_map(|(tenant, timeline, ancestor, (last, disk, gc), layers, wal_receiver, system_id)| TimelineInfo {
+                tenant_id: TenantId(tenant),
+                timeline_id: TimelineId(timeline),
+                ancestor_timeline_id: ancestor.map(|(id, _)| TimelineId(id)),
+                ancestor_lsn: ancestor.map(|(_, lsn)| lsn),
+                last_record_lsn: last,
+                disk_consistent_lsn: disk,
+                gc_cutoff_lsn: gc,
+                layers,
+                wal_receiver,
+                system_id,
+            })
+    }
+
+    /// Encoding then decoding gives the value back, and re-encoding the decoded value gives
+    /// the same bytes (so nothing is lost or reordered on either side).
+    fn round_trip<T: Serialize + serde::de::DeserializeOwned + PartialEq + fmt::Debug>(value: &T) -> Result<(), TestCaseError> {
+        let text = serde_json::to_string(value).unwrap();
+        let back: T = serde_json::from_str(&text).unwrap();
+        prop_assert_eq!(&back, value);
+        prop_assert_eq!(serde_json::to_string(&back).unwrap(), text);
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn timelines_round_trip(t in arb_timeline()) {
+            round_trip(&t)?;
+            round_trip(&vec![t])?;
+        }
+
+        #[test]
+        fn requests_round_trip(
+            tenant in proptest::option::of(any::<[u8; 16]>()),
+            timeline in proptest::option::of(any::<[u8; 16]>()),
+            ancestor in proptest::option::of(any::<[u8; 16]>()),
+            lsn in proptest::option::of(arb_lsn()),
+            pgdata in "/[a-z/]{0,20}",
+            sources in proptest::collection::vec(("[a-z0-9.:]{1,12}", any::<u16>(), "[a-z]{1,8}"), 1..4),
+        ) {
+            round_trip(&TenantCreateRequest { tenant_id: tenant.map(TenantId) })?;
+            round_trip(&TimelineCreateRequest {
+                timeline_id: timeline.map(TimelineId),
+                ancestor_timeline_id: ancestor.map(TimelineId),
+                ancestor_lsn: lsn,
+            })?;
+            round_trip(&ImportRequest { pgdata: pgdata.into() })?;
+            let sources: Vec<WalSource> = sources.into_iter().map(|(host, port, user)| WalSource { host, port, user }).collect();
+            round_trip(&WalReceiverRequest::Single(sources[0].clone()))?;
+            round_trip(&WalReceiverRequest::Sources(WalSourceList { sources }))?;
+            let query = BasebackupQuery { lsn };
+            prop_assert_eq!(BasebackupQuery::parse(query.to_query_string().trim_start_matches('?')).unwrap(), query);
+        }
+
+        #[test]
+        fn other_responses_round_trip(
+            tenant in any::<[u8; 16]>(),
+            lsns in (arb_lsn(), arb_lsn()),
+            databases in any::<u64>(),
+            system_identifier in any::<u64>(),
+            text in ".{0,40}",
+        ) {
+            round_trip(&TenantCreateResponse { tenant_id: TenantId(tenant) })?;
+            round_trip(&vec![TenantId(tenant)])?;
+            round_trip(&ImportResponse { checkpoint_lsn: lsns.0, databases, import_lsn: lsns.1, system_identifier })?;
+            round_trip(&StatusResponse { status: "ok".into(), version: text.clone() })?;
+            round_trip(&ErrorResponse { error: text })?;
+        }
+    }
+}
