@@ -23,7 +23,9 @@
 //! next one goes to the source with the most WAL. That is how a safekeeper that fell
 //! behind (or that is partitioned from the compute but still answers) is left. A source
 //! switch is logged at info, a failure at warn when it differs from that source's previous
-//! one (the same failure repeating each round is logged at debug).
+//! one (the same failure repeating each round is logged at debug). These decisions are made
+//! by `failover.rs`, a state machine with no I/O that this file feeds with what happened
+//! and when; here are only the connections, the probes' threads, the waits and the logs.
 //!
 //! **Durability and the fsync discipline.** Each turn of the loop waits (at most
 //! `READ_TIMEOUT`) for a message, then drains every message already readable from the
@@ -60,6 +62,7 @@
 //!   durability), and its status says why.
 
 mod conn;
+mod failover;
 mod sources;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -77,6 +80,7 @@ use crate::pgdata::walingest::WalIngest;
 use crate::service::ingest_gate::IngestGate;
 use crate::service::localwal::{LocalWal, LOCAL_WAL_TLI};
 use conn::{connect, error_text, probe, Conn, Msg};
+use failover::{Failover, LogLevel, Retry, Switch};
 use layerstore::timeline::Timeline;
 use layerstore::value::Reconstructor;
 pub use sources::{WalSource, WalSources, SOURCES_MAX};
@@ -95,17 +99,11 @@ pub struct WalReceiver {
     thread: Option<JoinHandle<()>>,
 }
 
+// The failover policy's own timings (`BACKOFF_MIN`, `BACKOFF_MAX`, `HEALTHY_SESSION_AFTER`,
+// `LAG_PROBE_AFTER`) are in `failover.rs`.
 const STATUS_INTERVAL: Duration = Duration::from_millis(100);
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// A session that lasted this long counts as healthy even if no WAL came, so that a
-/// failure after it starts a new round without waiting.
-const HEALTHY_SESSION_AFTER: Duration = Duration::from_secs(5);
 /// Connecting, authenticating and `IDENTIFY_SYSTEM` of a streaming session.
 const SESSION_START_TIMEOUT: Duration = Duration::from_secs(10);
-/// When no WAL came from the current source for this long, ask the others for their WAL
-/// end; also the shortest interval between two such probes.
-const LAG_PROBE_AFTER: Duration = Duration::from_secs(1);
 /// A lag probe's connection and `IDENTIFY_SYSTEM`, together. Probes run in parallel, so
 /// this is also the longest a probe holds up the stream.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -179,12 +177,9 @@ enum Ended {
     Stopped,
     /// The connection failed; try the next source.
     Connection(anyhow::Error),
-    /// Another source has WAL the current one did not send: stream from it.
-    Switch {
-        to: usize,
-        its_end: Lsn,
-        received_end: Lsn,
-    },
+    /// Another source has WAL the current one did not send: stream from it (`Failover`
+    /// already made it the current source).
+    Switch(Switch),
     /// The WAL could not be ingested; going on would corrupt the timeline.
     Fatal(anyhow::Error),
 }
@@ -223,21 +218,16 @@ fn run(
             return;
         }
     };
-    let n = sources.len();
-    let mut current = 0usize;
-    let mut failed_in_round = 0usize;
-    let mut backoff = BACKOFF_MIN;
-    // The last failure logged at warn per source, so that a repeating one is not.
-    let mut logged: Vec<Option<String>> = vec![None; n];
+    let mut failover = Failover::new(sources.len());
     while !stop.load(Ordering::SeqCst) {
+        let current = failover.current();
         let source = &sources.as_slice()[current];
         set_status(&status, |s| {
             s.current_source = Some(current);
             s.current_source_address = Some(source.to_string());
         });
         let ctx = SessionCtx { sources: &sources, current, database: &database, stop: &stop, status: &status, gate: &gate };
-        let mut healthy = false;
-        match stream(&timeline, &mut ingest, &mut wal, &ctx, &mut healthy) {
+        match stream(&timeline, &mut ingest, &mut wal, &ctx, &mut failover) {
             Ended::Stopped => break,
             Ended::Fatal(e) => {
                 tracing::error!("wal receiver stopped: {e:#}");
@@ -248,8 +238,8 @@ fn run(
                 });
                 return;
             }
-            Ended::Switch { to, its_end, received_end } => {
-                let target = &sources.as_slice()[to];
+            Ended::Switch(Switch { from, to, its_end, received_end }) => {
+                let (source, target) = (&sources.as_slice()[from], &sources.as_slice()[to]);
                 tracing::info!(
                     "switching WAL source from {source} to {target}: {target} has WAL up to {its_end}, {source} stopped at {received_end}"
                 );
@@ -258,30 +248,18 @@ fn run(
                     s.connected = false;
                     s.lag_switches += 1;
                 });
-                current = to;
-                failed_in_round = 0;
-                backoff = BACKOFF_MIN;
             }
             Ended::Connection(e) => {
                 let message = format!("{e:#}");
-                if healthy {
-                    failed_in_round = 0;
-                    backoff = BACKOFF_MIN;
-                    logged[current] = None;
-                }
-                failed_in_round += 1;
-                let next = (current + 1) % n;
-                let wait = if failed_in_round >= n { Some(backoff) } else { None };
-                let then = match wait {
-                    Some(b) if n == 1 => format!("retrying in {b:?}"),
+                let Retry { next, backoff, level } = failover.session_failed(Instant::now(), &message);
+                let then = match backoff {
+                    Some(b) if sources.len() == 1 => format!("retrying in {b:?}"),
                     Some(b) => format!("every source failed; trying {} in {b:?}", sources.as_slice()[next]),
                     None => format!("trying {} next", sources.as_slice()[next]),
                 };
-                if logged[current].as_deref() != Some(message.as_str()) {
-                    tracing::warn!("could not stream WAL from {source}: {message}; {then}");
-                    logged[current] = Some(message.clone());
-                } else {
-                    tracing::debug!("could not stream WAL from {source}: {message}; {then}");
+                match level {
+                    LogLevel::Warn => tracing::warn!("could not stream WAL from {source}: {message}; {then}"),
+                    LogLevel::Debug => tracing::debug!("could not stream WAL from {source}: {message}; {then}"),
                 }
                 set_status(&status, |s| {
                     s.state = WalReceiverState::Reconnecting;
@@ -289,15 +267,12 @@ fn run(
                     s.last_error = Some(message.clone());
                 });
                 set_source_status(&status, current, |s| s.last_error = Some(message));
-                if let Some(b) = wait {
+                if let Some(b) = backoff {
                     let until = Instant::now() + b;
                     while Instant::now() < until && !stop.load(Ordering::SeqCst) {
                         std::thread::sleep(Duration::from_millis(20));
                     }
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                    failed_in_round = 0;
                 }
-                current = next;
             }
         }
     }
@@ -307,39 +282,37 @@ fn run(
     });
 }
 
-/// Asks every source but the current one for its WAL end, all at once, and returns the
-/// one with the most WAL if that is beyond `received_end`.
-fn probe_others(ctx: &SessionCtx<'_>, received_end: Lsn) -> Option<(usize, Lsn)> {
+/// Asks each of `targets` for its WAL end, all at once, records the answers in the status
+/// and returns them for `Failover::probed` (`None` for a probe that failed).
+fn probe_sources(ctx: &SessionCtx<'_>, targets: &[usize]) -> Vec<(usize, Option<Lsn>)> {
     let results: Vec<(usize, anyhow::Result<Lsn>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..ctx.sources.len())
-            .filter(|&i| i != ctx.current)
-            .map(|i| {
+        let handles: Vec<_> = targets
+            .iter()
+            .map(|&i| {
                 let source = &ctx.sources.as_slice()[i];
                 (i, scope.spawn(move || probe(source, ctx.database, PROBE_TIMEOUT)))
             })
             .collect();
         handles.into_iter().map(|(i, h)| (i, h.join().unwrap_or_else(|_| Err(anyhow!("the probe thread panicked"))))).collect()
     });
-    let mut best: Option<(usize, Lsn)> = None;
-    for (i, result) in results {
-        match result {
+    results
+        .into_iter()
+        .map(|(i, result)| match result {
             Ok(end) => {
                 set_source_status(ctx.status, i, |s| {
                     s.end_lsn = Some(end);
                     s.last_error = None;
                 });
-                if end > received_end && best.is_none_or(|(_, b)| end > b) {
-                    best = Some((i, end));
-                }
+                (i, Some(end))
             }
             Err(e) => {
                 // Routine while a source is down; its sessions log the failure.
                 tracing::debug!("could not probe {}: {e:#}", ctx.sources.as_slice()[i]);
                 set_source_status(ctx.status, i, |s| s.last_error = Some(format!("{e:#}")));
+                (i, None)
             }
-        }
-    }
-    best
+        })
+        .collect()
 }
 
 fn now_pg_micros() -> i64 {
@@ -378,7 +351,7 @@ fn replay_local_wal(timeline: &Timeline, ingest: &mut WalIngest, wal: &mut Local
     Ok(end)
 }
 
-fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, ctx: &SessionCtx<'_>, healthy: &mut bool) -> Ended {
+fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, ctx: &SessionCtx<'_>, failover: &mut Failover) -> Ended {
     let (source, status) = (&ctx.sources.as_slice()[ctx.current], ctx.status);
     let replayed = {
         let _held = ctx.gate.hold();
@@ -422,12 +395,11 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         }
     });
     let mut last_status = Instant::now() - STATUS_INTERVAL;
+    // For the idle flush only; `failover` keeps its own time of the last WAL for probing.
     let mut last_data = Instant::now();
-    let mut last_probe = Instant::now();
-    let session_started = Instant::now();
+    failover.session_started(last_data, wal.written_end());
     let mut streaming = false;
     loop {
-        *healthy |= streaming && session_started.elapsed() >= HEALTHY_SESSION_AFTER;
         if ctx.stop.load(Ordering::SeqCst) {
             return Ended::Stopped;
         }
@@ -442,7 +414,10 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         let mut server_end = None;
         while let Some(m) = msg {
             match m {
-                Msg::CopyBoth => streaming = true,
+                Msg::CopyBoth => {
+                    streaming = true;
+                    failover.stream_accepted();
+                }
                 Msg::Backend(backend::Message::ErrorResponse(body)) => {
                     return Ended::Connection(anyhow!("START_REPLICATION failed: {}", error_text(&body)));
                 }
@@ -486,7 +461,7 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         }
         if !batch.is_empty() {
             last_data = Instant::now();
-            *healthy = true;
+            failover.wal_received(last_data, wal.written_end());
             let durable = match wal.sync() {
                 Ok(lsn) => lsn,
                 Err(e) => return Ended::Fatal(e.context("fsync the local WAL")),
@@ -548,12 +523,11 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
             }
             last_status = Instant::now();
         }
-        if ctx.sources.len() > 1 && last_data.elapsed() >= LAG_PROBE_AFTER && last_probe.elapsed() >= LAG_PROBE_AFTER {
-            let received_end = wal.written_end();
-            if let Some((to, its_end)) = probe_others(ctx, received_end) {
-                return Ended::Switch { to, its_end, received_end };
+        if let Some(targets) = failover.probe_due(Instant::now()) {
+            let results = probe_sources(ctx, &targets);
+            if let Some(switch) = failover.probed(Instant::now(), results) {
+                return Ended::Switch(switch);
             }
-            last_probe = Instant::now();
         }
     }
 }
