@@ -16,7 +16,7 @@
 //! Keys are `proto::Key`s, values are opaque bytes marked as an image or as a record that
 //! changes the previous version, and an LSN is a position in the caller's log. The
 //! pageserver maps its database onto it; this crate depends on no crate that knows the
-//! database's formats, and `tests/tidy.rs` checks that no source file here names them.
+//! database's formats, and `tidy/tests/tidy.rs` checks that no source file here names them.
 
 pub mod config;
 pub mod error;

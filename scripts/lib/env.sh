@@ -44,3 +44,15 @@ as_pg_user() {
         "$@"
     fi
 }
+
+# pgrx_env: exports what cargo needs to build or lint the extension against the PostgreSQL
+# build that scripts/setup made: cargo-pgrx on PATH, PGRX_HOME, and that build's pg_config
+# by its real path (which names the build key, so a rebuilt PostgreSQL means rebuilt bindings).
+pgrx_env() {
+    local pg_config
+    pg_config="$(readlink -f "$FJORD_ROOT/target/pg15")/bin/pg_config"
+    [ -x "$pg_config" ] || die "no PostgreSQL build at target/pg15; run scripts/setup first"
+    export PATH="$FJORD_CACHE_DIR/tools/cargo-pgrx-$CARGO_PGRX_VERSION/bin:$PATH"
+    export PGRX_HOME="$FJORD_CACHE_DIR/pgrx-home"
+    export PGRX_PG_CONFIG_PATH="$pg_config" FJORD_PG_CONFIG="$pg_config"
+}

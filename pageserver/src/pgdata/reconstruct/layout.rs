@@ -29,7 +29,6 @@ const MEMBERGROUP_BYTES: u32 = 4 + MEMBERS_PER_GROUP * 4;
 const MEMBERGROUPS_PER_PAGE: u32 = PAGE_SIZE_BYTES as u32 / MEMBERGROUP_BYTES;
 /// Members per members page (`MULTIXACT_MEMBERS_PER_PAGE`): 1636.
 pub const MULTIXACT_MEMBERS_PER_PAGE: u32 = MEMBERGROUPS_PER_PAGE * MEMBERS_PER_GROUP;
-/// `SizeOfPageHeaderData`, which is also `MAXALIGN` of it.
 
 /// A transaction's CLOG status (`XidStatus`): two bits per transaction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
