@@ -58,10 +58,17 @@ mod proposer;
 pub mod wire;
 
 pub use acceptor::{Acceptor, AcceptorAction, AcceptorState, Persist};
-pub use proposer::{Proposer, ProposerAction, ProposerConfig};
+pub use proposer::{FenceReason, Proposer, ProposerAction, ProposerConfig, ProposerMode};
 
 use bytes::Bytes;
 use proto::Lsn;
+
+/// How many of `acceptors` acceptors make a quorum: a strict majority, so that any two
+/// quorums share an acceptor. The one definition every proposer, shell and status report
+/// uses.
+pub fn majority(acceptors: usize) -> usize {
+    acceptors / 2 + 1
+}
 
 /// An election term. 0 means "none".
 pub type Term = u64;

@@ -250,7 +250,7 @@ fn empty_sync_elects_nothing() {
 #[test]
 fn appends_are_sent_whole() {
     let mut c = Cluster::new();
-    let config = ProposerConfig { max_append: 12, window: 1000, max_fetch: 12 };
+    let config = ProposerConfig { max_append: 12, window: 1000, max_fetch: 12, ..ProposerConfig::default() };
     let mut p = P { core: Proposer::new(3, WAL_START, config), store: Store::default(), ghosts: BTreeMap::new() };
     c.elect(&mut p, &only(&[0, 1, 2]));
     let mut ends = vec![WAL_START];

@@ -81,7 +81,12 @@ impl Sim {
         let crash_in_handler = rng.gen_range(0.0..0.05);
         // Small chunks and windows so appends split and streams throttle.
         let max_append = rng.gen_range(16..300);
-        let config = ProposerConfig { max_append, window: max_append * rng.gen_range(1..8), max_fetch: rng.gen_range(16..500) };
+        let config = ProposerConfig {
+            max_append,
+            window: max_append * rng.gen_range(1..8),
+            max_fetch: rng.gen_range(16..500),
+            ..ProposerConfig::default()
+        };
         Sim {
             rng,
             now: 0,
