@@ -14,8 +14,11 @@
 
 mod conn;
 mod core;
+mod safekeeper_list;
 mod walstore;
 
+pub use quorum::majority;
+pub use safekeeper_list::{parse_safekeeper_list, SafekeeperAddr, SafekeeperListError, SafekeeperListProblem, SAFEKEEPERS_MAX};
 pub use walstore::{segment_file_name, WalReadError};
 
 use proto::{Lsn, TenantId, TimelineId};
