@@ -162,7 +162,9 @@ enum Phase {
     },
     Voting {
         votes: BTreeMap<NodeId, VoteInfo>,
-        refused: usize,
+        /// Acceptors that refused this term's vote, each counted once (a duplicated request
+        /// is refused by the acceptor that granted the first copy).
+        refused: BTreeSet<NodeId>,
     },
     Leader(Box<Leader>),
     /// Fenced or synced: nothing more, ever.
@@ -396,7 +398,7 @@ impl Proposer {
                 if terms.len() >= majority {
                     let highest = terms.values().copied().max().unwrap_or(0);
                     self.term = self.term.max(highest) + 1;
-                    self.phase = Phase::Voting { votes: BTreeMap::new(), refused: 0 };
+                    self.phase = Phase::Voting { votes: BTreeMap::new(), refused: BTreeSet::new() };
                     let term = self.term;
                     out.extend((0..self.n).map(|i| ProposerAction::Send(i, ToAcceptor::VoteRequest { term })));
                 }
@@ -411,13 +413,16 @@ impl Proposer {
                 let Phase::Voting { votes, refused } = &mut self.phase else { return out };
                 if !granted {
                     // Another proposer took this acceptor's vote in the same term.
-                    *refused += 1;
-                    if *refused > self.n - majority {
+                    if !votes.contains_key(&from) {
+                        refused.insert(from);
+                    }
+                    if refused.len() > self.n - majority {
                         self.phase = Phase::Idle;
                         out.push(ProposerAction::ElectionLost { term: self.term });
                     }
                     return out;
                 }
+                refused.remove(&from);
                 votes.insert(from, VoteInfo { history, flush_lsn });
                 if votes.len() >= majority {
                     out.extend(self.become_leader());

@@ -1,7 +1,16 @@
-//! Seeded deterministic simulation of the consensus core: 3 acceptors, 2-3 proposers, a
+//! Seeded deterministic simulation of the consensus core: 3 acceptors, 2-3 endpoints, a
 //! network that loses, delays, reorders and duplicates messages and cuts links, acceptor
 //! crashes (losing what was not persisted, including lazily written commit LSNs) and
-//! restarts, and client appends of WAL bytes.
+//! restarts, and client appends of WAL records.
+//!
+//! An endpoint lives as the real ones do: a sync (`ProposerMode::Sync`, compute_ctl) finds
+//! the end of the WAL, then a compute (`ProposerMode::Compute`) starts exactly there and
+//! writes records, until it is fenced or crashes; then it syncs again. Now and then an
+//! endpoint instead restarts a stale compute: one that starts at an older LSN, as a compute
+//! restarted without a sync would. Besides the safety of the committed WAL it checks the
+//! policy the core now decides: a compute streams only from its own start, a fenced or
+//! synced proposer never acts again, a sync ends exactly at its start and at a record
+//! boundary, and no acceptor's WAL ever ends inside a record.
 //!
 //! `FJORD_SIM_SEEDS=N` sets how many seeds `many_seeds` runs (default 2000);
 //! `FJORD_SIM_SEED=S` replays one seed in `replay_seed`.
@@ -9,11 +18,11 @@
 mod support;
 
 use proto::Lsn;
-use quorum::{NodeId, Proposer, ProposerAction, ProposerConfig, Term, ToAcceptor, ToProposer};
+use quorum::{FenceReason, NodeId, Proposer, ProposerAction, ProposerConfig, ProposerMode, Term, ToAcceptor, ToProposer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
-use support::{record, Disk, Node, Store, Wal, WAL_START};
+use support::{is_record_boundary, record, Disk, Node, Store, Wal, WAL_START};
 
 const ACCEPTORS: usize = 3;
 const STEPS: usize = 350;
@@ -34,11 +43,30 @@ enum Envelope {
     },
 }
 
+/// One proposer: an incarnation of an endpoint's sync or compute.
 struct ProposerNode {
     core: Proposer,
     store: Store,
     /// Votes' WAL snapshots in the current election, by acceptor.
     ghosts: BTreeMap<NodeId, Wal>,
+    /// Fenced or synced: any action from it now is a failure.
+    stopped: bool,
+    /// Replaced by a newer incarnation without stopping (a crash): no longer driven, and
+    /// messages to it are lost.
+    crashed: bool,
+    /// Elected (as a compute or a sync).
+    elected: bool,
+    /// Where its own WAL starts (0 for a sync).
+    wal_start: Lsn,
+    /// Lost an election or stepped down: its shell starts another one at this time.
+    retry_at: Option<u64>,
+}
+
+/// A compute endpoint: its current proposer, and where its next compute starts.
+struct Endpoint {
+    current: usize,
+    /// The LSN its last sync returned, for the compute that follows it.
+    next_start: Option<Lsn>,
 }
 
 struct Sim {
@@ -46,7 +74,12 @@ struct Sim {
     now: u64,
     nodes: Vec<Option<Node>>,
     disks: Vec<Disk>,
+    config: ProposerConfig,
+    /// Every proposer ever started, by index; messages name these.
     proposers: Vec<ProposerNode>,
+    endpoints: Vec<Endpoint>,
+    /// Every LSN a compute has started at (what a stale restart picks from).
+    compute_starts: Vec<Lsn>,
     /// (deliver at, message)
     net: Vec<(u64, Envelope)>,
     /// Cut links (proposer, acceptor).
@@ -63,6 +96,10 @@ struct Sim {
     seen_commit: Vec<Lsn>,
     seen_disk_commit: Vec<Lsn>,
     next_payload: u64,
+    fenced: usize,
+    synced: usize,
+    /// Plain proposers instead of endpoints (they never move on).
+    plain: bool,
 }
 
 type Check = Result<(), String>;
@@ -74,7 +111,7 @@ fn committed_end(c: &[u8]) -> Lsn {
 impl Sim {
     fn new(seed: u64) -> Sim {
         let mut rng = StdRng::seed_from_u64(seed);
-        let proposers = rng.gen_range(2..=3);
+        let endpoints = rng.gen_range(2..=3);
         let loss = rng.gen_range(0.0..0.2);
         let dup = rng.gen_range(0.0..0.2);
         let max_delay = rng.gen_range(1..20);
@@ -87,18 +124,15 @@ impl Sim {
             max_fetch: rng.gen_range(16..500),
             ..ProposerConfig::default()
         };
-        Sim {
+        let mut sim = Sim {
             rng,
             now: 0,
             nodes: (0..ACCEPTORS).map(|_| Some(Node::start(&Disk::default()))).collect(),
             disks: vec![Disk::default(); ACCEPTORS],
-            proposers: (0..proposers)
-                .map(|_| ProposerNode {
-                    core: Proposer::new(ACCEPTORS, WAL_START, config),
-                    store: Store::default(),
-                    ghosts: BTreeMap::new(),
-                })
-                .collect(),
+            config,
+            proposers: Vec::new(),
+            endpoints: Vec::new(),
+            compute_starts: vec![WAL_START],
             net: Vec::new(),
             cut: BTreeSet::new(),
             loss,
@@ -111,7 +145,56 @@ impl Sim {
             seen_commit: vec![Lsn(0); ACCEPTORS],
             seen_disk_commit: vec![Lsn(0); ACCEPTORS],
             next_payload: 1,
+            fenced: 0,
+            synced: 0,
+            plain: false,
+        };
+        // Odd seeds: endpoints that sync and compute. Even seeds: plain proposers that
+        // continue any log they are elected with and stay, so that streaming, catch-up and
+        // commits of long-lived leaders get as many steps as before the endpoints existed.
+        let plain = seed % 2 == 0;
+        for _ in 0..endpoints {
+            let p = if plain { sim.start_proposer(ProposerMode::Plain, WAL_START) } else { sim.start_proposer(ProposerMode::Sync, Lsn(0)) };
+            sim.endpoints.push(Endpoint { current: p, next_start: None });
         }
+        sim.plain = plain;
+        sim
+    }
+
+    fn start_proposer(&mut self, mode: ProposerMode, wal_start: Lsn) -> usize {
+        let config = ProposerConfig { mode, ..self.config };
+        self.proposers.push(ProposerNode {
+            core: Proposer::new(ACCEPTORS, wal_start, config),
+            store: Store::default(),
+            ghosts: BTreeMap::new(),
+            stopped: false,
+            crashed: false,
+            elected: false,
+            wal_start,
+            retry_at: None,
+        });
+        self.proposers.len() - 1
+    }
+
+    /// Endpoint `e` moves on, as compute_ctl would: after a sync, a compute at the LSN it
+    /// returned; after anything else, a sync. `stale`: a compute at an LSN some compute
+    /// started at before, without syncing. The previous proposer, if still running, crashed.
+    fn next_incarnation(&mut self, e: usize, stale: bool) -> Check {
+        let old = self.endpoints[e].current;
+        if !self.proposers[old].stopped {
+            self.proposers[old].crashed = true;
+        }
+        let p = if stale {
+            let start = self.compute_starts[self.rng.gen_range(0..self.compute_starts.len())];
+            self.start_proposer(ProposerMode::Compute, start)
+        } else if let Some(start) = self.endpoints[e].next_start.take() {
+            self.compute_starts.push(start);
+            self.start_proposer(ProposerMode::Compute, start)
+        } else {
+            self.start_proposer(ProposerMode::Sync, Lsn(0))
+        };
+        self.endpoints[e].current = p;
+        self.start_election(p)
     }
 
     fn link_up(&self, p: usize, a: NodeId) -> bool {
@@ -130,7 +213,16 @@ impl Sim {
     }
 
     fn proposer_actions(&mut self, p: usize, actions: Vec<ProposerAction>) -> Check {
-        for a in actions {
+        if self.proposers[p].stopped {
+            if let Some(a) = actions.first() {
+                return Err(format!("proposer {p} acted after it stopped: {a:?}"));
+            }
+        }
+        let count = actions.len();
+        for (i, a) in actions.into_iter().enumerate() {
+            if matches!(a, ProposerAction::Fenced { .. } | ProposerAction::SyncDone { .. }) && i + 1 != count {
+                return Err(format!("proposer {p}: actions follow {a:?}"));
+            }
             if let Some((to, msg)) = self.proposers[p].store.message(&a)? {
                 self.send(Envelope::ToAcceptor { from: p, to, msg });
                 continue;
@@ -144,6 +236,10 @@ impl Sim {
                     }
                     self.elected.insert(term, p);
                     let pn = &mut self.proposers[p];
+                    pn.elected = true;
+                    if pn.core.mode() == ProposerMode::Compute && start_lsn != pn.wal_start {
+                        return Err(format!("compute {p} elected at {start_lsn}, not at its own start {}", pn.wal_start));
+                    }
                     let donor_log = pn.ghosts.get(&donor).cloned().ok_or("elected without the donor's vote")?;
                     if start_lsn != donor_log.end() && !(donor_log.bytes.is_empty() && start_lsn == WAL_START) {
                         return Err(format!("start LSN {start_lsn} is not the donor's flush LSN {}", donor_log.end()));
@@ -152,6 +248,9 @@ impl Sim {
                 }
                 ProposerAction::Commit { term, commit_lsn } => {
                     let log = self.proposers[p].store.committed(commit_lsn)?;
+                    if !is_record_boundary(log, commit_lsn) {
+                        return Err(format!("term {term} commits up to {commit_lsn}, inside a record"));
+                    }
                     let n = log.len().min(self.committed.len());
                     if log[..n] != self.committed[..n] {
                         return Err(format!("term {term} commits up to {commit_lsn} WAL that differs from what was committed"));
@@ -161,10 +260,66 @@ impl Sim {
                     }
                     self.commits += 1;
                 }
-                _ => {}
+                ProposerAction::Fenced { term, reason } => {
+                    let pn = &mut self.proposers[p];
+                    if pn.core.mode() != ProposerMode::Compute || !pn.core.is_stopped() {
+                        return Err(format!("proposer {p} fenced in term {term}, but it is not a stopped compute"));
+                    }
+                    match reason {
+                        FenceReason::WalMismatch { start_lsn, wal_start } if start_lsn == wal_start => {
+                            return Err(format!("compute {p} fenced in term {term} although the WAL ends at its start {wal_start}"))
+                        }
+                        FenceReason::HigherTerm { seen, .. } if !pn.elected || seen <= term => {
+                            return Err(format!("compute {p} fenced by term {seen} in term {term} (elected: {})", pn.elected))
+                        }
+                        _ => {}
+                    }
+                    pn.stopped = true;
+                    self.fenced += 1;
+                }
+                ProposerAction::SyncDone { term, lsn } => {
+                    let pn = &mut self.proposers[p];
+                    if pn.core.mode() != ProposerMode::Sync || !pn.core.is_stopped() {
+                        return Err(format!("proposer {p} synced in term {term}, but it is not a stopped sync"));
+                    }
+                    pn.stopped = true;
+                    self.synced += 1;
+                    if let Some(lsn) = lsn {
+                        // The sync ends where its own term starts, on committed WAL, at the end
+                        // of a record: the next compute starts there.
+                        if pn.core.wal_range().is_some() || !pn.elected {
+                            return Err(format!("sync {p} done at {lsn} without being elected"));
+                        }
+                        if lsn > committed_end(&self.committed) {
+                            return Err(format!("sync {p} ends at {lsn}, beyond the committed {}", committed_end(&self.committed)));
+                        }
+                        if !is_record_boundary(&self.committed, lsn) {
+                            return Err(format!("sync {p} ends at {lsn}, inside a record"));
+                        }
+                    }
+                    let e = self.endpoints.iter().position(|e| e.current == p).ok_or("a sync without an endpoint")?;
+                    self.endpoints[e].next_start = Some(lsn.unwrap_or(WAL_START));
+                }
+                ProposerAction::SteppedDown { .. } | ProposerAction::ElectionLost { .. } => {
+                    if self.proposers[p].core.is_stopped() {
+                        return Err(format!("proposer {p} stepped down after it stopped"));
+                    }
+                    // Its shell retries after a backoff. (Plain proposers are restarted only at
+                    // random: retrying ones that never stop would duel forever.)
+                    if self.proposers[p].core.mode() != ProposerMode::Plain {
+                        self.proposers[p].retry_at = Some(self.now + self.rng.gen_range(5..50));
+                    }
+                }
+                ProposerAction::Send(..) | ProposerAction::SendWal { .. } | ProposerAction::StoreWal { .. } => {}
             }
         }
         Ok(())
+    }
+
+    /// The current proposer of a random endpoint.
+    fn some_proposer(&mut self) -> usize {
+        let e = self.rng.gen_range(0..self.endpoints.len());
+        self.endpoints[e].current
     }
 
     fn deliver(&mut self, env: Envelope) -> Check {
@@ -187,7 +342,7 @@ impl Sim {
                 }
             }
             Envelope::ToProposer { from, to, msg, ghost } => {
-                if !self.link_up(to, from) {
+                if !self.link_up(to, from) || self.proposers[to].crashed {
                     return Ok(());
                 }
                 if let (Some(g), ToProposer::Vote { term, .. }) = (ghost, &msg) {
@@ -213,10 +368,10 @@ impl Sim {
     }
 
     fn client_append(&mut self, p: usize) -> Check {
-        if self.proposers[p].core.wal_range().is_none() {
+        if self.proposers[p].core.mode() == ProposerMode::Sync || self.proposers[p].core.wal_range().is_none() {
             return Ok(());
         }
-        let len = self.rng.gen_range(1..200);
+        let len = self.rng.gen_range(2..200);
         let bytes = record(self.next_payload, len);
         self.next_payload += 1;
         let end = self.proposers[p].store.client_append(&bytes);
@@ -239,21 +394,26 @@ impl Sim {
 
     fn step(&mut self) -> Check {
         self.now += 1;
-        let np = self.proposers.len();
         let roll = self.rng.gen_range(0..100);
         match roll {
             0..=39 => self.deliver_random()?,
             40..=59 => {
-                let p = self.rng.gen_range(0..np);
+                let p = self.some_proposer();
                 let actions = self.proposers[p].core.tick();
                 self.proposer_actions(p, actions)?;
             }
             60..=61 => {
-                let p = self.rng.gen_range(0..np);
+                // A retried election; or, once stopped, the endpoint's next proposer. The
+                // stopped one is asked first: it must not start anything.
+                let e = self.rng.gen_range(0..self.endpoints.len());
+                let p = self.endpoints[e].current;
                 self.start_election(p)?;
+                if self.proposers[p].stopped {
+                    self.next_incarnation(e, false)?;
+                }
             }
             62..=78 => {
-                let p = self.rng.gen_range(0..np);
+                let p = self.some_proposer();
                 for _ in 0..self.rng.gen_range(1..4) {
                     self.client_append(p)?;
                 }
@@ -274,7 +434,7 @@ impl Sim {
                 self.restart(a);
             }
             88..=90 => {
-                let (p, a) = (self.rng.gen_range(0..np), self.rng.gen_range(0..ACCEPTORS));
+                let (p, a) = (self.some_proposer(), self.rng.gen_range(0..ACCEPTORS));
                 if !self.cut.remove(&(p, a)) {
                     self.cut.insert((p, a));
                 } else {
@@ -282,7 +442,25 @@ impl Sim {
                     self.proposer_actions(p, actions)?;
                 }
             }
+            91 if !self.plain && self.rng.gen_bool(0.6) => {
+                // An endpoint crashes and restarts: a sync, or a stale compute that starts
+                // at an older LSN and tries to take over from a healthy one.
+                let e = self.rng.gen_range(0..self.endpoints.len());
+                let stale = self.rng.gen_bool(0.5);
+                self.next_incarnation(e, stale)?;
+            }
             _ => self.deliver_random()?,
+        }
+        // compute_ctl moves on soon after its proposer stopped (synced: start the compute);
+        // a proposer that lost an election tries again after its backoff.
+        for e in 0..self.endpoints.len() {
+            let p = self.endpoints[e].current;
+            if self.proposers[p].stopped && self.rng.gen_bool(0.2) {
+                self.next_incarnation(e, false)?;
+            } else if self.proposers[p].retry_at.is_some_and(|at| at <= self.now) {
+                self.proposers[p].retry_at = None;
+                self.start_election(p)?;
+            }
         }
         self.check()
     }
@@ -322,6 +500,11 @@ impl Sim {
                     }
                 }
             }
+            // Pieces end at record boundaries: no acceptor's log ever ends inside a record, so
+            // whichever log the next election picks, its end is a record's.
+            if disk.wal.begin == WAL_START && !is_record_boundary(&disk.wal.bytes, disk.wal.end()) {
+                return Err(format!("acceptor {a}: its WAL ends at {}, inside a record", disk.wal.end()));
+            }
         }
         // The committed WAL is durable on a majority.
         if end > WAL_START {
@@ -342,12 +525,22 @@ impl Sim {
         for a in 0..ACCEPTORS {
             self.restart(a);
         }
-        let p = self.rng.gen_range(0..self.proposers.len());
-        self.start_election(p)?;
-        let mut appended: Option<(Term, Lsn)> = None;
+        let e = self.rng.gen_range(0..self.endpoints.len());
+        if self.plain {
+            self.start_election(self.endpoints[e].current)?;
+        } else {
+            self.next_incarnation(e, false)?;
+        }
+        // (proposer, term, end of the record it appended in that term)
+        let mut appended: Option<(usize, Term, Lsn)> = None;
         for i in 0..20_000 {
             self.now += 1;
-            if i % 500 == 499 && !self.proposers[p].core.is_leader() {
+            let p = self.endpoints[e].current;
+            if self.proposers[p].stopped {
+                // Synced (a compute follows), or fenced by a proposer of before the healing
+                // (a sync follows).
+                self.next_incarnation(e, false)?;
+            } else if i % 500 == 499 && !self.proposers[p].core.is_leader() {
                 // Lost the race to a term another acceptor had seen: try again.
                 self.start_election(p)?;
             } else if self.rng.gen_bool(0.1) {
@@ -359,16 +552,18 @@ impl Sim {
             if i % 16 == 0 {
                 self.check()?;
             }
-            // WAL appended in a term the proposer lost is gone with that term: append again.
+            // A compute writes one record once elected; a later compute writes its own.
+            let p = self.endpoints[e].current;
+            let writes = self.proposers[p].core.mode() != ProposerMode::Sync && self.proposers[p].core.wal_range().is_some();
             let term = self.proposers[p].core.term();
-            if appended.is_none_or(|(t, _)| t != term) && self.proposers[p].core.wal_range().is_some() {
-                let end = self.proposers[p].store.client_append(&record(u64::MAX - term, 1));
-                appended = Some((term, end));
+            if appended.is_none_or(|(q, t, _)| q != p || t != term) && writes {
+                let end = self.proposers[p].store.client_append(&record(u64::MAX - term, 2));
+                appended = Some((p, term, end));
                 let actions = self.proposers[p].core.append(end);
                 self.proposer_actions(p, actions)?;
             }
-            if let Some((_, end)) = appended {
-                let synced = self.nodes.iter().all(|n| n.as_ref().is_some_and(|n| n.acceptor.state().commit_lsn >= end));
+            if let Some((q, _, end)) = appended {
+                let synced = q == p && self.nodes.iter().all(|n| n.as_ref().is_some_and(|n| n.acceptor.state().commit_lsn >= end));
                 if synced {
                     self.check()?;
                     let first = &self.disks[0].wal;
@@ -384,6 +579,7 @@ impl Sim {
                 }
             }
         }
+        let p = self.endpoints[e].current;
         Err(format!(
             "no progress after healing (proposer {p}: {:?}); acceptors: {:?}",
             self.proposers[p].core,
@@ -396,15 +592,31 @@ struct Outcome {
     commits: usize,
     committed_bytes: usize,
     terms: usize,
+    fenced: usize,
+    synced: usize,
 }
 
 fn run_seed(seed: u64) -> Result<Outcome, String> {
     let mut sim = Sim::new(seed);
+    // Every endpoint starts with compute_ctl's sync, at a random time (plain proposers
+    // start at random steps).
+    for e in 0..sim.endpoints.len() {
+        if !sim.plain {
+            let p = sim.endpoints[e].current;
+            sim.proposers[p].retry_at = Some(sim.rng.gen_range(0..100));
+        }
+    }
     for step in 0..STEPS {
         sim.step().map_err(|e| format!("step {step}: {e}"))?;
     }
     sim.finish().map_err(|e| format!("after healing: {e}"))?;
-    Ok(Outcome { commits: sim.commits, committed_bytes: sim.committed.len(), terms: sim.elected.len() })
+    Ok(Outcome {
+        commits: sim.commits,
+        committed_bytes: sim.committed.len(),
+        terms: sim.elected.len(),
+        fenced: sim.fenced,
+        synced: sim.synced,
+    })
 }
 
 fn run_seed_or_panic(seed: u64) -> Outcome {
@@ -420,21 +632,27 @@ fn run_seed_or_panic(seed: u64) -> Outcome {
 #[test]
 fn many_seeds() {
     let n: u64 = std::env::var("FJORD_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let (mut commits, mut bytes, mut terms) = (0, 0, 0);
+    let (mut commits, mut bytes, mut terms, mut fenced, mut synced) = (0, 0, 0, 0, 0);
     for seed in 0..n {
         let o = run_seed_or_panic(seed);
         commits += o.commits;
         bytes += o.committed_bytes;
         terms += o.terms;
+        fenced += o.fenced;
+        synced += o.synced;
     }
-    eprintln!("{n} seeds: {commits} commit advances, {bytes} bytes committed, {terms} terms elected");
-    // The simulation must exercise something.
-    assert!(n == 0 || commits > n as usize && terms > n as usize);
+    eprintln!("{n} seeds: {commits} commit advances, {bytes} bytes committed, {terms} terms elected, {fenced} computes fenced, {synced} syncs done");
+    // The simulation must exercise something: commits, elections, fencing and syncs.
+    let n = n as usize;
+    assert!(n == 0 || commits > n && terms > n && fenced > n / 40 && synced > n / 2);
 }
 
 #[test]
 fn replay_seed() {
     let seed = std::env::var("FJORD_SIM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(42);
     let o = run_seed_or_panic(seed);
-    eprintln!("seed {seed}: {} commit advances, {} bytes committed, {} terms elected", o.commits, o.committed_bytes, o.terms);
+    eprintln!(
+        "seed {seed}: {} commit advances, {} bytes committed, {} terms elected, {} computes fenced, {} syncs done",
+        o.commits, o.committed_bytes, o.terms, o.fenced, o.synced
+    );
 }

@@ -175,15 +175,33 @@ impl Store {
     }
 }
 
-/// Record bytes for payload `id`: deterministic, and different for different ids.
+/// Record bytes for payload `id`: deterministic, and different for different ids. Like a
+/// WAL record, it says how long it is (its first two bytes, little-endian), so a log can be
+/// split into records ([`is_record_boundary`]). `len` is at least 2.
 pub fn record(id: u64, len: usize) -> Vec<u8> {
+    assert!((2..=u16::MAX as usize).contains(&len));
     let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut bytes: Vec<u8> = (len as u16).to_le_bytes().to_vec();
+    bytes.extend((2..len).map(|_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x as u8
+    }));
+    bytes
+}
+
+/// Whether a record of `log` (WAL from `WAL_START`) ends at `lsn`, or `lsn` is the start.
+pub fn is_record_boundary(log: &[u8], lsn: Lsn) -> bool {
+    let Some(target) = lsn.0.checked_sub(WAL_START.0).map(|t| t as usize) else { return false };
+    let mut at = 0;
+    while at < target {
+        let Some(header) = log.get(at..at + 2) else { return false };
+        let len = u16::from_le_bytes([header[0], header[1]]) as usize;
+        if len < 2 {
+            return false;
+        }
+        at += len;
+    }
+    at == target && target <= log.len()
 }
