@@ -19,10 +19,9 @@ mod support;
 
 use proto::Lsn;
 use quorum::{FenceReason, NodeId, Proposer, ProposerAction, ProposerConfig, ProposerMode, Term, ToAcceptor, ToProposer};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use std::collections::{BTreeMap, BTreeSet};
-use support::{is_record_boundary, record, Disk, Node, Store, Wal, WAL_START};
+use rand::Rng;
+use std::collections::BTreeMap;
+use support::{is_record_boundary, record, Disk, Node, SimRng, Store, Wal, WAL_START};
 
 const ACCEPTORS: usize = 3;
 const STEPS: usize = 350;
@@ -60,6 +59,9 @@ struct ProposerNode {
     wal_start: Lsn,
     /// Lost an election or stepped down: its shell starts another one at this time.
     retry_at: Option<u64>,
+    /// The shell's election backoff: doubles on every lost election, as walproposer's does,
+    /// so that two endpoints' proposers stop dueling.
+    backoff: u64,
 }
 
 /// A compute endpoint: its current proposer, and where its next compute starts.
@@ -70,7 +72,7 @@ struct Endpoint {
 }
 
 struct Sim {
-    rng: StdRng,
+    rng: SimRng,
     now: u64,
     nodes: Vec<Option<Node>>,
     disks: Vec<Disk>,
@@ -81,9 +83,14 @@ struct Sim {
     /// Every LSN a compute has started at (what a stale restart picks from).
     compute_starts: Vec<Lsn>,
     /// (deliver at, message)
-    net: Vec<(u64, Envelope)>,
+    /// Messages on their way, by (deliver at, sequence number).
+    net: BTreeMap<(u64, u64), Envelope>,
+    sent: u64,
+    /// Messages due for delivery, delivered in random order.
+    due: Vec<Envelope>,
     /// Cut links (proposer, acceptor).
-    cut: BTreeSet<(usize, NodeId)>,
+    /// Cut links (proposer, acceptor), and when each heals by itself.
+    cut: BTreeMap<(usize, NodeId), u64>,
     loss: f64,
     dup: f64,
     max_delay: u64,
@@ -96,7 +103,10 @@ struct Sim {
     seen_commit: Vec<Lsn>,
     seen_disk_commit: Vec<Lsn>,
     next_payload: u64,
-    fenced: usize,
+    /// Computes fenced at their election (their start is not the log's end: stale), and
+    /// after it (a higher term: fenced by another endpoint's sync or a stale compute).
+    fenced_stale: usize,
+    fenced_later: usize,
     synced: usize,
     /// Plain proposers instead of endpoints (they never move on).
     plain: bool,
@@ -110,7 +120,7 @@ fn committed_end(c: &[u8]) -> Lsn {
 
 impl Sim {
     fn new(seed: u64) -> Sim {
-        let mut rng = StdRng::seed_from_u64(seed);
+        let mut rng = SimRng::new(seed);
         let endpoints = rng.gen_range(2..=3);
         let loss = rng.gen_range(0.0..0.2);
         let dup = rng.gen_range(0.0..0.2);
@@ -133,8 +143,10 @@ impl Sim {
             proposers: Vec::new(),
             endpoints: Vec::new(),
             compute_starts: vec![WAL_START],
-            net: Vec::new(),
-            cut: BTreeSet::new(),
+            net: BTreeMap::new(),
+            sent: 0,
+            due: Vec::new(),
+            cut: BTreeMap::new(),
             loss,
             dup,
             max_delay,
@@ -145,14 +157,15 @@ impl Sim {
             seen_commit: vec![Lsn(0); ACCEPTORS],
             seen_disk_commit: vec![Lsn(0); ACCEPTORS],
             next_payload: 1,
-            fenced: 0,
+            fenced_stale: 0,
+            fenced_later: 0,
             synced: 0,
             plain: false,
         };
         // Odd seeds: endpoints that sync and compute. Even seeds: plain proposers that
         // continue any log they are elected with and stay, so that streaming, catch-up and
         // commits of long-lived leaders get as many steps as before the endpoints existed.
-        let plain = seed % 2 == 0;
+        let plain = seed.is_multiple_of(2);
         for _ in 0..endpoints {
             let p = if plain { sim.start_proposer(ProposerMode::Plain, WAL_START) } else { sim.start_proposer(ProposerMode::Sync, Lsn(0)) };
             sim.endpoints.push(Endpoint { current: p, next_start: None });
@@ -172,6 +185,7 @@ impl Sim {
             elected: false,
             wal_start,
             retry_at: None,
+            backoff: 10,
         });
         self.proposers.len() - 1
     }
@@ -185,7 +199,12 @@ impl Sim {
             self.proposers[old].crashed = true;
         }
         let p = if stale {
-            let start = self.compute_starts[self.rng.gen_range(0..self.compute_starts.len())];
+            // Older than the committed WAL's end where there is such a start: a compute that
+            // restarts there is behind the log for sure.
+            let end = committed_end(&self.committed);
+            let old: Vec<Lsn> = self.compute_starts.iter().copied().filter(|&l| l < end).collect();
+            let choices = if old.is_empty() { &self.compute_starts } else { &old };
+            let start = choices[self.rng.gen_range(0..choices.len())];
             self.start_proposer(ProposerMode::Compute, start)
         } else if let Some(start) = self.endpoints[e].next_start.take() {
             self.compute_starts.push(start);
@@ -198,7 +217,7 @@ impl Sim {
     }
 
     fn link_up(&self, p: usize, a: NodeId) -> bool {
-        !self.cut.contains(&(p, a))
+        !self.cut.contains_key(&(p, a))
     }
 
     fn send(&mut self, env: Envelope) {
@@ -208,7 +227,8 @@ impl Sim {
         let copies = if self.rng.gen_bool(self.dup) { 2 } else { 1 };
         for _ in 0..copies {
             let at = self.now + self.rng.gen_range(0..=self.max_delay);
-            self.net.push((at, env.clone()));
+            self.sent += 1;
+            self.net.insert((at, self.sent), env.clone());
         }
     }
 
@@ -272,10 +292,10 @@ impl Sim {
                         FenceReason::HigherTerm { seen, .. } if !pn.elected || seen <= term => {
                             return Err(format!("compute {p} fenced by term {seen} in term {term} (elected: {})", pn.elected))
                         }
-                        _ => {}
+                        FenceReason::WalMismatch { .. } => self.fenced_stale += 1,
+                        FenceReason::HigherTerm { .. } => self.fenced_later += 1,
                     }
                     pn.stopped = true;
-                    self.fenced += 1;
                 }
                 ProposerAction::SyncDone { term, lsn } => {
                     let pn = &mut self.proposers[p];
@@ -307,7 +327,9 @@ impl Sim {
                     // Its shell retries after a backoff. (Plain proposers are restarted only at
                     // random: retrying ones that never stop would duel forever.)
                     if self.proposers[p].core.mode() != ProposerMode::Plain {
-                        self.proposers[p].retry_at = Some(self.now + self.rng.gen_range(5..50));
+                        let backoff = self.proposers[p].backoff;
+                        self.proposers[p].retry_at = Some(self.now + self.rng.gen_range(backoff / 2..=backoff));
+                        self.proposers[p].backoff = (backoff * 2).min(320);
                     }
                 }
                 ProposerAction::Send(..) | ProposerAction::SendWal { .. } | ProposerAction::StoreWal { .. } => {}
@@ -358,13 +380,25 @@ impl Sim {
     }
 
     fn deliver_random(&mut self) -> Check {
-        let ready: Vec<usize> = (0..self.net.len()).filter(|&i| self.net[i].0 <= self.now).collect();
-        if ready.is_empty() {
-            return Ok(());
+        while let Some(entry) = self.net.first_entry() {
+            if entry.key().0 > self.now {
+                break;
+            }
+            self.due.push(entry.remove());
         }
-        let i = ready[self.rng.gen_range(0..ready.len())];
-        let (_, env) = self.net.swap_remove(i);
-        self.deliver(env)
+        // One message, or more when many are due: a network that delivers less than its
+        // proposers send would make every message wait longer and longer, and elections
+        // would stop completing.
+        let count = 1 + self.due.len() / 4;
+        for _ in 0..count {
+            if self.due.is_empty() {
+                break;
+            }
+            let i = self.rng.gen_range(0..self.due.len());
+            let env = self.due.swap_remove(i);
+            self.deliver(env)?;
+        }
+        Ok(())
     }
 
     fn client_append(&mut self, p: usize) -> Check {
@@ -381,6 +415,7 @@ impl Sim {
 
     fn start_election(&mut self, p: usize) -> Check {
         self.proposers[p].ghosts.clear();
+        self.proposers[p].retry_at = None;
         let actions = self.proposers[p].core.start_election();
         self.proposer_actions(p, actions)
     }
@@ -407,7 +442,11 @@ impl Sim {
                 // stopped one is asked first: it must not start anything.
                 let e = self.rng.gen_range(0..self.endpoints.len());
                 let p = self.endpoints[e].current;
-                self.start_election(p)?;
+                // A compute's or sync's shell starts an election only after it lost one (at
+                // `retry_at`); a plain proposer restarts at random, even when elected.
+                if self.plain || self.proposers[p].stopped {
+                    self.start_election(p)?;
+                }
                 if self.proposers[p].stopped {
                     self.next_incarnation(e, false)?;
                 }
@@ -435,34 +474,55 @@ impl Sim {
             }
             88..=90 => {
                 let (p, a) = (self.some_proposer(), self.rng.gen_range(0..ACCEPTORS));
-                if !self.cut.remove(&(p, a)) {
-                    self.cut.insert((p, a));
+                if self.cut.remove(&(p, a)).is_none() {
+                    let heal_at = self.now + self.rng.gen_range(10..300);
+                    self.cut.insert((p, a), heal_at);
                 } else {
-                    let actions = self.proposers[p].core.reconnected(a);
-                    self.proposer_actions(p, actions)?;
+                    self.heal(p, a)?;
                 }
             }
             91 if !self.plain && self.rng.gen_bool(0.6) => {
-                // An endpoint crashes and restarts: a sync, or a stale compute that starts
-                // at an older LSN and tries to take over from a healthy one.
+                // An endpoint crashes and restarts, or an intruder starts: a sync, or a stale
+                // compute that starts at an older LSN and tries to take over.
                 let e = self.rng.gen_range(0..self.endpoints.len());
                 let stale = self.rng.gen_bool(0.5);
                 self.next_incarnation(e, stale)?;
             }
             _ => self.deliver_random()?,
         }
-        // compute_ctl moves on soon after its proposer stopped (synced: start the compute);
-        // a proposer that lost an election tries again after its backoff.
+        // Partitions end by themselves too: a link cut for good would leave a proposer that
+        // reaches no majority stuck for the rest of the seed.
+        let healed: Vec<(usize, NodeId)> = self.cut.iter().filter(|(_, &at)| at <= self.now).map(|(&k, _)| k).collect();
+        for (p, a) in healed {
+            self.cut.remove(&(p, a));
+            self.heal(p, a)?;
+        }
+        // compute_ctl moves on soon after its proposer stopped: after a sync it starts the
+        // compute; the primary endpoint (0) also restarts after its compute was fenced,
+        // sometimes as an old compute without syncing first. The others are intruders that
+        // come back only at random (above). A proposer that lost an election tries again
+        // after its backoff.
         for e in 0..self.endpoints.len() {
             let p = self.endpoints[e].current;
-            if self.proposers[p].stopped && self.rng.gen_bool(0.2) {
-                self.next_incarnation(e, false)?;
+            let moves_on = e == 0 || self.endpoints[e].next_start.is_some();
+            if self.proposers[p].stopped && moves_on && self.rng.gen_bool(0.2) {
+                let stale = self.rng.gen_bool(0.1);
+                self.next_incarnation(e, stale)?;
             } else if self.proposers[p].retry_at.is_some_and(|at| at <= self.now) {
                 self.proposers[p].retry_at = None;
                 self.start_election(p)?;
             }
         }
         self.check()
+    }
+
+    /// A cut link is back: the proposer's shell reconnects.
+    fn heal(&mut self, p: usize, a: NodeId) -> Check {
+        if self.proposers[p].crashed {
+            return Ok(());
+        }
+        let actions = self.proposers[p].core.reconnected(a);
+        self.proposer_actions(p, actions)
     }
 
     /// Safety invariants that must hold after every step.
@@ -592,7 +652,8 @@ struct Outcome {
     commits: usize,
     committed_bytes: usize,
     terms: usize,
-    fenced: usize,
+    fenced_stale: usize,
+    fenced_later: usize,
     synced: usize,
 }
 
@@ -614,7 +675,8 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         commits: sim.commits,
         committed_bytes: sim.committed.len(),
         terms: sim.elected.len(),
-        fenced: sim.fenced,
+        fenced_stale: sim.fenced_stale,
+        fenced_later: sim.fenced_later,
         synced: sim.synced,
     })
 }
@@ -632,19 +694,23 @@ fn run_seed_or_panic(seed: u64) -> Outcome {
 #[test]
 fn many_seeds() {
     let n: u64 = std::env::var("FJORD_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let (mut commits, mut bytes, mut terms, mut fenced, mut synced) = (0, 0, 0, 0, 0);
+    let (mut commits, mut bytes, mut terms, mut fenced_stale, mut fenced_later, mut synced) = (0, 0, 0, 0, 0, 0);
     for seed in 0..n {
         let o = run_seed_or_panic(seed);
         commits += o.commits;
         bytes += o.committed_bytes;
         terms += o.terms;
-        fenced += o.fenced;
+        fenced_stale += o.fenced_stale;
+        fenced_later += o.fenced_later;
         synced += o.synced;
     }
-    eprintln!("{n} seeds: {commits} commit advances, {bytes} bytes committed, {terms} terms elected, {fenced} computes fenced, {synced} syncs done");
+    eprintln!(
+        "{n} seeds: {commits} commit advances, {bytes} bytes committed, {terms} terms elected, {synced} syncs done, \
+         {fenced_stale} computes fenced at election, {fenced_later} after it"
+    );
     // The simulation must exercise something: commits, elections, fencing and syncs.
     let n = n as usize;
-    assert!(n == 0 || commits > n && terms > n && fenced > n / 40 && synced > n / 2);
+    assert!(n == 0 || commits > n && terms > n && synced > n / 2 && fenced_stale > n / 40 && fenced_later > n / 40);
 }
 
 #[test]
@@ -652,7 +718,7 @@ fn replay_seed() {
     let seed = std::env::var("FJORD_SIM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(42);
     let o = run_seed_or_panic(seed);
     eprintln!(
-        "seed {seed}: {} commit advances, {} bytes committed, {} terms elected, {} computes fenced, {} syncs done",
-        o.commits, o.committed_bytes, o.terms, o.fenced, o.synced
+        "seed {seed}: {} commit advances, {} bytes committed, {} terms elected, {} syncs done, {} computes fenced at election, {} after it",
+        o.commits, o.committed_bytes, o.terms, o.synced, o.fenced_stale, o.fenced_later
     );
 }

@@ -8,6 +8,44 @@ use bytes::Bytes;
 use proto::Lsn;
 use quorum::{Acceptor, AcceptorAction, AcceptorState, Persist, ProposerAction, ToAcceptor, ToProposer};
 
+/// The simulation's random numbers: SplitMix64, seeded by the seed. Cheaper than `StdRng`
+/// (a cryptographic generator, a quarter of the simulation's time) and, being written here,
+/// the same sequence for a seed on every platform and `rand` version, so a printed seed
+/// replays anywhere.
+pub struct SimRng(u64);
+
+impl SimRng {
+    pub fn new(seed: u64) -> SimRng {
+        SimRng(seed)
+    }
+}
+
+impl rand::RngCore for SimRng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        for chunk in dest.chunks_mut(8) {
+            let bytes = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+    }
+
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand::Error> {
+        self.fill_bytes(dest);
+        Ok(())
+    }
+}
+
 /// Where every proposer's own WAL begins in these tests: the timeline's first LSN.
 pub const WAL_START: Lsn = Lsn(100);
 
