@@ -1,16 +1,26 @@
-//! Seeded deterministic simulation of the consensus core: 3 acceptors, 2-3 endpoints, a
-//! network that loses, delays, reorders and duplicates messages and cuts links, acceptor
-//! crashes (losing what was not persisted, including lazily written commit LSNs) and
-//! restarts, and client appends of WAL records.
+//! Seeded deterministic simulation of the consensus core: 3 acceptors, 2-3 proposers or
+//! endpoints, a network that loses, delays, reorders and duplicates messages and cuts links
+//! for a while, acceptor crashes (losing what was not persisted, including lazily written
+//! commit LSNs) and restarts, and client appends of WAL records (which, like PostgreSQL's,
+//! say how long they are, so the checker can tell where records end).
 //!
-//! An endpoint lives as the real ones do: a sync (`ProposerMode::Sync`, compute_ctl) finds
-//! the end of the WAL, then a compute (`ProposerMode::Compute`) starts exactly there and
-//! writes records, until it is fenced or crashes; then it syncs again. Now and then an
-//! endpoint instead restarts a stale compute: one that starts at an older LSN, as a compute
-//! restarted without a sync would. Besides the safety of the committed WAL it checks the
-//! policy the core now decides: a compute streams only from its own start, a fenced or
-//! synced proposer never acts again, a sync ends exactly at its start and at a record
-//! boundary, and no acceptor's WAL ever ends inside a record.
+//! Even seeds run plain proposers (`ProposerMode::Plain`) that continue any log they are
+//! elected with and are restarted at random, as before the endpoints existed. Odd seeds run
+//! endpoints, as compute_ctl and a compute do: a sync (`ProposerMode::Sync`) finds the end of
+//! the WAL, then a compute (`ProposerMode::Compute`) starts exactly there and writes records;
+//! a lost election is retried after a doubling backoff. Endpoint 0 is the primary: fenced,
+//! it syncs again (or now and then restarts an old compute without syncing). The others
+//! are intruders that start at random: a sync and its compute, or a stale compute that
+//! starts at an older LSN and tries to take over from the healthy one.
+//!
+//! After every step: at most one proposer elected per term; committed WAL is never
+//! contradicted, is durable on a majority, and is what every acceptor has below its commit
+//! LSN; commit LSNs never go back; no reply before its persists; fetched WAL is the elected
+//! history's; no acceptor's WAL ends inside a record. On every action: a compute is elected
+//! only at its own start; a fenced or synced proposer never acts again (it is still ticked,
+//! asked to elect and sent replies); fencing has a true reason; a commit ends a record; a
+//! sync ends at committed WAL, at a record boundary. At the end everything heals and one
+//! endpoint brings all acceptors to identical WAL that holds everything committed.
 //!
 //! `FJORD_SIM_SEEDS=N` sets how many seeds `many_seeds` runs (default 2000);
 //! `FJORD_SIM_SEED=S` replays one seed in `replay_seed`.
