@@ -7,6 +7,11 @@
 //!   on it; the I/O shell must make it durable (fsync) before it sends the reply.
 //! - [`Proposer`] (the WAL writer): messages, timer ticks and client records in,
 //!   [`ProposerAction`]s out (send to acceptor N, declare itself elected, report a commit LSN).
+//!   Its [`ProposerMode`] carries the policy of its real users: a compute fences itself
+//!   ([`ProposerAction::Fenced`]) when elected elsewhere than where its WAL starts or when a
+//!   higher term appears after its election; compute_ctl's sync reports the end of the WAL
+//!   once a majority committed it ([`ProposerAction::SyncDone`]). WAL goes out only in
+//!   pieces that end at record boundaries ([`Proposer::append`]).
 //!
 //! # Protocol
 //! 1. The proposer greets every acceptor and learns their terms; with a majority of answers it
@@ -33,6 +38,9 @@
 //! - An acceptor never truncates below its commit LSN; a request to do so is refused.
 //! - The commit LSN of an acceptor and of a proposer only moves forward.
 //! - WAL is acknowledged only once persisted: the reply follows its `Persist` actions.
+//!
+//! These are asserted where they are kept (`acceptor.rs`, `proposer.rs`): breaking one is a
+//! bug and panics; a message that would make an acceptor break one is refused instead.
 //!
 //! The WAL is bytes at LSNs. The acceptor's state has only its flush LSN: its I/O shell keeps
 //! the bytes (segment files in the service, a `Vec<u8>` in the simulation), appends and
