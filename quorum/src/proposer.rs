@@ -3,9 +3,11 @@
 //! decisions the shells act on: when a compute must fence itself, when a sync is done, and
 //! where pieces of WAL may end (record boundaries the shell declared).
 //!
-//! Invariants asserted here: elected only with a majority of votes in its own term; the
-//! commit LSN only moves forward and never below the term's start; a sync commits and ends
-//! only at its start LSN; once stopped (fenced or synced) it returns no action, ever.
+//! Invariants: elected only with a majority of votes in its own term (asserted); the commit
+//! LSN only moves forward and never below the term's start; a sync commits and ends only at
+//! its start LSN (asserted); once stopped (fenced or synced) it returns no action, ever.
+//! Acknowledgements that claim WAL the proposer never had are ignored, not asserted on: they
+//! come from another process.
 
 use super::{majority, NodeId, Term, TermHistory, TermSwitch, ToAcceptor, ToProposer};
 use crate::wire::WAL_BYTES_MAX;
