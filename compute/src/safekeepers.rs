@@ -8,43 +8,17 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use proto::{Lsn, TenantId, TimelineId};
 
 /// One safekeeper of `--safekeepers`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Safekeeper {
-    /// As given (`[v6]:port` keeps its brackets), for `host:port` users.
-    pub addr: String,
-    /// The host without brackets, for the pageserver's WAL receiver.
-    pub host: String,
-    pub port: u16,
-}
+pub use walproposer::SafekeeperAddr as Safekeeper;
 
-/// Parses `host:port,host:port,...`: no empty entries, valid ports, no duplicates.
+/// Parses `host:port,host:port,...` with the parser the extension uses for
+/// `fjord.safekeepers` (`walproposer::parse_safekeeper_list`): no empty entries, valid
+/// ports, IPv6 in brackets, no duplicates, at most `walproposer::SAFEKEEPERS_MAX`.
 pub fn parse_list(list: &str) -> anyhow::Result<Vec<Safekeeper>> {
-    let mut out: Vec<Safekeeper> = Vec::new();
-    for entry in list.split(',').map(str::trim) {
-        if entry.is_empty() {
-            bail!("invalid --safekeepers {list:?}: empty entry (expected host:port,host:port,...)");
-        }
-        let Some((host, port)) = entry.rsplit_once(':') else {
-            bail!("invalid safekeeper {entry:?}: expected host:port");
-        };
-        let port: u16 = match port.parse() {
-            Ok(p) if p != 0 => p,
-            _ => bail!("invalid safekeeper {entry:?}: port {port:?} is not a number between 1 and 65535"),
-        };
-        let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
-        if bare.is_empty() || bare.contains(char::is_whitespace) || (bare.contains(':') && bare == host) {
-            bail!("invalid safekeeper {entry:?}: bad host {host:?} (write IPv6 addresses as [addr]:port)");
-        }
-        if out.iter().any(|s| s.addr == entry) {
-            bail!("invalid --safekeepers {list:?}: {entry} is listed twice");
-        }
-        out.push(Safekeeper { addr: entry.to_string(), host: bare.to_string(), port });
-    }
-    Ok(out)
+    Ok(walproposer::parse_safekeeper_list("--safekeepers", list)?)
 }
 
 /// The list as `fjord.safekeepers` takes it.
@@ -93,12 +67,13 @@ mod tests {
         for (bad, why) in [
             ("", "empty entry"),
             ("a:1,,b:2", "empty entry"),
-            ("host", "expected host:port"),
-            ("host:0", "port"),
-            ("host:99999", "port"),
-            (":5454", "bad host"),
+            ("host", "--safekeepers entry \"host\" is not host:port"),
+            ("host:0", "invalid port \"0\""),
+            ("host:99999", "invalid port \"99999\""),
+            (":5454", "no valid host"),
             ("::1:5454", "IPv6"),
-            ("a:1,a:1", "listed twice"),
+            ("a:1,a:1", "names \"a:1\" twice"),
+            ("h1:1,h2:1,h3:1,h4:1,h5:1,h6:1,h7:1,h8:1", "at most 7"),
         ] {
             let err = parse_list(bad).unwrap_err().to_string();
             assert!(err.contains(why), "{bad:?}: {err}");

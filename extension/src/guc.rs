@@ -24,10 +24,6 @@ pub static SAFEKEEPERS: GucSetting<Option<CString>> = GucSetting::<Option<CStrin
 /// In MB; see [`max_pageserver_lag_bytes`].
 pub static MAX_PAGESERVER_LAG_MB: GucSetting<i32> = GucSetting::<i32>::new(64);
 
-/// The most safekeepers a compute may name: the quorum is a majority of them, and more
-/// than 7 only adds latency to every commit without a failure model that needs it.
-pub const SAFEKEEPERS_MAX: usize = 7;
-
 pub fn define() {
     GucRegistry::define_string_guc(
         c"fjord.pageserver_address",
@@ -136,42 +132,15 @@ pub fn read_lsn() -> Option<u64> {
 }
 
 /// The safekeepers named by `fjord.safekeepers`, validated: `None` when the setting is empty
-/// (no WAL proposer), else 1 to [`SAFEKEEPERS_MAX`] distinct `host:port` entries. The error
-/// names the entry and what is wrong with it.
+/// (no WAL proposer), else 1 to [`walproposer::SAFEKEEPERS_MAX`] distinct `host:port`
+/// entries. The error names the entry and what is wrong with it
+/// (`walproposer::parse_safekeeper_list`, the parser compute_ctl uses too).
 pub fn safekeepers() -> Result<Option<Vec<String>>, String> {
     let Some(text) = string(&SAFEKEEPERS) else { return Ok(None) };
-    parse_safekeepers(&text).map(Some)
-}
-
-fn parse_safekeepers(text: &str) -> Result<Vec<String>, String> {
-    let mut list: Vec<String> = Vec::new();
-    for entry in text.split(',') {
-        let entry = entry.trim();
-        if entry.is_empty() {
-            return Err(format!("fjord.safekeepers \"{text}\" has an empty entry"));
-        }
-        let (host, port) = entry.rsplit_once(':').ok_or_else(|| format!("fjord.safekeepers entry \"{entry}\" is not host:port"))?;
-        // An IPv6 address is written [addr]:port, as in a URL.
-        let bare_host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
-        if bare_host.is_empty() || bare_host.contains(|c: char| c.is_whitespace() || c == '[' || c == ']') {
-            return Err(format!("fjord.safekeepers entry \"{entry}\" has no valid host"));
-        }
-        if bare_host.contains(':') && !host.starts_with('[') {
-            return Err(format!("fjord.safekeepers entry \"{entry}\": write an IPv6 address as [addr]:port"));
-        }
-        match port.parse::<u16>() {
-            Ok(p) if p != 0 => {}
-            _ => return Err(format!("fjord.safekeepers entry \"{entry}\" has an invalid port \"{port}\" (1-65535)")),
-        }
-        if list.iter().any(|e| e == entry) {
-            return Err(format!("fjord.safekeepers names \"{entry}\" twice"));
-        }
-        list.push(entry.to_string());
+    match walproposer::parse_safekeeper_list("fjord.safekeepers", &text) {
+        Ok(list) => Ok(Some(list.into_iter().map(|s| s.addr).collect())),
+        Err(e) => Err(e.to_string()),
     }
-    if list.len() > SAFEKEEPERS_MAX {
-        return Err(format!("fjord.safekeepers names {} safekeepers; at most {SAFEKEEPERS_MAX} are supported", list.len()));
-    }
-    Ok(list)
 }
 
 /// `fjord.max_pageserver_lag` in bytes; 0 when backpressure is off. Read by backends as they

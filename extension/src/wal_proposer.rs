@@ -140,7 +140,7 @@ pub fn install() {
             format!("fjord.safekeepers names an even number of safekeepers ({n})"),
             format!(
                 "A majority of {n} is {}: {n} safekeepers tolerate no more failures than {}, and every commit waits for one more of them.",
-                n / 2 + 1,
+                walproposer::majority(n),
                 n - 1
             )
         );

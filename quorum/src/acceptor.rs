@@ -1,4 +1,10 @@
 //! The acceptor (safekeeper) state machine.
+//!
+//! The invariants of `lib.rs` are asserted where they are kept, in release builds too (they
+//! are cheap): a term is voted for once (the term only grows, and a vote raises it); WAL is
+//! appended only in a term whose elected history was adopted; a truncation never goes below
+//! the commit LSN; the commit LSN never goes back; no reply before the persists it depends
+//! on. A message that would break one (a hostile or broken proposer) is refused instead.
 
 use super::{Term, TermHistory, ToAcceptor, ToProposer};
 use bytes::Bytes;
@@ -82,6 +88,20 @@ impl Acceptor {
     }
 
     fn persist(&mut self, out: &mut Vec<AcceptorAction>, p: Persist) {
+        match &p {
+            Persist::Truncate { at } => {
+                assert!(*at >= self.state.commit_lsn, "truncating WAL at {at}, below the commit LSN {}", self.state.commit_lsn)
+            }
+            Persist::Append { begin, .. } => {
+                assert_eq!(*begin, self.state.flush_lsn, "WAL appended away from the end of the log");
+                assert!(
+                    self.state.history.last_term() == self.state.term,
+                    "WAL accepted in term {} before its elected history was adopted",
+                    self.state.term
+                );
+            }
+            Persist::Control { .. } => {}
+        }
         self.state.apply(&p);
         out.push(AcceptorAction::Persist(p));
     }
@@ -102,12 +122,28 @@ impl Acceptor {
 
     /// Handles one message. `Persist` actions come before the reply that depends on them.
     pub fn handle(&mut self, msg: ToAcceptor) -> Vec<AcceptorAction> {
+        let before = (self.state.term, self.state.commit_lsn);
+        let out = self.handle_inner(msg);
+        assert!(self.state.term >= before.0, "term went back from {} to {}", before.0, self.state.term);
+        assert!(self.state.commit_lsn >= before.1, "commit LSN went back from {} to {}", before.1, self.state.commit_lsn);
+        assert!(self.state.commit_lsn <= self.state.flush_lsn || self.state.commit_lsn == before.1, "commit LSN beyond the WAL");
+        // Nothing is replied or sent before every persist of this message.
+        let last_persist = out.iter().rposition(|a| matches!(a, AcceptorAction::Persist(_)));
+        let first_reply = out.iter().position(|a| matches!(a, AcceptorAction::Reply(_) | AcceptorAction::SendWal { .. }));
+        if let (Some(p), Some(r)) = (last_persist, first_reply) {
+            assert!(p < r, "a reply comes before the persist it depends on");
+        }
+        out
+    }
+
+    fn handle_inner(&mut self, msg: ToAcceptor) -> Vec<AcceptorAction> {
         let mut out = Vec::new();
         match msg {
             ToAcceptor::Greeting => {
                 out.push(AcceptorAction::Reply(ToProposer::GreetingReply { term: self.state.term }));
             }
             ToAcceptor::VoteRequest { term } => {
+                // One vote per term: only a term above every term seen, which it then becomes.
                 let granted = term > self.state.term;
                 if granted {
                     self.state.term = term;
@@ -140,8 +176,9 @@ impl Acceptor {
                         at = first.lsn;
                     }
                     if at < self.state.commit_lsn {
-                        // Cannot happen with a correct proposer; refuse rather than lose
-                        // committed WAL.
+                        // Cannot happen with a correct proposer (committed WAL is in every
+                        // elected history): a broken or hostile one. Refused, not obeyed, so
+                        // committed WAL is never lost; no reply, so it cannot stream here.
                         return out;
                     }
                     if at != flush {

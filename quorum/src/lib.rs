@@ -7,6 +7,11 @@
 //!   on it; the I/O shell must make it durable (fsync) before it sends the reply.
 //! - [`Proposer`] (the WAL writer): messages, timer ticks and client records in,
 //!   [`ProposerAction`]s out (send to acceptor N, declare itself elected, report a commit LSN).
+//!   Its [`ProposerMode`] carries the policy of its real users: a compute fences itself
+//!   ([`ProposerAction::Fenced`]) when elected elsewhere than where its WAL starts or when a
+//!   higher term appears after its election; compute_ctl's sync reports the end of the WAL
+//!   once a majority committed it ([`ProposerAction::SyncDone`]). WAL goes out only in
+//!   pieces that end at record boundaries ([`Proposer::append`]).
 //!
 //! # Protocol
 //! 1. The proposer greets every acceptor and learns their terms; with a majority of answers it
@@ -34,6 +39,9 @@
 //! - The commit LSN of an acceptor and of a proposer only moves forward.
 //! - WAL is acknowledged only once persisted: the reply follows its `Persist` actions.
 //!
+//! These are asserted where they are kept (`acceptor.rs`, `proposer.rs`): breaking one is a
+//! bug and panics; a message that would make an acceptor break one is refused instead.
+//!
 //! The WAL is bytes at LSNs. The acceptor's state has only its flush LSN: its I/O shell keeps
 //! the bytes (segment files in the service, a `Vec<u8>` in the simulation), appends and
 //! truncates them when told by a [`Persist`] action, and reads them when asked to send WAL.
@@ -58,10 +66,17 @@ mod proposer;
 pub mod wire;
 
 pub use acceptor::{Acceptor, AcceptorAction, AcceptorState, Persist};
-pub use proposer::{Proposer, ProposerAction, ProposerConfig};
+pub use proposer::{FenceReason, Proposer, ProposerAction, ProposerConfig, ProposerMode};
 
 use bytes::Bytes;
 use proto::Lsn;
+
+/// How many of `acceptors` acceptors make a quorum: a strict majority, so that any two
+/// quorums share an acceptor. The one definition every proposer, shell and status report
+/// uses.
+pub fn majority(acceptors: usize) -> usize {
+    acceptors / 2 + 1
+}
 
 /// An election term. 0 means "none".
 pub type Term = u64;

@@ -1,26 +1,72 @@
-//! The proposer (WAL writer) state machine.
+//! The proposer (WAL writer) state machine, with the policy of its two real users (a
+//! compute and compute_ctl's sync, [`ProposerMode`]) so that the simulation drives the same
+//! decisions the shells act on: when a compute must fence itself, when a sync is done, and
+//! where pieces of WAL may end (record boundaries the shell declared).
+//!
+//! Invariants: elected only with a majority of votes in its own term (asserted); the commit
+//! LSN only moves forward and never below the term's start; a sync commits and ends only at
+//! its start LSN (asserted); once stopped (fenced or synced) it returns no action, ever.
+//! Acknowledgements that claim WAL the proposer never had are ignored, not asserted on: they
+//! come from another process.
 
-use super::{NodeId, Term, TermHistory, TermSwitch, ToAcceptor, ToProposer};
+use super::{majority, NodeId, Term, TermHistory, TermSwitch, ToAcceptor, ToProposer};
+use crate::wire::WAL_BYTES_MAX;
 use bytes::Bytes;
 use proto::Lsn;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-/// Sizes that shape the streaming.
+/// What the proposer is for; decides what ends it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProposerMode {
+    /// The protocol without a user's policy: it continues whatever log it is elected with,
+    /// steps down on a higher term and may be elected again. Scripted tests use it to drive
+    /// acceptors into states a real user would stop at.
+    #[default]
+    Plain,
+    /// Inside a compute, whose WAL begins at the proposer's `wal_start`: it streams only if
+    /// elected with `start_lsn == wal_start`, and once elected any higher term fences it
+    /// ([`ProposerAction::Fenced`]). A compute must never commit WAL that does not continue
+    /// the safekeepers' log, and it cannot rewrite its own WAL to follow a newer one.
+    Compute,
+    /// compute_ctl's sync: writes no WAL of its own (`wal_start` 0). Elected, it makes a
+    /// majority hold and acknowledge the commit of the elected log up to its end, then
+    /// reports that end ([`ProposerAction::SyncDone`]) and stops.
+    Sync,
+}
+
+/// Sizes that shape the streaming, and the mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProposerConfig {
-    /// At most this many WAL bytes per `Append`.
+    /// At most this many WAL bytes per `Append`, unless the piece must be longer to end at a
+    /// record boundary (see [`Proposer::append`]).
     pub max_append: u64,
     /// At most this many bytes sent to an acceptor beyond what it acknowledged.
     pub window: u64,
     /// At most this many bytes per `FetchWal`.
     pub max_fetch: u64,
+    pub mode: ProposerMode,
 }
 
 impl Default for ProposerConfig {
     fn default() -> Self {
-        ProposerConfig { max_append: 128 * 1024, window: 8 * 1024 * 1024, max_fetch: 1024 * 1024 }
+        ProposerConfig { max_append: 128 * 1024, window: 8 * 1024 * 1024, max_fetch: 1024 * 1024, mode: ProposerMode::Plain }
     }
 }
+
+/// Why a compute proposer fenced itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceReason {
+    /// Elected, but the acceptors' log ends at `start_lsn`, not where this compute's WAL
+    /// starts: another compute has written WAL since (or this one is a stale restart).
+    WalMismatch { start_lsn: Lsn, wal_start: Lsn },
+    /// After being elected, acceptor `by` has seen term `seen` from another proposer.
+    HigherTerm { by: NodeId, seen: Term },
+}
+
+/// At most this many record boundaries are remembered (the oldest are forgotten first): a
+/// boundary costs memory for as long as some acceptor may still need WAL below it, and an
+/// acceptor that is down for long would otherwise keep every one of them alive.
+const BOUNDARIES_MAX: usize = 1 << 16;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProposerAction {
@@ -37,8 +83,17 @@ pub enum ProposerAction {
     Elected { term: Term, start_lsn: Lsn, donor: NodeId },
     /// WAL below this LSN is on a majority of acceptors (in this proposer's term).
     Commit { term: Term, commit_lsn: Lsn },
-    /// An acceptor has seen a higher term; this proposer stopped.
-    SteppedDown { term: Term, seen: Term },
+    /// Acceptor `by` has seen a higher term before this proposer was elected (or, in `Plain`
+    /// mode, at any time): it stopped and may start another election later.
+    SteppedDown { term: Term, seen: Term, by: NodeId },
+    /// A majority refused the vote in `term` (another proposer took it): it stopped and may
+    /// start another election later.
+    ElectionLost { term: Term },
+    /// `Compute` mode: this proposer must never commit again; it stopped for good.
+    Fenced { term: Term, reason: FenceReason },
+    /// `Sync` mode: WAL up to `lsn` is committed and a majority acknowledged that commit LSN;
+    /// `None` when no acceptor has WAL for the timeline. It stopped for good.
+    SyncDone { term: Term, lsn: Option<Lsn> },
 }
 
 #[derive(Clone, Debug)]
@@ -69,31 +124,34 @@ struct Leader {
     /// The shell has WAL in `[floor, end)`.
     floor: Lsn,
     end: Lsn,
-    /// The ends given to `append` (at or above the lowest joined acceptor's flush LSN):
-    /// WAL is sent in pieces that end there, so that an acceptor's log ends where its
-    /// writer's did (for a compute, at a record boundary), never inside a record.
-    boundaries: std::collections::BTreeSet<Lsn>,
+    /// Record boundaries: the ends given to `append`, and below `start_lsn` the points known
+    /// to end a record in the elected log (its term switches, `start_lsn`, flush LSNs that
+    /// acceptors acknowledged in this term: every acceptor's log ends at a boundary). WAL is
+    /// sent in pieces that end at one of them, so that no acceptor's log ends inside a record
+    /// and the next compute never starts inside one.
+    boundaries: BTreeSet<Lsn>,
+    /// Per acceptor: the flush LSN it last acknowledged in this term (0: none yet). Its log
+    /// does not end below that again in this term, so boundaries below every one of them
+    /// are not needed any more.
+    acked_floor: Vec<Lsn>,
     /// The outstanding fetch: (from whom, from, to).
     fetching: Option<(NodeId, Lsn, Lsn)>,
     peers: BTreeMap<NodeId, Peer>,
     commit_lsn: Lsn,
 }
 
-/// Where the piece of WAL sent from `from` ends: within `max` bytes, at the last `append`
-/// boundary that fits (or the first one after `from` if none fits, up to 64 times `max`);
-/// below the proposer's own start, at most at that start.
-fn chunk_end(boundaries: &std::collections::BTreeSet<Lsn>, start_lsn: Lsn, end: Lsn, from: Lsn, max: u64) -> Lsn {
-    let limit = Lsn((from.0 + max).min(end.0));
-    if from < start_lsn {
-        return limit.min(start_lsn);
+/// Where the piece of WAL sent from `from` ends: at the last record boundary within `max`
+/// bytes, or if none is, at the first one after `from` (a piece longer than `max`), never
+/// beyond `end` and, below the proposer's own start, never beyond that start. Only a record
+/// longer than a message can carry ([`WAL_BYTES_MAX`]) is cut inside, at `max` bytes.
+fn chunk_end(boundaries: &BTreeSet<Lsn>, start_lsn: Lsn, end: Lsn, from: Lsn, max: u64) -> Lsn {
+    let cap = if from < start_lsn { start_lsn } else { end };
+    let limit = Lsn((from.0 + max).min(cap.0));
+    if let Some(&b) = boundaries.range(Lsn(from.0 + 1)..=limit).next_back() {
+        return b;
     }
-    if let Some(&b) = boundaries.range(..=limit).next_back() {
-        if b > from {
-            return b;
-        }
-    }
-    match boundaries.range(Lsn(from.0 + 1)..).next() {
-        Some(&b) if b.0 - from.0 <= max.saturating_mul(64) => b,
+    match boundaries.range(Lsn(from.0 + 1)..=cap).next() {
+        Some(&b) if b.0 - from.0 <= WAL_BYTES_MAX as u64 => b,
         _ => limit,
     }
 }
@@ -101,9 +159,18 @@ fn chunk_end(boundaries: &std::collections::BTreeSet<Lsn>, start_lsn: Lsn, end: 
 #[derive(Clone, Debug)]
 enum Phase {
     Idle,
-    Greeting { terms: BTreeMap<NodeId, Term> },
-    Voting { votes: BTreeMap<NodeId, VoteInfo>, refused: usize },
+    Greeting {
+        terms: BTreeMap<NodeId, Term>,
+    },
+    Voting {
+        votes: BTreeMap<NodeId, VoteInfo>,
+        /// Acceptors that refused this term's vote, each counted once (a duplicated request
+        /// is refused by the acceptor that granted the first copy).
+        refused: BTreeSet<NodeId>,
+    },
     Leader(Box<Leader>),
+    /// Fenced or synced: nothing more, ever.
+    Stopped,
 }
 
 /// A proposer for a fixed set of acceptors `0..n`.
@@ -119,14 +186,39 @@ pub struct Proposer {
 
 impl Proposer {
     /// A proposer for `acceptors` acceptors whose own WAL begins at `wal_start` (the LSN its
-    /// compute started at; `Lsn(0)` if it writes none). `wal_start` is used only when no
-    /// acceptor has any WAL: it then becomes the beginning of the timeline's WAL.
+    /// compute started at; `Lsn(0)` if it writes none). When no acceptor has any WAL,
+    /// `wal_start` becomes the beginning of the timeline's WAL. A `Compute` needs a
+    /// `wal_start`, a `Sync` has none: anything else is a caller's bug and panics.
     pub fn new(acceptors: usize, wal_start: Lsn, config: ProposerConfig) -> Proposer {
+        assert!(acceptors > 0, "a proposer needs acceptors");
+        match config.mode {
+            ProposerMode::Compute => assert!(wal_start.is_valid(), "a compute proposer needs its WAL start"),
+            ProposerMode::Sync => assert_eq!(wal_start, Lsn(0), "a sync writes no WAL of its own"),
+            ProposerMode::Plain => {}
+        }
         Proposer { n: acceptors, config, wal_start, term: 0, phase: Phase::Idle }
     }
 
     fn majority(&self) -> usize {
-        self.n / 2 + 1
+        majority(self.n)
+    }
+
+    pub fn mode(&self) -> ProposerMode {
+        self.config.mode
+    }
+
+    /// Fenced or synced: it ignores everything from now on.
+    pub fn is_stopped(&self) -> bool {
+        matches!(self.phase, Phase::Stopped)
+    }
+
+    /// While elected: how many acceptors acknowledged a commit LSN of at least `lsn` (a sync
+    /// is done when a majority acknowledged its start LSN).
+    pub fn acked_commit_count(&self, lsn: Lsn) -> usize {
+        match &self.phase {
+            Phase::Leader(l) => l.peers.values().filter(|p| p.commit_acked >= lsn).count(),
+            _ => 0,
+        }
     }
 
     pub fn term(&self) -> Term {
@@ -161,21 +253,32 @@ impl Proposer {
         }
     }
 
-    /// Starts (or restarts) an election: greets every acceptor.
+    /// Starts (or restarts) an election: greets every acceptor. A stopped proposer stays
+    /// stopped.
     pub fn start_election(&mut self) -> Vec<ProposerAction> {
+        if self.is_stopped() {
+            return Vec::new();
+        }
         self.phase = Phase::Greeting { terms: BTreeMap::new() };
         (0..self.n).map(|i| ProposerAction::Send(i, ToAcceptor::Greeting)).collect()
     }
 
     /// The shell now has WAL up to `end` (new WAL written by the client, continuing
-    /// contiguously from the previous end). Ignored unless elected.
+    /// contiguously from the previous end), and `end` is a record boundary: WAL is sent in
+    /// pieces that end at such boundaries only, so a compute must call this only with the end
+    /// of a whole PostgreSQL record (and often enough: a piece runs to the next boundary).
+    /// Ignored unless elected. A sync has no WAL of its own to append.
     pub fn append(&mut self, end: Lsn) -> Vec<ProposerAction> {
+        assert!(self.config.mode != ProposerMode::Sync, "a sync has no WAL of its own to append");
         let Phase::Leader(l) = &mut self.phase else { return Vec::new() };
         if end <= l.end {
             return Vec::new();
         }
         l.end = end;
         l.boundaries.insert(end);
+        if l.boundaries.len() > BOUNDARIES_MAX {
+            l.boundaries.pop_first();
+        }
         self.stream_all()
     }
 
@@ -184,7 +287,7 @@ impl Proposer {
     pub fn reconnected(&mut self, i: NodeId) -> Vec<ProposerAction> {
         let term = self.term;
         let msg = match &mut self.phase {
-            Phase::Idle => return Vec::new(),
+            Phase::Idle | Phase::Stopped => return Vec::new(),
             Phase::Greeting { .. } => ToAcceptor::Greeting,
             Phase::Voting { votes, .. } if !votes.contains_key(&i) => ToAcceptor::VoteRequest { term },
             Phase::Voting { .. } => return Vec::new(),
@@ -203,7 +306,7 @@ impl Proposer {
     pub fn tick(&mut self) -> Vec<ProposerAction> {
         let term = self.term;
         match &mut self.phase {
-            Phase::Idle => Vec::new(),
+            Phase::Idle | Phase::Stopped => Vec::new(),
             Phase::Greeting { terms } => {
                 (0..self.n).filter(|i| !terms.contains_key(i)).map(|i| ProposerAction::Send(i, ToAcceptor::Greeting)).collect()
             }
@@ -252,6 +355,7 @@ impl Proposer {
             let mut sent_any = false;
             while from < l.end && from.0 - p.flush.0 < cfg.window {
                 let to = chunk_end(&l.boundaries, l.start_lsn, l.end, from, cfg.max_append);
+                debug_assert!(to > from && to <= l.end, "piece {from}..{to} outside the WAL up to {}", l.end);
                 out.push(ProposerAction::SendWal { to: i, term, begin: from, end: to, commit_lsn: l.commit_lsn });
                 from = to;
                 sent_any = true;
@@ -285,6 +389,9 @@ impl Proposer {
     /// Handles a message from acceptor `from`.
     pub fn handle(&mut self, from: NodeId, msg: ToProposer) -> Vec<ProposerAction> {
         let mut out = Vec::new();
+        if self.is_stopped() {
+            return out;
+        }
         let majority = self.majority();
         match msg {
             ToProposer::GreetingReply { term } => {
@@ -293,7 +400,7 @@ impl Proposer {
                 if terms.len() >= majority {
                     let highest = terms.values().copied().max().unwrap_or(0);
                     self.term = self.term.max(highest) + 1;
-                    self.phase = Phase::Voting { votes: BTreeMap::new(), refused: 0 };
+                    self.phase = Phase::Voting { votes: BTreeMap::new(), refused: BTreeSet::new() };
                     let term = self.term;
                     out.extend((0..self.n).map(|i| ProposerAction::Send(i, ToAcceptor::VoteRequest { term })));
                 }
@@ -303,17 +410,21 @@ impl Proposer {
                     return out;
                 }
                 if acceptor_term > self.term {
-                    return self.step_down(acceptor_term);
+                    return self.step_down(acceptor_term, from);
                 }
                 let Phase::Voting { votes, refused } = &mut self.phase else { return out };
                 if !granted {
                     // Another proposer took this acceptor's vote in the same term.
-                    *refused += 1;
-                    if *refused > self.n - majority {
+                    if !votes.contains_key(&from) {
+                        refused.insert(from);
+                    }
+                    if refused.len() > self.n - majority {
                         self.phase = Phase::Idle;
+                        out.push(ProposerAction::ElectionLost { term: self.term });
                     }
                     return out;
                 }
+                refused.remove(&from);
                 votes.insert(from, VoteInfo { history, flush_lsn });
                 if votes.len() >= majority {
                     out.extend(self.become_leader());
@@ -324,6 +435,14 @@ impl Proposer {
                     return out;
                 }
                 let Phase::Leader(l) = &mut self.phase else { return out };
+                if flush_lsn > l.end {
+                    // Claims WAL this proposer never had: a broken acceptor; not counted.
+                    return out;
+                }
+                // The acceptor's log is now a prefix of the elected history and ends at a
+                // record boundary: a piece of catch-up WAL may end there.
+                l.boundaries.insert(flush_lsn);
+                l.acked_floor[from] = l.acked_floor[from].max(flush_lsn);
                 l.peers.entry(from).or_insert(Peer {
                     flush: flush_lsn,
                     sent: flush_lsn,
@@ -333,6 +452,7 @@ impl Proposer {
                 });
                 out.extend(self.update_commit());
                 out.extend(self.stream_all());
+                out.extend(self.check_synced());
             }
             ToProposer::Wal { term, from: wal_from, data } => {
                 if term != self.term {
@@ -354,7 +474,9 @@ impl Proposer {
                 }
                 let Phase::Leader(l) = &mut self.phase else { return out };
                 let Some(p) = l.peers.get_mut(&from) else { return out };
-                if flush_lsn < p.flush {
+                // An old acknowledgement (reordered), or a flush LSN beyond all WAL this
+                // proposer has (a broken acceptor): neither may count towards a commit.
+                if flush_lsn < p.flush || flush_lsn > l.end {
                     return out;
                 }
                 p.flush = flush_lsn;
@@ -362,18 +484,20 @@ impl Proposer {
                 if p.sent < flush_lsn {
                     p.sent = flush_lsn;
                 }
-                // Boundaries below every joined acceptor's flush LSN are not needed any more.
-                if let Some(low) = l.peers.values().map(|p| p.flush).min() {
-                    if l.boundaries.first().is_some_and(|b| *b < low) {
-                        l.boundaries = l.boundaries.split_off(&low);
-                    }
+                l.acked_floor[from] = l.acked_floor[from].max(flush_lsn);
+                // Boundaries below every acceptor's acknowledged flush LSN are not needed any
+                // more: none of them will be sent WAL from below it again in this term.
+                let low = l.acked_floor.iter().copied().min().unwrap_or_default();
+                if l.boundaries.first().is_some_and(|b| *b < low) {
+                    l.boundaries = l.boundaries.split_off(&low);
                 }
                 out.extend(self.update_commit());
                 out.extend(self.stream_all());
+                out.extend(self.check_synced());
             }
             ToProposer::Rejected { term, acceptor_term } => {
                 if term == self.term && acceptor_term > self.term {
-                    return self.step_down(acceptor_term);
+                    return self.step_down(acceptor_term, from);
                 }
             }
         }
@@ -392,6 +516,11 @@ impl Proposer {
         }
         flushes.sort_unstable_by(|a, b| b.cmp(a));
         let quorum = flushes[majority - 1];
+        if self.config.mode == ProposerMode::Sync {
+            // A sync sends only WAL below its start (it has none of its own), so it can only
+            // ever commit exactly its start: the end of the donor's log, a record boundary.
+            assert!(quorum <= l.start_lsn, "sync in term {term}: acceptors flushed {quorum}, beyond its start {}", l.start_lsn);
+        }
         if quorum >= l.start_lsn && quorum > l.commit_lsn {
             l.commit_lsn = quorum;
             return vec![ProposerAction::Commit { term, commit_lsn: quorum }];
@@ -399,28 +528,72 @@ impl Proposer {
         Vec::new()
     }
 
-    fn step_down(&mut self, seen: Term) -> Vec<ProposerAction> {
-        self.phase = Phase::Idle;
+    /// A sync is done once the commit LSN reached its start and a majority acknowledged a
+    /// commit LSN at least that high (so each of them serves the WAL up to it).
+    fn check_synced(&mut self) -> Vec<ProposerAction> {
+        if self.config.mode != ProposerMode::Sync {
+            return Vec::new();
+        }
+        let Phase::Leader(l) = &self.phase else { return Vec::new() };
+        let start = l.start_lsn;
+        if l.commit_lsn < start || self.acked_commit_count(start) < self.majority() {
+            return Vec::new();
+        }
+        assert_eq!(l.commit_lsn, start, "a sync commits exactly its start LSN");
+        self.phase = Phase::Stopped;
+        vec![ProposerAction::SyncDone { term: self.term, lsn: Some(start) }]
+    }
+
+    /// Acceptor `by` has seen term `seen` above ours.
+    fn step_down(&mut self, seen: Term, by: NodeId) -> Vec<ProposerAction> {
         let term = self.term;
+        if self.config.mode == ProposerMode::Compute && self.is_leader() {
+            // Another proposer may be writing now; this compute's WAL beyond the commit LSN
+            // can never be committed, and it cannot follow the newer WAL.
+            self.phase = Phase::Stopped;
+            return vec![ProposerAction::Fenced { term, reason: FenceReason::HigherTerm { by, seen } }];
+        }
+        self.phase = Phase::Idle;
         // The next election starts above the term seen.
         self.term = self.term.max(seen);
-        vec![ProposerAction::SteppedDown { term, seen }]
+        vec![ProposerAction::SteppedDown { term, seen, by }]
     }
 
     fn become_leader(&mut self) -> Vec<ProposerAction> {
-        let Phase::Voting { votes, .. } = &self.phase else { return Vec::new() };
+        let majority = self.majority();
+        let Phase::Voting { votes, .. } = &self.phase else { unreachable!("become_leader outside an election") };
+        // At most one proposer per term: the votes counted are for this term only (an
+        // acceptor grants a term once), and there is a majority of them.
+        assert!(votes.len() >= majority, "elected in term {} with {} votes of {}", self.term, votes.len(), self.n);
         // The most advanced log: highest last log term, then highest flush LSN.
         let (&donor, best) =
             votes.iter().max_by_key(|(_, v)| (v.history.up_to(v.flush_lsn).last_term(), v.flush_lsn)).expect("a majority of votes");
         let has_wal = !best.history.0.is_empty() && best.flush_lsn > Lsn(0);
         let start_lsn = if has_wal { best.flush_lsn } else { self.wal_start };
-        let mut out = vec![ProposerAction::Elected { term: self.term, start_lsn, donor }];
+        let term = self.term;
+        match self.config.mode {
+            ProposerMode::Compute if start_lsn != self.wal_start => {
+                // The votes are spent (the acceptors are in this term now), but this compute's
+                // WAL does not continue their log: it must not write, and nothing is sent.
+                self.phase = Phase::Stopped;
+                let reason = FenceReason::WalMismatch { start_lsn, wal_start: self.wal_start };
+                return vec![ProposerAction::Fenced { term, reason }];
+            }
+            ProposerMode::Sync if start_lsn == Lsn(0) => {
+                self.phase = Phase::Stopped;
+                return vec![ProposerAction::SyncDone { term, lsn: None }];
+            }
+            _ => {}
+        }
+        let mut out = vec![ProposerAction::Elected { term, start_lsn, donor }];
         if start_lsn == Lsn(0) {
             self.phase = Phase::Idle;
             return out;
         }
         let mut history = if has_wal { best.history.up_to(start_lsn) } else { TermHistory::default() };
         history.0.push(TermSwitch { term: self.term, lsn: start_lsn });
+        // Every term switch, and this term's start (the donor's flush LSN), ends a record.
+        let boundaries: BTreeSet<Lsn> = history.0.iter().map(|e| e.lsn).collect();
         // Each acceptor computes its truncation point from this history with
         // `TermHistory::common_point` and reports it in its ElectedAck; streaming starts there.
         for i in 0..self.n {
@@ -433,7 +606,8 @@ impl Proposer {
             donor,
             floor: start_lsn,
             end: start_lsn,
-            boundaries: std::collections::BTreeSet::new(),
+            boundaries,
+            acked_floor: vec![Lsn(0); self.n],
             fetching: None,
             peers: BTreeMap::new(),
             commit_lsn: Lsn(0),

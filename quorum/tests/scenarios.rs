@@ -4,9 +4,11 @@
 mod support;
 
 use proto::Lsn;
-use quorum::{Acceptor, AcceptorAction, AcceptorState, Proposer, ProposerAction, ProposerConfig, ToAcceptor, ToProposer};
+use quorum::{
+    Acceptor, AcceptorAction, AcceptorState, FenceReason, Proposer, ProposerAction, ProposerConfig, ProposerMode, ToAcceptor, ToProposer,
+};
 use std::collections::{BTreeMap, VecDeque};
-use support::{record, Disk, Node, Store, Wal, WAL_START};
+use support::{is_record_boundary, record, Disk, Node, Store, Wal, WAL_START};
 
 struct Cluster {
     nodes: Vec<Node>,
@@ -26,6 +28,11 @@ fn proposer() -> P {
     P { core: Proposer::new(3, WAL_START, ProposerConfig::default()), store: Store::default(), ghosts: BTreeMap::new() }
 }
 
+/// A proposer in `mode` whose own WAL starts at `wal_start`.
+fn proposer_in(mode: ProposerMode, wal_start: Lsn, config: ProposerConfig) -> P {
+    P { core: Proposer::new(3, wal_start, ProposerConfig { mode, ..config }), store: Store::default(), ghosts: BTreeMap::new() }
+}
+
 type Filter<'a> = &'a dyn Fn(usize, ToAcceptor) -> Option<ToAcceptor>;
 
 impl Cluster {
@@ -35,8 +42,10 @@ impl Cluster {
     }
 
     /// Delivers everything `actions` lead to, reliably, until quiet. `filter` decides what
-    /// reaches which acceptor, and may change a message.
-    fn run(&mut self, p: &mut P, actions: Vec<ProposerAction>, filter: Filter) {
+    /// reaches which acceptor, and may change a message. Returns the actions that are not
+    /// messages (elected, commits, fenced, synced...).
+    fn run(&mut self, p: &mut P, actions: Vec<ProposerAction>, filter: Filter) -> Vec<ProposerAction> {
+        let mut events = Vec::new();
         let mut queue: VecDeque<ProposerAction> = actions.into();
         while let Some(a) = queue.pop_front() {
             if let Some((to, msg)) = p.store.message(&a).unwrap() {
@@ -50,6 +59,7 @@ impl Cluster {
                 }
                 continue;
             }
+            events.push(a.clone());
             match a {
                 ProposerAction::Elected { start_lsn, donor, .. } => {
                     let g = p.ghosts[&donor].clone();
@@ -66,12 +76,13 @@ impl Cluster {
                 _ => {}
             }
         }
+        events
     }
 
-    fn elect(&mut self, p: &mut P, filter: Filter) {
+    fn elect(&mut self, p: &mut P, filter: Filter) -> Vec<ProposerAction> {
         p.ghosts.clear();
         let a = p.core.start_election();
-        self.run(p, a, filter);
+        self.run(p, a, filter)
     }
 
     fn wal(&self, a: usize) -> &[u8] {
@@ -84,10 +95,10 @@ fn only(nodes: &'static [usize]) -> impl Fn(usize, ToAcceptor) -> Option<ToAccep
 }
 
 /// Appends a 10-byte record with payload `id`, delivered to `to` only.
-fn append(c: &mut Cluster, p: &mut P, id: u64, to: &'static [usize]) {
+fn append(c: &mut Cluster, p: &mut P, id: u64, to: &'static [usize]) -> Vec<ProposerAction> {
     let end = p.store.client_append(&record(id, 10));
     let a = p.core.append(end);
-    c.run(p, a, &only(to));
+    c.run(p, a, &only(to))
 }
 
 fn lsn(offset: u64) -> Lsn {
@@ -250,7 +261,7 @@ fn empty_sync_elects_nothing() {
 #[test]
 fn appends_are_sent_whole() {
     let mut c = Cluster::new();
-    let config = ProposerConfig { max_append: 12, window: 1000, max_fetch: 12 };
+    let config = ProposerConfig { max_append: 12, window: 1000, max_fetch: 12, ..ProposerConfig::default() };
     let mut p = P { core: Proposer::new(3, WAL_START, config), store: Store::default(), ghosts: BTreeMap::new() };
     c.elect(&mut p, &only(&[0, 1, 2]));
     let mut ends = vec![WAL_START];
@@ -277,4 +288,112 @@ fn appends_are_sent_whole() {
         }
     }
     assert!(c.disks.iter().all(|d| d.state.flush_lsn == *ends.last().unwrap()));
+}
+
+/// A stale compute (restarted without a sync: its WAL starts before the safekeepers' end)
+/// takes the votes, as any higher term does, and so fences the healthy compute; it is fenced
+/// itself at once and sends nothing, not even its election. No committed WAL is lost, neither
+/// fenced compute acts again, and a sync then a new compute carry on from the committed end.
+#[test]
+fn a_stale_compute_fences_a_healthy_one_and_nothing_is_lost() {
+    let mut c = Cluster::new();
+    let all: &[usize] = &[0, 1, 2];
+    let mut healthy = proposer_in(ProposerMode::Compute, WAL_START, ProposerConfig::default());
+    c.elect(&mut healthy, &only(&[0, 1, 2]));
+    assert!(healthy.core.is_leader());
+    append(&mut c, &mut healthy, 1, &[0, 1, 2]);
+    append(&mut c, &mut healthy, 2, &[0, 1, 2]);
+    assert_eq!(c.committed.len(), 20);
+
+    let mut stale = proposer_in(ProposerMode::Compute, WAL_START, ProposerConfig::default());
+    let sent_by_stale = std::cell::Cell::new(0);
+    let count = |_: usize, m: ToAcceptor| {
+        if !matches!(m, ToAcceptor::Greeting | ToAcceptor::VoteRequest { .. }) {
+            sent_by_stale.set(sent_by_stale.get() + 1);
+        }
+        Some(m)
+    };
+    let events = c.elect(&mut stale, &count);
+    let mismatch = FenceReason::WalMismatch { start_lsn: lsn(20), wal_start: WAL_START };
+    assert_eq!(events, vec![ProposerAction::Fenced { term: 2, reason: mismatch }]);
+    assert_eq!(sent_by_stale.get(), 0, "a fenced compute sends no election and no WAL");
+    assert!(stale.core.is_stopped());
+    assert!(c.disks.iter().all(|d| d.state.term == 2 && d.state.history.last_term() == 1), "votes spent, term 1's log kept");
+
+    // The healthy compute learns of term 2 on its next append and fences itself.
+    let events = append(&mut c, &mut healthy, 3, &[0, 1, 2]);
+    assert!(matches!(events[..], [ProposerAction::Fenced { term: 1, reason: FenceReason::HigherTerm { seen: 2, .. } }]), "{events:?}");
+    assert!(healthy.core.is_stopped());
+    assert_eq!(c.committed.len(), 20);
+    for p in [&mut healthy, &mut stale] {
+        assert!(p.core.tick().is_empty() && p.core.start_election().is_empty() && p.core.append(lsn(1000)).is_empty());
+        assert!(p.core.handle(0, ToProposer::GreetingReply { term: 9 }).is_empty());
+        assert!(p.core.reconnected(0).is_empty());
+    }
+
+    // compute_ctl's way back: a sync, then a compute at the LSN it returned.
+    let mut sync = proposer_in(ProposerMode::Sync, Lsn(0), ProposerConfig::default());
+    let events = c.elect(&mut sync, &only(all));
+    assert!(matches!(events.last(), Some(ProposerAction::SyncDone { lsn: Some(l), .. }) if *l == lsn(20)), "{events:?}");
+    let mut next = proposer_in(ProposerMode::Compute, lsn(20), ProposerConfig::default());
+    c.elect(&mut next, &only(all));
+    assert!(next.core.is_leader());
+    append(&mut c, &mut next, 4, &[0, 1, 2]);
+    assert_eq!(c.committed.len(), 30);
+    let mut expected = record(1, 10);
+    expected.extend(record(2, 10));
+    expected.extend(record(4, 10));
+    assert_eq!(c.committed, expected);
+    assert!(c.disks.iter().all(|d| d.wal.bytes == expected));
+}
+
+/// Acceptors that lag behind the donor are caught up with WAL below the leader's start in
+/// pieces that end at record boundaries the core knows (term switches, acknowledged flush
+/// LSNs, its start), never cut by size: the next sync, elected without the donor, ends at a
+/// record boundary, and so does every acceptor's WAL at every moment.
+#[test]
+fn a_sync_after_a_cut_off_catch_up_ends_at_a_record_boundary() {
+    let mut c = Cluster::new();
+    let small = ProposerConfig { max_append: 7, window: 1000, max_fetch: 7, ..ProposerConfig::default() };
+    let mut writer = proposer_in(ProposerMode::Compute, WAL_START, small);
+    c.elect(&mut writer, &only(&[0, 1, 2]));
+    // Records of different lengths reach acceptor 0 only: 1 and 2 stay at the start.
+    for (id, len) in [(1, 10), (2, 23), (3, 5), (4, 31)] {
+        let end = writer.store.client_append(&record(id, len));
+        let a = writer.core.append(end);
+        c.run(&mut writer, a, &only(&[0]));
+    }
+    let donor_log = c.disks[0].wal.bytes.clone();
+    assert_eq!(donor_log.len(), 69);
+    assert_eq!(c.disks[1].state.flush_lsn, WAL_START);
+
+    // A sync elected by all three catches 1 and 2 up from acceptor 0, but acceptor 2 gets
+    // only the first WAL message sent to it.
+    let mut sync = proposer_in(ProposerMode::Sync, Lsn(0), small);
+    let appends_to_2 = std::cell::Cell::new(0);
+    let filter = |to: usize, m: ToAcceptor| {
+        if let ToAcceptor::Append { begin_lsn, data, .. } = &m {
+            let end = Lsn(begin_lsn.0 + data.len() as u64);
+            assert!(is_record_boundary(&donor_log, end), "a piece of catch-up WAL ends at {end}, inside a record");
+            if to == 2 {
+                appends_to_2.set(appends_to_2.get() + 1);
+                if appends_to_2.get() > 1 {
+                    return None;
+                }
+            }
+        }
+        Some(m)
+    };
+    let events = c.elect(&mut sync, &filter);
+    assert!(matches!(events.last(), Some(ProposerAction::SyncDone { lsn: Some(l), .. }) if *l == lsn(69)), "{events:?}");
+    for d in &c.disks {
+        assert!(is_record_boundary(&d.wal.bytes, d.wal.end()), "an acceptor's WAL ends at {}, inside a record", d.wal.end());
+    }
+
+    // Without acceptor 0, the next sync is elected by 1 and 2 and ends at a record boundary.
+    let mut next = proposer_in(ProposerMode::Sync, Lsn(0), small);
+    let events = c.elect(&mut next, &only(&[1, 2]));
+    let Some(ProposerAction::SyncDone { lsn: Some(end), .. }) = events.last() else { panic!("no sync: {events:?}") };
+    assert!(is_record_boundary(&donor_log, *end), "the sync ends at {end}, inside a record");
+    assert_eq!(*end, lsn(69), "acceptor 1 was caught up completely");
 }

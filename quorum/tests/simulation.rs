@@ -1,7 +1,26 @@
-//! Seeded deterministic simulation of the consensus core: 3 acceptors, 2-3 proposers, a
-//! network that loses, delays, reorders and duplicates messages and cuts links, acceptor
-//! crashes (losing what was not persisted, including lazily written commit LSNs) and
-//! restarts, and client appends of WAL bytes.
+//! Seeded deterministic simulation of the consensus core: 3 acceptors, 2-3 proposers or
+//! endpoints, a network that loses, delays, reorders and duplicates messages and cuts links
+//! for a while, acceptor crashes (losing what was not persisted, including lazily written
+//! commit LSNs) and restarts, and client appends of WAL records (which, like PostgreSQL's,
+//! say how long they are, so the checker can tell where records end).
+//!
+//! Even seeds run plain proposers (`ProposerMode::Plain`) that continue any log they are
+//! elected with and are restarted at random, as before the endpoints existed. Odd seeds run
+//! endpoints, as compute_ctl and a compute do: a sync (`ProposerMode::Sync`) finds the end of
+//! the WAL, then a compute (`ProposerMode::Compute`) starts exactly there and writes records;
+//! a lost election is retried after a doubling backoff. Endpoint 0 is the primary: fenced,
+//! it syncs again (or now and then restarts an old compute without syncing). The others
+//! are intruders that start at random: a sync and its compute, or a stale compute that
+//! starts at an older LSN and tries to take over from the healthy one.
+//!
+//! After every step: at most one proposer elected per term; committed WAL is never
+//! contradicted, is durable on a majority, and is what every acceptor has below its commit
+//! LSN; commit LSNs never go back; no reply before its persists; fetched WAL is the elected
+//! history's; no acceptor's WAL ends inside a record. On every action: a compute is elected
+//! only at its own start; a fenced or synced proposer never acts again (it is still ticked,
+//! asked to elect and sent replies); fencing has a true reason; a commit ends a record; a
+//! sync ends at committed WAL, at a record boundary. At the end everything heals and one
+//! endpoint brings all acceptors to identical WAL that holds everything committed.
 //!
 //! `FJORD_SIM_SEEDS=N` sets how many seeds `many_seeds` runs (default 2000);
 //! `FJORD_SIM_SEED=S` replays one seed in `replay_seed`.
@@ -9,11 +28,10 @@
 mod support;
 
 use proto::Lsn;
-use quorum::{NodeId, Proposer, ProposerAction, ProposerConfig, Term, ToAcceptor, ToProposer};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use std::collections::{BTreeMap, BTreeSet};
-use support::{record, Disk, Node, Store, Wal, WAL_START};
+use quorum::{FenceReason, NodeId, Proposer, ProposerAction, ProposerConfig, ProposerMode, Term, ToAcceptor, ToProposer};
+use rand::Rng;
+use std::collections::BTreeMap;
+use support::{is_record_boundary, record, Disk, Node, SimRng, Store, Wal, WAL_START};
 
 const ACCEPTORS: usize = 3;
 const STEPS: usize = 350;
@@ -34,23 +52,55 @@ enum Envelope {
     },
 }
 
+/// One proposer: an incarnation of an endpoint's sync or compute.
 struct ProposerNode {
     core: Proposer,
     store: Store,
     /// Votes' WAL snapshots in the current election, by acceptor.
     ghosts: BTreeMap<NodeId, Wal>,
+    /// Fenced or synced: any action from it now is a failure.
+    stopped: bool,
+    /// Replaced by a newer incarnation without stopping (a crash): no longer driven, and
+    /// messages to it are lost.
+    crashed: bool,
+    /// Elected (as a compute or a sync).
+    elected: bool,
+    /// Where its own WAL starts (0 for a sync).
+    wal_start: Lsn,
+    /// Lost an election or stepped down: its shell starts another one at this time.
+    retry_at: Option<u64>,
+    /// The shell's election backoff: doubles on every lost election, as walproposer's does,
+    /// so that two endpoints' proposers stop dueling.
+    backoff: u64,
+}
+
+/// A compute endpoint: its current proposer, and where its next compute starts.
+struct Endpoint {
+    current: usize,
+    /// The LSN its last sync returned, for the compute that follows it.
+    next_start: Option<Lsn>,
 }
 
 struct Sim {
-    rng: StdRng,
+    rng: SimRng,
     now: u64,
     nodes: Vec<Option<Node>>,
     disks: Vec<Disk>,
+    config: ProposerConfig,
+    /// Every proposer ever started, by index; messages name these.
     proposers: Vec<ProposerNode>,
+    endpoints: Vec<Endpoint>,
+    /// Every LSN a compute has started at (what a stale restart picks from).
+    compute_starts: Vec<Lsn>,
     /// (deliver at, message)
-    net: Vec<(u64, Envelope)>,
+    /// Messages on their way, by (deliver at, sequence number).
+    net: BTreeMap<(u64, u64), Envelope>,
+    sent: u64,
+    /// Messages due for delivery, delivered in random order.
+    due: Vec<Envelope>,
     /// Cut links (proposer, acceptor).
-    cut: BTreeSet<(usize, NodeId)>,
+    /// Cut links (proposer, acceptor), and when each heals by itself.
+    cut: BTreeMap<(usize, NodeId), u64>,
     loss: f64,
     dup: f64,
     max_delay: u64,
@@ -63,6 +113,13 @@ struct Sim {
     seen_commit: Vec<Lsn>,
     seen_disk_commit: Vec<Lsn>,
     next_payload: u64,
+    /// Computes fenced at their election (their start is not the log's end: stale), and
+    /// after it (a higher term: fenced by another endpoint's sync or a stale compute).
+    fenced_stale: usize,
+    fenced_later: usize,
+    synced: usize,
+    /// Plain proposers instead of endpoints (they never move on).
+    plain: bool,
 }
 
 type Check = Result<(), String>;
@@ -73,29 +130,33 @@ fn committed_end(c: &[u8]) -> Lsn {
 
 impl Sim {
     fn new(seed: u64) -> Sim {
-        let mut rng = StdRng::seed_from_u64(seed);
-        let proposers = rng.gen_range(2..=3);
+        let mut rng = SimRng::new(seed);
+        let endpoints = rng.gen_range(2..=3);
         let loss = rng.gen_range(0.0..0.2);
         let dup = rng.gen_range(0.0..0.2);
         let max_delay = rng.gen_range(1..20);
         let crash_in_handler = rng.gen_range(0.0..0.05);
         // Small chunks and windows so appends split and streams throttle.
         let max_append = rng.gen_range(16..300);
-        let config = ProposerConfig { max_append, window: max_append * rng.gen_range(1..8), max_fetch: rng.gen_range(16..500) };
-        Sim {
+        let config = ProposerConfig {
+            max_append,
+            window: max_append * rng.gen_range(1..8),
+            max_fetch: rng.gen_range(16..500),
+            ..ProposerConfig::default()
+        };
+        let mut sim = Sim {
             rng,
             now: 0,
             nodes: (0..ACCEPTORS).map(|_| Some(Node::start(&Disk::default()))).collect(),
             disks: vec![Disk::default(); ACCEPTORS],
-            proposers: (0..proposers)
-                .map(|_| ProposerNode {
-                    core: Proposer::new(ACCEPTORS, WAL_START, config),
-                    store: Store::default(),
-                    ghosts: BTreeMap::new(),
-                })
-                .collect(),
-            net: Vec::new(),
-            cut: BTreeSet::new(),
+            config,
+            proposers: Vec::new(),
+            endpoints: Vec::new(),
+            compute_starts: vec![WAL_START],
+            net: BTreeMap::new(),
+            sent: 0,
+            due: Vec::new(),
+            cut: BTreeMap::new(),
             loss,
             dup,
             max_delay,
@@ -106,11 +167,67 @@ impl Sim {
             seen_commit: vec![Lsn(0); ACCEPTORS],
             seen_disk_commit: vec![Lsn(0); ACCEPTORS],
             next_payload: 1,
+            fenced_stale: 0,
+            fenced_later: 0,
+            synced: 0,
+            plain: false,
+        };
+        // Odd seeds: endpoints that sync and compute. Even seeds: plain proposers that
+        // continue any log they are elected with and stay, so that streaming, catch-up and
+        // commits of long-lived leaders get as many steps as before the endpoints existed.
+        let plain = seed.is_multiple_of(2);
+        for _ in 0..endpoints {
+            let p = if plain { sim.start_proposer(ProposerMode::Plain, WAL_START) } else { sim.start_proposer(ProposerMode::Sync, Lsn(0)) };
+            sim.endpoints.push(Endpoint { current: p, next_start: None });
         }
+        sim.plain = plain;
+        sim
+    }
+
+    fn start_proposer(&mut self, mode: ProposerMode, wal_start: Lsn) -> usize {
+        let config = ProposerConfig { mode, ..self.config };
+        self.proposers.push(ProposerNode {
+            core: Proposer::new(ACCEPTORS, wal_start, config),
+            store: Store::default(),
+            ghosts: BTreeMap::new(),
+            stopped: false,
+            crashed: false,
+            elected: false,
+            wal_start,
+            retry_at: None,
+            backoff: 10,
+        });
+        self.proposers.len() - 1
+    }
+
+    /// Endpoint `e` moves on, as compute_ctl would: after a sync, a compute at the LSN it
+    /// returned; after anything else, a sync. `stale`: a compute at an LSN some compute
+    /// started at before, without syncing. The previous proposer, if still running, crashed.
+    fn next_incarnation(&mut self, e: usize, stale: bool) -> Check {
+        let old = self.endpoints[e].current;
+        if !self.proposers[old].stopped {
+            self.proposers[old].crashed = true;
+        }
+        let p = if stale {
+            // Older than the committed WAL's end where there is such a start: a compute that
+            // restarts there is behind the log for sure.
+            let end = committed_end(&self.committed);
+            let old: Vec<Lsn> = self.compute_starts.iter().copied().filter(|&l| l < end).collect();
+            let choices = if old.is_empty() { &self.compute_starts } else { &old };
+            let start = choices[self.rng.gen_range(0..choices.len())];
+            self.start_proposer(ProposerMode::Compute, start)
+        } else if let Some(start) = self.endpoints[e].next_start.take() {
+            self.compute_starts.push(start);
+            self.start_proposer(ProposerMode::Compute, start)
+        } else {
+            self.start_proposer(ProposerMode::Sync, Lsn(0))
+        };
+        self.endpoints[e].current = p;
+        self.start_election(p)
     }
 
     fn link_up(&self, p: usize, a: NodeId) -> bool {
-        !self.cut.contains(&(p, a))
+        !self.cut.contains_key(&(p, a))
     }
 
     fn send(&mut self, env: Envelope) {
@@ -120,12 +237,22 @@ impl Sim {
         let copies = if self.rng.gen_bool(self.dup) { 2 } else { 1 };
         for _ in 0..copies {
             let at = self.now + self.rng.gen_range(0..=self.max_delay);
-            self.net.push((at, env.clone()));
+            self.sent += 1;
+            self.net.insert((at, self.sent), env.clone());
         }
     }
 
     fn proposer_actions(&mut self, p: usize, actions: Vec<ProposerAction>) -> Check {
-        for a in actions {
+        if self.proposers[p].stopped {
+            if let Some(a) = actions.first() {
+                return Err(format!("proposer {p} acted after it stopped: {a:?}"));
+            }
+        }
+        let count = actions.len();
+        for (i, a) in actions.into_iter().enumerate() {
+            if matches!(a, ProposerAction::Fenced { .. } | ProposerAction::SyncDone { .. }) && i + 1 != count {
+                return Err(format!("proposer {p}: actions follow {a:?}"));
+            }
             if let Some((to, msg)) = self.proposers[p].store.message(&a)? {
                 self.send(Envelope::ToAcceptor { from: p, to, msg });
                 continue;
@@ -139,6 +266,10 @@ impl Sim {
                     }
                     self.elected.insert(term, p);
                     let pn = &mut self.proposers[p];
+                    pn.elected = true;
+                    if pn.core.mode() == ProposerMode::Compute && start_lsn != pn.wal_start {
+                        return Err(format!("compute {p} elected at {start_lsn}, not at its own start {}", pn.wal_start));
+                    }
                     let donor_log = pn.ghosts.get(&donor).cloned().ok_or("elected without the donor's vote")?;
                     if start_lsn != donor_log.end() && !(donor_log.bytes.is_empty() && start_lsn == WAL_START) {
                         return Err(format!("start LSN {start_lsn} is not the donor's flush LSN {}", donor_log.end()));
@@ -147,6 +278,9 @@ impl Sim {
                 }
                 ProposerAction::Commit { term, commit_lsn } => {
                     let log = self.proposers[p].store.committed(commit_lsn)?;
+                    if !is_record_boundary(log, commit_lsn) {
+                        return Err(format!("term {term} commits up to {commit_lsn}, inside a record"));
+                    }
                     let n = log.len().min(self.committed.len());
                     if log[..n] != self.committed[..n] {
                         return Err(format!("term {term} commits up to {commit_lsn} WAL that differs from what was committed"));
@@ -156,10 +290,68 @@ impl Sim {
                     }
                     self.commits += 1;
                 }
-                _ => {}
+                ProposerAction::Fenced { term, reason } => {
+                    let pn = &mut self.proposers[p];
+                    if pn.core.mode() != ProposerMode::Compute || !pn.core.is_stopped() {
+                        return Err(format!("proposer {p} fenced in term {term}, but it is not a stopped compute"));
+                    }
+                    match reason {
+                        FenceReason::WalMismatch { start_lsn, wal_start } if start_lsn == wal_start => {
+                            return Err(format!("compute {p} fenced in term {term} although the WAL ends at its start {wal_start}"))
+                        }
+                        FenceReason::HigherTerm { seen, .. } if !pn.elected || seen <= term => {
+                            return Err(format!("compute {p} fenced by term {seen} in term {term} (elected: {})", pn.elected))
+                        }
+                        FenceReason::WalMismatch { .. } => self.fenced_stale += 1,
+                        FenceReason::HigherTerm { .. } => self.fenced_later += 1,
+                    }
+                    pn.stopped = true;
+                }
+                ProposerAction::SyncDone { term, lsn } => {
+                    let pn = &mut self.proposers[p];
+                    if pn.core.mode() != ProposerMode::Sync || !pn.core.is_stopped() {
+                        return Err(format!("proposer {p} synced in term {term}, but it is not a stopped sync"));
+                    }
+                    pn.stopped = true;
+                    self.synced += 1;
+                    if let Some(lsn) = lsn {
+                        // The sync ends where its own term starts, on committed WAL, at the end
+                        // of a record: the next compute starts there.
+                        if pn.core.wal_range().is_some() || !pn.elected {
+                            return Err(format!("sync {p} done at {lsn} without being elected"));
+                        }
+                        if lsn > committed_end(&self.committed) {
+                            return Err(format!("sync {p} ends at {lsn}, beyond the committed {}", committed_end(&self.committed)));
+                        }
+                        if !is_record_boundary(&self.committed, lsn) {
+                            return Err(format!("sync {p} ends at {lsn}, inside a record"));
+                        }
+                    }
+                    let e = self.endpoints.iter().position(|e| e.current == p).ok_or("a sync without an endpoint")?;
+                    self.endpoints[e].next_start = Some(lsn.unwrap_or(WAL_START));
+                }
+                ProposerAction::SteppedDown { .. } | ProposerAction::ElectionLost { .. } => {
+                    if self.proposers[p].core.is_stopped() {
+                        return Err(format!("proposer {p} stepped down after it stopped"));
+                    }
+                    // Its shell retries after a backoff. (Plain proposers are restarted only at
+                    // random: retrying ones that never stop would duel forever.)
+                    if self.proposers[p].core.mode() != ProposerMode::Plain {
+                        let backoff = self.proposers[p].backoff;
+                        self.proposers[p].retry_at = Some(self.now + self.rng.gen_range(backoff / 2..=backoff));
+                        self.proposers[p].backoff = (backoff * 2).min(320);
+                    }
+                }
+                ProposerAction::Send(..) | ProposerAction::SendWal { .. } | ProposerAction::StoreWal { .. } => {}
             }
         }
         Ok(())
+    }
+
+    /// The current proposer of a random endpoint.
+    fn some_proposer(&mut self) -> usize {
+        let e = self.rng.gen_range(0..self.endpoints.len());
+        self.endpoints[e].current
     }
 
     fn deliver(&mut self, env: Envelope) -> Check {
@@ -182,7 +374,7 @@ impl Sim {
                 }
             }
             Envelope::ToProposer { from, to, msg, ghost } => {
-                if !self.link_up(to, from) {
+                if !self.link_up(to, from) || self.proposers[to].crashed {
                     return Ok(());
                 }
                 if let (Some(g), ToProposer::Vote { term, .. }) = (ghost, &msg) {
@@ -198,20 +390,32 @@ impl Sim {
     }
 
     fn deliver_random(&mut self) -> Check {
-        let ready: Vec<usize> = (0..self.net.len()).filter(|&i| self.net[i].0 <= self.now).collect();
-        if ready.is_empty() {
-            return Ok(());
+        while let Some(entry) = self.net.first_entry() {
+            if entry.key().0 > self.now {
+                break;
+            }
+            self.due.push(entry.remove());
         }
-        let i = ready[self.rng.gen_range(0..ready.len())];
-        let (_, env) = self.net.swap_remove(i);
-        self.deliver(env)
+        // One message, or more when many are due: a network that delivers less than its
+        // proposers send would make every message wait longer and longer, and elections
+        // would stop completing.
+        let count = 1 + self.due.len() / 4;
+        for _ in 0..count {
+            if self.due.is_empty() {
+                break;
+            }
+            let i = self.rng.gen_range(0..self.due.len());
+            let env = self.due.swap_remove(i);
+            self.deliver(env)?;
+        }
+        Ok(())
     }
 
     fn client_append(&mut self, p: usize) -> Check {
-        if self.proposers[p].core.wal_range().is_none() {
+        if self.proposers[p].core.mode() == ProposerMode::Sync || self.proposers[p].core.wal_range().is_none() {
             return Ok(());
         }
-        let len = self.rng.gen_range(1..200);
+        let len = self.rng.gen_range(2..200);
         let bytes = record(self.next_payload, len);
         self.next_payload += 1;
         let end = self.proposers[p].store.client_append(&bytes);
@@ -221,6 +425,7 @@ impl Sim {
 
     fn start_election(&mut self, p: usize) -> Check {
         self.proposers[p].ghosts.clear();
+        self.proposers[p].retry_at = None;
         let actions = self.proposers[p].core.start_election();
         self.proposer_actions(p, actions)
     }
@@ -234,21 +439,30 @@ impl Sim {
 
     fn step(&mut self) -> Check {
         self.now += 1;
-        let np = self.proposers.len();
         let roll = self.rng.gen_range(0..100);
         match roll {
             0..=39 => self.deliver_random()?,
             40..=59 => {
-                let p = self.rng.gen_range(0..np);
+                let p = self.some_proposer();
                 let actions = self.proposers[p].core.tick();
                 self.proposer_actions(p, actions)?;
             }
             60..=61 => {
-                let p = self.rng.gen_range(0..np);
-                self.start_election(p)?;
+                // A retried election; or, once stopped, the endpoint's next proposer. The
+                // stopped one is asked first: it must not start anything.
+                let e = self.rng.gen_range(0..self.endpoints.len());
+                let p = self.endpoints[e].current;
+                // A compute's or sync's shell starts an election only after it lost one (at
+                // `retry_at`); a plain proposer restarts at random, even when elected.
+                if self.plain || self.proposers[p].stopped {
+                    self.start_election(p)?;
+                }
+                if self.proposers[p].stopped {
+                    self.next_incarnation(e, false)?;
+                }
             }
             62..=78 => {
-                let p = self.rng.gen_range(0..np);
+                let p = self.some_proposer();
                 for _ in 0..self.rng.gen_range(1..4) {
                     self.client_append(p)?;
                 }
@@ -269,17 +483,56 @@ impl Sim {
                 self.restart(a);
             }
             88..=90 => {
-                let (p, a) = (self.rng.gen_range(0..np), self.rng.gen_range(0..ACCEPTORS));
-                if !self.cut.remove(&(p, a)) {
-                    self.cut.insert((p, a));
+                let (p, a) = (self.some_proposer(), self.rng.gen_range(0..ACCEPTORS));
+                if self.cut.remove(&(p, a)).is_none() {
+                    let heal_at = self.now + self.rng.gen_range(10..300);
+                    self.cut.insert((p, a), heal_at);
                 } else {
-                    let actions = self.proposers[p].core.reconnected(a);
-                    self.proposer_actions(p, actions)?;
+                    self.heal(p, a)?;
                 }
+            }
+            91 if !self.plain && self.rng.gen_bool(0.6) => {
+                // An endpoint crashes and restarts, or an intruder starts: a sync, or a stale
+                // compute that starts at an older LSN and tries to take over.
+                let e = self.rng.gen_range(0..self.endpoints.len());
+                let stale = self.rng.gen_bool(0.5);
+                self.next_incarnation(e, stale)?;
             }
             _ => self.deliver_random()?,
         }
+        // Partitions end by themselves too: a link cut for good would leave a proposer that
+        // reaches no majority stuck for the rest of the seed.
+        let healed: Vec<(usize, NodeId)> = self.cut.iter().filter(|(_, &at)| at <= self.now).map(|(&k, _)| k).collect();
+        for (p, a) in healed {
+            self.cut.remove(&(p, a));
+            self.heal(p, a)?;
+        }
+        // compute_ctl moves on soon after its proposer stopped: after a sync it starts the
+        // compute; the primary endpoint (0) also restarts after its compute was fenced,
+        // sometimes as an old compute without syncing first. The others are intruders that
+        // come back only at random (above). A proposer that lost an election tries again
+        // after its backoff.
+        for e in 0..self.endpoints.len() {
+            let p = self.endpoints[e].current;
+            let moves_on = e == 0 || self.endpoints[e].next_start.is_some();
+            if self.proposers[p].stopped && moves_on && self.rng.gen_bool(0.2) {
+                let stale = self.rng.gen_bool(0.1);
+                self.next_incarnation(e, stale)?;
+            } else if self.proposers[p].retry_at.is_some_and(|at| at <= self.now) {
+                self.proposers[p].retry_at = None;
+                self.start_election(p)?;
+            }
+        }
         self.check()
+    }
+
+    /// A cut link is back: the proposer's shell reconnects.
+    fn heal(&mut self, p: usize, a: NodeId) -> Check {
+        if self.proposers[p].crashed {
+            return Ok(());
+        }
+        let actions = self.proposers[p].core.reconnected(a);
+        self.proposer_actions(p, actions)
     }
 
     /// Safety invariants that must hold after every step.
@@ -317,6 +570,11 @@ impl Sim {
                     }
                 }
             }
+            // Pieces end at record boundaries: no acceptor's log ever ends inside a record, so
+            // whichever log the next election picks, its end is a record's.
+            if disk.wal.begin == WAL_START && !is_record_boundary(&disk.wal.bytes, disk.wal.end()) {
+                return Err(format!("acceptor {a}: its WAL ends at {}, inside a record", disk.wal.end()));
+            }
         }
         // The committed WAL is durable on a majority.
         if end > WAL_START {
@@ -337,12 +595,22 @@ impl Sim {
         for a in 0..ACCEPTORS {
             self.restart(a);
         }
-        let p = self.rng.gen_range(0..self.proposers.len());
-        self.start_election(p)?;
-        let mut appended: Option<(Term, Lsn)> = None;
+        let e = self.rng.gen_range(0..self.endpoints.len());
+        if self.plain {
+            self.start_election(self.endpoints[e].current)?;
+        } else {
+            self.next_incarnation(e, false)?;
+        }
+        // (proposer, term, end of the record it appended in that term)
+        let mut appended: Option<(usize, Term, Lsn)> = None;
         for i in 0..20_000 {
             self.now += 1;
-            if i % 500 == 499 && !self.proposers[p].core.is_leader() {
+            let p = self.endpoints[e].current;
+            if self.proposers[p].stopped {
+                // Synced (a compute follows), or fenced by a proposer of before the healing
+                // (a sync follows).
+                self.next_incarnation(e, false)?;
+            } else if i % 500 == 499 && !self.proposers[p].core.is_leader() {
                 // Lost the race to a term another acceptor had seen: try again.
                 self.start_election(p)?;
             } else if self.rng.gen_bool(0.1) {
@@ -354,16 +622,18 @@ impl Sim {
             if i % 16 == 0 {
                 self.check()?;
             }
-            // WAL appended in a term the proposer lost is gone with that term: append again.
+            // A compute writes one record once elected; a later compute writes its own.
+            let p = self.endpoints[e].current;
+            let writes = self.proposers[p].core.mode() != ProposerMode::Sync && self.proposers[p].core.wal_range().is_some();
             let term = self.proposers[p].core.term();
-            if appended.is_none_or(|(t, _)| t != term) && self.proposers[p].core.wal_range().is_some() {
-                let end = self.proposers[p].store.client_append(&record(u64::MAX - term, 1));
-                appended = Some((term, end));
+            if appended.is_none_or(|(q, t, _)| q != p || t != term) && writes {
+                let end = self.proposers[p].store.client_append(&record(u64::MAX - term, 2));
+                appended = Some((p, term, end));
                 let actions = self.proposers[p].core.append(end);
                 self.proposer_actions(p, actions)?;
             }
-            if let Some((_, end)) = appended {
-                let synced = self.nodes.iter().all(|n| n.as_ref().is_some_and(|n| n.acceptor.state().commit_lsn >= end));
+            if let Some((q, _, end)) = appended {
+                let synced = q == p && self.nodes.iter().all(|n| n.as_ref().is_some_and(|n| n.acceptor.state().commit_lsn >= end));
                 if synced {
                     self.check()?;
                     let first = &self.disks[0].wal;
@@ -379,6 +649,7 @@ impl Sim {
                 }
             }
         }
+        let p = self.endpoints[e].current;
         Err(format!(
             "no progress after healing (proposer {p}: {:?}); acceptors: {:?}",
             self.proposers[p].core,
@@ -391,15 +662,33 @@ struct Outcome {
     commits: usize,
     committed_bytes: usize,
     terms: usize,
+    fenced_stale: usize,
+    fenced_later: usize,
+    synced: usize,
 }
 
 fn run_seed(seed: u64) -> Result<Outcome, String> {
     let mut sim = Sim::new(seed);
+    // Every endpoint starts with compute_ctl's sync, at a random time (plain proposers
+    // start at random steps).
+    for e in 0..sim.endpoints.len() {
+        if !sim.plain {
+            let p = sim.endpoints[e].current;
+            sim.proposers[p].retry_at = Some(sim.rng.gen_range(0..100));
+        }
+    }
     for step in 0..STEPS {
         sim.step().map_err(|e| format!("step {step}: {e}"))?;
     }
     sim.finish().map_err(|e| format!("after healing: {e}"))?;
-    Ok(Outcome { commits: sim.commits, committed_bytes: sim.committed.len(), terms: sim.elected.len() })
+    Ok(Outcome {
+        commits: sim.commits,
+        committed_bytes: sim.committed.len(),
+        terms: sim.elected.len(),
+        fenced_stale: sim.fenced_stale,
+        fenced_later: sim.fenced_later,
+        synced: sim.synced,
+    })
 }
 
 fn run_seed_or_panic(seed: u64) -> Outcome {
@@ -415,21 +704,31 @@ fn run_seed_or_panic(seed: u64) -> Outcome {
 #[test]
 fn many_seeds() {
     let n: u64 = std::env::var("FJORD_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let (mut commits, mut bytes, mut terms) = (0, 0, 0);
+    let (mut commits, mut bytes, mut terms, mut fenced_stale, mut fenced_later, mut synced) = (0, 0, 0, 0, 0, 0);
     for seed in 0..n {
         let o = run_seed_or_panic(seed);
         commits += o.commits;
         bytes += o.committed_bytes;
         terms += o.terms;
+        fenced_stale += o.fenced_stale;
+        fenced_later += o.fenced_later;
+        synced += o.synced;
     }
-    eprintln!("{n} seeds: {commits} commit advances, {bytes} bytes committed, {terms} terms elected");
-    // The simulation must exercise something.
-    assert!(n == 0 || commits > n as usize && terms > n as usize);
+    eprintln!(
+        "{n} seeds: {commits} commit advances, {bytes} bytes committed, {terms} terms elected, {synced} syncs done, \
+         {fenced_stale} computes fenced at election, {fenced_later} after it"
+    );
+    // The simulation must exercise something: commits, elections, fencing and syncs.
+    let n = n as usize;
+    assert!(n == 0 || commits > n && terms > n && synced > n / 2 && fenced_stale > n / 40 && fenced_later > n / 40);
 }
 
 #[test]
 fn replay_seed() {
     let seed = std::env::var("FJORD_SIM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(42);
     let o = run_seed_or_panic(seed);
-    eprintln!("seed {seed}: {} commit advances, {} bytes committed, {} terms elected", o.commits, o.committed_bytes, o.terms);
+    eprintln!(
+        "seed {seed}: {} commit advances, {} bytes committed, {} terms elected, {} syncs done, {} computes fenced at election, {} after it",
+        o.commits, o.committed_bytes, o.terms, o.synced, o.fenced_stale, o.fenced_later
+    );
 }

@@ -8,16 +8,22 @@
 //! with `reconnected(i)`. Nothing here ever blocks on anything but the event channel and
 //! those writes (bounded by [`crate::conn::WRITE_TIMEOUT`]).
 //!
-//! Invariants: a compute proposer streams only after it was elected with `start_lsn ==
-//! wal_start`; once fenced or failed it sends nothing more, ever. Bytes at or beyond the LSN
-//! PostgreSQL reported flushed are never sent (the WAL store refuses them).
+//! Policy is not decided here: `quorum::Proposer` in `Compute` or `Sync` mode says when this
+//! compute is fenced, when a sync is done, when an election is lost, and sends WAL only up to
+//! the record boundaries given to `append`. This thread carries that out: sockets, the
+//! clock (ticks, election backoff), the WAL store, decoding the compute's WAL to find those
+//! boundaries, status and log lines.
+//!
+//! Invariants: once fenced or failed it sends nothing more, ever (the core stops, and so
+//! does this thread). Bytes at or beyond the LSN PostgreSQL reported flushed are never sent
+//! (the WAL store refuses them).
 
 use crate::walstore::WalStore;
 use crate::{Outcome, Shared, Status};
 use bytes::BytesMut;
 use proto::Lsn;
 use quorum::wire::ProposerMessage;
-use quorum::{NodeId, Proposer, ProposerAction, ToAcceptor, ToProposer};
+use quorum::{FenceReason, NodeId, Proposer, ProposerAction, ProposerMode, Term, ToAcceptor, ToProposer};
 use std::collections::VecDeque;
 use std::io::Write;
 use std::net::TcpStream;
@@ -30,6 +36,9 @@ use std::time::{Duration, Instant};
 pub const TICK: Duration = Duration::from_millis(500);
 /// The first delay before an election is retried; doubles up to `reconnect_max`.
 const ELECTION_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// The compute's WAL is decoded this much at a time, and the last record end of each step is
+/// given to the proposer as a boundary (pieces of WAL end at boundaries only).
+const RECORD_STEP_BYTES: u64 = 4 << 20;
 /// At most this many events are handled before queued writes go out.
 const BATCH_EVENTS_MAX: usize = 256;
 
@@ -53,14 +62,6 @@ pub enum Event {
     Stop,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Inside a compute: stream its WAL, fence on any doubt.
-    Compute,
-    /// compute_ctl's sync: agree on the end of WAL, commit it, stop.
-    Sync,
-}
-
 struct Conn {
     generation: u64,
     stream: TcpStream,
@@ -69,8 +70,6 @@ struct Conn {
 
 pub struct Core {
     pub proposer: Proposer,
-    pub mode: Mode,
-    pub wal_start: Lsn,
     pub store: WalStore,
     pub shared: Arc<Shared>,
     pub wake: Arc<dyn Fn() + Send + Sync>,
@@ -82,14 +81,10 @@ pub struct Core {
     /// An election was started (once any connection existed).
     started: bool,
     /// `(term, start_lsn)` once elected.
-    elected: Option<(u64, Lsn)>,
+    elected: Option<(Term, Lsn)>,
     commit_lsn: Lsn,
-    /// Per safekeeper: the highest commit LSN it acknowledged in the current term.
-    acked_commit: Vec<Lsn>,
     retry_at: Option<Instant>,
     election_backoff: Duration,
-    /// The safekeeper whose message is being handled (to name it when stepping down).
-    handling: Option<NodeId>,
     done: bool,
     /// Compute mode, once elected: decodes the compute's own WAL as it is flushed, so that
     /// only whole records are given to the proposer (see [`Core::record_end`]).
@@ -102,8 +97,6 @@ impl Core {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         proposer: Proposer,
-        mode: Mode,
-        wal_start: Lsn,
         store: WalStore,
         shared: Arc<Shared>,
         wake: Arc<dyn Fn() + Send + Sync>,
@@ -114,8 +107,6 @@ impl Core {
         let n = addrs.len();
         Core {
             proposer,
-            mode,
-            wal_start,
             store,
             shared,
             wake,
@@ -126,12 +117,10 @@ impl Core {
             started: false,
             elected: None,
             commit_lsn: Lsn(0),
-            acked_commit: vec![Lsn(0); n],
             decoder: None,
             record_end: Lsn(0),
             retry_at: None,
             election_backoff: ELECTION_BACKOFF_MIN,
-            handling: None,
             done: false,
         }
     }
@@ -167,12 +156,6 @@ impl Core {
             if !self.done && now >= next_tick {
                 next_tick = now + TICK;
                 let actions = self.proposer.tick();
-                if actions.is_empty() && self.started && !self.proposer.is_leader() && self.retry_at.is_none() {
-                    // Outside leadership, the proposer's tick is silent only when it is idle:
-                    // greeting and voting always resend to someone who has not answered. Idle
-                    // before being elected means the election was refused.
-                    self.schedule_retry("the election was refused (another proposer took the votes)");
-                }
                 self.perform(actions);
             }
             if !self.done && self.retry_at.is_some_and(|at| now >= at) {
@@ -210,23 +193,19 @@ impl Core {
                 if self.conns[node].as_ref().is_none_or(|c| c.generation != generation) {
                     return;
                 }
-                if let ToProposer::AppendAck { term, commit_lsn, .. } = &msg {
-                    if *term == self.proposer.term() && *commit_lsn > self.acked_commit[node] {
-                        self.acked_commit[node] = *commit_lsn;
-                    }
-                }
-                self.handling = Some(node);
                 let actions = self.proposer.handle(node, msg);
                 self.perform(actions);
-                self.handling = None;
-                self.check_sync_done();
+                if self.elected.is_some() && self.proposer.mode() == ProposerMode::Sync {
+                    // A sync's timeout error tells how far it got.
+                    self.progress();
+                }
             }
             Event::Flushed => {
                 self.shared.flush_pending.store(false, Ordering::SeqCst);
                 let flushed = Lsn(self.shared.flushed.load(Ordering::SeqCst));
                 self.store.set_flushed(flushed);
-                if self.mode == Mode::Compute && self.elected.is_some() {
-                    if let Some(end) = self.record_end(flushed) {
+                if self.proposer.mode() == ProposerMode::Compute && self.elected.is_some() {
+                    for end in self.record_ends(flushed) {
                         let actions = self.proposer.append(end);
                         self.perform(actions);
                     }
@@ -270,69 +249,66 @@ impl Core {
                     self.shared.commit_lsn.store(commit_lsn.0, Ordering::SeqCst);
                     (self.wake)();
                 }
-                ProposerAction::SteppedDown { term, seen } => self.on_stepped_down(term, seen),
+                ProposerAction::SteppedDown { term, seen, by } => {
+                    self.elected = None;
+                    self.set_status(Status::Electing);
+                    self.schedule_retry(&format!("safekeeper {} has seen term {seen}, above this proposer's {term}", self.addrs[by]));
+                }
+                ProposerAction::ElectionLost { term } => {
+                    self.schedule_retry(&format!("the election in term {term} was refused (another proposer took the votes)"));
+                }
+                ProposerAction::Fenced { term, reason } => {
+                    let reason = match reason {
+                        FenceReason::WalMismatch { start_lsn, wal_start } => format!(
+                            "the safekeepers' WAL ends at {start_lsn}, but this compute started at {wal_start}: another compute has written WAL since"
+                        ),
+                        FenceReason::HigherTerm { by, seen } => format!(
+                            "safekeeper {} accepted term {seen} from another compute (this one was elected in term {term}); this compute can no longer commit",
+                            self.addrs[by]
+                        ),
+                    };
+                    self.finish(Status::Fenced { reason: reason.clone() }, Outcome::Failed(reason));
+                }
+                ProposerAction::SyncDone { term, lsn } => {
+                    match lsn {
+                        Some(lsn) => tracing::info!(
+                            "synced in term {term}: WAL up to {lsn} is committed on {} safekeepers",
+                            self.proposer.acked_commit_count(lsn)
+                        ),
+                        None => tracing::info!("synced in term {term}: no safekeeper has WAL for this timeline"),
+                    }
+                    let start_lsn = lsn.unwrap_or(Lsn(0));
+                    self.finish(Status::Streaming { term, start_lsn }, Outcome::Synced(lsn));
+                }
             }
         }
     }
 
-    fn on_elected(&mut self, term: u64, start_lsn: Lsn, donor: NodeId) -> Vec<ProposerAction> {
+    fn on_elected(&mut self, term: Term, start_lsn: Lsn, donor: NodeId) -> Vec<ProposerAction> {
         self.election_backoff = ELECTION_BACKOFF_MIN;
-        self.acked_commit.iter_mut().for_each(|c| *c = Lsn(0));
-        if self.mode == Mode::Sync && start_lsn == Lsn(0) {
-            tracing::info!("elected in term {term}: no safekeeper has WAL for this timeline");
-            self.finish(Status::Streaming { term, start_lsn }, Outcome::Synced(None));
-            return Vec::new();
-        }
-        if self.mode == Mode::Compute && start_lsn != self.wal_start {
-            let reason = format!(
-                "the safekeepers' WAL ends at {start_lsn}, but this compute started at {}: another compute has written WAL since",
-                self.wal_start
-            );
-            self.finish(Status::Fenced { reason: reason.clone() }, Outcome::Failed(reason));
-            return Vec::new();
-        }
         tracing::info!("elected in term {term}; own WAL starts at {start_lsn}; donor is safekeeper {}", self.addrs[donor]);
         self.elected = Some((term, start_lsn));
         self.store.set_own_start(start_lsn);
         self.set_status(Status::Streaming { term, start_lsn });
         self.progress();
-        match self.mode {
-            Mode::Compute => {
-                let flushed = Lsn(self.shared.flushed.load(Ordering::SeqCst));
-                self.store.set_flushed(flushed);
-                let config = pgwal::DecoderConfig { segment_size_bytes: self.store.segment_size(), system_id: None };
-                match pgwal::WalStreamDecoder::new(start_lsn, config) {
-                    Ok(d) => {
-                        self.decoder = Some(d);
-                        self.record_end = start_lsn;
-                    }
-                    Err(e) => {
-                        let reason = format!("cannot decode this compute's WAL from {start_lsn}: {e}");
-                        self.finish(Status::Failed { reason: reason.clone() }, Outcome::Failed(reason));
-                        return Vec::new();
-                    }
-                }
-                match self.record_end(flushed) {
-                    Some(end) => self.proposer.append(end),
-                    None => Vec::new(),
-                }
+        if self.proposer.mode() != ProposerMode::Compute {
+            return Vec::new();
+        }
+        let flushed = Lsn(self.shared.flushed.load(Ordering::SeqCst));
+        self.store.set_flushed(flushed);
+        let config = pgwal::DecoderConfig { segment_size_bytes: self.store.segment_size(), system_id: None };
+        match pgwal::WalStreamDecoder::new(start_lsn, config) {
+            Ok(d) => {
+                self.decoder = Some(d);
+                self.record_end = start_lsn;
             }
-            Mode::Sync => Vec::new(),
+            Err(e) => {
+                let reason = format!("cannot decode this compute's WAL from {start_lsn}: {e}");
+                self.finish(Status::Failed { reason: reason.clone() }, Outcome::Failed(reason));
+                return Vec::new();
+            }
         }
-    }
-
-    fn on_stepped_down(&mut self, term: u64, seen: u64) {
-        let who = self.handling.map_or_else(|| "a safekeeper".to_string(), |i| format!("safekeeper {}", self.addrs[i]));
-        if self.mode == Mode::Compute && self.elected.is_some() {
-            let reason = format!(
-                "{who} accepted term {seen} from another compute (this one was elected in term {term}); this compute can no longer commit"
-            );
-            self.finish(Status::Fenced { reason: reason.clone() }, Outcome::Failed(reason));
-            return;
-        }
-        self.elected = None;
-        self.set_status(Status::Electing);
-        self.schedule_retry(&format!("{who} has seen term {seen}, above this proposer's {term}"));
+        self.record_ends(flushed).into_iter().flat_map(|end| self.proposer.append(end)).collect()
     }
 
     fn schedule_retry(&mut self, why: &str) {
@@ -340,19 +316,6 @@ impl Core {
         self.retry_at = Some(Instant::now() + self.election_backoff);
         self.election_backoff = (self.election_backoff * 2).min(self.reconnect_max.max(ELECTION_BACKOFF_MIN));
         self.progress();
-    }
-
-    /// Sync: done once the commit LSN reached the start LSN and a majority acknowledged a
-    /// commit LSN at least that high (so each of them will serve WAL up to it).
-    fn check_sync_done(&mut self) {
-        let (Mode::Sync, Some((_, start))) = (self.mode, self.elected) else { return };
-        self.progress();
-        let majority = self.addrs.len() / 2 + 1;
-        let acked = self.acked_commit.iter().filter(|&&c| c >= start).count();
-        if self.commit_lsn >= start && acked >= majority {
-            tracing::info!("synced: WAL up to {start} is committed on {acked} safekeepers");
-            self.finish(Status::Streaming { term: self.proposer.term(), start_lsn: start }, Outcome::Synced(Some(start)));
-        }
     }
 
     fn set_status(&mut self, status: Status) {
@@ -364,21 +327,23 @@ impl Core {
         }
     }
 
-    /// The end of the last whole record in the compute's WAL below `flushed`, decoding what
-    /// was flushed since the last call. PostgreSQL flushes whole pages in the background, so
-    /// its flush LSN can be inside a record; a safekeeper's WAL must not end there, or the
-    /// next compute would start inside a record. `None` if decoding failed (the proposer has
-    /// failed then).
-    fn record_end(&mut self, flushed: Lsn) -> Option<Lsn> {
-        const STEP: u64 = 4 << 20;
+    /// Record boundaries in the compute's WAL below `flushed` to give the proposer, decoding
+    /// what was flushed since the last call: the end of the last whole record of every
+    /// [`RECORD_STEP_BYTES`] decoded. PostgreSQL flushes whole pages in the background, so its
+    /// flush LSN can be inside a record; the proposer sends WAL only up to the boundaries it
+    /// is given, so that a safekeeper's WAL never ends inside a record (the next compute would
+    /// start there), and one boundary per step keeps its pieces short. Empty if decoding
+    /// failed (the proposer has failed then).
+    fn record_ends(&mut self, flushed: Lsn) -> Vec<Lsn> {
         if !self.whole_records {
-            return Some(flushed);
+            return vec![flushed];
         }
-        let decoder = self.decoder.as_mut()?;
+        let mut ends = Vec::new();
+        let Some(decoder) = self.decoder.as_mut() else { return ends };
         let mut failure = None;
         'feed: while decoder.next_feed_lsn() < flushed {
             let from = decoder.next_feed_lsn();
-            let to = Lsn(flushed.0.min(from.0 + STEP));
+            let to = Lsn(flushed.0.min(from.0 + RECORD_STEP_BYTES));
             match self.store.read(from, to) {
                 Ok(bytes) => decoder.feed_bytes(&bytes),
                 Err(e) => {
@@ -396,13 +361,16 @@ impl Core {
                     }
                 }
             }
+            if ends.last().is_none_or(|&e| e < self.record_end) {
+                ends.push(self.record_end);
+            }
         }
         if let Some(reason) = failure {
             self.decoder = None;
             self.finish(Status::Failed { reason: reason.clone() }, Outcome::Failed(reason));
-            return None;
+            return Vec::new();
         }
-        Some(self.record_end)
+        ends
     }
 
     fn finish(&mut self, status: Status, outcome: Outcome) {
@@ -422,8 +390,8 @@ impl Core {
         let text = match self.elected {
             None => format!("electing (term {})", self.proposer.term()),
             Some((term, start)) => {
-                let majority = self.addrs.len() / 2 + 1;
-                let acked = self.acked_commit.iter().filter(|&&c| c >= start).count();
+                let majority = quorum::majority(self.addrs.len());
+                let acked = self.proposer.acked_commit_count(start);
                 format!(
                     "elected in term {term} at {start}; commit LSN {}; {acked} of the {majority} needed safekeepers acknowledged a commit LSN of at least {start}; {} bytes fetched from the donor",
                     self.commit_lsn,

@@ -14,13 +14,16 @@
 
 mod conn;
 mod core;
+mod safekeeper_list;
 mod walstore;
 
+pub use quorum::majority;
+pub use safekeeper_list::{parse_safekeeper_list, SafekeeperAddr, SafekeeperListError, SafekeeperListProblem, SAFEKEEPERS_MAX};
 pub use walstore::{segment_file_name, WalReadError};
 
 use proto::{Lsn, TenantId, TimelineId};
 use quorum::wire::{PageserverFeedback, ProposerMessage, PROTOCOL_VERSION};
-use quorum::{Proposer, ProposerConfig};
+use quorum::{Proposer, ProposerConfig, ProposerMode};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
@@ -28,7 +31,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::core::{Core, Event, Mode};
+use crate::core::{Core, Event};
 use crate::walstore::WalStore;
 
 /// Where and what to propose.
@@ -184,12 +187,12 @@ impl WalProposer {
         let Some(dir) = config.wal_dir.clone() else {
             anyhow::bail!("cannot start a WAL proposer without a pg_wal directory (wal_dir)");
         };
-        Self::spawn(&config, Mode::Compute, Some(dir), config.wal_start, wake)
+        Self::spawn(&config, ProposerMode::Compute, Some(dir), config.wal_start, wake)
     }
 
     fn spawn(
         config: &Config,
-        mode: Mode,
+        mode: ProposerMode,
         dir: Option<PathBuf>,
         wal_start: Lsn,
         wake: Arc<dyn Fn() + Send + Sync>,
@@ -200,9 +203,7 @@ impl WalProposer {
         let (tx, rx) = mpsc::channel();
         let segment_size = u64::from(config.wal_segment_size);
         let core = Core::new(
-            Proposer::new(n, wal_start, ProposerConfig::default()),
-            mode,
-            wal_start,
+            Proposer::new(n, wal_start, ProposerConfig { mode, ..ProposerConfig::default() }),
             WalStore::new(dir, segment_size, wal_start),
             Arc::clone(&shared),
             wake,
@@ -323,7 +324,7 @@ fn validate(config: &Config) -> anyhow::Result<()> {
 /// least that high, so that they serve the WAL up to it to the pageserver.
 pub fn sync_safekeepers(config: &Config, timeout: Duration) -> anyhow::Result<Option<Lsn>> {
     let started = Instant::now();
-    let proposer = WalProposer::spawn(config, Mode::Sync, None, Lsn(0), Arc::new(|| {}))?;
+    let proposer = WalProposer::spawn(config, ProposerMode::Sync, None, Lsn(0), Arc::new(|| {}))?;
     let shared = Arc::clone(&proposer.shared);
     let mut outcome = lock(&shared.outcome);
     while outcome.is_none() {

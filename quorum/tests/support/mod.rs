@@ -8,6 +8,44 @@ use bytes::Bytes;
 use proto::Lsn;
 use quorum::{Acceptor, AcceptorAction, AcceptorState, Persist, ProposerAction, ToAcceptor, ToProposer};
 
+/// The simulation's random numbers: SplitMix64, seeded by the seed. Cheaper than `StdRng`
+/// (a cryptographic generator, a quarter of the simulation's time) and, being written here,
+/// the same sequence for a seed on every platform and `rand` version, so a printed seed
+/// replays anywhere.
+pub struct SimRng(u64);
+
+impl SimRng {
+    pub fn new(seed: u64) -> SimRng {
+        SimRng(seed)
+    }
+}
+
+impl rand::RngCore for SimRng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        for chunk in dest.chunks_mut(8) {
+            let bytes = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+    }
+
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand::Error> {
+        self.fill_bytes(dest);
+        Ok(())
+    }
+}
+
 /// Where every proposer's own WAL begins in these tests: the timeline's first LSN.
 pub const WAL_START: Lsn = Lsn(100);
 
@@ -175,15 +213,33 @@ impl Store {
     }
 }
 
-/// Record bytes for payload `id`: deterministic, and different for different ids.
+/// Record bytes for payload `id`: deterministic, and different for different ids. Like a
+/// WAL record, it says how long it is (its first two bytes, little-endian), so a log can be
+/// split into records ([`is_record_boundary`]). `len` is at least 2.
 pub fn record(id: u64, len: usize) -> Vec<u8> {
+    assert!((2..=u16::MAX as usize).contains(&len));
     let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut bytes: Vec<u8> = (len as u16).to_le_bytes().to_vec();
+    bytes.extend((2..len).map(|_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x as u8
+    }));
+    bytes
+}
+
+/// Whether a record of `log` (WAL from `WAL_START`) ends at `lsn`, or `lsn` is the start.
+pub fn is_record_boundary(log: &[u8], lsn: Lsn) -> bool {
+    let Some(target) = lsn.0.checked_sub(WAL_START.0).map(|t| t as usize) else { return false };
+    let mut at = 0;
+    while at < target {
+        let Some(header) = log.get(at..at + 2) else { return false };
+        let len = u16::from_le_bytes([header[0], header[1]]) as usize;
+        if len < 2 {
+            return false;
+        }
+        at += len;
+    }
+    at == target && target <= log.len()
 }
