@@ -81,14 +81,21 @@ const LEAF_CRATES: &[(&str, &[&str], &[&str])] = &[
     ("pgwal", &["proto", "thiserror", "bytes", "crc32c", "lz4_flex", "zstd"], IO_PATHS),
     // The consensus core also reads no clock and draws no randomness: time and choices come
     // in as inputs, so a seeded simulation replays any run exactly.
-    ("quorum", &["proto", "bytes", "thiserror"], &["std::fs", "std::net", "tokio", "std::process", "std::thread", "Instant", "SystemTime", "rand::"]),
+    (
+        "quorum",
+        &["proto", "bytes", "thiserror"],
+        &["std::fs", "std::net", "tokio", "std::process", "std::thread", "Instant", "SystemTime", "rand::"],
+    ),
 ];
 
 #[test]
 fn leaf_crates_depend_on_no_io_crates() {
     for (krate, allowed, _) in LEAF_CRATES {
         for dep in dependencies(&read(&root().join(krate).join("Cargo.toml"))) {
-            assert!(allowed.contains(&dep.as_str()), "{krate} must stay a leaf crate: dependency {dep:?} is not on its allowed list {allowed:?}");
+            assert!(
+                allowed.contains(&dep.as_str()),
+                "{krate} must stay a leaf crate: dependency {dep:?} is not on its allowed list {allowed:?}"
+            );
         }
     }
 }
@@ -105,7 +112,10 @@ fn leaf_crates_do_no_io() {
 #[test]
 fn the_storage_engine_depends_on_nothing_that_knows_postgres() {
     for dep in dependencies(&read(&root().join("layerstore/Cargo.toml"))) {
-        assert!(!["pgwal", "pageserver", "pageserver_api", "safekeeper", "walproposer"].contains(&dep.as_str()), "layerstore must not depend on {dep}");
+        assert!(
+            !["pgwal", "pageserver", "pageserver_api", "safekeeper", "walproposer"].contains(&dep.as_str()),
+            "layerstore must not depend on {dep}"
+        );
     }
 }
 

@@ -19,7 +19,7 @@ mod walstore;
 
 pub use quorum::majority;
 pub use safekeeper_list::{parse_safekeeper_list, SafekeeperAddr, SafekeeperListError, SafekeeperListProblem, SAFEKEEPERS_MAX};
-pub use walstore::{segment_file_name, WalReadError};
+pub use walstore::WalReadError;
 
 use proto::{Lsn, TenantId, TimelineId};
 use quorum::wire::{PageserverFeedback, ProposerMessage, PROTOCOL_VERSION};

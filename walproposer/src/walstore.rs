@@ -6,6 +6,7 @@
 //! what PostgreSQL reported flushed, and this module checks both rather than trusting it.
 
 use bytes::{Bytes, BytesMut};
+use pgwal::segment::segment_file_name;
 use proto::Lsn;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -24,12 +25,6 @@ pub enum WalReadError {
     Io { path: String, lsn: Lsn, error: String },
     #[error("WAL at {lsn} is not available here (fetched WAL begins at {floor}, own WAL at {wal_start}, flushed up to {flushed})")]
     NotHere { lsn: Lsn, floor: Lsn, wal_start: Lsn, flushed: Lsn },
-}
-
-/// PostgreSQL's name of the segment file holding segment `segno` of `timeline`.
-pub fn segment_file_name(timeline: u32, segno: u64, segment_size: u64) -> String {
-    let segs_per_xlogid = 0x1_0000_0000 / segment_size;
-    format!("{timeline:08X}{:08X}{:08X}", segno / segs_per_xlogid, segno % segs_per_xlogid)
 }
 
 pub struct WalStore {
@@ -174,9 +169,6 @@ mod tests {
 
     #[test]
     fn segment_names_follow_postgres() {
-        let sixteen = 16 * 1024 * 1024;
-        assert_eq!(segment_file_name(1, 1, sixteen), "000000010000000000000001");
-        assert_eq!(segment_file_name(1, 256, sixteen), "000000010000000100000000");
         assert_eq!(segment_file_name(1, 0x1_02, 1 << 20), "000000010000000000000102");
         assert_eq!(segment_file_name(1, 0x1_000, 1 << 20), "000000010000000100000000");
     }

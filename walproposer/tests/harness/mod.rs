@@ -195,7 +195,7 @@ pub fn write_segments(dir: &std::path::Path, from: Lsn, to: Lsn) {
     std::fs::create_dir_all(dir).unwrap();
     for segno in from.0 / SEGMENT_BYTES..to.0.div_ceil(SEGMENT_BYTES) {
         let data: Vec<u8> = (segno * SEGMENT_BYTES..(segno + 1) * SEGMENT_BYTES).map(pattern).collect();
-        std::fs::write(dir.join(walproposer::segment_file_name(1, segno, SEGMENT_BYTES)), data).unwrap();
+        std::fs::write(dir.join(pgwal::segment::segment_file_name(1, segno, SEGMENT_BYTES)), data).unwrap();
     }
 }
 
