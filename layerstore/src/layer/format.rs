@@ -9,7 +9,7 @@
 //! stored in the header. There are no gaps and no padding, so a flipped byte anywhere is
 //! caught by the check of the structure it belongs to. Integers are little-endian; keys
 //! are their 18-byte `Key` form. The file holds no paths or host-specific data, so it can
-//! be uploaded to object storage and downloaded elsewhere unchanged. See the crate README
+//! be uploaded to object storage and downloaded elsewhere unchanged. See `docs/layer-format.md`
 //! for the tables.
 //!
 //! The reader checks magic and version before the checksum, so that a file from a newer
@@ -69,7 +69,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-/// The file header. See the README for the byte table.
+/// The file header. See `docs/layer-format.md` for the byte table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
     pub kind: LayerKind,
