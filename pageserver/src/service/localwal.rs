@@ -36,8 +36,8 @@ use crate::pgdata::walingest::wal_segment_file_name;
 
 /// The directory under a timeline's directory.
 pub const LOCAL_WAL_DIR: &str = "wal";
-/// The WAL receiver's source (`{"host", "port", "user"}`), in the timeline directory,
-/// written atomically; a pageserver restarts the receivers of the timelines that have one.
+/// The WAL receiver's sources (`{"sources": [{"host", "port", "user"}, ...]}`, see
+/// `walreceiver::sources`), in the timeline directory, written atomically; a pageserver restarts the receivers of the timelines that have one.
 pub const WAL_RECEIVER_SOURCE_FILE: &str = "wal_receiver.json";
 /// The entries of a timeline directory that are the service's, not the engine's: passed to
 /// `layerstore::Tenant::load`, which leaves them alone.

@@ -13,9 +13,11 @@
 //! on the devices we run on; if one ever tears, the checksum fails and the timeline is
 //! reported corrupt rather than trusted.
 //!
-//! Why a separate file rather than finding the end by decoding: appends end mid-record
-//! (the proposer streams bytes, not records), so the bytes alone cannot tell where the
-//! acknowledged WAL ends; and zero bytes are valid WAL content. Keeping the beginning in the
+//! Why a separate file rather than finding the end by decoding: an append may still end
+//! inside a record (the proposer ends its own WAL at record boundaries, but catch-up WAL from
+//! a donor and very long runs without a boundary are cut by size, see `quorum`), so the
+//! bytes alone cannot tell where the acknowledged WAL ends; and zero bytes are valid WAL
+//! content. Keeping the beginning in the
 //! same record lets a truncation that moves both (an acceptor whose log shares nothing with
 //! the elected history) switch them in one atomic write.
 //!
