@@ -75,8 +75,12 @@ pub fn relation_changed(r: &RelFork) -> u64 {
     last_written(r, RELATION_BLOCK)
 }
 
+/// The relation-size table under its LWLock, held shared or exclusive for the life of
+/// the value: `entries` reads under either, `entries_mut` needs the exclusive lock (and a
+/// `&mut` of this guard, so no shared view of the table is alive while it is changed).
 struct Locked<'a> {
     shared: &'a Shared,
+    exclusive: bool,
 }
 
 impl<'a> Locked<'a> {
@@ -85,11 +89,19 @@ impl<'a> Locked<'a> {
         // SAFETY: the lock lives in shared memory for the life of the server. LWLocks are
         // released by PostgreSQL's error cleanup (LWLockReleaseAll) if an ERROR unwinds us.
         unsafe { pg_sys::LWLockAcquire(shared.relsize_lock, mode) };
-        Locked { shared }
+        Locked { shared, exclusive }
     }
 
-    fn entries(&self) -> &mut [RelSizeEntry] {
-        // SAFETY: we hold the lock.
+    fn entries(&self) -> &[RelSizeEntry] {
+        // SAFETY: we hold the lock, so no other backend changes the table; this backend
+        // changes it only through `entries_mut`, which needs `&mut self`.
+        unsafe { relsize_entries(self.shared) }
+    }
+
+    fn entries_mut(&mut self) -> &mut [RelSizeEntry] {
+        assert!(self.exclusive, "the relation-size table changed under a shared lock");
+        // SAFETY: we hold the lock exclusively, and `&mut self` keeps every other view of
+        // the table in this backend dead while the returned slice lives.
         unsafe { relsize_entries(self.shared) }
     }
 
@@ -155,9 +167,9 @@ pub enum SizeUpdate {
 /// Applies `u` and returns the resulting size (`None` when nothing is cached).
 pub fn update_size(r: &RelFork, u: SizeUpdate) -> Option<u32> {
     let s = shmem::shared()?;
-    let l = Locked::new(s, true);
+    let mut l = Locked::new(s, true);
     let slot = l.find(r);
-    let entries = l.entries();
+    let entries = l.entries_mut();
     match (slot, u) {
         (Ok(i), SizeUpdate::Set(n)) => entries[i].nblocks = n,
         (Ok(i), SizeUpdate::AtLeast(n) | SizeUpdate::AtLeastIfCached(n)) => entries[i].nblocks = entries[i].nblocks.max(n),
@@ -188,16 +200,17 @@ pub fn update_size(r: &RelFork, u: SizeUpdate) -> Option<u32> {
             return Some(n);
         }
     }
-    l.find(r).ok().map(|i| entries[i].nblocks)
+    // Only the arms for a fork that was cached get here; the slot did not move.
+    slot.ok().map(|i| entries[i].nblocks)
 }
 
 /// Forgets `r` (it was unlinked). Backward-shift deletion keeps probe chains intact
 /// without tombstones.
 pub fn forget_size(r: &RelFork) {
     let Some(s) = shmem::shared() else { return };
-    let l = Locked::new(s, true);
+    let mut l = Locked::new(s, true);
     let Ok(mut hole) = l.find(r) else { return };
-    let entries = l.entries();
+    let entries = l.entries_mut();
     let cap = entries.len();
     entries[hole].used = 0;
     let mut i = (hole + 1) % cap;
@@ -220,9 +233,9 @@ pub fn forget_size(r: &RelFork) {
 /// left the pool as a full-page image at `image_lsn`. See `smgr::restore_build_lsn`.
 pub fn note_build_image(r: &RelFork, fake_lsn: u64, image_lsn: u64) {
     let Some(s) = shmem::shared() else { return };
-    let l = Locked::new(s, true);
+    let mut l = Locked::new(s, true);
     if let Ok(i) = l.find(r) {
-        let e = &mut l.entries()[i];
+        let e = &mut l.entries_mut()[i];
         if e.build_max_image_lsn == 0 {
             e.build_fake_lsn = fake_lsn;
         }

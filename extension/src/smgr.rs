@@ -182,7 +182,7 @@ unsafe fn is_local(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type
 }
 
 fn rel_fork(rnode: &pg_sys::RelFileNode, forknum: pg_sys::ForkNumber::Type) -> RelFork {
-    RelFork { spcnode: rnode.spcNode.into(), dbnode: rnode.dbNode.into(), relnode: rnode.relNode.into(), forknum: forknum as i32 }
+    RelFork { spcnode: rnode.spcNode.into(), dbnode: rnode.dbNode.into(), relnode: rnode.relNode.into(), forknum }
 }
 
 unsafe fn reln_fork(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type) -> RelFork {
@@ -344,7 +344,7 @@ fn heap_page_has_running_xids(page: &[u8]) -> bool {
 
     let pd_lower = usize::from(u16_at(page, 12));
     let pd_special = usize::from(u16_at(page, 16));
-    if pd_special != BLCKSZ || pd_lower < SIZE_OF_PAGE_HEADER || pd_lower > BLCKSZ {
+    if pd_special != BLCKSZ || !(SIZE_OF_PAGE_HEADER..=BLCKSZ).contains(&pd_lower) {
         return false;
     }
     let mut checked: Option<(u32, bool)> = None;
