@@ -7,6 +7,8 @@
 //!   fuzzed and simulated in isolation; I/O there would leak into all of them.
 //! - The storage engine (`layerstore`) knows nothing of PostgreSQL: no dependency on a crate
 //!   that does, and no source line that names WAL, PostgreSQL or the services above it.
+//! - Modules form no cycles in the engine and the pageserver, and the pageserver's PostgreSQL
+//!   data path (`pgdata`) never calls its service layer.
 //! - The docs list what the tree holds: every workspace crate has a README and appears in
 //!   ARCHITECTURE.md's code map and README.md's layout table; every script is named in both.
 
@@ -174,4 +176,117 @@ fn every_script_is_named_in_the_docs() {
         assert!(architecture.contains(&name), "ARCHITECTURE.md does not name the script {name}");
         assert!(readme.contains(&name), "README.md does not name the script {name}");
     }
+}
+
+/// The module a source file of `krate/src` belongs to, for the dependency graph: the first
+/// path component, or the first two under one of `layers` (the pageserver's `pgdata` and
+/// `service`). `None` for the crate root and binaries, which may use anything.
+fn module_of(rel: &Path, layers: &[&str]) -> Option<String> {
+    let parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string()).collect();
+    match parts.as_slice() {
+        [first, ..] if first == "lib" || first == "main" || first == "bin" => None,
+        [layer, module, ..] if layers.contains(&layer.as_str()) && module != "mod" => Some(format!("{layer}::{module}")),
+        [layer, ..] if layers.contains(&layer.as_str()) => None,
+        [first, ..] => Some(first.clone()),
+        [] => None,
+    }
+}
+
+/// Edges `module -> module` of `krate` from `crate::` paths in non-test code: a file named
+/// `tests.rs` is skipped, and so is everything after a `#[cfg(test)]` line (tests sit at
+/// the end of a file here), because a test may use the whole crate.
+fn module_graph(krate: &str, layers: &[&str]) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let src = root().join(krate).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut graph: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+    for path in files {
+        let rel = path.strip_prefix(&src).expect("under src");
+        if rel.file_name().is_some_and(|n| n == "tests.rs") {
+            continue;
+        }
+        let Some(from) = module_of(rel, layers) else { continue };
+        for line in read(&path).lines().take_while(|l| l.trim() != "#[cfg(test)]") {
+            let code = line.split("//").next().unwrap_or("");
+            for (i, _) in code.match_indices("crate::") {
+                let rest: Vec<&str> = code[i + "crate::".len()..].split("::").take(2).collect();
+                let word = |s: &str| s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect::<String>();
+                let first = word(rest[0]);
+                let to = if layers.contains(&first.as_str()) {
+                    match rest.get(1).map(|s| word(s)) {
+                        Some(m) if !m.is_empty() => format!("{first}::{m}"),
+                        _ => continue,
+                    }
+                } else {
+                    first
+                };
+                if to != from && !to.is_empty() {
+                    graph.entry(from.clone()).or_default().insert(to);
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// A cycle in `graph`, if it has one.
+fn find_cycle(graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|n| n == node) {
+            let mut cycle = path[i..].to_vec();
+            cycle.push(node.to_string());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(c) = visit(next, graph, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = Default::default();
+    graph.keys().find_map(|n| visit(n, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_storage_engine_and_the_pageserver_have_no_module_cycles() {
+    for (krate, layers) in [("layerstore", &[][..]), ("pageserver", &["pgdata", "service"][..])] {
+        let graph = module_graph(krate, layers);
+        assert!(graph.len() >= 4, "{krate}: found too few modules: {graph:?}");
+        if let Some(cycle) = find_cycle(&graph) {
+            panic!("{krate} has a module cycle: {}", cycle.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn the_postgres_data_path_never_calls_the_service() {
+    let graph = module_graph("pageserver", &["pgdata", "service"]);
+    for (from, tos) in &graph {
+        if from.starts_with("pgdata::") {
+            let up: Vec<_> = tos.iter().filter(|t| t.starts_with("service::")).collect();
+            assert!(up.is_empty(), "{from} uses {up:?}: the data path must not call the service");
+        }
+    }
+}
+
+#[test]
+fn the_cycle_finder_finds_cycles() {
+    let mut g: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+    g.entry("a".into()).or_default().insert("b".into());
+    g.entry("b".into()).or_default().insert("c".into());
+    assert_eq!(find_cycle(&g), None);
+    g.entry("c".into()).or_default().insert("a".into());
+    assert_eq!(find_cycle(&g), Some(vec!["a".to_string(), "b".into(), "c".into(), "a".into()]));
 }
