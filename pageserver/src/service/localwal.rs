@@ -183,17 +183,13 @@ impl LocalWal {
 /// The local segment files in `dir` by segment number; other names are ignored.
 pub fn list_segments(dir: &Path) -> anyhow::Result<Vec<(u64, PathBuf)>> {
     let mut out = Vec::new();
-    let segments_per_id = 0x1_0000_0000 / WAL_SEGMENT_SIZE_BYTES;
     for entry in fs::read_dir(dir).with_context(|| format!("list {}", dir.display()))? {
         let entry = entry.with_context(|| format!("list {}", dir.display()))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.len() != 24 || !name.chars().all(|c| c.is_ascii_hexdigit()) {
-            continue;
+        // Any PostgreSQL timeline in the name: only the segment number orders the files.
+        if let Some((_tli, segno)) = pgwal::segment::parse_segment_file_name(&name, WAL_SEGMENT_SIZE_BYTES) {
+            out.push((segno, entry.path()));
         }
-        let (Ok(hi), Ok(lo)) = (u64::from_str_radix(&name[8..16], 16), u64::from_str_radix(&name[16..24], 16)) else {
-            continue;
-        };
-        out.push((hi * segments_per_id + lo, entry.path()));
     }
     out.sort();
     Ok(out)
