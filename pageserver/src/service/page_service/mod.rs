@@ -158,7 +158,7 @@ impl PageService {
             send_error(&mut writer, 0, ErrorCode::NotFound, &msg)?;
             return Ok(());
         };
-        let span = tracing::info_span!("page_service", tenant = %tenant_id, timeline = %timeline_id);
+        let span = tracing::info_span!("page_service", tenant_id = %tenant_id, timeline_id = %timeline_id);
         let _enter = span.enter();
         Response::HelloOk { protocol_version: PROTOCOL_VERSION }.encode(&mut out);
         writer.write_all(&out)?;
