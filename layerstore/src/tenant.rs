@@ -46,8 +46,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Tenant {
-    /// Creates the directory of a new tenant under `tenants_dir`.
-    pub fn create(tenants_dir: &Path, tenant_id: TenantId, conf: StorageConfig) -> anyhow::Result<Tenant> {
+    /// Creates the directory of a new tenant under `tenants_dir`. `foreign_entries` as for
+    /// `load`: a created tenant treats its timeline directories as a loaded one does.
+    pub fn create(
+        tenants_dir: &Path,
+        tenant_id: TenantId,
+        conf: StorageConfig,
+        foreign_entries: &'static [&'static str],
+    ) -> anyhow::Result<Tenant> {
         conf.validate()?;
         let path = tenants_dir.join(tenant_id.to_string());
         if path.exists() {
@@ -59,7 +65,7 @@ impl Tenant {
         }
         fs::create_dir_all(tmp.join(TIMELINES_DIR)).with_context(|| format!("create {}", tmp.display()))?;
         crashsafe::fsync_dir(&tmp).and_then(|()| crashsafe::durable_rename(&tmp, &path)).context("create tenant directory")?;
-        Tenant::load(tenants_dir, tenant_id, conf, &[])
+        Tenant::load(tenants_dir, tenant_id, conf, foreign_entries)
     }
 
     /// Loads a tenant and all its timelines from `tenants_dir`. Entries of timeline

@@ -25,7 +25,7 @@ fn page(blk: u32) -> Bytes {
 /// A tenant with one flushed L0 layer of 16 pages; returns the layer file's path.
 fn setup(dir: &Path) -> PathBuf {
     let conf = StorageConfig { block_size_bytes: 16 * 1024, ..StorageConfig::default() };
-    let tenant = Tenant::create(dir, TENANT, conf).unwrap();
+    let tenant = Tenant::create(dir, TENANT, conf, &[]).unwrap();
     let t = tenant.create_timeline(TIMELINE).unwrap();
     for blk in 0..16 {
         t.put(key(blk), Lsn(100), &Value::Image(page(blk))).unwrap();

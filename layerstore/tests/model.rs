@@ -125,7 +125,7 @@ fn pick_in(pick: u64, lo: Lsn, hi: Lsn) -> Option<Lsn> {
 impl Harness {
     fn new() -> Harness {
         let dir = tempfile::tempdir().unwrap();
-        let tenant = Tenant::create(dir.path(), TENANT, conf()).unwrap();
+        let tenant = Tenant::create(dir.path(), TENANT, conf(), &[]).unwrap();
         tenant.create_timeline(timeline_id(0)).unwrap();
         let root = ModelTimeline {
             ancestor: None,

@@ -75,7 +75,7 @@ fn basebackup_of_a_real_workload_is_a_shut_down_data_directory_at_the_lsn() {
     let mut pg = PgCluster::initdb();
     let tenants = pg.dir.path().join("tenants");
     fs::create_dir(&tenants).unwrap();
-    let tenant = Tenant::create(&tenants, TenantId([5; 16]), StorageConfig::default()).unwrap();
+    let tenant = Tenant::create(&tenants, TenantId([5; 16]), StorageConfig::default(), &[]).unwrap();
     let timeline = tenant.create_timeline(TimelineId([6; 16])).unwrap();
     let summary = import_datadir(&timeline, &pg.pgdata).expect("import the initdb output");
     pg.configure(&[("fsync", "off"), ("max_prepared_transactions", "5"), ("autovacuum", "off"), ("wal_keep_size", "'1GB'")]);

@@ -110,7 +110,7 @@ fn ingest_real_postgres_wal_and_compare_with_the_data_directory() {
     let mut pg = PgCluster::initdb();
     let tenants = pg.dir.path().join("tenants");
     fs::create_dir(&tenants).unwrap();
-    let tenant = Tenant::create(&tenants, TenantId([7; 16]), StorageConfig::default()).unwrap();
+    let tenant = Tenant::create(&tenants, TenantId([7; 16]), StorageConfig::default(), &[]).unwrap();
     let timeline = tenant.create_timeline(TimelineId([8; 16])).unwrap();
     let summary = import_datadir(&timeline, &pg.pgdata).expect("import the initdb output");
     assert!(summary.import_lsn > summary.checkpoint_lsn);

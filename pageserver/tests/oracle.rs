@@ -286,7 +286,7 @@ fn pageserver_matches_postgres_at_every_checkpoint_of_a_mixed_workload() {
         image_layer_target_size_bytes: 32 << 20,
         ..StorageConfig::default()
     };
-    let tenant = Tenant::create(&tenants, TenantId([1; 16]), conf).unwrap();
+    let tenant = Tenant::create(&tenants, TenantId([1; 16]), conf, &[]).unwrap();
     let timeline = tenant.create_timeline(TimelineId([2; 16])).unwrap();
     let summary = import_datadir(&timeline, &pg.pgdata).expect("import the initdb output");
 
@@ -447,7 +447,7 @@ fn brin_revmap_pages_through_wal_redo() {
     let mut pg = PgCluster::initdb();
     let tenants = pg.dir.path().join("tenants");
     fs::create_dir(&tenants).unwrap();
-    let tenant = Tenant::create(&tenants, TenantId([3; 16]), StorageConfig::default()).unwrap();
+    let tenant = Tenant::create(&tenants, TenantId([3; 16]), StorageConfig::default(), &[]).unwrap();
     let timeline = tenant.create_timeline(TimelineId([4; 16])).unwrap();
     let summary = import_datadir(&timeline, &pg.pgdata).expect("import the initdb output");
     pg.configure(&[("fsync", "off"), ("autovacuum", "off"), ("wal_keep_size", "'1GB'")]);

@@ -59,7 +59,7 @@ fn dead_first_source_fails_over_to_a_real_postgres() {
     let mut pg = PgCluster::initdb();
     let tenants = pg.dir.path().join("tenants");
     std::fs::create_dir(&tenants).unwrap();
-    let tenant = Tenant::create(&tenants, TenantId([1; 16]), StorageConfig::default()).unwrap();
+    let tenant = Tenant::create(&tenants, TenantId([1; 16]), StorageConfig::default(), &[]).unwrap();
     let timeline = tenant.create_timeline(TimelineId([2; 16])).unwrap();
     import_datadir(&timeline, &pg.pgdata).expect("import the initdb output");
     pg.configure(&[("fsync", "off"), ("autovacuum", "off"), ("wal_keep_size", "'1GB'")]);
@@ -88,7 +88,7 @@ fn lagging_source_is_left_for_one_with_more_wal() {
     let mut pg = PgCluster::initdb();
     let tenants = pg.dir.path().join("tenants");
     std::fs::create_dir(&tenants).unwrap();
-    let tenant = Tenant::create(&tenants, TenantId([3; 16]), StorageConfig::default()).unwrap();
+    let tenant = Tenant::create(&tenants, TenantId([3; 16]), StorageConfig::default(), &[]).unwrap();
     let timeline = tenant.create_timeline(TimelineId([4; 16])).unwrap();
     let reference = tenant.create_timeline(TimelineId([5; 16])).unwrap();
     let summary = import_datadir(&timeline, &pg.pgdata).expect("import the initdb output");

@@ -43,7 +43,7 @@ fn hostile() -> StorageConfig {
 
 fn setup(conf: StorageConfig) -> (tempfile::TempDir, Tenant, Arc<Timeline>) {
     let dir = tempfile::tempdir().unwrap();
-    let tenant = Tenant::create(dir.path(), TENANT, conf).unwrap();
+    let tenant = Tenant::create(dir.path(), TENANT, conf, &[]).unwrap();
     let timeline = tenant.create_timeline(MAIN).unwrap();
     (dir, tenant, timeline)
 }
@@ -376,7 +376,7 @@ fn gc_iteration_uses_the_configured_horizon_and_flushes_by_size() {
 #[test]
 fn tenant_refuses_duplicates_and_missing_ancestors() {
     let (dir, tenant, t) = setup(StorageConfig::default());
-    assert!(Tenant::create(dir.path(), TENANT, StorageConfig::default()).is_err(), "tenant created twice");
+    assert!(Tenant::create(dir.path(), TENANT, StorageConfig::default(), &[]).is_err(), "tenant created twice");
     put(&t, key(1), 10, rec("a"));
     let child = tenant.branch_timeline(BRANCH, MAIN, Lsn(10)).unwrap();
     let main_path = t.path().to_path_buf();

@@ -219,7 +219,7 @@ fn main() -> anyhow::Result<()> {
     let mut pg = PgCluster::initdb();
     let tenants = pg.dir.path().join("tenants");
     fs::create_dir(&tenants)?;
-    let tenant = Tenant::create(&tenants, TenantId([0xbe; 16]), StorageConfig::default())?;
+    let tenant = Tenant::create(&tenants, TenantId([0xbe; 16]), StorageConfig::default(), &[])?;
     let timeline = tenant.create_timeline(TimelineId([0xef; 16]))?;
     let summary = import_datadir(&timeline, &pg.pgdata)?;
     timeline.freeze_and_flush()?;

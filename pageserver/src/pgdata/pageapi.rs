@@ -127,7 +127,7 @@ mod tests {
     #[test]
     fn waits_refuses_and_checks_the_relation_size() {
         let dir = tempfile::tempdir().unwrap();
-        let tenant = Tenant::create(dir.path(), TenantId([5; 16]), StorageConfig::default()).unwrap();
+        let tenant = Tenant::create(dir.path(), TenantId([5; 16]), StorageConfig::default(), &[]).unwrap();
         let timeline_id = TimelineId([6; 16]);
         let timeline = tenant.create_timeline(timeline_id).unwrap();
         let rel = RelTag { spcnode: 1663, dbnode: 5, relnode: 16384, forknum: ForkNumber::Main };

@@ -14,7 +14,7 @@ use layerstore::StorageConfig;
 
 fn setup() -> (tempfile::TempDir, Tenant, Arc<Timeline>) {
     let dir = tempfile::tempdir().unwrap();
-    let tenant = Tenant::create(dir.path(), TenantId([1; 16]), StorageConfig::default()).unwrap();
+    let tenant = Tenant::create(dir.path(), TenantId([1; 16]), StorageConfig::default(), &[]).unwrap();
     let timeline = tenant.create_timeline(TimelineId([2; 16])).unwrap();
     (dir, tenant, timeline)
 }

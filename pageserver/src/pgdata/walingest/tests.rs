@@ -65,7 +65,7 @@ impl Fixture {
     /// Database 5 with relation 16384 (main: 2 image blocks) and a relation map, at 0x100.
     fn new() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
-        let tenant = Tenant::create(dir.path(), TenantId([3; 16]), StorageConfig::default()).unwrap();
+        let tenant = Tenant::create(dir.path(), TenantId([3; 16]), StorageConfig::default(), &[]).unwrap();
         let timeline = tenant.create_timeline(TimelineId([4; 16])).unwrap();
         let mut m = Modification::new(&timeline, Lsn(0x100));
         m.put_db_dir(&[DbEntry { spcnode: 1663, dbnode: DB }].into());

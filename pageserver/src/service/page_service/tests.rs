@@ -45,7 +45,7 @@ impl Drop for Fixture {
 /// Relation 16384 has two blocks at 0/100; block 0 is rewritten at 0/200.
 fn start() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let tenant = Arc::new(Tenant::create(dir.path(), TENANT, StorageConfig::default()).unwrap());
+    let tenant = Arc::new(Tenant::create(dir.path(), TENANT, StorageConfig::default(), &[]).unwrap());
     let t = tenant.create_timeline(TIMELINE).unwrap();
     let mut m = Modification::new(&t, Lsn(0x100));
     m.put_db_dir(&[DbEntry { spcnode: 1663, dbnode: 5 }].into());

@@ -141,7 +141,12 @@ impl Pageserver {
         if self.tenants.get(id).is_some() {
             return Err(ManagementError::Conflict(format!("tenant {id} already exists")));
         }
-        let tenant = Arc::new(Tenant::create(&self.conf.tenants_dir(), id, self.conf.storage.clone())?);
+        let tenant = Arc::new(Tenant::create(
+            &self.conf.tenants_dir(),
+            id,
+            self.conf.storage.clone(),
+            crate::service::localwal::TIMELINE_DIR_ENTRIES,
+        )?);
         self.tenants.insert(Arc::clone(&tenant));
         tracing::info!(tenant = %id, "created tenant");
         Ok(tenant)
