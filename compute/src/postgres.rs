@@ -60,6 +60,7 @@ pub fn pending_signal() -> Option<i32> {
 
 pub struct Postmaster {
     child: Child,
+    pgdata: PathBuf,
     log_path: PathBuf,
     /// How to run `CHECKPOINT` before a fast shutdown (see `checkpoint_before_shutdown`).
     checkpoint: Option<Command>,
@@ -94,15 +95,18 @@ impl Postmaster {
         }
         let child = cmd.spawn().with_context(|| format!("could not start {}", postgres.display()))?;
         tracing::info!(pid = child.id(), "postgres started");
-        Ok(Postmaster { child, log_path: log_path.to_path_buf(), checkpoint: None })
+        Ok(Postmaster { child, pgdata: pgdata.to_path_buf(), log_path: log_path.to_path_buf(), checkpoint: None })
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    /// Polls `pg_isready` until the server accepts connections. Fails with the tail of the
-    /// postgres log if it exits first or does not get there within `timeout`.
+    /// Waits until the server accepts connections: first until its lock file says it is
+    /// ready (probing a server that is still starting makes it log "FATAL: the database
+    /// system is starting up"), then until `pg_isready` reaches it on `host:port`. Fails
+    /// with the tail of the postgres log if it exits first or does not get there within
+    /// `timeout`.
     pub fn wait_ready(&mut self, pg_bin_dir: &Path, host: &str, port: u16, user: &str, timeout: Duration) -> anyhow::Result<()> {
         let started = Instant::now();
         let pg_isready = pg_bin_dir.join("pg_isready");
@@ -118,13 +122,15 @@ impl Postmaster {
             if let Some(sig) = pending_signal() {
                 bail!("got signal {sig} while postgres was starting");
             }
-            let out = Command::new(&pg_isready)
-                .args(["-q", "-h", host, "-p", &port.to_string(), "-U", user, "-d", "postgres", "-t", "2"])
-                .stdin(Stdio::null())
-                .output()
-                .with_context(|| format!("could not run {}", pg_isready.display()))?;
-            if out.status.success() {
-                return Ok(());
+            if pm_status(&self.pgdata).as_deref() == Some(PM_STATUS_READY) {
+                let out = Command::new(&pg_isready)
+                    .args(["-q", "-h", host, "-p", &port.to_string(), "-U", user, "-d", "postgres", "-t", "2"])
+                    .stdin(Stdio::null())
+                    .output()
+                    .with_context(|| format!("could not run {}", pg_isready.display()))?;
+                if out.status.success() {
+                    return Ok(());
+                }
             }
             if started.elapsed() > timeout {
                 bail!(
@@ -134,7 +140,7 @@ impl Postmaster {
                     log_tail(&self.log_path, 20)
                 );
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
@@ -253,6 +259,19 @@ pub fn exit_code(status: ExitStatus) -> i32 {
     }
 }
 
+/// The postmaster's status line in `postmaster.pid` (`LOCK_FILE_LINE_PM_STATUS` in
+/// PostgreSQL's `utils/pidfile.h`).
+const LOCK_FILE_LINE_PM_STATUS: usize = 8;
+/// Written once the server accepts connections (a hot standby too, once consistent).
+const PM_STATUS_READY: &str = "ready";
+
+/// The postmaster's status from its lock file ("starting", "ready", "standby", "stopping"),
+/// or `None` while the file or the line is not there yet.
+fn pm_status(pgdata: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(pgdata.join("postmaster.pid")).ok()?;
+    text.lines().nth(LOCK_FILE_LINE_PM_STATUS - 1).map(|l| l.trim().to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,5 +281,18 @@ mod tests {
         assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
         assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGKILL)), 128 + libc::SIGKILL);
         assert_eq!(describe(ExitStatus::from_raw(libc::SIGKILL)), "killed by signal 9");
+    }
+
+    #[test]
+    fn the_status_line_of_the_lock_file() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(pm_status(dir.path()), None);
+        let head = "4242\n/data\n1700000000\n5432\n/tmp\n127.0.0.1\n  5432001    163840\n";
+        std::fs::write(dir.path().join("postmaster.pid"), head).unwrap();
+        assert_eq!(pm_status(dir.path()), None);
+        std::fs::write(dir.path().join("postmaster.pid"), format!("{head}starting\n")).unwrap();
+        assert_eq!(pm_status(dir.path()).as_deref(), Some("starting"));
+        std::fs::write(dir.path().join("postmaster.pid"), format!("{head}ready   \n")).unwrap();
+        assert_eq!(pm_status(dir.path()).as_deref(), Some(PM_STATUS_READY));
     }
 }
