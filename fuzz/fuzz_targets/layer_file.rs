@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use layerstore::layer::{LayerDesc, LayerFile};
+use layerstore::layer::{LayerDesc, LayerReader};
 use proto::{Key, KeyRange, Lsn};
 
 fuzz_target!(|data: &[u8]| {
@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
     let name = LayerDesc::delta(KeyRange { start: Key::MIN, end: Key::MAX }, Lsn(0x10)..Lsn(0x10000)).file_name();
     let path = dir.path().join(name);
     std::fs::write(&path, data).expect("write layer file");
-    if let Ok(layer) = LayerFile::open(&path) {
+    if let Ok(layer) = LayerReader::open(&path) {
         let _ = layer.verify();
         for key in layer.keys(&KeyRange { start: Key::MIN, end: Key::MAX }, Lsn(0x10000)) {
             let _ = layer.get(key);

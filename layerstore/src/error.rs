@@ -22,6 +22,9 @@ pub enum LayerError {
     Corrupt { path: PathBuf, offset: u64, reason: String },
     #[error("file {path} has format version {version} (at offset {offset}), this build reads only version {supported}")]
     UnsupportedVersion { path: PathBuf, offset: u64, version: u16, supported: u16 },
+    /// A layer that is only in remote storage could not be brought back to local disk.
+    #[error("could not download layer {path}: {reason}")]
+    Download { path: PathBuf, reason: String },
 }
 
 impl LayerError {

@@ -25,8 +25,8 @@ use anyhow::Context;
 use bytes::Bytes;
 use proto::{Key, KeyRange, Lsn};
 
+use super::file::LayerFile;
 use super::name::{LayerDesc, LayerKind};
-use super::reader::LayerFile;
 use super::writer::LayerWriter;
 use crate::config::StorageConfig;
 use crate::error::LayerError;
@@ -225,7 +225,7 @@ mod tests {
         let file = layer.write_l0(dir.path(), &StorageConfig::default()).unwrap().unwrap();
         assert!(file.desc().is_l0());
         assert_eq!(file.desc().lsn_range, Lsn(10)..Lsn(14));
-        assert_eq!(file.value_count(), 3);
+        assert_eq!(file.value_count().unwrap(), 3);
         file.verify().unwrap();
         let path = layer.path.clone();
         drop(layer);

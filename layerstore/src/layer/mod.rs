@@ -15,6 +15,7 @@
 //! what the reader accepts. `name` prints and parses their self-describing file names.
 //! [`Layer`] is the handle the layer map and reads use for all three.
 
+pub mod file;
 pub mod format;
 pub mod inmemory;
 pub mod name;
@@ -31,9 +32,10 @@ use proto::{Key, KeyRange, Lsn};
 
 use crate::error::LayerError;
 use crate::value::ValueCollector;
+pub use file::{LayerDownload, LayerFile, RemoteCopy};
 pub use inmemory::InMemoryLayer;
 pub use name::{LayerDesc, LayerKind, LayerNameError};
-pub use reader::LayerFile;
+pub use reader::LayerReader;
 pub use writer::LayerWriter;
 
 /// A handle to any layer. Cloning is cheap; a handle keeps the layer (and its open file)
@@ -62,9 +64,9 @@ impl Layer {
     }
 
     /// The keys in `range` with a version at or below `lsn`.
-    pub fn keys(&self, range: &KeyRange, lsn: Lsn) -> Vec<Key> {
+    pub fn keys(&self, range: &KeyRange, lsn: Lsn) -> Result<Vec<Key>, LayerError> {
         match self {
-            Layer::InMemory(l) => l.keys(range, lsn),
+            Layer::InMemory(l) => Ok(l.keys(range, lsn)),
             Layer::File(l) => l.keys(range, lsn),
         }
     }

@@ -9,8 +9,9 @@
 //! data read from disk can make the reader panic or allocate more than
 //! `BLOCK_SIZE_BYTES_MAX` for a block.
 //!
-//! The file stays open for the life of the `LayerFile`, so a reader holding it keeps
-//! working after compaction or GC unlinks the file.
+//! The file stays open for the life of the `LayerReader`, so a reader holding it keeps
+//! working after compaction or GC unlinks the file, or eviction (`file.rs`) drops it from
+//! local disk.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -25,7 +26,7 @@ use crate::error::LayerError;
 use crate::value::{Value, ValueCollector, TAG_IMAGE};
 
 #[derive(Debug)]
-pub struct LayerFile {
+pub struct LayerReader {
     path: PathBuf,
     file: File,
     desc: LayerDesc,
@@ -33,9 +34,9 @@ pub struct LayerFile {
     index: Vec<IndexEntry>,
 }
 
-impl LayerFile {
+impl LayerReader {
     /// Opens the layer file at `path`, whose file name must be its `LayerDesc`.
-    pub fn open(path: &Path) -> Result<LayerFile, LayerError> {
+    pub fn open(path: &Path) -> Result<LayerReader, LayerError> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         let desc: LayerDesc = name.parse().map_err(|e: super::name::LayerNameError| LayerError::corrupt(path, 0, e.to_string()))?;
         let file = File::open(path).map_err(|e| LayerError::io("open", path, e))?;
@@ -68,7 +69,7 @@ impl LayerFile {
             ));
         }
         let index = decode_index(&header, &ibuf).map_err(|e| format_error(path, e))?;
-        Ok(LayerFile { path: path.to_path_buf(), file, desc, header, index })
+        Ok(LayerReader { path: path.to_path_buf(), file, desc, header, index })
     }
 
     pub fn desc(&self) -> &LayerDesc {
@@ -312,7 +313,7 @@ fn decode_index(header: &Header, bytes: &[u8]) -> Result<Vec<IndexEntry>, Format
 /// Iterates over every version of a layer file in `(key, lsn)` order, checking order,
 /// ranges and the header's counts as it goes.
 pub struct LayerIter<'a> {
-    layer: &'a LayerFile,
+    layer: &'a LayerReader,
     next_block: u64,
     /// The current block: its offset, bytes, and the position of the next entry.
     block: Option<(u64, Bytes, usize)>,

@@ -66,11 +66,11 @@ fn delta_layer_round_trips() {
         assert_eq!(&layer.get(*k).unwrap(), versions);
     }
     assert!(layer.get(key(7)).unwrap().is_empty());
-    let all: Vec<_> = layer.iter().map(|r| r.unwrap()).collect();
+    let all: Vec<_> = layer.reader().unwrap().iter().map(|r| r.unwrap()).collect();
     assert_eq!(all.len(), expected.values().map(Vec::len).sum::<usize>());
     assert!(all.windows(2).all(|w| (w[0].0, w[0].1) < (w[1].0, w[1].1)));
     // Keys with a version at or below LSN 101: only those whose first version is that old.
-    assert_eq!(layer.keys(&KeyRange::ALL, Lsn(101)), vec![key(0), key(1)]);
+    assert_eq!(layer.keys(&KeyRange::ALL, Lsn(101)).unwrap(), vec![key(0), key(1)]);
     // Reopening from the path alone gives the same layer.
     let reopened = LayerFile::open(layer.path()).unwrap();
     assert_eq!(reopened.desc(), layer.desc());

@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use anyhow::{ensure, Context};
 use proto::{Key, KeyRange, Lsn};
 
+use super::file::LayerFile;
 use super::format::{self, Header, IndexEntry, HEADER_SIZE_BYTES};
 use super::name::{LayerDesc, LayerKind};
-use super::reader::LayerFile;
 use crate::config::StorageConfig;
 use crate::value::Value;
 

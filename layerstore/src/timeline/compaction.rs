@@ -26,7 +26,7 @@ use proto::{Key, KeyRange, Lsn};
 
 use super::{lock, Timeline};
 use crate::layer::reader::LayerIter;
-use crate::layer::{Layer, LayerDesc, LayerFile, LayerKind, LayerWriter};
+use crate::layer::{Layer, LayerDesc, LayerFile, LayerKind, LayerReader, LayerWriter};
 use crate::value::{Reconstructor, Value};
 
 /// What one compaction did.
@@ -44,7 +44,7 @@ struct MergeIter<'a> {
 }
 
 impl<'a> MergeIter<'a> {
-    fn new(layers: &'a [Arc<LayerFile>]) -> anyhow::Result<Self> {
+    fn new(layers: &'a [Arc<LayerReader>]) -> anyhow::Result<Self> {
         let mut merge = MergeIter { iters: layers.iter().map(|l| l.iter()).collect(), heads: BinaryHeap::new(), values: Vec::new() };
         merge.values.resize(layers.len(), None);
         for i in 0..layers.len() {
@@ -94,7 +94,9 @@ impl Timeline {
             return Ok(CompactionResult::default());
         }
         let lsn_range = l0[0].desc().lsn_range.start..l0[l0.len() - 1].desc().lsn_range.end;
-        let mut merge = MergeIter::new(&l0)?;
+        // Evicted L0 layers are downloaded first; the readers stay open during the merge.
+        let readers = l0.iter().map(|l| l.reader()).collect::<Result<Vec<_>, _>>()?;
+        let mut merge = MergeIter::new(&readers)?;
         let mut created: Vec<Arc<LayerFile>> = Vec::new();
         let mut current: Option<(Key, LayerWriter)> = None;
         while let Some((key, lsn, value)) = merge.next()? {

@@ -63,12 +63,12 @@ impl Timeline {
         let map = self.layer_map();
         self.check_read_lsn(lsn)?;
         let mut keys = BTreeSet::new();
-        add_keys(&map, range, lsn, &mut keys);
+        add_keys(&map, range, lsn, &mut keys)?;
         let mut timeline = self;
         let mut lsn = lsn;
         while let Some(next) = timeline.enter_ancestor(lsn)? {
             (timeline, lsn) = (next.timeline, next.lsn);
-            add_keys(&next.map, range, lsn, &mut keys);
+            add_keys(&next.map, range, lsn, &mut keys)?;
         }
         Ok(keys.into_iter().collect())
     }
@@ -131,11 +131,12 @@ fn collect_in(map: &LayerMap, key: Key, lsn: Lsn, collector: &mut ValueCollector
     Ok(false)
 }
 
-fn add_keys(map: &LayerMap, range: &KeyRange, lsn: Lsn, keys: &mut BTreeSet<Key>) {
+fn add_keys(map: &LayerMap, range: &KeyRange, lsn: Lsn, keys: &mut BTreeSet<Key>) -> Result<(), LayerError> {
     for layer in map.all() {
         let desc = layer.desc();
         if desc.lsn_range.start <= lsn && desc.key_range.overlaps(range) {
-            keys.extend(layer.keys(range, lsn));
+            keys.extend(layer.keys(range, lsn)?);
         }
     }
+    Ok(())
 }

@@ -1,0 +1,222 @@
+//! The handle the layer map keeps for a layer file: resident on local disk (open, with its
+//! index in memory) or evicted (only in remote storage, downloaded on the first read that
+//! needs it).
+//!
+//! Local disk is a cache once remote storage holds a layer: `evict` closes the file, drops
+//! its index and deletes it; the next `reader()` downloads it again through the layer's
+//! `LayerDownload` (which checks the bytes against the checksum the remote index recorded)
+//! and reopens it. A reader that took its `LayerReader` before an eviction keeps reading
+//! the unlinked file through its open descriptor.
+//!
+//! Invariants:
+//! - A layer is evicted only once its upload has completed (`remote` is set), so the only
+//!   local copy of a version is never deleted.
+//! - One download per layer at a time (`state` is held across it); concurrent readers of
+//!   an evicted layer wait for the one download instead of starting their own.
+//! - The description, path and size never change; residency does.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use proto::{Key, KeyRange, Lsn};
+
+use super::name::LayerDesc;
+use super::reader::LayerReader;
+use crate::error::LayerError;
+use crate::value::{Value, ValueCollector};
+
+/// Brings one layer back from remote storage.
+pub trait LayerDownload: Send + Sync + fmt::Debug {
+    /// Writes the layer's bytes to `path` crash-safely (a temporary file renamed into
+    /// place), after checking them against what the remote index recorded.
+    fn download(&self, desc: &LayerDesc, path: &Path) -> anyhow::Result<()>;
+}
+
+/// Where a layer is kept remotely: set once its upload completed (or at attach).
+#[derive(Debug, Clone)]
+pub struct RemoteCopy {
+    pub download: Arc<dyn LayerDownload>,
+}
+
+/// Process-wide clock for least-recently-used eviction: milliseconds since first use.
+fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    u64::try_from(START.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+pub struct LayerFile {
+    desc: LayerDesc,
+    path: PathBuf,
+    size_bytes: u64,
+    /// The open file, or `None` while evicted.
+    state: Mutex<Option<Arc<LayerReader>>>,
+    remote: OnceLock<RemoteCopy>,
+    last_access_ms: AtomicU64,
+    downloads: AtomicU64,
+}
+
+impl fmt::Debug for LayerFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LayerFile").field("desc", &self.desc).field("resident", &self.is_resident()).finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl LayerFile {
+    /// Opens the layer file at `path`, whose file name must be its `LayerDesc`.
+    pub fn open(path: &Path) -> Result<LayerFile, LayerError> {
+        let reader = LayerReader::open(path)?;
+        Ok(LayerFile::resident(reader))
+    }
+
+    /// A handle on a layer that was just opened.
+    pub fn resident(reader: LayerReader) -> LayerFile {
+        LayerFile {
+            desc: reader.desc().clone(),
+            path: reader.path().to_path_buf(),
+            size_bytes: reader.file_size_bytes(),
+            state: Mutex::new(Some(Arc::new(reader))),
+            remote: OnceLock::new(),
+            last_access_ms: AtomicU64::new(now_ms()),
+            downloads: AtomicU64::new(0),
+        }
+    }
+
+    /// A handle on a layer that is only in remote storage; `path` is where it will be
+    /// downloaded to.
+    pub fn evicted(path: PathBuf, desc: LayerDesc, size_bytes: u64, remote: RemoteCopy) -> LayerFile {
+        let file = LayerFile {
+            desc,
+            path,
+            size_bytes,
+            state: Mutex::new(None),
+            remote: OnceLock::new(),
+            last_access_ms: AtomicU64::new(0),
+            downloads: AtomicU64::new(0),
+        };
+        let _ = file.remote.set(remote);
+        file
+    }
+
+    pub fn desc(&self) -> &LayerDesc {
+        &self.desc
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn file_size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    pub fn is_resident(&self) -> bool {
+        lock(&self.state).is_some()
+    }
+
+    /// Whether remote storage holds this layer (its upload completed, or it came from there).
+    pub fn is_remote(&self) -> bool {
+        self.remote.get().is_some()
+    }
+
+    /// Records that remote storage holds this layer; from now on it may be evicted.
+    pub fn set_remote(&self, remote: RemoteCopy) {
+        let _ = self.remote.set(remote);
+    }
+
+    /// When a read last used this layer (milliseconds on a process-wide clock).
+    pub fn last_access_ms(&self) -> u64 {
+        self.last_access_ms.load(Ordering::Relaxed)
+    }
+
+    /// How many times this layer was downloaded on demand.
+    pub fn download_count(&self) -> u64 {
+        self.downloads.load(Ordering::Relaxed)
+    }
+
+    /// The open file, downloading it first if it is evicted.
+    pub fn reader(&self) -> Result<Arc<LayerReader>, LayerError> {
+        self.last_access_ms.store(now_ms(), Ordering::Relaxed);
+        let mut state = lock(&self.state);
+        if let Some(reader) = &*state {
+            return Ok(Arc::clone(reader));
+        }
+        let remote = self.remote.get().ok_or_else(|| LayerError::Download {
+            path: self.path.clone(),
+            reason: "the layer is neither on local disk nor in remote storage".into(),
+        })?;
+        tracing::info!("downloading evicted layer {}", self.desc);
+        remote
+            .download
+            .download(&self.desc, &self.path)
+            .map_err(|e| LayerError::Download { path: self.path.clone(), reason: format!("{e:#}") })?;
+        let reader = Arc::new(LayerReader::open(&self.path)?);
+        if reader.file_size_bytes() != self.size_bytes {
+            return Err(LayerError::corrupt(
+                &self.path,
+                0,
+                format!("downloaded layer has {} bytes, the remote index says {}", reader.file_size_bytes(), self.size_bytes),
+            ));
+        }
+        self.downloads.fetch_add(1, Ordering::Relaxed);
+        *state = Some(Arc::clone(&reader));
+        Ok(reader)
+    }
+
+    /// Deletes the local copy if remote storage holds the layer; returns whether it did.
+    /// Readers that already hold the open file keep it.
+    pub fn evict(&self) -> std::io::Result<bool> {
+        if self.remote.get().is_none() {
+            return Ok(false);
+        }
+        let mut state = lock(&self.state);
+        if state.is_none() {
+            return Ok(false);
+        }
+        match std::fs::remove_file(&self.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        *state = None;
+        Ok(true)
+    }
+
+    /// Deletes the local file (the layer left the layer map), resident or not.
+    pub fn remove_local(&self) -> std::io::Result<()> {
+        let _state = lock(&self.state);
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn value_count(&self) -> Result<u64, LayerError> {
+        Ok(self.reader()?.value_count())
+    }
+
+    pub(crate) fn collect(&self, key: Key, lsn_range: std::ops::Range<Lsn>, collector: &mut ValueCollector) -> Result<bool, LayerError> {
+        self.reader()?.collect(key, lsn_range, collector)
+    }
+
+    /// All versions of one key, oldest first.
+    pub fn get(&self, key: Key) -> Result<Vec<(Lsn, Value)>, LayerError> {
+        self.reader()?.get(key)
+    }
+
+    /// The keys in `range` with a version at or below `lsn`, in order.
+    pub fn keys(&self, range: &KeyRange, lsn: Lsn) -> Result<Vec<Key>, LayerError> {
+        Ok(self.reader()?.keys(range, lsn))
+    }
+
+    /// Reads every block and checks it against the header and the index.
+    pub fn verify(&self) -> Result<(), LayerError> {
+        self.reader()?.verify()
+    }
+}
