@@ -22,6 +22,7 @@ pub mod config;
 pub mod error;
 pub mod layer;
 pub mod layer_map;
+pub mod remote;
 pub mod tenant;
 pub mod timeline;
 pub mod value;

@@ -84,6 +84,15 @@ impl LayerReader {
         self.header.index_offset + self.header.index_len
     }
 
+    /// The whole file, for an upload. Reads through the open descriptor, so it works after
+    /// the file was unlinked.
+    pub fn read_all(&self) -> Result<Vec<u8>, LayerError> {
+        let len = usize::try_from(self.file_size_bytes()).map_err(|_| self.corrupt(0, "file too large to read whole"))?;
+        let mut buf = vec![0u8; len];
+        self.file.read_exact_at(&mut buf, 0).map_err(|e| LayerError::io("read", &self.path, e))?;
+        Ok(buf)
+    }
+
     pub fn value_count(&self) -> u64 {
         self.header.value_count
     }

@@ -130,10 +130,11 @@ impl Timeline {
         }
         self.modify_layer_map(|m| {
             m.remove_files(&result.l0_removed);
-            for layer in created {
-                m.insert_file(layer);
+            for layer in &created {
+                m.insert_file(Arc::clone(layer));
             }
         });
+        self.schedule_remote(&created, &result.l0_removed, Lsn::INVALID, Lsn::INVALID);
         let removed: Vec<Layer> = l0.into_iter().map(Layer::File).collect();
         self.delete_layer_files(&removed)?;
         tracing::info!("compacted {} L0 layers into {} L1 layers", result.l0_removed.len(), result.l1_created.len());
@@ -173,10 +174,11 @@ impl Timeline {
         created.push(Arc::new(writer.finish(KeyRange { start: part_start, end: key_range.end })?));
         let descs: Vec<LayerDesc> = created.iter().map(|l| l.desc().clone()).collect();
         self.modify_layer_map(|m| {
-            for layer in created {
-                m.insert_file(layer);
+            for layer in &created {
+                m.insert_file(Arc::clone(layer));
             }
         });
+        self.schedule_remote(&created, &[], Lsn::INVALID, Lsn::INVALID);
         tracing::info!("created {} image layers for {key_range} at {lsn}", descs.len());
         Ok(descs)
     }

@@ -50,6 +50,7 @@ impl Timeline {
             map.files.iter().filter(|f| removable(&map, f.desc(), cutoff, retain_lsns)).map(|f| Layer::File(f.clone())).collect();
         let layers_removed: Vec<LayerDesc> = removable.iter().map(Layer::desc).collect();
         self.modify_layer_map(|m| m.remove_files(&layers_removed));
+        self.schedule_remote(&[], &layers_removed, Lsn::INVALID, cutoff);
         self.delete_layer_files(&removable)?;
         if !layers_removed.is_empty() {
             tracing::info!("gc at cutoff {cutoff} removed {} layers", layers_removed.len());

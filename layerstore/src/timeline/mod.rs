@@ -34,7 +34,7 @@ mod tests;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -45,6 +45,7 @@ use crate::error::{WaitLsnError, WriteError};
 use crate::layer::inmemory::EPHEMERAL_PREFIX;
 use crate::layer::{InMemoryLayer, Layer, LayerDesc, LayerFile};
 use crate::layer_map::LayerMap;
+use crate::remote::{IndexPart, RemoteStatus, RemoteTimelineClient};
 use crate::value::{Value, VALUE_SIZE_BYTES_MAX};
 pub use compaction::CompactionResult;
 pub use gc::GcResult;
@@ -84,6 +85,8 @@ pub struct Timeline {
     flush_lock: Mutex<()>,
     layer_removal_lock: Mutex<()>,
     ephemeral_seq: AtomicU64,
+    /// The upload queue, when the tenant has remote storage (set once, at load or creation).
+    remote: OnceLock<Arc<RemoteTimelineClient>>,
 }
 
 /// Locks a mutex whose data stays consistent even if a holder panicked.
@@ -165,6 +168,7 @@ impl Timeline {
             flush_lock: Mutex::new(()),
             layer_removal_lock: Mutex::new(()),
             ephemeral_seq: AtomicU64::new(0),
+            remote: OnceLock::new(),
         }))
     }
 
@@ -329,15 +333,17 @@ impl Timeline {
             if let Some(file) = &file {
                 tracing::info!("flushed layer {} ({} bytes)", file.desc(), file.file_size_bytes());
             }
+            let file = file.map(Arc::new);
             self.modify_layer_map(|m| {
                 m.frozen.retain(|l| !Arc::ptr_eq(l, &frozen));
-                if let Some(file) = file {
-                    m.insert_file(Arc::new(file));
+                if let Some(file) = &file {
+                    m.insert_file(Arc::clone(file));
                 }
             });
-            self.update_disk_consistent_lsn()?;
+            let disk_consistent_lsn = self.update_disk_consistent_lsn()?;
+            self.schedule_remote(file.as_slice(), &[], disk_consistent_lsn, Lsn::INVALID);
         }
-        self.update_disk_consistent_lsn()
+        self.update_disk_consistent_lsn().map(|_| ())
     }
 
     /// Freezes the open layer and flushes every frozen layer.
@@ -358,7 +364,8 @@ impl Timeline {
 
     /// Persists the disk-consistent LSN implied by the layer map: everything below the
     /// oldest in-memory layer (or below where the next one will start) is in files.
-    fn update_disk_consistent_lsn(&self) -> anyhow::Result<()> {
+    /// Returns it.
+    fn update_disk_consistent_lsn(&self) -> anyhow::Result<Lsn> {
         let map = self.layer_map();
         let oldest_in_memory = map.frozen.first().or(map.open.as_ref()).map_or(map.next_open_layer_at, |l| l.start_lsn());
         let lsn = Lsn(oldest_in_memory.0.saturating_sub(1));
@@ -368,7 +375,101 @@ impl Timeline {
             new.write(&self.path)?;
             *meta = new;
         }
+        Ok(meta.disk_consistent_lsn)
+    }
+
+    /// Tells the upload queue (if any) what changed: layers added and removed, and the
+    /// metadata values that changed with them (`Lsn::INVALID` for one that did not). Each
+    /// caller passes only what it changed itself, so a concurrent flush's disk-consistent
+    /// LSN is never published by another's index before its layer is queued.
+    fn schedule_remote(&self, added: &[Arc<LayerFile>], removed: &[LayerDesc], disk_consistent_lsn: Lsn, gc_cutoff_lsn: Lsn) {
+        if let Some(remote) = self.remote.get() {
+            remote.schedule(added, removed, disk_consistent_lsn, gc_cutoff_lsn);
+        }
+    }
+
+    /// Connects the timeline to its upload queue, reconciling local disk with what remote
+    /// storage holds (`existing`, the newest index of an earlier attachment): local layers
+    /// the index names may be evicted from now on; layers only the index names become
+    /// evicted layers, downloaded when a read needs them; local layers it does not name are
+    /// uploaded; and an index for this attachment is scheduled.
+    pub fn attach_remote(&self, client: Arc<RemoteTimelineClient>, existing: Option<&IndexPart>) -> anyhow::Result<()> {
+        let _entered = self.span.enter();
+        let disk_consistent_lsn = self.disk_consistent_lsn();
+        let map = self.layer_map();
+        let mut to_upload = Vec::new();
+        let mut evicted = Vec::new();
+        let remote_layers = existing.map(|i| i.layers.clone()).unwrap_or_default();
+        for file in &map.files {
+            match remote_layers.get(&file.desc().file_name()) {
+                Some(entry) => file.set_remote(client.remote_copy(*entry)),
+                None => to_upload.push(Arc::clone(file)),
+            }
+        }
+        for (name, entry) in &remote_layers {
+            let desc: LayerDesc = name.parse().with_context(|| format!("remote index names an invalid layer {name:?}"))?;
+            if map.files.iter().any(|f| f.desc() == &desc) {
+                continue;
+            }
+            if desc.lsn_range.end.0 > disk_consistent_lsn.0 + 1 {
+                bail!("remote index names layer {name} above the local disk-consistent LSN {disk_consistent_lsn}");
+            }
+            evicted.push(Arc::new(LayerFile::evicted(self.path.join(name), desc, entry.size_bytes, client.remote_copy(*entry))));
+        }
+        if !evicted.is_empty() || !to_upload.is_empty() {
+            tracing::info!(
+                "remote storage holds {} layers, {} of them only there; {} local layers to upload",
+                remote_layers.len(),
+                evicted.len(),
+                to_upload.len()
+            );
+        }
+        self.modify_layer_map(|m| {
+            for layer in evicted {
+                m.insert_file(layer);
+            }
+        });
+        client.schedule(&to_upload, &[], disk_consistent_lsn, self.gc_cutoff_lsn());
+        self.remote.set(client).map_err(|_| anyhow::anyhow!("timeline already has an upload queue"))?;
         Ok(())
+    }
+
+    /// The LSN up to which every version is in remote storage; without remote storage,
+    /// the disk-consistent LSN.
+    pub fn remote_consistent_lsn(&self) -> Lsn {
+        match self.remote.get() {
+            Some(remote) => remote.remote_consistent_lsn(),
+            None => self.disk_consistent_lsn(),
+        }
+    }
+
+    /// The upload queue's state, when the tenant has remote storage.
+    pub fn remote_status(&self) -> Option<RemoteStatus> {
+        self.remote.get().map(|r| r.status())
+    }
+
+    /// Waits until every upload scheduled so far is done; `false` on timeout. Immediately
+    /// `true` without remote storage.
+    pub fn wait_for_uploads(&self, timeout: Duration) -> bool {
+        self.remote.get().is_none_or(|r| r.wait_for_uploads(timeout))
+    }
+
+    /// Stops the upload queue (at shutdown).
+    pub fn shutdown_remote(&self) {
+        if let Some(r) = self.remote.get() {
+            r.shutdown();
+        }
+    }
+
+    /// The layer files on local disk that remote storage also holds: what eviction may
+    /// delete.
+    pub fn evictable_layers(&self) -> Vec<Arc<LayerFile>> {
+        self.layer_map().files.iter().filter(|f| f.is_remote() && f.is_resident()).cloned().collect()
+    }
+
+    /// Bytes of layer files on local disk.
+    pub fn resident_layer_bytes(&self) -> u64 {
+        self.layer_map().files.iter().filter(|f| f.is_resident()).map(|f| f.file_size_bytes()).sum()
     }
 
     /// Raises the GC cutoff to `cutoff` (never lowers it), persisting it first.
@@ -383,11 +484,12 @@ impl Timeline {
         Ok(meta.latest_gc_cutoff)
     }
 
-    /// Deletes layer files that are no longer in the layer map, durably.
+    /// Deletes layer files that are no longer in the layer map, durably (the local copies;
+    /// remote ones go through the upload queue).
     fn delete_layer_files(&self, layers: &[Layer]) -> anyhow::Result<()> {
         for layer in layers {
             if let Layer::File(f) = layer {
-                fs::remove_file(f.path()).with_context(|| format!("remove {}", f.path().display()))?;
+                f.remove_local().with_context(|| format!("remove {}", f.path().display()))?;
             }
         }
         if !layers.is_empty() {
