@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fixtures import compute
+from fixtures.minio import MinioServer
 from fixtures.pageserver import Pageserver
 from fixtures.paths import pg_bin_dir
 from fixtures.postgres import PgServer
@@ -66,3 +67,11 @@ def safekeepers(tmp_path: Path):
     yield sks
     for sk in sks:
         sk.kill()
+
+
+@pytest.fixture
+def minio(tmp_path: Path):
+    """A running MinIO server with an empty bucket, for remote storage; stopped at the end."""
+    server = MinioServer(tmp_path).start()
+    yield server
+    server.stop()

@@ -31,6 +31,11 @@ FJORD_PG_FLAVOR=${FJORD_PG_FLAVOR:-debug}
 
 CARGO_PGRX_VERSION=0.16.1
 
+# MinIO, the S3 server the remote-storage tests run against, built from source. MinIO tags
+# its releases RELEASE.<date>, which Go modules do not see as versions, so the pin is the
+# module proxy's pseudo-version of a commit (the newest on the module proxy when pinned).
+MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
+
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$FJORD_CACHE_DIR/cargo-target}
 
 log() { printf '%s fjord: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
