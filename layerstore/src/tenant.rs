@@ -21,9 +21,11 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
 use proto::{Lsn, TenantId, TimelineId};
+use remote_storage::RemoteStorage;
 
 use crate::config::StorageConfig;
 use crate::error::CreateTimelineError;
+use crate::remote::{IndexPart, RemoteTimelineClient, TenantRemote};
 use crate::timeline::{GcResult, Timeline, TimelineMetadata};
 
 const TIMELINES_DIR: &str = "timelines";
@@ -39,6 +41,8 @@ pub struct Tenant {
     span: tracing::Span,
     /// Names in timeline directories that belong to the caller (see `load`).
     foreign_entries: &'static [&'static str],
+    /// This attachment to remote storage, if the tenant has one.
+    remote: Option<TenantRemote>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -54,18 +58,30 @@ impl Tenant {
         conf: StorageConfig,
         foreign_entries: &'static [&'static str],
     ) -> anyhow::Result<Tenant> {
+        Tenant::create_with_remote(tenants_dir, tenant_id, conf, foreign_entries, None)
+    }
+
+    /// `create`, with remote storage: refused if remote storage already holds the tenant
+    /// (attach it instead, by loading).
+    pub fn create_with_remote(
+        tenants_dir: &Path,
+        tenant_id: TenantId,
+        conf: StorageConfig,
+        foreign_entries: &'static [&'static str],
+        remote: Option<&RemoteStorage>,
+    ) -> anyhow::Result<Tenant> {
         conf.validate()?;
         let path = tenants_dir.join(tenant_id.to_string());
         if path.exists() {
             bail!("tenant {tenant_id} already exists in {}", tenants_dir.display());
         }
-        let tmp = crashsafe::temp_path(&path);
-        if tmp.exists() {
-            crashsafe::remove_temp(&tmp).with_context(|| format!("remove {}", tmp.display()))?;
+        if let Some(storage) = remote {
+            if TenantRemote::tenant_ids(storage)?.contains(&tenant_id) {
+                bail!("tenant {tenant_id} already exists in remote storage {storage}");
+            }
         }
-        fs::create_dir_all(tmp.join(TIMELINES_DIR)).with_context(|| format!("create {}", tmp.display()))?;
-        crashsafe::fsync_dir(&tmp).and_then(|()| crashsafe::durable_rename(&tmp, &path)).context("create tenant directory")?;
-        Tenant::load(tenants_dir, tenant_id, conf, foreign_entries)
+        create_tenant_dir(&path)?;
+        Tenant::load_with_remote(tenants_dir, tenant_id, conf, foreign_entries, remote)
     }
 
     /// Loads a tenant and all its timelines from `tenants_dir`. Entries of timeline
@@ -76,12 +92,52 @@ impl Tenant {
         conf: StorageConfig,
         foreign_entries: &'static [&'static str],
     ) -> anyhow::Result<Tenant> {
+        Tenant::load_with_remote(tenants_dir, tenant_id, conf, foreign_entries, None)
+    }
+
+    /// `load`, attached to remote storage: claims a new generation, creates the local
+    /// directories of timelines (and of the tenant) that only remote storage holds from
+    /// their indexes, loads, and connects every timeline to its upload queue
+    /// (`Timeline::attach_remote`). With an empty local directory this rebuilds the tenant
+    /// from remote storage alone; its layers are downloaded when reads need them.
+    pub fn load_with_remote(
+        tenants_dir: &Path,
+        tenant_id: TenantId,
+        conf: StorageConfig,
+        foreign_entries: &'static [&'static str],
+        remote: Option<&RemoteStorage>,
+    ) -> anyhow::Result<Tenant> {
         conf.validate()?;
         let conf = Arc::new(conf);
         let path = tenants_dir.join(tenant_id.to_string());
         let span = tracing::info_span!("tenant", tenant_id = %tenant_id);
         let entered = span.enter();
         let timelines_dir = path.join(TIMELINES_DIR);
+        let remote = match remote {
+            None => None,
+            Some(storage) => Some(TenantRemote::attach(storage.clone(), tenant_id)?),
+        };
+        let mut indexes: BTreeMap<TimelineId, IndexPart> = BTreeMap::new();
+        if let Some(remote) = &remote {
+            if !path.exists() {
+                create_tenant_dir(&path)?;
+            }
+            for id in remote.timeline_ids()? {
+                let Some(index) = remote.download_index(id)? else { continue };
+                let dir = timelines_dir.join(id.to_string());
+                if !dir.exists() {
+                    tracing::info!("restoring timeline {id} from remote storage at {}", index.disk_consistent_lsn);
+                    let meta = TimelineMetadata {
+                        timeline_id: id,
+                        disk_consistent_lsn: index.disk_consistent_lsn,
+                        ancestor: index.ancestor(),
+                        latest_gc_cutoff: index.gc_cutoff_lsn,
+                    };
+                    write_timeline_dir(&dir, &meta)?;
+                }
+                indexes.insert(id, index);
+            }
+        }
         let mut metas = BTreeMap::new();
         for entry in fs::read_dir(&timelines_dir).with_context(|| format!("list {}", timelines_dir.display()))? {
             let entry = entry.with_context(|| format!("list {}", timelines_dir.display()))?;
@@ -119,9 +175,33 @@ impl Tenant {
                 bail!("cannot load timelines {}: their ancestors are missing", missing.join(", "));
             }
         }
+        if let Some(remote) = &remote {
+            for (id, timeline) in &loaded {
+                let client = RemoteTimelineClient::start(
+                    remote.clone(),
+                    *id,
+                    timeline.ancestor_timeline_id().zip(timeline.ancestor_lsn()),
+                    indexes.get(id).cloned(),
+                );
+                timeline.attach_remote(client, indexes.get(id)).with_context(|| format!("attach timeline {id} to remote storage"))?;
+            }
+        }
         tracing::info!("loaded {} timelines", loaded.len());
         drop(entered);
-        Ok(Tenant { tenant_id, path, conf, timelines: Mutex::new(loaded), gc_lock: Mutex::new(()), span, foreign_entries })
+        Ok(Tenant { tenant_id, path, conf, timelines: Mutex::new(loaded), gc_lock: Mutex::new(()), span, foreign_entries, remote })
+    }
+
+    /// This attachment to remote storage, if any.
+    pub fn remote(&self) -> Option<&TenantRemote> {
+        self.remote.as_ref()
+    }
+
+    /// Stops every timeline's upload queue (at shutdown, after `flush_all` and, if wanted,
+    /// `Timeline::wait_for_uploads`).
+    pub fn shutdown_remote(&self) {
+        for timeline in self.timelines() {
+            timeline.shutdown_remote();
+        }
     }
 
     pub fn tenant_id(&self) -> TenantId {
@@ -189,20 +269,13 @@ impl Tenant {
         }
         let other = |error: anyhow::Error| CreateTimelineError::Other { timeline_id, error };
         let path = self.path.join(TIMELINES_DIR).join(timeline_id.to_string());
-        let tmp = crashsafe::temp_path(&path);
-        let create = || -> anyhow::Result<()> {
-            if tmp.exists() {
-                crashsafe::remove_temp(&tmp)?;
-            }
-            fs::create_dir(&tmp)?;
-            meta.write(&tmp)?;
-            crashsafe::fsync_dir(&tmp)?;
-            crashsafe::durable_rename(&tmp, &path)?;
-            Ok(())
-        };
-        create().with_context(|| format!("create {}", path.display())).map_err(other)?;
+        write_timeline_dir(&path, &meta).map_err(other)?;
         let timeline =
             Timeline::load(self.conf.clone(), self.tenant_id, timeline_id, &path, ancestor, self.foreign_entries).map_err(other)?;
+        if let Some(remote) = &self.remote {
+            let client = RemoteTimelineClient::start(remote.clone(), timeline_id, meta.ancestor, None);
+            timeline.attach_remote(client, None).map_err(other)?;
+        }
         timelines.insert(timeline_id, timeline.clone());
         Ok(timeline)
     }
@@ -242,4 +315,31 @@ impl Tenant {
         }
         Ok(())
     }
+}
+
+/// Creates an empty tenant directory crash-safely: complete or absent after a crash.
+fn create_tenant_dir(path: &Path) -> anyhow::Result<()> {
+    let tmp = crashsafe::temp_path(path);
+    if tmp.exists() {
+        crashsafe::remove_temp(&tmp).with_context(|| format!("remove {}", tmp.display()))?;
+    }
+    fs::create_dir_all(tmp.join(TIMELINES_DIR)).with_context(|| format!("create {}", tmp.display()))?;
+    crashsafe::fsync_dir(&tmp).and_then(|()| crashsafe::durable_rename(&tmp, path)).context("create tenant directory")
+}
+
+/// Writes a timeline directory holding only `meta`, crash-safely: a temporary directory
+/// renamed into place.
+fn write_timeline_dir(path: &Path, meta: &TimelineMetadata) -> anyhow::Result<()> {
+    let tmp = crashsafe::temp_path(path);
+    let create = || -> anyhow::Result<()> {
+        if tmp.exists() {
+            crashsafe::remove_temp(&tmp)?;
+        }
+        fs::create_dir(&tmp)?;
+        meta.write(&tmp)?;
+        crashsafe::fsync_dir(&tmp)?;
+        crashsafe::durable_rename(&tmp, path)?;
+        Ok(())
+    };
+    create().with_context(|| format!("create {}", path.display()))
 }

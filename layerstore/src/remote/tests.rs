@@ -1,1 +1,211 @@
+//! Remote storage through the tenant API, on a local-directory store: uploads and the
+//! index, a tenant rebuilt from remote storage alone, eviction and download, corrupt
+//! objects, and generations.
 
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use proto::{BlockNumber, ForkNumber, Key, KeyRange, Lsn, RelTag, TenantId, TimelineId};
+use remote_storage::RemoteStorage;
+
+use super::IndexPart;
+use crate::config::StorageConfig;
+use crate::tenant::Tenant;
+use crate::timeline::Timeline;
+use crate::value::{ModelReconstructor, Value};
+
+const TENANT: TenantId = TenantId([0x22; 16]);
+const MAIN: TimelineId = TimelineId([0xAA; 16]);
+const BRANCH: TimelineId = TimelineId([0xBB; 16]);
+const WAIT: Duration = Duration::from_secs(30);
+
+fn key(blk: u32) -> Key {
+    Key::rel_block(RelTag { spcnode: 1663, dbnode: 5, relnode: 16384, forknum: ForkNumber::Main }, BlockNumber(blk))
+}
+
+fn conf() -> StorageConfig {
+    StorageConfig { block_size_bytes: 64, compaction_l0_threshold: 2, compaction_target_size_bytes: 300, ..StorageConfig::default() }
+}
+
+fn storage(dir: &Path) -> RemoteStorage {
+    RemoteStorage::from_url(&format!("file://{}/remote", dir.display())).unwrap()
+}
+
+fn get(t: &Timeline, k: Key, lsn: u64) -> Option<String> {
+    t.get(k, Lsn(lsn), &ModelReconstructor).unwrap().map(|b| String::from_utf8(b.to_vec()).unwrap())
+}
+
+/// Writes `rounds` flushed layers of records on 20 keys (an image at the first round).
+fn write(t: &Timeline, first_lsn: u64, rounds: u64) -> u64 {
+    let mut lsn = first_lsn;
+    for r in 0..rounds {
+        for blk in 0..20 {
+            lsn += 1;
+            let v = if r == 0 && first_lsn == 0 {
+                Value::Image(Bytes::from(format!("{blk}:")))
+            } else {
+                Value::Record { will_init: false, rec: Bytes::from(format!("{lsn},")) }
+            };
+            t.put(key(blk), Lsn(lsn), &v).unwrap();
+        }
+        t.advance_last_record_lsn(Lsn(lsn)).unwrap();
+        t.freeze_and_flush().unwrap();
+    }
+    lsn
+}
+
+/// Every key at every 7th LSN from `first` up to `last`, as the timeline answers.
+fn snapshot(t: &Timeline, first: u64, last: u64) -> Vec<Option<String>> {
+    (first..=last).step_by(7).flat_map(|lsn| (0..20).map(move |blk| (blk, lsn))).map(|(blk, lsn)| get(t, key(blk), lsn)).collect()
+}
+
+fn newest_index(storage: &RemoteStorage, timeline: TimelineId) -> IndexPart {
+    let objects = storage.list(&format!("tenants/{TENANT}/timelines/{timeline}")).unwrap();
+    let key = objects.iter().filter(|o| o.key.contains("index_part.json-")).map(|o| o.key.clone()).max().unwrap();
+    IndexPart::decode(&storage.get(&key).unwrap(), &key).unwrap()
+}
+
+/// Every layer an index names is an object of the size it says.
+fn assert_index_names_only_existing_objects(storage: &RemoteStorage, timeline: TimelineId) {
+    let index = newest_index(storage, timeline);
+    let objects = storage.list(&format!("tenants/{TENANT}/timelines/{timeline}")).unwrap();
+    for (name, layer) in &index.layers {
+        let key = format!("tenants/{TENANT}/timelines/{timeline}/{name}-{}", layer.generation);
+        let found = objects.iter().find(|o| o.key == key).unwrap_or_else(|| panic!("index names missing object {key}"));
+        assert_eq!(found.size_bytes, layer.size_bytes, "{key}");
+    }
+}
+
+#[test]
+fn a_tenant_rebuilt_from_remote_storage_alone_reads_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let remote = storage(dir.path());
+    let local = dir.path().join("local");
+    std::fs::create_dir(&local).unwrap();
+    let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
+    let main = tenant.create_timeline(MAIN).unwrap();
+    let last = write(&main, 0, 5);
+    main.compact().unwrap();
+    main.create_image_layers(&KeyRange::ALL, Lsn(60), &ModelReconstructor).unwrap();
+    let branch = tenant.branch_timeline(BRANCH, MAIN, Lsn(last)).unwrap();
+    let branch_last = write(&branch, last, 2);
+    tenant.gc_timeline(MAIN, Lsn(40)).unwrap();
+    assert!(main.wait_for_uploads(WAIT) && branch.wait_for_uploads(WAIT));
+    assert_eq!(main.remote_consistent_lsn(), main.disk_consistent_lsn());
+    assert_eq!(branch.remote_consistent_lsn(), Lsn(branch_last));
+    assert_index_names_only_existing_objects(&remote, MAIN);
+    assert_index_names_only_existing_objects(&remote, BRANCH);
+    let want_main = snapshot(&main, 40, last);
+    let want_branch = snapshot(&branch, last, branch_last);
+    let status = main.remote_status().unwrap();
+    assert!(status.layers_uploaded > 0 && status.objects_deleted > 0 && status.last_error.is_none(), "{status:?}");
+    tenant.shutdown_remote();
+    drop((main, branch, tenant));
+
+    // The pageserver's disk is gone.
+    std::fs::remove_dir_all(&local).unwrap();
+    std::fs::create_dir(&local).unwrap();
+    let tenant = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
+    assert_eq!(tenant.remote().unwrap().generation().0, 2);
+    let main = tenant.get_timeline(MAIN).unwrap();
+    let branch = tenant.get_timeline(BRANCH).unwrap();
+    assert_eq!(main.resident_layer_bytes(), 0, "nothing is downloaded before a read needs it");
+    assert_eq!(main.gc_cutoff_lsn(), Lsn(40));
+    assert_eq!(branch.ancestor_lsn(), Some(Lsn(last)));
+    assert_eq!(snapshot(&main, 40, last), want_main);
+    assert_eq!(snapshot(&branch, last, branch_last), want_branch);
+    assert!(main.remote_status().unwrap().layers_downloaded > 0);
+
+    // Evicted layers come back on the next read.
+    let evictable = main.evictable_layers();
+    assert!(!evictable.is_empty());
+    for layer in &evictable {
+        assert!(layer.evict().unwrap());
+        assert!(!layer.path().exists());
+    }
+    assert_eq!(main.resident_layer_bytes(), 0);
+    assert_eq!(snapshot(&main, 40, last), want_main);
+    // New writes after the attach go to the new generation's index.
+    let more = write(&branch, branch_last, 1);
+    assert!(branch.wait_for_uploads(WAIT));
+    let index = newest_index(&remote, BRANCH);
+    assert_eq!((index.generation.0, index.disk_consistent_lsn), (2, Lsn(more)));
+    assert_index_names_only_existing_objects(&remote, BRANCH);
+}
+
+#[test]
+fn a_corrupt_object_is_detected_and_never_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let remote = storage(dir.path());
+    let local = dir.path().join("local");
+    std::fs::create_dir(&local).unwrap();
+    let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
+    let main = tenant.create_timeline(MAIN).unwrap();
+    let last = write(&main, 0, 2);
+    assert!(main.wait_for_uploads(WAIT));
+    tenant.shutdown_remote();
+    drop((main, tenant));
+    std::fs::remove_dir_all(&local).unwrap();
+    std::fs::create_dir(&local).unwrap();
+    // Flip one byte in the middle of every layer object.
+    for o in remote.list(&format!("tenants/{TENANT}/timelines/{MAIN}")).unwrap() {
+        if o.key.contains("index_part") {
+            continue;
+        }
+        let mut bytes = remote.get(&o.key).unwrap().to_vec();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x40;
+        remote.put(&o.key, Bytes::from(bytes)).unwrap();
+    }
+    let tenant = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
+    let main = tenant.get_timeline(MAIN).unwrap();
+    let err = main.get(key(3), Lsn(last), &ModelReconstructor).unwrap_err().to_string();
+    assert!(err.contains("could not download layer") && err.contains("checksum"), "{err}");
+    // A corrupt index is refused at load, naming it.
+    tenant.shutdown_remote();
+    drop((main, tenant));
+    for o in remote.list(&format!("tenants/{TENANT}/timelines/{MAIN}")).unwrap() {
+        if o.key.contains("index_part") {
+            let mut bytes = remote.get(&o.key).unwrap().to_vec();
+            let at = bytes.iter().position(|b| b.is_ascii_digit()).unwrap();
+            bytes[at] = if bytes[at] == b'9' { b'8' } else { bytes[at] + 1 };
+            remote.put(&o.key, Bytes::from(bytes)).unwrap();
+        }
+    }
+    std::fs::remove_dir_all(&local).unwrap();
+    std::fs::create_dir(&local).unwrap();
+    let err = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote)).err().expect("a corrupt index");
+    assert!(format!("{err:#}").contains("is corrupt"), "{err:#}");
+}
+
+#[test]
+fn a_superseded_attachment_never_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let remote = storage(dir.path());
+    let (local1, local2) = (dir.path().join("one"), dir.path().join("two"));
+    std::fs::create_dir(&local1).unwrap();
+    std::fs::create_dir(&local2).unwrap();
+    let first = Tenant::create_with_remote(&local1, TENANT, conf(), &[], Some(&remote)).unwrap();
+    let main = first.create_timeline(MAIN).unwrap();
+    let last = write(&main, 0, 3);
+    assert!(main.wait_for_uploads(WAIT));
+    let want = snapshot(&main, 1, last);
+    // A second pageserver attaches the same tenant by mistake.
+    let second = Tenant::load_with_remote(&local2, TENANT, conf(), &[], Some(&remote)).unwrap();
+    assert_eq!(second.remote().unwrap().generation().0, 2);
+    // The first compacts: its deletions must not happen, and it stops.
+    main.compact_level0(true).unwrap();
+    assert!(!main.wait_for_uploads(Duration::from_secs(5)) || main.remote_status().unwrap().superseded_by.is_some());
+    let status = main.remote_status().unwrap();
+    assert_eq!(status.superseded_by, Some(2), "{status:?}");
+    assert_eq!(status.objects_deleted, 0);
+    // The second still reads everything from what remote storage holds.
+    let main2 = second.get_timeline(MAIN).unwrap();
+    for layer in main2.evictable_layers() {
+        layer.evict().unwrap();
+    }
+    assert_eq!(snapshot(&main2, 1, last), want);
+    let _ = Arc::clone(&main2);
+}
