@@ -31,6 +31,16 @@ pub struct InitArgs {
     /// stream WAL straight to the pageserver (no quorum, no fencing).
     #[arg(long, default_value_t = crate::config::DEFAULT_SAFEKEEPERS, value_parser = clap::value_parser!(u8).range(0..=crate::config::MAX_SAFEKEEPERS as i64))]
     safekeepers: u8,
+    /// Object storage for the pageserver's layers: file:///absolute/dir or
+    /// s3://bucket/prefix?endpoint=http://host:port&region=...&allow_http=true (credentials
+    /// from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY when the pageserver starts)
+    /// [default: the directory remote_storage/ in the repo].
+    #[arg(long, value_name = "URL")]
+    remote_storage: Option<String>,
+    /// Local disk budget for the pageserver's layer files in bytes; above it, layers that
+    /// object storage holds are evicted and downloaded again when read [default: none].
+    #[arg(long, value_name = "BYTES")]
+    layer_disk_budget_bytes: Option<u64>,
 }
 
 pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
@@ -62,7 +72,19 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
             bail!("cannot find {tool} in {} (pass --fjord-bin-dir: `cargo build --release` puts it beside fjord)", fjord_bin_dir.display());
         }
     }
-    let config = RepoConfig::new(args.base_port, pg_bin_dir, fjord_bin_dir, args.safekeepers)?;
+    let mut config = RepoConfig::new(args.base_port, pg_bin_dir, fjord_bin_dir, args.safekeepers)?;
+    let remote_url = match args.remote_storage {
+        Some(url) => url,
+        None => {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+            let dir = canonical(dir, "the repo directory")?;
+            format!("file://{}/remote_storage", dir.display())
+        }
+    };
+    // Parsing opens nothing remote: a typo is refused here, an unreachable server at start.
+    remote_storage::RemoteStorage::from_url(&remote_url).context("check --remote-storage")?;
+    config.remote_storage = Some(remote_url);
+    config.layer_disk_budget_bytes = args.layer_disk_budget_bytes;
 
     for sub in ["pageserver", "endpoints", "tmp"] {
         std::fs::create_dir_all(dir.join(sub)).with_context(|| format!("create {}", dir.join(sub).display()))?;
@@ -75,13 +97,14 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
     // config.toml last: its presence is what makes the directory a repo.
     write_atomically(&Repo::config_path(dir), config.to_toml()?.as_bytes())?;
     println!(
-        "initialized fjord repo at {}: page service 127.0.0.1:{}, HTTP API {}, {} safekeeper(s) from port {}, endpoints from port {}",
+        "initialized fjord repo at {}: page service 127.0.0.1:{}, HTTP API {}, {} safekeeper(s) from port {}, endpoints from port {}, object storage {}",
         dir.display(),
         config.pageserver_pg_port(),
         config.pageserver_http_url(),
         config.safekeepers,
         config.safekeeper_port(1),
-        config.endpoint_ports().start
+        config.endpoint_ports().start,
+        config.remote_storage.as_deref().unwrap_or("none")
     );
     Ok(())
 }
@@ -134,6 +157,12 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
         .arg("--pg-bin-dir")
         .arg(&conf.pg_bin_dir)
         .current_dir(&repo.dir);
+    if let Some(url) = &conf.remote_storage {
+        cmd.arg("--remote-storage").arg(url);
+    }
+    if let Some(budget) = conf.layer_disk_budget_bytes {
+        cmd.arg("--layer-disk-budget-bytes").arg(budget.to_string());
+    }
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }

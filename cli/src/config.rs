@@ -41,11 +41,19 @@ pub struct RepoConfig {
     /// synchronous standby), with no quorum and no fencing.
     #[serde(default = "default_safekeepers")]
     pub safekeepers: u8,
+    /// The pageserver's object storage (`file:///...` or `s3://bucket/prefix?...`); `fjord
+    /// init` puts a local directory in the repo unless told otherwise. Absent in repos made
+    /// before object storage existed: the pageserver then keeps layers on local disk only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_storage: Option<String>,
+    /// Local disk budget for the pageserver's layer files (bytes); unset: no budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_disk_budget_bytes: Option<u64>,
 }
 
 impl RepoConfig {
     pub fn new(base_port: u16, pg_bin_dir: PathBuf, fjord_bin_dir: PathBuf, safekeepers: u8) -> anyhow::Result<RepoConfig> {
-        let conf = RepoConfig { base_port, pg_bin_dir, fjord_bin_dir, safekeepers };
+        let conf = RepoConfig { base_port, pg_bin_dir, fjord_bin_dir, safekeepers, remote_storage: None, layer_disk_budget_bytes: None };
         conf.validate()?;
         Ok(conf)
     }

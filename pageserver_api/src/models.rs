@@ -84,6 +84,47 @@ pub struct TimelineInfo {
     /// the safekeepers with it.
     #[serde(with = "decimal_text_option")]
     pub system_id: Option<u64>,
+    /// The uploads to remote storage, when the pageserver has remote storage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_storage: Option<RemoteStorageStatus>,
+}
+
+/// A timeline's uploads to remote storage.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteStorageStatus {
+    /// The generation of this attachment of the tenant: part of every object key it writes.
+    pub generation: u32,
+    /// Every WAL record up to here is in layers in remote storage (the index uploaded last
+    /// says so); the safekeepers may remove WAL below it.
+    pub remote_consistent_lsn: Lsn,
+    /// Uploads, index writes and deletions waiting or running.
+    pub queued_operations: u64,
+    /// While the operation at the head of the queue keeps failing: the last error.
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// While it keeps failing: since when (seconds since the Unix epoch).
+    #[serde(default)]
+    pub failing_since_unix_s: Option<u64>,
+    /// Set when another pageserver attached the tenant with a newer generation: this one
+    /// stopped uploading and never deletes.
+    #[serde(default)]
+    pub superseded_by: Option<u32>,
+    pub layers_uploaded: u64,
+    pub bytes_uploaded: u64,
+    pub indexes_uploaded: u64,
+    pub objects_deleted: u64,
+    /// Evicted layers downloaded again for a read.
+    pub layers_downloaded: u64,
+    /// Bytes of this timeline's layer files on local disk.
+    pub resident_layer_bytes: u64,
+}
+
+/// The answer to `POST .../timeline/{timeline}/evict_layers`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvictLayersResponse {
+    /// Layers whose local copy was deleted.
+    pub evicted: u64,
+    pub bytes: u64,
 }
 
 /// `POST .../timeline/{timeline}/import`: fill an empty timeline from a shut-down
@@ -466,6 +507,7 @@ mod tests {
             proptest::option::of(any::<u64>()),
         )
             .prop_map(|(tenant, timeline, ancestor, (last, disk, gc), layers, wal_receiver, system_id)| TimelineInfo {
+                remote_storage: None,
                 tenant_id: TenantId(tenant),
                 timeline_id: TimelineId(timeline),
                 ancestor_timeline_id: ancestor.map(|(id, _)| TimelineId(id)),

@@ -30,6 +30,15 @@ struct Args {
     /// Bin directory of fjord's PostgreSQL build, whose `postgres` runs WAL redo.
     #[arg(long)]
     pg_bin_dir: Option<PathBuf>,
+    /// Object storage for layer files: file:///absolute/dir or
+    /// s3://bucket/prefix?endpoint=http://host:port&region=... (credentials from
+    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
+    #[arg(long, value_name = "URL")]
+    remote_storage: Option<String>,
+    /// Local disk budget for layer files in bytes; layers in remote storage are evicted
+    /// above it (least recently used first).
+    #[arg(long, value_name = "BYTES")]
+    layer_disk_budget_bytes: Option<u64>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
@@ -57,6 +66,12 @@ fn main() -> anyhow::Result<()> {
     if let Some(v) = args.pg_bin_dir {
         conf.pg_bin_dir = v;
     }
+    if let Some(v) = args.remote_storage {
+        conf.remote_storage = Some(v);
+    }
+    if let Some(v) = args.layer_disk_budget_bytes {
+        conf.layer_disk_budget_bytes = Some(v);
+    }
     if args.print_config {
         print!("{}", toml::to_string(&conf).context("render the configuration")?);
         return Ok(());
@@ -69,6 +84,7 @@ fn main() -> anyhow::Result<()> {
     let ps = Arc::new(Pageserver::open(conf).context("start the pageserver")?);
     let page_service = ps.start_page_service()?;
     let receivers = ps.start_persisted_wal_receivers().context("restart the WAL receivers")?;
+    ps.start_eviction();
     tracing::info!("restarted {receivers} WAL receivers");
     tracing::info!("page service listening on {}", page_service.addr);
 
@@ -85,6 +101,7 @@ fn main() -> anyhow::Result<()> {
     })?;
     ps.stop_wal_receivers();
     page_service.shutdown();
+    ps.shutdown_storage();
     tracing::info!("pageserver stopped");
     Ok(())
 }

@@ -9,10 +9,13 @@
 //! - [`localwal`]: the received WAL, fsynced before it is confirmed and kept until it is in
 //!   layer files.
 //! - [`ingest_gate`]: what the WAL receiver and a basebackup at the newest LSN share.
+//! - [`eviction`]: keeps the layer files on local disk under a budget when remote storage
+//!   holds them.
 //!
 //! The network-facing parts (`server`, `walreceiver`) are behind the `server` feature, which
 //! the fuzz targets turn off.
 
+pub mod eviction;
 pub mod ingest_gate;
 pub mod localwal;
 pub mod page_service;

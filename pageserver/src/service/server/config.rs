@@ -25,6 +25,19 @@ pub struct PageserverConfig {
     pub wal_redo_timeout_ms: u64,
     /// How long a page request waits for its not-modified-since LSN to be ingested.
     pub wait_lsn_timeout_ms: u64,
+    /// Object storage under the local disk, the durable copy of every layer:
+    /// `file:///absolute/dir` or `s3://bucket/prefix?endpoint=http://host:port&region=...`
+    /// (credentials from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`). Unset: local disk
+    /// only, the pageserver's one copy.
+    pub remote_storage: Option<String>,
+    /// Local disk budget for layer files. Above it, layers that remote storage holds are
+    /// evicted, least recently used first, down to 90% of it; reads download them again.
+    /// Unset: no budget. Needs `remote_storage`.
+    pub layer_disk_budget_bytes: Option<u64>,
+    /// How often eviction checks the budget.
+    pub eviction_period_ms: u64,
+    /// At a clean shutdown, how long to wait for uploads to finish after the final flush.
+    pub shutdown_upload_timeout_ms: u64,
     pub storage: StorageConfig,
 }
 
@@ -38,6 +51,10 @@ impl Default for PageserverConfig {
             wal_redo_processes_max: 4,
             wal_redo_timeout_ms: 30_000,
             wait_lsn_timeout_ms: 60_000,
+            remote_storage: None,
+            layer_disk_budget_bytes: None,
+            eviction_period_ms: 5_000,
+            shutdown_upload_timeout_ms: 30_000,
             storage: StorageConfig::default(),
         }
     }
@@ -55,6 +72,11 @@ impl PageserverConfig {
         anyhow::ensure!(self.wal_redo_processes_max > 0, "wal_redo_processes_max must be at least 1");
         anyhow::ensure!(self.wal_redo_timeout_ms > 0, "wal_redo_timeout_ms must be positive");
         anyhow::ensure!(self.listen_pg_addr != self.listen_http_addr, "listen_pg_addr and listen_http_addr must differ");
+        anyhow::ensure!(
+            self.layer_disk_budget_bytes.is_none() || self.remote_storage.is_some(),
+            "layer_disk_budget_bytes needs remote_storage: without it, local disk holds the only copy of every layer"
+        );
+        anyhow::ensure!(self.eviction_period_ms > 0, "eviction_period_ms must be positive");
         self.storage.validate()
     }
 
@@ -64,6 +86,10 @@ impl PageserverConfig {
 
     pub fn wal_redo_timeout(&self) -> Duration {
         Duration::from_millis(self.wal_redo_timeout_ms)
+    }
+
+    pub fn shutdown_upload_timeout(&self) -> Duration {
+        Duration::from_millis(self.shutdown_upload_timeout_ms)
     }
 
     pub fn wait_lsn_timeout(&self) -> Duration {
@@ -92,5 +118,7 @@ mod tests {
         assert!(err.to_string().contains("listen_pg_addr"), "{err}");
         let conf = PageserverConfig { wal_redo_processes_max: 0, ..Default::default() };
         assert!(conf.validate().unwrap_err().to_string().contains("wal_redo_processes_max"));
+        let conf = PageserverConfig { layer_disk_budget_bytes: Some(1 << 30), ..Default::default() };
+        assert!(conf.validate().unwrap_err().to_string().contains("needs remote_storage"));
     }
 }

@@ -28,8 +28,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use pageserver_api::models::{
-    BasebackupQuery, ErrorResponse, ImportRequest, ImportResponse, StatusResponse, TenantCreateRequest, TenantCreateResponse,
-    TimelineCreateRequest, TimelineInfo, BASEBACKUP_CONTENT_TYPE,
+    BasebackupQuery, ErrorResponse, EvictLayersResponse, ImportRequest, ImportResponse, RemoteStorageStatus, StatusResponse,
+    TenantCreateRequest, TenantCreateResponse, TimelineCreateRequest, TimelineInfo, BASEBACKUP_CONTENT_TYPE,
 };
 use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
 use proto::{TenantId, TimelineId};
@@ -87,6 +87,20 @@ fn timeline_info(ps: &Pageserver, t: &Timeline) -> TimelineInfo {
         gc_cutoff_lsn: t.gc_cutoff_lsn(),
         layers: t.layers().len() as u64,
         system_id: system_id(ps, t),
+        remote_storage: t.remote_status().map(|r| RemoteStorageStatus {
+            generation: r.generation,
+            remote_consistent_lsn: r.remote_consistent_lsn,
+            queued_operations: r.queued_operations as u64,
+            last_error: r.last_error,
+            failing_since_unix_s: r.failing_since_unix_s,
+            superseded_by: r.superseded_by,
+            layers_uploaded: r.layers_uploaded,
+            bytes_uploaded: r.bytes_uploaded,
+            indexes_uploaded: r.indexes_uploaded,
+            objects_deleted: r.objects_deleted,
+            layers_downloaded: r.layers_downloaded,
+            resident_layer_bytes: t.resident_layer_bytes(),
+        }),
     }
 }
 
@@ -131,6 +145,7 @@ pub fn router(ps: Arc<Pageserver>) -> Router {
         .route("/v1/tenant/{tenant}/timeline/{timeline}/import", post(import))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver", post(start_wal_receiver).delete(stop_wal_receiver))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/basebackup", get(basebackup))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/evict_layers", post(evict_layers))
         .route("/metrics", get(metrics))
         .with_state(ps)
 }
@@ -207,6 +222,27 @@ async fn start_wal_receiver(
     Ok(StatusCode::ACCEPTED)
 }
 
+/// Deletes the local copy of every layer remote storage holds (for tests of downloads and
+/// of a cold cache); reads download them again.
+async fn evict_layers(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+) -> Result<Json<EvictLayersResponse>, ApiError> {
+    let t = ps.timeline(parse("tenant id", &tenant)?, parse("timeline id", &timeline)?)?;
+    let resp = blocking(move || {
+        let mut resp = EvictLayersResponse::default();
+        for layer in t.evictable_layers() {
+            if layer.evict().map_err(|e| anyhow::anyhow!("evict {}: {e}", layer.path().display()))? {
+                resp.evicted += 1;
+                resp.bytes += layer.file_size_bytes();
+            }
+        }
+        Ok::<_, ManagementError>(resp)
+    })
+    .await?;
+    Ok(Json(resp))
+}
+
 async fn stop_wal_receiver(
     State(ps): State<Arc<Pageserver>>,
     Path((tenant, timeline)): Path<(String, String)>,
@@ -250,11 +286,34 @@ async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError
     let last = gauge("pageserver_last_record_lsn", "The LSN up to which WAL has been ingested")?;
     let disk = gauge("pageserver_disk_consistent_lsn", "The LSN up to which ingested WAL is in layer files")?;
     let layers = gauge("pageserver_layers", "Layer files of the timeline")?;
+    let remote_lsn =
+        gauge("pageserver_remote_consistent_lsn", "The LSN up to which ingested WAL is in layers in remote storage (with remote storage)")?;
+    let remote_queue = gauge("pageserver_remote_queued_operations", "Uploads, index writes and deletions waiting or running")?;
+    let remote_failing = gauge("pageserver_remote_failing", "1 while the remote operation at the head of the queue keeps failing")?;
+    let remote_bytes = gauge("pageserver_remote_uploaded_bytes", "Bytes of layer files uploaded since the process started")?;
+    let remote_downloads = gauge("pageserver_remote_layers_downloaded", "Evicted layers downloaded again since the process started")?;
+    let resident = gauge("pageserver_resident_layer_bytes", "Bytes of layer files on local disk")?;
     let counter = |name: &str, help: &str, value: u64| -> Result<(), ApiError> {
         let c = prometheus::IntCounter::new(name, help).map_err(internal)?;
         c.inc_by(value);
         registry.register(Box::new(c)).map_err(internal)
     };
+    let ev = &ps.eviction_stats;
+    counter(
+        "pageserver_eviction_runs_total",
+        "Eviction runs that found the layer disk budget exceeded",
+        ev.runs.load(std::sync::atomic::Ordering::Relaxed),
+    )?;
+    counter(
+        "pageserver_evicted_layers_total",
+        "Layers evicted from local disk",
+        ev.layers_evicted.load(std::sync::atomic::Ordering::Relaxed),
+    )?;
+    counter(
+        "pageserver_evicted_bytes_total",
+        "Bytes of layers evicted from local disk",
+        ev.bytes_evicted.load(std::sync::atomic::Ordering::Relaxed),
+    )?;
     let bb = &ps.basebackup_stats;
     counter("pageserver_basebackups_total", "Basebackups served", bb.count.load(std::sync::atomic::Ordering::Relaxed))?;
     counter("pageserver_basebackup_bytes_total", "Bytes of basebackups served", bb.bytes.load(std::sync::atomic::Ordering::Relaxed))?;
@@ -271,6 +330,15 @@ async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError
             last.with_label_values(&labels).set(i64::try_from(t.last_record_lsn().0).unwrap_or(i64::MAX));
             disk.with_label_values(&labels).set(i64::try_from(t.disk_consistent_lsn().0).unwrap_or(i64::MAX));
             layers.with_label_values(&labels).set(i64::try_from(t.layers().len()).unwrap_or(i64::MAX));
+            resident.with_label_values(&labels).set(i64::try_from(t.resident_layer_bytes()).unwrap_or(i64::MAX));
+            if let Some(r) = t.remote_status() {
+                let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+                remote_lsn.with_label_values(&labels).set(n(r.remote_consistent_lsn.0));
+                remote_queue.with_label_values(&labels).set(n(r.queued_operations as u64));
+                remote_failing.with_label_values(&labels).set(i64::from(r.failing_since_unix_s.is_some()));
+                remote_bytes.with_label_values(&labels).set(n(r.bytes_uploaded));
+                remote_downloads.with_label_values(&labels).set(n(r.layers_downloaded));
+            }
         }
     }
     let mut out = Vec::new();

@@ -12,7 +12,7 @@ pub mod http;
 
 use std::collections::HashMap;
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -23,15 +23,18 @@ use crate::pgdata::basebackup::{write_basebackup, BasebackupSummary};
 use crate::pgdata::import::{import_datadir, ImportSummary};
 use crate::pgdata::reconstruct::PgReconstructor;
 use crate::pgdata::walredo::{WalRedoConfig, WalRedoManager};
+use crate::service::eviction::{evict_to_budget, EvictionStats};
 use crate::service::ingest_gate::IngestGate;
 use crate::service::localwal::WAL_RECEIVER_SOURCE_FILE;
 use crate::service::page_service::{PageService, PageServiceHandle, TenantRegistry};
 use crate::service::walreceiver::{WalReceiver, WalReceiverStatus, WalSources};
 pub use config::PageserverConfig;
+use layerstore::remote::TenantRemote;
 use layerstore::tenant::Tenant;
 use layerstore::timeline::Timeline;
 use layerstore::value::Reconstructor;
 use layerstore::CreateTimelineError;
+use remote_storage::RemoteStorage;
 
 pub struct Pageserver {
     pub conf: PageserverConfig,
@@ -43,6 +46,11 @@ pub struct Pageserver {
     /// first use.
     ingest_gates: Mutex<HashMap<(TenantId, TimelineId), Arc<IngestGate>>>,
     pub basebackup_stats: BasebackupStats,
+    /// Object storage under the local disk, if configured.
+    remote: Option<RemoteStorage>,
+    pub eviction_stats: Arc<EvictionStats>,
+    stopping: Arc<AtomicBool>,
+    eviction: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Keeps a second pageserver off the work directory for the life of this one.
     _lock: crashsafe::DataDirLock,
 }
@@ -93,7 +101,17 @@ impl Pageserver {
             request_timeout: conf.wal_redo_timeout(),
             run_as: None,
         }));
-        let registry = Arc::new(TenantRegistry::default());
+        let remote = match &conf.remote_storage {
+            None => None,
+            Some(url) => {
+                let storage = RemoteStorage::from_url(url)?;
+                tracing::info!("remote storage: {storage}");
+                Some(storage)
+            }
+        };
+        // Every tenant on local disk, and every tenant remote storage holds (attached from
+        // there when the local disk lacks it).
+        let mut ids = std::collections::BTreeSet::new();
         for entry in std::fs::read_dir(&tenants_dir).with_context(|| format!("list {}", tenants_dir.display()))? {
             let entry = entry.with_context(|| format!("list {}", tenants_dir.display()))?;
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -103,8 +121,26 @@ impl Pageserver {
                 }
                 continue;
             };
-            let tenant = Tenant::load(&tenants_dir, id, conf.storage.clone(), crate::service::localwal::TIMELINE_DIR_ENTRIES)
-                .with_context(|| format!("load tenant {id}"))?;
+            ids.insert(id);
+        }
+        if let Some(storage) = &remote {
+            let remote_ids = TenantRemote::tenant_ids(storage).with_context(|| format!("list the tenants in remote storage {storage}"))?;
+            for id in remote_ids {
+                if ids.insert(id) {
+                    tracing::info!(tenant = %id, "attaching tenant from remote storage");
+                }
+            }
+        }
+        let registry = Arc::new(TenantRegistry::default());
+        for id in ids {
+            let tenant = Tenant::load_with_remote(
+                &tenants_dir,
+                id,
+                conf.storage.clone(),
+                crate::service::localwal::TIMELINE_DIR_ENTRIES,
+                remote.as_ref(),
+            )
+            .with_context(|| format!("load tenant {id}"))?;
             tracing::info!(tenant = %id, timelines = tenant.timelines().len(), "loaded tenant");
             registry.insert(Arc::new(tenant));
         }
@@ -116,6 +152,10 @@ impl Pageserver {
             receivers: Mutex::new(HashMap::new()),
             ingest_gates: Mutex::new(HashMap::new()),
             basebackup_stats: BasebackupStats::default(),
+            remote,
+            eviction_stats: Arc::new(EvictionStats::default()),
+            stopping: Arc::new(AtomicBool::new(false)),
+            eviction: Mutex::new(None),
             _lock: lock,
         })
     }
@@ -141,11 +181,12 @@ impl Pageserver {
         if self.tenants.get(id).is_some() {
             return Err(ManagementError::Conflict(format!("tenant {id} already exists")));
         }
-        let tenant = Arc::new(Tenant::create(
+        let tenant = Arc::new(Tenant::create_with_remote(
             &self.conf.tenants_dir(),
             id,
             self.conf.storage.clone(),
             crate::service::localwal::TIMELINE_DIR_ENTRIES,
+            self.remote.as_ref(),
         )?);
         self.tenants.insert(Arc::clone(&tenant));
         tracing::info!(tenant = %id, "created tenant");
@@ -326,6 +367,53 @@ impl Pageserver {
 
     pub fn wal_receiver_status(&self, tenant: TenantId, timeline: TimelineId) -> Option<WalReceiverStatus> {
         self.receivers.lock().unwrap_or_else(|p| p.into_inner()).get(&(tenant, timeline)).map(WalReceiver::status)
+    }
+
+    /// Starts the thread that keeps layer files under `layer_disk_budget_bytes` (if set).
+    pub fn start_eviction(&self) {
+        let Some(budget) = self.conf.layer_disk_budget_bytes else { return };
+        let (tenants, stats, stopping) = (Arc::clone(&self.tenants), Arc::clone(&self.eviction_stats), Arc::clone(&self.stopping));
+        let period = std::time::Duration::from_millis(self.conf.eviction_period_ms);
+        let handle = std::thread::Builder::new()
+            .name("eviction".into())
+            .spawn(move || {
+                while !stopping.load(Ordering::SeqCst) {
+                    let all: Vec<Arc<Tenant>> = tenants.ids().into_iter().filter_map(|id| tenants.get(id)).collect();
+                    evict_to_budget(&all, budget, &stats);
+                    let mut slept = std::time::Duration::ZERO;
+                    while slept < period && !stopping.load(Ordering::SeqCst) {
+                        let step = std::time::Duration::from_millis(100).min(period - slept);
+                        std::thread::sleep(step);
+                        slept += step;
+                    }
+                }
+            })
+            .expect("spawn the eviction thread");
+        *self.eviction.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+    }
+
+    /// At a clean shutdown, after the WAL receivers stopped: flushes every timeline, waits
+    /// (at most `shutdown_upload_timeout_ms`) for the uploads, and stops the upload queues.
+    /// A pageserver that then loses its disk restarts from remote storage at what it had
+    /// ingested.
+    pub fn shutdown_storage(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        if let Some(handle) = self.eviction.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = handle.join();
+        }
+        let deadline = Instant::now() + self.conf.shutdown_upload_timeout();
+        for id in self.tenants.ids() {
+            let Some(tenant) = self.tenants.get(id) else { continue };
+            if let Err(e) = tenant.flush_all() {
+                tracing::warn!(tenant = %id, "could not flush at shutdown: {e:#}");
+            }
+            for t in tenant.timelines() {
+                if !t.wait_for_uploads(deadline.saturating_duration_since(Instant::now())) {
+                    tracing::warn!(tenant = %id, timeline = %t.timeline_id(), "uploads not finished at shutdown; they are retried at the next start");
+                }
+            }
+            tenant.shutdown_remote();
+        }
     }
 
     /// Stops every WAL receiver (at shutdown).
