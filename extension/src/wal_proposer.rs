@@ -220,7 +220,9 @@ fn wal_start_lsn(data_dir: &str) -> Lsn {
         .ok()
         .and_then(|text| text.lines().find_map(|l| l.strip_prefix("LSN:")).and_then(|v| v.trim().parse::<Lsn>().ok()));
     let lsn = match from_signal {
-        Some(lsn) => lsn,
+        // The signal names where the first record goes; the WAL before it (what the
+        // safekeepers hold) ends there, or at the page boundary before that page's header.
+        Some(lsn) => lsn.previous_wal_end(),
         None => {
             // SAFETY: a plain read of the redo pointer under its lock.
             let redo = Lsn(unsafe { pg_sys::GetRedoRecPtr() });

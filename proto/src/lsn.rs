@@ -16,6 +16,10 @@ pub struct Lsn(pub u64);
 pub const WAL_SEGMENT_SIZE_BYTES: u64 = 16 * 1024 * 1024;
 /// The size of a WAL page, `XLOG_BLCKSZ`.
 pub const WAL_PAGE_SIZE_BYTES: u64 = 8192;
+/// `SizeOfXLogLongPHD`: the header of the first page of a segment.
+pub const WAL_LONG_PAGE_HEADER_BYTES: u64 = 40;
+/// `SizeOfXLogShortPHD`: the header of every other page.
+pub const WAL_SHORT_PAGE_HEADER_BYTES: u64 = 24;
 
 impl Lsn {
     pub const INVALID: Lsn = Lsn(0);
@@ -38,6 +42,27 @@ impl Lsn {
     /// The offset of this position inside its WAL page.
     pub fn page_offset(self) -> u64 {
         self.0 % WAL_PAGE_SIZE_BYTES
+    }
+
+    /// Where the next record starts after WAL that ends here (as PostgreSQL's `EndRecPtr`
+    /// has it, MAXALIGNed): at a page boundary, after the page's header. A server starting
+    /// at the end of WAL writes its first record (and puts its checkpoint) there.
+    pub fn next_record_start(self) -> Lsn {
+        match (self.segment_offset(), self.page_offset()) {
+            (0, _) => Lsn(self.0 + WAL_LONG_PAGE_HEADER_BYTES),
+            (_, 0) => Lsn(self.0 + WAL_SHORT_PAGE_HEADER_BYTES),
+            _ => self,
+        }
+    }
+
+    /// The inverse of `next_record_start`: the end of the WAL before a record that starts
+    /// here (right after a page header, that page's boundary).
+    pub fn previous_wal_end(self) -> Lsn {
+        match (self.segment_offset(), self.page_offset()) {
+            (WAL_LONG_PAGE_HEADER_BYTES, _) => Lsn(self.0 - WAL_LONG_PAGE_HEADER_BYTES),
+            (o, WAL_SHORT_PAGE_HEADER_BYTES) if o >= WAL_PAGE_SIZE_BYTES => Lsn(self.0 - WAL_SHORT_PAGE_HEADER_BYTES),
+            _ => self,
+        }
     }
 
     /// Rounds up to the next multiple of 8, as PostgreSQL aligns records (`MAXALIGN`).
@@ -89,6 +114,20 @@ impl From<u64> for Lsn {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_record_after_a_page_boundary_starts_after_the_page_header() {
+        let seg = WAL_SEGMENT_SIZE_BYTES;
+        for (end, start) in [
+            (Lsn(seg * 3), Lsn(seg * 3 + 40)),
+            (Lsn(seg * 3 + 8192 * 5), Lsn(seg * 3 + 8192 * 5 + 24)),
+            (Lsn(seg * 3 + 8192 * 5 + 0x128), Lsn(seg * 3 + 8192 * 5 + 0x128)),
+            (Lsn(seg * 3 + 0x30), Lsn(seg * 3 + 0x30)),
+        ] {
+            assert_eq!(end.next_record_start(), start, "{end}");
+            assert_eq!(start.previous_wal_end(), end, "{start}");
+        }
+    }
+
     use super::*;
     use proptest::prelude::*;
 

@@ -32,6 +32,10 @@
 //! - `fjord.signal`: `LSN: X/X\nPREV LSN: X/X\n`, the contract with the compute's
 //!   PostgreSQL patch, which starts at `LSN` with `PREV LSN` as the previous record
 //!   pointer (`none` when unknown: the basebackup is not at the timeline's last record).
+//!   `LSN` is where the compute's first record goes: the basebackup's LSN, or, when that is
+//!   a page boundary, the position after the page's header (`Lsn::next_record_start`;
+//!   pg_control's checkpoint must be a valid record position). The compute's WAL proposer
+//!   maps it back (`Lsn::previous_wal_end`) to stream from where the safekeepers' WAL ends.
 //!
 //! The LSN is a record boundary the timeline has published: the end of a record as
 //! `EndRecPtr` has it (MAXALIGNed; at a page boundary the next record goes after that
@@ -188,7 +192,10 @@ pub fn write_basebackup(
 
     let control = ControlFile::parse(&d.get_control_file(lsn)?).context("the stored control file")?;
     let mut checkpoint = d.get_checkpoint_state(lsn)?.current;
-    checkpoint.redo = lsn;
+    // Where the compute writes its first record: past the page header when the WAL ends
+    // at a page boundary (pg_control's checkpoint must be a valid record position).
+    let start = lsn.next_record_start();
+    checkpoint.redo = start;
     checkpoint.this_timeline_id = TimeLineId(PG_TIMELINE_ID);
     checkpoint.prev_timeline_id = TimeLineId(PG_TIMELINE_ID);
     checkpoint.time = i64::try_from(now.as_secs()).context("the clock is beyond 2^63 seconds")?;
@@ -210,7 +217,7 @@ pub fn write_basebackup(
             tar.dir(&format!("base/{dbnode}"))?;
         }
     }
-    tar.file("global/pg_control", &control.for_start_at(lsn, &checkpoint, checkpoint.time))?;
+    tar.file("global/pg_control", &control.for_start_at(start, &checkpoint, checkpoint.time))?;
 
     for &(spcnode, dbnode) in &dbs {
         let dir = if spcnode == GLOBAL_TABLESPACE_OID { "global".to_string() } else { format!("base/{dbnode}") };
@@ -250,10 +257,10 @@ pub fn write_basebackup(
         tar.file(&format!("pg_twophase/{xid:08X}"), &d.get_twophase_file(xid, lsn)?)?;
     }
 
-    let segment = wal_segment_for_start(lsn, control.system_identifier);
-    tar.file(&format!("pg_wal/{}", wal_segment_file_name(PG_TIMELINE_ID, lsn)), &segment)?;
+    let segment = wal_segment_for_start(start, control.system_identifier);
+    tar.file(&format!("pg_wal/{}", wal_segment_file_name(PG_TIMELINE_ID, start)), &segment)?;
     tar.file("postgresql.auto.conf", b"")?;
-    tar.file("fjord.signal", signal_file(lsn, prev_record_lsn).as_bytes())?;
+    tar.file("fjord.signal", signal_file(start, prev_record_lsn).as_bytes())?;
 
     summary.files = tar.files;
     let mut counting = tar.builder.into_inner().context("finish the tar stream")?;
