@@ -114,6 +114,9 @@ impl RemoteStorage {
                     .filter(|b| !b.is_empty())
                     .with_context(|| format!("invalid remote storage URL {url:?}: no bucket"))?;
                 let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+                // Connect and overall timeouts per attempt; `allow_http` lives in the same
+                // options, so they are built first and the URL's parameters go into them.
+                let mut client = ClientOptions::new().with_timeout(OPERATION_TIMEOUT).with_connect_timeout(Duration::from_secs(5));
                 let mut endpoint = None;
                 for (k, v) in parsed.query_pairs() {
                     match &*k {
@@ -122,15 +125,12 @@ impl RemoteStorage {
                             endpoint = Some(v.to_string());
                         }
                         "region" => builder = builder.with_region(v.to_string()),
-                        "allow_http" => {
-                            builder = builder.with_allow_http(parse_bool(&v).with_context(|| format!("allow_http in {url:?}"))?)
-                        }
+                        "allow_http" => client = client.with_allow_http(parse_bool(&v).with_context(|| format!("allow_http in {url:?}"))?),
                         other => bail!("invalid remote storage URL {url:?}: unknown parameter {other:?} (endpoint, region, allow_http)"),
                     }
                 }
                 // One attempt per call: the caller retries, with its own backoff and status.
                 let retry = RetryConfig { max_retries: 0, retry_timeout: OPERATION_TIMEOUT, ..RetryConfig::default() };
-                let client = ClientOptions::new().with_timeout(OPERATION_TIMEOUT).with_connect_timeout(Duration::from_secs(5));
                 let s3 = builder
                     .with_retry(retry)
                     .with_client_options(client)

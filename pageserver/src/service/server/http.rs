@@ -104,15 +104,23 @@ fn timeline_info(ps: &Pageserver, t: &Timeline) -> TimelineInfo {
     }
 }
 
-/// The system identifier in the timeline's control file at its last record LSN.
+/// The system identifier in the timeline's control file at its last record LSN. It never
+/// changes for a timeline, so it is read once and remembered: a status poll must not read
+/// (and download) layers.
 fn system_id(ps: &Pageserver, t: &Timeline) -> Option<u64> {
+    let key = (t.tenant_id(), t.timeline_id());
+    if let Some(id) = ps.system_ids.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Some(*id);
+    }
     let lsn = t.last_record_lsn();
     if !lsn.is_valid() {
         return None;
     }
     let datadir = crate::pgdata::datadir::Datadir::new(t, ps.reconstructor.as_ref());
     let raw = datadir.get_control_file(lsn).ok()?;
-    crate::pgdata::import::ControlFile::parse(&raw).ok().map(|c| c.system_identifier)
+    let id = crate::pgdata::import::ControlFile::parse(&raw).ok().map(|c| c.system_identifier)?;
+    ps.system_ids.lock().unwrap_or_else(|p| p.into_inner()).insert(key, id);
+    Some(id)
 }
 
 /// Parses a JSON request body ourselves, so that a malformed one gets the same

@@ -49,6 +49,8 @@ pub struct Pageserver {
     /// Object storage under the local disk, if configured.
     remote: Option<RemoteStorage>,
     pub eviction_stats: Arc<EvictionStats>,
+    /// Each timeline's PostgreSQL system identifier, once read (`http::system_id`).
+    pub(crate) system_ids: Mutex<HashMap<(TenantId, TimelineId), u64>>,
     stopping: Arc<AtomicBool>,
     eviction: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Keeps a second pageserver off the work directory for the life of this one.
@@ -154,6 +156,7 @@ impl Pageserver {
             basebackup_stats: BasebackupStats::default(),
             remote,
             eviction_stats: Arc::new(EvictionStats::default()),
+            system_ids: Mutex::new(HashMap::new()),
             stopping: Arc::new(AtomicBool::new(false)),
             eviction: Mutex::new(None),
             _lock: lock,

@@ -1,0 +1,268 @@
+"""The pageserver on object storage, through the `fjord` CLI: a pageserver that lost its disk
+is rebuilt from object storage alone (the repo's local directory and MinIO), uploads that
+survive a MinIO outage and a kill -9, and a local disk budget.
+
+Data is compared with pg_dump (byte for byte) and pgbench's balance invariant."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from fixtures.cli import FjordRepo
+from fixtures.logs import unexpected_lines
+from fixtures.pagestream import lsn_int
+from fixtures.paths import pg_bin_dir
+from fixtures.pgbench import pgbench
+from fixtures.postgres import wait_until
+
+
+@pytest.fixture
+def repos(tmp_path: Path):
+    made: list[FjordRepo] = []
+
+    def make(*init_args: str, env: dict[str, str] | None = None) -> FjordRepo:
+        repo = FjordRepo(tmp_path / f"repo{len(made)}", env=env)
+        made.append(repo)
+        repo.init(*init_args)
+        repo.run("start")
+        return repo
+
+    yield make
+    for r in made:
+        r.cleanup()
+
+
+def connstr_parts(connstr: str) -> tuple[str, int]:
+    """(user, port) of a postgresql://user@127.0.0.1:port/postgres string."""
+    rest = connstr.split("://", 1)[1]
+    user, hostport = rest.split("@", 1)
+    return user, int(hostport.split("/", 1)[0].rsplit(":", 1)[1])
+
+
+def dump(connstr: str) -> str:
+    r = subprocess.run([str(pg_bin_dir() / "pg_dump"), "--no-owner", "-d", connstr], capture_output=True, text=True, check=True)
+    # pg_dump guards its output with a random \restrict key per run.
+    return "\n".join(line for line in r.stdout.splitlines() if not line.startswith(("\\restrict", "\\unrestrict")))
+
+
+def balances(connstr: str) -> tuple:
+    with psycopg.connect(connstr, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT (SELECT sum(abalance) FROM pgbench_accounts), (SELECT sum(bbalance) FROM pgbench_branches), "
+            "(SELECT sum(tbalance) FROM pgbench_tellers), (SELECT coalesce(sum(delta), 0) FROM pgbench_history), "
+            "(SELECT count(*) FROM pgbench_history)"
+        ).fetchone()
+    assert row[0] == row[1] == row[2] == row[3], f"pgbench's balance invariant is broken: {row}"
+    return row
+
+
+def run_pgbench(connstr: str, *args: str) -> None:
+    """pgbench on the endpoint. Runs after `-i` pass `-n`: without it pgbench truncates
+    pgbench_history first, and the balance invariant no longer holds."""
+    user, port = connstr_parts(connstr)
+    pgbench(port, user, *args)
+
+
+def timelines(repo: FjordRepo, tenant: str) -> list[dict]:
+    return repo.http_json(f"/v1/tenant/{tenant}/timeline")
+
+
+def wait_ingested(repo: FjordRepo, tenant: str, connstr: str) -> None:
+    """Waits until the pageserver has ingested everything the endpoint has flushed."""
+    with psycopg.connect(connstr, autocommit=True) as conn:
+        flushed = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
+    wait_until("the pageserver to ingest the last commit",
+               lambda: any(lsn_int(t["last_record_lsn"]) >= lsn_int(flushed) for t in timelines(repo, tenant)), timeout_s=60)
+
+
+def newest_index_is_consistent(objects: dict[str, int], tenant: str) -> int:
+    """Every layer the newest index of every timeline names is an object of its size;
+    returns how many layers were checked."""
+    import json
+
+    checked = 0
+    prefix = f"tenants/{tenant}/timelines/"
+    timelines_seen = {k[len(prefix):].split("/", 1)[0] for k in objects if k.startswith(prefix)}
+    for tl in timelines_seen:
+        indexes = sorted(k for k in objects if k.startswith(f"{prefix}{tl}/index_part.json-"))
+        if not indexes:
+            continue
+        index = json.loads(objects_reader(indexes[-1]))["index"]
+        for name, layer in index["layers"].items():
+            key = f"{prefix}{tl}/{name}-{layer['generation']:08x}"
+            assert key in objects, f"index {indexes[-1]} names missing object {key}"
+            assert objects[key] == layer["size_bytes"], key
+            checked += 1
+    return checked
+
+
+objects_reader = None  # set per storage kind by the tests below
+
+
+def local_objects(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("storage", ["local", "minio"])
+def test_a_pageserver_that_lost_its_disk_is_rebuilt_from_object_storage(repos, storage, request):
+    global objects_reader
+    if storage == "minio":
+        minio = request.getfixturevalue("minio")
+        repo = repos("--remote-storage", minio.url("fjord"), env=minio.env())
+        list_objects = lambda: {k[len("fjord/"):]: size for k, size in minio.list_objects("fjord/")}  # noqa: E731
+        objects_reader = lambda key: minio.get_object(f"fjord/{key}").decode()  # noqa: E731
+    else:
+        repo = repos()
+        root = repo.path / "remote_storage"
+        list_objects = lambda: local_objects(root)  # noqa: E731
+        objects_reader = lambda key: (root / key).read_text()  # noqa: E731
+        assert f'remote_storage = "file://{repo.path.resolve()}/remote_storage"' in (repo.path / "config.toml").read_text()
+    tenant = repo.run("tenant", "create").stdout.strip()
+    main = repo.run("endpoint", "start", "main").stdout.strip()
+    run_pgbench(main, "-i", "-s", "2", "-q")
+    run_pgbench(main, "-n", "-T", "5", "-c", "2")
+    with psycopg.connect(main, autocommit=True) as conn:
+        conn.execute("CREATE TABLE big AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 50000) g")
+    wait_ingested(repo, tenant, main)
+    repo.run("branch", "create", "dev", "--from", "main")
+    dev = repo.run("endpoint", "start", "dev", "--branch", "dev").stdout.strip()
+    with psycopg.connect(dev, autocommit=True) as conn:
+        conn.execute("DELETE FROM big WHERE g % 2 = 0")
+    want_main, want_dev = dump(main), dump(dev)
+    want_balances = balances(main)
+    # A clean stop flushes and uploads what the pageserver ingested.
+    repo.run("stop")
+    assert newest_index_is_consistent(list_objects(), tenant) > 0
+
+    shutil.rmtree(repo.path / "pageserver")
+    (repo.path / "pageserver").mkdir()
+    repo.run("start")
+    assert "attaching tenant from remote storage" in repo.log("pageserver.log")
+    for t in timelines(repo, tenant):
+        assert t["remote_storage"]["generation"] >= 2, t
+    main = repo.run("endpoint", "start", "main").stdout.strip()
+    dev = repo.run("endpoint", "start", "dev", "--branch", "dev").stdout.strip()
+    assert dump(main) == want_main
+    assert dump(dev) == want_dev
+    assert balances(main) == want_balances
+    # And it goes on: writes after the rebuild are uploaded under the new generation.
+    run_pgbench(main, "-n", "-T", "3", "-c", "2")
+    balances(main)
+    downloaded = sum(t["remote_storage"]["layers_downloaded"] for t in timelines(repo, tenant))
+    assert downloaded > 0, "reads after the rebuild download layers"
+    repo.run("stop")
+    assert newest_index_is_consistent(list_objects(), tenant) > 0
+    assert unexpected_lines(repo.log("pageserver.log"), [r"uploads not finished at shutdown"]) == []
+
+
+def test_uploads_retry_while_minio_is_down_and_nothing_is_lost(repos, minio):
+    global objects_reader
+    repo = repos("--remote-storage", minio.url("fjord"), env=minio.env())
+    objects_reader = lambda key: minio.get_object(f"fjord/{key}").decode()  # noqa: E731
+    tenant = repo.run("tenant", "create").stdout.strip()
+    main = repo.run("endpoint", "start", "main").stdout.strip()
+    run_pgbench(main, "-i", "-s", "1", "-q")
+    minio.stop()
+    # Writes go on while object storage is down: the WAL is on the safekeepers.
+    run_pgbench(main, "-n", "-T", "3", "-c", "2")
+    with psycopg.connect(main, autocommit=True) as conn:
+        conn.execute("CREATE TABLE during_outage AS SELECT g FROM generate_series(1, 100000) g")
+        conn.execute("CHECKPOINT")
+    want = dump(main)
+
+    def failing():
+        return any((t.get("remote_storage") or {}).get("last_error") for t in timelines(repo, tenant))
+    # The pageserver flushes by size or when WAL pauses; then its upload fails and says so.
+    wait_until("an upload to fail and the status to say so", failing, timeout_s=90)
+    status = [t["remote_storage"] for t in timelines(repo, tenant)]
+    assert any(s["failing_since_unix_s"] for s in status), status
+    minio.start()
+
+    def caught_up():
+        return all(t["remote_storage"]["queued_operations"] == 0 and t["remote_storage"]["last_error"] is None for t in timelines(repo, tenant))
+    wait_until("uploads to catch up after MinIO is back", caught_up, timeout_s=120)
+    repo.run("stop")
+    newest_index_is_consistent({k[len("fjord/"):]: s for k, s in minio.list_objects("fjord/")}, tenant)
+    shutil.rmtree(repo.path / "pageserver")
+    (repo.path / "pageserver").mkdir()
+    repo.run("start")
+    main = repo.run("endpoint", "start", "main").stdout.strip()
+    assert dump(main) == want
+    balances(main)
+
+
+def test_kill_9_during_uploads_loses_no_commit(repos):
+    global objects_reader
+    repo = repos()
+    root = repo.path / "remote_storage"
+    objects_reader = lambda key: (root / key).read_text()  # noqa: E731
+    tenant = repo.run("tenant", "create").stdout.strip()
+    main = repo.run("endpoint", "start", "main").stdout.strip()
+    run_pgbench(main, "-i", "-s", "2", "-q")
+    for _ in range(3):
+        # Kill the pageserver while pgbench writes (and the pageserver flushes and uploads).
+        user, port = connstr_parts(main)
+        bench = subprocess.Popen([str(pg_bin_dir() / "pgbench"), "-h", "127.0.0.1", "-p", str(port), "-U", user,
+                                  "-n", "-T", "4", "-c", "2", "postgres"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until("pgbench to run", lambda: bench.poll() is None, timeout_s=10)
+        import time
+        time.sleep(2)
+        pid = int((repo.path / "pageserver.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+        bench.wait(timeout=60)
+        newest_index_is_consistent(local_objects(root), tenant)
+        repo.run("start")
+    want = dump(main)
+    want_balances = balances(main)
+    wait_ingested(repo, tenant, main)
+    repo.run("stop")
+    newest_index_is_consistent(local_objects(root), tenant)
+    shutil.rmtree(repo.path / "pageserver")
+    (repo.path / "pageserver").mkdir()
+    repo.run("start")
+    main = repo.run("endpoint", "start", "main").stdout.strip()
+    assert dump(main) == want
+    assert balances(main) == want_balances
+
+
+def test_local_disk_stays_under_its_budget(repos):
+    # Each batch ends with a clean pageserver restart, which flushes it into a layer of its
+    # own (about 4 MiB); the budget holds one or two of them.
+    budget = 6 * 1024 * 1024
+    repo = repos("--layer-disk-budget-bytes", str(budget))
+    tenant = repo.run("tenant", "create").stdout.strip()
+    main = repo.run("endpoint", "start", "main").stdout.strip()
+    for batch in range(4):
+        with psycopg.connect(main, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE t{batch} AS SELECT g, md5(g::text) AS h FROM generate_series(1, 100000) g")
+        wait_ingested(repo, tenant, main)
+        pid = int((repo.path / "pageserver.pid").read_text())
+        os.kill(pid, signal.SIGTERM)
+        wait_until("the pageserver to stop", lambda: not Path(f"/proc/{pid}").exists(), timeout_s=60)
+        repo.run("start")
+
+    def under_budget():
+        return sum(t["remote_storage"]["resident_layer_bytes"] for t in timelines(repo, tenant)) <= budget
+    wait_until("eviction to bring the layer files under the budget", under_budget, timeout_s=60)
+    with psycopg.connect(main, autocommit=True) as conn:
+        for batch in range(4):
+            assert conn.execute(f"SELECT count(*), sum(g) FROM t{batch}").fetchone() == (100000, 5000050000)
+    assert sum(t["remote_storage"]["layers_downloaded"] for t in timelines(repo, tenant)) > 0
+    metrics = urllib_get(f"http://127.0.0.1:{repo.http_port}/metrics")
+    evicted = [line for line in metrics.splitlines() if line.startswith("pageserver_evicted_layers_total ")]
+    assert evicted and int(evicted[0].split()[1]) > 0, evicted
+    wait_until("eviction to bring the layer files under the budget again", under_budget, timeout_s=60)
+    repo.run("stop")
+
+
+def urllib_get(url: str) -> str:
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.read().decode()
