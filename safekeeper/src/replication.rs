@@ -597,6 +597,7 @@ async fn streaming_message<S: WalSource + ?Sized>(
                         write_lsn: Lsn(body.get_u64()),
                         flush_lsn: Lsn(body.get_u64()),
                         apply_lsn: Lsn(body.get_u64()),
+                        ..PageserverFeedback::default()
                     };
                     let _client_time = body.get_i64();
                     let reply_requested = body.get_u8() != 0;

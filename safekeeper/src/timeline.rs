@@ -237,7 +237,7 @@ impl Timeline {
                             inner.storage.persist(&p, &mut stats)?;
                         }
                         // Persisted lazily by `persist_commit_lsn`.
-                        AcceptorAction::CommitLsn(_) => {}
+                        AcceptorAction::CommitLsn(_) | AcceptorAction::PeerHorizon(_) | AcceptorAction::RemoteConsistentLsn(_) => {}
                         AcceptorAction::SendWal { term, from, to } => {
                             let to = Lsn(to.0.min(from.0.saturating_add(WAL_BYTES_MAX as u64)));
                             match inner.storage.read_wal(from, to) {

@@ -411,7 +411,7 @@ async fn streams_committed_wal_and_follows_the_commit_lsn() {
     wait_for("the status update", || src.last_feedback().is_some()).await;
     assert_eq!(
         src.last_feedback().unwrap(),
-        PageserverFeedback { write_lsn: first_commit, flush_lsn: Lsn(first_commit.0 - 10), apply_lsn: f.start }
+        PageserverFeedback { write_lsn: first_commit, flush_lsn: Lsn(first_commit.0 - 10), apply_lsn: f.start, ..Default::default() }
     );
 
     // Nothing beyond the commit LSN is sent until it moves; then all of it, across the

@@ -159,12 +159,13 @@ impl Shell {
                         outstanding += 1;
                         self.conn.send(&ProposerMessage::Consensus(m));
                     }
-                    ProposerAction::SendWal { to: 0, term, begin, end, commit_lsn } => {
+                    ProposerAction::SendWal { to: 0, term, begin, end, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
                         let from = (begin.0 - self.start.0) as usize;
                         let to = (end.0 - self.start.0) as usize;
                         let data = Bytes::copy_from_slice(&self.wal[from..to]);
                         outstanding += 1;
-                        self.conn.send(&ProposerMessage::Consensus(ToAcceptor::Append { term, begin_lsn: begin, data, commit_lsn }));
+                        let m = ToAcceptor::Append { term, begin_lsn: begin, data, commit_lsn, peer_horizon_lsn, remote_consistent_lsn };
+                        self.conn.send(&ProposerMessage::Consensus(m));
                     }
                     ProposerAction::Elected { start_lsn, .. } => self.elected = Some(start_lsn),
                     ProposerAction::Commit { commit_lsn, .. } => self.commit = commit_lsn,
@@ -325,8 +326,15 @@ fn malformed_messages_get_an_error_and_change_nothing() {
             "append in an old term",
             {
                 let mut b = BytesMut::new();
-                ProposerMessage::Consensus(ToAcceptor::Append { term: 0, begin_lsn: Lsn(0), data: Bytes::new(), commit_lsn: Lsn(0) })
-                    .encode(&mut b);
+                ProposerMessage::Consensus(ToAcceptor::Append {
+                    term: 0,
+                    begin_lsn: Lsn(0),
+                    data: Bytes::new(),
+                    commit_lsn: Lsn(0),
+                    peer_horizon_lsn: Lsn(0),
+                    remote_consistent_lsn: Lsn(0),
+                })
+                .encode(&mut b);
                 // Valid on the wire (answered Rejected); then garbage.
                 b.extend_from_slice(&[b'Q', 0, 0, 0, 0]);
                 b.to_vec()
@@ -472,7 +480,7 @@ fn pageserver_feedback_reaches_proposers() {
     let mut conn = Conn { s, buf: BytesMut::new() };
     assert!(matches!(conn.hello(SYSID), AcceptorMessage::HelloOk { node_id: 3, .. }));
     let tl = sk.get_timeline(ids().0, ids().1).unwrap();
-    let f = quorum::wire::PageserverFeedback { write_lsn: Lsn(300), flush_lsn: Lsn(200), apply_lsn: Lsn(100) };
+    let f = quorum::wire::PageserverFeedback { write_lsn: Lsn(300), flush_lsn: Lsn(200), apply_lsn: Lsn(100), ..Default::default() };
     tl.set_pageserver_feedback(f);
     assert_eq!(conn.recv(), Some(AcceptorMessage::Feedback(f)));
     assert_eq!(tl.pageserver_feedback(), f);

@@ -111,6 +111,7 @@ impl TimelineStorage {
             history: self.control.history.clone(),
             commit_lsn: self.control.commit_lsn,
             flush_lsn: self.wal.extent().end,
+            peer_horizon_lsn: Lsn(0),
         }
     }
 
