@@ -5,8 +5,10 @@
 //! appended only in a term whose elected history was adopted; a truncation never goes below
 //! the commit LSN; the commit LSN never goes back; the peer horizon never goes back and
 //! never passes the commit LSN (so no truncation goes below it either); no reply before the
-//! persists it depends on. A message that would break one (a hostile or broken proposer) is
-//! refused instead: a peer horizon above the acceptor's own commit or flush LSN is capped.
+//! persists it depends on; WAL is never read below the peer horizon (the shell may have
+//! removed it). A message that would break one (a hostile or broken proposer, or a stale
+//! copy) is refused instead: a peer horizon above the acceptor's own commit or flush LSN is
+//! capped, a `FetchWal` from below the peer horizon ignored.
 //! The remote-consistent LSN an `Append` carries is not the acceptor's to judge (it is the
 //! pageserver's progress, relayed): it is passed on to the shell as it came.
 
@@ -76,7 +78,8 @@ pub enum AcceptorAction {
     /// the highest it has seen, from here and from the pageserver itself.
     RemoteConsistentLsn(Lsn),
     /// Reply `ToProposer::Wal { term, from, data }` with the WAL bytes in `[from, to)`
-    /// (`to` is at most the flush LSN).
+    /// (`to` is at most the flush LSN, `from` at least the peer horizon: WAL below it is
+    /// never asked for, so the shell may remove it).
     SendWal {
         term: Term,
         from: Lsn,
@@ -157,6 +160,11 @@ impl Acceptor {
         if let (Some(p), Some(r)) = (last_persist, first_reply) {
             assert!(p < r, "a reply comes before the persist it depends on");
         }
+        for a in &out {
+            if let AcceptorAction::SendWal { from, .. } = a {
+                assert!(*from >= horizon, "WAL asked for from {from}, below the peer horizon {horizon}");
+            }
+        }
         out
     }
 
@@ -221,6 +229,14 @@ impl Acceptor {
                     return out;
                 }
                 if !self.joined(term) {
+                    return out;
+                }
+                if from < self.state.peer_horizon_lsn {
+                    // WAL below the peer horizon may be removed. No acceptor's log ends below
+                    // it, so no current request of a correct proposer starts there: this is
+                    // a stale copy of an old request (found by the simulation: a duplicate
+                    // delivered after the donor had removed that WAL). Ignored, like other
+                    // stale messages.
                     return out;
                 }
                 let to = to.min(self.state.flush_lsn);

@@ -83,7 +83,9 @@
 //! and a truncation never needs it. An acceptor that has not answered since the election
 //! holds the horizon where it was: its last flush LSN acknowledged in this term still
 //! counts (it never goes below that), and one never heard from in this term makes the
-//! horizon unknown (0), which changes nothing on the acceptors. The simulation checks after
+//! horizon unknown (0), which changes nothing on the acceptors. An acceptor ignores a
+//! `FetchWal` from below its peer horizon (only a stale copy of an old request can ask
+//! that), so its shell is never asked for WAL it may have removed. The simulation checks after
 //! every step that no acceptor's peer horizon exceeds any acceptor's flush LSN, and its
 //! acceptors refuse to read WAL below what they removed.
 //!

@@ -506,12 +506,18 @@ impl Proposer {
                 // record boundary: a piece of catch-up WAL may end there.
                 l.boundaries.insert(flush_lsn);
                 l.acked_floor[from] = l.acked_floor[from].max(flush_lsn);
+                // A copy of an older acknowledgement of this term (the network may duplicate
+                // and reorder; after a reconnect the peer is new) must not take the stream
+                // back: within a term an acceptor's log only grows, so it has at least what
+                // it acknowledged before. Below that, WAL may be gone: an acceptor removes WAL
+                // below the peer horizon, which is at most this, and refuses to fetch it.
+                let flush = l.acked_floor[from];
                 l.peers.entry(from).or_insert(Peer {
-                    flush: flush_lsn,
-                    sent: flush_lsn,
+                    flush,
+                    sent: flush,
                     commit_sent: Lsn(0),
                     commit_acked: Lsn(0),
-                    flush_at_tick: flush_lsn,
+                    flush_at_tick: flush,
                     horizon_sent: Lsn(0),
                     remote_consistent_sent: Lsn(0),
                 });
