@@ -9,9 +9,11 @@
 //!   middle and then nothing but keepalives; the receiver must probe, switch to the second
 //!   and ingest to the end, exactly where ingesting `pg_wal` directly ends. The fakes
 //!   (`FakeWalsender`) stand in for safekeepers, which serve committed WAL over the same
-//!   protocol and do not exist yet; they speak just enough of it: startup, trust
-//!   authentication, `IDENTIFY_SYSTEM`, `START_REPLICATION` with `XLogData` and keepalives,
-//!   and standby status updates read back.
+//!   protocol (a real safekeeper falls behind only by accident); they speak just enough of
+//!   it: startup, trust authentication, `IDENTIFY_SYSTEM`, `START_REPLICATION` with
+//!   `XLogData` and keepalives, and standby status updates read back. The second says it is
+//!   a safekeeper (`ParameterStatus fjord.safekeeper = 1`) and must be sent the timeline's
+//!   remote-consistent LSN in fjord's own message; the first, a plain walsender, never.
 //!
 //! Needs our PostgreSQL build (`target/pg15`, see `tests/support`).
 
@@ -107,8 +109,8 @@ fn lagging_source_is_left_for_one_with_more_wal() {
     let wal = read_wal(&pg_wal, summary.pg_timeline_id, start, end);
     let middle = Lsn(start.0 + (end.0 - start.0) / 2);
 
-    let behind = FakeWalsender::start(start, wal.clone(), middle);
-    let ahead = FakeWalsender::start(start, wal, end);
+    let behind = FakeWalsender::start(start, wal.clone(), middle, false);
+    let ahead = FakeWalsender::start(start, wal, end, true);
     let sources = WalSources::new(vec![source(behind.port), source(ahead.port)]).unwrap();
     let rx = WalReceiver::start(Arc::clone(&timeline), Default::default(), reconstructor(), sources);
     wait_for("the receiver to ingest all the WAL", &rx, || timeline.last_record_lsn() == end);
@@ -118,7 +120,14 @@ fn lagging_source_is_left_for_one_with_more_wal() {
     assert_eq!(status.lag_switches, 1, "{status:#?}");
     assert_eq!(status.sources[0].end_lsn, Some(middle), "{status:#?}");
     assert_eq!(status.sources[1].end_lsn, Some(end), "{status:#?}");
+    // Idle, the receiver flushes its layers; the safekeeper learns how far that got.
+    wait_for("the remote-consistent LSN to reach the safekeeper", &rx, || {
+        ahead.remote_consistent.lock().unwrap().last() == Some(&end) && timeline.remote_consistent_lsn() == end
+    });
     rx.stop();
+    let sent = ahead.remote_consistent.lock().unwrap().clone();
+    assert!(sent.windows(2).all(|w| w[0] < w[1]), "sent only when it moved: {sent:?}");
+    assert!(behind.remote_consistent.lock().unwrap().is_empty(), "a walsender that is no safekeeper was sent fjord's message");
 
     // The lagging source was told how far the pageserver got: all it had, fsynced.
     assert_eq!(*behind.flushed.lock().unwrap(), Some(middle));
@@ -164,10 +173,15 @@ struct FakeWalsender {
     replication_starts: Arc<Mutex<Vec<Lsn>>>,
     /// The highest flush LSN of the standby status updates received.
     flushed: Arc<Mutex<Option<Lsn>>>,
+    /// The remote-consistent LSN messages received, in order.
+    remote_consistent: Arc<Mutex<Vec<Lsn>>>,
 }
 
 #[derive(Clone)]
 struct Served {
+    /// Reports `fjord.safekeeper` at startup, as a safekeeper does.
+    safekeeper: bool,
+    remote_consistent: Arc<Mutex<Vec<Lsn>>>,
     wal_start: Lsn,
     wal: Arc<Vec<u8>>,
     serve_end: Lsn,
@@ -177,10 +191,12 @@ struct Served {
 }
 
 impl FakeWalsender {
-    fn start(wal_start: Lsn, wal: Vec<u8>, serve_end: Lsn) -> FakeWalsender {
+    fn start(wal_start: Lsn, wal: Vec<u8>, serve_end: Lsn, safekeeper: bool) -> FakeWalsender {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let served = Served {
+            safekeeper,
+            remote_consistent: Arc::default(),
             wal_start,
             wal: Arc::new(wal),
             serve_end,
@@ -193,6 +209,7 @@ impl FakeWalsender {
             startups: Arc::clone(&served.startups),
             replication_starts: Arc::clone(&served.replication_starts),
             flushed: Arc::clone(&served.flushed),
+            remote_consistent: Arc::clone(&served.remote_consistent),
         };
         // The threads end with the test process; a client closing ends its connection's.
         std::thread::spawn(move || {
@@ -249,6 +266,9 @@ fn serve(mut conn: TcpStream, served: &Served) -> std::io::Result<()> {
         strings.chunks(2).filter(|c| c.len() == 2 && !c[0].is_empty()).map(|c| (c[0].clone(), c[1].clone())).collect();
     served.startups.lock().unwrap().push(params);
     conn.write_all(&message(b'R', &0u32.to_be_bytes()))?;
+    if served.safekeeper {
+        conn.write_all(&message(b'S', b"fjord.safekeeper\x001\x00"))?;
+    }
     conn.write_all(&message(b'Z', b"I"))?;
     loop {
         let (tag, body) = read_message(&mut conn)?;
@@ -303,8 +323,8 @@ fn stream(mut conn: TcpStream, served: &Served, from: Lsn) -> std::io::Result<()
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
             Err(e) => return Err(e),
         }
-        // Complete messages: CopyData with a standby status update ('r') or hot standby
-        // feedback ('h', ignored).
+        // Complete messages: CopyData with a standby status update ('r'), hot standby
+        // feedback ('h', ignored) or fjord's remote-consistent LSN ('P', 9 bytes).
         while buf.len() >= 5 {
             let len = u32::from_be_bytes(buf[1..5].try_into().unwrap()) as usize;
             if buf.len() < 1 + len {
@@ -315,6 +335,10 @@ fn stream(mut conn: TcpStream, served: &Served, from: Lsn) -> std::io::Result<()
                 let flush = Lsn(u64::from_be_bytes(msg[14..22].try_into().unwrap()));
                 let mut flushed = served.flushed.lock().unwrap();
                 *flushed = Some(flushed.map_or(flush, |f| f.max(flush)));
+            }
+            if msg[0] == b'd' && msg.get(5) == Some(&b'P') {
+                assert_eq!(msg.len(), 5 + 9, "the remote-consistent LSN message");
+                served.remote_consistent.lock().unwrap().push(Lsn(u64::from_be_bytes(msg[6..14].try_into().unwrap())));
             }
         }
     }

@@ -3,8 +3,14 @@
 //! The invariants of `lib.rs` are asserted where they are kept, in release builds too (they
 //! are cheap): a term is voted for once (the term only grows, and a vote raises it); WAL is
 //! appended only in a term whose elected history was adopted; a truncation never goes below
-//! the commit LSN; the commit LSN never goes back; no reply before the persists it depends
-//! on. A message that would break one (a hostile or broken proposer) is refused instead.
+//! the commit LSN; the commit LSN never goes back; the peer horizon never goes back and
+//! never passes the commit LSN (so no truncation goes below it either); no reply before the
+//! persists it depends on; WAL is never read below the peer horizon (the shell may have
+//! removed it). A message that would break one (a hostile or broken proposer, or a stale
+//! copy) is refused instead: a peer horizon above the acceptor's own commit or flush LSN is
+//! capped, a `FetchWal` from below the peer horizon ignored.
+//! The remote-consistent LSN an `Append` carries is not the acceptor's to judge (it is the
+//! pageserver's progress, relayed): it is passed on to the shell as it came.
 
 use super::{Term, TermHistory, ToAcceptor, ToProposer};
 use bytes::Bytes;
@@ -21,6 +27,10 @@ pub struct AcceptorState {
     pub commit_lsn: Lsn,
     /// The end of the durable WAL (0: no WAL yet).
     pub flush_lsn: Lsn,
+    /// The highest peer horizon a proposer sent (see the crate's "WAL removal"), capped by
+    /// the commit LSN when it was received: WAL below it is on every acceptor for good.
+    /// Persisted lazily, like the commit LSN (`AcceptorAction::PeerHorizon`).
+    pub peer_horizon_lsn: Lsn,
 }
 
 impl AcceptorState {
@@ -61,8 +71,15 @@ pub enum AcceptorAction {
     /// The commit LSN advanced to this (already applied to the state). Making it durable may
     /// wait: nothing is replied on the strength of it.
     CommitLsn(Lsn),
+    /// The peer horizon advanced to this (already applied to the state). Like the commit
+    /// LSN, making it durable may wait: losing it only delays WAL removal.
+    PeerHorizon(Lsn),
+    /// An `Append` relayed the pageserver's remote-consistent LSN (nonzero). The shell keeps
+    /// the highest it has seen, from here and from the pageserver itself.
+    RemoteConsistentLsn(Lsn),
     /// Reply `ToProposer::Wal { term, from, data }` with the WAL bytes in `[from, to)`
-    /// (`to` is at most the flush LSN).
+    /// (`to` is at most the flush LSN, `from` at least the peer horizon: WAL below it is
+    /// never asked for, so the shell may remove it).
     SendWal {
         term: Term,
         from: Lsn,
@@ -90,7 +107,14 @@ impl Acceptor {
     fn persist(&mut self, out: &mut Vec<AcceptorAction>, p: Persist) {
         match &p {
             Persist::Truncate { at } => {
-                assert!(*at >= self.state.commit_lsn, "truncating WAL at {at}, below the commit LSN {}", self.state.commit_lsn)
+                assert!(*at >= self.state.commit_lsn, "truncating WAL at {at}, below the commit LSN {}", self.state.commit_lsn);
+                // The peer horizon is at most the commit LSN, so this follows; stated because
+                // WAL below the peer horizon may already be removed.
+                assert!(
+                    *at >= self.state.peer_horizon_lsn,
+                    "truncating WAL at {at}, below the peer horizon {}",
+                    self.state.peer_horizon_lsn
+                );
             }
             Persist::Append { begin, .. } => {
                 assert_eq!(*begin, self.state.flush_lsn, "WAL appended away from the end of the log");
@@ -122,16 +146,24 @@ impl Acceptor {
 
     /// Handles one message. `Persist` actions come before the reply that depends on them.
     pub fn handle(&mut self, msg: ToAcceptor) -> Vec<AcceptorAction> {
-        let before = (self.state.term, self.state.commit_lsn);
+        let before = (self.state.term, self.state.commit_lsn, self.state.peer_horizon_lsn);
         let out = self.handle_inner(msg);
         assert!(self.state.term >= before.0, "term went back from {} to {}", before.0, self.state.term);
         assert!(self.state.commit_lsn >= before.1, "commit LSN went back from {} to {}", before.1, self.state.commit_lsn);
         assert!(self.state.commit_lsn <= self.state.flush_lsn || self.state.commit_lsn == before.1, "commit LSN beyond the WAL");
+        let horizon = self.state.peer_horizon_lsn;
+        assert!(horizon >= before.2, "peer horizon went back from {} to {horizon}", before.2);
+        assert!(horizon == before.2 || horizon <= self.state.commit_lsn, "peer horizon {horizon} beyond the commit LSN");
         // Nothing is replied or sent before every persist of this message.
         let last_persist = out.iter().rposition(|a| matches!(a, AcceptorAction::Persist(_)));
         let first_reply = out.iter().position(|a| matches!(a, AcceptorAction::Reply(_) | AcceptorAction::SendWal { .. }));
         if let (Some(p), Some(r)) = (last_persist, first_reply) {
             assert!(p < r, "a reply comes before the persist it depends on");
+        }
+        for a in &out {
+            if let AcceptorAction::SendWal { from, .. } = a {
+                assert!(*from >= horizon, "WAL asked for from {from}, below the peer horizon {horizon}");
+            }
         }
         out
     }
@@ -199,12 +231,20 @@ impl Acceptor {
                 if !self.joined(term) {
                     return out;
                 }
+                if from < self.state.peer_horizon_lsn {
+                    // WAL below the peer horizon may be removed. No acceptor's log ends below
+                    // it, so no current request of a correct proposer starts there: this is
+                    // a stale copy of an old request (found by the simulation: a duplicate
+                    // delivered after the donor had removed that WAL). Ignored, like other
+                    // stale messages.
+                    return out;
+                }
                 let to = to.min(self.state.flush_lsn);
                 if from < to {
                     out.push(AcceptorAction::SendWal { term, from, to });
                 }
             }
-            ToAcceptor::Append { term, begin_lsn, data, commit_lsn } => {
+            ToAcceptor::Append { term, begin_lsn, data, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
                 if term < self.state.term {
                     out.push(self.rejected(term));
                     return out;
@@ -226,6 +266,17 @@ impl Acceptor {
                 if commit > self.state.commit_lsn {
                     self.state.commit_lsn = commit;
                     out.push(AcceptorAction::CommitLsn(commit));
+                }
+                // Capped by our own commit LSN (and so by our flush LSN): a correct proposer
+                // never sends more than our acknowledged flush LSN, but WAL above our commit
+                // LSN is not ours to give up yet whatever it says.
+                let horizon = peer_horizon_lsn.min(self.state.commit_lsn);
+                if horizon > self.state.peer_horizon_lsn {
+                    self.state.peer_horizon_lsn = horizon;
+                    out.push(AcceptorAction::PeerHorizon(horizon));
+                }
+                if remote_consistent_lsn.is_valid() {
+                    out.push(AcceptorAction::RemoteConsistentLsn(remote_consistent_lsn));
                 }
                 out.push(AcceptorAction::Reply(ToProposer::AppendAck {
                     term,

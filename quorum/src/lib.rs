@@ -38,6 +38,9 @@
 //! - An acceptor never truncates below its commit LSN; a request to do so is refused.
 //! - The commit LSN of an acceptor and of a proposer only moves forward.
 //! - WAL is acknowledged only once persisted: the reply follows its `Persist` actions.
+//! - The peer horizon sent never exceeds the flush LSN any acceptor acknowledged in the
+//!   proposer's term, and an acceptor's peer horizon never goes back nor passes its commit
+//!   LSN (see "WAL removal").
 //!
 //! These are asserted where they are kept (`acceptor.rs`, `proposer.rs`): breaking one is a
 //! bug and panics; a message that would make an acceptor break one is refused instead.
@@ -55,11 +58,46 @@
 //! An acceptor whose log shares no term with an elected history empties its log and starts it
 //! there.
 //!
+//! # WAL removal
+//! An acceptor may delete WAL that nobody can need again. Three things bound it, and its
+//! shell removes only below the lowest of them (the safekeeper's storage, in whole
+//! segments):
+//! - the pageserver's *remote-consistent LSN*: WAL below it is represented by layers in
+//!   object storage, and a pageserver restarted from there resumes at it. The pageserver
+//!   tells the safekeeper it streams from; that acceptor reports it in its feedback to the
+//!   proposer, and the proposer relays the highest it heard in every `Append`
+//!   ([`Proposer::set_remote_consistent_lsn`]), so every acceptor learns it.
+//! - the *peer horizon*, which the proposer computes: the lowest flush LSN that every
+//!   acceptor of the configuration (not just a quorum) acknowledged in its term, or 0 until
+//!   it has heard from all of them, capped by its commit LSN. The acceptor keeps the highest it has seen
+//!   ([`AcceptorState::peer_horizon_lsn`]), never above its own commit and flush LSNs.
+//! - the acceptor's commit LSN.
+//!
+//! Why the peer horizon is safe: once every acceptor has acknowledged a flush LSN `h` in
+//! term T, all of them hold T's history up to `h`. Any later election picks a donor whose
+//! log contains that prefix (every voter has it), so every later elected history contains
+//! it, and a truncation is never below it (the point an acceptor shares with the elected
+//! history is at or above `h`). So no acceptor's flush LSN is ever below `h` again: a
+//! lagging acceptor is always sent WAL from at or above `h` (a proposer streams from the
+//! acceptor's flush LSN, and fetches from a donor from there), a sync never reads below it,
+//! and a truncation never needs it. An acceptor that has not answered since the election
+//! holds the horizon where it was: its last flush LSN acknowledged in this term still
+//! counts (it never goes below that), and one never heard from in this term makes the
+//! horizon unknown (0), which changes nothing on the acceptors. An acceptor ignores a
+//! `FetchWal` from below its peer horizon (only a stale copy of an old request can ask
+//! that), so its shell is never asked for WAL it may have removed. The simulation checks after
+//! every step that no acceptor's peer horizon exceeds any acceptor's flush LSN, and its
+//! acceptors refuse to read WAL below what they removed.
+//!
 //! # Commit LSN durability
 //! An acceptor's commit LSN is a hint for the outside (how far WAL may be served to the
 //! pageserver). It travels inside [`Persist::Control`] when a term change is persisted anyway,
 //! and otherwise as [`AcceptorAction::CommitLsn`], which the shell may persist lazily: losing
-//! it in a crash only makes the acceptor serve less until the proposer tells it again.
+//! it in a crash only makes the acceptor serve less until the proposer tells it again. The
+//! peer horizon ([`AcceptorAction::PeerHorizon`]) and the remote-consistent LSN
+//! ([`AcceptorAction::RemoteConsistentLsn`]) may be persisted as lazily: losing one only
+//! delays WAL removal. A shell removes WAL only below values it has made durable, so that
+//! after a crash its WAL never begins above what its files say may be removed.
 
 mod acceptor;
 mod proposer;
@@ -139,12 +177,19 @@ pub enum ToAcceptor {
         from: Lsn,
         to: Lsn,
     },
-    /// WAL bytes starting at `begin_lsn` (possibly none: then it only carries `commit_lsn`).
+    /// WAL bytes starting at `begin_lsn` (possibly none: then it only carries the LSNs).
     Append {
         term: Term,
         begin_lsn: Lsn,
         data: Bytes,
         commit_lsn: Lsn,
+        /// The peer horizon: the lowest flush LSN every acceptor of the configuration has
+        /// acknowledged in this term (0: not yet heard from all), capped by `commit_lsn`.
+        /// See "WAL removal".
+        peer_horizon_lsn: Lsn,
+        /// The highest remote-consistent LSN of the pageserver any acceptor reported (0:
+        /// none yet), relayed so that every acceptor learns it. See "WAL removal".
+        remote_consistent_lsn: Lsn,
     },
 }
 

@@ -5,7 +5,9 @@
 //!
 //! Invariants: elected only with a majority of votes in its own term (asserted); the commit
 //! LSN only moves forward and never below the term's start; a sync commits and ends only at
-//! its start LSN (asserted); once stopped (fenced or synced) it returns no action, ever.
+//! its start LSN (asserted); the peer horizon it sends is never above the flush LSN any
+//! acceptor acknowledged in its term (asserted); once stopped (fenced or synced) it returns
+//! no action, ever.
 //! Acknowledgements that claim WAL the proposer never had are ignored, not asserted on: they
 //! come from another process.
 
@@ -72,9 +74,10 @@ const BOUNDARIES_MAX: usize = 1 << 16;
 pub enum ProposerAction {
     /// Send a message without WAL.
     Send(NodeId, ToAcceptor),
-    /// Send `ToAcceptor::Append { term, begin_lsn: begin, data, commit_lsn }` to `to`, with
-    /// the shell's WAL bytes in `[begin, end)` (none if `begin == end`).
-    SendWal { to: NodeId, term: Term, begin: Lsn, end: Lsn, commit_lsn: Lsn },
+    /// Send `ToAcceptor::Append { term, begin_lsn: begin, data, commit_lsn,
+    /// peer_horizon_lsn, remote_consistent_lsn }` to `to`, with the shell's WAL bytes in
+    /// `[begin, end)` (none if `begin == end`).
+    SendWal { to: NodeId, term: Term, begin: Lsn, end: Lsn, commit_lsn: Lsn, peer_horizon_lsn: Lsn, remote_consistent_lsn: Lsn },
     /// Keep these fetched bytes: the WAL the shell can send now begins at `from`.
     StoreWal { from: Lsn, data: Bytes },
     /// This proposer won `term`; its own WAL continues the elected history at `start_lsn`,
@@ -114,6 +117,9 @@ struct Peer {
     commit_acked: Lsn,
     /// `flush` at the previous tick, to notice a stalled stream.
     flush_at_tick: Lsn,
+    /// The peer horizon and remote-consistent LSN last sent.
+    horizon_sent: Lsn,
+    remote_consistent_sent: Lsn,
 }
 
 #[derive(Clone, Debug)]
@@ -132,12 +138,22 @@ struct Leader {
     boundaries: BTreeSet<Lsn>,
     /// Per acceptor: the flush LSN it last acknowledged in this term (0: none yet). Its log
     /// does not end below that again in this term, so boundaries below every one of them
-    /// are not needed any more.
+    /// are not needed any more; and their minimum is the peer horizon (its log does not end
+    /// below it in later terms either: see the crate's "WAL removal").
     acked_floor: Vec<Lsn>,
     /// The outstanding fetch: (from whom, from, to).
     fetching: Option<(NodeId, Lsn, Lsn)>,
     peers: BTreeMap<NodeId, Peer>,
     commit_lsn: Lsn,
+}
+
+impl Leader {
+    /// The lowest flush LSN every acceptor acknowledged in this term (0 while one has not
+    /// acknowledged any: its entry in `acked_floor` is 0), capped by the commit LSN (an
+    /// acceptor caps it by its own commit LSN anyway, which is never above ours).
+    fn peer_horizon(&self) -> Lsn {
+        self.acked_floor.iter().copied().min().unwrap_or_default().min(self.commit_lsn)
+    }
 }
 
 /// Where the piece of WAL sent from `from` ends: at the last record boundary within `max`
@@ -182,6 +198,9 @@ pub struct Proposer {
     wal_start: Lsn,
     term: Term,
     phase: Phase,
+    /// The highest remote-consistent LSN the shell reported (from acceptors' feedback), which
+    /// `Append`s relay to every acceptor.
+    remote_consistent_lsn: Lsn,
 }
 
 impl Proposer {
@@ -196,7 +215,7 @@ impl Proposer {
             ProposerMode::Sync => assert_eq!(wal_start, Lsn(0), "a sync writes no WAL of its own"),
             ProposerMode::Plain => {}
         }
-        Proposer { n: acceptors, config, wal_start, term: 0, phase: Phase::Idle }
+        Proposer { n: acceptors, config, wal_start, term: 0, phase: Phase::Idle, remote_consistent_lsn: Lsn(0) }
     }
 
     fn majority(&self) -> usize {
@@ -253,6 +272,27 @@ impl Proposer {
         }
     }
 
+    /// While elected: the peer horizon, the lowest flush LSN every acceptor acknowledged in
+    /// this term, capped by the commit LSN; 0 until every acceptor has acknowledged one (or
+    /// when not elected).
+    pub fn peer_horizon_lsn(&self) -> Lsn {
+        match &self.phase {
+            Phase::Leader(l) => l.peer_horizon(),
+            _ => Lsn(0),
+        }
+    }
+
+    /// The pageserver's remote-consistent LSN as an acceptor reported it (its shell reads the
+    /// acceptors' feedback). Only the highest counts; it goes to every acceptor with the next
+    /// `Append`, or with an empty one at the next tick. Returns no actions.
+    pub fn set_remote_consistent_lsn(&mut self, lsn: Lsn) {
+        self.remote_consistent_lsn = self.remote_consistent_lsn.max(lsn);
+    }
+
+    pub fn remote_consistent_lsn(&self) -> Lsn {
+        self.remote_consistent_lsn
+    }
+
     /// Starts (or restarts) an election: greets every acceptor. A stopped proposer stays
     /// stopped.
     pub fn start_election(&mut self) -> Vec<ProposerAction> {
@@ -279,7 +319,7 @@ impl Proposer {
         if l.boundaries.len() > BOUNDARIES_MAX {
             l.boundaries.pop_first();
         }
-        self.stream_all()
+        self.stream(false)
     }
 
     /// The connection to acceptor `i` was lost and re-established: what was sent on it may
@@ -332,18 +372,28 @@ impl Proposer {
                     p.flush_at_tick = p.flush;
                 }
                 l.fetching = None;
-                out.extend(self.stream_all());
+                out.extend(self.stream(true));
                 out
             }
         }
     }
 
     /// Sends each joined acceptor the WAL it misses (within the window) and the commit LSN,
-    /// and fetches WAL older than the shell has if an acceptor needs it.
-    fn stream_all(&mut self) -> Vec<ProposerAction> {
+    /// and fetches WAL older than the shell has if an acceptor needs it. Every `Append`
+    /// carries the peer horizon and the remote-consistent LSN; on a `tick`, an acceptor that
+    /// has nothing else coming gets an empty one when either moved since it was last sent
+    /// (once per tick at most, not once per acknowledgement: they only matter for WAL
+    /// removal, a segment at a time).
+    fn stream(&mut self, tick: bool) -> Vec<ProposerAction> {
         let term = self.term;
         let cfg = self.config;
+        let remote_consistent_lsn = self.remote_consistent_lsn;
         let Phase::Leader(l) = &mut self.phase else { return Vec::new() };
+        let horizon = l.peer_horizon();
+        let commit_lsn = l.commit_lsn;
+        // Every acceptor acknowledged at least this in this term: its log never ends below
+        // it again (the crate's "WAL removal"), which is what lets acceptors remove WAL below.
+        assert!(l.acked_floor.iter().all(|&f| f >= horizon), "peer horizon {horizon} above an acknowledged flush LSN");
         let mut out = Vec::new();
         let mut need_below_floor: Option<Lsn> = None;
         for (&i, p) in l.peers.iter_mut() {
@@ -352,22 +402,35 @@ impl Proposer {
                 need_below_floor = Some(need_below_floor.map_or(from, |n: Lsn| n.min(from)));
                 continue;
             }
+            let send = |begin: Lsn, end: Lsn| ProposerAction::SendWal {
+                to: i,
+                term,
+                begin,
+                end,
+                commit_lsn,
+                peer_horizon_lsn: horizon,
+                remote_consistent_lsn,
+            };
             let mut sent_any = false;
             while from < l.end && from.0 - p.flush.0 < cfg.window {
                 let to = chunk_end(&l.boundaries, l.start_lsn, l.end, from, cfg.max_append);
                 debug_assert!(to > from && to <= l.end, "piece {from}..{to} outside the WAL up to {}", l.end);
-                out.push(ProposerAction::SendWal { to: i, term, begin: from, end: to, commit_lsn: l.commit_lsn });
+                out.push(send(from, to));
                 from = to;
                 sent_any = true;
             }
-            if !sent_any && l.commit_lsn > p.commit_sent {
-                // Nothing new to send, but the acceptor should learn the commit LSN.
-                out.push(ProposerAction::SendWal { to: i, term, begin: from, end: from, commit_lsn: l.commit_lsn });
+            let news = horizon > p.horizon_sent || remote_consistent_lsn > p.remote_consistent_sent;
+            if !sent_any && (l.commit_lsn > p.commit_sent || (tick && news)) {
+                // Nothing new to send, but the acceptor should learn the commit LSN (or, at a
+                // tick, the horizons).
+                out.push(send(from, from));
                 sent_any = true;
             }
             if sent_any {
                 p.sent = from;
                 p.commit_sent = l.commit_lsn;
+                p.horizon_sent = horizon;
+                p.remote_consistent_sent = remote_consistent_lsn;
             }
         }
         if let Some(need) = need_below_floor {
@@ -443,15 +506,23 @@ impl Proposer {
                 // record boundary: a piece of catch-up WAL may end there.
                 l.boundaries.insert(flush_lsn);
                 l.acked_floor[from] = l.acked_floor[from].max(flush_lsn);
+                // A copy of an older acknowledgement of this term (the network may duplicate
+                // and reorder; after a reconnect the peer is new) must not take the stream
+                // back: within a term an acceptor's log only grows, so it has at least what
+                // it acknowledged before. Below that, WAL may be gone: an acceptor removes WAL
+                // below the peer horizon, which is at most this, and refuses to fetch it.
+                let flush = l.acked_floor[from];
                 l.peers.entry(from).or_insert(Peer {
-                    flush: flush_lsn,
-                    sent: flush_lsn,
+                    flush,
+                    sent: flush,
                     commit_sent: Lsn(0),
                     commit_acked: Lsn(0),
-                    flush_at_tick: flush_lsn,
+                    flush_at_tick: flush,
+                    horizon_sent: Lsn(0),
+                    remote_consistent_sent: Lsn(0),
                 });
                 out.extend(self.update_commit());
-                out.extend(self.stream_all());
+                out.extend(self.stream(false));
                 out.extend(self.check_synced());
             }
             ToProposer::Wal { term, from: wal_from, data } => {
@@ -466,7 +537,7 @@ impl Proposer {
                 l.fetching = None;
                 l.floor = wal_from;
                 out.push(ProposerAction::StoreWal { from: wal_from, data });
-                out.extend(self.stream_all());
+                out.extend(self.stream(false));
             }
             ToProposer::AppendAck { term, flush_lsn, commit_lsn } => {
                 if term != self.term {
@@ -492,7 +563,7 @@ impl Proposer {
                     l.boundaries = l.boundaries.split_off(&low);
                 }
                 out.extend(self.update_commit());
-                out.extend(self.stream_all());
+                out.extend(self.stream(false));
                 out.extend(self.check_synced());
             }
             ToProposer::Rejected { term, acceptor_term } => {

@@ -13,13 +13,21 @@
 //! terms `u64`. WAL bytes are the rest of the payload. The decoder validates everything and
 //! never panics: a malformed message is a [`WireError`] naming what was wrong, and the
 //! receiver closes the connection after saying so.
+//!
+//! # Versions
+//! Both sides must speak the same [`PROTOCOL_VERSION`]: the safekeeper refuses a `Hello` of
+//! another version with `Error`, and the proposer a `HelloOk` of another version.
+//! - 1: the first.
+//! - 2 (WAL removal): `Append` carries the peer horizon and the pageserver's
+//!   remote-consistent LSN after the commit LSN; `Feedback` carries the remote-consistent LSN
+//!   after the apply LSN.
 
 use crate::{Term, TermHistory, TermSwitch, ToAcceptor, ToProposer};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use proto::{Lsn, TenantId, TimelineId};
 
 /// The protocol version this crate speaks.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// The most WAL one `Append` or `Wal` message carries.
 pub const WAL_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// No valid message is longer than this; anything longer is refused before it is read.
@@ -59,12 +67,15 @@ pub enum ProposerMessage {
     Consensus(ToAcceptor),
 }
 
-/// The pageserver's progress as a safekeeper last heard it (standby status updates).
+/// The pageserver's progress as a safekeeper last heard it (standby status updates), and
+/// the highest remote-consistent LSN it knows (from the pageserver, or relayed by a
+/// proposer).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PageserverFeedback {
     pub write_lsn: Lsn,
     pub flush_lsn: Lsn,
     pub apply_lsn: Lsn,
+    pub remote_consistent_lsn: Lsn,
 }
 
 /// The safekeeper's side.
@@ -252,12 +263,16 @@ impl ProposerMessage {
                     b.put_u64(from.0);
                     b.put_u64(to.0);
                 }),
-                ToAcceptor::Append { term, begin_lsn, data, commit_lsn } => frame(buf, b'A', |b| {
-                    b.put_u64(*term);
-                    b.put_u64(begin_lsn.0);
-                    b.put_u64(commit_lsn.0);
-                    b.put_slice(data);
-                }),
+                ToAcceptor::Append { term, begin_lsn, data, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
+                    frame(buf, b'A', |b| {
+                        b.put_u64(*term);
+                        b.put_u64(begin_lsn.0);
+                        b.put_u64(commit_lsn.0);
+                        b.put_u64(peer_horizon_lsn.0);
+                        b.put_u64(remote_consistent_lsn.0);
+                        b.put_slice(data);
+                    })
+                }
             },
         }
     }
@@ -309,11 +324,24 @@ impl ProposerMessage {
                 let term = r.u64()?;
                 let begin_lsn = r.lsn()?;
                 let commit_lsn = r.lsn()?;
+                let peer_horizon_lsn = r.lsn()?;
+                let remote_consistent_lsn = r.lsn()?;
                 let data = r.wal()?;
                 if begin_lsn.0.checked_add(data.len() as u64).is_none() {
                     return Err(r.invalid("WAL beyond the largest LSN"));
                 }
-                ProposerMessage::Consensus(ToAcceptor::Append { term, begin_lsn, data, commit_lsn })
+                // A proposer caps the horizon by its commit LSN.
+                if peer_horizon_lsn > commit_lsn {
+                    return Err(r.invalid(format!("peer horizon {peer_horizon_lsn} beyond the commit LSN {commit_lsn}")));
+                }
+                ProposerMessage::Consensus(ToAcceptor::Append {
+                    term,
+                    begin_lsn,
+                    data,
+                    commit_lsn,
+                    peer_horizon_lsn,
+                    remote_consistent_lsn,
+                })
             }
             t => return Err(WireError::UnknownTag(t)),
         };
@@ -334,6 +362,7 @@ impl AcceptorMessage {
                 b.put_u64(f.write_lsn.0);
                 b.put_u64(f.flush_lsn.0);
                 b.put_u64(f.apply_lsn.0);
+                b.put_u64(f.remote_consistent_lsn.0);
             }),
             AcceptorMessage::Consensus(m) => match m {
                 ToProposer::GreetingReply { term } => frame(buf, b'g', |b| b.put_u64(*term)),
@@ -375,7 +404,12 @@ impl AcceptorMessage {
         let m = match tag {
             b'h' => AcceptorMessage::HelloOk { protocol_version: r.u32()?, node_id: r.u64()? },
             b'x' => AcceptorMessage::Error { message: r.string()? },
-            b'f' => AcceptorMessage::Feedback(PageserverFeedback { write_lsn: r.lsn()?, flush_lsn: r.lsn()?, apply_lsn: r.lsn()? }),
+            b'f' => AcceptorMessage::Feedback(PageserverFeedback {
+                write_lsn: r.lsn()?,
+                flush_lsn: r.lsn()?,
+                apply_lsn: r.lsn()?,
+                remote_consistent_lsn: r.lsn()?,
+            }),
             b'g' => AcceptorMessage::Consensus(ToProposer::GreetingReply { term: r.u64()? }),
             b'v' => {
                 let term = r.u64()?;

@@ -156,9 +156,9 @@ fn no_commit_below_own_start_lsn() {
     let mut p3 = proposer();
     let to_1_up_to_20 = |to: usize, msg: ToAcceptor| match (to, msg) {
         (2, _) => None,
-        (1, ToAcceptor::Append { term, begin_lsn, data, commit_lsn }) => {
+        (1, ToAcceptor::Append { term, begin_lsn, data, commit_lsn, peer_horizon_lsn, remote_consistent_lsn }) => {
             let keep = (lsn(20).0.saturating_sub(begin_lsn.0) as usize).min(data.len());
-            Some(ToAcceptor::Append { term, begin_lsn, data: data.slice(..keep), commit_lsn })
+            Some(ToAcceptor::Append { term, begin_lsn, data: data.slice(..keep), commit_lsn, peer_horizon_lsn, remote_consistent_lsn })
         }
         (_, msg) => Some(msg),
     };
@@ -396,4 +396,66 @@ fn a_sync_after_a_cut_off_catch_up_ends_at_a_record_boundary() {
     let Some(ProposerAction::SyncDone { lsn: Some(end), .. }) = events.last() else { panic!("no sync: {events:?}") };
     assert!(is_record_boundary(&donor_log, *end), "the sync ends at {end}, inside a record");
     assert_eq!(*end, lsn(69), "acceptor 1 was caught up completely");
+}
+
+/// Ticks the proposer and delivers what follows through `filter`.
+fn tick(c: &mut Cluster, p: &mut P, filter: Filter) -> Vec<ProposerAction> {
+    let a = p.core.tick();
+    c.run(p, a, filter)
+}
+
+/// The peer horizon follows the slowest acceptor of all three, not of a quorum: while one is
+/// down the others keep (and may remove below) only what it had acknowledged; a new proposer
+/// that has not heard from it sends no horizon at all; when it returns, the WAL it lacks is
+/// fetched from a donor above what the donor removed, and then the horizon moves on. The
+/// pageserver's remote-consistent LSN is relayed to every acceptor.
+#[test]
+fn peer_horizon_holds_for_a_lagging_acceptor() {
+    let mut c = Cluster::new();
+    let all: &[usize] = &[0, 1, 2];
+    let mut p1 = proposer();
+    c.elect(&mut p1, &only(&[0, 1, 2]));
+    append(&mut c, &mut p1, 1, &[0, 1, 2]); // +0..10 everywhere
+    tick(&mut c, &mut p1, &only(&[0, 1, 2]));
+    for n in &c.nodes {
+        assert_eq!(n.acceptor.state().peer_horizon_lsn, lsn(10));
+    }
+    // Acceptor 2 is down: the other two commit more, but the horizon waits for it.
+    append(&mut c, &mut p1, 2, &[0, 1]); // +10..20
+    append(&mut c, &mut p1, 3, &[0, 1]); // +20..30
+    p1.core.set_remote_consistent_lsn(lsn(25));
+    tick(&mut c, &mut p1, &only(&[0, 1]));
+    assert_eq!(p1.core.peer_horizon_lsn(), lsn(10));
+    for a in [0, 1] {
+        let s = c.nodes[a].acceptor.state();
+        assert_eq!((s.commit_lsn, s.peer_horizon_lsn), (lsn(30), lsn(10)), "acceptor {a}");
+        assert_eq!(c.nodes[a].remote_consistent_lsn, lsn(25), "acceptor {a} learns the remote-consistent LSN");
+        assert!(c.nodes[a].persist_lazy_and_remove(&mut c.disks[a]));
+        assert_eq!(c.disks[a].removed_below, lsn(10));
+    }
+    // A new proposer elected by 0 and 1 has not heard from 2: no horizon, and the acceptors
+    // keep theirs.
+    let mut p2 = proposer();
+    c.elect(&mut p2, &only(&[0, 1]));
+    assert_eq!(p2.core.wal_range(), Some((lsn(30), lsn(30))));
+    append(&mut c, &mut p2, 4, &[0, 1]); // +30..40
+    tick(&mut c, &mut p2, &only(&[0, 1]));
+    assert_eq!(p2.core.peer_horizon_lsn(), Lsn(0));
+    for a in [0, 1] {
+        assert_eq!(c.nodes[a].acceptor.state().peer_horizon_lsn, lsn(10), "acceptor {a}");
+    }
+    // Acceptor 2 returns at +10: WAL from +10 to the proposer's start is fetched from a donor
+    // (which never asks its disk for removed WAL: the shell would fail the test), the rest
+    // streamed; then the horizon reaches the end everywhere.
+    let filter = |to: usize, m: ToAcceptor| all.contains(&to).then_some(m);
+    tick(&mut c, &mut p2, &filter);
+    tick(&mut c, &mut p2, &filter);
+    assert_eq!(c.disks[2].state.flush_lsn, lsn(40));
+    assert_eq!(p2.core.peer_horizon_lsn(), lsn(40));
+    for a in 0..3 {
+        assert_eq!(c.nodes[a].acceptor.state().peer_horizon_lsn, lsn(40), "acceptor {a}");
+        c.nodes[a].persist_lazy_and_remove(&mut c.disks[a]);
+        assert_eq!(c.disks[a].removed_below, lsn(40));
+        assert_eq!(c.disks[a].wal, c.disks[0].wal);
+    }
 }

@@ -16,7 +16,14 @@
 //! After every step: at most one proposer elected per term; committed WAL is never
 //! contradicted, is durable on a majority, and is what every acceptor has below its commit
 //! LSN; commit LSNs never go back; no reply before its persists; fetched WAL is the elected
-//! history's; no acceptor's WAL ends inside a record. On every action: a compute is elected
+//! history's; no acceptor's WAL ends inside a record; no acceptor's peer horizon (in memory
+//! or durable) exceeds any acceptor's flush LSN. Acceptors remove WAL below their durable
+//! peer horizon and commit LSN whenever they write them lazily, and fail the seed if the
+//! core then asks them for removed WAL (a lagging acceptor's catch-up, a sync's or a
+//! compute's fetch) or to truncate into it. A pageserver's remote-consistent LSN rises at
+//! random up to the committed end; proposers learn it at their ticks, as walproposer's core
+//! does, and every value an acceptor receives must be one the pageserver reported. On every
+//! action: every peer horizon sent is at most every acceptor's flush LSN; a compute is elected
 //! only at its own start; a fenced or synced proposer never acts again (it is still ticked,
 //! asked to elect and sent replies); fencing has a true reason; a commit ends a record; a
 //! sync ends at committed WAL, at a record boundary. At the end everything heals and one
@@ -118,6 +125,11 @@ struct Sim {
     fenced_stale: usize,
     fenced_later: usize,
     synced: usize,
+    /// Times an acceptor removed WAL, and the highest LSN removed below.
+    removals: usize,
+    removed_max: Lsn,
+    /// The pageserver's remote-consistent LSN (it rises to at most the committed end).
+    remote_consistent_lsn: Lsn,
     /// Plain proposers instead of endpoints (they never move on).
     plain: bool,
 }
@@ -170,6 +182,9 @@ impl Sim {
             fenced_stale: 0,
             fenced_later: 0,
             synced: 0,
+            removals: 0,
+            removed_max: Lsn(0),
+            remote_consistent_lsn: Lsn(0),
             plain: false,
         };
         // Odd seeds: endpoints that sync and compute. Even seeds: plain proposers that
@@ -252,6 +267,21 @@ impl Sim {
         for (i, a) in actions.into_iter().enumerate() {
             if matches!(a, ProposerAction::Fenced { .. } | ProposerAction::SyncDone { .. }) && i + 1 != count {
                 return Err(format!("proposer {p}: actions follow {a:?}"));
+            }
+            if let ProposerAction::SendWal { to, peer_horizon_lsn, remote_consistent_lsn, .. } = a {
+                // The peer horizon lets acceptors remove WAL: it must never be above any
+                // acceptor's flush LSN (what the proposer knows of it, and what it really is).
+                for (b, d) in self.disks.iter().enumerate() {
+                    if peer_horizon_lsn > d.state.flush_lsn {
+                        return Err(format!(
+                            "proposer {p} sends acceptor {to} the peer horizon {peer_horizon_lsn}, above acceptor {b}'s flush LSN {}",
+                            d.state.flush_lsn
+                        ));
+                    }
+                }
+                if remote_consistent_lsn > self.remote_consistent_lsn {
+                    return Err(format!("proposer {p} relays the remote-consistent LSN {remote_consistent_lsn}, never reported"));
+                }
             }
             if let Some((to, msg)) = self.proposers[p].store.message(&a)? {
                 self.send(Envelope::ToAcceptor { from: p, to, msg });
@@ -444,6 +474,12 @@ impl Sim {
             0..=39 => self.deliver_random()?,
             40..=59 => {
                 let p = self.some_proposer();
+                // walproposer's core passes the highest remote-consistent LSN of the
+                // acceptors' feedback to the proposer before each tick.
+                if self.rng.gen_bool(0.5) {
+                    let lsn = self.remote_consistent_lsn;
+                    self.proposers[p].core.set_remote_consistent_lsn(lsn);
+                }
                 let actions = self.proposers[p].core.tick();
                 self.proposer_actions(p, actions)?;
             }
@@ -468,10 +504,13 @@ impl Sim {
                 }
             }
             79..=80 => {
-                // The lazy write of an acceptor's commit LSN.
+                // The lazy write of an acceptor's commit LSN and peer horizon, and WAL removal
+                // below them; and the pageserver makes progress.
                 let a = self.rng.gen_range(0..ACCEPTORS);
-                if let Some(n) = &self.nodes[a] {
-                    n.persist_commit(&mut self.disks[a]);
+                self.persist_lazy_and_remove(a);
+                let end = committed_end(&self.committed).0;
+                if end > self.remote_consistent_lsn.0 {
+                    self.remote_consistent_lsn = Lsn(self.rng.gen_range(self.remote_consistent_lsn.0..=end));
                 }
             }
             81..=82 => {
@@ -526,6 +565,17 @@ impl Sim {
         self.check()
     }
 
+    /// Acceptor `a` (if running) writes its commit LSN and peer horizon and removes WAL below
+    /// them.
+    fn persist_lazy_and_remove(&mut self, a: NodeId) {
+        if let Some(n) = &self.nodes[a] {
+            if n.persist_lazy_and_remove(&mut self.disks[a]) {
+                self.removals += 1;
+                self.removed_max = self.removed_max.max(self.disks[a].removed_below);
+            }
+        }
+    }
+
     /// A cut link is back: the proposer's shell reconnects.
     fn heal(&mut self, p: usize, a: NodeId) -> Check {
         if self.proposers[p].crashed {
@@ -567,6 +617,25 @@ impl Sim {
                     let mine = disk.wal.range(WAL_START, commit)?;
                     if mine != &self.committed[..mine.len()] {
                         return Err(format!("acceptor {a} ({what}): WAL below its commit LSN {commit} differs from committed WAL"));
+                    }
+                }
+            }
+            // The peer horizon: WAL below it is on every acceptor for good, which is what
+            // makes removing it safe.
+            let mut horizons = vec![("disk", disk.state.peer_horizon_lsn)];
+            if let Some(n) = &self.nodes[a] {
+                horizons.push(("memory", n.acceptor.state().peer_horizon_lsn));
+                if n.remote_consistent_lsn > self.remote_consistent_lsn {
+                    return Err(format!("acceptor {a}: remote-consistent LSN {} never reported", n.remote_consistent_lsn));
+                }
+            }
+            for (what, horizon) in horizons {
+                for (b, other) in self.disks.iter().enumerate() {
+                    if horizon > other.state.flush_lsn {
+                        return Err(format!(
+                            "acceptor {a} ({what}): peer horizon {horizon} above acceptor {b}'s flush LSN {}",
+                            other.state.flush_lsn
+                        ));
                     }
                 }
             }
@@ -622,6 +691,11 @@ impl Sim {
             if i % 16 == 0 {
                 self.check()?;
             }
+            if i % 64 == 32 {
+                // Lazy writes and WAL removal go on while the endpoint catches everyone up.
+                let a = self.rng.gen_range(0..ACCEPTORS);
+                self.persist_lazy_and_remove(a);
+            }
             // A compute writes one record once elected; a later compute writes its own.
             let p = self.endpoints[e].current;
             let writes = self.proposers[p].core.mode() != ProposerMode::Sync && self.proposers[p].core.wal_range().is_some();
@@ -632,13 +706,17 @@ impl Sim {
                 let actions = self.proposers[p].core.append(end);
                 self.proposer_actions(p, actions)?;
             }
-            if let Some((q, _, end)) = appended {
-                let synced = q == p && self.nodes.iter().all(|n| n.as_ref().is_some_and(|n| n.acceptor.state().commit_lsn >= end));
+            if let Some((q, t, end)) = appended {
+                // Only a record of the current term: an older one's end says nothing about the
+                // catch-up of this term (an acceptor may have committed it and still lag).
+                let current = q == p && t == self.proposers[p].core.term();
+                let synced = current && self.nodes.iter().all(|n| n.as_ref().is_some_and(|n| n.acceptor.state().commit_lsn >= end));
                 if synced {
                     self.check()?;
                     let first = &self.disks[0].wal;
                     if self.disks.iter().any(|d| d.wal != *first) {
-                        return Err("acceptors differ after catching up".into());
+                        let shapes: Vec<String> = self.disks.iter().map(|d| format!("{}..{}", d.wal.begin, d.wal.end())).collect();
+                        return Err(format!("acceptors differ after catching up: {}", shapes.join(", ")));
                     }
                     if first.range(WAL_START, committed_end(&self.committed)).map_err(|e| format!("after catching up: {e}"))?
                         != &self.committed[..]
@@ -665,6 +743,8 @@ struct Outcome {
     fenced_stale: usize,
     fenced_later: usize,
     synced: usize,
+    removals: usize,
+    removed_bytes: u64,
 }
 
 fn run_seed(seed: u64) -> Result<Outcome, String> {
@@ -688,6 +768,8 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         fenced_stale: sim.fenced_stale,
         fenced_later: sim.fenced_later,
         synced: sim.synced,
+        removals: sim.removals,
+        removed_bytes: sim.removed_max.0.saturating_sub(WAL_START.0),
     })
 }
 
@@ -705,8 +787,11 @@ fn run_seed_or_panic(seed: u64) -> Outcome {
 fn many_seeds() {
     let n: u64 = std::env::var("FJORD_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
     let (mut commits, mut bytes, mut terms, mut fenced_stale, mut fenced_later, mut synced) = (0, 0, 0, 0, 0, 0);
+    let (mut removals, mut removed_bytes) = (0, 0);
     for seed in 0..n {
         let o = run_seed_or_panic(seed);
+        removals += o.removals;
+        removed_bytes += o.removed_bytes;
         commits += o.commits;
         bytes += o.committed_bytes;
         terms += o.terms;
@@ -716,11 +801,12 @@ fn many_seeds() {
     }
     eprintln!(
         "{n} seeds: {commits} commit advances, {bytes} bytes committed, {terms} terms elected, {synced} syncs done, \
-         {fenced_stale} computes fenced at election, {fenced_later} after it"
+         {fenced_stale} computes fenced at election, {fenced_later} after it, {removals} WAL removals \
+         ({removed_bytes} bytes below the highest removal point, summed over seeds)"
     );
-    // The simulation must exercise something: commits, elections, fencing and syncs.
+    // The simulation must exercise something: commits, elections, fencing, syncs and removal.
     let n = n as usize;
-    assert!(n == 0 || commits > n && terms > n && synced > n / 2 && fenced_stale > n / 40 && fenced_later > n / 40);
+    assert!(n == 0 || commits > n && terms > n && synced > n / 2 && fenced_stale > n / 40 && fenced_later > n / 40 && removals > n);
 }
 
 #[test]
@@ -728,7 +814,8 @@ fn replay_seed() {
     let seed = std::env::var("FJORD_SIM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(42);
     let o = run_seed_or_panic(seed);
     eprintln!(
-        "seed {seed}: {} commit advances, {} bytes committed, {} terms elected, {} syncs done, {} computes fenced at election, {} after it",
-        o.commits, o.committed_bytes, o.terms, o.synced, o.fenced_stale, o.fenced_later
+        "seed {seed}: {} commit advances, {} bytes committed, {} terms elected, {} syncs done, {} computes fenced at election, {} after it, \
+         {} WAL removals (up to {} bytes)",
+        o.commits, o.committed_bytes, o.terms, o.synced, o.fenced_stale, o.fenced_later, o.removals, o.removed_bytes
     );
 }

@@ -35,6 +35,20 @@ pub use timeline::{Timeline, TimelineError};
 /// The lock file that keeps a second safekeeper off a data directory.
 pub const LOCK_FILE_NAME: &str = "safekeeper.lock";
 
+/// What a safekeeper process is told by its flags.
+#[derive(Clone, Debug)]
+pub struct SafekeeperConfig {
+    /// Remove WAL segments below each timeline's removal horizon (`storage::removal`);
+    /// `--no-wal-removal` turns it off (everything is kept, as before removal existed).
+    pub wal_removal: bool,
+}
+
+impl Default for SafekeeperConfig {
+    fn default() -> Self {
+        SafekeeperConfig { wal_removal: true }
+    }
+}
+
 /// A timeline as the node knows it: usable, or not loadable with the reason.
 #[derive(Clone)]
 pub enum TimelineEntry {
@@ -47,15 +61,21 @@ pub struct Safekeeper {
     data_dir: PathBuf,
     timelines: RwLock<BTreeMap<(TenantId, TimelineId), TimelineEntry>>,
     pub metrics: Arc<Metrics>,
+    pub config: SafekeeperConfig,
     /// Holds the `flock` on the lock file for the life of the process.
     _lock: crashsafe::DataDirLock,
 }
 
 impl Safekeeper {
+    /// [`Safekeeper::open_with_config`] with the default configuration (WAL removal on).
+    pub fn open(node_id: u64, data_dir: &Path) -> anyhow::Result<Arc<Safekeeper>> {
+        Self::open_with_config(node_id, data_dir, SafekeeperConfig::default())
+    }
+
     /// Locks `data_dir` (creating it if needed) and loads every timeline in it. Errors only
     /// if the directory cannot be used at all; a timeline that fails to load is logged and
     /// kept as unavailable.
-    pub fn open(node_id: u64, data_dir: &Path) -> anyhow::Result<Arc<Safekeeper>> {
+    pub fn open_with_config(node_id: u64, data_dir: &Path, config: SafekeeperConfig) -> anyhow::Result<Arc<Safekeeper>> {
         std::fs::create_dir_all(data_dir).with_context(|| format!("create data directory {}", data_dir.display()))?;
         // A second process on the same directory fails here, naming the holder's pid.
         let lock = crashsafe::DataDirLock::acquire(data_dir, LOCK_FILE_NAME, "safekeeper")?;
@@ -74,7 +94,15 @@ impl Safekeeper {
                 };
                 let entry = match load_timeline(&tl_entry, tenant, timeline, &metrics) {
                     Ok(tl) => {
-                        tracing::info!(tenant_id = %tenant, timeline_id = %timeline, flush_lsn = %tl.flush_lsn(), commit_lsn = %tl.commit_lsn(), "loaded timeline");
+                        tracing::info!(
+                            tenant_id = %tenant,
+                            timeline_id = %timeline,
+                            wal_begin_lsn = %tl.wal_begin_lsn(),
+                            flush_lsn = %tl.flush_lsn(),
+                            commit_lsn = %tl.commit_lsn(),
+                            remote_consistent_lsn = %tl.remote_consistent_lsn(),
+                            "loaded timeline"
+                        );
                         TimelineEntry::Ok(Arc::new(tl))
                     }
                     Err(e) => {
@@ -86,7 +114,14 @@ impl Safekeeper {
                 timelines.insert((tenant, timeline), entry);
             }
         }
-        Ok(Arc::new(Safekeeper { node_id, data_dir: data_dir.to_path_buf(), timelines: RwLock::new(timelines), metrics, _lock: lock }))
+        Ok(Arc::new(Safekeeper {
+            node_id,
+            data_dir: data_dir.to_path_buf(),
+            timelines: RwLock::new(timelines),
+            metrics,
+            config,
+            _lock: lock,
+        }))
     }
 
     pub fn data_dir(&self) -> &Path {
@@ -160,14 +195,29 @@ impl Safekeeper {
         Ok(tl)
     }
 
-    /// Writes every timeline's commit LSN that advanced since it was last written (blocking).
-    /// Runs about once a second and at shutdown.
-    pub fn persist_commit_lsns(&self) {
+    /// Writes every timeline's commit LSN, peer horizon and remote-consistent LSN that
+    /// advanced since they were last written (blocking). Runs about once a second and at
+    /// shutdown.
+    pub fn persist_lazy_state(&self) {
         for ((tenant, timeline), entry) in self.timelines() {
             if let TimelineEntry::Ok(tl) = entry {
-                if let Err(e) = tl.persist_commit_lsn() {
-                    tracing::warn!(tenant_id = %tenant, timeline_id = %timeline, "could not persist commit LSN: {e:#}");
+                if let Err(e) = tl.persist_lazy() {
+                    tracing::warn!(tenant_id = %tenant, timeline_id = %timeline, "could not persist the commit LSN and removal horizons: {e:#}");
                 }
+            }
+        }
+    }
+
+    /// Removes every timeline's WAL below its removal horizon (blocking), unless the
+    /// configuration turned removal off. Runs after each [`Safekeeper::persist_lazy_state`]
+    /// of the periodic task. A timeline whose removal fails is broken (logged there).
+    pub fn remove_wal(&self) {
+        if !self.config.wal_removal {
+            return;
+        }
+        for (_, entry) in self.timelines() {
+            if let TimelineEntry::Ok(tl) = entry {
+                let _ = tl.remove_wal();
             }
         }
     }

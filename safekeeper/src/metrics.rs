@@ -13,6 +13,17 @@ pub struct Metrics {
     pub appends: IntCounterVec,
     /// Per timeline: WAL bytes written.
     pub wal_bytes_written: IntCounterVec,
+    /// Per timeline: WAL segment files removed.
+    pub wal_segments_removed: IntCounterVec,
+    /// Per timeline: bytes of WAL segment files on disk.
+    pub wal_disk_bytes: IntGaugeVec,
+    /// Per timeline: WAL below this may be removed (the lowest of the three below and the
+    /// commit LSN, as the control file has them).
+    pub wal_removal_horizon_lsn: IntGaugeVec,
+    /// Per timeline: the pageserver's remote-consistent LSN as heard.
+    pub remote_consistent_lsn: IntGaugeVec,
+    /// Per timeline: the peer horizon as received.
+    pub peer_horizon_lsn: IntGaugeVec,
     pub fsyncs: IntCounter,
     pub fsync_seconds: Histogram,
     /// Connections accepted, by kind (`proposer`, `replication`).
@@ -29,6 +40,22 @@ impl Metrics {
         let commit_lsn = IntGaugeVec::new(Opts::new("safekeeper_commit_lsn", "commit LSN known to this safekeeper"), tl)?;
         let appends = IntCounterVec::new(Opts::new("safekeeper_appends_total", "appends that carried new WAL"), tl)?;
         let wal_bytes_written = IntCounterVec::new(Opts::new("safekeeper_wal_bytes_written_total", "WAL bytes written"), tl)?;
+        let wal_segments_removed = IntCounterVec::new(
+            Opts::new("safekeeper_wal_segments_removed_total", "WAL segment files removed below the removal horizon"),
+            tl,
+        )?;
+        let wal_disk_bytes = IntGaugeVec::new(Opts::new("safekeeper_wal_disk_bytes", "bytes of WAL segment files on disk"), tl)?;
+        let wal_removal_horizon_lsn = IntGaugeVec::new(
+            Opts::new(
+                "safekeeper_wal_removal_horizon_lsn",
+                "WAL below this may be removed: min of the durable remote-consistent LSN, peer horizon and commit LSN",
+            ),
+            tl,
+        )?;
+        let remote_consistent_lsn =
+            IntGaugeVec::new(Opts::new("safekeeper_remote_consistent_lsn", "the pageserver's remote-consistent LSN as heard"), tl)?;
+        let peer_horizon_lsn =
+            IntGaugeVec::new(Opts::new("safekeeper_peer_horizon_lsn", "the peer horizon: WAL below it is on every safekeeper"), tl)?;
         let fsyncs = IntCounter::new("safekeeper_fsyncs_total", "fsync and fdatasync calls")?;
         let fsync_seconds = Histogram::with_opts(
             HistogramOpts::new("safekeeper_fsync_seconds", "time spent in fsync per batch")
@@ -40,6 +67,11 @@ impl Metrics {
         registry.register(Box::new(commit_lsn.clone()))?;
         registry.register(Box::new(appends.clone()))?;
         registry.register(Box::new(wal_bytes_written.clone()))?;
+        registry.register(Box::new(wal_segments_removed.clone()))?;
+        registry.register(Box::new(wal_disk_bytes.clone()))?;
+        registry.register(Box::new(wal_removal_horizon_lsn.clone()))?;
+        registry.register(Box::new(remote_consistent_lsn.clone()))?;
+        registry.register(Box::new(peer_horizon_lsn.clone()))?;
         registry.register(Box::new(fsyncs.clone()))?;
         registry.register(Box::new(fsync_seconds.clone()))?;
         registry.register(Box::new(connections.clone()))?;
@@ -50,6 +82,11 @@ impl Metrics {
             commit_lsn,
             appends,
             wal_bytes_written,
+            wal_segments_removed,
+            wal_disk_bytes,
+            wal_removal_horizon_lsn,
+            remote_consistent_lsn,
+            peer_horizon_lsn,
             fsyncs,
             fsync_seconds,
             connections,

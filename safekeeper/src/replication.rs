@@ -20,7 +20,15 @@
 //!
 //!    A missing, malformed or unknown timeline is a `FATAL` `ErrorResponse` and the
 //!    connection is closed. Otherwise: `AuthenticationOk`, `ParameterStatus` (server_version
-//!    15, UTF8 encodings, ISO dates, integer datetimes), `BackendKeyData`, `ReadyForQuery`.
+//!    15, UTF8 encodings, ISO dates, integer datetimes, and [`SAFEKEEPER_PARAMETER`]
+//!    `fjord.safekeeper = 1`), `BackendKeyData`, `ReadyForQuery`.
+//!
+//!    `fjord.safekeeper` is how a client tells a safekeeper from a PostgreSQL walsender: no
+//!    PostgreSQL server reports that parameter (clients ignore parameters they do not know,
+//!    as libpq and `pg_receivewal` do). Its value is the version of fjord's additions to the
+//!    protocol the server accepts: 1 is the remote-consistent LSN message below. The
+//!    pageserver sends that message only to a server that reported the parameter; a
+//!    PostgreSQL walsender would end the connection on it.
 //! 2. Simple queries, one command each (keywords case-insensitive, optional `;`):
 //!    - `IDENTIFY_SYSTEM`: one row `systemid` (text), `timeline` (int4, always 1), `xlogpos`
 //!      (text, the commit LSN) and `dbname` (NULL).
@@ -40,8 +48,10 @@
 //!    half the sender timeout the keepalive asks for a reply, and after the whole timeout
 //!    (60 s) the connection is closed. Standby status updates (`r`) are recorded with
 //!    [`WalSource::set_pageserver_feedback`]; hot standby feedback (`h`) is ignored; the
-//!    client's `CopyDone` ends streaming (`CopyDone`, `CommandComplete`, `ReadyForQuery`);
-//!    `Terminate` closes.
+//!    pageserver's remote-consistent LSN (fjord's own CopyData message: `P` and the LSN as
+//!    a big-endian `u64`, 9 bytes in all: WAL below it is in object storage) is recorded
+//!    with [`WalSource::set_remote_consistent_lsn`]; the client's `CopyDone` ends streaming
+//!    (`CopyDone`, `CommandComplete`, `ReadyForQuery`); `Terminate` closes.
 //!
 //! # Invariants
 //! - Only committed WAL is sent: never beyond the commit LSN read from the timeline's watch.
@@ -51,7 +61,10 @@
 //!   length is treated the same way.
 //! - The WAL sent is contiguous: each `XLogData` starts where the previous one ended, the
 //!   first at the requested LSN. A start beyond the commit LSN or before the beginning of
-//!   the timeline's WAL is an `ERROR` (as PostgreSQL's walsender answers), not a gap.
+//!   the timeline's WAL is an `ERROR` (as PostgreSQL's walsender answers), not a gap. WAL
+//!   removed while a client streams (a client behind the removal horizon: not the
+//!   pageserver, whose remote-consistent LSN bounds the horizon) ends the stream with a
+//!   `FATAL` error saying so (SQLSTATE 58P01), never with zeros or a corruption report.
 //! - Bad input never panics. Where PostgreSQL's framing stays intact (a bad query string,
 //!   an unknown command) the answer is `ERROR` then `ReadyForQuery` and the connection goes
 //!   on; where the framing is broken (impossible length, unknown message type, bad startup
@@ -114,6 +127,8 @@ pub trait WalSource: Send + Sync + 'static {
     fn read_wal_verified(&self, from: Lsn, to: Lsn) -> anyhow::Result<Bytes>;
     /// Records the progress the client reported in a standby status update.
     fn set_pageserver_feedback(&self, feedback: PageserverFeedback);
+    /// Records the remote-consistent LSN the pageserver reported (fjord's `P` message).
+    fn set_remote_consistent_lsn(&self, lsn: Lsn);
 }
 
 /// Timing and size limits of a replication connection.
@@ -152,6 +167,13 @@ pub const PG_TIMELINE: u32 = 1;
 /// The `options` setting that names the timeline when `database` cannot (see the module
 /// documentation).
 pub const TIMELINE_OPTION: &str = "fjord.timeline";
+/// The `ParameterStatus` by which a safekeeper tells a client what it is, and its value:
+/// the version of fjord's additions to the protocol it accepts (see the module
+/// documentation).
+pub const SAFEKEEPER_PARAMETER: &str = "fjord.safekeeper";
+pub const SAFEKEEPER_PROTOCOL_VERSION: &str = "1";
+/// The tag of fjord's CopyData message carrying the pageserver's remote-consistent LSN.
+pub const REMOTE_CONSISTENT_LSN_TAG: u8 = b'P';
 
 /// No frontend message of this protocol is longer (PostgreSQL allows 1 GB for CopyData,
 /// but a replication client sends only small status messages and queries).
@@ -189,6 +211,9 @@ impl WalSource for crate::Timeline {
     }
     fn set_pageserver_feedback(&self, f: PageserverFeedback) {
         crate::Timeline::set_pageserver_feedback(self, f)
+    }
+    fn set_remote_consistent_lsn(&self, lsn: Lsn) {
+        crate::Timeline::set_remote_consistent_lsn(self, lsn)
     }
 }
 
@@ -382,6 +407,7 @@ async fn session<S: WalSource + ?Sized>(conn: &mut Conn, source: Arc<S>, startup
         ("TimeZone", "UTC"),
         ("standard_conforming_strings", "on"),
         ("application_name", startup.application_name.as_deref().unwrap_or("")),
+        (SAFEKEEPER_PARAMETER, SAFEKEEPER_PROTOCOL_VERSION),
     ] {
         parameter_status(&mut conn.out, name, value);
     }
@@ -597,6 +623,7 @@ async fn streaming_message<S: WalSource + ?Sized>(
                         write_lsn: Lsn(body.get_u64()),
                         flush_lsn: Lsn(body.get_u64()),
                         apply_lsn: Lsn(body.get_u64()),
+                        ..PageserverFeedback::default()
                     };
                     let _client_time = body.get_i64();
                     let reply_requested = body.get_u8() != 0;
@@ -610,8 +637,18 @@ async fn streaming_message<S: WalSource + ?Sized>(
                 }
                 // Hot standby feedback: no transactions run here, nothing to hold back.
                 Some(b'h') => {}
+                Some(REMOTE_CONSISTENT_LSN_TAG) => {
+                    if body.len() != 9 {
+                        let m = format!("invalid remote-consistent LSN message: {} bytes, expected 9", body.len());
+                        return Err(conn.fatal(sqlstate::PROTOCOL_VIOLATION, m).await);
+                    }
+                    body.advance(1);
+                    let lsn = Lsn(body.get_u64());
+                    tracing::debug!("the pageserver's remote-consistent LSN is {lsn}");
+                    source.set_remote_consistent_lsn(lsn);
+                }
                 Some(t) => {
-                    let m = format!("unexpected standby message type {:?} in CopyData (expected 'r' or 'h')", t as char);
+                    let m = format!("unexpected standby message type {:?} in CopyData (expected 'r', 'h' or 'P')", t as char);
                     return Err(conn.fatal(sqlstate::PROTOCOL_VIOLATION, m).await);
                 }
                 None => return Err(conn.fatal(sqlstate::PROTOCOL_VIOLATION, "empty CopyData message from the standby".into()).await),
@@ -677,6 +714,15 @@ async fn stream_wal<S: WalSource + ?Sized>(
             let data = match read_wal(source, st.sent, end).await {
                 Ok(d) => d,
                 Err(e) => {
+                    let begin = source.wal_begin_lsn();
+                    if st.sent < begin {
+                        // Removed since it was asked for: this client is behind the removal
+                        // horizon, which is no corruption.
+                        let m =
+                            format!("requested WAL at {} has been removed from this safekeeper (its WAL now begins at {begin})", st.sent);
+                        tracing::warn!("{m}");
+                        return Err(conn.fatal(sqlstate::UNDEFINED_FILE, m).await);
+                    }
                     let m = format!("could not send WAL {}..{}: {e:#}", st.sent, end);
                     tracing::error!("{m}");
                     return Err(conn.fatal(sqlstate::DATA_CORRUPTED, m).await);

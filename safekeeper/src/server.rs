@@ -12,8 +12,9 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::Safekeeper;
 
-/// How often advanced commit LSNs are written to control files.
-pub const COMMIT_LSN_PERSIST_INTERVAL: Duration = Duration::from_secs(1);
+/// How often advanced commit LSNs (and removal horizons) are written to control files, and
+/// WAL below the removal horizon is removed.
+pub const LAZY_PERSIST_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Accepts connections forever, one task each.
 pub async fn accept_loop(listener: TcpListener, sk: Arc<Safekeeper>) -> anyhow::Result<()> {
@@ -52,19 +53,24 @@ async fn dispatch(stream: TcpStream, sk: Arc<Safekeeper>) -> anyhow::Result<()> 
     }
 }
 
-/// Writes advanced commit LSNs about once a second.
-pub async fn commit_lsn_persister(sk: Arc<Safekeeper>) {
-    let mut tick = tokio::time::interval(COMMIT_LSN_PERSIST_INTERVAL);
+/// About once a second: writes advanced commit LSNs and removal horizons, then removes WAL
+/// below the horizons just made durable.
+pub async fn lazy_persister(sk: Arc<Safekeeper>) {
+    let mut tick = tokio::time::interval(LAZY_PERSIST_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let sk = sk.clone();
-        let _ = tokio::task::spawn_blocking(move || sk.persist_commit_lsns()).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            sk.persist_lazy_state();
+            sk.remove_wal();
+        })
+        .await;
     }
 }
 
 /// Runs the safekeeper on the two listeners until `shutdown` completes, then persists every
-/// commit LSN. Connections still open are dropped with the runtime.
+/// commit LSN and removal horizon. Connections still open are dropped with the runtime.
 pub async fn run(
     sk: Arc<Safekeeper>,
     listener: TcpListener,
@@ -73,7 +79,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let mut accept = tokio::spawn(accept_loop(listener, sk.clone()));
     let mut http = tokio::spawn(crate::http::serve(http_listener, sk.clone()));
-    let persister = tokio::spawn(commit_lsn_persister(sk.clone()));
+    let persister = tokio::spawn(lazy_persister(sk.clone()));
     let result = tokio::select! {
         _ = shutdown => Ok(()),
         r = &mut accept => r.map_err(anyhow::Error::from).and_then(|r| r),
@@ -83,6 +89,6 @@ pub async fn run(
     http.abort();
     persister.abort();
     let sk2 = sk.clone();
-    tokio::task::spawn_blocking(move || sk2.persist_commit_lsns()).await?;
+    tokio::task::spawn_blocking(move || sk2.persist_lazy_state()).await?;
     result
 }

@@ -1,6 +1,14 @@
 //! One timeline on this safekeeper: its [`quorum::Acceptor`], its storage, and the values
 //! other tasks watch (commit LSN, flush LSN, pageserver feedback).
 //!
+//! WAL removal: the pageserver's remote-consistent LSN arrives from the replication
+//! connection ([`Timeline::set_remote_consistent_lsn`]) or relayed in a proposer's `Append`;
+//! the peer horizon in `Append`s (kept by the acceptor). Both are written to the control
+//! file lazily with the commit LSN ([`Timeline::persist_lazy`]), and
+//! [`Timeline::remove_wal`] removes segments below the horizon of the durable values (the
+//! rule: [`crate::storage::removal`]). The highest remote-consistent LSN known goes back to
+//! proposers in `Feedback`, so that they relay it to the other safekeepers.
+//!
 //! All proposer connections of a timeline (an old and a new compute may both be connected)
 //! go through one lock: a batch of messages is handled under it, its `Persist` actions are
 //! carried out in order, and pending appends are synced before the lock is released and the
@@ -16,11 +24,13 @@ use proto::{Lsn, TenantId, TimelineId};
 use quorum::wire::{PageserverFeedback, WAL_BYTES_MAX};
 use quorum::{Acceptor, AcceptorAction, Persist, ToAcceptor, ToProposer};
 use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
-use crate::storage::{SyncStats, TimelineStorage};
+use crate::storage::wal::segment_file_name;
+use crate::storage::{RemovalInputs, SyncStats, TimelineStorage};
 
 /// Why a timeline cannot be used.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -57,6 +67,10 @@ pub struct Timeline {
     commit_tx: watch::Sender<Lsn>,
     flush_tx: watch::Sender<Lsn>,
     feedback_tx: watch::Sender<PageserverFeedback>,
+    /// The highest remote-consistent LSN heard, from the pageserver or relayed by a
+    /// proposer (durable once `persist_lazy` wrote it). Outside the lock: the replication
+    /// connection raises it without waiting for a batch's fsyncs.
+    remote_consistent_lsn: AtomicU64,
     metrics: Arc<Metrics>,
 }
 
@@ -75,6 +89,15 @@ pub struct TimelineStatus {
     pub flush_lsn: String,
     pub commit_lsn: String,
     pub wal_begin_lsn: String,
+    /// The pageserver's remote-consistent LSN (the highest heard; 0/0: never).
+    pub remote_consistent_lsn: String,
+    /// The highest peer horizon a proposer sent.
+    pub peer_horizon_lsn: String,
+    /// WAL below this may be removed: the lowest of the three in the control file (which
+    /// may lag the values above by up to a second).
+    pub wal_removal_horizon_lsn: String,
+    /// Bytes of WAL segment files on disk.
+    pub wal_disk_bytes: u64,
     pub pageserver_feedback: FeedbackJson,
 }
 
@@ -97,19 +120,23 @@ impl Timeline {
         let state = storage.acceptor_state();
         let (commit_tx, _) = watch::channel(state.commit_lsn);
         let (flush_tx, _) = watch::channel(state.flush_lsn);
-        let (feedback_tx, _) = watch::channel(PageserverFeedback::default());
+        // Proposers learn the remote-consistent LSN from the control file after a restart.
+        let feedback = PageserverFeedback { remote_consistent_lsn: c.remote_consistent_lsn, ..PageserverFeedback::default() };
+        let (feedback_tx, _) = watch::channel(feedback);
+        let inner = Inner { acceptor: Acceptor::new(state), storage, broken: None };
         let tl = Timeline {
             tenant: c.tenant,
             timeline: c.timeline,
             system_id: c.system_id,
             wal_segment_size: c.wal_segment_size,
-            inner: Mutex::new(Inner { acceptor: Acceptor::new(state.clone()), storage, broken: None }),
+            inner: Mutex::new(inner),
             commit_tx,
             flush_tx,
             feedback_tx,
+            remote_consistent_lsn: AtomicU64::new(c.remote_consistent_lsn.0),
             metrics,
         };
-        tl.update_gauges(state.flush_lsn, state.commit_lsn);
+        tl.update_gauges(&tl.lock());
         tl
     }
 
@@ -117,10 +144,17 @@ impl Timeline {
         [self.tenant.to_string(), self.timeline.to_string()]
     }
 
-    fn update_gauges(&self, flush: Lsn, commit: Lsn) {
+    fn update_gauges(&self, inner: &Inner) {
         let [t, tl] = self.labels();
-        self.metrics.flush_lsn.with_label_values(&[&t, &tl]).set(flush.0 as i64);
-        self.metrics.commit_lsn.with_label_values(&[&t, &tl]).set(commit.0 as i64);
+        let labels = [t.as_str(), tl.as_str()];
+        let s = inner.acceptor.state();
+        let m = &self.metrics;
+        m.flush_lsn.with_label_values(&labels).set(s.flush_lsn.0 as i64);
+        m.commit_lsn.with_label_values(&labels).set(s.commit_lsn.0 as i64);
+        m.peer_horizon_lsn.with_label_values(&labels).set(s.peer_horizon_lsn.0 as i64);
+        m.remote_consistent_lsn.with_label_values(&labels).set(self.remote_consistent_lsn().0 as i64);
+        m.wal_removal_horizon_lsn.with_label_values(&labels).set(inner.storage.removal_inputs().horizon().0 as i64);
+        m.wal_disk_bytes.with_label_values(&labels).set(inner.storage.wal_disk_bytes() as i64);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -166,14 +200,45 @@ impl Timeline {
         *self.flush_tx.borrow()
     }
 
-    /// Records the pageserver's progress (from replication standby status updates); proposer
-    /// connections forward it to their proposer when it changes.
+    /// Records the pageserver's progress (write, flush and apply LSNs of replication standby
+    /// status updates; the remote-consistent LSN is kept apart, see
+    /// [`Timeline::set_remote_consistent_lsn`]); proposer connections forward it to their
+    /// proposer when it changes.
     pub fn set_pageserver_feedback(&self, f: PageserverFeedback) {
         self.feedback_tx.send_if_modified(|cur| {
-            let changed = *cur != f;
-            *cur = f;
-            changed
+            let new = PageserverFeedback { remote_consistent_lsn: cur.remote_consistent_lsn, ..f };
+            std::mem::replace(cur, new) != new
         });
+    }
+
+    /// The pageserver reported its remote-consistent LSN (WAL below it is in object
+    /// storage). Only the highest counts; it reaches the control file with the next lazy
+    /// write, proposers in `Feedback`.
+    pub fn set_remote_consistent_lsn(&self, lsn: Lsn) {
+        if self.remote_consistent_lsn.fetch_max(lsn.0, Ordering::SeqCst) < lsn.0 {
+            self.feedback_tx.send_if_modified(|cur| {
+                let raise = cur.remote_consistent_lsn < lsn;
+                if raise {
+                    cur.remote_consistent_lsn = lsn;
+                }
+                raise
+            });
+        }
+    }
+
+    /// The highest remote-consistent LSN heard (0: none yet).
+    pub fn remote_consistent_lsn(&self) -> Lsn {
+        Lsn(self.remote_consistent_lsn.load(Ordering::SeqCst))
+    }
+
+    /// The lazily persisted values as they are in memory.
+    fn lazy_state(&self, inner: &Inner) -> RemovalInputs {
+        let s = inner.acceptor.state();
+        RemovalInputs {
+            remote_consistent_lsn: self.remote_consistent_lsn(),
+            peer_horizon_lsn: s.peer_horizon_lsn,
+            commit_lsn: s.commit_lsn,
+        }
     }
 
     pub fn pageserver_feedback(&self) -> PageserverFeedback {
@@ -224,6 +289,7 @@ impl Timeline {
         let mut out = BatchOutcome::default();
         let mut appends = 0u64;
         let mut bytes = 0u64;
+        let mut relayed = Lsn(0);
         let result = (|| -> anyhow::Result<()> {
             'msgs: for msg in msgs {
                 let actions = inner.acceptor.handle(msg);
@@ -236,8 +302,9 @@ impl Timeline {
                             }
                             inner.storage.persist(&p, &mut stats)?;
                         }
-                        // Persisted lazily by `persist_commit_lsn`.
-                        AcceptorAction::CommitLsn(_) => {}
+                        // Persisted lazily by `persist_lazy`.
+                        AcceptorAction::CommitLsn(_) | AcceptorAction::PeerHorizon(_) => {}
+                        AcceptorAction::RemoteConsistentLsn(lsn) => relayed = relayed.max(lsn),
                         AcceptorAction::SendWal { term, from, to } => {
                             let to = Lsn(to.0.min(from.0.saturating_add(WAL_BYTES_MAX as u64)));
                             match inner.storage.read_wal(from, to) {
@@ -269,25 +336,73 @@ impl Timeline {
         }
         let state = inner.acceptor.state();
         let (flush, commit) = (state.flush_lsn, state.commit_lsn);
+        self.set_remote_consistent_lsn(relayed);
+        self.update_gauges(&inner);
         drop(inner);
         self.flush_tx.send_if_modified(|f| std::mem::replace(f, flush) != flush);
         self.commit_tx.send_if_modified(|c| std::mem::replace(c, commit) != commit);
-        self.update_gauges(flush, commit);
         Ok(out)
     }
 
-    /// Writes the commit LSN into the control file if it advanced since it was last written
-    /// (the lazy path for `AcceptorAction::CommitLsn`). Blocking.
-    pub fn persist_commit_lsn(&self) -> anyhow::Result<()> {
+    /// Writes the commit LSN, the peer horizon and the remote-consistent LSN into the
+    /// control file if any advanced since they were last written (the lazy path for
+    /// `AcceptorAction::CommitLsn` and the others). Blocking.
+    pub fn persist_lazy(&self) -> anyhow::Result<()> {
         let mut inner = self.lock();
         if inner.broken.is_some() {
             return Ok(());
         }
-        let commit = inner.acceptor.state().commit_lsn;
+        let lazy = self.lazy_state(&inner);
         let mut stats = SyncStats::default();
-        let r = inner.storage.persist_commit_lsn(commit, &mut stats);
+        let r = inner.storage.persist_lazy(lazy, &mut stats);
         self.metrics.fsyncs.inc_by(stats.fsyncs);
+        self.update_gauges(&inner);
         r.map(|_| ())
+    }
+
+    /// Removes the WAL segments wholly below the removal horizon of the values in the
+    /// control file (see [`crate::storage::removal`]), oldest first, and logs what went.
+    /// Blocking; a failure marks the timeline broken, as any storage failure does (the
+    /// directory's state is then unknown until a restart reloads it).
+    pub fn remove_wal(&self) -> Result<(), TimelineError> {
+        let mut inner = self.lock();
+        if let Some(b) = &inner.broken {
+            return Err(self.unavailable(b));
+        }
+        let mut stats = SyncStats::default();
+        let result = inner.storage.remove_wal(&mut stats);
+        self.metrics.fsyncs.inc_by(stats.fsyncs);
+        let segments = match result {
+            Ok(s) => s,
+            Err(e) => {
+                let reason = format!("WAL removal failed, restart the safekeeper to reload from disk: {e:#}");
+                tracing::error!(tenant_id = %self.tenant, timeline_id = %self.timeline, "{reason}");
+                inner.broken = Some(reason.clone());
+                return Err(self.unavailable(&reason));
+            }
+        };
+        if let Some(segments) = segments {
+            let seg = u64::from(self.wal_segment_size);
+            let n = segments.end - segments.start;
+            let i = inner.storage.removal_inputs();
+            tracing::info!(
+                tenant_id = %self.tenant,
+                timeline_id = %self.timeline,
+                "removed WAL segments {} to {} ({n} segments, {} MiB) below the removal horizon {} (remote-consistent LSN {}, peer horizon {}, commit LSN {}); WAL now begins at {}",
+                segment_file_name(segments.start, seg),
+                segment_file_name(segments.end - 1, seg),
+                (n * seg) >> 20,
+                i.horizon(),
+                i.remote_consistent_lsn,
+                i.peer_horizon_lsn,
+                i.commit_lsn,
+                inner.storage.wal_extent().begin,
+            );
+            let [t, tl] = self.labels();
+            self.metrics.wal_segments_removed.with_label_values(&[&t, &tl]).inc_by(n);
+        }
+        self.update_gauges(&inner);
+        Ok(())
     }
 
     pub fn status(&self) -> TimelineStatus {
@@ -306,6 +421,10 @@ impl Timeline {
             flush_lsn: state.flush_lsn.to_string(),
             commit_lsn: state.commit_lsn.to_string(),
             wal_begin_lsn: inner.storage.wal_extent().begin.to_string(),
+            remote_consistent_lsn: self.remote_consistent_lsn().to_string(),
+            peer_horizon_lsn: state.peer_horizon_lsn.to_string(),
+            wal_removal_horizon_lsn: inner.storage.removal_inputs().horizon().to_string(),
+            wal_disk_bytes: inner.storage.wal_disk_bytes(),
             pageserver_feedback: FeedbackJson {
                 write_lsn: f.write_lsn.to_string(),
                 flush_lsn: f.flush_lsn.to_string(),

@@ -55,6 +55,9 @@ struct MemWal {
     commit: watch::Sender<Lsn>,
     corrupt: Mutex<Option<Lsn>>,
     feedback: Mutex<Vec<PageserverFeedback>>,
+    /// WAL below this was removed (the beginning moves up to it).
+    removed_below: Mutex<Lsn>,
+    remote_consistent: Mutex<Vec<Lsn>>,
 }
 
 impl MemWal {
@@ -66,6 +69,8 @@ impl MemWal {
             commit: watch::channel(commit).0,
             corrupt: Mutex::new(None),
             feedback: Mutex::new(Vec::new()),
+            removed_below: Mutex::new(Lsn(0)),
+            remote_consistent: Mutex::new(Vec::new()),
         })
     }
     fn bytes(&self, from: Lsn, to: Lsn) -> &[u8] {
@@ -84,7 +89,7 @@ impl WalSource for MemWal {
         SEGMENT as u32
     }
     fn wal_begin_lsn(&self) -> Lsn {
-        self.start
+        self.start.max(*self.removed_below.lock().unwrap())
     }
     fn commit_lsn(&self) -> Lsn {
         *self.commit.borrow()
@@ -94,6 +99,10 @@ impl WalSource for MemWal {
     }
     fn read_wal_verified(&self, from: Lsn, to: Lsn) -> anyhow::Result<Bytes> {
         assert!(self.start <= from && from < to && to <= self.commit_lsn(), "read {from}..{to} outside the committed WAL");
+        if from < self.wal_begin_lsn() {
+            // As the real storage refuses it.
+            anyhow::bail!("cannot read WAL {from}..{to}: this safekeeper has WAL {}..", self.wal_begin_lsn());
+        }
         assert_eq!(from.0 / SEGMENT, (to.0 - 1) / SEGMENT, "read {from}..{to} crosses a segment");
         if let Some(bad) = *self.corrupt.lock().unwrap() {
             if from <= bad && bad < to {
@@ -104,6 +113,9 @@ impl WalSource for MemWal {
     }
     fn set_pageserver_feedback(&self, feedback: PageserverFeedback) {
         self.feedback.lock().unwrap().push(feedback);
+    }
+    fn set_remote_consistent_lsn(&self, lsn: Lsn) {
+        self.remote_consistent.lock().unwrap().push(lsn);
     }
 }
 
@@ -230,6 +242,8 @@ impl Client {
         assert!(params["server_version"].starts_with("15"));
         assert_eq!(params["integer_datetimes"], "on");
         assert_eq!(params["server_encoding"], "UTF8");
+        // How a pageserver tells a safekeeper from a PostgreSQL walsender.
+        assert_eq!(params["fjord.safekeeper"], "1");
         assert!(msgs.iter().any(|m| matches!(m, Msg::Backend(backend::Message::BackendKeyData(_)))));
         c
     }
@@ -318,6 +332,13 @@ impl Client {
                 other => panic!("expected a FATAL error, got {other:?}"),
             }
         }
+    }
+
+    /// fjord's remote-consistent LSN message, as the pageserver sends it.
+    async fn remote_consistent_lsn(&mut self, lsn: Lsn) {
+        let mut p = vec![b'P'];
+        p.extend_from_slice(&lsn.0.to_be_bytes());
+        self.send(|b| frontend::CopyData::new(&p[..]).unwrap().write(b)).await;
     }
 
     async fn status_update(&mut self, write: Lsn, flush: Lsn, apply: Lsn, reply: bool) {
@@ -411,8 +432,13 @@ async fn streams_committed_wal_and_follows_the_commit_lsn() {
     wait_for("the status update", || src.last_feedback().is_some()).await;
     assert_eq!(
         src.last_feedback().unwrap(),
-        PageserverFeedback { write_lsn: first_commit, flush_lsn: Lsn(first_commit.0 - 10), apply_lsn: f.start }
+        PageserverFeedback { write_lsn: first_commit, flush_lsn: Lsn(first_commit.0 - 10), apply_lsn: f.start, ..Default::default() }
     );
+
+    // So is its remote-consistent LSN, in fjord's own message.
+    c.remote_consistent_lsn(Lsn(f.start.0 + 4096)).await;
+    wait_for("the remote-consistent LSN", || !src.remote_consistent.lock().unwrap().is_empty()).await;
+    assert_eq!(*src.remote_consistent.lock().unwrap(), vec![Lsn(f.start.0 + 4096)]);
 
     // Nothing beyond the commit LSN is sent until it moves; then all of it, across the
     // segment boundary.
@@ -657,6 +683,61 @@ async fn start_positions_outside_the_committed_wal_are_refused() {
     // Streaming from exactly the commit LSN is allowed (nothing to send yet).
     c.send(|b| frontend::query(&format!("START_REPLICATION {commit}"), b).unwrap()).await;
     assert!(matches!(c.recv().await, Some(Msg::CopyBoth)));
+}
+
+/// A client streaming below the removal horizon (not the pageserver, whose remote-consistent
+/// LSN bounds it) is told its WAL was removed, not that it is corrupt, and gets no zeros; a
+/// new start there is refused; a malformed remote-consistent LSN message is a protocol
+/// violation.
+#[tokio::test]
+async fn wal_removed_under_a_streaming_client_ends_the_stream_with_a_clear_error() {
+    let f = fixture();
+    let commit = Lsn(f.start.0 + 100_000);
+    let src = MemWal::new(&f, commit);
+    let mut server = server(Arc::clone(&src), Config::default()).await;
+    let mut c = Client::ready(&server).await;
+    c.send(|b| frontend::query(&format!("START_REPLICATION {}", f.start), b).unwrap()).await;
+    assert!(matches!(c.recv().await, Some(Msg::CopyBoth)));
+    let mut next = f.start;
+    let mut got = Vec::new();
+    receive_until(&mut c, &mut next, commit, commit, &mut got).await;
+    // Everything committed so far is removed; the next WAL, once committed, is below the new
+    // beginning for this client.
+    let removed = Lsn(f.start.0 + 200_000);
+    *src.removed_below.lock().unwrap() = removed;
+    src.commit.send_replace(Lsn(f.start.0 + 300_000));
+    let e = loop {
+        match c.recv().await {
+            Some(Msg::Backend(backend::Message::ErrorResponse(e))) => break pg_err(&e),
+            Some(Msg::Backend(backend::Message::CopyData(d))) => {
+                assert_ne!(d.data().first(), Some(&b'w'), "WAL sent from below the beginning");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!((e.severity.as_str(), e.code.as_str()), ("FATAL", "58P01"), "{e:?}");
+    assert_eq!(e.message, format!("requested WAL at {commit} has been removed from this safekeeper (its WAL now begins at {removed})"));
+    assert!(c.recv().await.is_none());
+    assert!(server.next_result().await.is_err());
+    // Starting there again is refused and the connection stays usable.
+    let mut c = Client::ready(&server).await;
+    let e = c.query(&format!("START_REPLICATION {commit}")).await.unwrap_err();
+    assert_eq!(e.severity, "ERROR");
+    assert!(e.message.contains(&format!("requested WAL at {commit} is not available here (WAL begins at {removed})")), "{e:?}");
+    // A remote-consistent LSN message of the wrong length.
+    c.send(|b| frontend::query(&format!("START_REPLICATION {removed}"), b).unwrap()).await;
+    assert!(matches!(c.recv().await, Some(Msg::CopyBoth)));
+    c.send(|b| frontend::CopyData::new(&b"P1234"[..]).unwrap().write(b)).await;
+    let e = loop {
+        match c.recv().await {
+            Some(Msg::Backend(backend::Message::ErrorResponse(e))) => break pg_err(&e),
+            Some(Msg::Backend(backend::Message::CopyData(_))) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(e.code, "08P01", "{e:?}");
+    assert_eq!(e.message, "invalid remote-consistent LSN message: 5 bytes, expected 9");
+    assert!(src.remote_consistent.lock().unwrap().is_empty());
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! The `safekeeper` binary as a real process on loopback, driven over TCP by
 //! `quorum::Proposer` speaking the wire protocol: election, appends, commit, restart;
-//! malformed messages; a wrong system id; the HTTP API; the data directory lock.
+//! malformed messages; a wrong system id; the HTTP API; the data directory lock; WAL
+//! removal (and `--no-wal-removal`).
 
 use bytes::{Bytes, BytesMut};
 use proto::{Lsn, TenantId, TimelineId};
@@ -31,11 +32,16 @@ struct Node {
 
 impl Node {
     fn start(data_dir: &Path) -> Node {
+        Node::start_with(data_dir, &[])
+    }
+
+    fn start_with(data_dir: &Path, extra_args: &[&str]) -> Node {
         let (port, http_port) = (free_port(), free_port());
         let child = Command::new(env!("CARGO_BIN_EXE_safekeeper"))
             .args(["--id", "7", "--data-dir"])
             .arg(data_dir)
             .args(["--listen", &format!("127.0.0.1:{port}"), "--http", &format!("127.0.0.1:{http_port}")])
+            .args(extra_args)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
             .stderr(Stdio::inherit())
             .spawn()
@@ -159,12 +165,13 @@ impl Shell {
                         outstanding += 1;
                         self.conn.send(&ProposerMessage::Consensus(m));
                     }
-                    ProposerAction::SendWal { to: 0, term, begin, end, commit_lsn } => {
+                    ProposerAction::SendWal { to: 0, term, begin, end, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
                         let from = (begin.0 - self.start.0) as usize;
                         let to = (end.0 - self.start.0) as usize;
                         let data = Bytes::copy_from_slice(&self.wal[from..to]);
                         outstanding += 1;
-                        self.conn.send(&ProposerMessage::Consensus(ToAcceptor::Append { term, begin_lsn: begin, data, commit_lsn }));
+                        let m = ToAcceptor::Append { term, begin_lsn: begin, data, commit_lsn, peer_horizon_lsn, remote_consistent_lsn };
+                        self.conn.send(&ProposerMessage::Consensus(m));
                     }
                     ProposerAction::Elected { start_lsn, .. } => self.elected = Some(start_lsn),
                     ProposerAction::Commit { commit_lsn, .. } => self.commit = commit_lsn,
@@ -279,6 +286,104 @@ fn proposer_session_election_appends_commit_and_restart() {
     assert_eq!(tl.commit_lsn(), end2);
 }
 
+/// The segment files in the timeline's directory, sorted.
+fn segment_files(data_dir: &Path) -> Vec<String> {
+    let (t, tl) = ids();
+    let mut v: Vec<String> = std::fs::read_dir(data_dir.join(t.to_string()).join(tl.to_string()))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.len() == 24)
+        .collect();
+    v.sort();
+    v
+}
+
+/// Polls the timeline's HTTP status until `done` holds (at most 20 s).
+fn wait_status(node: &Node, what: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, st) = node.timeline();
+        if done(&st) {
+            return st;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}: {st:#}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// WAL removal in the real process: nothing goes before a pageserver's remote-consistent
+/// LSN arrives (relayed by the proposer here); then, within about a second, the segments
+/// wholly below the lowest of it, the peer horizon and the commit LSN, which the status and
+/// metrics show; the values survive a restart. With `--no-wal-removal` everything stays.
+#[test]
+fn wal_below_the_horizon_is_removed_unless_turned_off() {
+    for removal in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let node = if removal { Node::start(dir.path()) } else { Node::start_with(dir.path(), &["--no-wal-removal"]) };
+        let start = Lsn(3 * SEG as u64 + 0x28);
+        let mut conn = node.connect();
+        assert!(matches!(conn.hello(SYSID), AcceptorMessage::HelloOk { .. }));
+        let mut shell = Shell::new(conn, start);
+        shell.elect();
+        let end = shell.append(&synthetic(4 * SEG as usize + 1000, 4)); // into segment 7
+        let all = segment_files(dir.path());
+        assert_eq!(all.len(), 5, "{all:?}");
+        // Committed and on every acceptor (this proposer has one), the peer horizon reaches
+        // the end at the next tick; still nothing is removed without a pageserver.
+        let a = shell.p.tick();
+        shell.drive(a);
+        let st = wait_status(&node, "the peer horizon", |st| {
+            st["wal_removal_horizon_lsn"] == "0/0" && st["peer_horizon_lsn"] == end.to_string()
+        });
+        assert_eq!(st["remote_consistent_lsn"], "0/0");
+        std::thread::sleep(Duration::from_millis(1500));
+        assert_eq!(segment_files(dir.path()), all, "removed before a pageserver reported");
+        // The pageserver's remote-consistent LSN, relayed by the proposer.
+        let rcl = Lsn(6 * SEG as u64 + 10);
+        shell.p.set_remote_consistent_lsn(rcl);
+        let a = shell.p.tick();
+        shell.drive(a);
+        let st = wait_status(&node, "the removal horizon", |st| st["wal_removal_horizon_lsn"] == rcl.to_string());
+        assert_eq!(st["remote_consistent_lsn"], rcl.to_string());
+        if removal {
+            let st = wait_status(&node, "the removal", |st| st["wal_begin_lsn"] == Lsn(6 * SEG as u64).to_string());
+            assert_eq!(st["wal_disk_bytes"], 2 * SEG as u64);
+            assert_eq!(segment_files(dir.path()), all[3..].to_vec());
+            let (_, metrics) = http_get(node.http_port, "/metrics").unwrap();
+            let labels = format!("{{tenant_id=\"{}\",timeline_id=\"{}\"}}", ids().0, ids().1);
+            for line in [
+                format!("safekeeper_wal_segments_removed_total{labels} 3"),
+                format!("safekeeper_wal_disk_bytes{labels} {}", 2 * SEG),
+                format!("safekeeper_wal_removal_horizon_lsn{labels} {}", rcl.0),
+                format!("safekeeper_remote_consistent_lsn{labels} {}", rcl.0),
+                format!("safekeeper_peer_horizon_lsn{labels} {}", end.0),
+            ] {
+                assert!(
+                    metrics.lines().any(|l| l == line),
+                    "no line {line:?} in:
+{metrics}"
+                );
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(2500));
+            assert_eq!(segment_files(dir.path()), all, "removed with --no-wal-removal");
+            assert_eq!(node.timeline().1["wal_begin_lsn"], start.to_string());
+        }
+        // Appends go on after a removal.
+        let end2 = shell.append(&synthetic(1000, 5));
+        drop(shell);
+        node.stop();
+        let node = if removal { Node::start(dir.path()) } else { Node::start_with(dir.path(), &["--no-wal-removal"]) };
+        let (_, st) = node.timeline();
+        assert_eq!(st["remote_consistent_lsn"], rcl.to_string(), "persisted");
+        assert_eq!(st["peer_horizon_lsn"], end2.to_string(), "persisted (the commit-only append after the last one carried it)");
+        assert_eq!(st["flush_lsn"], end2.to_string());
+        let begin = if removal { Lsn(6 * SEG as u64) } else { start };
+        assert_eq!(st["wal_begin_lsn"], begin.to_string());
+        node.stop();
+    }
+}
+
 /// State of the timeline that malformed input must not change.
 fn snapshot(node: &Node) -> serde_json::Value {
     node.timeline().1
@@ -325,8 +430,15 @@ fn malformed_messages_get_an_error_and_change_nothing() {
             "append in an old term",
             {
                 let mut b = BytesMut::new();
-                ProposerMessage::Consensus(ToAcceptor::Append { term: 0, begin_lsn: Lsn(0), data: Bytes::new(), commit_lsn: Lsn(0) })
-                    .encode(&mut b);
+                ProposerMessage::Consensus(ToAcceptor::Append {
+                    term: 0,
+                    begin_lsn: Lsn(0),
+                    data: Bytes::new(),
+                    commit_lsn: Lsn(0),
+                    peer_horizon_lsn: Lsn(0),
+                    remote_consistent_lsn: Lsn(0),
+                })
+                .encode(&mut b);
                 // Valid on the wire (answered Rejected); then garbage.
                 b.extend_from_slice(&[b'Q', 0, 0, 0, 0]);
                 b.to_vec()
@@ -472,10 +584,20 @@ fn pageserver_feedback_reaches_proposers() {
     let mut conn = Conn { s, buf: BytesMut::new() };
     assert!(matches!(conn.hello(SYSID), AcceptorMessage::HelloOk { node_id: 3, .. }));
     let tl = sk.get_timeline(ids().0, ids().1).unwrap();
-    let f = quorum::wire::PageserverFeedback { write_lsn: Lsn(300), flush_lsn: Lsn(200), apply_lsn: Lsn(100) };
+    let f = quorum::wire::PageserverFeedback { write_lsn: Lsn(300), flush_lsn: Lsn(200), apply_lsn: Lsn(100), ..Default::default() };
     tl.set_pageserver_feedback(f);
     assert_eq!(conn.recv(), Some(AcceptorMessage::Feedback(f)));
     assert_eq!(tl.pageserver_feedback(), f);
+    // The remote-consistent LSN too (for the proposer to relay to the other safekeepers);
+    // status updates do not reset it, and it never goes back.
+    tl.set_remote_consistent_lsn(Lsn(150));
+    let f = quorum::wire::PageserverFeedback { remote_consistent_lsn: Lsn(150), ..f };
+    assert_eq!(conn.recv(), Some(AcceptorMessage::Feedback(f)));
+    tl.set_remote_consistent_lsn(Lsn(120));
+    let g = quorum::wire::PageserverFeedback { write_lsn: Lsn(400), ..f };
+    tl.set_pageserver_feedback(quorum::wire::PageserverFeedback { remote_consistent_lsn: Lsn(0), ..g });
+    assert_eq!(conn.recv(), Some(AcceptorMessage::Feedback(g)));
+    assert_eq!(tl.remote_consistent_lsn(), Lsn(150));
     let _ = stop_tx.send(());
     rt.block_on(server).unwrap().unwrap();
 }

@@ -6,7 +6,7 @@ use pgwal::{PageHeader, TimeLineId};
 use proto::{Lsn, TenantId, TimelineId};
 use quorum::{Persist, TermHistory, TermSwitch};
 use safekeeper::storage::wal::segment_file_name;
-use safekeeper::storage::{SyncStats, TimelineStorage};
+use safekeeper::storage::{RemovalInputs, SyncStats, TimelineStorage};
 use safekeeper::{Safekeeper, TimelineError};
 use std::path::Path;
 
@@ -47,7 +47,11 @@ fn restart_keeps_flush_term_history_and_bytes() {
     let tl_dir = {
         let mut s = create(dir.path());
         start_and_append(&mut s, begin, &data);
-        s.persist_commit_lsn(Lsn(begin.0 + 100), &mut SyncStats::default()).unwrap();
+        let lazy =
+            RemovalInputs { commit_lsn: Lsn(begin.0 + 100), peer_horizon_lsn: Lsn(begin.0 + 50), remote_consistent_lsn: Lsn(begin.0 + 70) };
+        assert!(s.persist_lazy(lazy, &mut SyncStats::default()).unwrap());
+        // Nothing moved: nothing written.
+        assert!(!s.persist_lazy(lazy, &mut SyncStats::default()).unwrap());
         s.dir().to_path_buf()
     };
     let mut s = TimelineStorage::open(&tl_dir).unwrap();
@@ -56,6 +60,8 @@ fn restart_keeps_flush_term_history_and_bytes() {
     assert_eq!(st.history, TermHistory(vec![TermSwitch { term: 1, lsn: begin }]));
     assert_eq!(st.flush_lsn, end);
     assert_eq!(st.commit_lsn, Lsn(begin.0 + 100));
+    assert_eq!(st.peer_horizon_lsn, Lsn(begin.0 + 50));
+    assert_eq!(s.control().remote_consistent_lsn, Lsn(begin.0 + 70));
     assert_eq!(s.wal_extent().begin, begin);
     assert_eq!(&s.read_wal(begin, end).unwrap()[..], &data[..]);
     for segno in 1..=4 {
@@ -114,6 +120,101 @@ fn truncate_inside_zeroes_the_tail_and_drops_later_segments() {
     s.persist(&Persist::Append { begin: at, data: Bytes::copy_from_slice(&more) }, &mut st).unwrap();
     s.sync(&mut st).unwrap();
     assert_eq!(&s.read_wal(at, Lsn(at.0 + 100)).unwrap()[..], &more[..]);
+}
+
+/// The segment files of a timeline directory, sorted.
+fn segment_files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).filter(|n| n.len() == 24).collect();
+    v.sort();
+    v
+}
+
+fn names(segnos: std::ops::RangeInclusive<u64>) -> Vec<String> {
+    segnos.map(|s| segment_file_name(s, SEG64)).collect()
+}
+
+/// WAL removal on real files: nothing before a pageserver has reported, then only whole
+/// segments below the lowest of the three durable LSNs, oldest first; the WAL then begins at
+/// the first segment kept, across a restart; a segment left by a crash between `wal.end`
+/// and the unlinks goes at startup; a removal up to the end of a WAL that ends at a segment
+/// boundary leaves an empty WAL there that appends continue.
+#[test]
+fn removal_deletes_whole_segments_below_the_horizon() {
+    let dir = tempfile::tempdir().unwrap();
+    let begin = Lsn(SEG64 + 0x28);
+    let data = pattern(5 * SEG as usize, 4);
+    let end = Lsn(begin.0 + data.len() as u64); // in segment 6
+    let mut s = create(dir.path());
+    start_and_append(&mut s, begin, &data);
+    let tl_dir = s.dir().to_path_buf();
+    let mut st = SyncStats::default();
+    let at = |segments: f64| Lsn((segments * SEG64 as f64) as u64);
+    // No pageserver yet: everything stays, however far the other two are.
+    s.persist_lazy(RemovalInputs { commit_lsn: end, peer_horizon_lsn: at(4.2), remote_consistent_lsn: Lsn(0) }, &mut st).unwrap();
+    assert_eq!(s.remove_wal(&mut st).unwrap(), None);
+    assert_eq!(segment_files(&tl_dir), names(1..=6));
+    // Values only in memory count for nothing: removal reads the control file.
+    assert_eq!(s.removal_inputs().horizon(), Lsn(0));
+    // The pageserver at 3.5 segments, the peer horizon at 4.2: segments 1 and 2 go.
+    s.persist_lazy(RemovalInputs { commit_lsn: end, peer_horizon_lsn: at(4.2), remote_consistent_lsn: at(3.5) }, &mut st).unwrap();
+    assert_eq!(s.removal_inputs().horizon(), at(3.5));
+    assert_eq!(s.wal_disk_bytes(), 6 * SEG64);
+    assert_eq!(s.remove_wal(&mut st).unwrap(), Some(1..3));
+    assert_eq!(segment_files(&tl_dir), names(3..=6));
+    assert_eq!(s.wal_extent(), safekeeper::storage::wal::WalExtent { begin: at(3.0), end });
+    assert_eq!(s.wal_disk_bytes(), 4 * SEG64);
+    assert_eq!(s.remove_wal(&mut st).unwrap(), None, "nothing more below the same horizon");
+    let err = format!("{:#}", s.read_wal(at(2.9), at(3.1)).unwrap_err());
+    assert!(err.contains("this safekeeper has WAL 0/300000.."), "{err}");
+    let from = (at(3.0).0 - begin.0) as usize;
+    assert_eq!(&s.read_wal(at(3.0), end).unwrap()[..], &data[from..]);
+    // The peer horizon holds it now.
+    s.persist_lazy(RemovalInputs { commit_lsn: end, peer_horizon_lsn: at(4.2), remote_consistent_lsn: end }, &mut st).unwrap();
+    assert_eq!(s.remove_wal(&mut st).unwrap(), Some(3..4));
+    drop(s);
+    // A crash after wal.end was written but before the unlinks leaves older segments behind:
+    // startup removes them.
+    std::fs::write(tl_dir.join(segment_file_name(2, SEG64)), vec![0u8; SEG as usize]).unwrap();
+    let mut s = TimelineStorage::open(&tl_dir).unwrap();
+    assert_eq!(segment_files(&tl_dir), names(4..=6));
+    assert_eq!(s.wal_extent().begin, at(4.0));
+    assert_eq!(s.acceptor_state().flush_lsn, end);
+    assert_eq!(s.acceptor_state().peer_horizon_lsn, at(4.2));
+    let from = (at(4.0).0 - begin.0) as usize;
+    assert_eq!(&s.read_wal(at(4.0), end).unwrap()[..], &data[from..]);
+    // The control file's copy of the beginning caught up with its last write.
+    assert_eq!(s.control().wal_begin, at(3.0), "written before the last removal");
+    s.persist_lazy(RemovalInputs { commit_lsn: end, peer_horizon_lsn: end, remote_consistent_lsn: end }, &mut st).unwrap();
+    assert_eq!(s.control().wal_begin, at(4.0));
+    // Everything committed, everyone has it, the pageserver too: the segment holding the end
+    // stays.
+    assert_eq!(s.remove_wal(&mut st).unwrap(), Some(4..6));
+    assert_eq!(segment_files(&tl_dir), names(6..=6));
+}
+
+#[test]
+fn removal_up_to_an_end_at_a_segment_boundary_keeps_an_empty_wal_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let begin = Lsn(SEG64);
+    let data = pattern(2 * SEG as usize, 6);
+    let end = Lsn(3 * SEG64);
+    let mut s = create(dir.path());
+    start_and_append(&mut s, begin, &data);
+    let tl_dir = s.dir().to_path_buf();
+    assert_eq!(segment_files(&tl_dir), names(1..=2), "no segment beyond the end yet");
+    let mut st = SyncStats::default();
+    s.persist_lazy(RemovalInputs { commit_lsn: end, peer_horizon_lsn: end, remote_consistent_lsn: end }, &mut st).unwrap();
+    assert_eq!(s.remove_wal(&mut st).unwrap(), Some(1..3));
+    // wal.end names segment 3 as where the (empty) WAL begins, so it exists.
+    assert_eq!(segment_files(&tl_dir), names(3..=3));
+    drop(s);
+    let mut s = TimelineStorage::open(&tl_dir).unwrap();
+    assert_eq!(s.wal_extent(), safekeeper::storage::wal::WalExtent { begin: end, end });
+    let more = pattern(100, 8);
+    s.persist(&Persist::Append { begin: end, data: Bytes::copy_from_slice(&more) }, &mut st).unwrap();
+    s.sync(&mut st).unwrap();
+    assert_eq!(&s.read_wal(end, Lsn(end.0 + 100)).unwrap()[..], &more[..]);
 }
 
 #[test]
@@ -223,7 +324,7 @@ fn corrupt_control_file_makes_the_timeline_unavailable_and_stays_untouched() {
     assert!(err.contains("unavailable"), "{err}");
     assert!(sk.get_timeline(t, TimelineId::from_bytes([0xc3; 16])).is_ok(), "other timelines load");
     assert!(matches!(sk.get_timeline(t, TimelineId::from_bytes([0xdd; 16])), Err(TimelineError::NotFound { .. })));
-    sk.persist_commit_lsns();
+    sk.persist_lazy_state();
     drop(sk);
     assert_eq!(std::fs::read(&control).unwrap(), bytes, "the corrupt file is left as it was");
 }

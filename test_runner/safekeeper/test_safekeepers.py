@@ -212,6 +212,11 @@ def test_corrupt_control_file_is_detected_not_served(tmp_path, timeline, safekee
 
 def test_corrupt_wal_segment_is_detected_not_served(tmp_path, timeline, safekeepers):
     sk1 = safekeepers[0]
+    # The segments smashed and streamed below must not be removed once the pageserver has
+    # them (test_wal_removal.py tests removal).
+    sk1.stop()
+    sk1.wal_removal = False
+    sk1.start()
     ep = endpoint(tmp_path, timeline, safekeepers)
     ep.sql("CREATE TABLE t (x int, pad text)")
     # More than two 16 MiB segments of WAL.

@@ -155,6 +155,10 @@ impl Core {
             let now = Instant::now();
             if !self.done && now >= next_tick {
                 next_tick = now + TICK;
+                // The pageserver's remote-consistent LSN, as the safekeepers report it, goes
+                // to every safekeeper with the proposer's appends (the pageserver tells only
+                // the one it streams from).
+                self.proposer.set_remote_consistent_lsn(self.shared.remote_consistent_lsn());
                 let actions = self.proposer.tick();
                 self.perform(actions);
             }
@@ -223,14 +227,15 @@ impl Core {
             }
             match a {
                 ProposerAction::Send(i, msg) => self.queue(i, ProposerMessage::Consensus(msg)),
-                ProposerAction::SendWal { to, term, begin, end, commit_lsn } => {
+                ProposerAction::SendWal { to, term, begin, end, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
                     if self.conns[to].is_none() {
                         // Lost with the connection; the proposer resends after it rejoins.
                         continue;
                     }
                     match self.store.read(begin, end) {
                         Ok(data) => {
-                            let msg = ToAcceptor::Append { term, begin_lsn: begin, data, commit_lsn };
+                            let msg =
+                                ToAcceptor::Append { term, begin_lsn: begin, data, commit_lsn, peer_horizon_lsn, remote_consistent_lsn };
                             self.queue(to, ProposerMessage::Consensus(msg));
                         }
                         Err(e) => {

@@ -83,6 +83,8 @@ pub enum Status {
 pub struct Feedback {
     pub pageserver_flush_lsn: Lsn,
     pub pageserver_apply_lsn: Lsn,
+    /// WAL below it is in object storage (what the safekeepers may remove below).
+    pub pageserver_remote_consistent_lsn: Lsn,
 }
 
 /// How a proposer ended (sync: its result).
@@ -133,6 +135,11 @@ impl Shared {
 
     pub fn set_feedback(&self, node: usize, f: PageserverFeedback) {
         lock(&self.feedback)[node] = f;
+    }
+
+    /// The highest remote-consistent LSN any safekeeper reported.
+    pub fn remote_consistent_lsn(&self) -> Lsn {
+        lock(&self.feedback).iter().map(|f| f.remote_consistent_lsn).max().unwrap_or_default()
     }
 
     pub fn set_node_state(&self, node: usize, down_because: Option<String>) {
@@ -272,6 +279,7 @@ impl WalProposer {
         Feedback {
             pageserver_flush_lsn: all.iter().map(|f| f.flush_lsn).max().unwrap_or_default(),
             pageserver_apply_lsn: all.iter().map(|f| f.apply_lsn).max().unwrap_or_default(),
+            pageserver_remote_consistent_lsn: all.iter().map(|f| f.remote_consistent_lsn).max().unwrap_or_default(),
         }
     }
 

@@ -87,6 +87,13 @@ fn streams_and_commits_with_a_majority() {
         assert_has_pattern(sk, START, e2);
     }
     wait_until("feedback", WAIT, || p.feedback().pageserver_flush_lsn >= e1);
+    // The remote-consistent LSN that only the first safekeeper hears (the harness's pretend
+    // pageserver) reaches the others through the proposer, and every safekeeper learns the
+    // peer horizon: all of them have everything.
+    let rcl = Lsn(e2.0 / 2);
+    wait_until("the remote-consistent LSN relayed", WAIT, || sks.iter().all(|s| s.node.lock().unwrap().remote_consistent_lsn >= rcl));
+    assert_eq!(p.feedback().pageserver_remote_consistent_lsn, rcl);
+    wait_until("the peer horizon", WAIT, || sks.iter().all(|s| s.node.lock().unwrap().acceptor.state().peer_horizon_lsn == e2));
 
     // One down: a majority still commits.
     sks[0].down();

@@ -53,6 +53,15 @@
 //! (`IDLE_FLUSH_AFTER`); after each, local segments wholly below the disk-consistent LSN
 //! are deleted.
 //!
+//! **The remote-consistent LSN.** To a safekeeper (one that reported `fjord.safekeeper` at
+//! startup, see `conn.rs`), each status update is followed by fjord's own CopyData message
+//! (`P`, then the LSN as a big-endian `u64`) whenever the timeline's remote-consistent LSN
+//! (`Timeline::remote_consistent_lsn`: WAL below it is in layers in remote storage, or
+//! without remote storage in local layer files) moved since the session last sent it, the
+//! first time at the session's first status update. The safekeepers remove WAL below it
+//! (and below what every safekeeper has). A compute's walsender is never sent it: it would
+//! end the connection on an unknown message.
+//!
 //! Invariants:
 //! - WAL confirmed as flushed is in fsynced local segment files or in layer files.
 //! - Streaming always resumes at the timeline's last record LSN, a record boundary, so
@@ -79,7 +88,7 @@ use proto::Lsn;
 use crate::pgdata::walingest::WalIngest;
 use crate::service::ingest_gate::IngestGate;
 use crate::service::localwal::{LocalWal, LOCAL_WAL_TLI};
-use conn::{connect, error_text, probe, Conn, Msg};
+use conn::{connect, error_text, probe, Conn, Msg, REMOTE_CONSISTENT_LSN_TAG};
 use failover::{Failover, LogLevel, Retry, Switch};
 use layerstore::timeline::Timeline;
 use layerstore::value::Reconstructor;
@@ -323,8 +332,11 @@ fn now_pg_micros() -> i64 {
 }
 
 /// A standby status update: written = flushed = the local WAL's durable end, applied =
-/// ingested (the last record LSN).
-fn send_status(conn: &mut Conn, timeline: &Timeline, durable: Lsn) -> anyhow::Result<()> {
+/// ingested (the last record LSN). To a safekeeper (`Conn::accepts_remote_consistent_lsn`),
+/// also the timeline's remote-consistent LSN when it moved past `remote_consistent_sent`
+/// (fjord's message: `P` and the LSN, big-endian): WAL below it is in object storage, and
+/// the safekeepers may remove it.
+fn send_status(conn: &mut Conn, timeline: &Timeline, durable: Lsn, remote_consistent_sent: &mut Lsn) -> anyhow::Result<()> {
     let ingested = timeline.last_record_lsn();
     let mut payload = Vec::with_capacity(34);
     payload.push(b'r');
@@ -335,7 +347,17 @@ fn send_status(conn: &mut Conn, timeline: &Timeline, durable: Lsn) -> anyhow::Re
     payload.push(0);
     let mut out = BytesMut::new();
     frontend::CopyData::new(&payload[..])?.write(&mut out);
-    conn.send(&out)
+    let remote_consistent = timeline.remote_consistent_lsn();
+    if conn.accepts_remote_consistent_lsn() && remote_consistent > *remote_consistent_sent {
+        let mut payload = Vec::with_capacity(9);
+        payload.push(REMOTE_CONSISTENT_LSN_TAG);
+        payload.extend_from_slice(&remote_consistent.0.to_be_bytes());
+        frontend::CopyData::new(&payload[..])?.write(&mut out);
+        tracing::debug!("remote-consistent LSN {remote_consistent} sent");
+    }
+    conn.send(&out)?;
+    *remote_consistent_sent = (*remote_consistent_sent).max(remote_consistent);
+    Ok(())
 }
 
 /// Ingests the local WAL from the timeline's last record LSN to its end, then makes the
@@ -384,7 +406,13 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         Ok(d) => d,
         Err(e) => return Ended::Fatal(anyhow!("cannot decode WAL from {start}: {e}")),
     };
-    tracing::info!("streaming WAL from {source} at {start}, timeline {tli} (it has WAL up to {})", ident.xlogpos);
+    match conn.safekeeper() {
+        Some(v) => tracing::info!(
+            "streaming WAL from safekeeper {source} (protocol additions version {v}) at {start}, timeline {tli} (it has WAL up to {})",
+            ident.xlogpos
+        ),
+        None => tracing::info!("streaming WAL from {source} at {start}, timeline {tli} (it has WAL up to {})", ident.xlogpos),
+    }
     set_status(status, |s| {
         s.state = WalReceiverState::Streaming;
         s.connected = true;
@@ -395,6 +423,8 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         }
     });
     let mut last_status = Instant::now() - STATUS_INTERVAL;
+    // What this session told the server of the remote-consistent LSN (a safekeeper only).
+    let mut remote_consistent_sent = Lsn(0);
     // For the idle flush only; `failover` keeps its own time of the last WAL for probing.
     let mut last_data = Instant::now();
     failover.session_started(last_data, wal.written_end());
@@ -472,7 +502,7 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         // newest LSN never falls between them (see `IngestGate`).
         let held = ctx.gate.hold();
         if streaming && (!batch.is_empty() || reply_requested) {
-            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end()) {
+            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut remote_consistent_sent) {
                 return Ended::Connection(e);
             }
             last_status = Instant::now();
@@ -518,7 +548,7 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
             Err(e) => return Ended::Fatal(e.context("flush ingested WAL to layer files")),
         }
         if streaming && last_status.elapsed() >= STATUS_INTERVAL {
-            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end()) {
+            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut remote_consistent_sent) {
                 return Ended::Connection(e);
             }
             last_status = Instant::now();

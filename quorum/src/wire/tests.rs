@@ -35,12 +35,18 @@ fn to_acceptor() -> impl Strategy<Value = ToAcceptor> {
             ToAcceptor::Elected { term, history: h, start_lsn: start }
         }),
         (any::<u64>(), lsn(), 0u64..1000).prop_map(|(term, from, n)| ToAcceptor::FetchWal { term, from, to: Lsn(from.0 + n) }),
-        (any::<u64>(), lsn(), data(), lsn()).prop_map(|(term, begin_lsn, data, commit_lsn)| ToAcceptor::Append {
-            term,
-            begin_lsn,
-            data,
-            commit_lsn
-        }),
+        (any::<u64>(), lsn(), data(), lsn(), any::<u64>(), lsn()).prop_map(
+            |(term, begin_lsn, data, commit_lsn, h, remote_consistent_lsn)| {
+                ToAcceptor::Append {
+                    term,
+                    begin_lsn,
+                    data,
+                    commit_lsn,
+                    peer_horizon_lsn: Lsn(h % (commit_lsn.0 + 1)),
+                    remote_consistent_lsn,
+                }
+            }
+        ),
     ]
 }
 
@@ -100,11 +106,12 @@ proptest! {
     }
 
     #[test]
-    fn acceptor_messages_round_trip(m in to_proposer()) {
+    fn acceptor_messages_round_trip(m in to_proposer(), f in (lsn(), lsn(), lsn(), lsn())) {
+        let (write_lsn, flush_lsn, apply_lsn, remote_consistent_lsn) = f;
         let msgs = vec![
             AcceptorMessage::HelloOk { protocol_version: 1, node_id: 3 },
             AcceptorMessage::Consensus(m),
-            AcceptorMessage::Feedback(PageserverFeedback { write_lsn: Lsn(3), flush_lsn: Lsn(2), apply_lsn: Lsn(1) }),
+            AcceptorMessage::Feedback(PageserverFeedback { write_lsn, flush_lsn, apply_lsn, remote_consistent_lsn }),
             AcceptorMessage::Error { message: "no".into() },
         ];
         let mut buf = BytesMut::new();
@@ -162,4 +169,39 @@ fn malformed_messages_are_named_errors() {
     let mut partial = BytesMut::from(&[b'G', 0, 0][..]);
     assert_eq!(ProposerMessage::decode(&mut partial), Ok(None));
     assert_eq!(partial.len(), 3);
+}
+
+/// Version 2's fields: an `Append` and a `Feedback` laid out as version 1 had them are
+/// refused (which is why the versions must match at `Hello`), and a peer horizon a proposer
+/// cannot have computed is refused with its values named.
+#[test]
+fn version_2_fields_are_checked() {
+    let be = |v: &[u64]| v.iter().flat_map(|x| x.to_be_bytes()).collect::<Vec<u8>>();
+    // Version 1's empty Append: term, begin, commit.
+    assert_eq!(ProposerMessage::decode(&mut raw(b'A', &be(&[1, 100, 50]))), Err(WireError::Truncated { tag: 'A' }));
+    assert_eq!(ProposerMessage::decode(&mut raw(b'A', &be(&[1, 100, 50, 40]))), Err(WireError::Truncated { tag: 'A' }));
+    // term, begin, commit, peer horizon, remote-consistent LSN, then WAL bytes.
+    let mut p = be(&[1, 100, 50, 40, 30]);
+    p.extend_from_slice(b"wal");
+    let m = ProposerMessage::decode(&mut raw(b'A', &p)).unwrap().unwrap();
+    assert_eq!(
+        m,
+        ProposerMessage::Consensus(ToAcceptor::Append {
+            term: 1,
+            begin_lsn: Lsn(100),
+            data: Bytes::from_static(b"wal"),
+            commit_lsn: Lsn(50),
+            peer_horizon_lsn: Lsn(40),
+            remote_consistent_lsn: Lsn(30),
+        })
+    );
+    // A horizon above the commit LSN.
+    let e = ProposerMessage::decode(&mut raw(b'A', &be(&[1, 100, 50, 51, 0]))).unwrap_err();
+    assert_eq!(e.to_string(), "message 'A': peer horizon 0/33 beyond the commit LSN 0/32");
+    // Version 1's Feedback: write, flush, apply.
+    assert_eq!(AcceptorMessage::decode(&mut raw(b'f', &be(&[3, 2, 1]))), Err(WireError::Truncated { tag: 'f' }));
+    assert_eq!(AcceptorMessage::decode(&mut raw(b'f', &be(&[3, 2, 1, 9, 9]))), Err(WireError::Trailing { tag: 'f', extra: 8 }));
+    let f = AcceptorMessage::decode(&mut raw(b'f', &be(&[3, 2, 1, 9]))).unwrap().unwrap();
+    let want = PageserverFeedback { write_lsn: Lsn(3), flush_lsn: Lsn(2), apply_lsn: Lsn(1), remote_consistent_lsn: Lsn(9) };
+    assert_eq!(f, AcceptorMessage::Feedback(want));
 }

@@ -1,6 +1,10 @@
 //! I/O shells for the consensus core used by the simulation and the scenarios: an acceptor
 //! whose "disk" is a `Vec<u8>` of WAL plus its durable state, and a proposer whose WAL store
-//! is a `Vec<u8>`. Both check that the core only asks for what they can do.
+//! is a `Vec<u8>`. Both check that the core only asks for what they can do. The acceptor
+//! removes WAL as the safekeeper does, but as far as the rule allows (to the byte, not in
+//! whole segments, and without waiting for a pageserver): below its durable peer horizon
+//! and commit LSN. Removed bytes stay in the `Vec` for the checker, but the core may not
+//! read them nor truncate into them.
 
 #![allow(dead_code)]
 
@@ -74,6 +78,8 @@ impl Wal {
 pub struct Disk {
     pub state: AcceptorState,
     pub wal: Wal,
+    /// WAL below this was removed: the core must never ask for it again.
+    pub removed_below: Lsn,
 }
 
 impl Disk {
@@ -81,6 +87,9 @@ impl Disk {
         match p {
             Persist::Control { .. } => {}
             Persist::Truncate { at } => {
+                if *at < self.removed_below {
+                    return Err(format!("truncation at {at}, into WAL removed below {}", self.removed_below));
+                }
                 if *at >= self.wal.begin && *at <= self.wal.end() && !self.wal.bytes.is_empty() {
                     self.wal.bytes.truncate((at.0 - self.wal.begin.0) as usize);
                 } else {
@@ -105,11 +114,13 @@ impl Disk {
 /// A running acceptor over a disk.
 pub struct Node {
     pub acceptor: Acceptor,
+    /// The highest remote-consistent LSN proposers relayed (kept in memory only here).
+    pub remote_consistent_lsn: Lsn,
 }
 
 impl Node {
     pub fn start(disk: &Disk) -> Node {
-        Node { acceptor: Acceptor::new(disk.state.clone()) }
+        Node { acceptor: Acceptor::new(disk.state.clone()), remote_consistent_lsn: Lsn(0) }
     }
 
     /// Handles a message: applies up to `keep` persists (all if `None`: no crash), returns
@@ -129,10 +140,14 @@ impl Node {
                     disk.apply(&p)?;
                     applied += 1;
                 }
-                AcceptorAction::CommitLsn(_) => {}
+                AcceptorAction::CommitLsn(_) | AcceptorAction::PeerHorizon(_) => {}
+                AcceptorAction::RemoteConsistentLsn(lsn) => self.remote_consistent_lsn = self.remote_consistent_lsn.max(lsn),
                 AcceptorAction::SendWal { term, from, to } => {
                     if applied < persists {
                         return Err("WAL sent before persisting".into());
+                    }
+                    if from < disk.removed_below {
+                        return Err(format!("asked for WAL {from}..{to}, but WAL below {} was removed", disk.removed_below));
                     }
                     let data = Bytes::copy_from_slice(disk.wal.range(from, to)?);
                     replies.push(ToProposer::Wal { term, from, data });
@@ -151,9 +166,20 @@ impl Node {
         Ok((replies, false))
     }
 
-    /// Makes the in-memory commit LSN durable (the lazy write of the control file).
-    pub fn persist_commit(&self, disk: &mut Disk) {
-        disk.state.commit_lsn = disk.state.commit_lsn.max(self.acceptor.state().commit_lsn);
+    /// Makes the in-memory commit LSN and peer horizon durable (the lazy write of the
+    /// control file), then removes the WAL below both, as far as it goes (the safekeeper
+    /// removes whole segments, and only below the pageserver's remote-consistent LSN too).
+    /// Returns whether more WAL was removed.
+    pub fn persist_lazy_and_remove(&self, disk: &mut Disk) -> bool {
+        let s = self.acceptor.state();
+        disk.state.commit_lsn = disk.state.commit_lsn.max(s.commit_lsn);
+        disk.state.peer_horizon_lsn = disk.state.peer_horizon_lsn.max(s.peer_horizon_lsn);
+        let horizon = disk.state.peer_horizon_lsn.min(disk.state.commit_lsn);
+        if horizon > disk.removed_below {
+            disk.removed_below = horizon;
+            return true;
+        }
+        false
     }
 }
 
@@ -185,9 +211,17 @@ impl Store {
     pub fn message(&mut self, a: &ProposerAction) -> Result<Option<(usize, ToAcceptor)>, String> {
         Ok(match a {
             ProposerAction::Send(to, m) => Some((*to, m.clone())),
-            ProposerAction::SendWal { to, term, begin, end, commit_lsn } => {
+            ProposerAction::SendWal { to, term, begin, end, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
                 let data = Bytes::copy_from_slice(self.wal.range(*begin, *end)?);
-                Some((*to, ToAcceptor::Append { term: *term, begin_lsn: *begin, data, commit_lsn: *commit_lsn }))
+                let msg = ToAcceptor::Append {
+                    term: *term,
+                    begin_lsn: *begin,
+                    data,
+                    commit_lsn: *commit_lsn,
+                    peer_horizon_lsn: *peer_horizon_lsn,
+                    remote_consistent_lsn: *remote_consistent_lsn,
+                };
+                Some((*to, msg))
             }
             ProposerAction::StoreWal { from, data } => {
                 if Lsn(from.0 + data.len() as u64) != self.wal.begin {

@@ -26,6 +26,11 @@ struct Args {
     /// Address of the HTTP API (status, timelines, /metrics).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:7676")]
     http: String,
+    /// Never remove WAL. By default a timeline's WAL segments are removed once they are
+    /// wholly below the pageserver's remote-consistent LSN, the peer horizon (WAL every
+    /// safekeeper has) and the commit LSN.
+    #[arg(long)]
+    no_wal_removal: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -46,7 +51,8 @@ fn main() -> std::process::ExitCode {
 
 fn run(args: Args) -> anyhow::Result<()> {
     use anyhow::Context;
-    let sk = safekeeper::Safekeeper::open(args.id, &args.data_dir)?;
+    let config = safekeeper::SafekeeperConfig { wal_removal: !args.no_wal_removal };
+    let sk = safekeeper::Safekeeper::open_with_config(args.id, &args.data_dir, config)?;
     let rt = tokio::runtime::Runtime::new().context("start the async runtime")?;
     rt.block_on(async {
         let listener = TcpListener::bind(&args.listen).await.with_context(|| format!("listen on {}", args.listen))?;
@@ -56,6 +62,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             data_dir = %args.data_dir.display(),
             listen = %listener.local_addr()?,
             http = %http.local_addr()?,
+            wal_removal = !args.no_wal_removal,
             "safekeeper started"
         );
         safekeeper::server::run(sk, listener, http, shutdown_signal()).await

@@ -6,7 +6,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 4 | magic `FJSK` |
-//! | 4 | format version (1) |
+//! | 4 | format version (2; 1 is read too) |
 //! | 16 | tenant id |
 //! | 16 | timeline id |
 //! | 8 | PostgreSQL system identifier of the WAL |
@@ -16,7 +16,13 @@
 //! | 8 | commit LSN |
 //! | 8 | the WAL's beginning LSN when this file was written (informational: the durable
 //! |   | beginning and end live together in `wal.end`, see [`super::wal`]) |
+//! | 8 | peer horizon (version 2) |
+//! | 8 | the pageserver's remote-consistent LSN (version 2) |
 //! | 4 | crc32c |
+//!
+//! Version 1 had neither of the last two LSNs: such a file is read with both 0 (nothing may
+//! be removed until they are learnt again), and the next write makes it version 2. A
+//! safekeeper of version 1 does not read version 2: downgrading is not supported.
 //!
 //! The file is replaced atomically (write a temporary file, fsync it, rename it over the
 //! old one, fsync the directory), so a crash leaves either the old or the new contents.
@@ -30,7 +36,9 @@ use std::path::Path;
 
 pub const CONTROL_FILE_NAME: &str = "safekeeper.control";
 const MAGIC: [u8; 4] = *b"FJSK";
-const FORMAT_VERSION: u32 = 1;
+const FORMAT_VERSION: u32 = 2;
+/// The oldest format version this safekeeper still reads.
+const FORMAT_VERSION_OLDEST: u32 = 1;
 /// A history longer than this is not something the wire would accept either.
 const HISTORY_ENTRIES_MAX: usize = quorum::wire::HISTORY_ENTRIES_MAX;
 
@@ -45,6 +53,12 @@ pub struct ControlFile {
     pub history: TermHistory,
     pub commit_lsn: Lsn,
     pub wal_begin: Lsn,
+    /// The highest peer horizon received (see `quorum`'s "WAL removal"); WAL may be
+    /// removed only below it.
+    pub peer_horizon_lsn: Lsn,
+    /// The highest remote-consistent LSN the pageserver reported (directly or relayed by a
+    /// proposer): WAL below it is in object storage. 0: never reported.
+    pub remote_consistent_lsn: Lsn,
 }
 
 /// Why a control file cannot be used.
@@ -56,7 +70,7 @@ pub enum ControlFileError {
     Checksum { stored: u32, computed: u32 },
     #[error("control file has bad magic {0:02x?}")]
     Magic([u8; 4]),
-    #[error("control file has format version {0}, this safekeeper reads version {FORMAT_VERSION}")]
+    #[error("control file has format version {0}, this safekeeper reads versions {FORMAT_VERSION_OLDEST} to {FORMAT_VERSION}")]
     Version(u32),
     #[error("control file is malformed: {0}")]
     Malformed(String),
@@ -79,6 +93,8 @@ impl ControlFile {
         }
         b.extend_from_slice(&self.commit_lsn.0.to_le_bytes());
         b.extend_from_slice(&self.wal_begin.0.to_le_bytes());
+        b.extend_from_slice(&self.peer_horizon_lsn.0.to_le_bytes());
+        b.extend_from_slice(&self.remote_consistent_lsn.0.to_le_bytes());
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
         b
@@ -100,7 +116,7 @@ impl ControlFile {
             return Err(ControlFileError::Magic(magic));
         }
         let version = r.u32()?;
-        if version != FORMAT_VERSION {
+        if !(FORMAT_VERSION_OLDEST..=FORMAT_VERSION).contains(&version) {
             return Err(ControlFileError::Version(version));
         }
         let tenant = TenantId::from_bytes(r.take(16)?.try_into().expect("16 bytes"));
@@ -125,10 +141,25 @@ impl ControlFile {
         }
         let commit_lsn = Lsn(r.u64()?);
         let wal_begin = Lsn(r.u64()?);
+        let (peer_horizon_lsn, remote_consistent_lsn) = if version >= 2 { (Lsn(r.u64()?), Lsn(r.u64()?)) } else { (Lsn(0), Lsn(0)) };
         if !r.0.is_empty() {
             return Err(ControlFileError::Malformed(format!("{} trailing bytes", r.0.len())));
         }
-        Ok(ControlFile { tenant, timeline, system_id, wal_segment_size, term, history: TermHistory(history), commit_lsn, wal_begin })
+        if peer_horizon_lsn > commit_lsn {
+            return Err(ControlFileError::Malformed(format!("peer horizon {peer_horizon_lsn} is beyond the commit LSN {commit_lsn}")));
+        }
+        Ok(ControlFile {
+            tenant,
+            timeline,
+            system_id,
+            wal_segment_size,
+            term,
+            history: TermHistory(history),
+            commit_lsn,
+            wal_begin,
+            peer_horizon_lsn,
+            remote_consistent_lsn,
+        })
     }
 }
 
@@ -176,7 +207,69 @@ mod tests {
             history: TermHistory(vec![TermSwitch { term: 1, lsn: Lsn(100) }, TermSwitch { term: 3, lsn: Lsn(200) }]),
             commit_lsn: Lsn(150),
             wal_begin: Lsn(100),
+            peer_horizon_lsn: Lsn(120),
+            remote_consistent_lsn: Lsn(110),
         }
+    }
+
+    /// A version-1 file as that version wrote it: no peer horizon, no remote-consistent LSN.
+    fn encode_v1(c: &ControlFile) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&MAGIC);
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(c.tenant.as_bytes());
+        b.extend_from_slice(c.timeline.as_bytes());
+        b.extend_from_slice(&c.system_id.to_le_bytes());
+        b.extend_from_slice(&c.wal_segment_size.to_le_bytes());
+        b.extend_from_slice(&c.term.to_le_bytes());
+        b.extend_from_slice(&(c.history.0.len() as u32).to_le_bytes());
+        for e in &c.history.0 {
+            b.extend_from_slice(&e.term.to_le_bytes());
+            b.extend_from_slice(&e.lsn.0.to_le_bytes());
+        }
+        b.extend_from_slice(&c.commit_lsn.0.to_le_bytes());
+        b.extend_from_slice(&c.wal_begin.0.to_le_bytes());
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn version_1_is_read_and_rewritten_as_version_2() {
+        let v1 = encode_v1(&sample());
+        let c = ControlFile::decode(&v1).unwrap();
+        // Everything version 1 had, and nothing learnt yet of what may be removed.
+        assert_eq!(c, ControlFile { peer_horizon_lsn: Lsn(0), remote_consistent_lsn: Lsn(0), ..sample() });
+        let v2 = c.encode();
+        assert_eq!(u32::from_le_bytes(v2[4..8].try_into().unwrap()), 2);
+        assert_eq!(v2.len(), v1.len() + 16);
+        assert_eq!(ControlFile::decode(&v2), Ok(c));
+        // A version-1 file with version 2's fields, or a version-2 file without them, is
+        // malformed (the checksums are right).
+        let mut long = v1[..v1.len() - 4].to_vec();
+        long.extend_from_slice(&[0; 16]);
+        long.extend_from_slice(&crc32c::crc32c(&long).to_le_bytes());
+        assert_eq!(ControlFile::decode(&long), Err(ControlFileError::Malformed("16 trailing bytes".into())));
+        let mut short = v1[..v1.len() - 4].to_vec();
+        short[4..8].copy_from_slice(&2u32.to_le_bytes());
+        short.extend_from_slice(&crc32c::crc32c(&short).to_le_bytes());
+        assert_eq!(ControlFile::decode(&short), Err(ControlFileError::Malformed("truncated".into())));
+        // Versions before 1 and after 2 are refused, naming what is read.
+        for v in [0u32, 3] {
+            let mut b = v2[..v2.len() - 4].to_vec();
+            b[4..8].copy_from_slice(&v.to_le_bytes());
+            b.extend_from_slice(&crc32c::crc32c(&b).to_le_bytes());
+            let e = ControlFile::decode(&b).unwrap_err();
+            assert_eq!(e, ControlFileError::Version(v));
+            assert_eq!(e.to_string(), format!("control file has format version {v}, this safekeeper reads versions 1 to 2"));
+        }
+    }
+
+    #[test]
+    fn a_peer_horizon_beyond_the_commit_lsn_is_refused() {
+        let c = ControlFile { peer_horizon_lsn: Lsn(151), ..sample() };
+        let e = ControlFile::decode(&c.encode()).unwrap_err();
+        assert_eq!(e.to_string(), "control file is malformed: peer horizon 0/97 is beyond the commit LSN 0/96");
     }
 
     #[test]

@@ -9,9 +9,13 @@
 //! - `Persist::Truncate { at }` syncs pending appends, then moves the end (inside the WAL) or
 //!   empties the WAL to begin at `at` (outside it), durably, before returning.
 //!
-//! The commit LSN reaches the control file lazily ([`TimelineStorage::persist_commit_lsn`]):
-//! losing it in a crash only makes this safekeeper serve less WAL until a proposer tells it
-//! again.
+//! The commit LSN, the peer horizon and the pageserver's remote-consistent LSN reach the
+//! control file lazily ([`TimelineStorage::persist_lazy`]): losing them in a crash only makes
+//! this safekeeper serve less WAL, or remove less, until it is told again.
+//!
+//! WAL removal ([`TimelineStorage::remove_wal`], the rule in [`removal`]) uses only the values
+//! in the control file, so WAL is never removed on the strength of something a crash could
+//! take back.
 //!
 //! Reads: [`TimelineStorage::read_wal`] returns bytes as stored;
 //! [`TimelineStorage::read_wal_verified`] also checks the header of every WAL page the range
@@ -19,6 +23,7 @@
 //! segment size) with `pgwal`, and names the segment file and LSN of a bad one.
 
 pub mod control;
+pub mod removal;
 pub mod wal;
 
 use anyhow::{bail, Context};
@@ -29,6 +34,7 @@ use std::path::{Path, PathBuf};
 
 use control::{write_atomic, ControlFile, CONTROL_FILE_NAME};
 use pgwal::consts::{SIZE_OF_XLOG_LONG_PHD, SIZE_OF_XLOG_SHORT_PHD};
+pub use removal::RemovalInputs;
 pub use wal::SyncStats;
 use wal::{segment_file_name, WalExtent, WalStore, PG_TIMELINE};
 
@@ -66,6 +72,8 @@ impl TimelineStorage {
             history: TermHistory::default(),
             commit_lsn: Lsn(0),
             wal_begin: Lsn(0),
+            peer_horizon_lsn: Lsn(0),
+            remote_consistent_lsn: Lsn(0),
         };
         write_atomic(&tmp, CONTROL_FILE_NAME, &control.encode())?;
         WalStore::create(&tmp)?;
@@ -111,6 +119,7 @@ impl TimelineStorage {
             history: self.control.history.clone(),
             commit_lsn: self.control.commit_lsn,
             flush_lsn: self.wal.extent().end,
+            peer_horizon_lsn: self.control.peer_horizon_lsn,
         }
     }
 
@@ -155,16 +164,47 @@ impl TimelineStorage {
         self.wal.sync(stats)
     }
 
-    /// Writes the commit LSN into the control file if it moved (the lazy path).
-    pub fn persist_commit_lsn(&mut self, commit_lsn: Lsn, stats: &mut SyncStats) -> anyhow::Result<bool> {
-        if commit_lsn <= self.control.commit_lsn {
+    /// Writes the commit LSN, peer horizon and remote-consistent LSN into the control file
+    /// if any of them moved forward (the lazy path); none of them ever goes back. Returns
+    /// whether it wrote.
+    pub fn persist_lazy(&mut self, lazy: RemovalInputs, stats: &mut SyncStats) -> anyhow::Result<bool> {
+        let c = &self.control;
+        if lazy.commit_lsn <= c.commit_lsn
+            && lazy.peer_horizon_lsn <= c.peer_horizon_lsn
+            && lazy.remote_consistent_lsn <= c.remote_consistent_lsn
+        {
             return Ok(false);
         }
         self.sync(stats)?;
         let mut c = self.control.clone();
-        c.commit_lsn = commit_lsn;
+        c.commit_lsn = c.commit_lsn.max(lazy.commit_lsn);
+        c.peer_horizon_lsn = c.peer_horizon_lsn.max(lazy.peer_horizon_lsn);
+        c.remote_consistent_lsn = c.remote_consistent_lsn.max(lazy.remote_consistent_lsn);
         self.write_control(c, stats)?;
         Ok(true)
+    }
+
+    /// What the control file says bounds WAL removal (durable values only).
+    pub fn removal_inputs(&self) -> RemovalInputs {
+        RemovalInputs {
+            remote_consistent_lsn: self.control.remote_consistent_lsn,
+            peer_horizon_lsn: self.control.peer_horizon_lsn,
+            commit_lsn: self.control.commit_lsn,
+        }
+    }
+
+    /// Removes the WAL segments wholly below the horizon of the durable [`RemovalInputs`]
+    /// (see [`removal`]). Returns the segment numbers removed, if any. The control file's
+    /// informational copy of the WAL's beginning catches up at its next write.
+    pub fn remove_wal(&mut self, stats: &mut SyncStats) -> anyhow::Result<Option<std::ops::Range<u64>>> {
+        self.sync(stats)?;
+        let horizon = self.removal_inputs().horizon();
+        self.wal.remove_below(horizon, stats)
+    }
+
+    /// Bytes of WAL segment files on disk.
+    pub fn wal_disk_bytes(&self) -> u64 {
+        self.wal.disk_bytes()
     }
 
     /// The WAL in `[from, to)` as stored (`to` at most the end of what was written).

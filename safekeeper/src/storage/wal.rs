@@ -33,6 +33,13 @@
 //! segment, removes segments beyond the range), so a crash in between leaves stale bytes
 //! only beyond the end, where nothing reads them; startup removes stray segments again.
 //!
+//! # Removal
+//! [`WalStore::remove_below`] deletes whole segments below a horizon (the rule is in
+//! [`super::removal`]): it writes `wal.end` with the new beginning (the start of the first
+//! segment kept) and fdatasyncs it, then unlinks the old segments oldest first and fsyncs
+//! the directory. A crash in between leaves segments before the beginning, which startup
+//! removes like any segment outside the extent; reads never go below the beginning.
+//!
 //! # Invariants
 //! - Every segment from the one holding `begin` to the one holding the last byte (or `begin`
 //!   when the WAL is empty) exists and has the full segment size, checked at startup.
@@ -184,6 +191,45 @@ impl WalStore {
     /// The durable extent.
     pub fn extent(&self) -> WalExtent {
         self.durable
+    }
+
+    /// Bytes of segment files the durable extent occupies.
+    pub fn disk_bytes(&self) -> u64 {
+        self.segment_range(self.durable).map_or(0, |(first, last)| (last - first + 1) * self.segment_size)
+    }
+
+    /// Removes the segments wholly below `horizon` (see [`super::removal`]), oldest first:
+    /// `wal.end` says the WAL begins at the first segment kept (created if the WAL ends
+    /// exactly where it starts), then the files go and the directory is fsynced. Returns the
+    /// segment numbers removed, `None` if there were none. Unsynced appends must have been
+    /// synced first; the caller passes a horizon it has made durable, never above the end.
+    pub fn remove_below(&mut self, horizon: Lsn, stats: &mut SyncStats) -> anyhow::Result<Option<std::ops::Range<u64>>> {
+        if self.has_unsynced() {
+            bail!("WAL removal with unsynced appends");
+        }
+        let Some(segments) = super::removal::removable_segments(self.durable, horizon, self.segment_size) else {
+            return Ok(None);
+        };
+        let new = WalExtent { begin: Lsn(segments.end * self.segment_size), end: self.durable.end };
+        assert!(new.begin > self.durable.begin && new.begin <= new.end, "removal to {new:?} from {:?}", self.durable);
+        // The segment holding the new beginning must exist before wal.end names it.
+        self.segment(segments.end, stats)?;
+        self.write_extent(new, stats)?;
+        for segno in segments.clone() {
+            self.open.remove(&segno);
+            let path = self.segment_path(segno);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                // Gone already (a clean-up at startup after a crash here).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("remove WAL segment {}", path.display())),
+            }
+        }
+        let t = std::time::Instant::now();
+        fsync_dir(&self.dir)?;
+        stats.fsyncs += 1;
+        stats.fsync_seconds += t.elapsed().as_secs_f64();
+        Ok(Some(segments))
     }
 
     /// The segments `[first, last]` an extent needs, `None` for a never-begun WAL.

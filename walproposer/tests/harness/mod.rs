@@ -22,6 +22,8 @@ pub struct Node {
     /// WAL bytes from `begin`.
     pub begin: Lsn,
     pub wal: Vec<u8>,
+    /// The highest remote-consistent LSN a proposer relayed.
+    pub remote_consistent_lsn: Lsn,
 }
 
 impl Node {
@@ -66,7 +68,12 @@ impl TestSafekeeper {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         listener.set_nonblocking(true).unwrap();
-        let node = Arc::new(Mutex::new(Node { acceptor: Acceptor::new(AcceptorState::default()), begin: Lsn(0), wal: Vec::new() }));
+        let node = Arc::new(Mutex::new(Node {
+            acceptor: Acceptor::new(AcceptorState::default()),
+            begin: Lsn(0),
+            wal: Vec::new(),
+            remote_consistent_lsn: Lsn(0),
+        }));
         let up = Arc::new(AtomicBool::new(true));
         let stop = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Mutex::new(Vec::new()));
@@ -150,7 +157,8 @@ fn serve(mut stream: TcpStream, node_id: u64, node: Arc<Mutex<Node>>, up: Arc<At
                     for a in n.acceptor.handle(m) {
                         match a {
                             AcceptorAction::Persist(p) => n.apply(&p),
-                            AcceptorAction::CommitLsn(_) => {}
+                            AcceptorAction::CommitLsn(_) | AcceptorAction::PeerHorizon(_) => {}
+                            AcceptorAction::RemoteConsistentLsn(l) => n.remote_consistent_lsn = n.remote_consistent_lsn.max(l),
                             AcceptorAction::SendWal { term, from, to } => {
                                 let data = Bytes::copy_from_slice(n.bytes(from, to));
                                 AcceptorMessage::Consensus(ToProposer::Wal { term, from, data }).encode(&mut out);
@@ -159,9 +167,12 @@ fn serve(mut stream: TcpStream, node_id: u64, node: Arc<Mutex<Node>>, up: Arc<At
                                 let ack = matches!(r, ToProposer::AppendAck { .. });
                                 AcceptorMessage::Consensus(r).encode(&mut out);
                                 if ack {
-                                    // A pretend pageserver that is always at the commit LSN.
+                                    // A pretend pageserver that is always at the commit LSN,
+                                    // and streams from node 1 only, which alone hears its
+                                    // remote-consistent LSN (half the commit LSN) directly.
                                     let c = n.acceptor.state().commit_lsn;
-                                    let f = PageserverFeedback { write_lsn: c, flush_lsn: c, apply_lsn: c };
+                                    let remote_consistent_lsn = if node_id == 1 { Lsn(c.0 / 2) } else { n.remote_consistent_lsn };
+                                    let f = PageserverFeedback { write_lsn: c, flush_lsn: c, apply_lsn: c, remote_consistent_lsn };
                                     AcceptorMessage::Feedback(f).encode(&mut out);
                                 }
                             }

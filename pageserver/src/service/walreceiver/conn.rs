@@ -8,6 +8,12 @@
 //! `replication=true` (physical), `user`, `application_name=fjord_pageserver`, and
 //! `database=<tenant id>/<timeline id>`, which a safekeeper uses to pick the timeline and a
 //! physical walsender ignores (one code path for both).
+//!
+//! What the server is shows in its answer: a safekeeper reports the parameter
+//! `fjord.safekeeper` (the version of fjord's additions to the protocol it accepts) among
+//! its `ParameterStatus` messages, which no PostgreSQL server does ([`Conn::safekeeper`]).
+//! Only then does the receiver send fjord's own CopyData messages (the remote-consistent
+//! LSN), which a compute's walsender would refuse.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -25,7 +31,17 @@ use super::{WalSource, APPLICATION_NAME, READ_TIMEOUT};
 pub(super) struct Conn {
     stream: TcpStream,
     buf: BytesMut,
+    /// The server's `fjord.safekeeper` parameter: `Some(version)` for a safekeeper, `None`
+    /// for a PostgreSQL walsender.
+    safekeeper: Option<String>,
 }
+
+/// The `ParameterStatus` a safekeeper reports, and the version of fjord's additions to the
+/// protocol that has the remote-consistent LSN message (`safekeeper/src/replication.rs`).
+pub(super) const SAFEKEEPER_PARAMETER: &str = "fjord.safekeeper";
+const SAFEKEEPER_REMOTE_CONSISTENT_LSN_VERSION: u32 = 1;
+/// The tag of fjord's CopyData message with the remote-consistent LSN.
+pub(super) const REMOTE_CONSISTENT_LSN_TAG: u8 = b'P';
 
 pub(super) enum Msg {
     Backend(backend::Message),
@@ -41,6 +57,17 @@ pub(super) struct Identity {
 }
 
 impl Conn {
+    /// Whether the server is a safekeeper that accepts the remote-consistent LSN message
+    /// (it reported `fjord.safekeeper` of version 1 or later at startup).
+    pub fn accepts_remote_consistent_lsn(&self) -> bool {
+        self.safekeeper.as_deref().and_then(|v| v.parse::<u32>().ok()).is_some_and(|v| v >= SAFEKEEPER_REMOTE_CONSISTENT_LSN_VERSION)
+    }
+
+    /// The server's `fjord.safekeeper` parameter, if it reported one.
+    pub fn safekeeper(&self) -> Option<&str> {
+        self.safekeeper.as_deref()
+    }
+
     pub fn send(&mut self, out: &BytesMut) -> anyhow::Result<()> {
         self.stream.write_all(out).context("write to the server")
     }
@@ -173,7 +200,7 @@ pub(super) fn connect(source: &WalSource, database: &str, timeout: Duration) -> 
     };
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(READ_TIMEOUT))?;
-    let mut conn = Conn { stream, buf: BytesMut::new() };
+    let mut conn = Conn { stream, buf: BytesMut::new(), safekeeper: None };
     let mut out = BytesMut::new();
     frontend::startup_message(
         [("user", source.user.as_str()), ("replication", "true"), ("application_name", APPLICATION_NAME), ("database", database)],
@@ -185,6 +212,9 @@ pub(super) fn connect(source: &WalSource, database: &str, timeout: Duration) -> 
             None if Instant::now() > deadline => bail!("timed out waiting for the server to accept the connection"),
             None => {}
             Some(Msg::Backend(backend::Message::AuthenticationOk)) => {}
+            Some(Msg::Backend(backend::Message::ParameterStatus(p))) if p.name().is_ok_and(|n| n == SAFEKEEPER_PARAMETER) => {
+                conn.safekeeper = Some(p.value().context("parse the fjord.safekeeper parameter")?.to_string());
+            }
             Some(Msg::Backend(backend::Message::ReadyForQuery(_))) => return Ok(conn),
             Some(Msg::Backend(backend::Message::ErrorResponse(body))) => bail!("the server refused the connection: {}", error_text(&body)),
             Some(Msg::Backend(
