@@ -322,6 +322,7 @@ impl<'t> Modification<'t> {
                 let data = ReconstructData {
                     image: Some((self.lsn, img.clone())),
                     records: vec![(self.lsn, Record { will_init, rec: record.encode() })],
+                    ..Default::default()
                 };
                 let page = PgReconstructor::rust_only().reconstruct(key, self.lsn, data)?;
                 self.pending.insert(key, Value::Image(page));
