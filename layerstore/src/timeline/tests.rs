@@ -338,6 +338,13 @@ fn load_removes_crash_leftovers_and_refuses_unknown_files() {
     assert_eq!(tenant.timelines().len(), 1);
     assert_eq!(fs::read(path.join("stray")).unwrap(), b"?");
     assert!(path.join("callers_dir").is_dir());
+    // Beside `timelines/`, a tenant directory holds what the caller puts there.
+    drop(tenant);
+    let settings = dir.path().join(TENANT.to_string()).join("callers_settings.json");
+    fs::write(&settings, b"{}").unwrap();
+    let tenant = Tenant::load(dir.path(), TENANT, hostile(), &["stray", "callers_dir"]).unwrap();
+    assert_eq!(tenant.timelines().len(), 1);
+    assert_eq!(fs::read(&settings).unwrap(), b"{}");
 }
 
 #[test]

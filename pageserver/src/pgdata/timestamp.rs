@@ -72,6 +72,19 @@ pub enum LsnForTimestamp {
     NoData(Lsn),
 }
 
+impl std::fmt::Display for LsnForTimestamp {
+    /// `present 0/16B3748`: the kind as the API names it, and the LSN.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self {
+            LsnForTimestamp::Present(_) => "present",
+            LsnForTimestamp::Future(_) => "future",
+            LsnForTimestamp::Past(_) => "past",
+            LsnForTimestamp::NoData(_) => "nodata",
+        };
+        write!(f, "{kind} {}", self.lsn())
+    }
+}
+
 impl LsnForTimestamp {
     pub fn lsn(&self) -> Lsn {
         match *self {
@@ -203,6 +216,8 @@ mod tests {
         m.commit().unwrap();
         assert_eq!(lsn_for_timestamp(&t, 0).unwrap(), LsnForTimestamp::NoData(Lsn(0x100)));
         assert_eq!(LsnForTimestamp::NoData(Lsn(0x100)).lsn(), Lsn(0x100));
+        assert_eq!(LsnForTimestamp::NoData(Lsn(0x100)).to_string(), "nodata 0/100");
+        assert_eq!(LsnForTimestamp::Present(Lsn(0x16B3748)).to_string(), "present 0/16B3748");
     }
 
     #[test]
