@@ -29,6 +29,10 @@ pub struct StorageConfig {
     /// Retention window in LSN distance: `Tenant::gc_iteration` keeps every version needed
     /// to read any LSN within this many bytes of log below each timeline's last record.
     pub gc_horizon_bytes: u64,
+    /// Delta depth at which `create_image_layers_where_needed` rebuilds a key range: the
+    /// number of delta layer files a read of a key there may search above the newest
+    /// image layer. Bounds how many layers (and so how many records) a read walks.
+    pub image_creation_threshold: usize,
 }
 
 impl Default for StorageConfig {
@@ -41,6 +45,7 @@ impl Default for StorageConfig {
             compaction_target_size_bytes: 128 * 1024 * 1024,
             image_layer_target_size_bytes: 128 * 1024 * 1024,
             gc_horizon_bytes: 64 * 1024 * 1024,
+            image_creation_threshold: 3,
         }
     }
 }
@@ -58,6 +63,7 @@ impl StorageConfig {
             self.compression_level
         );
         anyhow::ensure!(self.compaction_l0_threshold >= 1, "compaction_l0_threshold must be at least 1");
+        anyhow::ensure!(self.image_creation_threshold >= 1, "image_creation_threshold must be at least 1");
         Ok(())
     }
 }
@@ -73,5 +79,7 @@ mod tests {
         assert!(bad.validate().unwrap_err().to_string().contains("block_size_bytes"));
         let bad = StorageConfig { compaction_l0_threshold: 0, ..StorageConfig::default() };
         assert!(bad.validate().is_err());
+        let bad = StorageConfig { image_creation_threshold: 0, ..StorageConfig::default() };
+        assert_eq!(bad.validate().unwrap_err().to_string(), "image_creation_threshold must be at least 1");
     }
 }

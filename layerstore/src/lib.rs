@@ -31,5 +31,5 @@ pub use config::StorageConfig;
 pub use error::{CreateTimelineError, LayerError, ReadError, WaitLsnError, WriteError};
 pub use layer::{LayerDesc, LayerKind};
 pub use tenant::Tenant;
-pub use timeline::{CompactionResult, GcResult, Timeline, TimelineMetadata};
+pub use timeline::{CompactionResult, GcResult, ImageCreationResult, RangeDepth, Timeline, TimelineMetadata};
 pub use value::{ModelReconstructor, ReconstructData, Reconstructor, Record, Value};

@@ -78,6 +78,9 @@ impl Value {
 pub struct ReconstructData {
     pub image: Option<(Lsn, Bytes)>,
     pub records: Vec<(Lsn, Record)>,
+    /// How many layers (in-memory and files, across ancestors) the read searched: with
+    /// `records.len()`, what the read cost. Reconstructors ignore it.
+    pub layers_visited: usize,
 }
 
 impl ReconstructData {
@@ -129,7 +132,7 @@ impl ValueCollector {
 
     pub(crate) fn finish(mut self) -> ReconstructData {
         self.records.reverse();
-        ReconstructData { image: self.image, records: self.records }
+        ReconstructData { image: self.image, records: self.records, layers_visited: 0 }
     }
 }
 

@@ -8,7 +8,8 @@
 //!
 //! Operations: puts (images, records, records that initialize), publishing an LSN, freeze,
 //! flush, both, L0 compaction (by threshold or forced), image layer creation over random
-//! key ranges, branches at random LSNs (valid and not), GC at random cutoffs with the
+//! key ranges and where the delta depth asks for it (random partition sizes, depths and
+//! budgets), branches at random LSNs (valid and not), GC at random cutoffs with the
 //! children's branch points retained, a clean restart (flush, drop, load) and a crash
 //! (drop without flushing, load, then ingest again what the model has above each
 //! timeline's disk-consistent LSN, as the log would be). The configuration is hostile: tiny
@@ -37,7 +38,8 @@ fn rel() -> RelTag {
 /// The keys the test uses: both ends of the key space, so that compaction meets the
 /// "an L1 layer never covers all keys" rule, and a few relation blocks and a size between.
 fn keys() -> Vec<Key> {
-    let mut keys = vec![Key::MIN, Key::rel_size(rel()), Key::control_file()];
+    let mut keys = vec![Key::MIN, Key::rel_size(rel()), Key::last_commit_timestamp()];
+    assert_eq!(Key::last_commit_timestamp().next(), Key::MAX, "the last key of the key space");
     keys.extend((0..5).map(|b| Key::rel_block(rel(), BlockNumber(b))));
     keys.sort();
     keys
@@ -66,6 +68,7 @@ enum Op {
     FreezeAndFlush { tl: usize },
     Compact { tl: usize, force: bool },
     Images { tl: usize, range: Option<(usize, usize)>, pick: u64 },
+    ImagesWhereNeeded { tl: usize, keys_per_partition: usize, min_depth: usize, ranges_max: usize },
     Branch { from: usize, pick: u64 },
     Gc { tl: usize, pick: u64 },
     Restart { clean: bool },
@@ -90,6 +93,9 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => (tl(), any::<bool>()).prop_map(|(tl, force)| Op::Compact { tl, force }),
         2 => (tl(), prop::option::weighted(0.5, (0..keys().len(), 0..=keys().len())), any::<u64>())
             .prop_map(|(tl, range, pick)| Op::Images { tl, range, pick }),
+        2 => (tl(), 1..4usize, 0..4usize, 1..3usize).prop_map(|(tl, keys_per_partition, min_depth, ranges_max)| {
+            Op::ImagesWhereNeeded { tl, keys_per_partition, min_depth, ranges_max }
+        }),
         1 => (tl(), any::<u64>()).prop_map(|(from, pick)| Op::Branch { from, pick }),
         2 => (tl(), any::<u64>()).prop_map(|(tl, pick)| Op::Gc { tl, pick }),
         1 => any::<bool>().prop_map(|clean| Op::Restart { clean }),
@@ -199,6 +205,24 @@ impl Harness {
                     }
                 };
                 t.create_image_layers(&range, lsn, &ModelReconstructor).unwrap();
+            }
+            Op::ImagesWhereNeeded { tl, keys_per_partition, min_depth, ranges_max } => {
+                let t = self.timeline(tl % n);
+                let lsn = t.disk_consistent_lsn();
+                if !lsn.is_valid() || lsn < t.gc_cutoff_lsn() {
+                    // Nothing to build images from, or GC has moved past it: refused.
+                    let result = t.create_image_layers_where_needed(&[KeyRange::ALL], 0, 1, &ModelReconstructor).unwrap();
+                    assert!(result.layers_created.is_empty());
+                    return;
+                }
+                let parts = t.partition_keys(lsn, keys_per_partition).unwrap();
+                let deep = t.deep_ranges(&parts, min_depth);
+                let result = t.create_image_layers_where_needed(&parts, min_depth, ranges_max, &ModelReconstructor).unwrap();
+                assert_eq!(result.ranges.len() + result.ranges_deferred, deep.len());
+                assert_eq!(result.ranges, deep[..result.ranges.len()]);
+                for r in &result.ranges {
+                    assert_eq!(t.delta_depth(&r.key_range), 0, "a rebuilt range has no delta above its images");
+                }
             }
             Op::Branch { from, pick } => {
                 if n == TIMELINES_MAX {

@@ -21,8 +21,9 @@
 pub mod pgdata;
 pub mod service;
 
-pub use pgdata::datadir::{Datadir, DatadirError, Modification};
+pub use pgdata::datadir::{Datadir, DatadirError, Modification, ReadCost};
 pub use pgdata::import::{import_datadir, ImportSummary};
 pub use pgdata::pageapi::{PageApi, PageApiError};
 pub use pgdata::reconstruct::{PgReconstructor, StoredRecord};
+pub use pgdata::timestamp::{lsn_for_timestamp, LsnForTimestamp, TimestampTz};
 pub use pgdata::walingest::{IngestStats, WalFilesIngested, WalIngest};

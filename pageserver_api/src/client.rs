@@ -18,8 +18,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::models::{
-    BasebackupQuery, ErrorResponse, ImportRequest, ImportResponse, StatusResponse, TenantCreateRequest, TenantCreateResponse,
-    TimelineCreateRequest, TimelineInfo, WalReceiverRequest, LSN_HEADER,
+    BasebackupQuery, CheckpointResponse, CompactRequest, CompactResponse, ErrorResponse, GcRequest, GcResponse, ImportRequest,
+    ImportResponse, LsnByTimestampQuery, LsnByTimestampResponse, StatusResponse, TenantConfig, TenantConfigInfo, TenantCreateRequest,
+    TenantCreateResponse, TimelineCreateRequest, TimelineInfo, WalReceiverRequest, LSN_HEADER,
 };
 
 /// At most this much of a non-JSON error body goes into an [`Error::Status`] message.
@@ -185,6 +186,46 @@ impl Client {
             }
         };
         Ok(Basebackup { lsn, body: response.into_body().into_reader() })
+    }
+
+    /// `GET /v1/tenant/{tenant}/config`: the tenant's own settings and those in force.
+    pub fn tenant_config(&self, tenant: TenantId) -> Result<TenantConfigInfo, Error> {
+        self.get_json(&format!("/v1/tenant/{tenant}/config"))
+    }
+
+    /// `PUT /v1/tenant/{tenant}/config`: replaces the tenant's settings (persisted).
+    pub fn set_tenant_config(&self, tenant: TenantId, config: &TenantConfig) -> Result<TenantConfigInfo, Error> {
+        let path = format!("/v1/tenant/{tenant}/config");
+        let body = encode(config);
+        let response = self.agent.put(self.url(&path)).content_type("application/json").send(body.as_str());
+        self.decode("PUT", &path, response)
+    }
+
+    /// `POST .../checkpoint`: freeze the open in-memory layer and flush it to a layer file.
+    pub fn checkpoint(&self, tenant: TenantId, timeline: TimelineId) -> Result<CheckpointResponse, Error> {
+        let path = format!("{}/checkpoint", timeline_path(tenant, timeline));
+        let response = self.agent.post(self.url(&path)).send_empty();
+        self.decode("POST", &path, response)
+    }
+
+    /// `POST .../compact`: L0 compaction and image layers where needed (or forced).
+    pub fn compact(&self, tenant: TenantId, timeline: TimelineId, request: &CompactRequest) -> Result<CompactResponse, Error> {
+        self.post_json(&format!("{}/compact", timeline_path(tenant, timeline)), request)
+    }
+
+    /// `POST .../gc`: garbage collection with the tenant's PITR window or the request's.
+    pub fn gc(&self, tenant: TenantId, timeline: TimelineId, request: &GcRequest) -> Result<GcResponse, Error> {
+        self.post_json(&format!("{}/gc", timeline_path(tenant, timeline)), request)
+    }
+
+    /// `GET .../get_lsn_by_timestamp?timestamp=...`: where a point in time falls.
+    pub fn lsn_by_timestamp(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        query: &LsnByTimestampQuery,
+    ) -> Result<LsnByTimestampResponse, Error> {
+        self.get_json(&format!("{}/get_lsn_by_timestamp{}", timeline_path(tenant, timeline), query.to_query_string()))
     }
 
     fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {

@@ -1,6 +1,6 @@
 //! The pageserver's management API as one crate: the request and response bodies of every
-//! route ([`models`]) and one blocking client over them ([`client`], feature `client`, on by
-//! default).
+//! route ([`models`]), the text forms of times and durations they use ([`time`]), and one
+//! blocking client over them ([`client`], feature `client`, on by default).
 //!
 //! The pageserver serializes these types and the CLI and compute_ctl deserialize them, so
 //! the three cannot disagree about a field's name, type or meaning. Identifiers and LSNs are
@@ -16,6 +16,7 @@
 #[cfg(feature = "client")]
 pub mod client;
 pub mod models;
+pub mod time;
 
 #[cfg(feature = "client")]
 pub use client::{Client, ClientConfig, Error};

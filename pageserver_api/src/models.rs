@@ -16,6 +16,8 @@ use std::path::PathBuf;
 use proto::{Lsn, LsnParseError, TenantId, TimelineId};
 use serde::{Deserialize, Serialize};
 
+use crate::time::{format_rfc3339, parse_rfc3339, HumanDuration, TimeParseError};
+
 /// The response header that names the LSN a basebackup was taken at.
 pub const LSN_HEADER: &str = "X-Fjord-Lsn";
 
@@ -298,6 +300,167 @@ impl BasebackupQuery {
     }
 }
 
+/// A tenant's own settings: `PUT /v1/tenant/{tenant}/config` (replacing what was set
+/// before) and the file `tenant_config.json` in the tenant's directory. An absent field
+/// takes the pageserver's default.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// How far back in time every timeline stays readable (and branchable): GC keeps
+    /// everything needed to read at any LSN committed within this window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pitr_window: Option<HumanDuration>,
+}
+
+/// The answer to `GET` and `PUT /v1/tenant/{tenant}/config`: what the tenant sets, and what
+/// is in force once the pageserver's defaults fill in the rest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantConfigInfo {
+    pub tenant_id: TenantId,
+    pub config: TenantConfig,
+    pub effective_pitr_window: HumanDuration,
+}
+
+/// The answer to `POST .../timeline/{timeline}/checkpoint`: the open in-memory layer was
+/// frozen and every frozen layer flushed to L0 layer files.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointResponse {
+    pub disk_consistent_lsn: Lsn,
+    pub layers_created: u64,
+    pub bytes_written: u64,
+}
+
+/// `POST .../timeline/{timeline}/compact`. An empty body means the defaults: L0
+/// compaction if the L0 layers reached the threshold, image layers where the delta depth
+/// reached `image_creation_threshold`, within the per-run budget.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactRequest {
+    /// Compact every L0 layer, even below the threshold.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force_l0: bool,
+    /// Create image layers for every key range, whatever its depth, without a budget.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force_image_layers: bool,
+}
+
+/// What a compaction did (`POST .../compact`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactResponse {
+    pub l0_layers_removed: u64,
+    pub l1_layers_created: u64,
+    pub image_layers_created: u64,
+    /// The key ranges rebuilt as image layers, and those deep enough but left for a later
+    /// run by the budget.
+    pub image_ranges: u64,
+    pub image_ranges_deferred: u64,
+    /// The LSN the image layers were created at, if any were.
+    pub image_lsn: Option<Lsn>,
+    /// Bytes of L1 and image layer files written.
+    pub bytes_written: u64,
+}
+
+/// `POST .../timeline/{timeline}/gc`. An empty body means the tenant's PITR window.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcRequest {
+    /// A PITR window for this run only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pitr_window: Option<HumanDuration>,
+}
+
+/// What a GC run did (`POST .../gc`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcResponse {
+    /// The timeline's GC cutoff after the run: reads below it are refused.
+    pub cutoff_lsn: Lsn,
+    /// Where the start of the PITR window fell.
+    pub pitr_cutoff: LsnByTimestampResponse,
+    pub layers_removed: u64,
+    pub bytes_removed: u64,
+}
+
+/// The query of `GET .../timeline/{timeline}/get_lsn_by_timestamp?timestamp=<RFC 3339>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LsnByTimestampQuery {
+    pub timestamp: std::time::SystemTime,
+}
+
+/// Why an LSN-by-timestamp query was refused (400).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LsnByTimestampQueryError {
+    #[error("unknown query parameter {0:?}; the only one is timestamp=<RFC 3339>")]
+    UnknownParameter(String),
+    #[error("missing query parameter timestamp=<RFC 3339>")]
+    Missing,
+    #[error(transparent)]
+    InvalidTimestamp(#[from] TimeParseError),
+}
+
+impl LsnByTimestampQuery {
+    /// The query string with its `?`, the timestamp in UTC with `:` percent-encoded.
+    pub fn to_query_string(&self) -> String {
+        format!("?timestamp={}", format_rfc3339(self.timestamp).replace(':', "%3A"))
+    }
+
+    /// Parses a raw query (without the `?`), percent-decoding the value. A `+` is taken
+    /// literally (an offset), not as a space.
+    pub fn parse(query: &str) -> Result<LsnByTimestampQuery, LsnByTimestampQueryError> {
+        let mut timestamp = None;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("timestamp", value)) => timestamp = Some(percent_decode(value)),
+                _ => return Err(LsnByTimestampQueryError::UnknownParameter(pair.to_string())),
+            }
+        }
+        let text = timestamp.ok_or(LsnByTimestampQueryError::Missing)?;
+        Ok(LsnByTimestampQuery { timestamp: parse_rfc3339(&text)? })
+    }
+}
+
+/// `%XX` escapes decoded; anything malformed is left as it is (the parser then says why).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Where a point in time falls in a timeline's history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LsnKind {
+    /// Commits before and after the time are known: the LSN shows exactly those up to it.
+    Present,
+    /// After every commit ingested so far: the LSN is the last record LSN.
+    Future,
+    /// Before every commit still readable: the LSN is the lowest readable one (GC cutoff or
+    /// branch point), which shows more than the time.
+    Past,
+    /// No commit known at all: the LSN is the last record LSN.
+    NoData,
+}
+
+/// The answer to `GET .../get_lsn_by_timestamp`, and a GC run's PITR cutoff.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LsnByTimestampResponse {
+    pub kind: LsnKind,
+    pub lsn: Lsn,
+}
+
 /// The body of every error answer (4xx, 5xx): `{"error": "..."}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorResponse {
@@ -403,6 +566,47 @@ mod tests {
             BasebackupQuery::parse("lsn=x").unwrap_err().to_string(),
             "invalid LSN: invalid LSN: \"x\" (expected two hexadecimal numbers such as 16/B374D848)"
         );
+    }
+
+    #[test]
+    fn maintenance_bodies() {
+        assert_eq!(serde_json::to_string(&CompactRequest::default()).unwrap(), "{}");
+        let force = CompactRequest { force_image_layers: true, ..Default::default() };
+        assert_eq!(serde_json::to_string(&force).unwrap(), r#"{"force_image_layers":true}"#);
+        assert!(serde_json::from_str::<CompactRequest>(r#"{"force_l0": true}"#).unwrap().force_l0);
+        let err = serde_json::from_str::<CompactRequest>(r#"{"force": true}"#).unwrap_err().to_string();
+        assert!(err.starts_with("unknown field `force`, expected `force_l0` or `force_image_layers`"), "{err}");
+        let gc: GcRequest = serde_json::from_str(r#"{"pitr_window": "1s"}"#).unwrap();
+        assert_eq!(gc.pitr_window, Some(HumanDuration(std::time::Duration::from_secs(1))));
+        let err = serde_json::from_str::<GcRequest>(r#"{"pitr_window": "1 week"}"#).unwrap_err().to_string();
+        assert!(err.starts_with("invalid duration \"1 week\""), "{err}");
+        let err = serde_json::from_str::<TenantConfig>(r#"{"pitr": "1s"}"#).unwrap_err().to_string();
+        assert!(err.starts_with("unknown field `pitr`, expected `pitr_window`"), "{err}");
+        assert_eq!(serde_json::to_string(&TenantConfig::default()).unwrap(), "{}");
+        let answer = LsnByTimestampResponse { kind: LsnKind::NoData, lsn: Lsn(0x16B3748) };
+        assert_eq!(serde_json::to_string(&answer).unwrap(), r#"{"kind":"nodata","lsn":"0/16B3748"}"#);
+        for (kind, name) in [(LsnKind::Present, "present"), (LsnKind::Future, "future"), (LsnKind::Past, "past")] {
+            assert_eq!(serde_json::to_string(&kind).unwrap(), format!("\"{name}\""));
+        }
+    }
+
+    #[test]
+    fn lsn_by_timestamp_queries() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let at = LsnByTimestampQuery { timestamp: UNIX_EPOCH + Duration::from_micros(1_795_478_400_250_000) };
+        assert_eq!(at.to_query_string(), "?timestamp=2026-11-24T00%3A00%3A00.250000Z");
+        assert_eq!(LsnByTimestampQuery::parse(&at.to_query_string()[1..]).unwrap(), at);
+        assert_eq!(LsnByTimestampQuery::parse("timestamp=2026-11-24T01:00:00.25+01:00").unwrap(), at);
+        assert_eq!(LsnByTimestampQuery::parse("timestamp=2026-11-24T01%3A00%3A00.25%2B01%3A00").unwrap(), at);
+        assert_eq!(LsnByTimestampQuery::parse("").unwrap_err().to_string(), "missing query parameter timestamp=<RFC 3339>");
+        assert_eq!(
+            LsnByTimestampQuery::parse("lsn=0/1").unwrap_err().to_string(),
+            "unknown query parameter \"lsn=0/1\"; the only one is timestamp=<RFC 3339>"
+        );
+        assert!(LsnByTimestampQuery::parse("timestamp=yesterday%")
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid timestamp \"yesterday%\""));
     }
 
     #[test]

@@ -14,9 +14,10 @@ use std::sync::{Arc, Mutex};
 
 use pageserver_api::client::{Client, Error};
 use pageserver_api::models::{
-    BasebackupQuery, ImportRequest, ImportResponse, StatusResponse, TenantCreateRequest, TimelineCreateRequest, TimelineInfo,
-    WalReceiverRequest, WalReceiverState, WalSource, WalSourceList,
+    BasebackupQuery, CompactRequest, GcRequest, ImportRequest, ImportResponse, LsnByTimestampQuery, LsnKind, StatusResponse, TenantConfig,
+    TenantCreateRequest, TimelineCreateRequest, TimelineInfo, WalReceiverRequest, WalReceiverState, WalSource, WalSourceList,
 };
+use pageserver_api::time::HumanDuration;
 use proto::{Lsn, TenantId, TimelineId};
 
 const TENANT: &str = "11111111111111111111111111111111";
@@ -222,4 +223,61 @@ fn basebackups_stream_with_their_lsn() {
     let server = serve(200, "X-Fjord-Lsn: yesterday\r\n", "");
     let err = Client::new(&server.url).basebackup(tenant(), timeline(), &BasebackupQuery::default()).err().unwrap();
     assert!(err.to_string().contains("the X-Fjord-Lsn header: invalid LSN: \"yesterday\""), "{err}");
+}
+
+/// The maintenance routes (tenant config, checkpoint, compaction, GC, LSN by timestamp):
+/// the paths and bodies sent, and answers decoded and encoded back to the same bytes.
+#[test]
+fn maintenance_routes() {
+    let config = r#"{"tenant_id":"11111111111111111111111111111111","config":{"pitr_window":"1s"},"effective_pitr_window":"1s"}"#;
+    let server = serve(200, "", config);
+    let client = Client::new(&server.url);
+    let pitr = Some(HumanDuration(std::time::Duration::from_secs(1)));
+    let info = client.set_tenant_config(tenant(), &TenantConfig { pitr_window: pitr }).unwrap();
+    assert_eq!((info.config.pitr_window, info.effective_pitr_window.0.as_secs()), (pitr, 1));
+    assert_eq!(serde_json::to_string(&info).unwrap(), config);
+    client.tenant_config(tenant()).unwrap();
+    let requests = server.requests.lock().unwrap().clone();
+    assert_eq!(requests[0], (format!("PUT /v1/tenant/{TENANT}/config HTTP/1.1"), r#"{"pitr_window":"1s"}"#.into()));
+    assert_eq!(requests[1].0, format!("GET /v1/tenant/{TENANT}/config HTTP/1.1"));
+
+    let checkpoint = r#"{"disk_consistent_lsn":"0/16B3748","layers_created":1,"bytes_written":8192}"#;
+    let server = serve(200, "", checkpoint);
+    let done = Client::new(&server.url).checkpoint(tenant(), timeline()).unwrap();
+    assert_eq!(serde_json::to_string(&done).unwrap(), checkpoint);
+    assert_eq!(
+        server.requests.lock().unwrap()[0],
+        (format!("POST /v1/tenant/{TENANT}/timeline/{TIMELINE}/checkpoint HTTP/1.1"), String::new())
+    );
+
+    let compacted = concat!(
+        r#"{"l0_layers_removed":10,"l1_layers_created":2,"image_layers_created":3,"image_ranges":1,"image_ranges_deferred":0,"#,
+        r#""image_lsn":"0/16B3748","bytes_written":123456}"#
+    );
+    let server = serve(200, "", compacted);
+    let request = CompactRequest { force_image_layers: true, ..Default::default() };
+    let done = Client::new(&server.url).compact(tenant(), timeline(), &request).unwrap();
+    assert_eq!((done.l0_layers_removed, done.image_lsn), (10, Some(Lsn(0x16B3748))));
+    assert_eq!(serde_json::to_string(&done).unwrap(), compacted);
+    assert_eq!(server.requests.lock().unwrap()[0].1, r#"{"force_image_layers":true}"#);
+
+    let collected =
+        r#"{"cutoff_lsn":"0/16B0000","pitr_cutoff":{"kind":"present","lsn":"0/16B0000"},"layers_removed":4,"bytes_removed":65536}"#;
+    let server = serve(200, "", collected);
+    let done = Client::new(&server.url).gc(tenant(), timeline(), &GcRequest { pitr_window: pitr }).unwrap();
+    assert_eq!((done.pitr_cutoff.kind, done.layers_removed), (LsnKind::Present, 4));
+    assert_eq!(serde_json::to_string(&done).unwrap(), collected);
+    assert_eq!(
+        server.requests.lock().unwrap()[0],
+        (format!("POST /v1/tenant/{TENANT}/timeline/{TIMELINE}/gc HTTP/1.1"), r#"{"pitr_window":"1s"}"#.into())
+    );
+
+    let server = serve(200, "", r#"{"kind":"future","lsn":"0/16B3748"}"#);
+    let at = LsnByTimestampQuery { timestamp: pageserver_api::time::parse_rfc3339("2026-11-24T10:30:00Z").unwrap() };
+    let answer = Client::new(&server.url).lsn_by_timestamp(tenant(), timeline(), &at).unwrap();
+    assert_eq!((answer.kind, answer.lsn), (LsnKind::Future, Lsn(0x16B3748)));
+    assert_eq!(
+        server.requests.lock().unwrap()[0].0,
+        format!("GET /v1/tenant/{TENANT}/timeline/{TIMELINE}/get_lsn_by_timestamp?timestamp=2026-11-24T10%3A30%3A00Z HTTP/1.1")
+    );
 }

@@ -3,7 +3,8 @@
 //!
 //! The pageserver stores every version of every relation page, and of every piece of state
 //! a basebackup needs (SLRU pages, relmapper files, the lists of databases and relations,
-//! two-phase state, the checkpoint and the control file), under a `(Key, Lsn)` pair. Layers
+//! two-phase state, the checkpoint and the control file), plus the timestamp of the last
+//! commit (which maps points in time to LSNs), under a `(Key, Lsn)` pair. Layers
 //! cover key ranges and are searched by range, so the encoding is chosen for its order: a
 //! `Key` is 18 bytes, its derived `Ord` is the order of those bytes, and things read
 //! together sort together. A relation fork's size key sorts directly after its last
@@ -28,6 +29,7 @@
 //! | two-phase state file  | `03`  | 1          | 0          | 0           | 0       | xid                 |
 //! | checkpoint record     | `04`  | 0          | 0          | 0           | 0       | 0                   |
 //! | control file          | `05`  | 0          | 0          | 0           | 0       | 0                   |
+//! | last commit timestamp | `06`  | 0          | 0          | 0           | 0       | 0                   |
 //! | `Key::MAX` (sentinel) | `FF`  | `FFFFFFFF` | `FFFFFFFF` | `FFFFFFFF`  | `FF`    | `FFFFFFFF`          |
 //!
 //! forknum is PostgreSQL's (0 main, 1 fsm, 2 vm, 3 init); SLRU kind is 0 for `pg_xact`, 1 for
@@ -58,6 +60,7 @@ const TAG_SLRU: u8 = 0x02;
 const TAG_TWOPHASE: u8 = 0x03;
 const TAG_CHECKPOINT: u8 = 0x04;
 const TAG_CONTROL_FILE: u8 = 0x05;
+const TAG_LAST_COMMIT_TIMESTAMP: u8 = 0x06;
 const TAG_MAX: u8 = 0xff;
 
 // Under `TAG_DATABASE`, relnode 0 (`InvalidOid`, which PostgreSQL never gives a relation
@@ -150,6 +153,9 @@ pub enum KeyKind {
     Checkpoint,
     /// `global/pg_control`.
     ControlFile,
+    /// The commit timestamp of the newest transaction committed at or before an LSN: what
+    /// maps a point in time to an LSN. Not a file of the data directory.
+    LastCommitTimestamp,
     /// `Key::MAX`, the end of the key space; holds no value.
     Max,
 }
@@ -170,6 +176,7 @@ impl KeyKind {
             KeyKind::TwoPhaseFile { .. } => "two-phase state file",
             KeyKind::Checkpoint => "checkpoint",
             KeyKind::ControlFile => "control file",
+            KeyKind::LastCommitTimestamp => "last commit timestamp",
             KeyKind::Max => "maximum",
         }
     }
@@ -190,6 +197,7 @@ impl KeyKind {
             KeyKind::TwoPhaseFile { xid } => f(TAG_TWOPHASE, TWOPHASE_SUB_FILE, 0, 0, 0, xid),
             KeyKind::Checkpoint => f(TAG_CHECKPOINT, 0, 0, 0, 0, 0),
             KeyKind::ControlFile => f(TAG_CONTROL_FILE, 0, 0, 0, 0, 0),
+            KeyKind::LastCommitTimestamp => f(TAG_LAST_COMMIT_TIMESTAMP, 0, 0, 0, 0, 0),
             KeyKind::Max => f(TAG_MAX, u32::MAX, u32::MAX, u32::MAX, u8::MAX, u32::MAX),
         }
     }
@@ -211,6 +219,7 @@ impl fmt::Display for KeyKind {
             KeyKind::TwoPhaseFile { xid } => write!(f, "pg_twophase/{xid:08X}"),
             KeyKind::Checkpoint => write!(f, "checkpoint record"),
             KeyKind::ControlFile => write!(f, "global/pg_control"),
+            KeyKind::LastCommitTimestamp => write!(f, "last commit timestamp"),
             KeyKind::Max => write!(f, "end of key space"),
         }
     }
@@ -352,6 +361,11 @@ impl Key {
         Key::from_fields(Fields { tag: TAG_CONTROL_FILE, a: 0, b: 0, c: 0, d: 0, e: 0 })
     }
 
+    /// The timestamp of the last commit at or before an LSN.
+    pub const fn last_commit_timestamp() -> Key {
+        Key::from_fields(Fields { tag: TAG_LAST_COMMIT_TIMESTAMP, a: 0, b: 0, c: 0, d: 0, e: 0 })
+    }
+
     /// The key for `kind`, panicking where `try_from` would fail; the panicking constructors
     /// are for callers that built the values themselves.
     fn encodable(kind: KeyKind) -> Key {
@@ -456,7 +470,8 @@ impl Key {
             KeyKind::TwoPhaseDir => Key::twophase_file(0),
             KeyKind::TwoPhaseFile { xid } => xid.checked_add(1).map_or(Key::checkpoint(), Key::twophase_file),
             KeyKind::Checkpoint => Key::control_file(),
-            KeyKind::ControlFile | KeyKind::Max => Key::MAX,
+            KeyKind::ControlFile => Key::last_commit_timestamp(),
+            KeyKind::LastCommitTimestamp | KeyKind::Max => Key::MAX,
         }
     }
 
@@ -503,6 +518,7 @@ fn decode(bytes: &[u8; KEY_SIZE_BYTES]) -> Result<KeyKind, KeyError> {
         },
         TAG_CHECKPOINT => KeyKind::Checkpoint,
         TAG_CONTROL_FILE => KeyKind::ControlFile,
+        TAG_LAST_COMMIT_TIMESTAMP => KeyKind::LastCommitTimestamp,
         TAG_MAX => KeyKind::Max,
         tag => return Err(KeyError::UnknownTag { tag }),
     };

@@ -34,6 +34,8 @@ use crate::value::{Reconstructor, Value};
 pub struct CompactionResult {
     pub l0_removed: Vec<LayerDesc>,
     pub l1_created: Vec<LayerDesc>,
+    /// The size of the L1 layer files written.
+    pub bytes_written: u64,
 }
 
 /// Merges several layers' entries into one `(key, lsn)` order.
@@ -124,6 +126,7 @@ impl Timeline {
         let result = CompactionResult {
             l0_removed: l0.iter().map(|l| l.desc().clone()).collect(),
             l1_created: created.iter().map(|l| l.desc().clone()).collect(),
+            bytes_written: created.iter().map(|l| l.file_size_bytes()).sum(),
         };
         for desc in &result.l1_created {
             assert!(!desc.is_l0(), "compaction produced an L1 layer that looks like L0: {desc}");
@@ -147,6 +150,18 @@ impl Timeline {
     pub fn create_image_layers(&self, key_range: &KeyRange, lsn: Lsn, reconstructor: &dyn Reconstructor) -> anyhow::Result<Vec<LayerDesc>> {
         let _entered = self.span.enter();
         let _exclusive = lock(&self.layer_removal_lock);
+        let created = self.write_image_layers(key_range, lsn, reconstructor)?;
+        Ok(created.iter().map(|l| l.desc().clone()).collect())
+    }
+
+    /// `create_image_layers` without taking `layer_removal_lock`, which the caller holds;
+    /// returns the files written.
+    pub(super) fn write_image_layers(
+        &self,
+        key_range: &KeyRange,
+        lsn: Lsn,
+        reconstructor: &dyn Reconstructor,
+    ) -> anyhow::Result<Vec<Arc<LayerFile>>> {
         ensure!(!key_range.is_empty(), "cannot create image layers for the empty key range {key_range}");
         let disk_consistent_lsn = self.disk_consistent_lsn();
         if lsn > disk_consistent_lsn {
@@ -172,14 +187,13 @@ impl Timeline {
             writer.put(key, lsn, &Value::Image(image))?;
         }
         created.push(Arc::new(writer.finish(KeyRange { start: part_start, end: key_range.end })?));
-        let descs: Vec<LayerDesc> = created.iter().map(|l| l.desc().clone()).collect();
         self.modify_layer_map(|m| {
             for layer in &created {
                 m.insert_file(Arc::clone(layer));
             }
         });
         self.schedule_remote(&created, &[], Lsn::INVALID, Lsn::INVALID);
-        tracing::info!("created {} image layers for {key_range} at {lsn}", descs.len());
-        Ok(descs)
+        tracing::info!("created {} image layers for {key_range} at {lsn}", created.len());
+        Ok(created)
     }
 }

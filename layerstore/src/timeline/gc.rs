@@ -34,6 +34,8 @@ pub struct GcResult {
     /// The timeline's GC cutoff after the run (never lower than before).
     pub cutoff: Lsn,
     pub layers_removed: Vec<LayerDesc>,
+    /// The size of the layer files removed.
+    pub bytes_removed: u64,
 }
 
 impl Timeline {
@@ -49,13 +51,14 @@ impl Timeline {
         let removable: Vec<Layer> =
             map.files.iter().filter(|f| removable(&map, f.desc(), cutoff, retain_lsns)).map(|f| Layer::File(f.clone())).collect();
         let layers_removed: Vec<LayerDesc> = removable.iter().map(Layer::desc).collect();
+        let bytes_removed = removable.iter().map(|l| if let Layer::File(f) = l { f.file_size_bytes() } else { 0 }).sum();
         self.modify_layer_map(|m| m.remove_files(&layers_removed));
         self.schedule_remote(&[], &layers_removed, Lsn::INVALID, cutoff);
         self.delete_layer_files(&removable)?;
         if !layers_removed.is_empty() {
             tracing::info!("gc at cutoff {cutoff} removed {} layers", layers_removed.len());
         }
-        Ok(GcResult { cutoff, layers_removed })
+        Ok(GcResult { cutoff, layers_removed, bytes_removed })
     }
 }
 

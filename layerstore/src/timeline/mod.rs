@@ -6,7 +6,9 @@
 //! writes frozen layers to L0 delta layer files and advances the disk-consistent LSN in the
 //! metadata file. Reads (`read.rs`) walk the layer map from newer to older and continue in
 //! the ancestor at the branch point. `compaction.rs` merges L0 layers into L1 layers and
-//! creates image layers; `gc.rs` removes layer files no reader can need any more.
+//! creates image layers; `depth.rs` finds the key ranges whose reads walk too many delta
+//! layers and creates image layers for just those; `gc.rs` removes layer files no reader
+//! can need any more.
 //!
 //! Invariants:
 //! - LSNs of puts never decrease, and every put is above the last record LSN: a published
@@ -24,6 +26,7 @@
 //!   another (`write_state`).
 
 mod compaction;
+mod depth;
 mod gc;
 pub mod metadata;
 mod read;
@@ -48,6 +51,7 @@ use crate::layer_map::LayerMap;
 use crate::remote::{IndexPart, RemoteStatus, RemoteTimelineClient};
 use crate::value::{Value, VALUE_SIZE_BYTES_MAX};
 pub use compaction::CompactionResult;
+pub use depth::{ImageCreationResult, RangeDepth};
 pub use gc::GcResult;
 pub use metadata::TimelineMetadata;
 
@@ -226,6 +230,11 @@ impl Timeline {
     /// Descriptions of every layer, in-memory ones first: for tests and diagnostics.
     pub fn layers(&self) -> Vec<LayerDesc> {
         self.layer_map().all().map(|l| l.desc()).collect()
+    }
+
+    /// The size of the layer file `desc` names, if the timeline has it.
+    pub fn layer_file_size_bytes(&self, desc: &LayerDesc) -> Option<u64> {
+        self.layer_map().files.iter().find(|f| f.desc() == desc).map(|f| f.file_size_bytes())
     }
 
     /// Bytes of values in the open layer.

@@ -31,18 +31,19 @@ impl Timeline {
         let map = self.layer_map();
         self.check_read_lsn(lsn)?;
         let mut collector = ValueCollector::default();
-        if collect_in(&map, key, lsn, &mut collector)? {
-            return Ok(collector.finish());
+        let mut layers_visited = 0;
+        if collect_in(&map, key, lsn, &mut collector, &mut layers_visited)? {
+            return Ok(ReconstructData { layers_visited, ..collector.finish() });
         }
         let mut timeline = self;
         let mut lsn = lsn;
         while let Some(next) = timeline.enter_ancestor(lsn)? {
             (timeline, lsn) = (next.timeline, next.lsn);
-            if collect_in(&next.map, key, lsn, &mut collector)? {
+            if collect_in(&next.map, key, lsn, &mut collector, &mut layers_visited)? {
                 break;
             }
         }
-        Ok(collector.finish())
+        Ok(ReconstructData { layers_visited, ..collector.finish() })
     }
 
     /// The value of `key` at `lsn`, rebuilt by `reconstructor`; `None` if the key has no
@@ -115,14 +116,16 @@ struct AncestorRead<'a> {
     map: Arc<LayerMap>,
 }
 
-/// Collects versions of `key` at or below `lsn` from one timeline's layers, newest first.
-/// Returns whether the collection is complete.
-fn collect_in(map: &LayerMap, key: Key, lsn: Lsn, collector: &mut ValueCollector) -> Result<bool, LayerError> {
+/// Collects versions of `key` at or below `lsn` from one timeline's layers, newest first,
+/// counting the layers searched in `layers_visited`. Returns whether the collection is
+/// complete.
+fn collect_in(map: &LayerMap, key: Key, lsn: Lsn, collector: &mut ValueCollector, layers_visited: &mut usize) -> Result<bool, LayerError> {
     let mut cont_lsn = Lsn(lsn.0 + 1);
     while let Some(found) = map.search(key, cont_lsn) {
         // Progress: `search` only returns layers starting below `cont_lsn`, and floors
         // at or above their start.
         assert!(found.lsn_floor < cont_lsn, "layer search did not make progress at {cont_lsn}");
+        *layers_visited += 1;
         if found.layer.collect(key, found.lsn_floor..cont_lsn, collector)? {
             return Ok(true);
         }

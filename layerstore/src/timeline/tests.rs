@@ -176,13 +176,15 @@ fn compaction_partitions_l0_into_l1_without_changing_answers() {
 #[test]
 fn compaction_never_writes_an_l1_layer_covering_all_keys() {
     let (_dir, _tenant, t) = setup(StorageConfig::default());
+    let last = Key::last_commit_timestamp();
+    assert_eq!(last.next(), Key::MAX, "the test needs the last key of the key space");
     put(&t, Key::MIN, 1, rec("first"));
-    put(&t, Key::control_file(), 2, rec("last"));
+    put(&t, last, 2, rec("last"));
     t.freeze_and_flush().unwrap();
     let result = t.compact_level0(true).unwrap();
     assert_eq!(result.l1_created.len(), 2, "{result:?}");
     assert_eq!(get(&t, Key::MIN, 2).as_deref(), Some("first"));
-    assert_eq!(get(&t, Key::control_file(), 2).as_deref(), Some("last"));
+    assert_eq!(get(&t, last, 2).as_deref(), Some("last"));
 }
 
 #[test]
@@ -336,6 +338,13 @@ fn load_removes_crash_leftovers_and_refuses_unknown_files() {
     assert_eq!(tenant.timelines().len(), 1);
     assert_eq!(fs::read(path.join("stray")).unwrap(), b"?");
     assert!(path.join("callers_dir").is_dir());
+    // Beside `timelines/`, a tenant directory holds what the caller puts there.
+    drop(tenant);
+    let settings = dir.path().join(TENANT.to_string()).join("callers_settings.json");
+    fs::write(&settings, b"{}").unwrap();
+    let tenant = Tenant::load(dir.path(), TENANT, hostile(), &["stray", "callers_dir"]).unwrap();
+    assert_eq!(tenant.timelines().len(), 1);
+    assert_eq!(fs::read(&settings).unwrap(), b"{}");
 }
 
 #[test]

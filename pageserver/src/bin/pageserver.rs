@@ -86,6 +86,7 @@ fn main() -> anyhow::Result<()> {
     let receivers = ps.start_persisted_wal_receivers().context("restart the WAL receivers")?;
     ps.start_eviction();
     tracing::info!("restarted {receivers} WAL receivers");
+    let background_jobs = ps.start_background_jobs()?;
     tracing::info!("page service listening on {}", page_service.addr);
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("start tokio")?;
@@ -99,6 +100,9 @@ fn main() -> anyhow::Result<()> {
         axum::serve(listener, http::router(Arc::clone(&ps))).with_graceful_shutdown(shutdown_signal()).await.context("serve HTTP")?;
         anyhow::Ok(())
     })?;
+    if let Some(jobs) = background_jobs {
+        jobs.stop();
+    }
     ps.stop_wal_receivers();
     page_service.shutdown();
     ps.shutdown_storage();

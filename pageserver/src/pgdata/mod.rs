@@ -10,5 +10,6 @@ pub mod datadir;
 pub mod import;
 pub mod pageapi;
 pub mod reconstruct;
+pub mod timestamp;
 pub mod walingest;
 pub mod walredo;

@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use proto::{BlockNumber, ForkNumber, Lsn, Oid, RelTag, SlruKind};
 
-use crate::pgdata::datadir::{Datadir, DatadirError};
+use crate::pgdata::datadir::{Datadir, DatadirError, ReadCost};
 use layerstore::error::WaitLsnError;
 use layerstore::timeline::Timeline;
 use layerstore::value::Reconstructor;
@@ -69,6 +69,17 @@ impl PageApi {
 
     /// GetPage@LSN: block `blkno` of `rel` as of `lsn`.
     pub fn get_page(&self, rel: RelTag, blkno: BlockNumber, lsn: Lsn, timeout: Duration) -> Result<Bytes, PageApiError> {
+        self.get_page_with_cost(rel, blkno, lsn, timeout).map(|(page, _)| page)
+    }
+
+    /// `get_page`, and what reading the page cost (`Datadir::get_rel_page_with_cost`).
+    pub fn get_page_with_cost(
+        &self,
+        rel: RelTag,
+        blkno: BlockNumber,
+        lsn: Lsn,
+        timeout: Duration,
+    ) -> Result<(Bytes, ReadCost), PageApiError> {
         self.wait(lsn, timeout)?;
         let datadir = self.datadir();
         if rel.forknum != ForkNumber::Fsm {
@@ -77,7 +88,7 @@ impl PageApi {
                 return Err(PageApiError::BlockBeyondEnd { rel, blkno, size, lsn });
             }
         }
-        Ok(datadir.get_rel_page(rel, blkno, lsn)?)
+        Ok(datadir.get_rel_page_with_cost(rel, blkno, lsn)?)
     }
 
     /// The relation fork's length in blocks; an error if it does not exist.
@@ -142,6 +153,8 @@ mod tests {
         let api = PageApi::new(timeline.clone(), Arc::new(PgReconstructor::rust_only()));
         let t = Duration::from_millis(20);
         assert_eq!(api.get_page(rel, BlockNumber(1), Lsn(0x200), t).unwrap()[0], 2);
+        let (_, cost) = api.get_page_with_cost(rel, BlockNumber(1), Lsn(0x200), t).unwrap();
+        assert_eq!(cost, ReadCost { layers_visited: 1, records_replayed: 0 }, "an image in the open layer");
         assert_eq!(api.get_rel_size(rel, Lsn(0x100), t).unwrap(), 1);
         assert_eq!(api.get_db_size(1663, 5, Lsn(0x200), t).unwrap(), 2 * 8192);
         let err = api.get_page(rel, BlockNumber(1), Lsn(0x100), t).unwrap_err();

@@ -11,15 +11,25 @@
 //! - [`ingest_gate`]: what the WAL receiver and a basebackup at the newest LSN share.
 //! - [`eviction`]: keeps the layer files on local disk under a budget when remote storage
 //!   holds them.
+//! - [`background`]: compaction, image layer creation and GC, on a schedule of the
+//!   pageserver's own and on demand; [`tenant_conf`]: each tenant's settings (its PITR
+//!   window); [`metrics`]: the counters and histograms of jobs and page reads.
 //!
-//! The network-facing parts (`server`, `walreceiver`) are behind the `server` feature, which
-//! the fuzz targets turn off.
+//! The network-facing parts (`server`, `walreceiver`) and what only they use (`background`,
+//! `tenant_conf`, `metrics`) are behind the `server` feature, which the fuzz targets turn
+//! off.
 
+#[cfg(feature = "server")]
+pub mod background;
 pub mod eviction;
 pub mod ingest_gate;
 pub mod localwal;
+#[cfg(feature = "server")]
+pub mod metrics;
 pub mod page_service;
 #[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "server")]
+pub mod tenant_conf;
 #[cfg(feature = "server")]
 pub mod walreceiver;

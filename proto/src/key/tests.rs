@@ -41,6 +41,7 @@ fn golden() -> Vec<(Key, &'static str, &'static str)> {
         (Key::twophase_file(1234), "03 00000001 00000000 00000000 00 000004D2", "pg_twophase/000004D2"),
         (Key::checkpoint(), "04 00000000 00000000 00000000 00 00000000", "checkpoint record"),
         (Key::control_file(), "05 00000000 00000000 00000000 00 00000000", "global/pg_control"),
+        (Key::last_commit_timestamp(), "06 00000000 00000000 00000000 00 00000000", "last commit timestamp"),
         (Key::MAX, "FF FFFFFFFF FFFFFFFF FFFFFFFF FF FFFFFFFF", "end of key space"),
     ]
 }
@@ -89,7 +90,7 @@ fn accessors_classify_keys() {
     assert_eq!(Key::relmap_file(1664, 0).database(), Some((1664, 0)));
     assert_eq!(Key::rel_dir(1663, 5).kind(), KeyKind::RelDir { spcnode: 1663, dbnode: 5 });
     assert_eq!(Key::twophase_file(9).kind(), KeyKind::TwoPhaseFile { xid: 9 });
-    for key in [Key::db_dir(), Key::twophase_dir(), Key::checkpoint(), Key::control_file(), Key::MAX] {
+    for key in [Key::db_dir(), Key::twophase_dir(), Key::checkpoint(), Key::control_file(), Key::last_commit_timestamp(), Key::MAX] {
         assert_eq!((key.rel_tag(), key.slru(), key.database(), key.is_block()), (None, None, None, false));
     }
 }
@@ -99,7 +100,7 @@ fn rejects_malformed_bytes() {
     use KeyError::*;
     let cases: &[(&str, KeyError)] = &[
         ("00 00000001 00000000 00000000 00 00000000", UnusedFieldsSet { kind: "database directory", bytes: [0; 18] }),
-        ("06 00000000 00000000 00000000 00 00000000", UnknownTag { tag: 0x06 }),
+        ("07 00000000 00000000 00000000 00 00000000", UnknownTag { tag: 0x07 }),
         ("80 00000000 00000000 00000000 00 00000000", UnknownTag { tag: 0x80 }),
         ("01 0000067F 00000005 00004000 04 00000007", InvalidForkNumber { forknum: 4 }),
         ("01 0000067F 00000005 00004000 FF FFFFFFFF", InvalidForkNumber { forknum: 0xff }),
@@ -180,7 +181,7 @@ fn text_form_round_trips_in_either_case() {
         assert_eq!(bad.parse::<Key>(), Err(KeyError::InvalidText { text: bad.to_string() }));
     }
     // Well-formed hex that is not a key reports why, not just "invalid text".
-    assert_eq!(format!("06{}", "0".repeat(34)).parse::<Key>(), Err(KeyError::UnknownTag { tag: 6 }));
+    assert_eq!(format!("07{}", "0".repeat(34)).parse::<Key>(), Err(KeyError::UnknownTag { tag: 7 }));
 }
 
 #[test]
@@ -207,7 +208,8 @@ fn next_crosses_every_boundary() {
         (Key::twophase_file(41), Key::twophase_file(42)),
         (Key::twophase_file(u32::MAX), Key::checkpoint()),
         (Key::checkpoint(), Key::control_file()),
-        (Key::control_file(), Key::MAX),
+        (Key::control_file(), Key::last_commit_timestamp()),
+        (Key::last_commit_timestamp(), Key::MAX),
         (Key::MAX, Key::MAX),
     ];
     for (key, next) in cases {
@@ -222,7 +224,7 @@ fn boundary_keys() -> Vec<Key> {
     let oids = [0, 1, 2, u32::MAX - 1, u32::MAX];
     let relnodes = [1, 2, 3, u32::MAX - 1, u32::MAX];
     let blocks = [0, 1, 2, MAX_BLOCK - 1, MAX_BLOCK].map(BlockNumber);
-    let mut keys = vec![Key::db_dir(), Key::twophase_dir(), Key::checkpoint(), Key::control_file(), Key::MAX];
+    let mut keys = vec![Key::db_dir(), Key::twophase_dir(), Key::checkpoint(), Key::control_file(), Key::last_commit_timestamp(), Key::MAX];
     for spcnode in oids {
         for dbnode in oids {
             keys.push(Key::relmap_file(spcnode, dbnode));
@@ -311,6 +313,7 @@ fn arb_key_kind() -> impl Strategy<Value = KeyKind> {
         1 => arb_u32().prop_map(|xid| KeyKind::TwoPhaseFile { xid }),
         1 => Just(KeyKind::Checkpoint),
         1 => Just(KeyKind::ControlFile),
+        1 => Just(KeyKind::LastCommitTimestamp),
         1 => Just(KeyKind::Max),
     ]
 }

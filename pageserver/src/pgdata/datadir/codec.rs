@@ -1,5 +1,5 @@
-//! Byte forms of the values under the pageserver's non-page keys: directories, sizes and
-//! the checkpoint.
+//! Byte forms of the values under the pageserver's non-page keys: directories, sizes, the
+//! checkpoint and the last commit timestamp.
 //!
 //! A directory is a set, stored whole under one key and rewritten when it changes:
 //!
@@ -22,6 +22,9 @@
 //! [the current counters: a CheckPoint struct, 88 bytes as pg_control's checkPointCopy]
 //! [the latest checkpoint WAL record, whole]
 //! ```
+//!
+//! The last commit timestamp is `[version u8 = 1][TimestampTz i64 LE]` (9 bytes):
+//! PostgreSQL's microseconds since 2000-01-01 00:00 UTC.
 //!
 //! The counters (next xid, OID, multixact and offset, oldest xid and multixact) are kept
 //! current by ingest after every record, so that a basebackup at any LSN can write them
@@ -46,6 +49,8 @@ use proto::{ForkNumber, Lsn, Oid};
 pub const DIRECTORY_VERSION: u8 = 1;
 /// The version of the checkpoint value written by this build.
 pub const CHECKPOINT_VALUE_VERSION: u8 = 2;
+/// The version of the last commit timestamp value written by this build.
+pub const COMMIT_TIMESTAMP_VERSION: u8 = 1;
 
 const HEADER_BYTES: usize = 6;
 
@@ -233,6 +238,26 @@ pub fn decode_block_count(bytes: &[u8]) -> Result<u32, DecodeError> {
     Ok(u32::from_le_bytes(b))
 }
 
+/// The last commit timestamp: a `TimestampTz` (microseconds since 2000-01-01 UTC).
+pub fn encode_commit_timestamp(timestamp: i64) -> Bytes {
+    let mut buf = BytesMut::with_capacity(9);
+    buf.put_u8(COMMIT_TIMESTAMP_VERSION);
+    buf.put_i64_le(timestamp);
+    buf.freeze()
+}
+
+pub fn decode_commit_timestamp(bytes: &[u8]) -> Result<i64, DecodeError> {
+    const WHAT: &str = "commit timestamp";
+    match bytes {
+        [COMMIT_TIMESTAMP_VERSION, rest @ ..] if rest.len() == 8 => {
+            Ok(i64::from_le_bytes(rest.try_into().map_err(|_| err(WHAT, "8 bytes expected"))?))
+        }
+        [COMMIT_TIMESTAMP_VERSION, ..] => Err(err(WHAT, format!("{} bytes, expected 9", bytes.len()))),
+        [version, ..] => Err(err(WHAT, format!("unknown version {version}"))),
+        [] => Err(err(WHAT, "0 bytes")),
+    }
+}
+
 /// The checkpoint value: the latest checkpoint record and the counters as of now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredCheckpoint {
@@ -279,6 +304,17 @@ mod tests {
 
     fn rel(relnode: Oid, fork: u8) -> RelEntry {
         RelEntry { relnode, forknum: ForkNumber::from_u8(fork).unwrap() }
+    }
+
+    #[test]
+    fn commit_timestamps_round_trip_and_bad_ones_are_refused() {
+        let bytes = encode_commit_timestamp(-2);
+        assert_eq!(&bytes[..], &[1, 0xFE, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF]);
+        assert_eq!(decode_commit_timestamp(&bytes), Ok(-2));
+        assert_eq!(decode_commit_timestamp(&encode_commit_timestamp(i64::MAX)), Ok(i64::MAX));
+        assert_eq!(decode_commit_timestamp(&bytes[..8]).unwrap_err().to_string(), "invalid commit timestamp: 8 bytes, expected 9");
+        assert_eq!(decode_commit_timestamp(&[2; 9]).unwrap_err().to_string(), "invalid commit timestamp: unknown version 2");
+        assert_eq!(decode_commit_timestamp(&[]).unwrap_err().to_string(), "invalid commit timestamp: 0 bytes");
     }
 
     #[test]

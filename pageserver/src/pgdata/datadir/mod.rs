@@ -15,6 +15,7 @@
 //! | `pg_twophase/<xid>` | `twophase_file(xid)` | the state file, CRC included |
 //! | the latest checkpoint record, and the counters as of each LSN | `checkpoint` | start LSN, current `CheckPoint`, the WAL record (`codec.rs`) |
 //! | `global/pg_control` | `control_file` | the 8192-byte file as imported |
+//! | (none: when the last commit at or before an LSN happened) | `last_commit_timestamp` | `TimestampTz` (`codec.rs`), never decreasing |
 //!
 //! Decisions:
 //! - **Existence is the directory's word.** Versions are never deleted, so a dropped
@@ -118,6 +119,10 @@ pub(crate) trait ValueSource {
     fn checkpoint(&self) -> Result<Option<StoredCheckpoint>, DatadirError> {
         self.decoded(Key::checkpoint(), |b| codec::decode_checkpoint(&Bytes::copy_from_slice(b)))
     }
+
+    fn last_commit_timestamp(&self) -> Result<Option<i64>, DatadirError> {
+        self.decoded(Key::last_commit_timestamp(), codec::decode_commit_timestamp)
+    }
 }
 
 /// The store at one LSN, read without WAL redo.
@@ -203,14 +208,25 @@ impl<'a> Datadir<'a> {
 
     /// The block of a relation fork, rebuilt at `lsn`. The FSM's blocks are all zeros.
     pub fn get_rel_page(&self, rel: RelTag, blkno: BlockNumber, lsn: Lsn) -> Result<Bytes, DatadirError> {
+        self.get_rel_page_with_cost(rel, blkno, lsn).map(|(page, _)| page)
+    }
+
+    /// `get_rel_page`, and what the read cost: the layers it searched and the records
+    /// replayed on top of the newest image (for the page service's read amplification
+    /// metrics).
+    pub fn get_rel_page_with_cost(&self, rel: RelTag, blkno: BlockNumber, lsn: Lsn) -> Result<(Bytes, ReadCost), DatadirError> {
         if rel.forknum == ForkNumber::Fsm {
-            return Ok(Bytes::from(vec![0u8; PAGE_SIZE_BYTES]));
+            return Ok((Bytes::from(vec![0u8; PAGE_SIZE_BYTES]), ReadCost::default()));
         }
         let key = Key::try_from(proto::KeyKind::RelBlock { rel, blkno })
             .map_err(|e| DatadirError::NotFound { what: format!("block {blkno} of {rel} ({e})"), lsn })?;
-        self.timeline
-            .get(key, lsn, self.reconstructor)?
-            .ok_or_else(|| DatadirError::NotFound { what: format!("block {blkno} of relation {rel}"), lsn })
+        let data = self.timeline.get_reconstruct_data(key, lsn)?;
+        if data.is_empty() {
+            return Err(DatadirError::NotFound { what: format!("block {blkno} of relation {rel}"), lsn });
+        }
+        let cost = ReadCost { layers_visited: data.layers_visited, records_replayed: data.records.len() };
+        let page = self.reconstructor.reconstruct(key, lsn, data).map_err(|error| ReadError::Reconstruct { key, lsn, error })?;
+        Ok((page, cost))
     }
 
     pub fn list_slru_segments(&self, slru: SlruKind, lsn: Lsn) -> Result<BTreeSet<u32>, DatadirError> {
@@ -280,6 +296,31 @@ impl<'a> Datadir<'a> {
     pub fn get_control_file(&self, lsn: Lsn) -> Result<Bytes, DatadirError> {
         self.at(lsn).value(Key::control_file())?.ok_or_else(|| DatadirError::NotFound { what: "control file".into(), lsn })
     }
+
+    /// The last commit at or before `lsn`: the LSN it was stored at (the end of its commit
+    /// record) and its timestamp, the greatest of any commit up to there (`TimestampTz`).
+    /// `None` if no commit was ingested up to `lsn` (on this timeline or, below the branch
+    /// point, its ancestors).
+    pub fn get_last_commit(&self, lsn: Lsn) -> Result<Option<(Lsn, i64)>, DatadirError> {
+        let key = Key::last_commit_timestamp();
+        let data = self.timeline.get_reconstruct_data(key, lsn)?;
+        let corrupt = |reason: String| DatadirError::Corrupt { key, lsn, reason };
+        if let Some((rec_lsn, _)) = data.records.first() {
+            return Err(corrupt(format!("a record at {rec_lsn}, where only whole values are stored")));
+        }
+        match data.image {
+            None => Ok(None),
+            Some((at, bytes)) => Ok(Some((at, codec::decode_commit_timestamp(&bytes).map_err(|e| corrupt(e.to_string()))?))),
+        }
+    }
+}
+
+/// What one page read cost: the layers searched (in-memory and files, across ancestors)
+/// and the records replayed on top of the newest image.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadCost {
+    pub layers_visited: usize,
+    pub records_replayed: usize,
 }
 
 /// The puts of one WAL record (or of an import), gathered so that reads during it see its
@@ -322,6 +363,7 @@ impl<'t> Modification<'t> {
                 let data = ReconstructData {
                     image: Some((self.lsn, img.clone())),
                     records: vec![(self.lsn, Record { will_init, rec: record.encode() })],
+                    ..Default::default()
                 };
                 let page = PgReconstructor::rust_only().reconstruct(key, self.lsn, data)?;
                 self.pending.insert(key, Value::Image(page));
@@ -353,6 +395,11 @@ impl<'t> Modification<'t> {
 
     pub fn put_twophase_dir(&mut self, xids: &BTreeSet<u32>) {
         self.put_image(Key::twophase_dir(), codec::encode_twophase_dir(xids));
+    }
+
+    /// `timestamp` is a `TimestampTz`; callers keep it from decreasing (see `walingest`).
+    pub fn put_last_commit_timestamp(&mut self, timestamp: i64) {
+        self.put_image(Key::last_commit_timestamp(), codec::encode_commit_timestamp(timestamp));
     }
 
     /// How many values are waiting to be put.

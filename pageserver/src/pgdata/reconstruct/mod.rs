@@ -181,6 +181,7 @@ mod tests {
                 (Lsn(20), rec(StoredRecord::ClogSetStatus { status: XidStatus::Committed, xids: vec![3, 4] })),
                 (Lsn(30), rec(StoredRecord::ClogSetStatus { status: XidStatus::Aborted, xids: vec![5] })),
             ],
+            ..Default::default()
         };
         let page = PgReconstructor::rust_only().reconstruct(key, Lsn(30), data).unwrap();
         assert_eq!(&page[..2], &[0b0100_0000, 0b0000_1001]);
@@ -198,6 +199,7 @@ mod tests {
                 (Lsn(20), rec(StoredRecord::VmClear { blocks: vec![(BlockNumber(0), 3), (BlockNumber(5), 2)] })),
                 (Lsn(30), rec(StoredRecord::VmTruncate { heap_blocks: BlockNumber(8) })),
             ],
+            ..Default::default()
         };
         let page = PgReconstructor::rust_only().reconstruct(key, Lsn(30), data).unwrap();
         assert_eq!(&page[24..27], &[0b1111_1100, 0b1111_0111, 0]);
@@ -208,7 +210,11 @@ mod tests {
     fn errors_name_key_and_lsn() {
         let rel = RelTag { spcnode: 1663, dbnode: 5, relnode: 16384, forknum: proto::ForkNumber::Main };
         let key = Key::rel_block(rel, BlockNumber(7));
-        let data = ReconstructData { image: None, records: vec![(Lsn(0x20), rec(StoredRecord::Postgres(Bytes::from_static(b"x"))))] };
+        let data = ReconstructData {
+            image: None,
+            records: vec![(Lsn(0x20), rec(StoredRecord::Postgres(Bytes::from_static(b"x"))))],
+            ..Default::default()
+        };
         let err = PgReconstructor::rust_only().reconstruct(key, Lsn(0x30), data).unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -221,6 +227,7 @@ mod tests {
         let data = ReconstructData {
             image: Some((Lsn(1), Bytes::from(vec![0u8; PAGE_SIZE_BYTES]))),
             records: vec![(Lsn(2), rec(StoredRecord::ClogSetStatus { status: XidStatus::Committed, xids: vec![3] }))],
+            ..Default::default()
         };
         let err = PgReconstructor::rust_only().reconstruct(key, Lsn(2), data.clone()).unwrap_err();
         assert_eq!(err.to_string(), "record at 0/2: a clog set status record does not apply to base/5/16384");
@@ -232,11 +239,16 @@ mod tests {
         let data = ReconstructData {
             image: Some((Lsn(1), Bytes::from(vec![0u8; PAGE_SIZE_BYTES]))),
             records: vec![(Lsn(2), rec(StoredRecord::ClogSetStatus { status: XidStatus::Committed, xids: vec![40000] }))],
+            ..Default::default()
         };
         let err = PgReconstructor::rust_only().reconstruct(Key::slru_block(SlruKind::Clog, 0, BlockNumber(0)), Lsn(2), data).unwrap_err();
         assert_eq!(err.to_string(), "record at 0/2: the status of xid 40000 belongs on segment 0 page 1, not on segment 0 page 0");
         // Whole values never have records.
-        let data = ReconstructData { image: None, records: vec![(Lsn(5), rec(StoredRecord::VmTruncate { heap_blocks: BlockNumber(1) }))] };
+        let data = ReconstructData {
+            image: None,
+            records: vec![(Lsn(5), rec(StoredRecord::VmTruncate { heap_blocks: BlockNumber(1) }))],
+            ..Default::default()
+        };
         let err = PgReconstructor::rust_only().reconstruct(Key::checkpoint(), Lsn(5), data).unwrap_err();
         assert!(err.to_string().contains("holds only whole values, but has a record at 0/5"), "{err}");
     }

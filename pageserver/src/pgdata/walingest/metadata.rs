@@ -1,6 +1,6 @@
 //! Ingest of the records that change more than their blocks (`pgwal::MetadataRecord`):
-//! which relations and databases exist and how long they are, transaction status (CLOG),
-//! multixacts, the relation mapper, prepared transactions, the checkpoint, and
+//! which relations and databases exist and how long they are, transaction status (CLOG)
+//! and the last commit timestamp, multixacts, the relation mapper, prepared transactions, the checkpoint, and
 //! visibility-map bits that heap records clear without registering the map page.
 //!
 //! Each handler does what the record's PostgreSQL redo routine does to the files, in
@@ -83,6 +83,9 @@ impl WalIngest {
     }
 
     fn xact_completion(&mut self, m: &mut Modification<'_>, c: XactCompletion) -> anyhow::Result<()> {
+        if c.kind.is_commit() {
+            self.put_commit_timestamp(m, c.xact_time)?;
+        }
         let status = if c.kind.is_commit() { XidStatus::Committed } else { XidStatus::Aborted };
         // One record per CLOG page: the xid and its subtransactions may span pages.
         let mut pages: BTreeMap<SlruPage, Vec<u32>> = BTreeMap::new();
@@ -104,6 +107,22 @@ impl WalIngest {
                 m.put_twophase_dir(&xids);
             }
         }
+        Ok(())
+    }
+
+    /// Stores the last commit timestamp at this commit's LSN: the greatest timestamp of any
+    /// commit so far, so that it never decreases along the WAL (a backend takes its commit
+    /// timestamp before it inserts the record, so two concurrent commits can reach the WAL
+    /// in the other order). Every commit stores it, so the version's LSN is the end of the
+    /// last commit record, which `lsn_for_timestamp` returns.
+    fn put_commit_timestamp(&mut self, m: &mut Modification<'_>, xact_time: i64) -> anyhow::Result<()> {
+        let stored = match self.last_commit_timestamp {
+            Some(cached) => cached,
+            None => m.last_commit_timestamp()?,
+        };
+        let timestamp = stored.map_or(xact_time, |s| s.max(xact_time));
+        m.put_last_commit_timestamp(timestamp);
+        self.last_commit_timestamp = Some(Some(timestamp));
         Ok(())
     }
 

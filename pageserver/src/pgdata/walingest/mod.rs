@@ -77,6 +77,9 @@ pub struct WalIngest {
     stats: IngestStats,
     /// Where the last record ingested here starts and ends.
     last_record: Option<LastRecord>,
+    /// The stored last commit timestamp as of the last record (`metadata.rs`); loaded from
+    /// the store on the first commit, `Some(None)` if the timeline has none yet.
+    last_commit_timestamp: Option<Option<i64>>,
 }
 
 /// Where a WAL record starts and ends: what a server started at `end` needs as its
@@ -100,6 +103,7 @@ impl WalIngest {
             failed: false,
             stats: IngestStats::default(),
             last_record: None,
+            last_commit_timestamp: None,
         }
     }
 

@@ -307,3 +307,33 @@ fn counters_follow_every_record_and_are_put_only_when_they_change() {
     assert_eq!(earlier.current.next_xid.0, 601);
     assert_eq!(earlier.record_lsn, checkpoint_lsn);
 }
+
+#[test]
+fn commits_store_the_last_commit_timestamp_and_aborts_do_not() {
+    let mut f = Fixture::new();
+    f.ingest(RM_CLOG_ID, CLOG_ZEROPAGE, 0, &le(&[0]));
+    f.check(|d, lsn| assert_eq!(d.get_last_commit(lsn).unwrap(), None, "no commit yet"));
+    let xact = |xact_time: i64| xact_time.to_le_bytes().to_vec();
+    f.ingest(RM_XACT_ID, XLOG_XACT_COMMIT, 700, &xact(1_000));
+    let first = Lsn(f.lsn);
+    f.check(|d, lsn| assert_eq!(d.get_last_commit(lsn).unwrap(), Some((first, 1_000))));
+    // A commit whose timestamp is older (taken before a concurrent one's, inserted after)
+    // keeps the greatest, at its own LSN.
+    f.ingest(RM_XACT_ID, XLOG_XACT_COMMIT, 701, &xact(900));
+    let second = Lsn(f.lsn);
+    f.check(|d, lsn| assert_eq!(d.get_last_commit(lsn).unwrap(), Some((second, 1_000))));
+    f.ingest(RM_XACT_ID, XLOG_XACT_ABORT, 702, &xact(5_000));
+    f.check(|d, lsn| assert_eq!(d.get_last_commit(lsn).unwrap(), Some((second, 1_000)), "an abort is not a commit"));
+    f.ingest(RM_XACT_ID, XLOG_XACT_COMMIT, 703, &xact(2_000));
+    let third = Lsn(f.lsn);
+    f.check(|d, lsn| {
+        assert_eq!(d.get_last_commit(lsn).unwrap(), Some((third, 2_000)));
+        assert_eq!(d.get_last_commit(Lsn(third.0 - 1)).unwrap(), Some((second, 1_000)), "older LSNs keep older values");
+    });
+    // A new ingest (after a restart) continues from the stored value.
+    let mut again = WalIngest::new(f.timeline.clone(), Arc::new(PgReconstructor::rust_only()));
+    let rec = record(f.lsn, RM_XACT_ID, XLOG_XACT_COMMIT, 704, &xact(1_500));
+    f.lsn += 0x40;
+    again.ingest_record(&rec, Lsn(f.lsn)).unwrap();
+    f.check(|d, lsn| assert_eq!(d.get_last_commit(lsn).unwrap(), Some((lsn, 2_000))));
+}

@@ -29,7 +29,7 @@ use std::time::Duration;
 use proto::pagestream::{ErrorCode, PagestreamError, ReadLsns, Request, Response, MESSAGE_BYTES_MAX, PROTOCOL_VERSION};
 use proto::{Lsn, TenantId, TimelineId};
 
-use crate::pgdata::datadir::DatadirError;
+use crate::pgdata::datadir::{DatadirError, ReadCost};
 use crate::pgdata::pageapi::{PageApi, PageApiError};
 use layerstore::tenant::Tenant;
 use layerstore::value::Reconstructor;
@@ -57,11 +57,17 @@ impl TenantRegistry {
     }
 }
 
+/// Told what every page the service serves cost to read (read amplification metrics).
+pub trait ReadObserver: Send + Sync {
+    fn page_read(&self, cost: ReadCost);
+}
+
 pub struct PageService {
     tenants: Arc<TenantRegistry>,
     reconstructor: Arc<dyn Reconstructor>,
     /// How long a request waits for its `not_modified_since` LSN to be ingested.
     wait_lsn_timeout: Duration,
+    observer: Option<Arc<dyn ReadObserver>>,
 }
 
 /// A running page service; stops when [`PageServiceHandle::shutdown`] is called.
@@ -94,7 +100,13 @@ enum ConnectionError {
 
 impl PageService {
     pub fn new(tenants: Arc<TenantRegistry>, reconstructor: Arc<dyn Reconstructor>, wait_lsn_timeout: Duration) -> PageService {
-        PageService { tenants, reconstructor, wait_lsn_timeout }
+        PageService { tenants, reconstructor, wait_lsn_timeout, observer: None }
+    }
+
+    /// Reports the cost of every GetPage served to `observer`.
+    pub fn with_observer(mut self, observer: Arc<dyn ReadObserver>) -> PageService {
+        self.observer = Some(observer);
+        self
     }
 
     /// Serves connections accepted on `listener` until shut down.
@@ -192,9 +204,12 @@ impl PageService {
         let result = match req {
             // The connection loop answers a second Hello itself; this keeps the match total.
             Request::Hello { .. } => return error_response(0, ErrorCode::Protocol, "Hello may only be sent once".into()),
-            Request::GetPage { lsns, rel, blkno, .. } => {
-                api.get_page(rel, blkno, read_lsn(api, lsns), t).map(|page| Response::Page { id, page: page.to_vec() })
-            }
+            Request::GetPage { lsns, rel, blkno, .. } => api.get_page_with_cost(rel, blkno, read_lsn(api, lsns), t).map(|(page, cost)| {
+                if let Some(observer) = &self.observer {
+                    observer.page_read(cost);
+                }
+                Response::Page { id, page: page.to_vec() }
+            }),
             Request::Nblocks { lsns, rel, .. } => {
                 api.get_rel_size(rel, read_lsn(api, lsns), t).map(|nblocks| Response::Nblocks { id, nblocks })
             }

@@ -32,6 +32,17 @@ struct Fixture {
     _dir: tempfile::TempDir,
     _tenant: Arc<Tenant>,
     handle: Option<PageServiceHandle>,
+    reads: Arc<Reads>,
+}
+
+/// Records the cost of every page the service reports.
+#[derive(Default)]
+struct Reads(std::sync::Mutex<Vec<ReadCost>>);
+
+impl ReadObserver for Reads {
+    fn page_read(&self, cost: ReadCost) {
+        self.0.lock().unwrap().push(cost);
+    }
 }
 
 impl Drop for Fixture {
@@ -63,10 +74,12 @@ fn start() -> Fixture {
 
     let registry = Arc::new(TenantRegistry::default());
     registry.insert(Arc::clone(&tenant));
-    let service = Arc::new(PageService::new(registry, Arc::new(PgReconstructor::rust_only()), Duration::from_millis(300)));
+    let reads = Arc::new(Reads::default());
+    let service = PageService::new(registry, Arc::new(PgReconstructor::rust_only()), Duration::from_millis(300));
+    let service = Arc::new(service.with_observer(reads.clone()));
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let handle = service.start(listener).unwrap();
-    Fixture { _dir: dir, _tenant: tenant, handle: Some(handle) }
+    Fixture { _dir: dir, _tenant: tenant, handle: Some(handle), reads }
 }
 
 struct Client {
@@ -138,6 +151,9 @@ fn serves_pages_sizes_and_slru_at_an_lsn() {
     assert_eq!(c.recv(), Some(Response::DbSize { id: 5, size_bytes: 2 * 8192 }));
     c.send(&Request::GetSlruSegment { id: 6, lsns: lsns(0x200, 0x100), kind: SlruKind::Clog, segno: 0 });
     assert_eq!(c.recv(), Some(Response::SlruSegment { id: 6, data: page(9).to_vec() }));
+    // Only the two pages served were reported: each an image in the open layer.
+    let image = ReadCost { layers_visited: 1, records_replayed: 0 };
+    assert_eq!(*f.reads.0.lock().unwrap(), [image, image]);
 }
 
 #[test]

@@ -9,6 +9,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use layerstore::StorageConfig;
+use pageserver_api::time::HumanDuration;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -39,6 +40,17 @@ pub struct PageserverConfig {
     /// At a clean shutdown, how long to wait for uploads to finish after the final flush.
     pub shutdown_upload_timeout_ms: u64,
     pub storage: StorageConfig,
+    /// Whether the pageserver runs compaction, image layer creation and GC on its own
+    /// (`service::background`). Off for tests that trigger them through the API alone.
+    pub background_jobs_enabled: bool,
+    /// How often the background jobs look at every timeline.
+    pub background_job_period_ms: u64,
+    /// How far back in time GC keeps every timeline readable, for tenants that set no
+    /// window of their own (`PUT /v1/tenant/{tenant}/config`): `7d`, `12h`, `30s` ...
+    pub pitr_window: HumanDuration,
+    /// The most key ranges image layer creation rebuilds per timeline and run: bounds the
+    /// work (and the WAL redo) of one run; deeper ranges go first.
+    pub image_creation_ranges_per_run: usize,
 }
 
 impl Default for PageserverConfig {
@@ -56,6 +68,10 @@ impl Default for PageserverConfig {
             eviction_period_ms: 5_000,
             shutdown_upload_timeout_ms: 30_000,
             storage: StorageConfig::default(),
+            background_jobs_enabled: true,
+            background_job_period_ms: 10_000,
+            pitr_window: HumanDuration(Duration::from_secs(7 * 24 * 3600)),
+            image_creation_ranges_per_run: 2,
         }
     }
 }
@@ -77,6 +93,8 @@ impl PageserverConfig {
             "layer_disk_budget_bytes needs remote_storage: without it, local disk holds the only copy of every layer"
         );
         anyhow::ensure!(self.eviction_period_ms > 0, "eviction_period_ms must be positive");
+        anyhow::ensure!(self.background_job_period_ms > 0, "background_job_period_ms must be positive");
+        anyhow::ensure!(self.image_creation_ranges_per_run > 0, "image_creation_ranges_per_run must be at least 1");
         self.storage.validate()
     }
 
@@ -94,6 +112,10 @@ impl PageserverConfig {
 
     pub fn wait_lsn_timeout(&self) -> Duration {
         Duration::from_millis(self.wait_lsn_timeout_ms)
+    }
+
+    pub fn background_job_period(&self) -> Duration {
+        Duration::from_millis(self.background_job_period_ms)
     }
 }
 
@@ -120,5 +142,37 @@ mod tests {
         assert!(conf.validate().unwrap_err().to_string().contains("wal_redo_processes_max"));
         let conf = PageserverConfig { layer_disk_budget_bytes: Some(1 << 30), ..Default::default() };
         assert!(conf.validate().unwrap_err().to_string().contains("needs remote_storage"));
+        let conf = PageserverConfig { background_job_period_ms: 0, ..Default::default() };
+        assert_eq!(conf.validate().unwrap_err().to_string(), "background_job_period_ms must be positive");
+        let conf = PageserverConfig { image_creation_ranges_per_run: 0, ..Default::default() };
+        assert_eq!(conf.validate().unwrap_err().to_string(), "image_creation_ranges_per_run must be at least 1");
+        let err = toml::from_str::<PageserverConfig>("pitr_window = '7 days'").unwrap_err();
+        assert!(err.to_string().contains("invalid duration \"7 days\""), "{err}");
+        let err = toml::from_str::<PageserverConfig>("pitr_window = 3600").unwrap_err();
+        assert!(err.to_string().contains("pitr_window"), "{err}");
+        let err = toml::from_str::<PageserverConfig>("[storage]\nimage_creation_threshold = 0").map(|c| c.validate()).unwrap().unwrap_err();
+        assert_eq!(err.to_string(), "image_creation_threshold must be at least 1");
+    }
+
+    #[test]
+    fn background_jobs_settings() {
+        let conf = PageserverConfig::default();
+        assert!(conf.background_jobs_enabled);
+        assert_eq!((conf.background_job_period(), conf.pitr_window.to_string()), (Duration::from_secs(10), "7d".to_string()));
+        assert_eq!(conf.storage.image_creation_threshold, 3);
+        let conf: PageserverConfig = toml::from_str(
+            "background_jobs_enabled = false\nbackground_job_period_ms = 200\npitr_window = '1s'\n[storage]\nimage_creation_threshold = 1\n",
+        )
+        .unwrap();
+        conf.validate().unwrap();
+        assert!(!conf.background_jobs_enabled);
+        assert_eq!(
+            (conf.background_job_period_ms, conf.pitr_window.0, conf.storage.image_creation_threshold),
+            (200, Duration::from_secs(1), 1)
+        );
+        // What --print-config shows reads back as the same configuration.
+        let printed = toml::to_string(&conf).unwrap();
+        assert!(printed.contains("pitr_window = \"1s\""), "{printed}");
+        assert_eq!(toml::from_str::<PageserverConfig>(&printed).unwrap(), conf);
     }
 }

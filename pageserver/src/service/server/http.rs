@@ -12,6 +12,12 @@
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | `{"sources": [{"host", "port", "user"}, ...]}` (1 to 16, no duplicate host and port, no port 0) or one source `{"host", "port", "user"}`: follow the timeline's WAL over streaming replication from one source at a time, failing over to the next and switching to one with more WAL (application_name `fjord_pageserver`, database `<tenant>/<timeline>`); persisted, restarted when the pageserver starts; 400 with the reason for an invalid list |
 //! | DELETE | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | stop the receiver and forget its source (404 if there is none) |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/basebackup[?lsn=X/X]` | `application/x-tar` data directory to start a compute at the LSN (default: the last record LSN; an explicit one is waited for), header `X-Fjord-Lsn`; 400 below the GC horizon or branch point, 504 if the LSN is not ingested in time |
+//! | GET | `/v1/tenant/{tenant}/config` | the tenant's settings and its PITR window in force |
+//! | PUT | `/v1/tenant/{tenant}/config` | `{"pitr_window"?: "1s"}`: replace the tenant's settings (persisted; an absent field takes the pageserver's default) |
+//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/checkpoint` | freeze the open in-memory layer and flush it: the layers written |
+//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/compact` | `{"force_l0"?, "force_image_layers"?}`: L0 compaction, then image layers where the delta depth asks for them (or everywhere): what was written and removed |
+//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/gc` | `{"pitr_window"?}`: GC with the tenant's PITR window or this one: the cutoff and what was removed |
+//! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/get_lsn_by_timestamp?timestamp=<RFC 3339>` | `{"kind": "present"\|"future"\|"past"\|"nodata", "lsn"}`: the LSN that shows exactly the commits up to the time |
 //! | GET | `/metrics` | Prometheus text format |
 //!
 //! Errors are `{"error": "..."}` with a status code chosen in one place, [`ApiError`].
@@ -26,11 +32,15 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+
+use crate::pgdata::timestamp::LsnForTimestamp;
 use axum::{Json, Router};
 use pageserver_api::models::{
-    BasebackupQuery, ErrorResponse, EvictLayersResponse, ImportRequest, ImportResponse, RemoteStorageStatus, StatusResponse,
-    TenantCreateRequest, TenantCreateResponse, TimelineCreateRequest, TimelineInfo, BASEBACKUP_CONTENT_TYPE,
+    BasebackupQuery, CheckpointResponse, CompactRequest, CompactResponse, ErrorResponse, EvictLayersResponse, GcRequest, GcResponse,
+    ImportRequest, ImportResponse, LsnByTimestampQuery, LsnByTimestampResponse, LsnKind, RemoteStorageStatus, StatusResponse, TenantConfig,
+    TenantConfigInfo, TenantCreateRequest, TenantCreateResponse, TimelineCreateRequest, TimelineInfo, BASEBACKUP_CONTENT_TYPE,
 };
+use pageserver_api::time::HumanDuration;
 use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
 use proto::{TenantId, TimelineId};
 
@@ -154,6 +164,11 @@ pub fn router(ps: Arc<Pageserver>) -> Router {
         .route("/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver", post(start_wal_receiver).delete(stop_wal_receiver))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/basebackup", get(basebackup))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/evict_layers", post(evict_layers))
+        .route("/v1/tenant/{tenant}/config", get(get_tenant_config).put(set_tenant_config))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/compact", post(compact))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/gc", post(gc))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/get_lsn_by_timestamp", get(lsn_by_timestamp))
         .route("/metrics", get(metrics))
         .with_state(ps)
 }
@@ -278,6 +293,97 @@ async fn basebackup(
     Ok((headers, tar).into_response())
 }
 
+fn tenant_config_info(tenant_id: TenantId, (config, effective): (TenantConfig, std::time::Duration)) -> TenantConfigInfo {
+    TenantConfigInfo { tenant_id, config, effective_pitr_window: HumanDuration(effective) }
+}
+
+async fn get_tenant_config(State(ps): State<Arc<Pageserver>>, Path(tenant): Path<String>) -> Result<Json<TenantConfigInfo>, ApiError> {
+    let tenant = parse("tenant id", &tenant)?;
+    Ok(Json(tenant_config_info(tenant, ps.tenant_config(tenant)?)))
+}
+
+async fn set_tenant_config(
+    State(ps): State<Arc<Pageserver>>,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> Result<Json<TenantConfigInfo>, ApiError> {
+    let tenant = parse("tenant id", &tenant)?;
+    let config: TenantConfig = json_body(&body)?;
+    let set = blocking(move || ps.set_tenant_config(tenant, config)).await?;
+    Ok(Json(tenant_config_info(tenant, set)))
+}
+
+async fn checkpoint(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+) -> Result<Json<CheckpointResponse>, ApiError> {
+    let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    let done = blocking(move || ps.checkpoint(tenant, timeline)).await?;
+    Ok(Json(CheckpointResponse {
+        disk_consistent_lsn: done.disk_consistent_lsn,
+        layers_created: done.layers_created.len() as u64,
+        bytes_written: done.bytes_written,
+    }))
+}
+
+async fn compact(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Json<CompactResponse>, ApiError> {
+    let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    let req: CompactRequest = json_body(&body)?;
+    let done = blocking(move || ps.compact(tenant, timeline, req.force_l0, req.force_image_layers)).await?;
+    let (c, i) = (&done.compaction, &done.images);
+    Ok(Json(CompactResponse {
+        l0_layers_removed: c.l0_removed.len() as u64,
+        l1_layers_created: c.l1_created.len() as u64,
+        image_layers_created: i.layers_created.len() as u64,
+        image_ranges: i.ranges.len() as u64,
+        image_ranges_deferred: i.ranges_deferred as u64,
+        image_lsn: (!i.layers_created.is_empty()).then_some(i.lsn),
+        bytes_written: c.bytes_written + i.bytes_written,
+    }))
+}
+
+async fn gc(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Json<GcResponse>, ApiError> {
+    let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    let req: GcRequest = json_body(&body)?;
+    let done = blocking(move || ps.gc(tenant, timeline, req.pitr_window.map(|w| w.0))).await?;
+    Ok(Json(GcResponse {
+        cutoff_lsn: done.result.cutoff,
+        pitr_cutoff: lsn_by_timestamp_response(done.pitr_cutoff),
+        layers_removed: done.result.layers_removed.len() as u64,
+        bytes_removed: done.result.bytes_removed,
+    }))
+}
+
+fn lsn_by_timestamp_response(found: LsnForTimestamp) -> LsnByTimestampResponse {
+    let kind = match found {
+        LsnForTimestamp::Present(_) => LsnKind::Present,
+        LsnForTimestamp::Future(_) => LsnKind::Future,
+        LsnForTimestamp::Past(_) => LsnKind::Past,
+        LsnForTimestamp::NoData(_) => LsnKind::NoData,
+    };
+    LsnByTimestampResponse { kind, lsn: found.lsn() }
+}
+
+async fn lsn_by_timestamp(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<LsnByTimestampResponse>, ApiError> {
+    let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    let query =
+        LsnByTimestampQuery::parse(query.as_deref().unwrap_or("")).map_err(|e| ApiError(ManagementError::BadRequest(e.to_string())))?;
+    let found = blocking(move || ps.lsn_by_timestamp(tenant, timeline, query.timestamp)).await?;
+    Ok(Json(lsn_by_timestamp_response(found)))
+}
+
 /// `pageserver_api::models::LSN_HEADER` in lower case, as `HeaderName::from_static` needs
 /// it; a test checks that they agree.
 const LSN_HEADER_LOWERCASE: &str = "x-fjord-lsn";
@@ -301,6 +407,14 @@ async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError
     let remote_bytes = gauge("pageserver_remote_uploaded_bytes", "Bytes of layer files uploaded since the process started")?;
     let remote_downloads = gauge("pageserver_remote_layers_downloaded", "Evicted layers downloaded again since the process started")?;
     let resident = gauge("pageserver_resident_layer_bytes", "Bytes of layer files on local disk")?;
+    let gc_cutoff = gauge("pageserver_gc_cutoff_lsn", "Reads below this LSN are refused")?;
+    let depth = gauge("pageserver_delta_depth_max", "The most delta layer files a read searches above its newest image layer")?;
+    let by_kind = IntGaugeVec::new(
+        Opts::new("pageserver_timeline_layers", "Layer files of the timeline by kind: l0, l1, image"),
+        &["tenant_id", "timeline_id", "kind"],
+    )
+    .map_err(internal)?;
+    registry.register(Box::new(by_kind.clone())).map_err(internal)?;
     let counter = |name: &str, help: &str, value: u64| -> Result<(), ApiError> {
         let c = prometheus::IntCounter::new(name, help).map_err(internal)?;
         c.inc_by(value);
@@ -337,7 +451,6 @@ async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError
             let labels = [labels[0].as_str(), labels[1].as_str()];
             last.with_label_values(&labels).set(i64::try_from(t.last_record_lsn().0).unwrap_or(i64::MAX));
             disk.with_label_values(&labels).set(i64::try_from(t.disk_consistent_lsn().0).unwrap_or(i64::MAX));
-            layers.with_label_values(&labels).set(i64::try_from(t.layers().len()).unwrap_or(i64::MAX));
             resident.with_label_values(&labels).set(i64::try_from(t.resident_layer_bytes()).unwrap_or(i64::MAX));
             if let Some(r) = t.remote_status() {
                 let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
@@ -347,10 +460,28 @@ async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError
                 remote_bytes.with_label_values(&labels).set(n(r.bytes_uploaded));
                 remote_downloads.with_label_values(&labels).set(n(r.layers_downloaded));
             }
+            let descs = t.layers();
+            layers.with_label_values(&labels).set(i64::try_from(descs.len()).unwrap_or(i64::MAX));
+            gc_cutoff.with_label_values(&labels).set(i64::try_from(t.gc_cutoff_lsn().0).unwrap_or(i64::MAX));
+            depth.with_label_values(&labels).set(i64::try_from(t.delta_depth(&proto::KeyRange::ALL)).unwrap_or(i64::MAX));
+            let files = descs.iter().filter(|d| t.layer_file_size_bytes(d).is_some());
+            let (mut l0, mut l1, mut image) = (0, 0, 0);
+            for d in files {
+                match d.kind {
+                    layerstore::LayerKind::Image => image += 1,
+                    _ if d.is_l0() => l0 += 1,
+                    _ => l1 += 1,
+                }
+            }
+            for (kind, n) in [("l0", l0), ("l1", l1), ("image", image)] {
+                by_kind.with_label_values(&[labels[0], labels[1], kind]).set(n);
+            }
         }
     }
+    let mut families = registry.gather();
+    families.extend(ps.metrics.gather());
     let mut out = Vec::new();
-    TextEncoder::new().encode(&registry.gather(), &mut out).map_err(internal)?;
+    TextEncoder::new().encode(&families, &mut out).map_err(internal)?;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
 }
 
@@ -421,6 +552,9 @@ mod tests {
             r#"{{"tenant_id":"{TENANT}","timeline_id":"{BRANCH}","ancestor_timeline_id":"{TIMELINE}","ancestor_lsn":"0/0","last_record_lsn":"0/0","disk_consistent_lsn":"0/0","gc_cutoff_lsn":"0/0","layers":0,"wal_receiver":null,"system_id":null}}"#
         );
         let timeline_path = format!("/v1/tenant/{TENANT}/timeline/{TIMELINE}");
+        let tenant_config = |config: &str, effective: &str| {
+            format!(r#"{{"tenant_id":"{TENANT}","config":{config},"effective_pitr_window":"{effective}"}}"#)
+        };
         let cases: Vec<(&str, String, Option<String>, u16, String)> = vec![
             ("GET", "/v1/status".into(), None, 200, format!(r#"{{"status":"ok","version":"{version}"}}"#)),
             ("GET", "/v1/tenant".into(), None, 200, "[]".into()),
@@ -545,6 +679,67 @@ mod tests {
                 400,
                 r#"{"error":"unknown query parameter \"at=0/10\"; the only one is lsn=X/X"}"#.into(),
             ),
+            ("GET", format!("/v1/tenant/{TENANT}/config"), None, 200, tenant_config("{}", "7d")),
+            ("PUT", format!("/v1/tenant/{TENANT}/config"), Some(r#"{"pitr_window": "1s"}"#.into()), 200, tenant_config(r#"{"pitr_window":"1s"}"#, "1s")),
+            ("GET", format!("/v1/tenant/{TENANT}/config"), None, 200, tenant_config(r#"{"pitr_window":"1s"}"#, "1s")),
+            ("PUT", format!("/v1/tenant/{TENANT}/config"), None, 200, tenant_config("{}", "7d")),
+            (
+                "PUT",
+                format!("/v1/tenant/{TENANT}/config"),
+                Some(r#"{"pitr_window": "1 week"}"#.into()),
+                400,
+                r#"{"error":"invalid request body: invalid duration \"1 week\" (expected a number and a unit: ms, s, m, h or d, such as 7d or 30s) at line 1 column 25"}"#.into(),
+            ),
+            (
+                "GET",
+                format!("/v1/tenant/{}/config", "4".repeat(32)),
+                None,
+                404,
+                format!(r#"{{"error":"tenant {} not found"}}"#, "4".repeat(32)),
+            ),
+            ("POST", format!("{timeline_path}/checkpoint"), None, 200, r#"{"disk_consistent_lsn":"0/0","layers_created":0,"bytes_written":0}"#.into()),
+            (
+                "POST",
+                format!("{timeline_path}/compact"),
+                Some(r#"{"force_image_layers": true}"#.into()),
+                200,
+                r#"{"l0_layers_removed":0,"l1_layers_created":0,"image_layers_created":0,"image_ranges":0,"image_ranges_deferred":0,"image_lsn":null,"bytes_written":0}"#.into(),
+            ),
+            (
+                "POST",
+                format!("{timeline_path}/compact"),
+                Some(r#"{"force": true}"#.into()),
+                400,
+                r#"{"error":"invalid request body: unknown field `force`, expected `force_l0` or `force_image_layers` at line 1 column 8"}"#.into(),
+            ),
+            (
+                "POST",
+                format!("{timeline_path}/gc"),
+                Some(r#"{"pitr_window": "0s"}"#.into()),
+                200,
+                r#"{"cutoff_lsn":"0/0","pitr_cutoff":{"kind":"nodata","lsn":"0/0"},"layers_removed":0,"bytes_removed":0}"#.into(),
+            ),
+            (
+                "GET",
+                format!("{timeline_path}/get_lsn_by_timestamp?timestamp=2026-11-24T10%3A30%3A00Z"),
+                None,
+                200,
+                r#"{"kind":"nodata","lsn":"0/0"}"#.into(),
+            ),
+            (
+                "GET",
+                format!("{timeline_path}/get_lsn_by_timestamp?timestamp=yesterday"),
+                None,
+                400,
+                r#"{"error":"invalid timestamp \"yesterday\": not in the form YYYY-MM-DDTHH:MM:SS (expected RFC 3339, such as 2026-11-24T10:30:00Z)"}"#.into(),
+            ),
+            (
+                "GET",
+                format!("{timeline_path}/get_lsn_by_timestamp"),
+                None,
+                400,
+                r#"{"error":"missing query parameter timestamp=<RFC 3339>"}"#.into(),
+            ),
             (
                 "GET",
                 format!("{timeline_path}/basebackup?lsn=x"),
@@ -605,6 +800,19 @@ mod tests {
         assert_eq!(status_of(client.stop_wal_receiver(tenant, timeline)).0, 404);
         let at = BasebackupQuery { lsn: Some(Lsn(0x10)) };
         assert_eq!(status_of(client.basebackup(tenant, timeline, &at).map(|b| b.lsn)).0, 409);
+
+        use pageserver_api::models::{CompactRequest, GcRequest, LsnByTimestampQuery, LsnKind, TenantConfig};
+        use pageserver_api::time::HumanDuration;
+        let one_second = Some(HumanDuration(std::time::Duration::from_secs(1)));
+        let set = client.set_tenant_config(tenant, &TenantConfig { pitr_window: one_second }).unwrap();
+        assert_eq!((set.config.pitr_window, set.effective_pitr_window), (one_second, HumanDuration(std::time::Duration::from_secs(1))));
+        assert_eq!(client.tenant_config(tenant).unwrap(), set);
+        assert_eq!(client.checkpoint(tenant, timeline).unwrap().layers_created, 0);
+        assert_eq!(client.compact(tenant, timeline, &CompactRequest::default()).unwrap().image_lsn, None);
+        assert_eq!(client.gc(tenant, timeline, &GcRequest::default()).unwrap().pitr_cutoff.kind, LsnKind::NoData);
+        let now = LsnByTimestampQuery { timestamp: std::time::SystemTime::now() };
+        assert_eq!(client.lsn_by_timestamp(tenant, timeline, &now).unwrap().kind, LsnKind::NoData);
+        assert_eq!(status_of(client.checkpoint(tenant, missing)).0, 404);
     }
 
     #[test]

@@ -1,20 +1,24 @@
 //! The pageserver as a process: configuration, the tenants it serves, the page service and
 //! the HTTP management API. `src/bin/pageserver.rs` is the thin `main` around this.
 //!
+//! Maintenance (checkpoint, compaction, GC) runs in `service::background`'s jobs, on their
+//! own schedule and through the methods here.
+//!
 //! Invariants:
-//! - Every tenant directory under `<workdir>/tenants/` is loaded at start; one that fails
-//!   to load stops the start with an error naming it, rather than serving a partial set.
+//! - Every tenant directory under `<workdir>/tenants/` is loaded at start (with its
+//!   settings file); one that fails to load stops the start with an error naming it,
+//!   rather than serving a partial set.
 //! - Tenant and timeline creation is serialized by one lock, so two requests creating the
 //!   same id cannot both succeed.
 
 pub mod config;
 pub mod http;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use proto::{Lsn, TenantId, TimelineId};
@@ -22,18 +26,23 @@ use proto::{Lsn, TenantId, TimelineId};
 use crate::pgdata::basebackup::{write_basebackup, BasebackupSummary};
 use crate::pgdata::import::{import_datadir, ImportSummary};
 use crate::pgdata::reconstruct::PgReconstructor;
+use crate::pgdata::timestamp::{lsn_for_timestamp, timestamptz_from_system_time, LsnForTimestamp};
 use crate::pgdata::walredo::{WalRedoConfig, WalRedoManager};
+use crate::service::background::{BackgroundJobs, CompactOutcome, GcOutcome, JobSettings, Jobs};
 use crate::service::eviction::{evict_to_budget, EvictionStats};
 use crate::service::ingest_gate::IngestGate;
 use crate::service::localwal::WAL_RECEIVER_SOURCE_FILE;
+use crate::service::metrics::Metrics;
 use crate::service::page_service::{PageService, PageServiceHandle, TenantRegistry};
+use crate::service::tenant_conf::TenantConfs;
 use crate::service::walreceiver::{WalReceiver, WalReceiverStatus, WalSources};
 pub use config::PageserverConfig;
 use layerstore::remote::TenantRemote;
 use layerstore::tenant::Tenant;
 use layerstore::timeline::Timeline;
 use layerstore::value::Reconstructor;
-use layerstore::CreateTimelineError;
+use layerstore::{CreateTimelineError, LayerDesc, WriteError};
+use pageserver_api::models::TenantConfig;
 use remote_storage::RemoteStorage;
 
 pub struct Pageserver {
@@ -55,6 +64,19 @@ pub struct Pageserver {
     eviction: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Keeps a second pageserver off the work directory for the life of this one.
     _lock: crashsafe::DataDirLock,
+    /// Compaction, image layers and GC (`service::background`), for the scheduler and the API.
+    pub jobs: Arc<Jobs>,
+    /// The process's counters and histograms (jobs, read amplification) for `/metrics`.
+    pub metrics: Arc<Metrics>,
+    tenant_confs: Arc<TenantConfs>,
+}
+
+/// What a checkpoint (freeze and flush) did.
+#[derive(Debug, Clone)]
+pub struct CheckpointOutcome {
+    pub disk_consistent_lsn: Lsn,
+    pub layers_created: Vec<LayerDesc>,
+    pub bytes_written: u64,
 }
 
 /// The lock file in the work directory (`crashsafe::DataDirLock`).
@@ -111,6 +133,15 @@ impl Pageserver {
                 Some(storage)
             }
         };
+        // Image layer creation replays records through a pool of its own, so that it never
+        // takes a redo process a GetPage is waiting for.
+        let background_redo = Arc::new(WalRedoManager::new(WalRedoConfig {
+            postgres_bin: conf.pg_bin_dir.join("postgres"),
+            processes_max: 1,
+            request_timeout: conf.wal_redo_timeout(),
+            run_as: None,
+        }));
+        let tenant_confs = Arc::new(TenantConfs::default());
         // Every tenant on local disk, and every tenant remote storage holds (attached from
         // there when the local disk lacks it).
         let mut ids = std::collections::BTreeSet::new();
@@ -143,9 +174,19 @@ impl Pageserver {
                 remote.as_ref(),
             )
             .with_context(|| format!("load tenant {id}"))?;
+            tenant_confs.load(id, tenant.path()).with_context(|| format!("load the settings of tenant {id}"))?;
             tracing::info!(tenant = %id, timelines = tenant.timelines().len(), "loaded tenant");
             registry.insert(Arc::new(tenant));
         }
+        let metrics = Arc::new(Metrics::new());
+        let settings = JobSettings { pitr_window_default: conf.pitr_window.0, image_ranges_per_run: conf.image_creation_ranges_per_run };
+        let jobs = Arc::new(Jobs::new(
+            Arc::clone(&registry),
+            Arc::new(PgReconstructor::new(background_redo)),
+            Arc::clone(&tenant_confs),
+            Arc::clone(&metrics),
+            settings,
+        ));
         Ok(Pageserver {
             conf,
             tenants: registry,
@@ -160,14 +201,28 @@ impl Pageserver {
             stopping: Arc::new(AtomicBool::new(false)),
             eviction: Mutex::new(None),
             _lock: lock,
+            jobs,
+            metrics,
+            tenant_confs,
         })
+    }
+
+    /// Starts the scheduler of compaction, image layers and GC, unless the configuration
+    /// turns it off.
+    pub fn start_background_jobs(&self) -> anyhow::Result<Option<BackgroundJobs>> {
+        if !self.conf.background_jobs_enabled {
+            tracing::info!("background jobs are off (background_jobs_enabled = false)");
+            return Ok(None);
+        }
+        BackgroundJobs::start(Arc::clone(&self.jobs), self.conf.background_job_period()).map(Some)
     }
 
     /// Starts the page service on its configured address.
     pub fn start_page_service(&self) -> anyhow::Result<PageServiceHandle> {
         let listener = TcpListener::bind(self.conf.listen_pg_addr)
             .with_context(|| format!("listen for the page service on {}", self.conf.listen_pg_addr))?;
-        let service = Arc::new(PageService::new(Arc::clone(&self.tenants), Arc::clone(&self.reconstructor), self.conf.wait_lsn_timeout()));
+        let service = PageService::new(Arc::clone(&self.tenants), Arc::clone(&self.reconstructor), self.conf.wait_lsn_timeout());
+        let service = Arc::new(service.with_observer(self.metrics.clone()));
         Ok(service.start(listener)?)
     }
 
@@ -290,6 +345,66 @@ impl Pageserver {
         stats.bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
         stats.micros.fetch_add(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
         Ok((out, summary))
+    }
+
+    /// The tenant's own settings and its PITR window in force.
+    pub fn tenant_config(&self, tenant: TenantId) -> Result<(TenantConfig, Duration), ManagementError> {
+        self.tenant(tenant)?;
+        Ok((self.tenant_confs.get(tenant), self.jobs.pitr_window(tenant)))
+    }
+
+    /// Replaces the tenant's settings, durably, and returns them as `tenant_config` does.
+    pub fn set_tenant_config(&self, tenant: TenantId, config: TenantConfig) -> Result<(TenantConfig, Duration), ManagementError> {
+        let t = self.tenant(tenant)?;
+        self.tenant_confs.store(tenant, t.path(), config)?;
+        tracing::info!(tenant = %tenant, "tenant settings: {:?}", self.tenant_confs.get(tenant));
+        self.tenant_config(tenant)
+    }
+
+    /// Freezes the timeline's open in-memory layer and flushes every frozen one to L0
+    /// layer files. The freeze happens under the ingest gate, between two of the WAL
+    /// receiver's batches, so no record is half put.
+    pub fn checkpoint(&self, tenant: TenantId, timeline: TimelineId) -> Result<CheckpointOutcome, ManagementError> {
+        let t = self.timeline(tenant, timeline)?;
+        let before: HashSet<LayerDesc> = t.layers().into_iter().collect();
+        {
+            let gate = self.ingest_gate(tenant, timeline);
+            let _held = gate.hold();
+            t.freeze().map_err(|e| match e {
+                WriteError::UnpublishedPuts { .. } => {
+                    ManagementError::Conflict(format!("could not freeze timeline {timeline} while data is being written into it: {e}"))
+                }
+                other => ManagementError::Internal(other.into()),
+            })?;
+        }
+        t.flush_frozen_layers()?;
+        let layers_created: Vec<LayerDesc> = t.layers().into_iter().filter(|d| d.is_l0() && !before.contains(d)).collect();
+        let bytes_written = layers_created.iter().filter_map(|d| t.layer_file_size_bytes(d)).sum();
+        Ok(CheckpointOutcome { disk_consistent_lsn: t.disk_consistent_lsn(), layers_created, bytes_written })
+    }
+
+    /// L0 compaction and image layers where needed (see `Jobs::compact`).
+    pub fn compact(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        force_l0: bool,
+        force_images: bool,
+    ) -> Result<CompactOutcome, ManagementError> {
+        let t = self.timeline(tenant, timeline)?;
+        Ok(self.jobs.compact(&*self.tenant(tenant)?, &t, force_l0, force_images)?)
+    }
+
+    /// GC with the tenant's PITR window, or `pitr_window` for this run (see `Jobs::gc`).
+    pub fn gc(&self, tenant: TenantId, timeline: TimelineId, pitr_window: Option<Duration>) -> Result<GcOutcome, ManagementError> {
+        let t = self.timeline(tenant, timeline)?;
+        Ok(self.jobs.gc(&*self.tenant(tenant)?, &t, pitr_window)?)
+    }
+
+    /// Where `at` falls in the timeline's history (`lsn_for_timestamp`).
+    pub fn lsn_by_timestamp(&self, tenant: TenantId, timeline: TimelineId, at: SystemTime) -> Result<LsnForTimestamp, ManagementError> {
+        let t = self.timeline(tenant, timeline)?;
+        lsn_for_timestamp(&t, timestamptz_from_system_time(at)).map_err(|e| ManagementError::Internal(e.into()))
     }
 
     /// Starts following the WAL of `sources` (one at a time, with failover) into the
