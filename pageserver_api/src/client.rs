@@ -208,7 +208,7 @@ impl Client {
         self.decode("POST", &path, response)
     }
 
-    /// `POST .../compact`: L0 compaction and image layers where needed (or forced).
+    /// `POST .../compact`: image layers where needed (or forced), then L0 compaction.
     pub fn compact(&self, tenant: TenantId, timeline: TimelineId, request: &CompactRequest) -> Result<CompactResponse, Error> {
         self.post_json(&format!("{}/compact", timeline_path(tenant, timeline)), request)
     }

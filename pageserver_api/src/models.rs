@@ -330,9 +330,9 @@ pub struct CheckpointResponse {
     pub bytes_written: u64,
 }
 
-/// `POST .../timeline/{timeline}/compact`. An empty body means the defaults: L0
-/// compaction if the L0 layers reached the threshold, image layers where the delta depth
-/// reached `image_creation_threshold`, within the per-run budget.
+/// `POST .../timeline/{timeline}/compact`. An empty body means the defaults: image layers
+/// where the delta depth reached `image_creation_threshold`, within the per-run budget,
+/// then L0 compaction if the L0 layers reached the threshold.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CompactRequest {

@@ -96,7 +96,8 @@ impl Jobs {
     }
 
     /// Makes GC keep every LSN at or above `floor` readable on the timeline (`None` lifts
-    /// it): the hook for read replicas and other readers that GC must not overtake.
+    /// it): the hook for read replicas and other readers that GC must not overtake. Kept in
+    /// memory only: whoever sets it sets it again after a restart.
     pub fn set_gc_retain_floor(&self, tenant: TenantId, timeline: TimelineId, floor: Option<Lsn>) {
         let mut floors = self.retain_floors.lock().unwrap_or_else(|e| e.into_inner());
         match floor {

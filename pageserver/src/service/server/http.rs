@@ -15,7 +15,7 @@
 //! | GET | `/v1/tenant/{tenant}/config` | the tenant's settings and its PITR window in force |
 //! | PUT | `/v1/tenant/{tenant}/config` | `{"pitr_window"?: "1s"}`: replace the tenant's settings (persisted; an absent field takes the pageserver's default) |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/checkpoint` | freeze the open in-memory layer and flush it: the layers written |
-//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/compact` | `{"force_l0"?, "force_image_layers"?}`: L0 compaction, then image layers where the delta depth asks for them (or everywhere): what was written and removed |
+//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/compact` | `{"force_l0"?, "force_image_layers"?}`: image layers where the delta depth asks for them (or everywhere), then L0 compaction: what was written and removed |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/gc` | `{"pitr_window"?}`: GC with the tenant's PITR window or this one: the cutoff and what was removed |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/get_lsn_by_timestamp?timestamp=<RFC 3339>` | `{"kind": "present"\|"future"\|"past"\|"nodata", "lsn"}`: the LSN that shows exactly the commits up to the time |
 //! | GET | `/metrics` | Prometheus text format |
@@ -32,8 +32,6 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-
-use crate::pgdata::timestamp::LsnForTimestamp;
 use axum::{Json, Router};
 use pageserver_api::models::{
     BasebackupQuery, CheckpointResponse, CompactRequest, CompactResponse, ErrorResponse, EvictLayersResponse, GcRequest, GcResponse,
@@ -45,6 +43,7 @@ use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
 use proto::{TenantId, TimelineId};
 
 use super::{ManagementError, Pageserver};
+use crate::pgdata::timestamp::LsnForTimestamp;
 use layerstore::timeline::Timeline;
 
 /// Maps domain errors to HTTP, in one place.

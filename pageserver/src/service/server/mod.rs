@@ -383,7 +383,7 @@ impl Pageserver {
         Ok(CheckpointOutcome { disk_consistent_lsn: t.disk_consistent_lsn(), layers_created, bytes_written })
     }
 
-    /// L0 compaction and image layers where needed (see `Jobs::compact`).
+    /// Image layers where needed, then L0 compaction (see `Jobs::compact`).
     pub fn compact(
         &self,
         tenant: TenantId,
