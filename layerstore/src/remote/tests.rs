@@ -33,6 +33,21 @@ fn storage(dir: &Path) -> RemoteStorage {
     RemoteStorage::from_url(&format!("file://{}/remote", dir.display())).unwrap()
 }
 
+/// A temporary directory with a local-directory store and an empty pageserver directory.
+fn new_store() -> (tempfile::TempDir, RemoteStorage, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let remote = storage(dir.path());
+    let local = dir.path().join("local");
+    std::fs::create_dir(&local).unwrap();
+    (dir, remote, local)
+}
+
+/// What losing the pageserver's disk leaves: an empty directory.
+fn wipe(local: &Path) {
+    std::fs::remove_dir_all(local).unwrap();
+    std::fs::create_dir(local).unwrap();
+}
+
 fn get(t: &Timeline, k: Key, lsn: u64) -> Option<String> {
     t.get(k, Lsn(lsn), &ModelReconstructor).unwrap().map(|b| String::from_utf8(b.to_vec()).unwrap())
 }
@@ -80,10 +95,7 @@ fn assert_index_names_only_existing_objects(storage: &RemoteStorage, timeline: T
 
 #[test]
 fn a_tenant_rebuilt_from_remote_storage_alone_reads_the_same() {
-    let dir = tempfile::tempdir().unwrap();
-    let remote = storage(dir.path());
-    let local = dir.path().join("local");
-    std::fs::create_dir(&local).unwrap();
+    let (_dir, remote, local) = new_store();
     let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
     let main = tenant.create_timeline(MAIN).unwrap();
     let last = write(&main, 0, 5);
@@ -105,8 +117,7 @@ fn a_tenant_rebuilt_from_remote_storage_alone_reads_the_same() {
     drop((main, branch, tenant));
 
     // The pageserver's disk is gone.
-    std::fs::remove_dir_all(&local).unwrap();
-    std::fs::create_dir(&local).unwrap();
+    wipe(&local);
     let tenant = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
     assert_eq!(tenant.remote().unwrap().generation().0, 2);
     let main = tenant.get_timeline(MAIN).unwrap();
@@ -137,18 +148,14 @@ fn a_tenant_rebuilt_from_remote_storage_alone_reads_the_same() {
 
 #[test]
 fn a_corrupt_object_is_detected_and_never_served() {
-    let dir = tempfile::tempdir().unwrap();
-    let remote = storage(dir.path());
-    let local = dir.path().join("local");
-    std::fs::create_dir(&local).unwrap();
+    let (_dir, remote, local) = new_store();
     let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
     let main = tenant.create_timeline(MAIN).unwrap();
     let last = write(&main, 0, 2);
     assert!(main.wait_for_uploads(WAIT));
     tenant.shutdown_remote();
     drop((main, tenant));
-    std::fs::remove_dir_all(&local).unwrap();
-    std::fs::create_dir(&local).unwrap();
+    wipe(&local);
     // Flip one byte in the middle of every layer object.
     for o in remote.list(&format!("tenants/{TENANT}/timelines/{MAIN}")).unwrap() {
         if o.key.contains("index_part") {
@@ -174,8 +181,7 @@ fn a_corrupt_object_is_detected_and_never_served() {
             remote.put(&o.key, Bytes::from(bytes)).unwrap();
         }
     }
-    std::fs::remove_dir_all(&local).unwrap();
-    std::fs::create_dir(&local).unwrap();
+    wipe(&local);
     let err = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote)).err().expect("a corrupt index");
     assert!(format!("{err:#}").contains("is corrupt"), "{err:#}");
 }
