@@ -20,6 +20,13 @@ pub struct StorageConfig {
     /// Open layer size at which `maybe_freeze_and_flush` freezes and flushes it. Bounds the
     /// log to re-ingest after a crash and the size of an L0 delta layer.
     pub checkpoint_distance_bytes: u64,
+    /// Age (since its first put) at which `maybe_freeze_and_flush` freezes and flushes the
+    /// open layer whatever its size. Under a steady trickle of writes the distance alone
+    /// may take hours to fill; this bounds how long new versions stay only in memory, so
+    /// the disk-consistent and remote-consistent LSNs move (and the WAL below them can be
+    /// removed) at least this often. The price is smaller L0 layers, which compaction
+    /// merges. 0 turns it off.
+    pub checkpoint_timeout_ms: u64,
     /// Number of L0 delta layers at which `compact` merges them into L1 layers.
     pub compaction_l0_threshold: usize,
     /// Size at which compaction starts a new L1 delta layer (at a key boundary).
@@ -41,6 +48,7 @@ impl Default for StorageConfig {
             block_size_bytes: 64 * 1024,
             compression_level: 1,
             checkpoint_distance_bytes: 256 * 1024 * 1024,
+            checkpoint_timeout_ms: 60_000,
             compaction_l0_threshold: 10,
             compaction_target_size_bytes: 128 * 1024 * 1024,
             image_layer_target_size_bytes: 128 * 1024 * 1024,

@@ -21,6 +21,7 @@ from fixtures.pagestream import lsn_int
 from fixtures.paths import pg_bin_dir
 from fixtures.pgbench import pgbench
 from fixtures.postgres import wait_until
+from fixtures.remote_index import local_objects, local_reader, newest_index_is_consistent
 
 
 @pytest.fixture
@@ -82,47 +83,18 @@ def wait_ingested(repo: FjordRepo, tenant: str, connstr: str) -> None:
                lambda: any(lsn_int(t["last_record_lsn"]) >= lsn_int(flushed) for t in timelines(repo, tenant)), timeout_s=60)
 
 
-def newest_index_is_consistent(objects: dict[str, int], tenant: str) -> int:
-    """Every layer the newest index of every timeline names is an object of its size;
-    returns how many layers were checked."""
-    import json
-
-    checked = 0
-    prefix = f"tenants/{tenant}/timelines/"
-    timelines_seen = {k[len(prefix):].split("/", 1)[0] for k in objects if k.startswith(prefix)}
-    for tl in timelines_seen:
-        indexes = sorted(k for k in objects if k.startswith(f"{prefix}{tl}/index_part.json-"))
-        if not indexes:
-            continue
-        index = json.loads(objects_reader(indexes[-1]))["index"]
-        for name, layer in index["layers"].items():
-            key = f"{prefix}{tl}/{name}-{layer['generation']:08x}"
-            assert key in objects, f"index {indexes[-1]} names missing object {key}"
-            assert objects[key] == layer["size_bytes"], key
-            checked += 1
-    return checked
-
-
-objects_reader = None  # set per storage kind by the tests below
-
-
-def local_objects(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
-
-
 @pytest.mark.parametrize("storage", ["local", "minio"])
 def test_a_pageserver_that_lost_its_disk_is_rebuilt_from_object_storage(repos, storage, request):
-    global objects_reader
     if storage == "minio":
         minio = request.getfixturevalue("minio")
         repo = repos("--remote-storage", minio.url("fjord"), env=minio.env())
         list_objects = lambda: {k[len("fjord/"):]: size for k, size in minio.list_objects("fjord/")}  # noqa: E731
-        objects_reader = lambda key: minio.get_object(f"fjord/{key}").decode()  # noqa: E731
+        read = lambda key: minio.get_object(f"fjord/{key}").decode()  # noqa: E731
     else:
         repo = repos()
         root = repo.path / "remote_storage"
         list_objects = lambda: local_objects(root)  # noqa: E731
-        objects_reader = lambda key: (root / key).read_text()  # noqa: E731
+        read = local_reader(root)
         assert f'remote_storage = "file://{repo.path.resolve()}/remote_storage"' in (repo.path / "config.toml").read_text()
     tenant = repo.run("tenant", "create").stdout.strip()
     main = repo.run("endpoint", "start", "main").stdout.strip()
@@ -139,7 +111,7 @@ def test_a_pageserver_that_lost_its_disk_is_rebuilt_from_object_storage(repos, s
     want_balances = balances(main)
     # A clean stop flushes and uploads what the pageserver ingested.
     repo.run("stop")
-    assert newest_index_is_consistent(list_objects(), tenant) > 0
+    assert newest_index_is_consistent(list_objects(), read, tenant) > 0
 
     shutil.rmtree(repo.path / "pageserver")
     (repo.path / "pageserver").mkdir()
@@ -158,14 +130,12 @@ def test_a_pageserver_that_lost_its_disk_is_rebuilt_from_object_storage(repos, s
     downloaded = sum(t["remote_storage"]["layers_downloaded"] for t in timelines(repo, tenant))
     assert downloaded > 0, "reads after the rebuild download layers"
     repo.run("stop")
-    assert newest_index_is_consistent(list_objects(), tenant) > 0
+    assert newest_index_is_consistent(list_objects(), read, tenant) > 0
     assert unexpected_lines(repo.log("pageserver.log"), [r"uploads not finished at shutdown"]) == []
 
 
 def test_uploads_retry_while_minio_is_down_and_nothing_is_lost(repos, minio):
-    global objects_reader
     repo = repos("--remote-storage", minio.url("fjord"), env=minio.env())
-    objects_reader = lambda key: minio.get_object(f"fjord/{key}").decode()  # noqa: E731
     tenant = repo.run("tenant", "create").stdout.strip()
     main = repo.run("endpoint", "start", "main").stdout.strip()
     run_pgbench(main, "-i", "-s", "1", "-q")
@@ -189,7 +159,8 @@ def test_uploads_retry_while_minio_is_down_and_nothing_is_lost(repos, minio):
         return all(t["remote_storage"]["queued_operations"] == 0 and t["remote_storage"]["last_error"] is None for t in timelines(repo, tenant))
     wait_until("uploads to catch up after MinIO is back", caught_up, timeout_s=120)
     repo.run("stop")
-    newest_index_is_consistent({k[len("fjord/"):]: s for k, s in minio.list_objects("fjord/")}, tenant)
+    newest_index_is_consistent({k[len("fjord/"):]: s for k, s in minio.list_objects("fjord/")},
+                               lambda key: minio.get_object(f"fjord/{key}").decode(), tenant)
     shutil.rmtree(repo.path / "pageserver")
     (repo.path / "pageserver").mkdir()
     repo.run("start")
@@ -199,10 +170,8 @@ def test_uploads_retry_while_minio_is_down_and_nothing_is_lost(repos, minio):
 
 
 def test_kill_9_during_uploads_loses_no_commit(repos):
-    global objects_reader
     repo = repos()
     root = repo.path / "remote_storage"
-    objects_reader = lambda key: (root / key).read_text()  # noqa: E731
     tenant = repo.run("tenant", "create").stdout.strip()
     main = repo.run("endpoint", "start", "main").stdout.strip()
     run_pgbench(main, "-i", "-s", "2", "-q")
@@ -217,13 +186,13 @@ def test_kill_9_during_uploads_loses_no_commit(repos):
         pid = int((repo.path / "pageserver.pid").read_text())
         os.kill(pid, signal.SIGKILL)
         bench.wait(timeout=60)
-        newest_index_is_consistent(local_objects(root), tenant)
+        newest_index_is_consistent(local_objects(root), local_reader(root), tenant)
         repo.run("start")
     want = dump(main)
     want_balances = balances(main)
     wait_ingested(repo, tenant, main)
     repo.run("stop")
-    newest_index_is_consistent(local_objects(root), tenant)
+    newest_index_is_consistent(local_objects(root), local_reader(root), tenant)
     shutil.rmtree(repo.path / "pageserver")
     (repo.path / "pageserver").mkdir()
     repo.run("start")

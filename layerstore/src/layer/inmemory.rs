@@ -20,6 +20,7 @@ use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use bytes::Bytes;
@@ -56,6 +57,8 @@ pub struct InMemoryLayer {
     path: PathBuf,
     start_lsn: Lsn,
     end_lsn: OnceLock<Lsn>,
+    /// When the layer was created, which is at the timeline's first put after a freeze.
+    created_at: Instant,
     inner: RwLock<Inner>,
 }
 
@@ -75,6 +78,7 @@ impl InMemoryLayer {
             path,
             start_lsn,
             end_lsn: OnceLock::new(),
+            created_at: Instant::now(),
             inner: RwLock::new(Inner { file, size_bytes: 0, index: BTreeMap::new() }),
         })
     }
@@ -91,6 +95,11 @@ impl InMemoryLayer {
     /// An open layer is described as ending at `Lsn::MAX`.
     pub fn desc(&self) -> LayerDesc {
         LayerDesc { kind: LayerKind::Delta, key_range: KeyRange::ALL, lsn_range: self.start_lsn..self.end_lsn().unwrap_or(Lsn::MAX) }
+    }
+
+    /// Time since the layer was created.
+    pub fn age(&self) -> Duration {
+        self.created_at.elapsed()
     }
 
     /// Bytes of values appended so far.

@@ -361,11 +361,20 @@ impl Timeline {
         self.flush_frozen_layers()
     }
 
-    /// Freezes and flushes once the open layer has reached `checkpoint_distance_bytes`.
-    /// Returns whether it did.
+    /// Freezes and flushes once the open layer has reached `checkpoint_distance_bytes` or
+    /// is older than `checkpoint_timeout_ms`. Returns whether it did.
     pub fn maybe_freeze_and_flush(&self) -> anyhow::Result<bool> {
-        if self.open_layer_size_bytes() < self.conf.checkpoint_distance_bytes {
+        let (size, age) = match self.layer_map().open.as_ref() {
+            Some(open) if !open.is_empty() => (open.size_bytes(), open.age()),
+            _ => return Ok(false),
+        };
+        let timeout = self.conf.checkpoint_timeout_ms;
+        let too_old = timeout > 0 && age >= Duration::from_millis(timeout);
+        if size < self.conf.checkpoint_distance_bytes && !too_old {
             return Ok(false);
+        }
+        if too_old && size < self.conf.checkpoint_distance_bytes {
+            tracing::debug!("open layer is {} ms old ({size} bytes): flushing it", age.as_millis());
         }
         self.freeze_and_flush()?;
         Ok(true)

@@ -367,6 +367,28 @@ fn a_corrupt_layer_file_is_reported_not_served() {
 }
 
 #[test]
+fn an_open_layer_older_than_the_checkpoint_timeout_is_flushed_whatever_its_size() {
+    let conf = StorageConfig { checkpoint_timeout_ms: 50, ..StorageConfig::default() };
+    let (_dir, _tenant, t) = setup(conf);
+    assert!(!t.maybe_freeze_and_flush().unwrap(), "no open layer: nothing to flush");
+    put(&t, key(1), 100, rec("abcd"));
+    assert!(!t.maybe_freeze_and_flush().unwrap(), "a fresh layer of 4 bytes stays open");
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    assert!(t.maybe_freeze_and_flush().unwrap());
+    assert_eq!(t.disk_consistent_lsn(), Lsn(100));
+    // The next layer's age starts at its own first put.
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    put(&t, key(1), 101, rec("efgh"));
+    assert!(!t.maybe_freeze_and_flush().unwrap());
+
+    let off = StorageConfig { checkpoint_timeout_ms: 0, ..StorageConfig::default() };
+    let (_dir, _tenant, t) = setup(off);
+    put(&t, key(1), 100, rec("abcd"));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(!t.maybe_freeze_and_flush().unwrap(), "0 turns the timeout off");
+}
+
+#[test]
 fn gc_iteration_uses_the_configured_horizon_and_flushes_by_size() {
     let conf = StorageConfig { gc_horizon_bytes: 10, checkpoint_distance_bytes: 8, ..StorageConfig::default() };
     let (_dir, tenant, t) = setup(conf);

@@ -49,9 +49,9 @@
 //! second fsync per batch). Every source serves the same WAL (a safekeeper only WAL that a
 //! quorum holds), so the bytes received again from another source are the same bytes.
 //!
-//! Layer flushes happen by size (`maybe_freeze_and_flush`) and when WAL pauses
-//! (`IDLE_FLUSH_AFTER`); after each, local segments wholly below the disk-consistent LSN
-//! are deleted.
+//! Layer flushes happen by size and age (`maybe_freeze_and_flush`, also after each
+//! ingested record) and when WAL pauses (`IDLE_FLUSH_AFTER`); whenever the disk-consistent
+//! LSN has moved, local segments wholly below it are deleted.
 //!
 //! **The remote-consistent LSN.** To a safekeeper (one that reported `fjord.safekeeper` at
 //! startup, see `conn.rs`), each status update is followed by fjord's own CopyData message
@@ -425,6 +425,7 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
     let mut last_status = Instant::now() - STATUS_INTERVAL;
     // What this session told the server of the remote-consistent LSN (a safekeeper only).
     let mut remote_consistent_sent = Lsn(0);
+    let mut local_wal_removed_below = Lsn(0);
     // For the idle flush only; `failover` keeps its own time of the last WAL for probing.
     let mut last_data = Instant::now();
     failover.session_started(last_data, wal.written_end());
@@ -537,15 +538,18 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
             });
         }
         let idle_with_unflushed = last_data.elapsed() >= IDLE_FLUSH_AFTER && timeline.disk_consistent_lsn() < timeline.last_record_lsn();
-        let flushed = if idle_with_unflushed { timeline.freeze_and_flush().map(|()| true) } else { timeline.maybe_freeze_and_flush() };
-        match flushed {
-            Ok(true) => {
-                if let Err(e) = wal.remove_below(timeline.disk_consistent_lsn()) {
-                    return Ended::Fatal(e.context("remove local WAL that is in layer files"));
-                }
+        let flushed = if idle_with_unflushed { timeline.freeze_and_flush() } else { timeline.maybe_freeze_and_flush().map(|_| ()) };
+        if let Err(e) = flushed {
+            return Ended::Fatal(e.context("flush ingested WAL to layer files"));
+        }
+        // Ingest itself flushes by size and age after a record, so the disk-consistent LSN
+        // can move without a flush here: compare, not "did this call flush".
+        let disk_consistent = timeline.disk_consistent_lsn();
+        if disk_consistent > local_wal_removed_below {
+            if let Err(e) = wal.remove_below(disk_consistent) {
+                return Ended::Fatal(e.context("remove local WAL that is in layer files"));
             }
-            Ok(false) => {}
-            Err(e) => return Ended::Fatal(e.context("flush ingested WAL to layer files")),
+            local_wal_removed_below = disk_consistent;
         }
         if streaming && last_status.elapsed() >= STATUS_INTERVAL {
             if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut remote_consistent_sent) {
