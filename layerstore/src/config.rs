@@ -23,9 +23,9 @@ pub struct StorageConfig {
     /// Age (since its first put) at which `maybe_freeze_and_flush` freezes and flushes the
     /// open layer whatever its size. Under a steady trickle of writes the distance alone
     /// may take hours to fill; this bounds how long new versions stay only in memory, so
-    /// the disk-consistent and remote-consistent LSNs move (and the WAL below them can be
-    /// removed) at least this often. The price is smaller L0 layers, which compaction
-    /// merges. 0 turns it off.
+    /// the disk-consistent and remote-consistent LSNs move (and the caller can drop its
+    /// log below them) at least this often. The price is smaller L0 layers, which
+    /// compaction merges. 0 turns it off.
     pub checkpoint_timeout_ms: u64,
     /// Number of L0 delta layers at which `compact` merges them into L1 layers.
     pub compaction_l0_threshold: usize,

@@ -413,7 +413,8 @@ def row(r: dict, sks: int) -> str:
             f"{getpage_cell(gp.get('hot'))} | {getpage_cell(gp.get('random'))} | {tl.get('last_record_lsn', 'n/a')} | "
             f"{lsn_gap_mib(tl.get('last_record_lsn'), tl.get('disk_consistent_lsn'))} | "
             f"{lsn_gap_mib(tl.get('last_record_lsn'), tl.get('remote_consistent_lsn'))} | "
-            f"{tl.get('queued_operations', 'n/a')} | {tl.get('layers', 'n/a')} | {mib(d['pageserver'])} | "
+            f"{tl.get('queued_operations', 'n/a')} | {tl.get('layers', 'n/a')} | {mib(tl.get('resident_layer_bytes'))} | "
+            f"{mib(d['pageserver'])} | "
             f"{' / '.join(mib(d[f'sk{i}']) for i in range(1, sks + 1))} | {mib(d['object_storage'])} |")
 
 
@@ -427,6 +428,9 @@ def summarize(readings: list[dict], progress: list, duration: int, sks: int) -> 
     comps = ["pageserver", *[f"sk{i}" for i in range(1, sks + 1)], "object_storage"]
     s["disk"] = {c: {"max": max((r["disk"][c] for r in readings if r["disk"][c] is not None), default=None),
                      "last": readings[-1]["disk"][c] if readings else None} for c in comps}
+    resident = [r["timeline"]["resident_layer_bytes"] for r in readings
+                if (r.get("timeline") or {}).get("resident_layer_bytes") is not None]
+    s["resident_layer_bytes_max"] = max(resident, default=None)
     with_gp = [r for r in readings if (r.get("getpage") or {}).get("hot")]
     for kind in ("hot", "random"):
         s[f"getpage_{kind}_p99_us"] = {"first": with_gp[0]["getpage"][kind]["p99_us"] if with_gp else None,
@@ -453,12 +457,13 @@ def render(result: dict) -> str:
         f"At s: pgbench's clock at the end of the interval; TPS and latency over the interval. GetPage@LSN: µs "
         f"p50 / p99 (requests) at the pageserver's last record LSN; hot = pgbench_branches block 0, random = random "
         f"pgbench_accounts blocks. Not in layers, not uploaded: MiB of WAL from the disk-consistent and the "
-        f"remote-consistent LSN to the last record LSN. Disk in MiB (`du`); safekeepers "
+        f"remote-consistent LSN to the last record LSN. Resident layers: MiB of layer files on the pageserver's "
+        f"disk (what the layer disk budget bounds). Disk in MiB (`du`); safekeepers "
         f"{' / '.join(f'sk{i}' for i in range(1, sks + 1))}.",
         "",
         "| at s | TPS | latency ms | GetPage hot | GetPage random | last record LSN | not in layers | not uploaded | "
-        "upload queue | layers | pageserver | safekeepers | object storage |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "upload queue | layers | resident layers | pageserver | safekeepers | object storage |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *[row(r, sks) for r in result["readings"]],
         "",
     ]
@@ -478,7 +483,9 @@ def render(result: dict) -> str:
     names = {"pageserver": "pageserver", "object_storage": "object storage",
              **{f"sk{i}": f"safekeeper {i}" for i in range(1, sks + 1)}}
     lines.append("- Disk, max / at the end (MiB): " + ", ".join(
-        f"{names[c]} {mib(v['max'])} / {mib(v['last'])}" for c, v in s["disk"].items() if v["last"] is not None) + ".")
+        f"{names[c]} {mib(v['max'])} / {mib(v['last'])}" for c, v in s["disk"].items() if v["last"] is not None) +
+        f"; the pageserver's resident layer files at most {mib(s.get('resident_layer_bytes_max'))} MiB"
+        f" (budget {budget}).")
     if "last_record_lsn" in s:
         lsns = s["last_record_lsn"]
         lines.append(f"- WAL: last record LSN {lsns['first']} → {lsns['last']} "

@@ -187,6 +187,34 @@ fn a_corrupt_object_is_detected_and_never_served() {
 }
 
 #[test]
+fn a_truncated_object_is_detected_and_never_served() {
+    let (_dir, remote, local) = new_store();
+    let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
+    let main = tenant.create_timeline(MAIN).unwrap();
+    let last = write(&main, 0, 2);
+    assert!(main.wait_for_uploads(WAIT));
+    tenant.shutdown_remote();
+    drop((main, tenant));
+    wipe(&local);
+    // Cut the last byte off every layer object (as an interrupted copy would).
+    for o in remote.list(&format!("tenants/{TENANT}/timelines/{MAIN}")).unwrap() {
+        if !o.key.contains("index_part") {
+            let bytes = remote.get(&o.key).unwrap();
+            remote.put(&o.key, bytes.slice(..bytes.len() - 1)).unwrap();
+        }
+    }
+    let tenant = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
+    let main = tenant.get_timeline(MAIN).unwrap();
+    let err = main.get(key(3), Lsn(last), &ModelReconstructor).unwrap_err().to_string();
+    assert!(err.contains("could not download layer") && err.contains("bytes, the remote index says"), "{err}");
+    // Nothing half-downloaded is left to be served later.
+    let names: Vec<String> =
+        std::fs::read_dir(main.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.iter().all(|n| !n.contains("__")), "no layer file may be on disk: {names:?}");
+    tenant.shutdown_remote();
+}
+
+#[test]
 fn a_superseded_attachment_never_deletes() {
     let dir = tempfile::tempdir().unwrap();
     let remote = storage(dir.path());
