@@ -150,7 +150,7 @@ macro_rules! md_call {
         // SAFETY: md.c's functions take exactly the arguments PostgreSQL passed to us, and
         // pg_guard_ffi_boundary turns an ERROR longjmp into a Rust panic that our own
         // #[pg_guard] turns back into the same ERROR.
-        #[allow(unused_unsafe)]
+        #[allow(unused_unsafe, reason = "some expansions are already inside an unsafe block")]
         let result = unsafe { pg_guard_ffi_boundary(|| f($($arg),*)) };
         result
     }};
