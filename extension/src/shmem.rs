@@ -131,7 +131,10 @@ pub fn shared() -> Option<&'static Shared> {
 ///
 /// # Safety
 /// The caller holds the relation-size lock (shared to read, exclusive to write).
-#[allow(clippy::mut_from_ref)]
+#[expect(
+    clippy::mut_from_ref,
+    reason = "the slots live in shared memory past `Shared`, not in it; the relation-size lock, not the borrow, keeps writers exclusive"
+)]
 pub unsafe fn relsize_entries(s: &Shared) -> &mut [RelSizeEntry] {
     unsafe {
         let base = (s as *const Shared).add(1).cast::<RelSizeEntry>().cast_mut();

@@ -59,7 +59,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use pgrx::pg_sys;
 use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
 use pgrx::prelude::*;
-use proto::page::page_is_new;
+use proto::page::{page_flags, page_is_new, page_lower, page_set_lsn, page_special, PAGE_HEADER_BYTES};
 use proto::pagestream::{ErrorCode, ReadLsns, Request, Response};
 use proto::{BlockNumber, ForkNumber, Lsn, RelTag};
 
@@ -150,7 +150,7 @@ macro_rules! md_call {
         // SAFETY: md.c's functions take exactly the arguments PostgreSQL passed to us, and
         // pg_guard_ffi_boundary turns an ERROR longjmp into a Rust panic that our own
         // #[pg_guard] turns back into the same ERROR.
-        #[allow(unused_unsafe)]
+        #[allow(unused_unsafe, reason = "some expansions are already inside an unsafe block")]
         let result = unsafe { pg_guard_ffi_boundary(|| f($($arg),*)) };
         result
     }};
@@ -229,18 +229,8 @@ fn read_lsns(last_written: u64) -> ReadLsns {
 /// reaches by ingesting the record that ends there; the position after the header only
 /// exists once another record is written.
 fn before_page_header(lsn: u64) -> u64 {
-    const XLOG_BLCKSZ: u64 = proto::lsn::WAL_PAGE_SIZE_BYTES;
-    const SHORT_HEADER: u64 = 24;
-    const LONG_HEADER: u64 = 40;
-    // SAFETY: a plain read of a PostgreSQL global set at start-up.
-    let seg_size = u64::try_from(unsafe { pg_sys::wal_segment_size }).unwrap_or(16 << 20);
-    if seg_size > 0 && lsn % seg_size == LONG_HEADER {
-        lsn - LONG_HEADER
-    } else if lsn % XLOG_BLCKSZ == SHORT_HEADER && lsn % seg_size != SHORT_HEADER {
-        lsn - SHORT_HEADER
-    } else {
-        lsn
-    }
+    // fjord requires the default 16 MiB WAL segments (`proto::lsn::WAL_SEGMENT_SIZE_BYTES`).
+    Lsn(lsn).previous_wal_end().0
 }
 
 fn server_error(what: &str, e: ServerError) -> ! {
@@ -319,17 +309,19 @@ fn needs_image(forknum: pg_sys::ForkNumber::Type, page: &[u8]) -> bool {
 /// Its special space is the 4-byte `SEQ_MAGIC`, MAXALIGNed to 8.
 fn is_sequence_page(page: &[u8]) -> bool {
     const SEQ_MAGIC: u32 = 0x1717;
-    let pd_special = usize::from(u16_at(page, 16));
+    let pd_special = usize::from(page_special(page));
     // One line pointer, and the padding after the magic is zero (a GIN page whose
     // right-link happens to be 0x1717 has neither).
-    pd_special == BLCKSZ - 8 && u32_at(page, pd_special) == SEQ_MAGIC && u32_at(page, pd_special + 4) == 0 && u16_at(page, 12) == 28
+    pd_special == BLCKSZ - 8
+        && u32_at(page, pd_special) == SEQ_MAGIC
+        && u32_at(page, pd_special + 4) == 0
+        && usize::from(page_lower(page)) == PAGE_HEADER_BYTES + 4
 }
 
 /// Whether a heap page holds a tuple inserted or deleted by a transaction that is still
 /// running, whose command ids WAL redo would not restore. Pages with special space (every
 /// index access method, sequences) are not heap pages and are skipped.
 fn heap_page_has_running_xids(page: &[u8]) -> bool {
-    const SIZE_OF_PAGE_HEADER: usize = 24;
     const LP_NORMAL: u32 = 1;
     const HEAP_XMAX_KEYSHR_LOCK: u16 = 0x0010;
     const HEAP_XMAX_EXCL_LOCK: u16 = 0x0040;
@@ -342,9 +334,9 @@ fn heap_page_has_running_xids(page: &[u8]) -> bool {
     const HEAP_LOCK_MASK: u16 = HEAP_XMAX_KEYSHR_LOCK | HEAP_XMAX_EXCL_LOCK;
     const FIRST_NORMAL_XID: u32 = 3;
 
-    let pd_lower = usize::from(u16_at(page, 12));
-    let pd_special = usize::from(u16_at(page, 16));
-    if pd_special != BLCKSZ || !(SIZE_OF_PAGE_HEADER..=BLCKSZ).contains(&pd_lower) {
+    let pd_lower = usize::from(page_lower(page));
+    let pd_special = usize::from(page_special(page));
+    if pd_special != BLCKSZ || !(PAGE_HEADER_BYTES..=BLCKSZ).contains(&pd_lower) {
         return false;
     }
     let mut checked: Option<(u32, bool)> = None;
@@ -362,7 +354,7 @@ fn heap_page_has_running_xids(page: &[u8]) -> bool {
         checked = Some((xid, r));
         r
     };
-    for item in (SIZE_OF_PAGE_HEADER..pd_lower).step_by(4) {
+    for item in (PAGE_HEADER_BYTES..pd_lower).step_by(4) {
         if item + 4 > pd_lower {
             break;
         }
@@ -403,8 +395,7 @@ fn restore_build_lsn(r: &RelFork, page: &mut [u8]) {
     }
     if let Some((fake, newest_image)) = cache::build_images(r) {
         if lsn <= newest_image {
-            page[0..4].copy_from_slice(&((fake >> 32) as u32).to_ne_bytes());
-            page[4..8].copy_from_slice(&(fake as u32).to_ne_bytes());
+            page_set_lsn(page, Lsn(fake));
         }
     }
 }
@@ -462,7 +453,7 @@ unsafe fn written_lsn(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::T
 /// position of its eviction instead, which is after that record.
 fn heap_page_all_visible(forknum: pg_sys::ForkNumber::Type, page: &[u8]) -> bool {
     const PD_ALL_VISIBLE: u16 = 0x0004;
-    forknum == pg_sys::ForkNumber::MAIN_FORKNUM && usize::from(u16_at(page, 16)) == BLCKSZ && u16_at(page, 10) & PD_ALL_VISIBLE != 0
+    forknum == pg_sys::ForkNumber::MAIN_FORKNUM && usize::from(page_special(page)) == BLCKSZ && page_flags(page) & PD_ALL_VISIBLE != 0
 }
 
 unsafe fn page_slice<'a>(buffer: *const c_char) -> &'a [u8] {

@@ -14,7 +14,7 @@ use crate::smgr;
 /// `mode` says where pages of permanent relations come from: `pageserver`, or
 /// `passthrough` (md.c, local files) when no pageserver is configured. The counters are totals across all processes since the server started.
 #[pg_extern]
-#[allow(clippy::type_complexity)]
+#[expect(clippy::type_complexity, reason = "pgrx takes a set-returning function's columns as one tuple of `name!` types")]
 fn storage_manager() -> TableIterator<
     'static,
     (
@@ -76,7 +76,7 @@ fn storage_manager() -> TableIterator<
 /// safekeepers report them. `throttled_ms` and `throttled_waits` total the backpressure
 /// (`fjord.max_pageserver_lag`) that commits went through since the server started.
 #[pg_extern]
-#[allow(clippy::type_complexity)]
+#[expect(clippy::type_complexity, reason = "pgrx takes a set-returning function's columns as one tuple of `name!` types")]
 fn walproposer_status() -> TableIterator<
     'static,
     (

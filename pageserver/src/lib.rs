@@ -9,7 +9,8 @@
 //!   WAL in ([`pgdata::walingest`]), a shut-down data directory in ([`pgdata::import`]),
 //!   pages out ([`pgdata::reconstruct`], with PostgreSQL's own redo code in
 //!   [`pgdata::walredo`]'s process pool; [`pgdata::pageapi`]: GetPage@LSN and friends), and
-//!   basebackups ([`pgdata::basebackup`]). No sockets, no threads of its own.
+//!   basebackups ([`pgdata::basebackup`]). No sockets; the only threads it starts read
+//!   the stderr of WAL redo processes, one per process.
 //! - [`service`], the process: configuration, the HTTP management API and the tenants it
 //!   serves ([`service::server`]), the page service over TCP ([`service::page_service`]),
 //!   the WAL receiver that follows the safekeepers ([`service::walreceiver`]) and the local

@@ -153,7 +153,7 @@ fn read_wal(pg_wal: &Path, tli: u32, start: Lsn, end: Lsn) -> Vec<u8> {
     let mut pos = start.0;
     while pos < end.0 {
         let segno = pos / SEGMENT_BYTES;
-        let name = format!("{tli:08X}{:08X}{:08X}", segno / 256, segno % 256);
+        let name = pgwal::segment::segment_file_name(tli, segno, SEGMENT_BYTES);
         let file = std::fs::read(pg_wal.join(&name)).unwrap_or_else(|e| panic!("read {name}: {e}"));
         let from = (pos % SEGMENT_BYTES) as usize;
         let to = (end.0.min((segno + 1) * SEGMENT_BYTES) - segno * SEGMENT_BYTES) as usize;

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use pageserver::pgdata::walredo::{RedoRecord, WalRedoConfig, WalRedoError, WalRedoManager};
 use pgwal::consts::{RM_HEAP_ID, XLOG_HEAP_INSERT, XLOG_HEAP_OPMASK};
 use pgwal::{DecodedRecord, DecoderConfig, WalStreamDecoder};
-use proto::page::page_lsn;
+use proto::page::{page_lower, page_lsn, PAGE_HEADER_BYTES};
 use proto::{BlockNumber, ForkNumber, Lsn, RelTag};
 
 fn postgres_bin() -> PathBuf {
@@ -132,8 +132,7 @@ fn page_histories(min_records: usize, wanted: impl Fn(&DecodedRecord) -> bool) -
 }
 
 fn line_pointers(page: &[u8]) -> usize {
-    let pd_lower = u16::from_le_bytes(page[12..14].try_into().unwrap()) as usize;
-    (pd_lower - 24) / 4
+    (usize::from(page_lower(page)) - PAGE_HEADER_BYTES) / 4
 }
 
 #[test]

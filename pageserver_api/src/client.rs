@@ -18,9 +18,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::models::{
-    BasebackupQuery, CheckpointResponse, CompactRequest, CompactResponse, ErrorResponse, GcRequest, GcResponse, ImportRequest,
-    ImportResponse, LsnByTimestampQuery, LsnByTimestampResponse, StatusResponse, TenantConfig, TenantConfigInfo, TenantCreateRequest,
-    TenantCreateResponse, TimelineCreateRequest, TimelineInfo, WalReceiverRequest, LSN_HEADER,
+    BasebackupQuery, CheckpointResponse, CompactRequest, CompactResponse, ErrorResponse, EvictLayersResponse, GcRequest, GcResponse,
+    ImportRequest, ImportResponse, LsnByTimestampQuery, LsnByTimestampResponse, StatusResponse, TenantConfig, TenantConfigInfo,
+    TenantCreateRequest, TenantCreateResponse, TimelineCreateRequest, TimelineInfo, WalReceiverRequest, LSN_HEADER,
 };
 
 /// At most this much of a non-JSON error body goes into an [`Error::Status`] message.
@@ -203,9 +203,14 @@ impl Client {
 
     /// `POST .../checkpoint`: freeze the open in-memory layer and flush it to a layer file.
     pub fn checkpoint(&self, tenant: TenantId, timeline: TimelineId) -> Result<CheckpointResponse, Error> {
-        let path = format!("{}/checkpoint", timeline_path(tenant, timeline));
-        let response = self.agent.post(self.url(&path)).send_empty();
-        self.decode("POST", &path, response)
+        self.post_empty(&format!("{}/checkpoint", timeline_path(tenant, timeline)))
+    }
+
+    /// `POST .../evict_layers`: deletes the local copy of every layer that remote storage
+    /// holds, so that reads download them again (for tests of downloads and of a cold
+    /// cache; nothing is evicted without remote storage).
+    pub fn evict_layers(&self, tenant: TenantId, timeline: TimelineId) -> Result<EvictLayersResponse, Error> {
+        self.post_empty(&format!("{}/evict_layers", timeline_path(tenant, timeline)))
     }
 
     /// `POST .../compact`: image layers where needed (or forced), then L0 compaction.
@@ -231,6 +236,11 @@ impl Client {
     fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
         let response = self.agent.get(self.url(path)).call();
         self.decode("GET", path, response)
+    }
+
+    fn post_empty<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
+        let response = self.agent.post(self.url(path)).send_empty();
+        self.decode("POST", path, response)
     }
 
     fn post_json<T: DeserializeOwned>(&self, path: &str, request: &impl Serialize) -> Result<T, Error> {

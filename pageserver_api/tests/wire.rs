@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use pageserver_api::client::{Client, Error};
 use pageserver_api::models::{
-    BasebackupQuery, CompactRequest, GcRequest, ImportRequest, ImportResponse, LsnByTimestampQuery, LsnKind, StatusResponse, TenantConfig,
-    TenantCreateRequest, TimelineCreateRequest, TimelineInfo, WalReceiverRequest, WalReceiverState, WalSource, WalSourceList,
+    BasebackupQuery, CompactRequest, EvictLayersResponse, GcRequest, ImportRequest, ImportResponse, LsnByTimestampQuery, LsnKind,
+    StatusResponse, TenantConfig, TenantCreateRequest, TimelineCreateRequest, TimelineInfo, WalReceiverRequest, WalReceiverState,
+    WalSource, WalSourceList,
 };
 use pageserver_api::time::HumanDuration;
 use proto::{Lsn, TenantId, TimelineId};
@@ -225,8 +226,9 @@ fn basebackups_stream_with_their_lsn() {
     assert!(err.to_string().contains("the X-Fjord-Lsn header: invalid LSN: \"yesterday\""), "{err}");
 }
 
-/// The maintenance routes (tenant config, checkpoint, compaction, GC, LSN by timestamp):
-/// the paths and bodies sent, and answers decoded and encoded back to the same bytes.
+/// The maintenance routes (tenant config, checkpoint, layer eviction, compaction, GC, LSN by
+/// timestamp): the paths and bodies sent, and answers decoded and encoded back to the same
+/// bytes.
 #[test]
 fn maintenance_routes() {
     let config = r#"{"tenant_id":"11111111111111111111111111111111","config":{"pitr_window":"1s"},"effective_pitr_window":"1s"}"#;
@@ -248,6 +250,16 @@ fn maintenance_routes() {
     assert_eq!(
         server.requests.lock().unwrap()[0],
         (format!("POST /v1/tenant/{TENANT}/timeline/{TIMELINE}/checkpoint HTTP/1.1"), String::new())
+    );
+
+    let evicted = r#"{"evicted":3,"bytes":24576}"#;
+    let server = serve(200, "", evicted);
+    let done = Client::new(&server.url).evict_layers(tenant(), timeline()).unwrap();
+    assert_eq!(done, EvictLayersResponse { evicted: 3, bytes: 24576 });
+    assert_eq!(serde_json::to_string(&done).unwrap(), evicted);
+    assert_eq!(
+        server.requests.lock().unwrap()[0],
+        (format!("POST /v1/tenant/{TENANT}/timeline/{TIMELINE}/evict_layers HTTP/1.1"), String::new())
     );
 
     let compacted = concat!(

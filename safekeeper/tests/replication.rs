@@ -798,8 +798,7 @@ async fn pg_receivewal_writes_exactly_the_served_wal() {
     let dir = tempfile::tempdir().unwrap();
     // pg_receivewal starts after the newest complete segment in its directory: a dummy
     // segment before the fixture's first makes it start at the fixture's start.
-    // WAL file names: timeline, then the segment number in two halves of 256 segments.
-    let seg = |n: u64| format!("{:08X}{:08X}{:08X}", 1, n / 256, n % 256);
+    let seg = |n: u64| pgwal::segment::segment_file_name(1, n, SEGMENT);
     let first = f.start.0 / SEGMENT;
     std::fs::write(dir.path().join(seg(first - 1)), vec![0u8; SEGMENT as usize]).unwrap();
     let conninfo = format!("host=127.0.0.1 port={} user=fjord options='-c fjord.timeline={}'", server.addr.port(), server.database());

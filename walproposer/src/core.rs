@@ -94,7 +94,6 @@ pub struct Core {
 }
 
 impl Core {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         proposer: Proposer,
         store: WalStore,

@@ -6,7 +6,7 @@
 //! and commit LSN. Removed bytes stay in the `Vec` for the checker, but the core may not
 //! read them nor truncate into them.
 
-#![allow(dead_code)]
+#![allow(dead_code, reason = "each test binary that includes this module uses a different part of it")]
 
 use bytes::Bytes;
 use proto::Lsn;

@@ -5,7 +5,7 @@
 //! failures. `real_safekeepers.rs` and `test_runner/safekeeper/` use real processes.
 //! "Persisting" is applying to memory, which is what the protocol requires of ordering.
 
-#![allow(dead_code)]
+#![allow(dead_code, reason = "each test binary that includes this module uses a different part of it")]
 
 use bytes::{Bytes, BytesMut};
 use proto::Lsn;

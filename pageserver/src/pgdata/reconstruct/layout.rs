@@ -12,7 +12,7 @@
 //! and returns an error rather than writing elsewhere.
 
 use pgwal::parse::visibility_map_location;
-use proto::page::{PAGE_HEADER_BYTES, PAGE_SIZE_BYTES};
+use proto::page::PAGE_SIZE_BYTES;
 use proto::BlockNumber;
 
 /// Pages per SLRU segment file (`SLRU_PAGES_PER_SEGMENT`).
@@ -169,11 +169,7 @@ pub fn vm_truncate_tail(page: &mut [u8], vm_blkno: BlockNumber, heap_blocks: Blo
 /// of a new visibility-map page.
 pub fn page_init() -> Vec<u8> {
     let mut page = vec![0u8; PAGE_SIZE_BYTES];
-    let size = PAGE_SIZE_BYTES as u16;
-    page[12..14].copy_from_slice(&(PAGE_HEADER_BYTES as u16).to_le_bytes()); // pd_lower
-    page[14..16].copy_from_slice(&size.to_le_bytes()); // pd_upper
-    page[16..18].copy_from_slice(&size.to_le_bytes()); // pd_special
-    page[18..20].copy_from_slice(&(size | 4).to_le_bytes()); // pd_pagesize_version: 8192 | version 4
+    proto::page::page_init(&mut page, 0);
     page
 }
 

@@ -807,6 +807,7 @@ mod tests {
         assert_eq!((set.config.pitr_window, set.effective_pitr_window), (one_second, HumanDuration(std::time::Duration::from_secs(1))));
         assert_eq!(client.tenant_config(tenant).unwrap(), set);
         assert_eq!(client.checkpoint(tenant, timeline).unwrap().layers_created, 0);
+        assert_eq!(client.evict_layers(tenant, timeline).unwrap(), EvictLayersResponse::default(), "nothing is remote");
         assert_eq!(client.compact(tenant, timeline, &CompactRequest::default()).unwrap().image_lsn, None);
         assert_eq!(client.gc(tenant, timeline, &GcRequest::default()).unwrap().pitr_cutoff.kind, LsnKind::NoData);
         let now = LsnByTimestampQuery { timestamp: std::time::SystemTime::now() };
