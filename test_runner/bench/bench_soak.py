@@ -561,7 +561,7 @@ def run(a, work: Path, result: dict) -> None:
         result["readings"] = soak.readings
         sks = cluster.safekeepers
         print("| at s | TPS | lat ms | hot p50/p99 µs (n) | random p50/p99 µs (n) | LSN | not in layers | not uploaded | "
-              "queue | layers | pageserver | safekeepers | object storage |", flush=True)
+              "queue | layers | resident | pageserver | safekeepers | object storage |", flush=True)
         wall0 = time.monotonic()
         pgbench = Pgbench(connstr, a.clients, a.duration)
         k = 1
