@@ -2,8 +2,8 @@
 //!
 //! **L0 → L1.** Every flush adds an L0 layer covering all keys, so every read has to
 //! look into every L0 layer. Once `compaction_l0_threshold` of them have piled up,
-//! compaction merges the oldest contiguous run of them (a k-way merge in `(key, lsn)`
-//! order, streaming one block per input at a time) and cuts the output into L1 layers
+//! compaction merges all of them (a k-way merge in `(key, lsn)` order, streaming one
+//! block per input at a time; gaps between them hold no versions, see `compact_level0`) and cuts the output into L1 layers
 //! at key boundaries whenever a layer reaches `compaction_target_size_bytes`. All L1 layers
 //! of one run share the run's LSN range and have disjoint key ranges, so a read looks
 //! into one of them. An L1 layer never covers the whole key space: that is how an L0 layer
@@ -84,16 +84,28 @@ impl Timeline {
         self.compact_level0(false)
     }
 
-    /// Merges the oldest contiguous run of L0 layers into L1 layers; with `force`, even
-    /// below the threshold (a single L0 layer is then just partitioned by key).
+    /// Merges every L0 layer into L1 layers covering their LSN range, from the first
+    /// one's start to the last one's end; with `force`, even below the threshold (a single
+    /// L0 layer is then just partitioned by key).
+    ///
+    /// L0 layers never overlap, but there can be gaps between them, and a gap holds no
+    /// versions: either nothing was put there (a freeze with no open layer, as when WAL
+    /// carried no page changes before an idle flush, moves where the next layer starts)
+    /// or GC removed the layer because image layers at or below the cutoff answer every
+    /// read it allows. An L1 layer spanning a gap is therefore as complete as the L0
+    /// layers: a read never asks a delta layer for versions below a newer image (the
+    /// search's floor, see `layer_map`). Merging only a gapless run, as this once did,
+    /// left every L0 layer after the first gap uncompacted forever.
     pub fn compact_level0(&self, force: bool) -> anyhow::Result<CompactionResult> {
         let _entered = self.span.enter();
         let _exclusive = lock(&self.layer_removal_lock);
-        let mut l0 = self.layer_map().l0_layers();
-        let contiguous = 1 + l0.windows(2).take_while(|w| w[0].desc().lsn_range.end == w[1].desc().lsn_range.start).count();
-        l0.truncate(contiguous);
+        let l0 = self.layer_map().l0_layers();
         if l0.is_empty() || (!force && l0.len() < self.conf.compaction_l0_threshold) {
             return Ok(CompactionResult::default());
+        }
+        for w in l0.windows(2) {
+            let (a, b) = (w[0].desc(), w[1].desc());
+            ensure!(a.lsn_range.end <= b.lsn_range.start, "L0 layers {a} and {b} overlap");
         }
         let lsn_range = l0[0].desc().lsn_range.start..l0[l0.len() - 1].desc().lsn_range.end;
         // Evicted L0 layers are downloaded first; the readers stay open during the merge.

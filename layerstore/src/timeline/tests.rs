@@ -174,6 +174,31 @@ fn compaction_partitions_l0_into_l1_without_changing_answers() {
 }
 
 #[test]
+fn compaction_merges_l0_layers_across_a_gap_left_by_a_freeze_with_nothing_to_flush() {
+    let (_dir, _tenant, t) = setup(hostile());
+    put(&t, key(1), 10, img("a"));
+    t.freeze_and_flush().unwrap();
+    // The log moves on without a page change (say a checkpoint record), then an idle flush:
+    // nothing to write, but the next layer starts above that LSN.
+    t.advance_last_record_lsn(Lsn(20)).unwrap();
+    t.freeze_and_flush().unwrap();
+    assert_eq!(t.disk_consistent_lsn(), Lsn(20));
+    put(&t, key(1), 30, rec("b"));
+    t.freeze_and_flush().unwrap();
+    put(&t, key(2), 40, img("x"));
+    t.freeze_and_flush().unwrap();
+    let l0: Vec<_> = t.layers().into_iter().filter(|d| d.is_l0()).collect();
+    assert_eq!(l0.len(), 3);
+    assert!(l0[0].lsn_range.end < l0[1].lsn_range.start, "a gap between the first two: {l0:?}");
+    let result = t.compact().unwrap();
+    assert_eq!(result.l0_removed.len(), 3, "every L0 layer, across the gap: {result:?}");
+    assert!(t.layers().iter().all(|d| !d.is_l0()));
+    assert_eq!(get(&t, key(1), 25).as_deref(), Some("a"));
+    assert_eq!(get(&t, key(1), 40).as_deref(), Some("ab"));
+    assert_eq!(get(&t, key(2), 40).as_deref(), Some("x"));
+}
+
+#[test]
 fn compaction_never_writes_an_l1_layer_covering_all_keys() {
     let (_dir, _tenant, t) = setup(StorageConfig::default());
     let last = Key::last_commit_timestamp();
