@@ -1,7 +1,10 @@
-//! Local disk as a cache of remote storage: when the layer files on local disk pass the
-//! configured budget, layers that remote storage holds are evicted, least recently used
-//! first, until the total is at 90% of the budget (so eviction does not run again at the
-//! next write). Reads download evicted layers again (`layerstore::layer::LayerFile`).
+//! Local disk as a cache of remote storage: when the layer files on local disk pass 90% of
+//! the configured budget, layers that remote storage holds are evicted, least recently
+//! used first, until the total is at 80% (so eviction does not run again at the next
+//! write). The checks are periodic: the top tenth of the budget is the room for what
+//! flushes, compaction and downloads add between two checks, so that the budget holds
+//! as a ceiling, not as a trigger. Reads download evicted layers again
+//! (`layerstore::layer::LayerFile`).
 //!
 //! Invariant: only layers whose upload completed are evicted (`Timeline::evictable_layers`),
 //! so eviction never deletes the only copy of a version. Layers not yet uploaded count
@@ -22,16 +25,18 @@ pub struct EvictionStats {
     pub resident_bytes: AtomicU64,
 }
 
-/// The total at which eviction stops, as a fraction of the budget.
-const LOW_WATERMARK_PERCENT: u64 = 90;
+/// The total above which eviction starts, as a percentage of the budget.
+const HIGH_WATERMARK_PERCENT: u64 = 90;
+/// The total at which eviction stops, as a percentage of the budget.
+const LOW_WATERMARK_PERCENT: u64 = 80;
 
-/// One check: evicts down to the low watermark if `tenants`' layers pass `budget_bytes`.
+/// One check: evicts down to the low watermark if `tenants`' layers pass the high one.
 /// Returns the bytes evicted.
 pub fn evict_to_budget(tenants: &[Arc<Tenant>], budget_bytes: u64, stats: &EvictionStats) -> u64 {
     let timelines: Vec<_> = tenants.iter().flat_map(|t| t.timelines()).collect();
     let resident: u64 = timelines.iter().map(|t| t.resident_layer_bytes()).sum();
     stats.resident_bytes.store(resident, Ordering::Relaxed);
-    if resident <= budget_bytes {
+    if resident <= budget_bytes / 100 * HIGH_WATERMARK_PERCENT {
         return 0;
     }
     stats.runs.fetch_add(1, Ordering::Relaxed);

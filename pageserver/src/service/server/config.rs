@@ -31,8 +31,8 @@ pub struct PageserverConfig {
     /// (credentials from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`). Unset: local disk
     /// only, the pageserver's one copy.
     pub remote_storage: Option<String>,
-    /// Local disk budget for layer files. Above it, layers that remote storage holds are
-    /// evicted, least recently used first, down to 90% of it; reads download them again.
+    /// Local disk budget for layer files. Above 90% of it, layers that remote storage holds
+    /// are evicted, least recently used first, down to 80%; reads download them again.
     /// Unset: no budget. Needs `remote_storage`.
     pub layer_disk_budget_bytes: Option<u64>,
     /// How often eviction checks the budget.
