@@ -25,6 +25,7 @@ use remote_storage::RemoteStorage;
 
 use crate::config::StorageConfig;
 use crate::error::CreateTimelineError;
+use crate::layer::DiskBudget;
 use crate::remote::{IndexPart, RemoteTimelineClient, TenantRemote};
 use crate::timeline::{GcResult, Timeline, TimelineMetadata};
 
@@ -58,17 +59,18 @@ impl Tenant {
         conf: StorageConfig,
         foreign_entries: &'static [&'static str],
     ) -> anyhow::Result<Tenant> {
-        Tenant::create_with_remote(tenants_dir, tenant_id, conf, foreign_entries, None)
+        Tenant::create_with_remote(tenants_dir, tenant_id, conf, foreign_entries, None, None)
     }
 
     /// `create`, with remote storage: refused if remote storage already holds the tenant
-    /// (attach it instead, by loading).
+    /// (attach it instead, by loading). `disk_budget` as for `load_with_remote`.
     pub fn create_with_remote(
         tenants_dir: &Path,
         tenant_id: TenantId,
         conf: StorageConfig,
         foreign_entries: &'static [&'static str],
         remote: Option<&RemoteStorage>,
+        disk_budget: Option<Arc<dyn DiskBudget>>,
     ) -> anyhow::Result<Tenant> {
         conf.validate()?;
         let path = tenants_dir.join(tenant_id.to_string());
@@ -81,7 +83,7 @@ impl Tenant {
             }
         }
         create_tenant_dir(&path)?;
-        Tenant::load_with_remote(tenants_dir, tenant_id, conf, foreign_entries, remote)
+        Tenant::load_with_remote(tenants_dir, tenant_id, conf, foreign_entries, remote, disk_budget)
     }
 
     /// Loads a tenant and all its timelines from `tenants_dir`. Entries of timeline
@@ -92,20 +94,23 @@ impl Tenant {
         conf: StorageConfig,
         foreign_entries: &'static [&'static str],
     ) -> anyhow::Result<Tenant> {
-        Tenant::load_with_remote(tenants_dir, tenant_id, conf, foreign_entries, None)
+        Tenant::load_with_remote(tenants_dir, tenant_id, conf, foreign_entries, None, None)
     }
 
     /// `load`, attached to remote storage: claims a new generation, creates the local
     /// directories of timelines (and of the tenant) that only remote storage holds from
     /// their indexes, loads, and connects every timeline to its upload queue
     /// (`Timeline::attach_remote`). With an empty local directory this rebuilds the tenant
-    /// from remote storage alone; its layers are downloaded when reads need them.
+    /// from remote storage alone; its layers are downloaded when reads need them. With a
+    /// `disk_budget`, every download of an evicted layer asks it to make room first
+    /// (`layer::DiskBudget`); it is ignored without remote storage (nothing is evicted).
     pub fn load_with_remote(
         tenants_dir: &Path,
         tenant_id: TenantId,
         conf: StorageConfig,
         foreign_entries: &'static [&'static str],
         remote: Option<&RemoteStorage>,
+        disk_budget: Option<Arc<dyn DiskBudget>>,
     ) -> anyhow::Result<Tenant> {
         conf.validate()?;
         let conf = Arc::new(conf);
@@ -115,7 +120,7 @@ impl Tenant {
         let timelines_dir = path.join(TIMELINES_DIR);
         let remote = match remote {
             None => None,
-            Some(storage) => Some(TenantRemote::attach(storage.clone(), tenant_id)?),
+            Some(storage) => Some(TenantRemote::attach(storage.clone(), tenant_id)?.with_disk_budget(disk_budget)),
         };
         let mut indexes: BTreeMap<TimelineId, IndexPart> = BTreeMap::new();
         if let Some(remote) = &remote {

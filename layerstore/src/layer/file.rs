@@ -8,16 +8,30 @@
 //! and reopens it. A reader that took its `LayerReader` before an eviction keeps reading
 //! the unlinked file through its open descriptor.
 //!
+//! **Disk budget.** A `RemoteCopy` may carry the caller's `DiskBudget`. Before a download,
+//! `reader()` asks it to make room for the layer's bytes (the caller evicts other layers,
+//! least recently used first), and tells it when the download is over, so that the bytes
+//! of downloads in flight are counted until the layer counts as resident. The budget only
+//! makes room: a download it could not make room for still happens (a read never fails
+//! because of the budget).
+//!
+//! Lock order: `make_room` is called with no lock of this layer held, and whatever the
+//! budget does must not block on another layer's `state` (it evicts with `try_evict`, and
+//! `is_resident` reads an atomic). So two threads downloading layers X and Y, each making
+//! room by evicting the other, cannot deadlock: neither holds a layer lock while it
+//! makes room, and neither waits for one while making it.
+//!
 //! Invariants:
 //! - A layer is evicted only once its upload has completed (`remote` is set), so the only
 //!   local copy of a version is never deleted.
 //! - One download per layer at a time (`state` is held across it); concurrent readers of
 //!   an evicted layer wait for the one download instead of starting their own.
+//! - `resident` mirrors `state.is_some()`; it is changed only with `state` held.
 //! - The description, path and size never change; residency does.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -35,10 +49,40 @@ pub trait LayerDownload: Send + Sync + fmt::Debug {
     fn download(&self, desc: &LayerDesc, path: &Path) -> anyhow::Result<()>;
 }
 
+/// The caller's bound on the bytes of layer files on local disk, consulted before each
+/// download of an evicted layer.
+pub trait DiskBudget: Send + Sync + fmt::Debug {
+    /// Called before `downloading` (evicted, `incoming_bytes` long) is downloaded, with no
+    /// lock of any layer held: evicts other layers so that what is resident plus
+    /// `incoming_bytes` (and the downloads in flight) fits, if it can. It must not evict
+    /// `downloading`, nor block on a layer that is in use (`LayerFile::try_evict`). It
+    /// cannot refuse: the download follows whatever it did.
+    fn make_room(&self, incoming_bytes: u64, downloading: &LayerFile);
+
+    /// Called once after each `make_room`, when that download is over (succeeded, failed,
+    /// or found that another reader had downloaded the layer meanwhile). A successful
+    /// download is resident (`is_resident`) by then.
+    fn download_done(&self, incoming_bytes: u64, downloading: &LayerFile);
+}
+
 /// Where a layer is kept remotely: set once its upload completed (or at attach).
 #[derive(Debug, Clone)]
 pub struct RemoteCopy {
     pub download: Arc<dyn LayerDownload>,
+    /// Consulted before each download, if the caller bounds local disk.
+    pub budget: Option<Arc<dyn DiskBudget>>,
+}
+
+/// Tells the budget that a download is over when dropped, on every path out of `reader()`.
+struct Admission<'a> {
+    budget: &'a dyn DiskBudget,
+    layer: &'a LayerFile,
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        self.budget.download_done(self.layer.size_bytes, self.layer);
+    }
 }
 
 /// Process-wide clock for least-recently-used eviction: milliseconds since first use.
@@ -53,6 +97,8 @@ pub struct LayerFile {
     size_bytes: u64,
     /// The open file, or `None` while evicted.
     state: Mutex<Option<Arc<LayerReader>>>,
+    /// Whether `state` holds the open file, readable without waiting for a download.
+    resident: AtomicBool,
     remote: OnceLock<RemoteCopy>,
     last_access_ms: AtomicU64,
     downloads: AtomicU64,
@@ -82,6 +128,7 @@ impl LayerFile {
             path: reader.path().to_path_buf(),
             size_bytes: reader.file_size_bytes(),
             state: Mutex::new(Some(Arc::new(reader))),
+            resident: AtomicBool::new(true),
             remote: OnceLock::new(),
             last_access_ms: AtomicU64::new(now_ms()),
             downloads: AtomicU64::new(0),
@@ -96,6 +143,7 @@ impl LayerFile {
             path,
             size_bytes,
             state: Mutex::new(None),
+            resident: AtomicBool::new(false),
             remote: OnceLock::new(),
             last_access_ms: AtomicU64::new(0),
             downloads: AtomicU64::new(0),
@@ -116,8 +164,10 @@ impl LayerFile {
         self.size_bytes
     }
 
+    /// Whether the layer is on local disk; never waits (a layer being downloaded is not
+    /// resident until the download is done).
     pub fn is_resident(&self) -> bool {
-        lock(&self.state).is_some()
+        self.resident.load(Ordering::SeqCst)
     }
 
     /// Whether remote storage holds this layer (its upload completed, or it came from there).
@@ -141,16 +191,31 @@ impl LayerFile {
     }
 
     /// The open file, downloading it first if it is evicted.
+    ///
+    /// Making room comes before this layer's `state` is locked (see the module doc): the
+    /// budget is called with no layer lock held, then the lock is taken and residency
+    /// checked again, since another reader may have downloaded the layer meanwhile (the
+    /// room made for it is then left free). Readers that arrive during the download wait
+    /// on the lock and find the layer resident, without asking the budget.
     pub fn reader(&self) -> Result<Arc<LayerReader>, LayerError> {
         self.last_access_ms.store(now_ms(), Ordering::Relaxed);
-        let mut state = lock(&self.state);
-        if let Some(reader) = &*state {
+        if let Some(reader) = &*lock(&self.state) {
             return Ok(Arc::clone(reader));
         }
         let remote = self.remote.get().ok_or_else(|| LayerError::Download {
             path: self.path.clone(),
             reason: "the layer is neither on local disk nor in remote storage".into(),
         })?;
+        // Declared before `state`, so dropped after it: the layer is resident before the
+        // budget stops counting the download.
+        let _admission = remote.budget.as_deref().map(|budget| {
+            budget.make_room(self.size_bytes, self);
+            Admission { budget, layer: self }
+        });
+        let mut state = lock(&self.state);
+        if let Some(reader) = &*state {
+            return Ok(Arc::clone(reader));
+        }
         tracing::info!("downloading evicted layer {}", self.desc);
         remote
             .download
@@ -166,16 +231,34 @@ impl LayerFile {
         }
         self.downloads.fetch_add(1, Ordering::Relaxed);
         *state = Some(Arc::clone(&reader));
+        self.resident.store(true, Ordering::SeqCst);
         Ok(reader)
     }
 
     /// Deletes the local copy if remote storage holds the layer; returns whether it did.
-    /// Readers that already hold the open file keep it.
+    /// Readers that already hold the open file keep it. Waits for a download of this
+    /// layer in progress; eviction to a budget uses `try_evict`.
     pub fn evict(&self) -> std::io::Result<bool> {
         if self.remote.get().is_none() {
             return Ok(false);
         }
-        let mut state = lock(&self.state);
+        self.evict_locked(lock(&self.state))
+    }
+
+    /// `evict`, but never waits: a layer whose state is locked (being downloaded, or
+    /// handed to a reader right now) is in use and left alone (`Ok(false)`).
+    pub fn try_evict(&self) -> std::io::Result<bool> {
+        if self.remote.get().is_none() {
+            return Ok(false);
+        }
+        match self.state.try_lock() {
+            Ok(state) => self.evict_locked(state),
+            Err(std::sync::TryLockError::Poisoned(e)) => self.evict_locked(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => Ok(false),
+        }
+    }
+
+    fn evict_locked(&self, mut state: std::sync::MutexGuard<'_, Option<Arc<LayerReader>>>) -> std::io::Result<bool> {
         if state.is_none() {
             return Ok(false);
         }
@@ -185,6 +268,7 @@ impl LayerFile {
             Err(e) => return Err(e),
         }
         *state = None;
+        self.resident.store(false, Ordering::SeqCst);
         Ok(true)
     }
 

@@ -32,7 +32,7 @@ use proto::{Key, KeyRange, Lsn};
 
 use crate::error::LayerError;
 use crate::value::ValueCollector;
-pub use file::{LayerDownload, LayerFile, RemoteCopy};
+pub use file::{DiskBudget, LayerDownload, LayerFile, RemoteCopy};
 pub use inmemory::InMemoryLayer;
 pub use name::{LayerDesc, LayerKind, LayerNameError};
 pub use reader::LayerReader;

@@ -210,3 +210,98 @@ fn renamed_file_is_refused() {
     let err = LayerFile::open(&new_path).unwrap_err();
     assert!(err.to_string().contains("the file name another layer"), "{err}");
 }
+
+/// Copies a layer from `from` (the "remote" copy), after `gate` opens if there is one.
+#[derive(Debug)]
+struct GatedCopy {
+    from: std::path::PathBuf,
+    started: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+    gate: Option<std::sync::Mutex<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl LayerDownload for GatedCopy {
+    fn download(&self, _desc: &LayerDesc, path: &Path) -> anyhow::Result<()> {
+        let _ = self.started.lock().unwrap().send(());
+        if let Some(gate) = &self.gate {
+            gate.lock().unwrap().recv()?;
+        }
+        fs::copy(&self.from, path)?;
+        Ok(())
+    }
+}
+
+/// Makes room by trying to evict every layer it knows but the one being downloaded,
+/// resident or not (`try_evict` must not wait even for a layer being downloaded).
+#[derive(Debug, Default)]
+struct EvictOthers {
+    layers: std::sync::Mutex<Vec<std::sync::Arc<LayerFile>>>,
+    made_room_for: std::sync::Mutex<Vec<(u64, LayerDesc)>>,
+}
+
+impl DiskBudget for EvictOthers {
+    fn make_room(&self, incoming_bytes: u64, downloading: &LayerFile) {
+        self.made_room_for.lock().unwrap().push((incoming_bytes, downloading.desc().clone()));
+        for layer in self.layers.lock().unwrap().iter().filter(|l| l.path() != downloading.path()) {
+            layer.try_evict().unwrap();
+        }
+    }
+
+    fn download_done(&self, _incoming_bytes: u64, _downloading: &LayerFile) {}
+}
+
+/// Thread A downloads layer X (holding X's state); thread B downloads layer Y and makes
+/// room by evicting every other layer, X included. B must not wait for A's download.
+#[test]
+fn making_room_never_waits_for_a_layer_being_downloaded() {
+    use std::sync::mpsc::channel;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let remote_dir = dir.path().join("remote");
+    fs::create_dir(&remote_dir).unwrap();
+    let budget = Arc::new(EvictOthers::default());
+    let (x_file, x_expected) = write_delta(dir.path());
+    let (y_file, y_expected) = write_image(dir.path());
+    let (gate_tx, gate_rx) = channel();
+    let (started_tx, started_rx) = channel();
+    let mut evicted = Vec::new();
+    for (file, gate) in [(x_file, Some(Mutex::new(gate_rx))), (y_file, None)] {
+        let from = remote_dir.join(file.desc().file_name());
+        fs::rename(file.path(), &from).unwrap();
+        let download = Arc::new(GatedCopy { from, started: Mutex::new(started_tx.clone()), gate });
+        let remote = RemoteCopy { download, budget: Some(budget.clone()) };
+        evicted.push(Arc::new(LayerFile::evicted(file.path().to_path_buf(), file.desc().clone(), file.file_size_bytes(), remote)));
+    }
+    let (x, y) = (Arc::clone(&evicted[0]), Arc::clone(&evicted[1]));
+    budget.layers.lock().unwrap().extend(evicted.iter().cloned());
+
+    let a = std::thread::spawn({
+        let x = Arc::clone(&x);
+        move || x.reader().map(|r| r.file_size_bytes())
+    });
+    started_rx.recv_timeout(Duration::from_secs(30)).expect("A's download started");
+    assert!(!x.is_resident(), "residency is known without waiting for the download");
+    assert!(!x.try_evict().unwrap(), "a layer being downloaded is left alone");
+    let (b_done_tx, b_done_rx) = channel();
+    let b = std::thread::spawn({
+        let y = Arc::clone(&y);
+        move || {
+            let r = y.reader().map(|r| r.file_size_bytes());
+            b_done_tx.send(()).unwrap();
+            r
+        }
+    });
+    b_done_rx.recv_timeout(Duration::from_secs(30)).expect("B made room and downloaded while A's download is still running");
+    assert_eq!(b.join().unwrap().unwrap(), y.file_size_bytes());
+    gate_tx.send(()).unwrap();
+    assert_eq!(a.join().unwrap().unwrap(), x.file_size_bytes());
+    assert!(x.is_resident() && y.is_resident());
+    for (layer, expected) in [(&x, &x_expected), (&y, &y_expected)] {
+        for (k, versions) in expected {
+            assert_eq!(&layer.get(*k).unwrap(), versions);
+        }
+    }
+    let asked = budget.made_room_for.lock().unwrap().clone();
+    assert_eq!(asked, vec![(x.file_size_bytes(), x.desc().clone()), (y.file_size_bytes(), y.desc().clone())]);
+}

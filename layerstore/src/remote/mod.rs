@@ -45,7 +45,7 @@ use proto::{Lsn, TenantId, TimelineId};
 use remote_storage::{Backoff, RemoteError, RemoteStorage};
 use serde::{Deserialize, Serialize};
 
-use crate::layer::{LayerDesc, LayerDownload, LayerFile, RemoteCopy};
+use crate::layer::{DiskBudget, LayerDesc, LayerDownload, LayerFile, RemoteCopy};
 pub use index::{IndexLayer, IndexPart, INDEX_FORMAT_VERSION};
 
 const INDEX_PREFIX: &str = "index_part.json-";
@@ -73,6 +73,8 @@ pub struct TenantRemote {
     storage: RemoteStorage,
     tenant_id: TenantId,
     generation: Generation,
+    /// Consulted before each download of an evicted layer (`DiskBudget`), if set.
+    disk_budget: Option<Arc<dyn DiskBudget>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -101,10 +103,15 @@ impl TenantRemote {
             let who = format!("{{\"pid\": {}, \"claimed_at_unix_s\": {}}}\n", std::process::id(), unix_now_s());
             if storage.put_if_absent(&key, Bytes::from(who))? {
                 tracing::info!(tenant_id = %tenant_id, "attached to remote storage {storage} as generation {}", Generation(next));
-                return Ok(TenantRemote { storage, tenant_id, generation: Generation(next) });
+                return Ok(TenantRemote { storage, tenant_id, generation: Generation(next), disk_budget: None });
             }
             next += 1;
         }
+    }
+
+    /// Downloads of this tenant's evicted layers make room under `budget` first.
+    pub fn with_disk_budget(self, budget: Option<Arc<dyn DiskBudget>>) -> TenantRemote {
+        TenantRemote { disk_budget: budget, ..self }
     }
 
     pub fn generation(&self) -> Generation {
@@ -295,7 +302,8 @@ impl RemoteTimelineClient {
         lock(&self.state).projected.layers.iter().map(|(n, l)| (n.clone(), *l)).collect()
     }
 
-    /// How a layer named in the projected index is brought back after eviction.
+    /// How a layer named in the projected index is brought back after eviction (under the
+    /// tenant's disk budget, if it has one).
     pub fn remote_copy(&self, layer: IndexLayer) -> RemoteCopy {
         RemoteCopy {
             download: Arc::new(RemoteLayer {
@@ -304,6 +312,7 @@ impl RemoteTimelineClient {
                 layer,
                 downloads: Arc::clone(&self.downloads),
             }),
+            budget: self.remote.disk_budget.clone(),
         }
     }
 

@@ -96,7 +96,7 @@ fn assert_index_names_only_existing_objects(storage: &RemoteStorage, timeline: T
 #[test]
 fn a_tenant_rebuilt_from_remote_storage_alone_reads_the_same() {
     let (_dir, remote, local) = new_store();
-    let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
+    let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote), None).unwrap();
     let main = tenant.create_timeline(MAIN).unwrap();
     let last = write(&main, 0, 5);
     main.compact().unwrap();
@@ -118,7 +118,7 @@ fn a_tenant_rebuilt_from_remote_storage_alone_reads_the_same() {
 
     // The pageserver's disk is gone.
     wipe(&local);
-    let tenant = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
+    let tenant = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote), None).unwrap();
     assert_eq!(tenant.remote().unwrap().generation().0, 2);
     let main = tenant.get_timeline(MAIN).unwrap();
     let branch = tenant.get_timeline(BRANCH).unwrap();
@@ -149,7 +149,7 @@ fn a_tenant_rebuilt_from_remote_storage_alone_reads_the_same() {
 #[test]
 fn a_corrupt_object_is_detected_and_never_served() {
     let (_dir, remote, local) = new_store();
-    let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
+    let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote), None).unwrap();
     let main = tenant.create_timeline(MAIN).unwrap();
     let last = write(&main, 0, 2);
     assert!(main.wait_for_uploads(WAIT));
@@ -166,7 +166,7 @@ fn a_corrupt_object_is_detected_and_never_served() {
         bytes[mid] ^= 0x40;
         remote.put(&o.key, Bytes::from(bytes)).unwrap();
     }
-    let tenant = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
+    let tenant = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote), None).unwrap();
     let main = tenant.get_timeline(MAIN).unwrap();
     let err = main.get(key(3), Lsn(last), &ModelReconstructor).unwrap_err().to_string();
     assert!(err.contains("could not download layer") && err.contains("checksum"), "{err}");
@@ -182,14 +182,14 @@ fn a_corrupt_object_is_detected_and_never_served() {
         }
     }
     wipe(&local);
-    let err = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote)).err().expect("a corrupt index");
+    let err = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote), None).err().expect("a corrupt index");
     assert!(format!("{err:#}").contains("is corrupt"), "{err:#}");
 }
 
 #[test]
 fn a_truncated_object_is_detected_and_never_served() {
     let (_dir, remote, local) = new_store();
-    let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
+    let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote), None).unwrap();
     let main = tenant.create_timeline(MAIN).unwrap();
     let last = write(&main, 0, 2);
     assert!(main.wait_for_uploads(WAIT));
@@ -203,7 +203,7 @@ fn a_truncated_object_is_detected_and_never_served() {
             remote.put(&o.key, bytes.slice(..bytes.len() - 1)).unwrap();
         }
     }
-    let tenant = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote)).unwrap();
+    let tenant = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote), None).unwrap();
     let main = tenant.get_timeline(MAIN).unwrap();
     let err = main.get(key(3), Lsn(last), &ModelReconstructor).unwrap_err().to_string();
     assert!(err.contains("could not download layer") && err.contains("bytes, the remote index says"), "{err}");
@@ -221,13 +221,13 @@ fn a_superseded_attachment_never_deletes() {
     let (local1, local2) = (dir.path().join("one"), dir.path().join("two"));
     std::fs::create_dir(&local1).unwrap();
     std::fs::create_dir(&local2).unwrap();
-    let first = Tenant::create_with_remote(&local1, TENANT, conf(), &[], Some(&remote)).unwrap();
+    let first = Tenant::create_with_remote(&local1, TENANT, conf(), &[], Some(&remote), None).unwrap();
     let main = first.create_timeline(MAIN).unwrap();
     let last = write(&main, 0, 3);
     assert!(main.wait_for_uploads(WAIT));
     let want = snapshot(&main, 1, last);
     // A second pageserver attaches the same tenant by mistake.
-    let second = Tenant::load_with_remote(&local2, TENANT, conf(), &[], Some(&remote)).unwrap();
+    let second = Tenant::load_with_remote(&local2, TENANT, conf(), &[], Some(&remote), None).unwrap();
     assert_eq!(second.remote().unwrap().generation().0, 2);
     // The first compacts: its deletions must not happen, and it stops.
     main.compact_level0(true).unwrap();
@@ -242,4 +242,76 @@ fn a_superseded_attachment_never_deletes() {
     }
     assert_eq!(snapshot(&main2, 1, last), want);
     let _ = Arc::clone(&main2);
+}
+
+/// What a `DiskBudget` was told, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum BudgetCall {
+    /// `make_room(bytes, layer)`, and whether the layer was on local disk at the call.
+    MakeRoom {
+        bytes: u64,
+        layer: crate::layer::LayerDesc,
+        on_disk: bool,
+    },
+    Done {
+        bytes: u64,
+        layer: crate::layer::LayerDesc,
+        resident: bool,
+    },
+}
+
+#[derive(Debug, Default)]
+struct RecordingBudget {
+    calls: std::sync::Mutex<Vec<BudgetCall>>,
+}
+
+impl crate::layer::DiskBudget for RecordingBudget {
+    fn make_room(&self, incoming_bytes: u64, downloading: &crate::layer::LayerFile) {
+        let call = BudgetCall::MakeRoom { bytes: incoming_bytes, layer: downloading.desc().clone(), on_disk: downloading.path().exists() };
+        self.calls.lock().unwrap().push(call);
+    }
+
+    fn download_done(&self, incoming_bytes: u64, downloading: &crate::layer::LayerFile) {
+        let call = BudgetCall::Done { bytes: incoming_bytes, layer: downloading.desc().clone(), resident: downloading.is_resident() };
+        self.calls.lock().unwrap().push(call);
+    }
+}
+
+#[test]
+fn every_download_asks_the_disk_budget_for_room_first_with_the_layer_size() {
+    let (_dir, remote, local) = new_store();
+    let budget = Arc::new(RecordingBudget::default());
+    let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote), Some(budget.clone())).unwrap();
+    let main = tenant.create_timeline(MAIN).unwrap();
+    let last = write(&main, 0, 4);
+    assert!(main.wait_for_uploads(WAIT));
+    let want = snapshot(&main, 1, last);
+    assert!(budget.calls.lock().unwrap().is_empty(), "resident layers are read without asking the budget");
+    let evicted = main.evictable_layers();
+    assert!(evicted.len() >= 2, "{evicted:?}");
+    let sizes: std::collections::HashMap<_, _> = evicted.iter().map(|l| (l.desc().clone(), l.file_size_bytes())).collect();
+    for layer in &evicted {
+        assert!(layer.evict().unwrap());
+    }
+    assert_eq!(snapshot(&main, 1, last), want);
+    let calls = budget.calls.lock().unwrap().clone();
+    let downloads: u64 = evicted.iter().map(|l| l.download_count()).sum();
+    assert_eq!(calls.len() as u64, 2 * downloads, "one make_room and one download_done per download: {calls:?}");
+    let mut asked = std::collections::HashSet::new();
+    for pair in calls.chunks(2) {
+        let (BudgetCall::MakeRoom { bytes, layer, on_disk }, BudgetCall::Done { bytes: done_bytes, layer: done_layer, resident }) =
+            (&pair[0], &pair[1])
+        else {
+            panic!("make_room then download_done: {pair:?}");
+        };
+        assert_eq!(Some(bytes), sizes.get(layer), "make_room is asked for the size of the layer being downloaded");
+        assert!(!on_disk, "make_room comes before the download of {layer}");
+        assert_eq!((done_bytes, done_layer, resident), (bytes, layer, &true), "download_done after the layer is resident");
+        asked.insert(layer.clone());
+    }
+    assert_eq!(asked.len() as u64, downloads, "each layer is downloaded (and asked for) once");
+    // Layers read again while resident do not ask again.
+    assert_eq!(snapshot(&main, 1, last), want);
+    assert_eq!(budget.calls.lock().unwrap().len(), calls.len());
+    tenant.shutdown_remote();
 }

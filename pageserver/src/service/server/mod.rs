@@ -29,7 +29,7 @@ use crate::pgdata::reconstruct::PgReconstructor;
 use crate::pgdata::timestamp::{lsn_for_timestamp, timestamptz_from_system_time, LsnForTimestamp};
 use crate::pgdata::walredo::{WalRedoConfig, WalRedoManager};
 use crate::service::background::{BackgroundJobs, CompactOutcome, GcOutcome, JobSettings, Jobs};
-use crate::service::eviction::{evict_to_budget, EvictionStats};
+use crate::service::eviction::{EvictionStats, LayerDiskBudget};
 use crate::service::ingest_gate::IngestGate;
 use crate::service::localwal::WAL_RECEIVER_SOURCE_FILE;
 use crate::service::metrics::Metrics;
@@ -37,6 +37,7 @@ use crate::service::page_service::{PageService, PageServiceHandle, TenantRegistr
 use crate::service::tenant_conf::TenantConfs;
 use crate::service::walreceiver::{WalReceiver, WalReceiverStatus, WalSources};
 pub use config::PageserverConfig;
+use layerstore::layer::DiskBudget;
 use layerstore::remote::TenantRemote;
 use layerstore::tenant::Tenant;
 use layerstore::timeline::Timeline;
@@ -58,6 +59,9 @@ pub struct Pageserver {
     /// Object storage under the local disk, if configured.
     remote: Option<RemoteStorage>,
     pub eviction_stats: Arc<EvictionStats>,
+    /// `layer_disk_budget_bytes`, given to every tenant so that downloads make room first,
+    /// and checked periodically by the eviction thread.
+    disk_budget: Option<Arc<LayerDiskBudget>>,
     /// Each timeline's PostgreSQL system identifier, once read (`http::system_id`).
     pub(crate) system_ids: Mutex<HashMap<(TenantId, TimelineId), u64>>,
     stopping: Arc<AtomicBool>,
@@ -165,6 +169,9 @@ impl Pageserver {
             }
         }
         let registry = Arc::new(TenantRegistry::default());
+        let eviction_stats = Arc::new(EvictionStats::default());
+        let disk_budget =
+            conf.layer_disk_budget_bytes.map(|b| Arc::new(LayerDiskBudget::new(Arc::downgrade(&registry), b, Arc::clone(&eviction_stats))));
         for id in ids {
             let tenant = Tenant::load_with_remote(
                 &tenants_dir,
@@ -172,6 +179,7 @@ impl Pageserver {
                 conf.storage.clone(),
                 crate::service::localwal::TIMELINE_DIR_ENTRIES,
                 remote.as_ref(),
+                disk_budget.clone().map(|b| b as Arc<dyn DiskBudget>),
             )
             .with_context(|| format!("load tenant {id}"))?;
             tenant_confs.load(id, tenant.path()).with_context(|| format!("load the settings of tenant {id}"))?;
@@ -196,7 +204,8 @@ impl Pageserver {
             ingest_gates: Mutex::new(HashMap::new()),
             basebackup_stats: BasebackupStats::default(),
             remote,
-            eviction_stats: Arc::new(EvictionStats::default()),
+            eviction_stats,
+            disk_budget,
             system_ids: Mutex::new(HashMap::new()),
             stopping: Arc::new(AtomicBool::new(false)),
             eviction: Mutex::new(None),
@@ -245,6 +254,7 @@ impl Pageserver {
             self.conf.storage.clone(),
             crate::service::localwal::TIMELINE_DIR_ENTRIES,
             self.remote.as_ref(),
+            self.disk_budget.clone().map(|b| b as Arc<dyn DiskBudget>),
         )?);
         self.tenants.insert(Arc::clone(&tenant));
         tracing::info!(tenant = %id, "created tenant");
@@ -487,17 +497,17 @@ impl Pageserver {
         self.receivers.lock().unwrap_or_else(|p| p.into_inner()).get(&(tenant, timeline)).map(WalReceiver::status)
     }
 
-    /// Starts the thread that keeps layer files under `layer_disk_budget_bytes` (if set).
+    /// Starts the thread that checks `layer_disk_budget_bytes` (if set) periodically;
+    /// downloads make room under it without the thread (`service::eviction`).
     pub fn start_eviction(&self) {
-        let Some(budget) = self.conf.layer_disk_budget_bytes else { return };
-        let (tenants, stats, stopping) = (Arc::clone(&self.tenants), Arc::clone(&self.eviction_stats), Arc::clone(&self.stopping));
+        let Some(budget) = self.disk_budget.clone() else { return };
+        let stopping = Arc::clone(&self.stopping);
         let period = std::time::Duration::from_millis(self.conf.eviction_period_ms);
         let handle = std::thread::Builder::new()
             .name("eviction".into())
             .spawn(move || {
                 while !stopping.load(Ordering::SeqCst) {
-                    let all: Vec<Arc<Tenant>> = tenants.ids().into_iter().filter_map(|id| tenants.get(id)).collect();
-                    evict_to_budget(&all, budget, &stats);
+                    budget.check();
                     let mut slept = std::time::Duration::ZERO;
                     while slept < period && !stopping.load(Ordering::SeqCst) {
                         let step = std::time::Duration::from_millis(100).min(period - slept);
