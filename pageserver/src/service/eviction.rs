@@ -217,3 +217,205 @@ impl DiskBudget for LayerDiskBudget {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    //! The budget as a ceiling for downloads, on a tenant whose remote storage is a local
+    //! directory: every layer is evicted, then reads bring them back under a budget of a
+    //! few layers.
+
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use layerstore::timeline::Timeline;
+    use layerstore::value::{ModelReconstructor, Value};
+    use layerstore::StorageConfig;
+    use proto::{BlockNumber, ForkNumber, Key, Lsn, RelTag, TenantId, TimelineId};
+    use remote_storage::RemoteStorage;
+
+    use super::*;
+
+    const TENANT: TenantId = TenantId([0x5A; 16]);
+    const MAIN: TimelineId = TimelineId([0xA5; 16]);
+    const KEYS_PER_LAYER: u32 = 6;
+    const WAIT: Duration = Duration::from_secs(30);
+
+    fn key(blk: u32) -> Key {
+        Key::rel_block(RelTag { spcnode: 1663, dbnode: 5, relnode: 16384, forknum: ForkNumber::Main }, BlockNumber(blk))
+    }
+
+    /// 3000 bytes that do not compress, different for every key.
+    fn payload(blk: u32) -> Bytes {
+        let mut x = u64::from(blk).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        Bytes::from(
+            (0..3000)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect::<Vec<u8>>(),
+        )
+    }
+
+    /// The LSN at which layer `round` was flushed: its images are the newest there.
+    fn round_lsn(round: u32) -> Lsn {
+        Lsn(u64::from(round + 1) * u64::from(KEYS_PER_LAYER))
+    }
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        _registry: Arc<TenantRegistry>,
+        budget: Arc<LayerDiskBudget>,
+        stats: Arc<EvictionStats>,
+        tenant: Arc<Tenant>,
+        timeline: Arc<Timeline>,
+        rounds: u32,
+    }
+
+    impl Drop for Setup {
+        fn drop(&mut self) {
+            self.tenant.shutdown_remote();
+        }
+    }
+
+    /// `rounds` uploaded layers of `KEYS_PER_LAYER` images each, all evicted, in a tenant
+    /// attached again under a budget that `budget_bytes` picks from the layer sizes.
+    fn setup(rounds: u32, budget_bytes: impl FnOnce(&[u64]) -> u64) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let remote = RemoteStorage::from_url(&format!("file://{}/remote", dir.path().display())).unwrap();
+        let local: PathBuf = dir.path().join("local");
+        std::fs::create_dir(&local).unwrap();
+        let sizes = {
+            let tenant = Tenant::create_with_remote(&local, TENANT, StorageConfig::default(), &[], Some(&remote), None).unwrap();
+            let timeline = tenant.create_timeline(MAIN).unwrap();
+            let mut lsn = 0;
+            for round in 0..rounds {
+                for k in 0..KEYS_PER_LAYER {
+                    lsn += 1;
+                    let blk = round * KEYS_PER_LAYER + k;
+                    timeline.put(key(blk), Lsn(lsn), &Value::Image(payload(blk))).unwrap();
+                }
+                timeline.advance_last_record_lsn(Lsn(lsn)).unwrap();
+                assert_eq!(Lsn(lsn), round_lsn(round));
+                timeline.freeze_and_flush().unwrap();
+            }
+            assert!(timeline.wait_for_uploads(WAIT));
+            let sizes: Vec<u64> = timeline.layers().iter().filter_map(|d| timeline.layer_file_size_bytes(d)).collect();
+            assert_eq!(sizes.len() as u32, rounds, "one layer per round");
+            tenant.shutdown_remote();
+            sizes
+        };
+        let registry = Arc::new(TenantRegistry::default());
+        let stats = Arc::new(EvictionStats::default());
+        let budget = Arc::new(LayerDiskBudget::new(Arc::downgrade(&registry), budget_bytes(&sizes), Arc::clone(&stats)));
+        let dyn_budget: Arc<dyn DiskBudget> = budget.clone();
+        let tenant =
+            Arc::new(Tenant::load_with_remote(&local, TENANT, StorageConfig::default(), &[], Some(&remote), Some(dyn_budget)).unwrap());
+        registry.insert(Arc::clone(&tenant));
+        let timeline = tenant.get_timeline(MAIN).unwrap();
+        assert!(timeline.wait_for_uploads(WAIT));
+        for layer in timeline.evictable_layers() {
+            assert!(layer.evict().unwrap());
+        }
+        assert_eq!(timeline.resident_layer_bytes(), 0, "every layer evicted");
+        Setup { _dir: dir, _registry: registry, budget, stats, tenant, timeline, rounds }
+    }
+
+    fn read(timeline: &Timeline, blk: u32, lsn: Lsn) {
+        let got = timeline.get(key(blk), lsn, &ModelReconstructor).unwrap();
+        assert_eq!(got, Some(payload(blk)), "key {blk} at {lsn}");
+    }
+
+    fn downloads(timeline: &Timeline) -> u64 {
+        timeline.remote_status().unwrap().layers_downloaded
+    }
+
+    #[test]
+    fn downloads_make_room_and_resident_layers_never_pass_the_budget() {
+        // Room for three of the ten layers.
+        let s = setup(10, |sizes| 3 * sizes.iter().max().unwrap());
+        let (t, budget) = (&s.timeline, s.budget.budget_bytes());
+        let last = round_lsn(s.rounds - 1);
+        // Each read at a layer's own LSN needs that layer only; every key at the last LSN
+        // walks the layers above its own. Forwards, then backwards, then everything at once.
+        let mut reads = 0;
+        for pass in 0..2 {
+            for round in 0..s.rounds {
+                let round = if pass == 0 { round } else { s.rounds - 1 - round };
+                for k in 0..KEYS_PER_LAYER {
+                    read(t, round * KEYS_PER_LAYER + k, round_lsn(round));
+                    reads += 1;
+                    let resident = t.resident_layer_bytes();
+                    assert!(resident <= budget, "read {reads}: {resident} bytes resident, budget {budget}");
+                }
+            }
+        }
+        for blk in 0..s.rounds * KEYS_PER_LAYER {
+            read(t, blk, last);
+            let resident = t.resident_layer_bytes();
+            assert!(resident <= budget, "key {blk} at the last LSN: {resident} bytes resident, budget {budget}");
+        }
+        assert!(downloads(t) > u64::from(s.rounds), "layers were evicted and downloaded again: {}", downloads(t));
+        let (runs, layers, bytes) = (
+            s.stats.runs.load(Ordering::Relaxed),
+            s.stats.layers_evicted.load(Ordering::Relaxed),
+            s.stats.bytes_evicted.load(Ordering::Relaxed),
+        );
+        assert!(
+            runs > 0 && layers >= downloads(t) - 3 && bytes > 0,
+            "admissions count in the stats: {runs} runs, {layers} layers, {bytes} bytes"
+        );
+        assert_eq!(s.budget.in_flight_bytes(), 0, "every admitted download is done");
+        // The periodic check shares the loop: above 90% it evicts down to 80%.
+        if t.resident_layer_bytes() > budget / 100 * 90 {
+            assert!(s.budget.check() > 0);
+            assert!(t.resident_layer_bytes() <= budget / 100 * 80);
+        }
+    }
+
+    #[test]
+    fn a_download_with_no_room_to_make_goes_ahead() {
+        // A budget smaller than one layer: nothing can make room, reads still succeed.
+        let s = setup(3, |sizes| sizes.iter().min().unwrap() / 2);
+        for round in 0..s.rounds {
+            read(&s.timeline, round * KEYS_PER_LAYER, round_lsn(round));
+        }
+        assert_eq!(downloads(&s.timeline), u64::from(s.rounds));
+        assert_eq!(s.budget.in_flight_bytes(), 0);
+    }
+
+    #[test]
+    fn concurrent_downloads_under_a_tight_budget_do_not_deadlock() {
+        // Room for two of eight layers; two readers keep downloading and evicting each
+        // other's layers.
+        let s = Arc::new(setup(8, |sizes| 2 * sizes.iter().max().unwrap()));
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let mut handles = Vec::new();
+        for reader in 0..2u32 {
+            let (s, done_tx) = (Arc::clone(&s), done_tx.clone());
+            handles.push(std::thread::spawn(move || {
+                for pass in 0..6 {
+                    for round in (reader..s.rounds).step_by(2) {
+                        read(&s.timeline, round * KEYS_PER_LAYER + pass % KEYS_PER_LAYER, round_lsn(round));
+                        // The other reader's layer at the same time, too.
+                        let other = (round + 1) % s.rounds;
+                        read(&s.timeline, other * KEYS_PER_LAYER, round_lsn(other));
+                    }
+                }
+                done_tx.send(reader).unwrap();
+            }));
+        }
+        for _ in 0..2 {
+            done_rx.recv_timeout(Duration::from_secs(120)).expect("both readers finish: no deadlock");
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert!(downloads(&s.timeline) > u64::from(s.rounds));
+        assert_eq!(s.budget.in_flight_bytes(), 0);
+        let (resident, budget) = (s.timeline.resident_layer_bytes(), s.budget.budget_bytes());
+        assert!(resident <= budget, "{resident} bytes resident, budget {budget}");
+    }
+}
