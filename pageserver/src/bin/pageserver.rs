@@ -36,7 +36,7 @@ struct Args {
     #[arg(long, value_name = "URL")]
     remote_storage: Option<String>,
     /// Local disk budget for layer files in bytes; layers in remote storage are evicted
-    /// above it (least recently used first).
+    /// (least recently used first) to keep downloads under it, and above 90% of it.
     #[arg(long, value_name = "BYTES")]
     layer_disk_budget_bytes: Option<u64>,
     /// Print the effective configuration as TOML and exit.

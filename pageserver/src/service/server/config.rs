@@ -31,9 +31,10 @@ pub struct PageserverConfig {
     /// (credentials from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`). Unset: local disk
     /// only, the pageserver's one copy.
     pub remote_storage: Option<String>,
-    /// Local disk budget for layer files. Above 90% of it, layers that remote storage holds
-    /// are evicted, least recently used first, down to 80%; reads download them again.
-    /// Unset: no budget. Needs `remote_storage`.
+    /// Local disk budget for layer files. A download of an evicted layer first evicts
+    /// layers that remote storage holds, least recently used first, until it fits; every
+    /// `eviction_period_ms`, above 90% of it, they are evicted down to 80%
+    /// (`service::eviction`). Unset: no budget. Needs `remote_storage`.
     pub layer_disk_budget_bytes: Option<u64>,
     /// How often eviction checks the budget.
     pub eviction_period_ms: u64,
