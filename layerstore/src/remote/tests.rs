@@ -146,9 +146,10 @@ fn a_tenant_rebuilt_from_remote_storage_alone_reads_the_same() {
     assert_index_names_only_existing_objects(&remote, BRANCH);
 }
 
-#[test]
-fn a_corrupt_object_is_detected_and_never_served() {
-    let (_dir, remote, local) = new_store();
+/// A timeline written and uploaded, its local directory wiped, and every layer object in
+/// remote storage replaced by `damage` of its bytes. Returns the store and the last LSN.
+fn uploaded_then_damaged(damage: impl Fn(Bytes) -> Bytes) -> (tempfile::TempDir, RemoteStorage, std::path::PathBuf, u64) {
+    let (dir, remote, local) = new_store();
     let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote), None).unwrap();
     let main = tenant.create_timeline(MAIN).unwrap();
     let last = write(&main, 0, 2);
@@ -156,16 +157,23 @@ fn a_corrupt_object_is_detected_and_never_served() {
     tenant.shutdown_remote();
     drop((main, tenant));
     wipe(&local);
-    // Flip one byte in the middle of every layer object.
     for o in remote.list(&format!("tenants/{TENANT}/timelines/{MAIN}")).unwrap() {
-        if o.key.contains("index_part") {
-            continue;
+        if !o.key.contains("index_part") {
+            remote.put(&o.key, damage(remote.get(&o.key).unwrap())).unwrap();
         }
-        let mut bytes = remote.get(&o.key).unwrap().to_vec();
+    }
+    (dir, remote, local, last)
+}
+
+#[test]
+fn a_corrupt_object_is_detected_and_never_served() {
+    // One byte flipped in the middle of every layer object.
+    let (_dir, remote, local, last) = uploaded_then_damaged(|bytes| {
+        let mut bytes = bytes.to_vec();
         let mid = bytes.len() / 2;
         bytes[mid] ^= 0x40;
-        remote.put(&o.key, Bytes::from(bytes)).unwrap();
-    }
+        Bytes::from(bytes)
+    });
     let tenant = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote), None).unwrap();
     let main = tenant.get_timeline(MAIN).unwrap();
     let err = main.get(key(3), Lsn(last), &ModelReconstructor).unwrap_err().to_string();
@@ -188,21 +196,8 @@ fn a_corrupt_object_is_detected_and_never_served() {
 
 #[test]
 fn a_truncated_object_is_detected_and_never_served() {
-    let (_dir, remote, local) = new_store();
-    let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote), None).unwrap();
-    let main = tenant.create_timeline(MAIN).unwrap();
-    let last = write(&main, 0, 2);
-    assert!(main.wait_for_uploads(WAIT));
-    tenant.shutdown_remote();
-    drop((main, tenant));
-    wipe(&local);
-    // Cut the last byte off every layer object (as an interrupted copy would).
-    for o in remote.list(&format!("tenants/{TENANT}/timelines/{MAIN}")).unwrap() {
-        if !o.key.contains("index_part") {
-            let bytes = remote.get(&o.key).unwrap();
-            remote.put(&o.key, bytes.slice(..bytes.len() - 1)).unwrap();
-        }
-    }
+    // The last byte cut off every layer object (as an interrupted copy would).
+    let (_dir, remote, local, last) = uploaded_then_damaged(|bytes| bytes.slice(..bytes.len() - 1));
     let tenant = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote), None).unwrap();
     let main = tenant.get_timeline(MAIN).unwrap();
     let err = main.get(key(3), Lsn(last), &ModelReconstructor).unwrap_err().to_string();

@@ -89,7 +89,7 @@ impl Timeline {
     /// L0 layer is then just partitioned by key).
     ///
     /// L0 layers never overlap, but there can be gaps between them, and a gap holds no
-    /// versions: either nothing was put there (a freeze with no open layer, as when WAL
+    /// versions: either nothing was put there (a freeze with no open layer, as when the log
     /// carried no page changes before an idle flush, moves where the next layer starts)
     /// or GC removed the layer because image layers at or below the cutoff answer every
     /// read it allows. An L1 layer spanning a gap is therefore as complete as the L0
