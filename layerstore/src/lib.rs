@@ -27,6 +27,12 @@ pub mod tenant;
 pub mod timeline;
 pub mod value;
 
+/// Locks a mutex whose data stays consistent even if a holder panicked: every lock in the
+/// engine guards state that is updated last, so a poisoned lock is still usable.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 pub use config::StorageConfig;
 pub use error::{CreateTimelineError, LayerError, ReadError, WaitLsnError, WriteError};
 pub use layer::{LayerDesc, LayerKind};

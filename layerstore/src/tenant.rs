@@ -46,9 +46,7 @@ pub struct Tenant {
     remote: Option<TenantRemote>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::lock;
 
 impl Tenant {
     /// Creates the directory of a new tenant under `tenants_dir`. `foreign_entries` as for

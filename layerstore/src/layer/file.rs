@@ -110,9 +110,7 @@ impl fmt::Debug for LayerFile {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::lock;
 
 impl LayerFile {
     /// Opens the layer file at `path`, whose file name must be its `LayerDesc`.

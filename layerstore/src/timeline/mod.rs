@@ -37,7 +37,7 @@ mod tests;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -93,10 +93,7 @@ pub struct Timeline {
     remote: OnceLock<Arc<RemoteTimelineClient>>,
 }
 
-/// Locks a mutex whose data stays consistent even if a holder panicked.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub(crate) use crate::lock;
 
 impl Timeline {
     /// Loads the timeline in `dir` (which holds its metadata file), with its ancestor,
