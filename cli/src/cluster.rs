@@ -209,7 +209,7 @@ fn spawn_and_wait(
 }
 
 /// Whether something answers `GET {url}/v1/status` with 200.
-fn http_up(url: &str) -> bool {
+pub fn http_up(url: &str) -> bool {
     let agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(2))).build().new_agent();
     agent.get(format!("{url}/v1/status")).call().is_ok()
 }

@@ -41,6 +41,7 @@ pub fn create(repo: &Repo, tenant_id: Option<TenantId>) -> anyhow::Result<()> {
     std::fs::create_dir_all(repo.tmp_dir()).with_context(|| format!("create {}", repo.tmp_dir().display()))?;
     initdb(&repo.config.pg_bin_dir, &scratch.0, &user)?;
 
+    check_safekeepers_up(repo)?;
     let tenant = api.create_tenant(&TenantCreateRequest { tenant_id })?.tenant_id;
     let span = tracing::info_span!("tenant", tenant_id = %tenant);
     let _entered = span.enter();
@@ -48,6 +49,7 @@ pub fn create(repo: &Repo, tenant_id: Option<TenantId>) -> anyhow::Result<()> {
     let imported = api
         .import(tenant, timeline_id, &ImportRequest { pgdata: scratch.0.clone() })
         .with_context(|| format!("import the new cluster (tenant {tenant} exists on the pageserver now, without a branch)"))?;
+    create_on_safekeepers(repo, tenant, timeline_id, imported.system_identifier)?;
     state.add_branch(tenant, MAIN_BRANCH, timeline_id);
     repo.save_state(&state)?;
     eprintln!(
@@ -56,6 +58,51 @@ pub fn create(repo: &Repo, tenant_id: Option<TenantId>) -> anyhow::Result<()> {
         if state.default_tenant == Some(tenant) { " (default tenant)" } else { "" }
     );
     println!("{tenant}");
+    Ok(())
+}
+
+/// A new timeline is created on every safekeeper, so they must all run: one that finds a
+/// timeline it has no record of takes it for one it lost, and joins as a learner (it does
+/// not vote until it caught up; see `quorum`'s "Learners").
+fn check_safekeepers_up(repo: &Repo) -> anyhow::Result<()> {
+    let down: Vec<String> = repo
+        .config
+        .safekeeper_ids()
+        .filter(|&id| !crate::cluster::http_up(&repo.config.safekeeper_http_url(id)))
+        .map(|id| id.to_string())
+        .collect();
+    if !down.is_empty() {
+        bail!(
+            "safekeeper(s) {} not running: a new timeline is created on every safekeeper (start them with `fjord safekeeper start ID`, or `fjord start`)",
+            down.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Creates the timeline on every safekeeper, as a voter (`POST
+/// /v1/tenant/{tenant}/timeline/{timeline}`), with PostgreSQL's default 16 MiB segments.
+fn create_on_safekeepers(repo: &Repo, tenant: TenantId, timeline: TimelineId, system_id: u64) -> anyhow::Result<()> {
+    let agent = ureq::Agent::config_builder()
+        .timeout_global(Some(std::time::Duration::from_secs(30)))
+        .http_status_as_error(false)
+        .build()
+        .new_agent();
+    let body = serde_json::json!({ "system_id": system_id, "wal_segment_size": 16u32 << 20 });
+    for id in repo.config.safekeeper_ids() {
+        let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", repo.config.safekeeper_http_url(id));
+        let mut resp = agent
+            .post(&url)
+            .content_type("application/json")
+            .send(body.to_string().as_str())
+            .with_context(|| format!("create timeline {timeline} on safekeeper {id} ({url})"))?;
+        let status = resp.status().as_u16();
+        if !(200..300).contains(&status) {
+            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            bail!("safekeeper {id} refused to create timeline {timeline} ({status}): {}", pageserver_api::client::server_message(&text));
+        }
+        tracing::info!(safekeeper = id, "created timeline {timeline} on safekeeper {id}");
+    }
     Ok(())
 }
 
@@ -101,8 +148,14 @@ pub fn branch_create(repo: &Repo, name: &str, from: &str, at: Option<Lsn>, tenan
         bail!("branch {name:?} already exists in tenant {tenant}");
     }
     let source = state.branch_timeline(tenant, from)?;
+    check_safekeepers_up(repo)?;
     let request = TimelineCreateRequest { ancestor_timeline_id: Some(source), ancestor_lsn: at, ..Default::default() };
     let info = api.create_timeline(tenant, &request)?;
+    let system_id = match info.system_id {
+        Some(id) => id,
+        None => api.timeline(tenant, source)?.system_id.context("the branch's parent has no system identifier yet")?,
+    };
+    create_on_safekeepers(repo, tenant, info.timeline_id, system_id)?;
     state.add_branch(tenant, name, info.timeline_id);
     repo.save_state(&state)?;
     let at = info.ancestor_lsn.map_or_else(|| "?".to_string(), |lsn| lsn.to_string());

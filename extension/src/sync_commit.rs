@@ -3,19 +3,29 @@
 //! PostgreSQL calls the hook in `SyncRepWaitForLSN()` once the backend has queued itself to
 //! wait for its commit record (after the record was flushed locally). The hook
 //! 1. sets the WAL proposer worker's latch, so that the worker hands the new WAL to the
-//!    proposer at once instead of at its next poll, and
+//!    proposer at once instead of at its next poll,
 //! 2. applies backpressure: while `fjord.max_pageserver_lag` is above 0 and this compute's
 //!    flushed WAL is more than that ahead of the pageserver's apply LSN (as the safekeepers
 //!    report it), the backend sleeps in short steps. Reads wait for the pageserver to reach
 //!    their LSN, so an unbounded lag would make reads of recently changed pages slow; slowing
-//!    the writers down is what keeps it bounded.
+//!    the writers down is what keeps it bounded, and
+//! 3. waits for the release itself (the worker releases once a majority of safekeepers has
+//!    the WAL), so that it sees a cancel first: PostgreSQL's own loop would end the wait on
+//!    a query cancel (`pg_cancel_backend`, `statement_timeout`) and let COMMIT report
+//!    success with a WARNING, for a commit that may be on no safekeeper and so may vanish
+//!    when this compute stops. Here a cancel during the wait becomes the end of the session
+//!    instead: a WARNING that says the commit's outcome is unknown goes to the client (and
+//!    the log), the cancel is turned into a termination (`ProcDiePending`, output to the
+//!    client off, as PostgreSQL's loop does for a termination), and the loop after the hook
+//!    ends the wait and the backend without ever sending the command's success.
 //!
 //! Invariants:
-//! - The hook never raises an ERROR: the transaction has already committed locally, and
-//!   PostgreSQL holds interrupts here. It stops sleeping as soon as `ProcDiePending` or
-//!   `QueryCancelPending` is set and leaves them to `SyncRepWaitForLSN()`, which ends the
-//!   wait with its usual warnings ("... has already committed locally, but might not have
-//!   been replicated").
+//! - The hook never raises an ERROR or FATAL: the transaction has already committed locally,
+//!   and PostgreSQL holds interrupts here. It returns as soon as the backend is released,
+//!   or `ProcDiePending` is set (after turning a cancel into it), and leaves the rest to
+//!   `SyncRepWaitForLSN()`.
+//! - No success is reported for a wait that was not released: the hook returns before the
+//!   release only with `ProcDiePending` set and output to the client off.
 //! - Backpressure needs a known pageserver position: until the safekeepers have reported
 //!   one (apply LSN 0), nothing is throttled, so a compute whose pageserver has not
 //!   connected yet is not stopped by it (its commits still wait for the safekeepers).
@@ -33,6 +43,10 @@ use crate::shmem;
 
 /// How long one backpressure sleep lasts before the lag is looked at again.
 const THROTTLE_STEP_MS: std::ffi::c_long = 10;
+
+/// How long one sleep of the wait for the release lasts at most (the release sets the latch;
+/// this only bounds the cost of a wake-up lost some other way).
+const RELEASE_STEP_MS: std::ffi::c_long = 1000;
 
 /// Installs the hook; called from `_PG_init` in the postmaster when safekeepers are set.
 pub fn install() {
@@ -53,13 +67,89 @@ fn pageserver_lag_bytes(wp: &shmem::WalProposerShared) -> Option<u64> {
     Some(flushed.saturating_sub(apply))
 }
 
+fn die_pending() -> bool {
+    // SAFETY: a plain read of a flag that signal handlers set.
+    unsafe { (&raw const pg_sys::ProcDiePending).read_volatile() != 0 }
+}
+
+fn cancel_pending() -> bool {
+    // SAFETY: a plain read of a flag that signal handlers set.
+    unsafe { (&raw const pg_sys::QueryCancelPending).read_volatile() != 0 }
+}
+
 fn interrupt_pending() -> bool {
-    // SAFETY: plain reads of flags that signal handlers set.
-    unsafe { (&raw const pg_sys::ProcDiePending).read_volatile() != 0 || (&raw const pg_sys::QueryCancelPending).read_volatile() != 0 }
+    die_pending() || cancel_pending()
+}
+
+/// Whether the worker released this backend's wait (`SyncRepWakeQueue` sets the state, then
+/// the latch).
+fn released() -> bool {
+    // The fence stands for PostgreSQL's pg_read_barrier() (a macro, not a function): it
+    // pairs with the waker's write barrier, as in SyncRepWaitForLSN's own loop.
+    std::sync::atomic::fence(Ordering::Acquire);
+    // SAFETY: MyProc is this backend's PGPROC, valid for its life.
+    unsafe { (&raw const (*pg_sys::MyProc).syncRepState).read_volatile() == pg_sys::SYNC_REP_WAIT_COMPLETE as i32 }
+}
+
+/// Sleeps on this backend's latch for at most `ms`; false if the postmaster died.
+fn sleep_on_latch(ms: std::ffi::c_long, wait_event: u32) -> bool {
+    // SAFETY: the backend's own latch; the loop after the hook resets it before it looks at
+    // its state, so a wake-up consumed here is not lost.
+    let rc = unsafe {
+        let rc = pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_POSTMASTER_DEATH) as i32,
+            ms,
+            wait_event,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+        rc
+    };
+    // On postmaster death SyncRepWaitForLSN's own wait notices it too and ends the backend.
+    rc & pg_sys::WL_POSTMASTER_DEATH as i32 == 0
+}
+
+/// Waits until the worker releases this backend, or until an interrupt. A query cancel is
+/// turned into the end of the session (see the module's comment).
+fn wait_for_release(lsn: pg_sys::XLogRecPtr) {
+    loop {
+        if released() || die_pending() {
+            return;
+        }
+        if cancel_pending() {
+            end_session_on_cancel(lsn);
+            return;
+        }
+        if !sleep_on_latch(RELEASE_STEP_MS, pg_sys::WaitEventIPC::WAIT_EVENT_SYNC_REP) {
+            return;
+        }
+    }
+}
+
+/// The cancel of a wait whose WAL may be on no safekeeper: warn the client, then make the
+/// cancel a termination so that PostgreSQL's loop ends the wait without reporting success.
+fn end_session_on_cancel(lsn: pg_sys::XLogRecPtr) {
+    let lsn = proto::Lsn(lsn);
+    ereport!(
+        PgLogLevel::WARNING,
+        PgSqlErrorCode::ERRCODE_TRANSACTION_RESOLUTION_UNKNOWN,
+        "canceling the wait for the safekeepers and terminating the connection: the outcome of this transaction is unknown",
+        format!(
+            "The transaction committed locally, but its WAL up to {lsn} has not been confirmed by a majority of safekeepers: it is durable only if they already have it. Check whether its changes are there after reconnecting."
+        )
+    );
+    // SAFETY: what PostgreSQL's die() and SyncRepWaitForLSN do for a termination; plain
+    // stores to this backend's globals, interrupts are held by the commit.
+    unsafe {
+        (&raw mut pg_sys::QueryCancelPending).write_volatile(0);
+        (&raw mut pg_sys::ProcDiePending).write_volatile(1);
+        (&raw mut pg_sys::InterruptPending).write_volatile(1);
+        pg_sys::whereToSendOutput = pg_sys::CommandDest::DestNone;
+    }
 }
 
 #[pg_guard]
-unsafe extern "C-unwind" fn fjord_syncrep_wait(_lsn: pg_sys::XLogRecPtr, _commit: bool) {
+unsafe extern "C-unwind" fn fjord_syncrep_wait(lsn: pg_sys::XLogRecPtr, _commit: bool) {
     let Some(shared) = shmem::shared() else { return };
     let wp = &shared.walproposer;
     let latch = wp.worker_latch.load(Ordering::Acquire);
@@ -70,6 +160,12 @@ unsafe extern "C-unwind" fn fjord_syncrep_wait(_lsn: pg_sys::XLogRecPtr, _commit
         unsafe { pg_sys::SetLatch(latch) };
     }
 
+    throttle(wp);
+    wait_for_release(lsn);
+}
+
+/// Backpressure: sleeps while the pageserver lags more than `fjord.max_pageserver_lag`.
+fn throttle(wp: &shmem::WalProposerShared) {
     let limit = guc::max_pageserver_lag_bytes();
     if limit == 0 {
         return;
@@ -77,20 +173,7 @@ unsafe extern "C-unwind" fn fjord_syncrep_wait(_lsn: pg_sys::XLogRecPtr, _commit
     let mut started: Option<Instant> = None;
     while pageserver_lag_bytes(wp).is_some_and(|lag| lag > limit) && !interrupt_pending() {
         started.get_or_insert_with(Instant::now);
-        // SAFETY: the backend's own latch; the wait loop after us resets it before it looks
-        // at its state, so a wake-up consumed here is not lost.
-        let rc = unsafe {
-            let rc = pg_sys::WaitLatch(
-                pg_sys::MyLatch,
-                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_POSTMASTER_DEATH) as i32,
-                THROTTLE_STEP_MS,
-                pg_sys::PG_WAIT_EXTENSION,
-            );
-            pg_sys::ResetLatch(pg_sys::MyLatch);
-            rc
-        };
-        if rc & pg_sys::WL_POSTMASTER_DEATH as i32 != 0 {
-            // SyncRepWaitForLSN's own wait notices it too and ends the backend.
+        if !sleep_on_latch(THROTTLE_STEP_MS, pg_sys::PG_WAIT_EXTENSION) {
             break;
         }
     }

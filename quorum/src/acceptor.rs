@@ -31,6 +31,9 @@ pub struct AcceptorState {
     /// the commit LSN when it was received: WAL below it is on every acceptor for good.
     /// Persisted lazily, like the commit LSN (`AcceptorAction::PeerHorizon`).
     pub peer_horizon_lsn: Lsn,
+    /// Created without a record of the timeline: no vote until it has caught up (the
+    /// crate's "Learners"). Persisted with the term.
+    pub learner: bool,
 }
 
 impl AcceptorState {
@@ -42,10 +45,11 @@ impl AcceptorState {
     /// Applies one durable change to the state (the shell also applies it to the WAL bytes).
     pub fn apply(&mut self, p: &Persist) {
         match p {
-            Persist::Control { term, history, commit_lsn } => {
+            Persist::Control { term, history, commit_lsn, learner } => {
                 self.term = *term;
                 self.history = history.clone();
                 self.commit_lsn = *commit_lsn;
+                self.learner = *learner;
             }
             Persist::Truncate { at } => self.flush_lsn = *at,
             Persist::Append { begin, data } => self.flush_lsn = Lsn(begin.0 + data.len() as u64),
@@ -57,7 +61,7 @@ impl AcceptorState {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Persist {
     /// Replace the control file.
-    Control { term: Term, history: TermHistory, commit_lsn: Lsn },
+    Control { term: Term, history: TermHistory, commit_lsn: Lsn, learner: bool },
     /// The WAL now ends at `at`. If `at` is not inside the WAL the shell has (beyond its end,
     /// or before its beginning), the WAL is emptied and begins at `at`.
     Truncate { at: Lsn },
@@ -92,12 +96,15 @@ pub enum AcceptorAction {
 #[derive(Clone, Debug)]
 pub struct Acceptor {
     state: AcceptorState,
+    /// A learner's memory (not persisted) of the last vote request it refused: the only
+    /// election it may join (see the crate's "Learners").
+    witnessed_election: Term,
 }
 
 impl Acceptor {
     /// An acceptor with the given durable state (empty for a new one, from disk on restart).
     pub fn new(state: AcceptorState) -> Acceptor {
-        Acceptor { state }
+        Acceptor { state, witnessed_election: 0 }
     }
 
     pub fn state(&self) -> &AcceptorState {
@@ -131,8 +138,24 @@ impl Acceptor {
     }
 
     fn persist_control(&mut self, out: &mut Vec<AcceptorAction>) {
-        let p = Persist::Control { term: self.state.term, history: self.state.history.clone(), commit_lsn: self.state.commit_lsn };
+        let p = Persist::Control {
+            term: self.state.term,
+            history: self.state.history.clone(),
+            commit_lsn: self.state.commit_lsn,
+            learner: self.state.learner,
+        };
         out.push(AcceptorAction::Persist(p));
+    }
+
+    /// A learner that holds, in the term it joined, that term's log up to the term's start
+    /// becomes a voter (the crate's "Learners").
+    fn maybe_graduate(&mut self, out: &mut Vec<AcceptorAction>) {
+        let s = &self.state;
+        let caught_up = s.history.0.last().is_some_and(|e| e.term == s.term && s.term > 0 && s.flush_lsn >= e.lsn);
+        if s.learner && caught_up {
+            self.state.learner = false;
+            self.persist_control(out);
+        }
     }
 
     fn rejected(&self, term: Term) -> AcceptorAction {
@@ -171,15 +194,24 @@ impl Acceptor {
     fn handle_inner(&mut self, msg: ToAcceptor) -> Vec<AcceptorAction> {
         let mut out = Vec::new();
         match msg {
-            ToAcceptor::Greeting => {
-                out.push(AcceptorAction::Reply(ToProposer::GreetingReply { term: self.state.term }));
+            ToAcceptor::Greeting { round } => {
+                out.push(AcceptorAction::Reply(ToProposer::GreetingReply {
+                    round,
+                    term: self.state.term,
+                    last_log_term: self.state.last_log_term(),
+                    flush_lsn: self.state.flush_lsn,
+                    learner: self.state.learner,
+                }));
             }
             ToAcceptor::VoteRequest { term } => {
                 // One vote per term: only a term above every term seen, which it then becomes.
-                let granted = term > self.state.term;
+                // A learner does not vote; a vote it refuses names the election it may join.
+                let granted = term > self.state.term && !self.state.learner;
                 if granted {
                     self.state.term = term;
                     self.persist_control(&mut out);
+                } else if self.state.learner && term > self.state.term {
+                    self.witnessed_election = term;
                 }
                 out.push(AcceptorAction::Reply(ToProposer::Vote {
                     term,
@@ -188,14 +220,27 @@ impl Acceptor {
                     history: self.state.history.clone(),
                     flush_lsn: self.state.flush_lsn,
                     commit_lsn: self.state.commit_lsn,
+                    peer_horizon_lsn: self.state.peer_horizon_lsn,
                 }));
             }
-            ToAcceptor::Elected { term, history, start_lsn } => {
+            ToAcceptor::Elected { term, history, start_lsn, log_begin } => {
                 if term < self.state.term {
                     out.push(self.rejected(term));
                     return out;
                 }
                 let Some(first) = history.0.first() else { return out };
+                if self.state.history.last_term() != term
+                    && self.state.learner
+                    && self.state.history.0.is_empty()
+                    && term != self.witnessed_election
+                {
+                    // A learner that has joined no election yet, and did not see this one
+                    // begin: an earlier incarnation of it (before its disk was lost) may have
+                    // acknowledged WAL in it, which the leader would count on. It waits for
+                    // the next one; no reply. (Once it joined one, every higher term began
+                    // after its disk was lost: see the crate's "Learners".)
+                    return out;
+                }
                 if self.state.history.last_term() != term {
                     // First time we hear of this election: cut our WAL back to what we share
                     // with the elected history, never below what we know is committed.
@@ -204,8 +249,9 @@ impl Acceptor {
                     let mut at = ours.common_point(flush, &history.up_to(start_lsn), start_lsn);
                     if at == Lsn(0) {
                         // Nothing in common (or no WAL): the log restarts where the
-                        // timeline's WAL begins.
-                        at = first.lsn;
+                        // elected history says a log begins (the timeline's WAL beginning,
+                        // or once WAL may have been removed, the highest peer horizon).
+                        at = log_begin.max(first.lsn);
                     }
                     if at < self.state.commit_lsn {
                         // Cannot happen with a correct proposer (committed WAL is in every
@@ -219,6 +265,7 @@ impl Acceptor {
                     self.state.term = term;
                     self.state.history = history;
                     self.persist_control(&mut out);
+                    self.maybe_graduate(&mut out);
                 }
                 // A duplicate of an election we already took changes nothing.
                 out.push(AcceptorAction::Reply(ToProposer::ElectedAck { term, flush_lsn: self.state.flush_lsn }));
@@ -260,6 +307,7 @@ impl Acceptor {
                     // this term's history): take only what is new.
                     let skip = (flush.0 - begin_lsn.0) as usize;
                     self.persist(&mut out, Persist::Append { begin: flush, data: data.slice(skip..) });
+                    self.maybe_graduate(&mut out);
                 }
                 // (begin_lsn > flush: a gap; the ack tells the proposer where we are.)
                 let commit = commit_lsn.min(self.state.flush_lsn);

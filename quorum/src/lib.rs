@@ -14,8 +14,11 @@
 //!   pieces that end at record boundaries ([`Proposer::append`]).
 //!
 //! # Protocol
-//! 1. The proposer greets every acceptor and learns their terms; with a majority of answers it
-//!    picks a term above all of them and asks for votes.
+//! 1. The proposer greets every acceptor and learns their terms and where their logs end; with
+//!    a majority of answers it picks a term above all of them and asks for votes. A compute
+//!    first checks that the most advanced of those logs ends where its own WAL starts, and
+//!    fences itself without asking for votes if not (a pre-vote: a stale compute must not
+//!    raise the acceptors' term and so fence the healthy one).
 //! 2. An acceptor grants a vote only for a term above the highest it has seen; it persists the
 //!    new term before it answers. The answer carries its term history and flush LSN.
 //! 3. With a majority of votes, the proposer picks the most advanced log among them (highest
@@ -57,6 +60,31 @@
 //! started at, [`Proposer::new`]); that is the LSN of the first term switch of every history.
 //! An acceptor whose log shares no term with an elected history empties its log and starts it
 //! there.
+//!
+//! # Learners
+//! An acceptor that lost its state (a safekeeper whose disk was replaced, or whose timeline
+//! directory is gone) must not vote as if it were new: a blank acceptor grants any vote, and
+//! with one healthy copy lagging, an election among it and the lagging one would pick the
+//! lagging log and drop acknowledged commits. So only a timeline created on purpose (the
+//! control plane creates it on every acceptor when it creates the timeline) starts as a
+//! voter; an acceptor that finds it has no record of a timeline a proposer writes to starts
+//! it as a *learner* ([`AcceptorState::learner`]):
+//! - it refuses every vote (a blank acceptor cannot tell on its own whether the timeline is
+//!   new, and deciding it from what the others say is racy: they may get WAL, and another
+//!   may lose its disk, between the question and the vote);
+//! - its first election is one whose vote request it saw (and refused) since it was
+//!   created, so it never joins mid-term an election an earlier incarnation of it had
+//!   acknowledged (the proposer would believe it holds WAL it lost); otherwise it waits for
+//!   the next election. After that it joins any higher term: an election that an earlier
+//!   incarnation joined was won before the disk was lost, so the greetings of any election
+//!   that began after it (such as the one it joined) met a voter of it, and were given a
+//!   higher term;
+//! - once it holds, in a term it joined, that term's log up to the term's start (which
+//!   contains everything committed before: the election's voters remember), it becomes a
+//!   voter for good. Its acknowledgements count towards commits all along (they are true).
+//!
+//! Every election then has a majority of voters that remember what they acknowledged, so
+//! every commit quorum meets it.
 //!
 //! # WAL removal
 //! An acceptor may delete WAL that nobody can need again. Three things bound it, and its
@@ -143,32 +171,60 @@ impl TermHistory {
         self.0.last().map_or(0, |e| e.term)
     }
 
+    /// The history without the entries that only describe WAL below `lsn`: the entry in
+    /// effect just below `lsn` (the last switch before it) and those after it stay (a switch
+    /// at `lsn` itself describes WAL from `lsn` on, which two logs that agree below `lsn`
+    /// need not share). Every
+    /// acceptor's log holds the elected WAL up to the peer horizon for good (the crate's "WAL
+    /// removal"), so with `lsn` at most a peer horizon no comparison of logs ever needs what
+    /// is dropped; it keeps the history from growing with every election (a proposer trims
+    /// the history it is elected with, [`Proposer`]).
+    pub fn trimmed_below(&self, lsn: Lsn) -> TermHistory {
+        let keep_from = self.0.iter().rposition(|e| e.lsn < lsn).unwrap_or(0);
+        TermHistory(self.0[keep_from..].to_vec())
+    }
+
     /// The highest LSN up to which a log with this history and `flush_lsn` agrees with a log
     /// of history `other` ending at `other_end`: the end of the last term both share, capped by
     /// both logs. `Lsn(0)` if they share no term. Both histories must already be cut at their
-    /// flush LSNs ([`TermHistory::up_to`]).
+    /// flush LSNs ([`TermHistory::up_to`]). Either may be trimmed ([`TermHistory::trimmed_below`])
+    /// at a different point: they are compared from the first entry of the one trimmed later
+    /// (a term has one switch LSN in every history that has it).
     pub fn common_point(&self, flush_lsn: Lsn, other: &TermHistory, other_end: Lsn) -> Lsn {
-        let shared = self.0.iter().zip(other.0.iter()).take_while(|(a, b)| a == b).count();
-        if shared == 0 {
-            return Lsn(0);
-        }
-        let end_of = |h: &TermHistory, end: Lsn| h.0.get(shared).map_or(end, |e| e.lsn);
-        end_of(self, flush_lsn).min(end_of(other, other_end))
+        let (a, b) = (&self.0, &other.0);
+        let (Some(fa), Some(fb)) = (a.first(), b.first()) else { return Lsn(0) };
+        let aligned = if fa.term >= fb.term {
+            b.iter().position(|e| e == fa).map(|j| (0, j))
+        } else {
+            a.iter().position(|e| e == fb).map(|i| (i, 0))
+        };
+        let Some((ia, ib)) = aligned else { return Lsn(0) };
+        let shared = a[ia..].iter().zip(&b[ib..]).take_while(|(x, y)| x == y).count();
+        let end_of = |h: &[TermSwitch], at: usize, end: Lsn| h.get(at).map_or(end, |e| e.lsn);
+        end_of(a, ia + shared, flush_lsn).min(end_of(b, ib + shared, other_end))
     }
 }
 
 /// Messages from a proposer to an acceptor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ToAcceptor {
-    Greeting,
+    /// `round` is echoed in the reply: a reply to an earlier greeting (still on its way when
+    /// an election restarted) says nothing about the acceptor now.
+    Greeting {
+        round: u64,
+    },
     VoteRequest {
         term: Term,
     },
     /// The proposer of `term` was elected with `history`; its own term starts at `start_lsn`.
+    /// An acceptor whose log shares nothing with `history` starts its log at `log_begin`
+    /// (the first switch of `history`, or the highest peer horizon among the votes if that
+    /// is higher: every acceptor has the WAL below it, and may have removed it).
     Elected {
         term: Term,
         history: TermHistory,
         start_lsn: Lsn,
+        log_begin: Lsn,
     },
     /// Ask an acceptor that took `term`'s election for its WAL in `[from, to)` (below its flush
     /// LSN that WAL is the elected history's).
@@ -197,7 +253,15 @@ pub enum ToAcceptor {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ToProposer {
     GreetingReply {
+        round: u64,
         term: Term,
+        /// The acceptor's log: the term of its last entry and its flush LSN. A compute
+        /// checks with these, before it asks for any vote, that its WAL continues the log it
+        /// would be elected with (see [`ProposerMode::Compute`]).
+        last_log_term: Term,
+        flush_lsn: Lsn,
+        /// A learner does not vote yet (see "Learners").
+        learner: bool,
     },
     Vote {
         /// The term asked for.
@@ -208,6 +272,9 @@ pub enum ToProposer {
         history: TermHistory,
         flush_lsn: Lsn,
         commit_lsn: Lsn,
+        /// The acceptor's peer horizon: the elected history is trimmed below the highest of
+        /// the voters' ([`TermHistory::trimmed_below`]).
+        peer_horizon_lsn: Lsn,
     },
     ElectedAck {
         term: Term,
@@ -230,4 +297,80 @@ pub enum ToProposer {
         term: Term,
         acceptor_term: Term,
     },
+}
+
+#[cfg(test)]
+mod history_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn h(entries: &[(Term, u64)]) -> TermHistory {
+        TermHistory(entries.iter().map(|&(term, lsn)| TermSwitch { term, lsn: Lsn(lsn) }).collect())
+    }
+
+    #[test]
+    fn trimming_keeps_the_entry_in_effect() {
+        let full = h(&[(1, 100), (3, 200), (4, 300), (7, 400)]);
+        assert_eq!(full.trimmed_below(Lsn(0)), full);
+        assert_eq!(full.trimmed_below(Lsn(100)), full);
+        assert_eq!(full.trimmed_below(Lsn(250)), h(&[(3, 200), (4, 300), (7, 400)]));
+        assert_eq!(full.trimmed_below(Lsn(300)), h(&[(3, 200), (4, 300), (7, 400)]));
+        assert_eq!(full.trimmed_below(Lsn(301)), h(&[(4, 300), (7, 400)]));
+        assert_eq!(full.trimmed_below(Lsn(9999)), h(&[(7, 400)]));
+        assert_eq!(TermHistory::default().trimmed_below(Lsn(5)), TermHistory::default());
+    }
+
+    #[test]
+    fn histories_trimmed_at_different_points_still_meet() {
+        let ours = h(&[(1, 100), (3, 200), (4, 300)]);
+        let elected = h(&[(1, 100), (3, 200), (5, 250), (6, 500)]);
+        let want = ours.common_point(Lsn(350), &elected, Lsn(500));
+        assert_eq!(want, Lsn(250));
+        assert_eq!(ours.common_point(Lsn(350), &elected.trimmed_below(Lsn(220)), Lsn(500)), want);
+        assert_eq!(ours.trimmed_below(Lsn(220)).common_point(Lsn(350), &elected, Lsn(500)), want);
+        // Nothing in common that either still shows.
+        assert_eq!(h(&[(2, 100)]).common_point(Lsn(150), &h(&[(1, 100)]), Lsn(150)), Lsn(0));
+        assert_eq!(h(&[(4, 300)]).common_point(Lsn(350), &h(&[(1, 100), (3, 200)]), Lsn(350)), Lsn(0));
+    }
+
+    /// Two logs sharing `shared` switches, then diverging (odd terms on one side, even on the
+    /// other), each trimmed at a point no higher than where they agree: the common point is
+    /// the one of the untrimmed histories.
+    fn two_logs() -> impl Strategy<Value = (TermHistory, Lsn, TermHistory, Lsn)> {
+        (1usize..5, 0usize..4, 0usize..4, proptest::collection::vec(1u64..50, 12), 0u64..60, 0u64..60).prop_map(
+            |(shared, na, nb, gaps, ea, eb)| {
+                let mut lsn = 0;
+                let mut next = |i: usize| {
+                    lsn += gaps[i % gaps.len()];
+                    lsn
+                };
+                let prefix: Vec<(Term, u64)> = (0..shared).map(|i| (i as Term + 1, next(i))).collect();
+                let base_term = shared as Term + 1;
+                let base_lsn = prefix.last().map_or(0, |e| e.1);
+                let mut a = prefix.clone();
+                let mut b = prefix;
+                let (mut la, mut lb) = (base_lsn, base_lsn);
+                for i in 0..na {
+                    la += gaps[(i + 3) % gaps.len()];
+                    a.push((base_term + 2 * i as Term + 1, la));
+                }
+                for i in 0..nb {
+                    lb += gaps[(i + 7) % gaps.len()];
+                    b.push((base_term + 2 * i as Term + 2, lb));
+                }
+                (h(&a), Lsn(la + ea), h(&b), Lsn(lb + eb))
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn trimming_below_the_agreement_changes_no_common_point((a, fa, b, fb) in two_logs(), ta in 0u64..400, tb in 0u64..400) {
+            let want = a.common_point(fa, &b, fb);
+            prop_assert!(want > Lsn(0));
+            let (ta, tb) = (Lsn(ta).min(want), Lsn(tb).min(want));
+            prop_assert_eq!(a.trimmed_below(ta).common_point(fa, &b.trimmed_below(tb), fb), want);
+            prop_assert_eq!(b.trimmed_below(tb).common_point(fb, &a.trimmed_below(ta), fa), want);
+        }
+    }
 }

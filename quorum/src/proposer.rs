@@ -27,7 +27,10 @@ pub enum ProposerMode {
     Plain,
     /// Inside a compute, whose WAL begins at the proposer's `wal_start`: it streams only if
     /// elected with `start_lsn == wal_start`, and once elected any higher term fences it
-    /// ([`ProposerAction::Fenced`]). A compute must never commit WAL that does not continue
+    /// ([`ProposerAction::Fenced`]). Before it asks for votes it checks the logs of the
+    /// majority that answered its greeting (a pre-vote): if the most advanced one does not
+    /// end at `wal_start`, the election could only fence it, and its higher term would fence
+    /// the compute that is writing now; it fences itself at once and asks for no vote. A compute must never commit WAL that does not continue
     /// the safekeepers' log, and it cannot rewrite its own WAL to follow a newer one.
     Compute,
     /// compute_ctl's sync: writes no WAL of its own (`wal_start` 0). Elected, it makes a
@@ -58,8 +61,11 @@ impl Default for ProposerConfig {
 /// Why a compute proposer fenced itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FenceReason {
-    /// Elected, but the acceptors' log ends at `start_lsn`, not where this compute's WAL
-    /// starts: another compute has written WAL since (or this one is a stale restart).
+    /// The acceptors' log ends at `start_lsn`, not where this compute's WAL starts: another
+    /// compute has written WAL since (or this one is a stale restart). Found from the
+    /// greetings, before any vote (then `start_lsn` is the end of the most advanced log of
+    /// the majority that answered), or, if the voters' logs differ from the greeters', once
+    /// elected.
     WalMismatch { start_lsn: Lsn, wal_start: Lsn },
     /// After being elected, acceptor `by` has seen term `seen` from another proposer.
     HigherTerm { by: NodeId, seen: Term },
@@ -89,9 +95,10 @@ pub enum ProposerAction {
     /// Acceptor `by` has seen a higher term before this proposer was elected (or, in `Plain`
     /// mode, at any time): it stopped and may start another election later.
     SteppedDown { term: Term, seen: Term, by: NodeId },
-    /// A majority refused the vote in `term` (another proposer took it): it stopped and may
-    /// start another election later.
-    ElectionLost { term: Term },
+    /// A majority refused the vote in `term` (another proposer took it, or a learner does
+    /// not vote: `learners` are those that greeted as learners): it stopped and may start
+    /// another election later.
+    ElectionLost { term: Term, learners: Vec<NodeId> },
     /// `Compute` mode: this proposer must never commit again; it stopped for good.
     Fenced { term: Term, reason: FenceReason },
     /// `Sync` mode: WAL up to `lsn` is committed and a majority acknowledged that commit LSN;
@@ -99,10 +106,20 @@ pub enum ProposerAction {
     SyncDone { term: Term, lsn: Option<Lsn> },
 }
 
+/// An acceptor's answer to a greeting.
+#[derive(Clone, Copy, Debug)]
+struct GreetInfo {
+    term: Term,
+    last_log_term: Term,
+    flush_lsn: Lsn,
+    learner: bool,
+}
+
 #[derive(Clone, Debug)]
 struct VoteInfo {
     history: TermHistory,
     flush_lsn: Lsn,
+    peer_horizon_lsn: Lsn,
 }
 
 /// A joined acceptor, as the leader sees it.
@@ -125,6 +142,9 @@ struct Peer {
 #[derive(Clone, Debug)]
 struct Leader {
     history: TermHistory,
+    /// Where an acceptor that shares nothing with `history` starts its log
+    /// (`ToAcceptor::Elected`).
+    log_begin: Lsn,
     start_lsn: Lsn,
     donor: NodeId,
     /// The shell has WAL in `[floor, end)`.
@@ -176,13 +196,18 @@ fn chunk_end(boundaries: &BTreeSet<Lsn>, start_lsn: Lsn, end: Lsn, from: Lsn, ma
 enum Phase {
     Idle,
     Greeting {
-        terms: BTreeMap<NodeId, Term>,
+        /// Which greeting this is (`ToAcceptor::Greeting`): replies to others are ignored.
+        round: u64,
+        greeted: BTreeMap<NodeId, GreetInfo>,
     },
     Voting {
         votes: BTreeMap<NodeId, VoteInfo>,
         /// Acceptors that refused this term's vote, each counted once (a duplicated request
         /// is refused by the acceptor that granted the first copy).
         refused: BTreeSet<NodeId>,
+        /// Acceptors that greeted as learners (they refuse the vote; see the crate's
+        /// "Learners"), named by [`ProposerAction::ElectionLost`].
+        learners: BTreeSet<NodeId>,
     },
     Leader(Box<Leader>),
     /// Fenced or synced: nothing more, ever.
@@ -201,6 +226,8 @@ pub struct Proposer {
     /// The highest remote-consistent LSN the shell reported (from acceptors' feedback), which
     /// `Append`s relay to every acceptor.
     remote_consistent_lsn: Lsn,
+    /// Greetings sent so far (each election's has its own round).
+    rounds: u64,
 }
 
 impl Proposer {
@@ -215,7 +242,7 @@ impl Proposer {
             ProposerMode::Sync => assert_eq!(wal_start, Lsn(0), "a sync writes no WAL of its own"),
             ProposerMode::Plain => {}
         }
-        Proposer { n: acceptors, config, wal_start, term: 0, phase: Phase::Idle, remote_consistent_lsn: Lsn(0) }
+        Proposer { n: acceptors, config, wal_start, term: 0, phase: Phase::Idle, remote_consistent_lsn: Lsn(0), rounds: 0 }
     }
 
     fn majority(&self) -> usize {
@@ -282,6 +309,15 @@ impl Proposer {
         }
     }
 
+    /// While electing: the acceptors that greeted as learners (they refuse to vote; see the
+    /// crate's "Learners").
+    pub fn learners(&self) -> Vec<NodeId> {
+        match &self.phase {
+            Phase::Voting { learners, .. } => learners.iter().copied().collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The pageserver's remote-consistent LSN as an acceptor reported it (its shell reads the
     /// acceptors' feedback). Only the highest counts; it goes to every acceptor with the next
     /// `Append`, or with an empty one at the next tick. Returns no actions.
@@ -299,8 +335,10 @@ impl Proposer {
         if self.is_stopped() {
             return Vec::new();
         }
-        self.phase = Phase::Greeting { terms: BTreeMap::new() };
-        (0..self.n).map(|i| ProposerAction::Send(i, ToAcceptor::Greeting)).collect()
+        self.rounds += 1;
+        let round = self.rounds;
+        self.phase = Phase::Greeting { round, greeted: BTreeMap::new() };
+        (0..self.n).map(|i| ProposerAction::Send(i, ToAcceptor::Greeting { round })).collect()
     }
 
     /// The shell now has WAL up to `end` (new WAL written by the client, continuing
@@ -328,7 +366,7 @@ impl Proposer {
         let term = self.term;
         let msg = match &mut self.phase {
             Phase::Idle | Phase::Stopped => return Vec::new(),
-            Phase::Greeting { .. } => ToAcceptor::Greeting,
+            Phase::Greeting { round, .. } => ToAcceptor::Greeting { round: *round },
             Phase::Voting { votes, .. } if !votes.contains_key(&i) => ToAcceptor::VoteRequest { term },
             Phase::Voting { .. } => return Vec::new(),
             Phase::Leader(l) => {
@@ -336,7 +374,7 @@ impl Proposer {
                 if l.fetching.is_some_and(|(from, _, _)| from == i) {
                     l.fetching = None;
                 }
-                ToAcceptor::Elected { term, history: l.history.clone(), start_lsn: l.start_lsn }
+                ToAcceptor::Elected { term, history: l.history.clone(), start_lsn: l.start_lsn, log_begin: l.log_begin }
             }
         };
         vec![ProposerAction::Send(i, msg)]
@@ -347,8 +385,9 @@ impl Proposer {
         let term = self.term;
         match &mut self.phase {
             Phase::Idle | Phase::Stopped => Vec::new(),
-            Phase::Greeting { terms } => {
-                (0..self.n).filter(|i| !terms.contains_key(i)).map(|i| ProposerAction::Send(i, ToAcceptor::Greeting)).collect()
+            Phase::Greeting { round, greeted } => {
+                let round = *round;
+                (0..self.n).filter(|i| !greeted.contains_key(i)).map(|i| ProposerAction::Send(i, ToAcceptor::Greeting { round })).collect()
             }
             Phase::Voting { votes, .. } => {
                 (0..self.n).filter(|i| !votes.contains_key(i)).map(|i| ProposerAction::Send(i, ToAcceptor::VoteRequest { term })).collect()
@@ -356,7 +395,7 @@ impl Proposer {
             Phase::Leader(l) => {
                 let mut out = Vec::new();
                 for i in (0..self.n).filter(|i| !l.peers.contains_key(i)) {
-                    let msg = ToAcceptor::Elected { term, history: l.history.clone(), start_lsn: l.start_lsn };
+                    let msg = ToAcceptor::Elected { term, history: l.history.clone(), start_lsn: l.start_lsn, log_begin: l.log_begin };
                     out.push(ProposerAction::Send(i, msg));
                 }
                 // A stream that made no progress since the last tick lost something: resend
@@ -457,38 +496,51 @@ impl Proposer {
         }
         let majority = self.majority();
         match msg {
-            ToProposer::GreetingReply { term } => {
-                let Phase::Greeting { terms } = &mut self.phase else { return out };
-                terms.insert(from, term);
-                if terms.len() >= majority {
-                    let highest = terms.values().copied().max().unwrap_or(0);
-                    self.term = self.term.max(highest) + 1;
-                    self.phase = Phase::Voting { votes: BTreeMap::new(), refused: BTreeSet::new() };
-                    let term = self.term;
-                    out.extend((0..self.n).map(|i| ProposerAction::Send(i, ToAcceptor::VoteRequest { term })));
+            ToProposer::GreetingReply { round, term, last_log_term, flush_lsn, learner } => {
+                let Phase::Greeting { round: current, greeted } = &mut self.phase else { return out };
+                if round != *current {
+                    return out;
                 }
+                greeted.insert(from, GreetInfo { term, last_log_term, flush_lsn, learner });
+                if greeted.len() < majority {
+                    return out;
+                }
+                if let Some(reason) = self.pre_vote_mismatch() {
+                    self.phase = Phase::Stopped;
+                    out.push(ProposerAction::Fenced { term: self.term, reason });
+                    return out;
+                }
+                let Phase::Greeting { greeted, .. } = &self.phase else { unreachable!("checked above") };
+                let highest = greeted.values().map(|g| g.term).max().unwrap_or(0);
+                self.term = self.term.max(highest) + 1;
+                let learners = greeted.iter().filter(|(_, g)| g.learner).map(|(&i, _)| i).collect();
+                self.phase = Phase::Voting { votes: BTreeMap::new(), refused: BTreeSet::new(), learners };
+                let term = self.term;
+                out.extend((0..self.n).map(|i| ProposerAction::Send(i, ToAcceptor::VoteRequest { term })));
             }
-            ToProposer::Vote { term, granted, acceptor_term, history, flush_lsn, .. } => {
+            ToProposer::Vote { term, granted, acceptor_term, history, flush_lsn, peer_horizon_lsn, .. } => {
                 if term != self.term {
                     return out;
                 }
                 if acceptor_term > self.term {
                     return self.step_down(acceptor_term, from);
                 }
-                let Phase::Voting { votes, refused } = &mut self.phase else { return out };
+                let Phase::Voting { votes, refused, learners } = &mut self.phase else { return out };
                 if !granted {
-                    // Another proposer took this acceptor's vote in the same term.
+                    // Another proposer took this acceptor's vote in the same term, or it is a
+                    // learner.
                     if !votes.contains_key(&from) {
                         refused.insert(from);
                     }
                     if refused.len() > self.n - majority {
+                        let learners = learners.iter().copied().collect();
                         self.phase = Phase::Idle;
-                        out.push(ProposerAction::ElectionLost { term: self.term });
+                        out.push(ProposerAction::ElectionLost { term: self.term, learners });
                     }
                     return out;
                 }
                 refused.remove(&from);
-                votes.insert(from, VoteInfo { history, flush_lsn });
+                votes.insert(from, VoteInfo { history, flush_lsn, peer_horizon_lsn });
                 if votes.len() >= majority {
                     out.extend(self.become_leader());
                 }
@@ -615,6 +667,22 @@ impl Proposer {
         vec![ProposerAction::SyncDone { term: self.term, lsn: Some(start) }]
     }
 
+    /// A compute's pre-vote: with a majority of greetings, the log an election among them
+    /// would continue is the most advanced one (highest last log term, then flush LSN, as
+    /// [`Proposer::become_leader`] picks its donor). If it has WAL and does not end at this
+    /// compute's start, being elected would only fence this compute: the reason, to fence it
+    /// before it raises any acceptor's term. `None` for other modes.
+    fn pre_vote_mismatch(&self) -> Option<FenceReason> {
+        let Phase::Greeting { greeted, .. } = &self.phase else { return None };
+        if self.config.mode != ProposerMode::Compute {
+            return None;
+        }
+        let best = greeted.values().max_by_key(|g| (g.last_log_term, g.flush_lsn))?;
+        let has_wal = best.last_log_term != 0 && best.flush_lsn > Lsn(0);
+        (has_wal && best.flush_lsn != self.wal_start)
+            .then_some(FenceReason::WalMismatch { start_lsn: best.flush_lsn, wal_start: self.wal_start })
+    }
+
     /// Acceptor `by` has seen term `seen` above ours.
     fn step_down(&mut self, seen: Term, by: NodeId) -> Vec<ProposerAction> {
         let term = self.term;
@@ -661,18 +729,23 @@ impl Proposer {
             self.phase = Phase::Idle;
             return out;
         }
-        let mut history = if has_wal { best.history.up_to(start_lsn) } else { TermHistory::default() };
+        // Every acceptor holds the elected WAL below any acceptor's peer horizon for good, so
+        // the history's entries for WAL only below the highest one are never compared again.
+        let horizon = votes.values().map(|v| v.peer_horizon_lsn).max().unwrap_or_default().min(start_lsn);
+        let mut history = if has_wal { best.history.up_to(start_lsn).trimmed_below(horizon) } else { TermHistory::default() };
         history.0.push(TermSwitch { term: self.term, lsn: start_lsn });
         // Every term switch, and this term's start (the donor's flush LSN), ends a record.
         let boundaries: BTreeSet<Lsn> = history.0.iter().map(|e| e.lsn).collect();
         // Each acceptor computes its truncation point from this history with
         // `TermHistory::common_point` and reports it in its ElectedAck; streaming starts there.
+        let log_begin = history.0.first().map_or(start_lsn, |e| e.lsn).max(horizon);
         for i in 0..self.n {
-            let msg = ToAcceptor::Elected { term: self.term, history: history.clone(), start_lsn };
+            let msg = ToAcceptor::Elected { term: self.term, history: history.clone(), start_lsn, log_begin };
             out.push(ProposerAction::Send(i, msg));
         }
         self.phase = Phase::Leader(Box::new(Leader {
             history,
+            log_begin,
             start_lsn,
             donor,
             floor: start_lsn,

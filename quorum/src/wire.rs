@@ -27,7 +27,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use proto::{Lsn, TenantId, TimelineId};
 
 /// The protocol version this crate speaks.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// The most WAL one `Append` or `Wal` message carries.
 pub const WAL_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// No valid message is longer than this; anything longer is refused before it is read.
@@ -251,11 +251,12 @@ impl ProposerMessage {
                 put_str(b, name);
             }),
             ProposerMessage::Consensus(m) => match m {
-                ToAcceptor::Greeting => frame(buf, b'G', |_| {}),
+                ToAcceptor::Greeting { round } => frame(buf, b'G', |b| b.put_u64(*round)),
                 ToAcceptor::VoteRequest { term } => frame(buf, b'V', |b| b.put_u64(*term)),
-                ToAcceptor::Elected { term, history, start_lsn } => frame(buf, b'E', |b| {
+                ToAcceptor::Elected { term, history, start_lsn, log_begin } => frame(buf, b'E', |b| {
                     b.put_u64(*term);
                     b.put_u64(start_lsn.0);
+                    b.put_u64(log_begin.0);
                     put_history(b, history);
                 }),
                 ToAcceptor::FetchWal { term, from, to } => frame(buf, b'F', |b| {
@@ -295,7 +296,7 @@ impl ProposerMessage {
                 let name = r.string()?;
                 ProposerMessage::Hello { protocol_version, tenant, timeline, system_id, wal_segment_size, name }
             }
-            b'G' => ProposerMessage::Consensus(ToAcceptor::Greeting),
+            b'G' => ProposerMessage::Consensus(ToAcceptor::Greeting { round: r.u64()? }),
             b'V' => {
                 let term = r.u64()?;
                 if term == 0 {
@@ -306,12 +307,16 @@ impl ProposerMessage {
             b'E' => {
                 let term = r.u64()?;
                 let start_lsn = r.lsn()?;
+                let log_begin = r.lsn()?;
                 let history = r.history()?;
                 match history.0.last() {
                     Some(last) if last.term == term && last.lsn == start_lsn => {}
                     _ => return Err(r.invalid("elected history does not end with the term at its start LSN")),
                 }
-                ProposerMessage::Consensus(ToAcceptor::Elected { term, history, start_lsn })
+                if log_begin > start_lsn {
+                    return Err(r.invalid(format!("log begin {log_begin} beyond the start LSN {start_lsn}")));
+                }
+                ProposerMessage::Consensus(ToAcceptor::Elected { term, history, start_lsn, log_begin })
             }
             b'F' => {
                 let term = r.u64()?;
@@ -365,15 +370,24 @@ impl AcceptorMessage {
                 b.put_u64(f.remote_consistent_lsn.0);
             }),
             AcceptorMessage::Consensus(m) => match m {
-                ToProposer::GreetingReply { term } => frame(buf, b'g', |b| b.put_u64(*term)),
-                ToProposer::Vote { term, granted, acceptor_term, history, flush_lsn, commit_lsn } => frame(buf, b'v', |b| {
+                ToProposer::GreetingReply { round, term, last_log_term, flush_lsn, learner } => frame(buf, b'g', |b| {
+                    b.put_u64(*round);
                     b.put_u64(*term);
-                    b.put_u8(*granted as u8);
-                    b.put_u64(*acceptor_term);
+                    b.put_u64(*last_log_term);
                     b.put_u64(flush_lsn.0);
-                    b.put_u64(commit_lsn.0);
-                    put_history(b, history);
+                    b.put_u8(*learner as u8);
                 }),
+                ToProposer::Vote { term, granted, acceptor_term, history, flush_lsn, commit_lsn, peer_horizon_lsn } => {
+                    frame(buf, b'v', |b| {
+                        b.put_u64(*term);
+                        b.put_u8(*granted as u8);
+                        b.put_u64(*acceptor_term);
+                        b.put_u64(flush_lsn.0);
+                        b.put_u64(commit_lsn.0);
+                        b.put_u64(peer_horizon_lsn.0);
+                        put_history(b, history);
+                    })
+                }
                 ToProposer::ElectedAck { term, flush_lsn } => frame(buf, b'k', |b| {
                     b.put_u64(*term);
                     b.put_u64(flush_lsn.0);
@@ -410,18 +424,41 @@ impl AcceptorMessage {
                 apply_lsn: r.lsn()?,
                 remote_consistent_lsn: r.lsn()?,
             }),
-            b'g' => AcceptorMessage::Consensus(ToProposer::GreetingReply { term: r.u64()? }),
+            b'g' => {
+                let round = r.u64()?;
+                let term = r.u64()?;
+                let last_log_term = r.u64()?;
+                let flush_lsn = r.lsn()?;
+                let learner = r.bool()?;
+                // An acceptor's log holds only terms it has seen.
+                if last_log_term > term {
+                    return Err(r.invalid(format!("last log term {last_log_term} above the term {term}")));
+                }
+                AcceptorMessage::Consensus(ToProposer::GreetingReply { round, term, last_log_term, flush_lsn, learner })
+            }
             b'v' => {
                 let term = r.u64()?;
                 let granted = r.bool()?;
                 let acceptor_term = r.u64()?;
                 let flush_lsn = r.lsn()?;
                 let commit_lsn = r.lsn()?;
+                let peer_horizon_lsn = r.lsn()?;
                 let history = r.history()?;
                 if commit_lsn > flush_lsn {
                     return Err(r.invalid("commit LSN beyond flush LSN"));
                 }
-                AcceptorMessage::Consensus(ToProposer::Vote { term, granted, acceptor_term, history, flush_lsn, commit_lsn })
+                if peer_horizon_lsn > commit_lsn {
+                    return Err(r.invalid("peer horizon beyond the commit LSN"));
+                }
+                AcceptorMessage::Consensus(ToProposer::Vote {
+                    term,
+                    granted,
+                    acceptor_term,
+                    history,
+                    flush_lsn,
+                    commit_lsn,
+                    peer_horizon_lsn,
+                })
             }
             b'k' => AcceptorMessage::Consensus(ToProposer::ElectedAck { term: r.u64()?, flush_lsn: r.lsn()? }),
             b'w' => {

@@ -52,7 +52,7 @@ impl Cluster {
                 let Some(msg) = filter(to, msg) else { continue };
                 let (replies, _) = self.nodes[to].handle(&mut self.disks[to], msg, None).unwrap();
                 for reply in replies {
-                    if matches!(reply, ToProposer::Vote { .. }) {
+                    if matches!(reply, ToProposer::Vote { granted: true, .. }) {
                         p.ghosts.insert(to, self.disks[to].wal.clone());
                     }
                     queue.extend(p.core.handle(to, reply));
@@ -63,7 +63,7 @@ impl Cluster {
             match a {
                 ProposerAction::Elected { start_lsn, donor, .. } => {
                     let g = p.ghosts[&donor].clone();
-                    p.store.elected(start_lsn, &g).unwrap();
+                    p.store.elected(start_lsn, &g, &self.committed).unwrap();
                 }
                 ProposerAction::Commit { commit_lsn, .. } => {
                     let log = p.store.committed(commit_lsn).unwrap();
@@ -291,11 +291,13 @@ fn appends_are_sent_whole() {
 }
 
 /// A stale compute (restarted without a sync: its WAL starts before the safekeepers' end)
-/// takes the votes, as any higher term does, and so fences the healthy compute; it is fenced
-/// itself at once and sends nothing, not even its election. No committed WAL is lost, neither
-/// fenced compute acts again, and a sync then a new compute carry on from the committed end.
+/// sees from the greetings that the acceptors' log does not end at its start, and fences
+/// itself before it asks for a single vote (the pre-vote): the acceptors' term does not move,
+/// and the healthy compute goes on committing. Neither the stale compute nor, later, the
+/// healthy one once a newer compute takes over (the normal way: a sync, then a compute at
+/// the LSN it returned) acts again, and nothing committed is lost.
 #[test]
-fn a_stale_compute_fences_a_healthy_one_and_nothing_is_lost() {
+fn a_stale_compute_is_fenced_before_any_vote_and_the_healthy_one_goes_on() {
     let mut c = Cluster::new();
     let all: &[usize] = &[0, 1, 2];
     let mut healthy = proposer_in(ProposerMode::Compute, WAL_START, ProposerConfig::default());
@@ -308,43 +310,84 @@ fn a_stale_compute_fences_a_healthy_one_and_nothing_is_lost() {
     let mut stale = proposer_in(ProposerMode::Compute, WAL_START, ProposerConfig::default());
     let sent_by_stale = std::cell::Cell::new(0);
     let count = |_: usize, m: ToAcceptor| {
-        if !matches!(m, ToAcceptor::Greeting | ToAcceptor::VoteRequest { .. }) {
+        if !matches!(m, ToAcceptor::Greeting { .. }) {
             sent_by_stale.set(sent_by_stale.get() + 1);
         }
         Some(m)
     };
     let events = c.elect(&mut stale, &count);
     let mismatch = FenceReason::WalMismatch { start_lsn: lsn(20), wal_start: WAL_START };
-    assert_eq!(events, vec![ProposerAction::Fenced { term: 2, reason: mismatch }]);
-    assert_eq!(sent_by_stale.get(), 0, "a fenced compute sends no election and no WAL");
+    assert_eq!(events, vec![ProposerAction::Fenced { term: 0, reason: mismatch }]);
+    assert_eq!(sent_by_stale.get(), 0, "a compute fenced by the pre-vote asks for no vote and sends nothing");
     assert!(stale.core.is_stopped());
-    assert!(c.disks.iter().all(|d| d.state.term == 2 && d.state.history.last_term() == 1), "votes spent, term 1's log kept");
+    assert!(c.disks.iter().all(|d| d.state.term == 1 && d.state.history.last_term() == 1), "no acceptor's term moved");
 
-    // The healthy compute learns of term 2 on its next append and fences itself.
-    let events = append(&mut c, &mut healthy, 3, &[0, 1, 2]);
-    assert!(matches!(events[..], [ProposerAction::Fenced { term: 1, reason: FenceReason::HigherTerm { seen: 2, .. } }]), "{events:?}");
-    assert!(healthy.core.is_stopped());
-    assert_eq!(c.committed.len(), 20);
-    for p in [&mut healthy, &mut stale] {
-        assert!(p.core.tick().is_empty() && p.core.start_election().is_empty() && p.core.append(lsn(1000)).is_empty());
-        assert!(p.core.handle(0, ToProposer::GreetingReply { term: 9 }).is_empty());
-        assert!(p.core.reconnected(0).is_empty());
-    }
+    // The healthy compute goes on.
+    append(&mut c, &mut healthy, 3, &[0, 1, 2]);
+    assert_eq!(c.committed.len(), 30);
+    assert!(healthy.core.is_leader());
 
-    // compute_ctl's way back: a sync, then a compute at the LSN it returned.
+    // compute_ctl's way to a new compute: a sync, then a compute at the LSN it returned. The
+    // healthy one learns of the higher term on its next append and fences itself.
     let mut sync = proposer_in(ProposerMode::Sync, Lsn(0), ProposerConfig::default());
     let events = c.elect(&mut sync, &only(all));
-    assert!(matches!(events.last(), Some(ProposerAction::SyncDone { lsn: Some(l), .. }) if *l == lsn(20)), "{events:?}");
-    let mut next = proposer_in(ProposerMode::Compute, lsn(20), ProposerConfig::default());
+    assert!(matches!(events.last(), Some(ProposerAction::SyncDone { lsn: Some(l), .. }) if *l == lsn(30)), "{events:?}");
+    let events = append(&mut c, &mut healthy, 9, &[0, 1, 2]);
+    assert!(matches!(events[..], [ProposerAction::Fenced { term: 1, reason: FenceReason::HigherTerm { seen: 2, .. } }]), "{events:?}");
+    for p in [&mut healthy, &mut stale] {
+        assert!(p.core.is_stopped());
+        assert!(p.core.tick().is_empty() && p.core.start_election().is_empty() && p.core.append(lsn(1000)).is_empty());
+        assert!(p
+            .core
+            .handle(0, ToProposer::GreetingReply { round: 1, term: 9, last_log_term: 1, flush_lsn: lsn(20), learner: false })
+            .is_empty());
+        assert!(p.core.reconnected(0).is_empty());
+    }
+    let mut next = proposer_in(ProposerMode::Compute, lsn(30), ProposerConfig::default());
     c.elect(&mut next, &only(all));
     assert!(next.core.is_leader());
     append(&mut c, &mut next, 4, &[0, 1, 2]);
-    assert_eq!(c.committed.len(), 30);
-    let mut expected = record(1, 10);
-    expected.extend(record(2, 10));
-    expected.extend(record(4, 10));
+    let mut expected = Vec::new();
+    for id in [1, 2, 3, 4] {
+        expected.extend(record(id, 10));
+    }
     assert_eq!(c.committed, expected);
     assert!(c.disks.iter().all(|d| d.wal.bytes == expected));
+}
+
+/// What the pre-vote cannot see: a stale compute whose greetings reach only acceptors that
+/// lack the newest (not yet committed) WAL passes it, and the election, whose votes include
+/// the acceptor that has that WAL, fences it; its term then fences the healthy compute. Both
+/// stop, nothing committed is lost, and a sync carries on from the most advanced log.
+#[test]
+fn a_stale_compute_that_greets_only_lagging_acceptors_is_fenced_once_elected() {
+    let mut c = Cluster::new();
+    let mut healthy = proposer_in(ProposerMode::Compute, WAL_START, ProposerConfig::default());
+    c.elect(&mut healthy, &only(&[0, 1, 2]));
+    append(&mut c, &mut healthy, 1, &[0, 1, 2]);
+    append(&mut c, &mut healthy, 2, &[0]);
+    assert_eq!(c.committed.len(), 10);
+
+    // Started at the committed end without a sync; greeted by 1 and 2, voted for by 0 and 1.
+    let mut stale = proposer_in(ProposerMode::Compute, lsn(10), ProposerConfig::default());
+    let route = |to: usize, m: ToAcceptor| match m {
+        ToAcceptor::Greeting { .. } => (to != 0).then_some(m),
+        ToAcceptor::VoteRequest { .. } => (to != 2).then_some(m),
+        m => Some(m),
+    };
+    let events = c.elect(&mut stale, &route);
+    let mismatch = FenceReason::WalMismatch { start_lsn: lsn(20), wal_start: lsn(10) };
+    assert_eq!(events, vec![ProposerAction::Fenced { term: 2, reason: mismatch }]);
+    let events = append(&mut c, &mut healthy, 3, &[0, 1, 2]);
+    assert!(matches!(events[..], [ProposerAction::Fenced { term: 1, reason: FenceReason::HigherTerm { seen: 2, .. } }]), "{events:?}");
+    assert_eq!(c.committed.len(), 10);
+
+    let mut sync = proposer_in(ProposerMode::Sync, Lsn(0), ProposerConfig::default());
+    let events = c.elect(&mut sync, &only(&[0, 1, 2]));
+    assert!(matches!(events.last(), Some(ProposerAction::SyncDone { lsn: Some(l), .. }) if *l == lsn(20)), "{events:?}");
+    let mut expected = record(1, 10);
+    expected.extend(record(2, 10));
+    assert_eq!(c.committed, expected);
 }
 
 /// Acceptors that lag behind the donor are caught up with WAL below the leader's start in
@@ -458,4 +501,106 @@ fn peer_horizon_holds_for_a_lagging_acceptor() {
         assert_eq!(c.disks[a].removed_below, lsn(40));
         assert_eq!(c.disks[a].wal, c.disks[0].wal);
     }
+}
+
+/// The term history does not grow with every election: while every acceptor keeps up, the
+/// peer horizon follows the WAL, and each elected history drops the entries below the
+/// highest horizon among its votes. Two hundred elections later the history is a few entries
+/// long (the wire and the control file cap it at `HISTORY_ENTRIES_MAX`, which an untrimmed
+/// history reached after that many elections), and every log is still the committed WAL.
+#[test]
+fn the_term_history_is_trimmed_below_the_peer_horizon() {
+    let mut c = Cluster::new();
+    let mut expected = Vec::new();
+    for id in 1..=200u64 {
+        let mut p = proposer();
+        let events = c.elect(&mut p, &only(&[0, 1, 2]));
+        assert!(p.core.is_leader(), "election {id}: {events:?}");
+        append(&mut c, &mut p, id, &[0, 1, 2]);
+        expected.extend(record(id, 10));
+        // A tick spreads the peer horizon (every acceptor acknowledged the record).
+        let a = p.core.tick();
+        c.run(&mut p, a, &only(&[0, 1, 2]));
+    }
+    assert_eq!(c.committed, expected);
+    for d in &c.disks {
+        assert_eq!(d.wal.bytes, expected);
+        assert!(d.state.history.0.len() <= 3, "history of {} entries: {:?}", d.state.history.0.len(), d.state.history);
+        assert_eq!(d.state.history.last_term(), 200);
+    }
+}
+
+/// An acceptor that lost its disk (a replaced safekeeper: its shell creates the timeline
+/// again, as a learner).
+fn wipe(c: &mut Cluster, a: usize) {
+    c.disks[a] = Disk { state: AcceptorState { learner: true, ..AcceptorState::default() }, ..Disk::default() };
+    c.nodes[a] = Node::start(&c.disks[a]);
+}
+
+/// The reproduction, in the core: commits acknowledged by acceptors 0 and 1 while 2
+/// is down; 0 loses its disk; 0 and 2 alone can elect nobody (as a blank voter, 0 would have
+/// voted with 2 for 2's lagging log, dropping the commits). Once 1 is back, 1 and 2 elect
+/// the log with the commits; 0 joins that election, whose vote it saw, catches up and is a
+/// voter again.
+#[test]
+fn a_wiped_acceptor_votes_only_after_it_caught_up() {
+    let mut c = Cluster::new();
+    let mut p1 = proposer_in(ProposerMode::Compute, WAL_START, ProposerConfig::default());
+    c.elect(&mut p1, &only(&[0, 1, 2]));
+    for id in 1..=6 {
+        append(&mut c, &mut p1, id, &[0, 1]);
+    }
+    assert_eq!(c.committed.len(), 60);
+    wipe(&mut c, 0);
+
+    let mut sync = proposer_in(ProposerMode::Sync, Lsn(0), ProposerConfig::default());
+    let events = c.elect(&mut sync, &only(&[0, 2]));
+    assert!(events.is_empty(), "nobody may be elected by a learner and one voter: {events:?}");
+    assert!(c.disks[0].state.learner && c.disks[0].state.term == 0, "a learner does not vote");
+
+    // Acceptor 1 is back: the sync's resent vote request reaches it.
+    let a = sync.core.tick();
+    let events = c.run(&mut sync, a, &only(&[0, 1, 2]));
+    assert!(matches!(events.last(), Some(ProposerAction::SyncDone { lsn: Some(l), .. }) if *l == lsn(60)), "{events:?}");
+    let a = sync.core.tick();
+    c.run(&mut sync, a, &only(&[0, 1, 2]));
+    let mut expected = Vec::new();
+    for id in 1..=6 {
+        expected.extend(record(id, 10));
+    }
+    assert_eq!(c.committed, expected);
+    // The sync stopped once a majority had its commit; the next compute brings everyone up.
+    let mut next = proposer_in(ProposerMode::Compute, lsn(60), ProposerConfig::default());
+    c.elect(&mut next, &only(&[0, 1, 2]));
+    append(&mut c, &mut next, 7, &[0, 1, 2]);
+    expected.extend(record(7, 10));
+    assert_eq!(c.committed, expected);
+    assert!(!c.disks[0].state.learner, "caught up in a term it joined: a voter again");
+    for d in &c.disks {
+        assert_eq!(d.wal.range(d.wal.begin, d.wal.end()).unwrap(), &expected[(d.wal.begin.0 - WAL_START.0) as usize..]);
+    }
+}
+
+/// A learner does not join an election it did not see begin (an earlier incarnation may
+/// have acknowledged WAL in it, which the leader would count on): it waits for the next.
+#[test]
+fn a_learner_joins_only_an_election_it_saw_begin() {
+    let mut c = Cluster::new();
+    let mut p1 = proposer();
+    c.elect(&mut p1, &only(&[0, 1, 2]));
+    append(&mut c, &mut p1, 1, &[0, 1, 2]);
+    wipe(&mut c, 2);
+    // The leader's connection to 2 is re-established: it resends its election.
+    let a = p1.core.reconnected(2);
+    c.run(&mut p1, a, &only(&[0, 1, 2]));
+    append(&mut c, &mut p1, 2, &[0, 1, 2]);
+    assert_eq!(c.committed.len(), 20, "the others go on");
+    assert_eq!((c.disks[2].state.term, c.disks[2].state.flush_lsn), (0, Lsn(0)), "the learner stayed out");
+
+    let mut p2 = proposer();
+    c.elect(&mut p2, &only(&[0, 1, 2]));
+    append(&mut c, &mut p2, 3, &[0, 1, 2]);
+    assert_eq!(c.committed.len(), 30);
+    assert!(!c.disks[2].state.learner);
+    assert_eq!(c.disks[2].state.flush_lsn, lsn(30));
 }

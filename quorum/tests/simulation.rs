@@ -1,7 +1,8 @@
 //! Seeded deterministic simulation of the consensus core: 3 acceptors, 2-3 proposers or
 //! endpoints, a network that loses, delays, reorders and duplicates messages and cuts links
 //! for a while, acceptor crashes (losing what was not persisted, including lazily written
-//! commit LSNs) and restarts, and client appends of WAL records (which, like PostgreSQL's,
+//! commit LSNs) and restarts, lost disks (an acceptor back blank as a learner, one at a
+//! time), and client appends of WAL records (which, like PostgreSQL's,
 //! say how long they are, so the checker can tell where records end).
 //!
 //! Even seeds run plain proposers (`ProposerMode::Plain`) that continue any log they are
@@ -14,7 +15,7 @@
 //! starts at an older LSN and tries to take over from the healthy one.
 //!
 //! After every step: at most one proposer elected per term; committed WAL is never
-//! contradicted, is durable on a majority, and is what every acceptor has below its commit
+//! contradicted, is durable on a majority (counting an acceptor that lost its disk since), and is what every acceptor has below its commit
 //! LSN; commit LSNs never go back; no reply before its persists; fetched WAL is the elected
 //! history's; no acceptor's WAL ends inside a record; no acceptor's peer horizon (in memory
 //! or durable) exceeds any acceptor's flush LSN. Acceptors remove WAL below their durable
@@ -35,7 +36,7 @@
 mod support;
 
 use proto::Lsn;
-use quorum::{FenceReason, NodeId, Proposer, ProposerAction, ProposerConfig, ProposerMode, Term, ToAcceptor, ToProposer};
+use quorum::{AcceptorState, FenceReason, NodeId, Proposer, ProposerAction, ProposerConfig, ProposerMode, Term, ToAcceptor, ToProposer};
 use rand::Rng;
 use std::collections::BTreeMap;
 use support::{is_record_boundary, record, Disk, Node, SimRng, Store, Wal, WAL_START};
@@ -132,6 +133,12 @@ struct Sim {
     remote_consistent_lsn: Lsn,
     /// Plain proposers instead of endpoints (they never move on).
     plain: bool,
+    /// Disks lost (an acceptor back blank, as a learner).
+    wipes: usize,
+}
+
+fn learner_disk() -> Disk {
+    Disk { state: AcceptorState { learner: true, ..AcceptorState::default() }, ..Disk::default() }
 }
 
 type Check = Result<(), String>;
@@ -186,6 +193,7 @@ impl Sim {
             removed_max: Lsn(0),
             remote_consistent_lsn: Lsn(0),
             plain: false,
+            wipes: 0,
         };
         // Odd seeds: endpoints that sync and compute. Even seeds: plain proposers that
         // continue any log they are elected with and stay, so that streaming, catch-up and
@@ -271,7 +279,7 @@ impl Sim {
             if let ProposerAction::SendWal { to, peer_horizon_lsn, remote_consistent_lsn, .. } = a {
                 // The peer horizon lets acceptors remove WAL: it must never be above any
                 // acceptor's flush LSN (what the proposer knows of it, and what it really is).
-                for (b, d) in self.disks.iter().enumerate() {
+                for (b, d) in self.disks.iter().enumerate().filter(|(_, d)| !d.state.learner) {
                     if peer_horizon_lsn > d.state.flush_lsn {
                         return Err(format!(
                             "proposer {p} sends acceptor {to} the peer horizon {peer_horizon_lsn}, above acceptor {b}'s flush LSN {}",
@@ -304,7 +312,7 @@ impl Sim {
                     if start_lsn != donor_log.end() && !(donor_log.bytes.is_empty() && start_lsn == WAL_START) {
                         return Err(format!("start LSN {start_lsn} is not the donor's flush LSN {}", donor_log.end()));
                     }
-                    pn.store.elected(start_lsn, &donor_log)?;
+                    pn.store.elected(start_lsn, &donor_log, &self.committed)?;
                 }
                 ProposerAction::Commit { term, commit_lsn } => {
                     let log = self.proposers[p].store.committed(commit_lsn)?;
@@ -399,7 +407,8 @@ impl Sim {
                     return Ok(());
                 }
                 for msg in replies {
-                    let ghost = matches!(msg, ToProposer::Vote { .. }).then(|| self.disks[to].wal.clone());
+                    // (Of a granted vote only: a refusal, such as a learner's, never makes a donor.)
+                    let ghost = matches!(msg, ToProposer::Vote { granted: true, .. }).then(|| self.disks[to].wal.clone());
                     self.send(Envelope::ToProposer { from: to, to: from, msg, ghost });
                 }
             }
@@ -458,6 +467,16 @@ impl Sim {
         self.proposers[p].retry_at = None;
         let actions = self.proposers[p].core.start_election();
         self.proposer_actions(p, actions)
+    }
+
+    /// Acceptor `a` loses its disk: it restarts blank, a learner, as a safekeeper whose
+    /// timeline is created again by a proposer's hello.
+    fn wipe(&mut self, a: NodeId) {
+        self.disks[a] = learner_disk();
+        self.nodes[a] = Some(Node::start(&self.disks[a]));
+        self.seen_commit[a] = Lsn(0);
+        self.seen_disk_commit[a] = Lsn(0);
+        self.wipes += 1;
     }
 
     fn restart(&mut self, a: NodeId) {
@@ -529,6 +548,12 @@ impl Sim {
                 } else {
                     self.heal(p, a)?;
                 }
+            }
+            92 if self.rng.gen_bool(0.3) && self.disks.iter().all(|d| !d.state.learner) => {
+                // A disk is lost and replaced: the acceptor comes back blank, as a learner
+                // (one at a time: losing two of three copies is beyond any quorum).
+                let a = self.rng.gen_range(0..ACCEPTORS);
+                self.wipe(a);
             }
             91 if !self.plain && self.rng.gen_bool(0.6) => {
                 // An endpoint crashes and restarts, or an intruder starts: a sync, or a stale
@@ -614,8 +639,10 @@ impl Sim {
                     return Err(format!("acceptor {a} ({what}): commit LSN {commit} never committed (committed up to {end})"));
                 }
                 if commit > WAL_START {
-                    let mine = disk.wal.range(WAL_START, commit)?;
-                    if mine != &self.committed[..mine.len()] {
+                    let from = disk.wal.begin.max(WAL_START);
+                    let mine = disk.wal.range(from, commit)?;
+                    let theirs = &self.committed[(from.0 - WAL_START.0) as usize..];
+                    if mine != &theirs[..mine.len()] {
                         return Err(format!("acceptor {a} ({what}): WAL below its commit LSN {commit} differs from committed WAL"));
                     }
                 }
@@ -629,8 +656,10 @@ impl Sim {
                     return Err(format!("acceptor {a}: remote-consistent LSN {} never reported", n.remote_consistent_lsn));
                 }
             }
+            // (A learner that lost its disk is below the others' horizons until it caught
+            // up: its log begins at a horizon, and it does not vote until then.)
             for (what, horizon) in horizons {
-                for (b, other) in self.disks.iter().enumerate() {
+                for (b, other) in self.disks.iter().enumerate().filter(|(_, d)| !d.state.learner) {
                     if horizon > other.state.flush_lsn {
                         return Err(format!(
                             "acceptor {a} ({what}): peer horizon {horizon} above acceptor {b}'s flush LSN {}",
@@ -641,15 +670,28 @@ impl Sim {
             }
             // Pieces end at record boundaries: no acceptor's log ever ends inside a record, so
             // whichever log the next election picks, its end is a record's.
-            if disk.wal.begin == WAL_START && !is_record_boundary(&disk.wal.bytes, disk.wal.end()) {
-                return Err(format!("acceptor {a}: its WAL ends at {}, inside a record", disk.wal.end()));
+            if let Some(whole) = disk.wal.whole_log(&self.committed) {
+                if !disk.wal.bytes.is_empty() && !is_record_boundary(&whole, disk.wal.end()) {
+                    return Err(format!("acceptor {a}: its WAL ends at {}, inside a record", disk.wal.end()));
+                }
             }
         }
-        // The committed WAL is durable on a majority.
+        // The committed WAL is durable on a majority: a log that begins later (a learner's)
+        // holds what it has of it; a learner that has not got it yet counts too, since it
+        // lost its disk after the commit (the fault this simulation allows once at a time).
         if end > WAL_START {
-            let holders = self.disks.iter().filter(|d| d.wal.range(WAL_START, end).is_ok_and(|w| w == &self.committed[..])).count();
+            let holds = |d: &Disk| {
+                let from = d.wal.begin.max(WAL_START);
+                d.state.learner || d.wal.range(from, end).is_ok_and(|w| w == &self.committed[(from.0 - WAL_START.0) as usize..])
+            };
+            let holders = self.disks.iter().filter(|d| holds(d)).count();
             if holders <= ACCEPTORS / 2 {
-                return Err(format!("committed WAL up to {end} is durable on only {holders} acceptors"));
+                let shapes: Vec<String> = self
+                    .disks
+                    .iter()
+                    .map(|d| format!("{}..{} term {} learner {}", d.wal.begin, d.wal.end(), d.state.term, d.state.learner))
+                    .collect();
+                return Err(format!("committed WAL up to {end} is durable on only {holders} acceptors: {}", shapes.join(", ")));
             }
         }
         Ok(())
@@ -679,8 +721,10 @@ impl Sim {
                 // Synced (a compute follows), or fenced by a proposer of before the healing
                 // (a sync follows).
                 self.next_incarnation(e, false)?;
-            } else if i % 500 == 499 && !self.proposers[p].core.is_leader() {
-                // Lost the race to a term another acceptor had seen: try again.
+            } else if i % 500 == 499 && (!self.proposers[p].core.is_leader() || self.disks.iter().any(|d| d.state.learner)) {
+                // Lost the race to a term another acceptor had seen: try again. Or a learner
+                // missed this election's vote request and waits for the next one (a compute
+                // is fenced by its own new election, and the endpoint moves on).
                 self.start_election(p)?;
             } else if self.rng.gen_bool(0.1) {
                 let actions = self.proposers[p].core.tick();
@@ -713,14 +757,17 @@ impl Sim {
                 let synced = current && self.nodes.iter().all(|n| n.as_ref().is_some_and(|n| n.acceptor.state().commit_lsn >= end));
                 if synced {
                     self.check()?;
-                    let first = &self.disks[0].wal;
-                    if self.disks.iter().any(|d| d.wal != *first) {
-                        let shapes: Vec<String> = self.disks.iter().map(|d| format!("{}..{}", d.wal.begin, d.wal.end())).collect();
+                    // Identical WAL (from the committed WAL below a learner's beginning), that
+                    // holds everything committed; and no learner left.
+                    let logs: Vec<Option<Vec<u8>>> = self.disks.iter().map(|d| d.wal.whole_log(&self.committed)).collect();
+                    let learners = self.disks.iter().filter(|d| d.state.learner).count();
+                    if logs.iter().any(|l| l.is_none() || *l != logs[0]) || learners > 0 {
+                        let shapes: Vec<String> =
+                            self.disks.iter().map(|d| format!("{}..{} learner {}", d.wal.begin, d.wal.end(), d.state.learner)).collect();
                         return Err(format!("acceptors differ after catching up: {}", shapes.join(", ")));
                     }
-                    if first.range(WAL_START, committed_end(&self.committed)).map_err(|e| format!("after catching up: {e}"))?
-                        != &self.committed[..]
-                    {
+                    let first = logs[0].as_ref().expect("checked");
+                    if first.get(..self.committed.len()) != Some(&self.committed[..]) {
                         return Err("the committed WAL is not a prefix of the acceptors' WAL after catching up".into());
                     }
                     return Ok(());
@@ -745,6 +792,7 @@ struct Outcome {
     synced: usize,
     removals: usize,
     removed_bytes: u64,
+    wipes: usize,
 }
 
 fn run_seed(seed: u64) -> Result<Outcome, String> {
@@ -769,6 +817,7 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         fenced_later: sim.fenced_later,
         synced: sim.synced,
         removals: sim.removals,
+        wipes: sim.wipes,
         removed_bytes: sim.removed_max.0.saturating_sub(WAL_START.0),
     })
 }
@@ -787,9 +836,10 @@ fn run_seed_or_panic(seed: u64) -> Outcome {
 fn many_seeds() {
     let n: u64 = std::env::var("FJORD_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
     let (mut commits, mut bytes, mut terms, mut fenced_stale, mut fenced_later, mut synced) = (0, 0, 0, 0, 0, 0);
-    let (mut removals, mut removed_bytes) = (0, 0);
+    let (mut removals, mut removed_bytes, mut wipes) = (0, 0, 0);
     for seed in 0..n {
         let o = run_seed_or_panic(seed);
+        wipes += o.wipes;
         removals += o.removals;
         removed_bytes += o.removed_bytes;
         commits += o.commits;
@@ -802,11 +852,21 @@ fn many_seeds() {
     eprintln!(
         "{n} seeds: {commits} commit advances, {bytes} bytes committed, {terms} terms elected, {synced} syncs done, \
          {fenced_stale} computes fenced at election, {fenced_later} after it, {removals} WAL removals \
-         ({removed_bytes} bytes below the highest removal point, summed over seeds)"
+         ({removed_bytes} bytes below the highest removal point, summed over seeds), {wipes} disks lost"
     );
-    // The simulation must exercise something: commits, elections, fencing, syncs and removal.
+    // The simulation must exercise something: commits, elections, fencing, syncs, removal
+    // and lost disks.
     let n = n as usize;
-    assert!(n == 0 || commits > n && terms > n && synced > n / 2 && fenced_stale > n / 40 && fenced_later > n / 40 && removals > n);
+    assert!(
+        n == 0
+            || commits > n
+                && terms > n
+                && synced > n / 2
+                && fenced_stale > n / 40
+                && fenced_later > n / 40
+                && removals > n
+                && wipes > n / 4
+    );
 }
 
 #[test]
@@ -815,7 +875,7 @@ fn replay_seed() {
     let o = run_seed_or_panic(seed);
     eprintln!(
         "seed {seed}: {} commit advances, {} bytes committed, {} terms elected, {} syncs done, {} computes fenced at election, {} after it, \
-         {} WAL removals (up to {} bytes)",
-        o.commits, o.committed_bytes, o.terms, o.synced, o.fenced_stale, o.fenced_later, o.removals, o.removed_bytes
+         {} WAL removals (up to {} bytes), {} disks lost",
+        o.commits, o.committed_bytes, o.terms, o.synced, o.fenced_stale, o.fenced_later, o.removals, o.removed_bytes, o.wipes
     );
 }

@@ -151,8 +151,57 @@ impl Safekeeper {
         map.iter().map(|(k, v)| (*k, v.clone())).collect()
     }
 
-    /// What a proposer's `Hello` does: the timeline, created if new (blocking: it writes
-    /// and fsyncs files). The error text is what the proposer is told.
+    /// Creates a timeline on purpose (the control plane, when it creates the timeline): a
+    /// voter from the start (blocking: it writes and fsyncs files). Creating one that exists
+    /// with the same system and segment size changes nothing (`Ok(false)`), and does not
+    /// make a learner a voter; with another system or segment size it is refused.
+    pub fn create_timeline(&self, tenant: TenantId, timeline: TimelineId, system_id: u64, wal_segment_size: u32) -> Result<bool, String> {
+        if !valid_segment_size(wal_segment_size) {
+            return Err(format!("WAL segment size {wal_segment_size} is not a power of two between 1 MiB and 1 GiB"));
+        }
+        let mut map = self.timelines.write().unwrap_or_else(|e| e.into_inner());
+        match map.get(&(tenant, timeline)) {
+            Some(TimelineEntry::Unavailable(reason)) => {
+                Err(TimelineError::Unavailable { tenant, timeline, reason: reason.clone() }.to_string())
+            }
+            Some(TimelineEntry::Ok(tl)) => {
+                if tl.system_id() != system_id || tl.wal_segment_size() != wal_segment_size {
+                    return Err(format!(
+                        "timeline {tenant}/{timeline} exists with system {} and WAL segments of {} bytes, not system {system_id} and {wal_segment_size}",
+                        tl.system_id(),
+                        tl.wal_segment_size()
+                    ));
+                }
+                Ok(false)
+            }
+            None => {
+                let tl = self.create_storage(tenant, timeline, system_id, wal_segment_size, false)?;
+                tracing::info!(tenant_id = %tenant, timeline_id = %timeline, system_id, wal_segment_size, "created timeline");
+                map.insert((tenant, timeline), TimelineEntry::Ok(tl));
+                Ok(true)
+            }
+        }
+    }
+
+    fn create_storage(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        system_id: u64,
+        wal_segment_size: u32,
+        learner: bool,
+    ) -> Result<Arc<Timeline>, String> {
+        let dir = self.timeline_dir(tenant, timeline);
+        let storage = TimelineStorage::create(&dir, tenant, timeline, system_id, wal_segment_size, learner)
+            .map_err(|e| format!("could not create timeline {tenant}/{timeline}: {e:#}"))?;
+        Ok(Arc::new(Timeline::new(storage, self.metrics.clone())))
+    }
+
+    /// What a proposer's `Hello` does: the timeline (blocking: it may write and fsync
+    /// files). One this safekeeper has no record of is created as a *learner*: it was
+    /// either never created here, or lost with a disk, and a blank copy must not vote
+    /// (`quorum`'s "Learners"); it catches up in the next election the others win. The
+    /// error text is what the proposer is told.
     pub fn hello_timeline(
         &self,
         tenant: TenantId,
@@ -167,11 +216,14 @@ impl Safekeeper {
             }
             Some(TimelineEntry::Ok(tl)) => tl.clone(),
             None => {
-                let dir = self.timeline_dir(tenant, timeline);
-                let storage = TimelineStorage::create(&dir, tenant, timeline, system_id, wal_segment_size)
-                    .map_err(|e| format!("could not create timeline {tenant}/{timeline}: {e:#}"))?;
-                tracing::info!(tenant_id = %tenant, timeline_id = %timeline, system_id, wal_segment_size, "created timeline");
-                let tl = Arc::new(Timeline::new(storage, self.metrics.clone()));
+                let tl = self.create_storage(tenant, timeline, system_id, wal_segment_size, true)?;
+                tracing::warn!(
+                    tenant_id = %tenant,
+                    timeline_id = %timeline,
+                    system_id,
+                    wal_segment_size,
+                    "a proposer writes to a timeline this safekeeper has no record of (its data was lost, or the timeline was never created here): created it as a learner, which does not vote until it has caught up from the others"
+                );
                 map.insert((tenant, timeline), TimelineEntry::Ok(tl.clone()));
                 tl
             }
@@ -221,6 +273,11 @@ impl Safekeeper {
             }
         }
     }
+}
+
+/// A WAL segment size PostgreSQL can have: a power of two from 1 MiB to 1 GiB.
+pub fn valid_segment_size(bytes: u32) -> bool {
+    bytes.is_power_of_two() && (1 << 20..=1 << 30).contains(&bytes)
 }
 
 fn load_timeline(dir: &Path, tenant: TenantId, timeline: TimelineId, metrics: &Arc<Metrics>) -> anyhow::Result<Timeline> {

@@ -85,6 +85,9 @@ pub struct TimelineStatus {
     pub system_id: u64,
     pub wal_segment_size: u32,
     pub term: u64,
+    /// Created without a record of this timeline (a lost disk, or a timeline never created
+    /// here): it does not vote until it has caught up (`quorum`'s "Learners").
+    pub learner: bool,
     pub term_history: Vec<TermSwitchJson>,
     pub flush_lsn: String,
     pub commit_lsn: String,
@@ -290,6 +293,7 @@ impl Timeline {
         let mut appends = 0u64;
         let mut bytes = 0u64;
         let mut relayed = Lsn(0);
+        let was_learner = inner.acceptor.state().learner;
         let result = (|| -> anyhow::Result<()> {
             'msgs: for msg in msgs {
                 let actions = inner.acceptor.handle(msg);
@@ -336,6 +340,15 @@ impl Timeline {
         }
         let state = inner.acceptor.state();
         let (flush, commit) = (state.flush_lsn, state.commit_lsn);
+        if was_learner && !state.learner {
+            tracing::info!(
+                tenant_id = %self.tenant,
+                timeline_id = %self.timeline,
+                term = state.term,
+                flush_lsn = %flush,
+                "caught up with the log of the term it joined: this safekeeper votes again for this timeline"
+            );
+        }
         self.set_remote_consistent_lsn(relayed);
         self.update_gauges(&inner);
         drop(inner);
@@ -417,6 +430,7 @@ impl Timeline {
             system_id: self.system_id,
             wal_segment_size: self.wal_segment_size,
             term: state.term,
+            learner: state.learner,
             term_history: state.history.0.iter().map(|e| TermSwitchJson { term: e.term, lsn: e.lsn.to_string() }).collect(),
             flush_lsn: state.flush_lsn.to_string(),
             commit_lsn: state.commit_lsn.to_string(),

@@ -68,6 +68,14 @@ impl Node {
         Conn { s, buf: BytesMut::new() }
     }
 
+    /// Creates the test timeline on purpose (as the control plane does): a voter.
+    fn create_timeline(&self) -> (u16, serde_json::Value) {
+        let (t, tl) = ids();
+        let body = format!(r#"{{"system_id": {SYSID}, "wal_segment_size": {SEG}}}"#);
+        let (code, body) = http_post(self.http_port, &format!("/v1/tenant/{t}/timeline/{tl}"), &body).unwrap();
+        (code, serde_json::from_str(&body).unwrap())
+    }
+
     fn timeline(&self) -> (u16, serde_json::Value) {
         let (t, tl) = ids();
         let (code, body) = http_get(self.http_port, &format!("/v1/tenant/{t}/timeline/{tl}")).unwrap();
@@ -84,8 +92,23 @@ impl Drop for Node {
 
 /// A minimal HTTP/1.1 GET: (status code, body), `None` if nothing listens.
 fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    http_request(port, "GET", path, None)
+}
+
+/// A minimal HTTP/1.1 POST of a JSON body.
+fn http_post(port: u16, path: &str, body: &str) -> Option<(u16, String)> {
+    http_request(port, "POST", path, Some(body))
+}
+
+fn http_request(port: u16, method: &str, path: &str, body: Option<&str>) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    let body = body.unwrap_or("");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
     let mut resp = String::new();
     s.read_to_string(&mut resp).ok()?;
     let code = resp.split(' ').nth(1)?.parse().ok()?;
@@ -223,6 +246,7 @@ fn synthetic(len: usize, seed: u64) -> Vec<u8> {
 fn proposer_session_election_appends_commit_and_restart() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(dir.path());
+    assert_eq!(node.create_timeline().0, 201);
     let start = Lsn(3 * SEG as u64 + 0x28);
 
     let mut conn = node.connect();
@@ -238,6 +262,7 @@ fn proposer_session_election_appends_commit_and_restart() {
     let (code, st) = node.timeline();
     assert_eq!(code, 200);
     assert_eq!(st["state"], "ok");
+    assert_eq!(st["learner"], false);
     assert_eq!(st["term"], 1);
     assert_eq!(st["flush_lsn"], end.to_string());
     assert_eq!(st["commit_lsn"], end.to_string());
@@ -320,6 +345,7 @@ fn wal_below_the_horizon_is_removed_unless_turned_off() {
     for removal in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let node = if removal { Node::start(dir.path()) } else { Node::start_with(dir.path(), &["--no-wal-removal"]) };
+        node.create_timeline();
         let start = Lsn(3 * SEG as u64 + 0x28);
         let mut conn = node.connect();
         assert!(matches!(conn.hello(SYSID), AcceptorMessage::HelloOk { .. }));
@@ -393,6 +419,7 @@ fn snapshot(node: &Node) -> serde_json::Value {
 fn malformed_messages_get_an_error_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(dir.path());
+    node.create_timeline();
     let start = Lsn(SEG as u64 + 0x28);
     let mut conn = node.connect();
     conn.hello(SYSID);
@@ -404,7 +431,7 @@ fn malformed_messages_get_an_error_and_change_nothing() {
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("unknown tag", vec![b'Z', 0, 0, 0, 0], "unknown message tag"),
         ("truncated", vec![b'V', 0, 0, 0, 3, 1, 2, 3], "truncated"),
-        ("trailing bytes", vec![b'G', 0, 0, 0, 2, 0, 0], "trailing"),
+        ("trailing bytes", vec![b'G', 0, 0, 0, 10, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0], "trailing"),
         ("too long", vec![b'A', 0xff, 0xff, 0xff, 0xff], "too long"),
         ("garbage", b"\x00\x00\x00\x00\x05junk!".to_vec(), "unknown message tag 0x00"),
         ("garbage with a huge length", b"garbage garbage".to_vec(), "too long"),
@@ -600,4 +627,53 @@ fn pageserver_feedback_reaches_proposers() {
     assert_eq!(tl.remote_consistent_lsn(), Lsn(150));
     let _ = stop_tx.send(());
     rt.block_on(server).unwrap().unwrap();
+}
+
+/// A timeline created on purpose is a voter; creating it again changes nothing, and a
+/// creation that contradicts it or is malformed is refused. A timeline the safekeeper first
+/// hears of from a proposer (never created here, or lost with the disk) is a learner: it
+/// refuses to vote, so a lone proposer cannot be elected with it.
+#[test]
+fn created_timelines_vote_and_unknown_ones_are_learners() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    let (t, tl) = ids();
+    let path = format!("/v1/tenant/{t}/timeline/{tl}");
+    assert_eq!(
+        node.create_timeline(),
+        (201, serde_json::json!({"tenant_id": t.to_string(), "timeline_id": tl.to_string(), "created": true}))
+    );
+    assert_eq!(node.create_timeline().0, 200, "creating it again changes nothing");
+    for (body, code, says) in [
+        (format!(r#"{{"system_id": {}}}"#, SYSID + 1), 409, "exists with system"),
+        (r#"{"system_id": 1, "wal_segment_size": 1000}"#.to_string(), 400, "not a power of two"),
+        (r#"{"system_id": 1, "colour": "red"}"#.to_string(), 400, "unknown field"),
+        ("not json".to_string(), 400, "bad timeline creation request"),
+    ] {
+        let (c, b) = http_post(node.http_port, &path, &body).unwrap();
+        assert_eq!(c, code, "{body}: {b}");
+        assert!(b.contains(says), "{body}: {b}");
+    }
+    assert_eq!(node.timeline().1["learner"], false);
+    node.stop();
+
+    // The data directory is lost: a proposer's hello finds no record, and the timeline
+    // comes back as a learner that refuses the vote.
+    std::fs::remove_dir_all(dir.path()).unwrap();
+    let node = Node::start(dir.path());
+    let mut conn = node.connect();
+    assert!(matches!(conn.hello(SYSID), AcceptorMessage::HelloOk { .. }));
+    assert_eq!(node.timeline().1["learner"], true);
+    conn.send(&ProposerMessage::Consensus(ToAcceptor::VoteRequest { term: 1 }));
+    match conn.recv() {
+        Some(AcceptorMessage::Consensus(quorum::ToProposer::Vote { granted, acceptor_term, .. })) => {
+            assert!(!granted, "a learner voted");
+            assert_eq!(acceptor_term, 0);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // Creating it on purpose now does not make the learner a voter.
+    assert_eq!(node.create_timeline().0, 200);
+    assert_eq!(node.timeline().1["learner"], true);
+    node.stop();
 }

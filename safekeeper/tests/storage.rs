@@ -20,7 +20,7 @@ fn ids() -> (TenantId, TimelineId) {
 
 fn create(dir: &Path) -> TimelineStorage {
     let (t, tl) = ids();
-    TimelineStorage::create(&dir.join(t.to_string()).join(tl.to_string()), t, tl, SYSID, SEG).unwrap()
+    TimelineStorage::create(&dir.join(t.to_string()).join(tl.to_string()), t, tl, SYSID, SEG, false).unwrap()
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -31,7 +31,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 fn start_and_append(s: &mut TimelineStorage, begin: Lsn, data: &[u8]) {
     let mut st = SyncStats::default();
     let history = TermHistory(vec![TermSwitch { term: 1, lsn: begin }]);
-    s.persist(&Persist::Control { term: 1, history, commit_lsn: Lsn(0) }, &mut st).unwrap();
+    s.persist(&Persist::Control { term: 1, history, commit_lsn: Lsn(0), learner: false }, &mut st).unwrap();
     s.persist(&Persist::Truncate { at: begin }, &mut st).unwrap();
     s.persist(&Persist::Append { begin, data: Bytes::copy_from_slice(data) }, &mut st).unwrap();
     s.sync(&mut st).unwrap();

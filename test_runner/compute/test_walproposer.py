@@ -1,8 +1,8 @@
 """The WAL proposer's PostgreSQL side: the background worker, commits waiting for it
 (patch 0008), backpressure, the status function and the settings' validation.
 
-A dead address shows what a compute does while no safekeeper answers (commits wait, a
-cancel ends the wait with PostgreSQL's warning); three real safekeeper processes release
+A dead address shows what a compute does while no safekeeper answers (commits wait; a
+cancel or a statement timeout ends the wait and the session, never with the commit's success); three real safekeeper processes release
 commits; a real compute whose pageserver stops following the safekeepers is throttled
 (backpressure). Fencing and failures are in test_runner/safekeeper/.
 """
@@ -62,8 +62,10 @@ def create_extension(pg):
 class BackgroundStatement:
     """Runs one statement in its own session on a thread, keeping its notices."""
 
-    def __init__(self, pg, sql: str):
+    def __init__(self, pg, sql: str, setup: str | None = None):
         self.conn = pg.connect()
+        if setup:
+            self.conn.execute(setup)
         self.pid = self.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         self.notices: list[str] = []
         self.conn.add_notice_handler(lambda d: self.notices.append(f"{d.severity}: {d.message_primary}"))
@@ -125,15 +127,29 @@ def test_dead_safekeepers_commit_waits_until_canceled(pg_factory):
     time.sleep(2)
     assert not stmt.done(), "a commit returned without any safekeeper"
 
-    # A cancel ends the wait with PostgreSQL's warning; the row committed locally.
+    # A cancel ends the wait and the session: the client must not see the commit succeed
+    # (PostgreSQL alone would return success with a warning, for a row on no safekeeper).
+    # The row committed locally; whether it is durable is what the warning says is unknown.
+    unknown = "the outcome of this transaction is unknown"
     with local_conn(pg) as conn:
         conn.execute("SELECT pg_cancel_backend(%s)", (stmt.pid,))
     wait_until("the canceled commit to return", stmt.done, timeout_s=10)
-    assert stmt.error is None, stmt.error
-    assert any("canceling wait for synchronous replication due to user request" in n for n in stmt.notices), stmt.notices
+    assert isinstance(stmt.error, psycopg.OperationalError), (stmt.error, stmt.notices)
+    assert any(unknown in n for n in stmt.notices), stmt.notices
+    assert stmt.conn.closed or stmt.conn.broken
     stmt.close()
     with local_conn(pg) as conn:
         assert conn.execute("SELECT count(*) FROM t").fetchone() == (1,)
+
+    # A statement timeout is a cancel too. PostgreSQL stops the timer before a statement's
+    # own commit, so it reaches a commit wait inside a statement: a procedure's COMMIT.
+    with local_conn(pg) as conn:
+        conn.execute("CREATE PROCEDURE insert_and_commit(v int) LANGUAGE plpgsql AS $$ BEGIN INSERT INTO t VALUES (v); COMMIT; END $$")
+    stmt = BackgroundStatement(pg, "CALL insert_and_commit(3)", setup="SET statement_timeout = 1000")
+    wait_until("the timed-out commit to return", stmt.done, timeout_s=15)
+    assert isinstance(stmt.error, psycopg.OperationalError), (stmt.error, stmt.notices)
+    assert any(unknown in n for n in stmt.notices), stmt.notices
+    stmt.close()
 
     # Termination ends a wait too, with the connection.
     stmt = BackgroundStatement(pg, "INSERT INTO t VALUES (2)")
@@ -146,7 +162,7 @@ def test_dead_safekeepers_commit_waits_until_canceled(pg_factory):
 
     allowed = [
         "could not start the WAL proposer",
-        "canceling wait for synchronous replication",
+        unknown,
         "canceling the wait for synchronous replication",
         "terminating connection due to administrator command",
     ]
@@ -155,7 +171,12 @@ def test_dead_safekeepers_commit_waits_until_canceled(pg_factory):
 
 def test_real_safekeepers_release_commits(pg_factory, safekeepers):
     addrs = ",".join(sk.addr for sk in safekeepers)
-    pg = pg_factory("sk", proposer_settings(addrs)).initdb().start()
+    pg = pg_factory("sk", proposer_settings(addrs)).initdb()
+    out = pg.run(str(pg.bin / "pg_controldata"), "-D", str(pg.datadir)).stdout
+    system_id = int(next(line.split(":", 1)[1] for line in out.splitlines() if line.startswith("Database system identifier")))
+    for sk in safekeepers:
+        sk.create_timeline(TENANT, TIMELINE, system_id)
+    pg.start()
     create_extension(pg)
     wait_until("streaming", lambda: status(pg)["state"] == "streaming", timeout_s=60)
     with pg.connect() as conn:

@@ -292,3 +292,46 @@ def recv_all(s: socket.socket) -> bytes:
             break
         chunks.append(b)
     return b"".join(chunks)
+
+
+def test_a_safekeeper_that_lost_its_disk_does_not_vote(tmp_path, timeline, safekeepers):
+    """The reproduction of the blank-acceptor hole, with processes: rows acknowledged by
+    safekeepers 1 and 2 while 3 is down; 1 loses its data directory; with 1 and 3 up and 2
+    down, a blank 1 would vote with the lagging 3 and a new compute would start without the
+    rows. Instead 1 comes back as a learner: no majority votes, the endpoint does not start
+    and says why; once 2 is back, it starts with every row, and 1 catches up and votes again."""
+    sk1, sk2, sk3 = safekeepers
+    ep = endpoint(tmp_path, timeline, safekeepers)
+    ep.sql("CREATE TABLE t (x int)")
+    sk3.stop()
+    for i in range(61):
+        ep.sql(f"INSERT INTO t VALUES ({i})")
+    ep.stop()
+    sk1.stop()
+    subprocess.run(["rm", "-rf", str(sk1.datadir)], check=True)
+    sk1.datadir.mkdir()
+    sk1.start()
+    sk3.start()
+    sk2.stop()
+
+    ep2 = Endpoint(tmp_path, timeline, "ep2", safekeepers=safekeepers)
+    # compute_ctl gives up after its 30 s sync timeout (the fixture reports its exit).
+    with pytest.raises((RuntimeError, TimeoutError)) as failed:
+        ep2.start(timeout_s=45)
+    log = ep2.log_tail()
+    assert "could not sync the safekeepers" in str(failed.value) + log, log
+    assert "have no record of this timeline" in str(failed.value) + log, log
+    st = sk1.timeline(timeline.tenant, timeline.timeline)
+    assert st["learner"] is True and st["term"] == 0, st
+    assert "created it as a learner" in sk1.log_text()
+
+    sk2.start()
+    ep2 = endpoint(tmp_path, timeline, safekeepers, name="ep3")
+    assert ep2.sql("SELECT count(*) FROM t")[0][0] == 61
+    ep2.sql("INSERT INTO t VALUES (61)")
+    wait_until("safekeeper 1 to vote again", lambda: sk1.timeline(timeline.tenant, timeline.timeline)["learner"] is False, timeout_s=60)
+    # With 2 down again, 1 and 3 are a majority that has every row.
+    ep2.stop()
+    sk2.stop()
+    ep4 = endpoint(tmp_path, timeline, safekeepers, name="ep4")
+    assert ep4.sql("SELECT count(*) FROM t")[0][0] == 62

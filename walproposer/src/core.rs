@@ -198,8 +198,8 @@ impl Core {
                 }
                 let actions = self.proposer.handle(node, msg);
                 self.perform(actions);
-                if self.elected.is_some() && self.proposer.mode() == ProposerMode::Sync {
-                    // A sync's timeout error tells how far it got.
+                if self.proposer.mode() == ProposerMode::Sync && (self.elected.is_some() || !self.proposer.learners().is_empty()) {
+                    // A sync's timeout error tells how far it got (or who would not vote).
                     self.progress();
                 }
             }
@@ -258,7 +258,14 @@ impl Core {
                     self.set_status(Status::Electing);
                     self.schedule_retry(&format!("safekeeper {} has seen term {seen}, above this proposer's {term}", self.addrs[by]));
                 }
-                ProposerAction::ElectionLost { term } => {
+                ProposerAction::ElectionLost { term, learners } if !learners.is_empty() => {
+                    let names: Vec<&str> = learners.iter().map(|&i| self.addrs[i].as_str()).collect();
+                    self.schedule_retry(&format!(
+                        "the election in term {term} was refused: safekeepers {} have no record of this timeline (a lost disk, or a timeline never created on them) and do not vote until they have caught up in an election the others win",
+                        names.join(", ")
+                    ));
+                }
+                ProposerAction::ElectionLost { term, .. } => {
                     self.schedule_retry(&format!("the election in term {term} was refused (another proposer took the votes)"));
                 }
                 ProposerAction::Fenced { term, reason } => {
@@ -392,7 +399,18 @@ impl Core {
     /// A one-line description of where the proposer stands, for a sync's timeout error.
     fn progress(&self) {
         let text = match self.elected {
-            None => format!("electing (term {})", self.proposer.term()),
+            None => {
+                let learners: Vec<&str> = self.proposer.learners().into_iter().map(|i| self.addrs[i].as_str()).collect();
+                if learners.is_empty() {
+                    format!("electing (term {})", self.proposer.term())
+                } else {
+                    format!(
+                        "electing (term {}); safekeepers {} have no record of this timeline (a lost disk, or a timeline never created on them) and do not vote until they have caught up in an election the others win",
+                        self.proposer.term(),
+                        learners.join(", ")
+                    )
+                }
+            }
             Some((term, start)) => {
                 let majority = quorum::majority(self.addrs.len());
                 let acked = self.proposer.acked_commit_count(start);

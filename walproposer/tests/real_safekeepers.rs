@@ -23,6 +23,22 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// `POST /v1/tenant/{tenant}/timeline/{timeline}` on a safekeeper's HTTP port, retried
+/// until it answers (it may still be starting).
+fn create_timeline(http_port: u16, tenant: &str, timeline: &str, system_id: u64) {
+    use std::io::{Read, Write};
+    let body = format!(r#"{{"system_id": {system_id}, "wal_segment_size": {SEGMENT_BYTES}}}"#);
+    wait_until("the safekeeper creates the timeline", Duration::from_secs(20), || {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", http_port)) else { return false };
+        let req = format!(
+            "POST /v1/tenant/{tenant}/timeline/{timeline} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut resp = String::new();
+        s.write_all(req.as_bytes()).is_ok() && s.read_to_string(&mut resp).is_ok() && resp.starts_with("HTTP/1.1 201")
+    });
+}
+
 #[test]
 fn streams_commits_and_syncs_with_real_safekeepers() {
     let bin = std::env::var_os("FJORD_SAFEKEEPER_BIN").map(std::path::PathBuf::from).unwrap_or_else(|| {
@@ -35,6 +51,7 @@ fn streams_commits_and_syncs_with_real_safekeepers() {
     let _ = std::fs::remove_dir_all(&root);
     let mut procs = Vec::new();
     let mut addrs = Vec::new();
+    let mut https = Vec::new();
     for id in 1..=3 {
         let (port, http) = (free_port(), free_port());
         let child = Command::new(&bin)
@@ -47,6 +64,12 @@ fn streams_commits_and_syncs_with_real_safekeepers() {
             .unwrap();
         procs.push(Proc(child));
         addrs.push(format!("127.0.0.1:{port}"));
+        https.push(http);
+    }
+    // The control plane creates the timeline on every safekeeper (one a proposer finds
+    // unknown would be a learner, which does not vote).
+    for http in https {
+        create_timeline(http, "11111111111111111111111111111111", "22222222222222222222222222222222", 7);
     }
     let dir = root.join("pg_wal");
     let start = Lsn(3 * SEGMENT_BYTES + 40);

@@ -136,6 +136,11 @@ fn a_newer_compute_fences_the_older_and_a_stale_one_is_fenced() {
     assert!(reason.contains("another compute has written WAL since"), "{reason}");
     assert!(reason.contains(&end.to_string()) && reason.contains(&START.to_string()), "{reason}");
     stale.stop();
+    // The stale one asked for no vote (the pre-vote), so the first one was not fenced by it.
+    let end = Lsn(end.0 + 300);
+    p1.wal_flushed(end);
+    wait_until("p1 commits after the stale compute's attempt", WAIT, || p1.commit_lsn() == end);
+    assert!(matches!(p1.status(), Status::Streaming { term: 1, .. }), "{:?}", p1.status());
 
     // A compute started at the end of the WAL is elected; the first one, once it tries to
     // write, learns of the higher term and is fenced for good.

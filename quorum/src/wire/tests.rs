@@ -26,13 +26,13 @@ fn data() -> impl Strategy<Value = Bytes> {
 
 fn to_acceptor() -> impl Strategy<Value = ToAcceptor> {
     prop_oneof![
-        Just(ToAcceptor::Greeting),
+        any::<u64>().prop_map(|round| ToAcceptor::Greeting { round }),
         (1u64..u64::MAX).prop_map(|term| ToAcceptor::VoteRequest { term }),
-        (history(), 1u64..1000, lsn()).prop_map(|(mut h, dt, start)| {
+        (history(), 1u64..1000, lsn(), any::<u64>()).prop_map(|(mut h, dt, start, b)| {
             let term = h.last_term() + dt;
             let start = Lsn(start.0.max(h.0.last().map_or(0, |e| e.lsn.0)));
             h.0.push(TermSwitch { term, lsn: start });
-            ToAcceptor::Elected { term, history: h, start_lsn: start }
+            ToAcceptor::Elected { term, history: h, start_lsn: start, log_begin: Lsn(b % (start.0 + 1)) }
         }),
         (any::<u64>(), lsn(), 0u64..1000).prop_map(|(term, from, n)| ToAcceptor::FetchWal { term, from, to: Lsn(from.0 + n) }),
         (any::<u64>(), lsn(), data(), lsn(), any::<u64>(), lsn()).prop_map(
@@ -52,15 +52,21 @@ fn to_acceptor() -> impl Strategy<Value = ToAcceptor> {
 
 fn to_proposer() -> impl Strategy<Value = ToProposer> {
     prop_oneof![
-        any::<u64>().prop_map(|term| ToProposer::GreetingReply { term }),
-        (any::<u64>(), any::<bool>(), any::<u64>(), history(), lsn(), any::<u64>()).prop_map(
-            |(term, granted, acceptor_term, history, flush_lsn, c)| ToProposer::Vote {
-                term,
-                granted,
-                acceptor_term,
-                history,
-                flush_lsn,
-                commit_lsn: Lsn(c % (flush_lsn.0 + 1)),
+        (any::<u64>(), any::<u64>(), any::<u64>(), lsn(), any::<bool>()).prop_map(|(round, term, l, flush_lsn, learner)| {
+            ToProposer::GreetingReply { round, term, last_log_term: l % term.saturating_add(1).max(1), flush_lsn, learner }
+        }),
+        (any::<u64>(), any::<bool>(), any::<u64>(), history(), lsn(), any::<u64>(), any::<u64>()).prop_map(
+            |(term, granted, acceptor_term, history, flush_lsn, c, h)| {
+                let commit_lsn = Lsn(c % (flush_lsn.0 + 1));
+                ToProposer::Vote {
+                    term,
+                    granted,
+                    acceptor_term,
+                    history,
+                    flush_lsn,
+                    commit_lsn,
+                    peer_horizon_lsn: Lsn(h % (commit_lsn.0 + 1)),
+                }
             }
         ),
         (any::<u64>(), lsn()).prop_map(|(term, flush_lsn)| ToProposer::ElectedAck { term, flush_lsn }),
@@ -143,7 +149,7 @@ fn raw(tag: u8, payload: &[u8]) -> BytesMut {
 fn malformed_messages_are_named_errors() {
     assert_eq!(ProposerMessage::decode(&mut raw(b'Z', &[])), Err(WireError::UnknownTag(b'Z')));
     assert_eq!(ProposerMessage::decode(&mut raw(b'V', &[0, 1])), Err(WireError::Truncated { tag: 'V' }));
-    assert_eq!(ProposerMessage::decode(&mut raw(b'G', &[0])), Err(WireError::Trailing { tag: 'G', extra: 1 }));
+    assert_eq!(ProposerMessage::decode(&mut raw(b'G', &[0; 9])), Err(WireError::Trailing { tag: 'G', extra: 1 }));
     let mut too_long = BytesMut::new();
     too_long.put_u8(b'A');
     too_long.put_u32(u32::MAX);
@@ -158,6 +164,7 @@ fn malformed_messages_are_named_errors() {
     let mut p = Vec::new();
     p.extend_from_slice(&5u64.to_be_bytes());
     p.extend_from_slice(&0u64.to_be_bytes());
+    p.extend_from_slice(&0u64.to_be_bytes());
     p.extend_from_slice(&2u32.to_be_bytes());
     for (t, l) in [(5u64, 0u64), (3, 0)] {
         p.extend_from_slice(&t.to_be_bytes());
@@ -169,6 +176,34 @@ fn malformed_messages_are_named_errors() {
     let mut partial = BytesMut::from(&[b'G', 0, 0][..]);
     assert_eq!(ProposerMessage::decode(&mut partial), Ok(None));
     assert_eq!(partial.len(), 3);
+}
+
+/// Version 3's fields: a greeting's round, its reply's log and learner flag, a vote's peer
+/// horizon, an election's log beginning; each checked.
+#[test]
+fn version_3_fields_are_checked() {
+    let be = |v: &[u64]| v.iter().flat_map(|x| x.to_be_bytes()).collect::<Vec<u8>>();
+    // Greeting: its round. Reply: round, term, last log term, flush LSN, learner.
+    let m = ProposerMessage::decode(&mut raw(b'G', &be(&[9]))).unwrap().unwrap();
+    assert_eq!(m, ProposerMessage::Consensus(ToAcceptor::Greeting { round: 9 }));
+    let mut p = be(&[9, 3, 2, 500]);
+    p.push(1);
+    let m = AcceptorMessage::decode(&mut raw(b'g', &p)).unwrap().unwrap();
+    let reply = ToProposer::GreetingReply { round: 9, term: 3, last_log_term: 2, flush_lsn: Lsn(500), learner: true };
+    assert_eq!(m, AcceptorMessage::Consensus(reply));
+    let mut p = be(&[9, 3, 4, 500]);
+    p.push(0);
+    let e = AcceptorMessage::decode(&mut raw(b'g', &p)).unwrap_err();
+    assert_eq!(e.to_string(), "message 'g': last log term 4 above the term 3");
+    let mut p = be(&[9, 3, 2, 500]);
+    p.push(2);
+    assert!(matches!(AcceptorMessage::decode(&mut raw(b'g', &p)), Err(WireError::Invalid { tag: 'g', .. })));
+    // Elected: term, start, log begin, history; a log beginning beyond the start is refused.
+    let mut p = be(&[5, 100, 200]);
+    p.extend_from_slice(&1u32.to_be_bytes());
+    p.extend_from_slice(&be(&[5, 100]));
+    let e = ProposerMessage::decode(&mut raw(b'E', &p)).unwrap_err();
+    assert_eq!(e.to_string(), "message 'E': log begin 0/C8 beyond the start LSN 0/64");
 }
 
 /// Version 2's fields: an `Append` and a `Feedback` laid out as version 1 had them are

@@ -65,6 +65,16 @@ impl Wal {
         Lsn(self.begin.0 + self.bytes.len() as u64)
     }
 
+    /// The whole log from `WAL_START`: a log that begins later (a learner's, which began at
+    /// a peer horizon) is preceded by that much of `committed` (all acceptors hold it, or
+    /// held it: it was committed). `None` if `committed` does not reach its beginning.
+    pub fn whole_log(&self, committed: &[u8]) -> Option<Vec<u8>> {
+        let below = (self.begin.0.max(WAL_START.0) - WAL_START.0) as usize;
+        let mut all = committed.get(..below)?.to_vec();
+        all.extend_from_slice(&self.bytes[(WAL_START.0.saturating_sub(self.begin.0) as usize).min(self.bytes.len())..]);
+        Some(all)
+    }
+
     pub fn range(&self, from: Lsn, to: Lsn) -> Result<&[u8], String> {
         if from < self.begin || to > self.end() || from > to {
             return Err(format!("{from}..{to} is outside the WAL {}..{}", self.begin, self.end()));
@@ -193,11 +203,16 @@ pub struct Store {
 }
 
 impl Store {
-    /// Elected: the store starts empty at `start`; the ghost is the donor's log up to it.
-    pub fn elected(&mut self, start: Lsn, donor_log: &Wal) -> Result<(), String> {
+    /// Elected: the store starts empty at `start`; the ghost is the donor's log up to it
+    /// (from `WAL_START`: below the beginning of a log that begins later, the `committed` WAL).
+    pub fn elected(&mut self, start: Lsn, donor_log: &Wal, committed: &[u8]) -> Result<(), String> {
         self.wal = Wal { begin: start, bytes: Vec::new() };
-        self.ghost =
-            if start == WAL_START && donor_log.bytes.is_empty() { Vec::new() } else { donor_log.range(WAL_START, start)?.to_vec() };
+        self.ghost = if start == WAL_START && donor_log.bytes.is_empty() {
+            Vec::new()
+        } else {
+            let whole = donor_log.whole_log(committed).ok_or("the donor's log begins above the committed WAL")?;
+            whole.get(..(start.0 - WAL_START.0) as usize).ok_or(format!("the donor's log ends below the start {start}"))?.to_vec()
+        };
         Ok(())
     }
 

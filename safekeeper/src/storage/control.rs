@@ -6,7 +6,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 4 | magic `FJSK` |
-//! | 4 | format version (2; 1 is read too) |
+//! | 4 | format version (3; 1 and 2 are read too) |
 //! | 16 | tenant id |
 //! | 16 | timeline id |
 //! | 8 | PostgreSQL system identifier of the WAL |
@@ -18,11 +18,13 @@
 //! |   | beginning and end live together in `wal.end`, see [`super::wal`]) |
 //! | 8 | peer horizon (version 2) |
 //! | 8 | the pageserver's remote-consistent LSN (version 2) |
+//! | 4 | flags (version 3): bit 0, a *learner* (`quorum`'s "Learners"); others must be 0 |
 //! | 4 | crc32c |
 //!
-//! Version 1 had neither of the last two LSNs: such a file is read with both 0 (nothing may
-//! be removed until they are learnt again), and the next write makes it version 2. A
-//! safekeeper of version 1 does not read version 2: downgrading is not supported.
+//! Version 1 had neither of the two LSNs of version 2: such a file is read with both 0
+//! (nothing may be removed until they are learnt again). Versions 1 and 2 had no flags: a
+//! voter (they knew no learners). The next write makes either version 3. A safekeeper does
+//! not read versions after its own: downgrading is not supported.
 //!
 //! The file is replaced atomically (write a temporary file, fsync it, rename it over the
 //! old one, fsync the directory), so a crash leaves either the old or the new contents.
@@ -36,7 +38,9 @@ use std::path::Path;
 
 pub const CONTROL_FILE_NAME: &str = "safekeeper.control";
 const MAGIC: [u8; 4] = *b"FJSK";
-const FORMAT_VERSION: u32 = 2;
+const FORMAT_VERSION: u32 = 3;
+/// Flags (version 3): the acceptor is a learner.
+const FLAG_LEARNER: u32 = 1;
 /// The oldest format version this safekeeper still reads.
 const FORMAT_VERSION_OLDEST: u32 = 1;
 /// A history longer than this is not something the wire would accept either.
@@ -59,6 +63,9 @@ pub struct ControlFile {
     /// The highest remote-consistent LSN the pageserver reported (directly or relayed by a
     /// proposer): WAL below it is in object storage. 0: never reported.
     pub remote_consistent_lsn: Lsn,
+    /// Created without a record of the timeline: no vote until it caught up (`quorum`'s
+    /// "Learners").
+    pub learner: bool,
 }
 
 /// Why a control file cannot be used.
@@ -95,6 +102,8 @@ impl ControlFile {
         b.extend_from_slice(&self.wal_begin.0.to_le_bytes());
         b.extend_from_slice(&self.peer_horizon_lsn.0.to_le_bytes());
         b.extend_from_slice(&self.remote_consistent_lsn.0.to_le_bytes());
+        let flags = if self.learner { FLAG_LEARNER } else { 0 };
+        b.extend_from_slice(&flags.to_le_bytes());
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
         b
@@ -142,6 +151,10 @@ impl ControlFile {
         let commit_lsn = Lsn(r.u64()?);
         let wal_begin = Lsn(r.u64()?);
         let (peer_horizon_lsn, remote_consistent_lsn) = if version >= 2 { (Lsn(r.u64()?), Lsn(r.u64()?)) } else { (Lsn(0), Lsn(0)) };
+        let flags = if version >= 3 { r.u32()? } else { 0 };
+        if flags & !FLAG_LEARNER != 0 {
+            return Err(ControlFileError::Malformed(format!("unknown flags {flags:#x}")));
+        }
         if !r.0.is_empty() {
             return Err(ControlFileError::Malformed(format!("{} trailing bytes", r.0.len())));
         }
@@ -159,6 +172,7 @@ impl ControlFile {
             wal_begin,
             peer_horizon_lsn,
             remote_consistent_lsn,
+            learner: flags & FLAG_LEARNER != 0,
         })
     }
 }
@@ -209,6 +223,7 @@ mod tests {
             wal_begin: Lsn(100),
             peer_horizon_lsn: Lsn(120),
             remote_consistent_lsn: Lsn(110),
+            learner: true,
         }
     }
 
@@ -234,16 +249,34 @@ mod tests {
         b
     }
 
+    /// A file as version 1 or 2 wrote it: version 1 without the peer horizon and the
+    /// remote-consistent LSN, neither with flags.
+    fn encode_old(c: &ControlFile, version: u32) -> Vec<u8> {
+        let mut b = encode_v1(c);
+        b.truncate(b.len() - 4);
+        b[4..8].copy_from_slice(&version.to_le_bytes());
+        if version >= 2 {
+            b.extend_from_slice(&c.peer_horizon_lsn.0.to_le_bytes());
+            b.extend_from_slice(&c.remote_consistent_lsn.0.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
+    }
+
     #[test]
-    fn version_1_is_read_and_rewritten_as_version_2() {
+    fn versions_1_and_2_are_read_and_rewritten_as_version_3() {
         let v1 = encode_v1(&sample());
+        assert_eq!(encode_old(&sample(), 1), v1);
         let c = ControlFile::decode(&v1).unwrap();
-        // Everything version 1 had, and nothing learnt yet of what may be removed.
-        assert_eq!(c, ControlFile { peer_horizon_lsn: Lsn(0), remote_consistent_lsn: Lsn(0), ..sample() });
-        let v2 = c.encode();
-        assert_eq!(u32::from_le_bytes(v2[4..8].try_into().unwrap()), 2);
-        assert_eq!(v2.len(), v1.len() + 16);
-        assert_eq!(ControlFile::decode(&v2), Ok(c));
+        // Everything version 1 had, nothing learnt yet of what may be removed, a voter.
+        assert_eq!(c, ControlFile { peer_horizon_lsn: Lsn(0), remote_consistent_lsn: Lsn(0), learner: false, ..sample() });
+        let v3 = c.encode();
+        assert_eq!(u32::from_le_bytes(v3[4..8].try_into().unwrap()), 3);
+        assert_eq!(v3.len(), v1.len() + 20);
+        assert_eq!(ControlFile::decode(&v3), Ok(c));
+        let v2 = encode_old(&sample(), 2);
+        assert_eq!(ControlFile::decode(&v2), Ok(ControlFile { learner: false, ..sample() }));
         // A version-1 file with version 2's fields, or a version-2 file without them, is
         // malformed (the checksums are right).
         let mut long = v1[..v1.len() - 4].to_vec();
@@ -254,15 +287,21 @@ mod tests {
         short[4..8].copy_from_slice(&2u32.to_le_bytes());
         short.extend_from_slice(&crc32c::crc32c(&short).to_le_bytes());
         assert_eq!(ControlFile::decode(&short), Err(ControlFileError::Malformed("truncated".into())));
-        // Versions before 1 and after 2 are refused, naming what is read.
-        for v in [0u32, 3] {
-            let mut b = v2[..v2.len() - 4].to_vec();
+        // Versions before 1 and after 3 are refused, naming what is read.
+        for v in [0u32, 4] {
+            let mut b = v3[..v3.len() - 4].to_vec();
             b[4..8].copy_from_slice(&v.to_le_bytes());
             b.extend_from_slice(&crc32c::crc32c(&b).to_le_bytes());
             let e = ControlFile::decode(&b).unwrap_err();
             assert_eq!(e, ControlFileError::Version(v));
-            assert_eq!(e.to_string(), format!("control file has format version {v}, this safekeeper reads versions 1 to 2"));
+            assert_eq!(e.to_string(), format!("control file has format version {v}, this safekeeper reads versions 1 to 3"));
         }
+        // Unknown flags are refused.
+        let mut b = v3[..v3.len() - 4].to_vec();
+        let at = b.len() - 4;
+        b[at..].copy_from_slice(&2u32.to_le_bytes());
+        b.extend_from_slice(&crc32c::crc32c(&b).to_le_bytes());
+        assert_eq!(ControlFile::decode(&b), Err(ControlFileError::Malformed("unknown flags 0x2".into())));
     }
 
     #[test]

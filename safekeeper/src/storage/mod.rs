@@ -55,6 +55,7 @@ impl TimelineStorage {
         timeline: TimelineId,
         system_id: u64,
         wal_segment_size: u32,
+        learner: bool,
     ) -> anyhow::Result<TimelineStorage> {
         let parent = dir.parent().context("timeline directory has no parent")?;
         std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
@@ -74,6 +75,7 @@ impl TimelineStorage {
             wal_begin: Lsn(0),
             peer_horizon_lsn: Lsn(0),
             remote_consistent_lsn: Lsn(0),
+            learner,
         };
         write_atomic(&tmp, CONTROL_FILE_NAME, &control.encode())?;
         WalStore::create(&tmp)?;
@@ -120,18 +122,20 @@ impl TimelineStorage {
             commit_lsn: self.control.commit_lsn,
             flush_lsn: self.wal.extent().end,
             peer_horizon_lsn: self.control.peer_horizon_lsn,
+            learner: self.control.learner,
         }
     }
 
     /// Carries out one `Persist` action; see the module docs for what is durable when.
     pub fn persist(&mut self, p: &Persist, stats: &mut SyncStats) -> anyhow::Result<()> {
         match p {
-            Persist::Control { term, history, commit_lsn } => {
+            Persist::Control { term, history, commit_lsn, learner } => {
                 self.sync(stats)?;
                 let mut c = self.control.clone();
                 c.term = *term;
                 c.history = history.clone();
                 c.commit_lsn = *commit_lsn;
+                c.learner = *learner;
                 self.write_control(c, stats)
             }
             Persist::Truncate { at } => {
