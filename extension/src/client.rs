@@ -142,7 +142,8 @@ impl Conn {
 }
 
 /// Sends the request `make(id)` and returns the answer; a pageserver-side error is
-/// `Err(ServerError)`. Connection trouble is retried until the deadline, then ERRORs.
+/// `Err(ServerError)`. An answer that is not this request's (`Request::check_answer`) counts
+/// as a connection failure. Connection trouble is retried until the deadline, then ERRORs.
 pub fn request(what: &dyn Fn() -> String, make: &dyn Fn(u64) -> Request) -> Result<Response, ServerError> {
     let t = target();
     let timeout = Duration::from_millis(guc::PAGESERVER_TIMEOUT_MS.get().max(100) as u64);
@@ -167,7 +168,14 @@ pub fn request(what: &dyn Fn() -> String, make: &dyn Fn(u64) -> Request) -> Resu
             c.next_id += 1;
             shmem::count(|s| &s.remote_requests);
             let conn = c.conn.as_mut().expect("connected above");
-            match conn.roundtrip(&make(id), deadline) {
+            let req = make(id);
+            // An answer that is not this request's (another id, another kind, a short page)
+            // means the connection is out of step: never used, the connection dropped.
+            let answer = conn.roundtrip(&req, deadline).and_then(|resp| match req.check_answer(&resp) {
+                Ok(()) => Ok(resp),
+                Err(e) => Err(format!("out of step with the pageserver: {e}")),
+            });
+            match answer {
                 Ok(resp) => Ok(resp),
                 Err(e) => {
                     c.conn = None;

@@ -353,9 +353,66 @@ impl Request {
             | Request::GetSlruSegment { id, .. } => *id,
         }
     }
+
+    /// Checks that `resp` answers this request: an error for it, or the kind of answer it
+    /// asks for, with its id (and for a page, a whole one). A mismatch means the connection
+    /// is out of step (a bug, or a stale answer on a reused connection): the caller must
+    /// not use the answer, and should drop the connection.
+    pub fn check_answer(&self, resp: &Response) -> Result<(), String> {
+        let kind_ok = matches!(
+            (self, resp),
+            (Request::Hello { .. }, Response::HelloOk { .. })
+                | (Request::GetPage { .. }, Response::Page { .. })
+                | (Request::Nblocks { .. }, Response::Nblocks { .. })
+                | (Request::Exists { .. }, Response::Exists { .. })
+                | (Request::DbSize { .. }, Response::DbSize { .. })
+                | (Request::GetSlruSegment { .. }, Response::SlruSegment { .. })
+                | (_, Response::Error { .. })
+        );
+        if !kind_ok {
+            return Err(format!("the answer to request {} is of the wrong kind: {}", self.id(), resp.kind()));
+        }
+        if let Some(id) = resp.id() {
+            if id != self.id() && !matches!(self, Request::Hello { .. }) {
+                return Err(format!("the answer to request {} carries request id {id}", self.id()));
+            }
+        }
+        if let Response::Page { page, .. } = resp {
+            if page.len() != PAGE_SIZE_BYTES {
+                return Err(format!("the page for request {} is {} bytes, not {PAGE_SIZE_BYTES}", self.id(), page.len()));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Response {
+    /// The request id it answers (`None` for `HelloOk`).
+    pub fn id(&self) -> Option<u64> {
+        match self {
+            Response::HelloOk { .. } => None,
+            Response::Page { id, .. }
+            | Response::Nblocks { id, .. }
+            | Response::Exists { id, .. }
+            | Response::DbSize { id, .. }
+            | Response::SlruSegment { id, .. }
+            | Response::Error { id, .. } => Some(*id),
+        }
+    }
+
+    /// What kind of answer it is, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Response::HelloOk { .. } => "HelloOk",
+            Response::Page { .. } => "Page",
+            Response::Nblocks { .. } => "Nblocks",
+            Response::Exists { .. } => "Exists",
+            Response::DbSize { .. } => "DbSize",
+            Response::SlruSegment { .. } => "SlruSegment",
+            Response::Error { .. } => "Error",
+        }
+    }
+
     pub fn encode(&self, buf: &mut Vec<u8>) {
         let start;
         match self {

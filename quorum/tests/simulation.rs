@@ -30,7 +30,8 @@
 //! sync ends at committed WAL, at a record boundary. At the end everything heals and one
 //! endpoint brings all acceptors to identical WAL that holds everything committed.
 //!
-//! `FJORD_SIM_SEEDS=N` sets how many seeds `many_seeds` runs (default 2000);
+//! `FJORD_SIM_SEEDS=N` sets how many seeds `many_seeds` runs (default 2000), from
+//! `FJORD_SIM_SEED_START` (default 0); `scripts/sim` runs many more in parallel shards.
 //! `FJORD_SIM_SEED=S` replays one seed in `replay_seed`.
 
 mod support;
@@ -835,9 +836,10 @@ fn run_seed_or_panic(seed: u64) -> Outcome {
 #[test]
 fn many_seeds() {
     let n: u64 = std::env::var("FJORD_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
+    let first: u64 = std::env::var("FJORD_SIM_SEED_START").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     let (mut commits, mut bytes, mut terms, mut fenced_stale, mut fenced_later, mut synced) = (0, 0, 0, 0, 0, 0);
     let (mut removals, mut removed_bytes, mut wipes) = (0, 0, 0);
-    for seed in 0..n {
+    for seed in first..first + n {
         let o = run_seed_or_panic(seed);
         wipes += o.wipes;
         removals += o.removals;
@@ -850,7 +852,7 @@ fn many_seeds() {
         synced += o.synced;
     }
     eprintln!(
-        "{n} seeds: {commits} commit advances, {bytes} bytes committed, {terms} terms elected, {synced} syncs done, \
+        "{n} seeds from {first}: {commits} commit advances, {bytes} bytes committed, {terms} terms elected, {synced} syncs done, \
          {fenced_stale} computes fenced at election, {fenced_later} after it, {removals} WAL removals \
          ({removed_bytes} bytes below the highest removal point, summed over seeds), {wipes} disks lost"
     );

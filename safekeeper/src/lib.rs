@@ -41,11 +41,14 @@ pub struct SafekeeperConfig {
     /// Remove WAL segments below each timeline's removal horizon (`storage::removal`);
     /// `--no-wal-removal` turns it off (everything is kept, as before removal existed).
     pub wal_removal: bool,
+    /// A broken timeline (a storage failure, a panic) is reloaded from disk when it is asked
+    /// for again, at most this often.
+    pub broken_reload_interval: std::time::Duration,
 }
 
 impl Default for SafekeeperConfig {
     fn default() -> Self {
-        SafekeeperConfig { wal_removal: true }
+        SafekeeperConfig { wal_removal: true, broken_reload_interval: std::time::Duration::from_secs(5) }
     }
 }
 
@@ -60,6 +63,8 @@ pub struct Safekeeper {
     pub node_id: u64,
     data_dir: PathBuf,
     timelines: RwLock<BTreeMap<(TenantId, TimelineId), TimelineEntry>>,
+    /// When each broken timeline was last reloaded (or tried to be).
+    reloads: std::sync::Mutex<BTreeMap<(TenantId, TimelineId), std::time::Instant>>,
     pub metrics: Arc<Metrics>,
     pub config: SafekeeperConfig,
     /// Holds the `flock` on the lock file for the life of the process.
@@ -89,6 +94,13 @@ impl Safekeeper {
                 continue;
             }
             for tl_entry in read_dir_sorted(&tenant_entry)? {
+                // A creation interrupted by a crash (`TimelineStorage::create` builds a
+                // timeline under this name and renames it into place).
+                if tl_entry.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.') && n.ends_with(".creating")) {
+                    std::fs::remove_dir_all(&tl_entry).with_context(|| format!("remove {}", tl_entry.display()))?;
+                    tracing::info!("removed {}, a timeline creation a crash interrupted", tl_entry.display());
+                    continue;
+                }
                 let Some(timeline) = tl_entry.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse::<TimelineId>().ok()) else {
                     continue;
                 };
@@ -118,6 +130,7 @@ impl Safekeeper {
             node_id,
             data_dir: data_dir.to_path_buf(),
             timelines: RwLock::new(timelines),
+            reloads: std::sync::Mutex::new(BTreeMap::new()),
             metrics,
             config,
             _lock: lock,
@@ -132,8 +145,47 @@ impl Safekeeper {
         self.data_dir.join(tenant.to_string()).join(timeline.to_string())
     }
 
+    /// A broken timeline is reloaded from disk, as a restart of the process would (the disk
+    /// is what was made durable; the broken object refuses everything, so nothing goes
+    /// through it any more), at most once per `broken_reload_interval`. A timeline that does
+    /// not load becomes unavailable with the reason.
+    fn reload_if_broken(&self, tenant: TenantId, timeline: TimelineId) {
+        let key = (tenant, timeline);
+        let broken = match self.timelines.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            Some(TimelineEntry::Ok(tl)) => tl.broken().map(|reason| (tl.clone(), reason)),
+            _ => None,
+        };
+        let Some((old, reason)) = broken else { return };
+        {
+            let mut reloads = self.reloads.lock().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            if reloads.get(&key).is_some_and(|at| now.duration_since(*at) < self.config.broken_reload_interval) {
+                return;
+            }
+            reloads.insert(key, now);
+        }
+        let mut map = self.timelines.write().unwrap_or_else(|e| e.into_inner());
+        // Someone else may have reloaded it meanwhile.
+        if !matches!(map.get(&key), Some(TimelineEntry::Ok(tl)) if Arc::ptr_eq(tl, &old)) {
+            return;
+        }
+        match load_timeline(&self.timeline_dir(tenant, timeline), tenant, timeline, &self.metrics) {
+            Ok(tl) => {
+                tracing::warn!(tenant_id = %tenant, timeline_id = %timeline, flush_lsn = %tl.flush_lsn(), "reloaded the timeline from disk after it broke: {reason}");
+                map.insert(key, TimelineEntry::Ok(Arc::new(tl)));
+            }
+            Err(e) => {
+                let why = format!("{e:#}");
+                tracing::error!(tenant_id = %tenant, timeline_id = %timeline, "could not reload the broken timeline from disk: {why}");
+                map.insert(key, TimelineEntry::Unavailable(format!("broken ({reason}), and reloading it from disk failed: {why}")));
+            }
+        }
+    }
+
     /// The timeline, if it exists and is usable; otherwise an error that says which it is.
+    /// A broken one is reloaded from disk first (see `reload_if_broken`).
     pub fn get_timeline(&self, tenant: TenantId, timeline: TimelineId) -> Result<Arc<Timeline>, TimelineError> {
+        self.reload_if_broken(tenant, timeline);
         let map = self.timelines.read().unwrap_or_else(|e| e.into_inner());
         match map.get(&(tenant, timeline)) {
             None => Err(TimelineError::NotFound { tenant, timeline }),
@@ -209,6 +261,7 @@ impl Safekeeper {
         system_id: u64,
         wal_segment_size: u32,
     ) -> Result<Arc<Timeline>, String> {
+        self.reload_if_broken(tenant, timeline);
         let mut map = self.timelines.write().unwrap_or_else(|e| e.into_inner());
         let tl = match map.get(&(tenant, timeline)) {
             Some(TimelineEntry::Unavailable(reason)) => {
@@ -296,4 +349,46 @@ fn read_dir_sorted(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     }
     v.sort();
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A broken timeline is reloaded from disk when asked for again (not sooner than the
+    /// interval), and works: here broken by a panic under its lock.
+    #[test]
+    fn a_broken_timeline_is_reloaded_from_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = SafekeeperConfig { broken_reload_interval: std::time::Duration::from_millis(200), ..SafekeeperConfig::default() };
+        let sk = Safekeeper::open_with_config(1, dir.path(), config).unwrap();
+        let (t, tl) = (TenantId::from_bytes([1; 16]), TimelineId::from_bytes([2; 16]));
+        assert!(sk.create_timeline(t, tl, 7, 1 << 20).unwrap());
+        let first = sk.get_timeline(t, tl).unwrap();
+        first.poison_for_tests();
+        assert!(first.broken().is_some());
+        // Reloaded at once (never reloaded before), a new object that works.
+        let second = sk.get_timeline(t, tl).unwrap();
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert!(second.broken().is_none());
+        assert!(second.handle_batch(vec![quorum::ToAcceptor::Greeting { round: 1 }]).is_ok());
+        // Broken again right away: not reloaded before the interval has passed.
+        second.poison_for_tests();
+        assert!(sk.get_timeline(t, tl).is_err());
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        assert!(sk.get_timeline(t, tl).unwrap().broken().is_none());
+    }
+
+    /// Leftovers of a crash in the middle of a timeline creation are removed at startup.
+    #[test]
+    fn an_interrupted_creation_is_removed_at_startup() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = TenantId::from_bytes([1; 16]);
+        let leftover = dir.path().join(t.to_string()).join(format!(".{}.creating", TimelineId::from_bytes([3; 16])));
+        std::fs::create_dir_all(&leftover).unwrap();
+        std::fs::write(leftover.join("safekeeper.control"), b"half").unwrap();
+        let sk = Safekeeper::open(1, dir.path()).unwrap();
+        assert!(!leftover.exists());
+        assert!(sk.timelines().is_empty());
+    }
 }

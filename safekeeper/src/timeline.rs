@@ -16,8 +16,12 @@
 //! in-memory acceptor state equals the durable state whenever the lock is free.
 //!
 //! If storage fails mid-batch (an fsync error), the in-memory state may be ahead of the disk;
-//! the timeline is then marked broken and refuses everything until the safekeeper restarts
-//! and reloads it from disk (retrying an fsync after a failure proves nothing).
+//! the timeline is then marked broken and refuses everything until it is reloaded from disk
+//! (retrying an fsync after a failure proves nothing): [`crate::Safekeeper`] does that when
+//! the timeline is asked for again, at most once per `broken_reload_interval`, as a restart
+//! of the process would. A panic while the lock is held (a bug: an invariant the acceptor
+//! asserts) poisons the lock; the next user marks the timeline broken the same way, since
+//! the panic may have left the in-memory acceptor apart from the disk.
 
 use bytes::Bytes;
 use proto::{Lsn, TenantId, TimelineId};
@@ -161,9 +165,24 @@ impl Timeline {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic while holding the lock leaves no partial disk state we would trust less
-        // than the disk itself; keep going with the data.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        match self.inner.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => {
+                // A panic while the lock was held may have left the in-memory acceptor ahead
+                // of the disk, or halfway through a message: nothing it says can be trusted
+                // any more. Broken, like after a storage failure; the disk is reloaded.
+                let mut guard = poisoned.into_inner();
+                if guard.broken.is_none() {
+                    let reason =
+                        "a panic while handling this timeline (a bug; see the log above); it is reloaded from disk when asked for again"
+                            .to_string();
+                    tracing::error!(tenant_id = %self.tenant, timeline_id = %self.timeline, "{reason}");
+                    guard.broken = Some(reason);
+                }
+                self.inner.clear_poison();
+                guard
+            }
+        }
     }
 
     fn unavailable(&self, reason: &str) -> TimelineError {
@@ -445,5 +464,48 @@ impl Timeline {
                 apply_lsn: f.apply_lsn.to_string(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+impl Timeline {
+    /// Panics on another thread while holding the lock, as a broken invariant would.
+    pub(crate) fn poison_for_tests(&self) {
+        let panicked = std::thread::scope(|s| {
+            s.spawn(|| {
+                let _guard = self.inner.lock();
+                panic!("an invariant broken while handling a message (a test)");
+            })
+            .join()
+            .is_err()
+        });
+        assert!(panicked);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A timeline in a temporary directory (kept alive by the returned guard).
+    fn scratch() -> (tempfile::TempDir, Timeline) {
+        let dir = tempfile::tempdir().unwrap();
+        let (t, tl) = (TenantId::from_bytes([1; 16]), TimelineId::from_bytes([2; 16]));
+        let storage = TimelineStorage::create(&dir.path().join(t.to_string()).join(tl.to_string()), t, tl, 7, 1 << 20, false).unwrap();
+        let metrics = Arc::new(Metrics::new().unwrap());
+        (dir, Timeline::new(storage, metrics))
+    }
+
+    /// A panic while the lock is held breaks the timeline: everything is refused after it.
+    #[test]
+    fn a_panic_under_the_lock_breaks_the_timeline() {
+        let (_dir, tl) = scratch();
+        assert_eq!(tl.broken(), None);
+        tl.poison_for_tests();
+        let reason = tl.broken().expect("broken after the panic");
+        assert!(reason.contains("a panic while handling this timeline"), "{reason}");
+        assert!(tl.handle_batch(vec![ToAcceptor::Greeting { round: 1 }]).is_err());
+        assert!(tl.read_wal(Lsn(0), Lsn(0)).is_err());
+        assert_eq!(tl.status().state, "broken");
     }
 }

@@ -336,3 +336,26 @@ fn a_second_safekeeper_cannot_open_the_same_data_dir() {
     let err = format!("{:#}", Safekeeper::open(2, dir.path()).err().unwrap());
     assert!(err.contains("in use by another safekeeper"), "{err}");
 }
+
+/// Files a crash left half-written (a segment being created, a control file being
+/// replaced: never renamed into place) are removed when the timeline is opened; the WAL is
+/// as it was.
+#[test]
+fn files_a_crash_left_half_written_are_removed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let begin = Lsn(SEG64 + 0x28);
+    let data = pattern(5000, 9);
+    let tl_dir = {
+        let mut s = create(dir.path());
+        start_and_append(&mut s, begin, &data);
+        s.dir().to_path_buf()
+    };
+    let seg_tmp = tl_dir.join(format!("{}{}", pgwal::segment::segment_file_name(1, 2, SEG64), crashsafe::TEMP_SUFFIX));
+    let control_tmp = tl_dir.join(format!("safekeeper.control{}", crashsafe::TEMP_SUFFIX));
+    std::fs::write(&seg_tmp, vec![0u8; 4096]).unwrap();
+    std::fs::write(&control_tmp, b"half a control file").unwrap();
+    let mut s = TimelineStorage::open(&tl_dir).unwrap();
+    assert!(!seg_tmp.exists() && !control_tmp.exists());
+    assert_eq!(s.acceptor_state().flush_lsn, Lsn(begin.0 + data.len() as u64));
+    assert_eq!(&s.read_wal(begin, Lsn(begin.0 + data.len() as u64)).unwrap()[..], &data[..]);
+}

@@ -335,3 +335,54 @@ def test_a_safekeeper_that_lost_its_disk_does_not_vote(tmp_path, timeline, safek
     sk2.stop()
     ep4 = endpoint(tmp_path, timeline, safekeepers, name="ep4")
     assert ep4.sql("SELECT count(*) FROM t")[0][0] == 62
+
+
+def test_a_damaged_copy_on_one_safekeeper_does_not_stop_ingest(tmp_path, timeline, safekeepers, pageserver):
+    """A byte flipped inside a WAL record on safekeeper 1, where the page headers are
+    intact (so the safekeeper's own checks pass and it serves it): the pageserver, streaming
+    from safekeeper 1, finds a record that does not decode, says so, and takes the WAL from
+    safekeeper 2 instead; every row is there."""
+    sk1 = safekeepers[0]
+    ep = endpoint(tmp_path, timeline, safekeepers)
+    # One session throughout, its statements run once before the pageserver stops: their
+    # catalog lookups and index pages are then cached, and the compute needs no page it
+    # does not have while the pageserver is down.
+    conn = ep.connect()
+    conn.execute("CREATE TABLE t (x int, pad text)")
+    big = "INSERT INTO t SELECT %s::int, string_agg(md5(g::text), '') FROM generate_series(1, 125) g"
+    rows = "INSERT INTO t SELECT g, md5(g::text) FROM generate_series(%s::int, %s::int) g"
+    conn.execute(rows, (1, 1000))
+    conn.execute(big, (-2,))
+    flushed = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
+    wait_until("the pageserver to ingest", lambda: lsn_int(timeline.status()["last_record_lsn"]) >= lsn_int(flushed), timeout_s=60)
+    pageserver.stop()
+    # One big record (a row of 4000 incompressible bytes: toasted, chunks of ~2 KB), written
+    # while the pageserver is down, so that it streams it after its restart.
+    before = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+    conn.execute(big, (-1,))
+    conn.execute(rows, (1001, 2000))
+    end = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
+    conn.close()
+    wait_until("every safekeeper to have the WAL", lambda: all(sk_lsn(sk, timeline) >= lsn_int(end) for sk in safekeepers), timeout_s=60)
+    ep.stop()
+    # Flip a byte in the middle of the big record's data on safekeeper 1 (not in a page
+    # header: the safekeeper checks those itself).
+    pos = lsn_int(before) + 1000
+    if pos % 8192 < 64:
+        pos += 64
+    sk1.stop()
+    seg_size = 16 << 20
+    tldir = sk1.timeline_dir(timeline.tenant, timeline.timeline)
+    seg = tldir / f"00000001{(pos // seg_size) // 0x100:08X}{(pos // seg_size) % 0x100:08X}"
+    data = bytearray(seg.read_bytes())
+    data[pos % seg_size] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    sk1.start()
+
+    pageserver.start()
+    wait_until("the pageserver to ingest past the damage", lambda: lsn_int(timeline.status()["last_record_lsn"]) >= lsn_int(end), timeout_s=120)
+    log = pageserver.log_text()
+    assert "does not decode" in log and sk1.addr.split(":")[1] in log, log[-3000:]
+    assert timeline.status()["wal_receiver"]["state"] != "failed"
+    ep2 = endpoint(tmp_path, timeline, safekeepers, name="ep2")
+    assert ep2.sql("SELECT count(*), sum(length(pad)) FROM t") == [(2002, 2000 * 32 + 2 * 4000)]

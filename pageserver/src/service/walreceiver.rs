@@ -62,13 +62,22 @@
 //! (and below what every safekeeper has). A compute's walsender is never sent it: it would
 //! end the connection on an unknown message.
 //!
+//! **WAL that does not decode.** A record that fails to decode (its CRC, a malformed header
+//! or block reference) ends the session like a connection failure, and the next one goes to
+//! the next source: one safekeeper's damaged copy must not stop ingest while the others
+//! have good WAL. The damaged bytes are already in the local WAL, but the next session's
+//! replay of it stops at the first record that does not decode (as PostgreSQL's recovery
+//! does at the end of WAL), so streaming resumes at the last good record and the next
+//! source's bytes overwrite them. If every source sends WAL that does not decode, the
+//! receiver keeps trying them with its backoff, and its status says why.
+//!
 //! Invariants:
 //! - WAL confirmed as flushed is in fsynced local segment files or in layer files.
 //! - Streaming always resumes at the timeline's last record LSN, a record boundary, so
 //!   nothing is ingested twice or skipped across reconnects, source switches and restarts.
-//! - A connection failure moves to the next source; a decoding, ingest or local WAL error
-//!   stops the receiver (going past it would corrupt the timeline or lie about
-//!   durability), and its status says why.
+//! - A connection failure, or WAL that does not decode, moves to the next source; an
+//!   ingest or local WAL error stops the receiver (going past it would corrupt the
+//!   timeline or lie about durability), and its status says why.
 
 mod conn;
 mod failover;
@@ -184,7 +193,7 @@ fn set_source_status(status: &Mutex<WalReceiverStatus>, index: usize, f: impl Fn
 /// Why a streaming session ended.
 enum Ended {
     Stopped,
-    /// The connection failed; try the next source.
+    /// The connection failed, or what the source sent does not decode; try the next source.
     Connection(anyhow::Error),
     /// Another source has WAL the current one did not send: stream from it (`Failover`
     /// already made it the current source).
@@ -373,6 +382,14 @@ fn replay_local_wal(timeline: &Timeline, ingest: &mut WalIngest, wal: &mut Local
     Ok(end)
 }
 
+/// The failure of a source whose WAL does not decode (logged at error: a damaged copy on a
+/// safekeeper is worth an operator's attention even when another source has good WAL).
+fn undecodable(source: &WalSource, at: Lsn, e: &dyn std::fmt::Display) -> anyhow::Error {
+    let message = format!("the WAL {source} sent does not decode at {at}: {e}");
+    tracing::error!("{message}; its copy may be damaged, the next source is tried");
+    anyhow!(message)
+}
+
 fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, ctx: &SessionCtx<'_>, failover: &mut Failover) -> Ended {
     let (source, status) = (&ctx.sources.as_slice()[ctx.current], ctx.status);
     let replayed = {
@@ -513,14 +530,16 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
             loop {
                 match decoder.poll_decode() {
                     Ok(Some(record)) => {
-                        let ingested =
-                            record.decode().map_err(anyhow::Error::from).and_then(|d| ingest.ingest_record(&d, record.end_lsn()));
-                        if let Err(e) = ingested {
+                        let decoded = match record.decode() {
+                            Ok(d) => d,
+                            Err(e) => return Ended::Connection(undecodable(source, record.start_lsn(), &e)),
+                        };
+                        if let Err(e) = ingest.ingest_record(&decoded, record.end_lsn()) {
                             return Ended::Fatal(e.context(format!("ingest the record at {}", record.start_lsn())));
                         }
                     }
                     Ok(None) => break,
-                    Err(e) => return Ended::Fatal(anyhow!("decode WAL: {e}")),
+                    Err(e) => return Ended::Connection(undecodable(source, timeline.last_record_lsn(), &e)),
                 }
             }
         }

@@ -148,3 +148,26 @@ fn long_error_messages_are_cut_at_a_character_boundary() {
         other => panic!("unexpected {other:?}"),
     }
 }
+
+/// An answer is checked against its request: kind, id, a whole page.
+#[test]
+fn answers_are_checked_against_their_request() {
+    let lsns = ReadLsns { request_lsn: Lsn(0x100), not_modified_since: Lsn(0x100) };
+    let rel = RelTag { spcnode: 1663, dbnode: 5, relnode: 1259, forknum: ForkNumber::Main };
+    let get = Request::GetPage { id: 7, lsns, rel, blkno: BlockNumber(3) };
+    let page = |id, n| Response::Page { id, page: vec![0u8; n] };
+    assert_eq!(get.check_answer(&page(7, PAGE_SIZE_BYTES)), Ok(()));
+    let err = Response::Error { id: 7, code: ErrorCode::NotFound, message: "no".into() };
+    assert_eq!(get.check_answer(&err), Ok(()));
+    assert_eq!(get.check_answer(&page(6, PAGE_SIZE_BYTES)).unwrap_err(), "the answer to request 7 carries request id 6");
+    assert_eq!(get.check_answer(&page(7, 100)).unwrap_err(), "the page for request 7 is 100 bytes, not 8192");
+    assert_eq!(
+        get.check_answer(&Response::Nblocks { id: 7, nblocks: 1 }).unwrap_err(),
+        "the answer to request 7 is of the wrong kind: Nblocks"
+    );
+    let nblocks = Request::Nblocks { id: 8, lsns, rel };
+    assert_eq!(nblocks.check_answer(&Response::Nblocks { id: 8, nblocks: 4 }), Ok(()));
+    assert!(nblocks.check_answer(&page(8, PAGE_SIZE_BYTES)).is_err());
+    let hello = Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: TenantId([1; 16]), timeline: TimelineId([2; 16]) };
+    assert_eq!(hello.check_answer(&Response::HelloOk { protocol_version: PROTOCOL_VERSION }), Ok(()));
+}

@@ -51,7 +51,7 @@ fn main() -> std::process::ExitCode {
 
 fn run(args: Args) -> anyhow::Result<()> {
     use anyhow::Context;
-    let config = safekeeper::SafekeeperConfig { wal_removal: !args.no_wal_removal };
+    let config = safekeeper::SafekeeperConfig { wal_removal: !args.no_wal_removal, ..Default::default() };
     let sk = safekeeper::Safekeeper::open_with_config(args.id, &args.data_dir, config)?;
     let rt = tokio::runtime::Runtime::new().context("start the async runtime")?;
     rt.block_on(async {

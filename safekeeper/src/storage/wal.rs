@@ -251,6 +251,14 @@ impl WalStore {
         for entry in std::fs::read_dir(&self.dir).with_context(|| format!("list {}", self.dir.display()))? {
             let entry = entry.with_context(|| format!("list {}", self.dir.display()))?;
             let name = entry.file_name();
+            // A segment (or the control file) a crash caught while it was being created:
+            // never renamed into place, so nothing refers to it.
+            if name.to_str().is_some_and(crashsafe::is_temp_name) {
+                std::fs::remove_file(entry.path()).with_context(|| format!("remove {}", entry.path().display()))?;
+                tracing::info!("removed {}, left by a crash", entry.path().display());
+                removed = true;
+                continue;
+            }
             let Some(segno) = name.to_str().and_then(|n| parse_segment_file_name(n, self.segment_size)) else {
                 continue;
             };
