@@ -34,6 +34,12 @@ pub struct AcceptorState {
     /// Created without a record of the timeline: no vote until it has caught up (the
     /// crate's "Learners"). Persisted with the term.
     pub learner: bool,
+    /// Where the log begins (0 for none yet): a truncation outside the log moves it (a log
+    /// that shared nothing with an election begins at its `log_begin`); the shell may move
+    /// it up when it removes WAL, and gives it at startup. Every acceptor held the WAL below
+    /// it when it was set, so it is as good a peer horizon as any, and votes report it as
+    /// one (so that an acceptor that begins its log later never needs WAL below it).
+    pub log_begin: Lsn,
 }
 
 impl AcceptorState {
@@ -51,7 +57,14 @@ impl AcceptorState {
                 self.commit_lsn = *commit_lsn;
                 self.learner = *learner;
             }
-            Persist::Truncate { at } => self.flush_lsn = *at,
+            Persist::Truncate { at } => {
+                // As the shell does: outside the log (before its beginning or beyond its
+                // end), the log is emptied and begins there.
+                if *at < self.log_begin || *at > self.flush_lsn {
+                    self.log_begin = *at;
+                }
+                self.flush_lsn = *at;
+            }
             Persist::Append { begin, data } => self.flush_lsn = Lsn(begin.0 + data.len() as u64),
         }
     }
@@ -96,15 +109,15 @@ pub enum AcceptorAction {
 #[derive(Clone, Debug)]
 pub struct Acceptor {
     state: AcceptorState,
-    /// A learner's memory (not persisted) of the last vote request it refused: the only
-    /// election it may join (see the crate's "Learners").
-    witnessed_election: Term,
+    /// A learner's memory (not persisted) of the last vote request it refused, (term,
+    /// proposer): the only election it may join (see the crate's "Learners").
+    witnessed_election: Option<(Term, u64)>,
 }
 
 impl Acceptor {
     /// An acceptor with the given durable state (empty for a new one, from disk on restart).
     pub fn new(state: AcceptorState) -> Acceptor {
-        Acceptor { state, witnessed_election: 0 }
+        Acceptor { state, witnessed_election: None }
     }
 
     pub fn state(&self) -> &AcceptorState {
@@ -147,11 +160,14 @@ impl Acceptor {
         out.push(AcceptorAction::Persist(p));
     }
 
-    /// A learner that holds, in the term it joined, that term's log up to the term's start
-    /// becomes a voter (the crate's "Learners").
-    fn maybe_graduate(&mut self, out: &mut Vec<AcceptorAction>) {
+    /// A learner becomes a voter once, in the term it joined, it holds that term's log up to
+    /// the term's start and the leader reports a peer horizon at least that high, which
+    /// means every acceptor of the configuration joined this term (and so holds no higher
+    /// term, in which an earlier incarnation of the learner might have voted). See the
+    /// crate's "Learners".
+    fn maybe_graduate(&mut self, out: &mut Vec<AcceptorAction>, peer_horizon: Lsn) {
         let s = &self.state;
-        let caught_up = s.history.0.last().is_some_and(|e| e.term == s.term && s.term > 0 && s.flush_lsn >= e.lsn);
+        let caught_up = s.history.0.last().is_some_and(|e| e.term == s.term && s.term > 0 && s.flush_lsn >= e.lsn && peer_horizon >= e.lsn);
         if s.learner && caught_up {
             self.state.learner = false;
             self.persist_control(out);
@@ -203,7 +219,7 @@ impl Acceptor {
                     learner: self.state.learner,
                 }));
             }
-            ToAcceptor::VoteRequest { term } => {
+            ToAcceptor::VoteRequest { term, proposer } => {
                 // One vote per term: only a term above every term seen, which it then becomes.
                 // A learner does not vote; a vote it refuses names the election it may join.
                 let granted = term > self.state.term && !self.state.learner;
@@ -211,7 +227,7 @@ impl Acceptor {
                     self.state.term = term;
                     self.persist_control(&mut out);
                 } else if self.state.learner && term > self.state.term {
-                    self.witnessed_election = term;
+                    self.witnessed_election = Some((term, proposer));
                 }
                 out.push(AcceptorAction::Reply(ToProposer::Vote {
                     term,
@@ -220,25 +236,19 @@ impl Acceptor {
                     history: self.state.history.clone(),
                     flush_lsn: self.state.flush_lsn,
                     commit_lsn: self.state.commit_lsn,
-                    peer_horizon_lsn: self.state.peer_horizon_lsn,
+                    peer_horizon_lsn: self.state.peer_horizon_lsn.max(self.state.log_begin).min(self.state.flush_lsn),
                 }));
             }
-            ToAcceptor::Elected { term, history, start_lsn, log_begin } => {
+            ToAcceptor::Elected { term, history, start_lsn, log_begin, proposer } => {
                 if term < self.state.term {
                     out.push(self.rejected(term));
                     return out;
                 }
                 let Some(first) = history.0.first() else { return out };
-                if self.state.history.last_term() != term
-                    && self.state.learner
-                    && self.state.history.0.is_empty()
-                    && term != self.witnessed_election
-                {
-                    // A learner that has joined no election yet, and did not see this one
-                    // begin: an earlier incarnation of it (before its disk was lost) may have
-                    // acknowledged WAL in it, which the leader would count on. It waits for
-                    // the next one; no reply. (Once it joined one, every higher term began
-                    // after its disk was lost: see the crate's "Learners".)
+                if self.state.history.last_term() != term && self.state.learner && self.witnessed_election != Some((term, proposer)) {
+                    // An election a learner did not see begin: an earlier incarnation of it
+                    // (before its disk was lost) may have acknowledged WAL in it, which the
+                    // leader would count on. It waits for the next one; no reply.
                     return out;
                 }
                 if self.state.history.last_term() != term {
@@ -265,7 +275,6 @@ impl Acceptor {
                     self.state.term = term;
                     self.state.history = history;
                     self.persist_control(&mut out);
-                    self.maybe_graduate(&mut out);
                 }
                 // A duplicate of an election we already took changes nothing.
                 out.push(AcceptorAction::Reply(ToProposer::ElectedAck { term, flush_lsn: self.state.flush_lsn }));
@@ -307,8 +316,8 @@ impl Acceptor {
                     // this term's history): take only what is new.
                     let skip = (flush.0 - begin_lsn.0) as usize;
                     self.persist(&mut out, Persist::Append { begin: flush, data: data.slice(skip..) });
-                    self.maybe_graduate(&mut out);
                 }
+                self.maybe_graduate(&mut out, peer_horizon_lsn);
                 // (begin_lsn > flush: a gap; the ack tells the proposer where we are.)
                 let commit = commit_lsn.min(self.state.flush_lsn);
                 if commit > self.state.commit_lsn {

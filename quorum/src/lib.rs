@@ -72,16 +72,25 @@
 //! - it refuses every vote (a blank acceptor cannot tell on its own whether the timeline is
 //!   new, and deciding it from what the others say is racy: they may get WAL, and another
 //!   may lose its disk, between the question and the vote);
-//! - its first election is one whose vote request it saw (and refused) since it was
-//!   created, so it never joins mid-term an election an earlier incarnation of it had
-//!   acknowledged (the proposer would believe it holds WAL it lost); otherwise it waits for
-//!   the next election. After that it joins any higher term: an election that an earlier
-//!   incarnation joined was won before the disk was lost, so the greetings of any election
-//!   that began after it (such as the one it joined) met a voter of it, and were given a
-//!   higher term;
-//! - once it holds, in a term it joined, that term's log up to the term's start (which
-//!   contains everything committed before: the election's voters remember), it becomes a
-//!   voter for good. Its acknowledgements count towards commits all along (they are true).
+//! - it joins only an election whose vote request it saw (and refused) since it was
+//!   created, from that proposer (`ToAcceptor::VoteRequest::proposer`: another proposer
+//!   may ask for the same term and lose). A proposer asks for votes only before it is
+//!   elected, and a restarted process has new connections (nothing an earlier incarnation
+//!   was sent reaches it), so no earlier incarnation of the learner can have acknowledged
+//!   WAL in that election, which the leader would count on; any other election it leaves
+//!   alone, and waits for the next one. A proposer that reconnects to an acceptor while it
+//!   collects votes forgets that acceptor's vote and asks again ([`Proposer::reconnected`]):
+//!   an earlier incarnation's vote, lost with its disk, must not count, or the new one could
+//!   graduate in a lower term and vote for the same term again, for another proposer;
+//! - it becomes a voter for good once, in a term it joined, it holds that term's log up to
+//!   the term's start (which contains everything committed before: the election's voters
+//!   remember) and the leader's peer horizon has reached that start: every acceptor of the
+//!   configuration then joined this term, so none holds a higher term, and no earlier
+//!   incarnation of the learner can have voted in a term it could now be asked to vote in
+//!   again (a leader of a lower term, elected on an old vote, does not get there: the
+//!   acceptor at the higher term refuses it). So a learner needs every acceptor up once
+//!   to become a voter; meanwhile its acknowledgements count towards commits (they are
+//!   true).
 //!
 //! Every election then has a majority of voters that remember what they acknowledged, so
 //! every commit quorum meets it.
@@ -210,11 +219,12 @@ impl TermHistory {
 pub enum ToAcceptor {
     /// `round` is echoed in the reply: a reply to an earlier greeting (still on its way when
     /// an election restarted) says nothing about the acceptor now.
-    Greeting {
-        round: u64,
-    },
+    Greeting { round: u64 },
     VoteRequest {
         term: Term,
+        /// Who asks: the proposer's id ([`Proposer::identified`]); with the term, what a
+        /// learner may later join (see "Learners").
+        proposer: u64,
     },
     /// The proposer of `term` was elected with `history`; its own term starts at `start_lsn`.
     /// An acceptor whose log shares nothing with `history` starts its log at `log_begin`
@@ -225,14 +235,12 @@ pub enum ToAcceptor {
         history: TermHistory,
         start_lsn: Lsn,
         log_begin: Lsn,
+        /// The elected proposer's id, as in its `VoteRequest`.
+        proposer: u64,
     },
     /// Ask an acceptor that took `term`'s election for its WAL in `[from, to)` (below its flush
     /// LSN that WAL is the elected history's).
-    FetchWal {
-        term: Term,
-        from: Lsn,
-        to: Lsn,
-    },
+    FetchWal { term: Term, from: Lsn, to: Lsn },
     /// WAL bytes starting at `begin_lsn` (possibly none: then it only carries the LSNs).
     Append {
         term: Term,
@@ -272,8 +280,10 @@ pub enum ToProposer {
         history: TermHistory,
         flush_lsn: Lsn,
         commit_lsn: Lsn,
-        /// The acceptor's peer horizon: the elected history is trimmed below the highest of
-        /// the voters' ([`TermHistory::trimmed_below`]).
+        /// The acceptor's peer horizon, or where its log begins if higher (at most its flush
+        /// LSN): the elected history is trimmed below the highest of the voters'
+        /// ([`TermHistory::trimmed_below`]), and a log that shares nothing with it begins
+        /// there.
         peer_horizon_lsn: Lsn,
     },
     ElectedAck {

@@ -228,6 +228,8 @@ pub struct Proposer {
     remote_consistent_lsn: Lsn,
     /// Greetings sent so far (each election's has its own round).
     rounds: u64,
+    /// Names this proposer in its vote requests and elections ([`Proposer::identified`]).
+    id: u64,
 }
 
 impl Proposer {
@@ -242,7 +244,16 @@ impl Proposer {
             ProposerMode::Sync => assert_eq!(wal_start, Lsn(0), "a sync writes no WAL of its own"),
             ProposerMode::Plain => {}
         }
-        Proposer { n: acceptors, config, wal_start, term: 0, phase: Phase::Idle, remote_consistent_lsn: Lsn(0), rounds: 0 }
+        Proposer { n: acceptors, config, wal_start, term: 0, phase: Phase::Idle, remote_consistent_lsn: Lsn(0), rounds: 0, id: 0 }
+    }
+
+    /// Gives the proposer an id that its vote requests and elections carry, which no other
+    /// proposer of the timeline should share (the shell picks it at random): a learner joins
+    /// only an election whose vote request it saw from the same proposer (the crate's
+    /// "Learners"). 0 by default.
+    pub fn identified(mut self, id: u64) -> Proposer {
+        self.id = id;
+        self
     }
 
     fn majority(&self) -> usize {
@@ -367,14 +378,22 @@ impl Proposer {
         let msg = match &mut self.phase {
             Phase::Idle | Phase::Stopped => return Vec::new(),
             Phase::Greeting { round, .. } => ToAcceptor::Greeting { round: *round },
-            Phase::Voting { votes, .. } if !votes.contains_key(&i) => ToAcceptor::VoteRequest { term },
-            Phase::Voting { .. } => return Vec::new(),
+            Phase::Voting { votes, refused, .. } => {
+                // The acceptor may have restarted, and if it lost its disk, its vote with it:
+                // a vote of an earlier incarnation must not count (the new one, a learner,
+                // could otherwise graduate in a lower term and vote for this term again,
+                // for another proposer). Asked again; a vote it kept is refused now (the
+                // term is not above its own), which costs only this election.
+                votes.remove(&i);
+                refused.remove(&i);
+                ToAcceptor::VoteRequest { term, proposer: self.id }
+            }
             Phase::Leader(l) => {
                 l.peers.remove(&i);
                 if l.fetching.is_some_and(|(from, _, _)| from == i) {
                     l.fetching = None;
                 }
-                ToAcceptor::Elected { term, history: l.history.clone(), start_lsn: l.start_lsn, log_begin: l.log_begin }
+                ToAcceptor::Elected { term, history: l.history.clone(), start_lsn: l.start_lsn, log_begin: l.log_begin, proposer: self.id }
             }
         };
         vec![ProposerAction::Send(i, msg)]
@@ -390,12 +409,22 @@ impl Proposer {
                 (0..self.n).filter(|i| !greeted.contains_key(i)).map(|i| ProposerAction::Send(i, ToAcceptor::Greeting { round })).collect()
             }
             Phase::Voting { votes, .. } => {
-                (0..self.n).filter(|i| !votes.contains_key(i)).map(|i| ProposerAction::Send(i, ToAcceptor::VoteRequest { term })).collect()
+                let proposer = self.id;
+                (0..self.n)
+                    .filter(|i| !votes.contains_key(i))
+                    .map(|i| ProposerAction::Send(i, ToAcceptor::VoteRequest { term, proposer }))
+                    .collect()
             }
             Phase::Leader(l) => {
                 let mut out = Vec::new();
                 for i in (0..self.n).filter(|i| !l.peers.contains_key(i)) {
-                    let msg = ToAcceptor::Elected { term, history: l.history.clone(), start_lsn: l.start_lsn, log_begin: l.log_begin };
+                    let msg = ToAcceptor::Elected {
+                        term,
+                        history: l.history.clone(),
+                        start_lsn: l.start_lsn,
+                        log_begin: l.log_begin,
+                        proposer: self.id,
+                    };
                     out.push(ProposerAction::Send(i, msg));
                 }
                 // A stream that made no progress since the last tick lost something: resend
@@ -516,7 +545,8 @@ impl Proposer {
                 let learners = greeted.iter().filter(|(_, g)| g.learner).map(|(&i, _)| i).collect();
                 self.phase = Phase::Voting { votes: BTreeMap::new(), refused: BTreeSet::new(), learners };
                 let term = self.term;
-                out.extend((0..self.n).map(|i| ProposerAction::Send(i, ToAcceptor::VoteRequest { term })));
+                let proposer = self.id;
+                out.extend((0..self.n).map(|i| ProposerAction::Send(i, ToAcceptor::VoteRequest { term, proposer })));
             }
             ToProposer::Vote { term, granted, acceptor_term, history, flush_lsn, peer_horizon_lsn, .. } => {
                 if term != self.term {
@@ -740,7 +770,7 @@ impl Proposer {
         // `TermHistory::common_point` and reports it in its ElectedAck; streaming starts there.
         let log_begin = history.0.first().map_or(start_lsn, |e| e.lsn).max(horizon);
         for i in 0..self.n {
-            let msg = ToAcceptor::Elected { term: self.term, history: history.clone(), start_lsn, log_begin };
+            let msg = ToAcceptor::Elected { term: self.term, history: history.clone(), start_lsn, log_begin, proposer: self.id };
             out.push(ProposerAction::Send(i, msg));
         }
         self.phase = Phase::Leader(Box::new(Leader {

@@ -252,11 +252,15 @@ impl ProposerMessage {
             }),
             ProposerMessage::Consensus(m) => match m {
                 ToAcceptor::Greeting { round } => frame(buf, b'G', |b| b.put_u64(*round)),
-                ToAcceptor::VoteRequest { term } => frame(buf, b'V', |b| b.put_u64(*term)),
-                ToAcceptor::Elected { term, history, start_lsn, log_begin } => frame(buf, b'E', |b| {
+                ToAcceptor::VoteRequest { term, proposer } => frame(buf, b'V', |b| {
+                    b.put_u64(*term);
+                    b.put_u64(*proposer);
+                }),
+                ToAcceptor::Elected { term, history, start_lsn, log_begin, proposer } => frame(buf, b'E', |b| {
                     b.put_u64(*term);
                     b.put_u64(start_lsn.0);
                     b.put_u64(log_begin.0);
+                    b.put_u64(*proposer);
                     put_history(b, history);
                 }),
                 ToAcceptor::FetchWal { term, from, to } => frame(buf, b'F', |b| {
@@ -299,15 +303,17 @@ impl ProposerMessage {
             b'G' => ProposerMessage::Consensus(ToAcceptor::Greeting { round: r.u64()? }),
             b'V' => {
                 let term = r.u64()?;
+                let proposer = r.u64()?;
                 if term == 0 {
                     return Err(r.invalid("vote request for term 0"));
                 }
-                ProposerMessage::Consensus(ToAcceptor::VoteRequest { term })
+                ProposerMessage::Consensus(ToAcceptor::VoteRequest { term, proposer })
             }
             b'E' => {
                 let term = r.u64()?;
                 let start_lsn = r.lsn()?;
                 let log_begin = r.lsn()?;
+                let proposer = r.u64()?;
                 let history = r.history()?;
                 match history.0.last() {
                     Some(last) if last.term == term && last.lsn == start_lsn => {}
@@ -316,7 +322,7 @@ impl ProposerMessage {
                 if log_begin > start_lsn {
                     return Err(r.invalid(format!("log begin {log_begin} beyond the start LSN {start_lsn}")));
                 }
-                ProposerMessage::Consensus(ToAcceptor::Elected { term, history, start_lsn, log_begin })
+                ProposerMessage::Consensus(ToAcceptor::Elected { term, history, start_lsn, log_begin, proposer })
             }
             b'F' => {
                 let term = r.u64()?;
@@ -447,8 +453,8 @@ impl AcceptorMessage {
                 if commit_lsn > flush_lsn {
                     return Err(r.invalid("commit LSN beyond flush LSN"));
                 }
-                if peer_horizon_lsn > commit_lsn {
-                    return Err(r.invalid("peer horizon beyond the commit LSN"));
+                if peer_horizon_lsn > flush_lsn {
+                    return Err(r.invalid("peer horizon beyond the flush LSN"));
                 }
                 AcceptorMessage::Consensus(ToProposer::Vote {
                     term,

@@ -24,13 +24,27 @@ struct P {
     ghosts: BTreeMap<usize, Wal>,
 }
 
+/// A new proposer id for each proposer of a test.
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 fn proposer() -> P {
-    P { core: Proposer::new(3, WAL_START, ProposerConfig::default()), store: Store::default(), ghosts: BTreeMap::new() }
+    P {
+        core: Proposer::new(3, WAL_START, ProposerConfig::default()).identified(next_id()),
+        store: Store::default(),
+        ghosts: BTreeMap::new(),
+    }
 }
 
 /// A proposer in `mode` whose own WAL starts at `wal_start`.
 fn proposer_in(mode: ProposerMode, wal_start: Lsn, config: ProposerConfig) -> P {
-    P { core: Proposer::new(3, wal_start, ProposerConfig { mode, ..config }), store: Store::default(), ghosts: BTreeMap::new() }
+    P {
+        core: Proposer::new(3, wal_start, ProposerConfig { mode, ..config }).identified(next_id()),
+        store: Store::default(),
+        ghosts: BTreeMap::new(),
+    }
 }
 
 type Filter<'a> = &'a dyn Fn(usize, ToAcceptor) -> Option<ToAcceptor>;
@@ -222,10 +236,10 @@ fn lagging_acceptor_catches_up_from_a_donor() {
 #[test]
 fn vote_persisted_before_reply_and_only_once() {
     let mut a = Acceptor::new(AcceptorState::default());
-    let acts = a.handle(ToAcceptor::VoteRequest { term: 5 });
+    let acts = a.handle(ToAcceptor::VoteRequest { term: 5, proposer: 1 });
     assert!(matches!(acts[0], AcceptorAction::Persist(_)));
     assert!(matches!(acts[1], AcceptorAction::Reply(ToProposer::Vote { granted: true, .. })));
-    let acts = a.handle(ToAcceptor::VoteRequest { term: 5 });
+    let acts = a.handle(ToAcceptor::VoteRequest { term: 5, proposer: 1 });
     assert!(matches!(acts[..], [AcceptorAction::Reply(ToProposer::Vote { granted: false, .. })]));
 }
 

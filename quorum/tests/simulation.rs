@@ -211,7 +211,7 @@ impl Sim {
     fn start_proposer(&mut self, mode: ProposerMode, wal_start: Lsn) -> usize {
         let config = ProposerConfig { mode, ..self.config };
         self.proposers.push(ProposerNode {
-            core: Proposer::new(ACCEPTORS, wal_start, config),
+            core: Proposer::new(ACCEPTORS, wal_start, config).identified(self.proposers.len() as u64 + 1),
             store: Store::default(),
             ghosts: BTreeMap::new(),
             stopped: false,
@@ -470,14 +470,34 @@ impl Sim {
         self.proposer_actions(p, actions)
     }
 
+    /// A learner that has not joined proposer `p`'s term (it missed the vote request).
+    fn learner_left_out(&self, p: usize) -> bool {
+        let term = self.proposers[p].core.term();
+        self.disks.iter().any(|d| d.state.learner && d.state.history.last_term() != term)
+    }
+
     /// Acceptor `a` loses its disk: it restarts blank, a learner, as a safekeeper whose
-    /// timeline is created again by a proposer's hello.
-    fn wipe(&mut self, a: NodeId) {
+    /// timeline is created again by a proposer's hello. A restarted process has new
+    /// connections: what was on its way to or from it is lost, and every proposer's shell
+    /// reconnects (as walproposer's does when a connection fails).
+    fn wipe(&mut self, a: NodeId) -> Check {
         self.disks[a] = learner_disk();
         self.nodes[a] = Some(Node::start(&self.disks[a]));
         self.seen_commit[a] = Lsn(0);
         self.seen_disk_commit[a] = Lsn(0);
         self.wipes += 1;
+        let involves = |env: &Envelope| match env {
+            Envelope::ToAcceptor { to, .. } => *to == a,
+            Envelope::ToProposer { from, .. } => *from == a,
+        };
+        self.net.retain(|_, env| !involves(env));
+        self.due.retain(|env| !involves(env));
+        for p in 0..self.proposers.len() {
+            if !self.proposers[p].crashed {
+                self.heal(p, a)?;
+            }
+        }
+        Ok(())
     }
 
     fn restart(&mut self, a: NodeId) {
@@ -554,7 +574,7 @@ impl Sim {
                 // A disk is lost and replaced: the acceptor comes back blank, as a learner
                 // (one at a time: losing two of three copies is beyond any quorum).
                 let a = self.rng.gen_range(0..ACCEPTORS);
-                self.wipe(a);
+                self.wipe(a)?;
             }
             91 if !self.plain && self.rng.gen_bool(0.6) => {
                 // An endpoint crashes and restarts, or an intruder starts: a sync, or a stale
@@ -722,10 +742,11 @@ impl Sim {
                 // Synced (a compute follows), or fenced by a proposer of before the healing
                 // (a sync follows).
                 self.next_incarnation(e, false)?;
-            } else if i % 500 == 499 && (!self.proposers[p].core.is_leader() || self.disks.iter().any(|d| d.state.learner)) {
+            } else if i % 500 == 499 && (!self.proposers[p].core.is_leader() || self.learner_left_out(p)) {
                 // Lost the race to a term another acceptor had seen: try again. Or a learner
                 // missed this election's vote request and waits for the next one (a compute
-                // is fenced by its own new election, and the endpoint moves on).
+                // is fenced by its own new election, and the endpoint moves on). A learner
+                // that joined is catching up: not interrupted.
                 self.start_election(p)?;
             } else if self.rng.gen_bool(0.1) {
                 let actions = self.proposers[p].core.tick();
@@ -755,7 +776,13 @@ impl Sim {
                 // Only a record of the current term: an older one's end says nothing about the
                 // catch-up of this term (an acceptor may have committed it and still lag).
                 let current = q == p && t == self.proposers[p].core.term();
-                let synced = current && self.nodes.iter().all(|n| n.as_ref().is_some_and(|n| n.acceptor.state().commit_lsn >= end));
+                // And no learner left: one that caught up becomes a voter once the peer horizon
+                // reaches it (a tick later).
+                let synced = current
+                    && self
+                        .nodes
+                        .iter()
+                        .all(|n| n.as_ref().is_some_and(|n| n.acceptor.state().commit_lsn >= end && !n.acceptor.state().learner));
                 if synced {
                     self.check()?;
                     // Identical WAL (from the committed WAL below a learner's beginning), that
@@ -866,7 +893,7 @@ fn many_seeds() {
                 && synced > n / 2
                 && fenced_stale > n / 40
                 && fenced_later > n / 40
-                && removals > n
+                && removals > n / 2
                 && wipes > n / 4
     );
 }

@@ -664,7 +664,7 @@ fn created_timelines_vote_and_unknown_ones_are_learners() {
     let mut conn = node.connect();
     assert!(matches!(conn.hello(SYSID), AcceptorMessage::HelloOk { .. }));
     assert_eq!(node.timeline().1["learner"], true);
-    conn.send(&ProposerMessage::Consensus(ToAcceptor::VoteRequest { term: 1 }));
+    conn.send(&ProposerMessage::Consensus(ToAcceptor::VoteRequest { term: 1, proposer: 1 }));
     match conn.recv() {
         Some(AcceptorMessage::Consensus(quorum::ToProposer::Vote { granted, acceptor_term, .. })) => {
             assert!(!granted, "a learner voted");

@@ -210,7 +210,7 @@ impl WalProposer {
         let (tx, rx) = mpsc::channel();
         let segment_size = u64::from(config.wal_segment_size);
         let core = Core::new(
-            Proposer::new(n, wal_start, ProposerConfig { mode, ..ProposerConfig::default() }),
+            Proposer::new(n, wal_start, ProposerConfig { mode, ..ProposerConfig::default() }).identified(proposer_id()),
             WalStore::new(dir, segment_size, wal_start),
             Arc::clone(&shared),
             wake,
@@ -356,4 +356,15 @@ pub fn sync_safekeepers(config: &Config, timeout: Duration) -> anyhow::Result<Op
             anyhow::bail!("could not sync the safekeepers within {timeout:?}: {progress}; unreachable safekeepers: {down}")
         }
     }
+}
+
+/// A random id for a proposer (`quorum::Proposer::identified`): std's per-process random
+/// hash keys, mixed with the time and the process id, so two proposers of a timeline (two
+/// computes, a compute and a sync) differ.
+fn proposer_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.write_u32(std::process::id());
+    h.finish()
 }

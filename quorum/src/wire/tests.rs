@@ -27,12 +27,12 @@ fn data() -> impl Strategy<Value = Bytes> {
 fn to_acceptor() -> impl Strategy<Value = ToAcceptor> {
     prop_oneof![
         any::<u64>().prop_map(|round| ToAcceptor::Greeting { round }),
-        (1u64..u64::MAX).prop_map(|term| ToAcceptor::VoteRequest { term }),
-        (history(), 1u64..1000, lsn(), any::<u64>()).prop_map(|(mut h, dt, start, b)| {
+        (1u64..u64::MAX, any::<u64>()).prop_map(|(term, proposer)| ToAcceptor::VoteRequest { term, proposer }),
+        (history(), 1u64..1000, lsn(), any::<u64>(), any::<u64>()).prop_map(|(mut h, dt, start, b, proposer)| {
             let term = h.last_term() + dt;
             let start = Lsn(start.0.max(h.0.last().map_or(0, |e| e.lsn.0)));
             h.0.push(TermSwitch { term, lsn: start });
-            ToAcceptor::Elected { term, history: h, start_lsn: start, log_begin: Lsn(b % (start.0 + 1)) }
+            ToAcceptor::Elected { term, history: h, start_lsn: start, log_begin: Lsn(b % (start.0 + 1)), proposer }
         }),
         (any::<u64>(), lsn(), 0u64..1000).prop_map(|(term, from, n)| ToAcceptor::FetchWal { term, from, to: Lsn(from.0 + n) }),
         (any::<u64>(), lsn(), data(), lsn(), any::<u64>(), lsn()).prop_map(
@@ -165,6 +165,7 @@ fn malformed_messages_are_named_errors() {
     p.extend_from_slice(&5u64.to_be_bytes());
     p.extend_from_slice(&0u64.to_be_bytes());
     p.extend_from_slice(&0u64.to_be_bytes());
+    p.extend_from_slice(&0u64.to_be_bytes());
     p.extend_from_slice(&2u32.to_be_bytes());
     for (t, l) in [(5u64, 0u64), (3, 0)] {
         p.extend_from_slice(&t.to_be_bytes());
@@ -198,8 +199,9 @@ fn version_3_fields_are_checked() {
     let mut p = be(&[9, 3, 2, 500]);
     p.push(2);
     assert!(matches!(AcceptorMessage::decode(&mut raw(b'g', &p)), Err(WireError::Invalid { tag: 'g', .. })));
-    // Elected: term, start, log begin, history; a log beginning beyond the start is refused.
-    let mut p = be(&[5, 100, 200]);
+    // Elected: term, start, log begin, proposer, history; a log beginning beyond the start
+    // is refused.
+    let mut p = be(&[5, 100, 200, 9]);
     p.extend_from_slice(&1u32.to_be_bytes());
     p.extend_from_slice(&be(&[5, 100]));
     let e = ProposerMessage::decode(&mut raw(b'E', &p)).unwrap_err();

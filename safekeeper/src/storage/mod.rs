@@ -123,6 +123,7 @@ impl TimelineStorage {
             flush_lsn: self.wal.extent().end,
             peer_horizon_lsn: self.control.peer_horizon_lsn,
             learner: self.control.learner,
+            log_begin: self.wal.extent().begin,
         }
     }
 
