@@ -36,7 +36,7 @@ pub struct RelFork {
 /// The block number under which a fork's size changes are tracked.
 const RELATION_BLOCK: u32 = u32::MAX;
 
-fn mix(mut h: u64) -> u64 {
+pub(crate) fn mix(mut h: u64) -> u64 {
     // splitmix64's finalizer: cheap, and every input bit reaches every output bit.
     h ^= h >> 30;
     h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -45,7 +45,7 @@ fn mix(mut h: u64) -> u64 {
     h ^ (h >> 31)
 }
 
-fn hash_fork(r: &RelFork) -> u64 {
+pub(crate) fn hash_fork(r: &RelFork) -> u64 {
     let a = (u64::from(r.spcnode) << 32) | u64::from(r.dbnode);
     let b = (u64::from(r.relnode) << 32) | (r.forknum as u32 as u64);
     mix(mix(a) ^ b)

@@ -21,6 +21,9 @@ pub static READ_LSN: GucSetting<Option<CString>> = GucSetting::<Option<CString>>
 pub static PAGESERVER_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 pub static RELSIZE_CACHE_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(131_072);
 pub static SAFEKEEPERS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// In MB; -1: automatic (see `file_cache.rs`).
+pub static FILE_CACHE_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
+pub static FILE_CACHE_PATH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// In MB; see [`max_pageserver_lag_bytes`].
 pub static MAX_PAGESERVER_LAG_MB: GucSetting<i32> = GucSetting::<i32>::new(64);
 
@@ -77,6 +80,24 @@ pub fn define() {
         GucContext::Postmaster,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"fjord.file_cache_size",
+        c"Size of the local file cache of pages on this compute's disk; 0 turns it off, -1 picks a size.",
+        c"-1 (the default): an eighth of the machine's memory, at most 4 GB and a quarter of the free disk. The cache sits between shared_buffers and the pageserver; the OS page cache keeps its hot part in memory.",
+        &FILE_CACHE_SIZE_MB,
+        -1,
+        1_048_576,
+        GucContext::Postmaster,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_string_guc(
+        c"fjord.file_cache_path",
+        c"The local file cache's file; relative paths are in the data directory. Its directory must exist.",
+        c"compute_ctl puts it outside the data directory so that it survives a restart of the endpoint.",
+        &FILE_CACHE_PATH,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
     GucRegistry::define_string_guc(
         c"fjord.safekeepers",
         c"host:port of every safekeeper, comma-separated (1 to 7, an odd number); empty: no WAL proposer.",
@@ -104,6 +125,10 @@ fn string(s: &GucSetting<Option<CString>>) -> Option<String> {
 /// The page service address, if the compute reads from a pageserver.
 pub fn pageserver_address() -> Option<String> {
     string(&PAGESERVER_ADDRESS)
+}
+
+pub fn file_cache_path() -> Option<String> {
+    string(&FILE_CACHE_PATH)
 }
 
 pub fn tenant_id() -> Option<String> {

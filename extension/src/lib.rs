@@ -18,6 +18,7 @@ use pgrx::prelude::*;
 
 mod cache;
 mod client;
+mod file_cache;
 mod guc;
 mod shmem;
 mod smgr;

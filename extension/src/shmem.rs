@@ -161,6 +161,7 @@ unsafe extern "C-unwind" fn shmem_request() {
         pg_sys::RequestAddinShmemSpace(total_size());
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 2);
     }
+    crate::file_cache::request_shmem();
 }
 
 /// `AddinShmemInitLock`, a C macro for slot 21 of the main LWLock array (lwlocknames.txt).
@@ -189,6 +190,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
             (*p).relsize_capacity = relsize_capacity();
         }
         SHARED.store(p, Ordering::Release);
+        crate::file_cache::startup();
         pg_sys::LWLockRelease(addin_shmem_init_lock());
     }
 }

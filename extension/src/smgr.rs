@@ -65,6 +65,7 @@ use proto::{BlockNumber, ForkNumber, Lsn, RelTag};
 
 use crate::cache::{self, RelFork, SizeUpdate};
 use crate::client::{self, ServerError};
+use crate::file_cache::{self, BlockTag};
 use crate::guc;
 use crate::shmem::{self, count};
 
@@ -514,6 +515,10 @@ unsafe extern "C-unwind" fn fjord_unlink(rnode: pg_sys::RelFileNodeBackend, fork
     md_call!(smgr_unlink(rnode, forknum, is_redo));
     if is_remote() {
         let r = rel_fork(&rnode.node, forknum);
+        match cache::cached_size(&r) {
+            Some(n) => file_cache::invalidate_blocks(&r, 0, n),
+            None => file_cache::invalidate_fork(&r),
+        }
         cache::forget_size(&r);
         cache::set_relation_changed(&r, insert_lsn());
     }
@@ -534,6 +539,7 @@ unsafe extern "C-unwind" fn fjord_extend(
         }
         let r = reln_fork(reln, forknum);
         let lsn = written_lsn(reln, forknum, blocknum, page_slice(buffer));
+        file_cache::store(&BlockTag { rel: r, blkno: blocknum }, page_slice(buffer), insert_lsn());
         cache::set_last_written(&r, blocknum, lsn);
         cache::set_relation_changed(&r, lsn);
         cache::update_size(&r, SizeUpdate::AtLeast(blocknum + 1));
@@ -568,15 +574,20 @@ unsafe extern "C-unwind" fn fjord_read(
             return md_call!(smgr_read(reln, forknum, blocknum, buffer));
         }
         let r = reln_fork(reln, forknum);
+        let out = std::slice::from_raw_parts_mut(buffer.cast::<u8>(), BLCKSZ);
+        let tag = BlockTag { rel: r, blkno: blocknum };
+        if file_cache::read(&tag, out) {
+            return;
+        }
         let lsns = read_lsns(cache::last_written(&r, blocknum));
         let rel = rel_tag(&r);
         let blkno = BlockNumber(blocknum);
         let what = || format!("reading block {blocknum} of relation {}", describe(&r));
-        let out = std::slice::from_raw_parts_mut(buffer.cast::<u8>(), BLCKSZ);
         match client::request(&what, &|id| Request::GetPage { id, lsns, rel, blkno }) {
             Ok(Response::Page { page, .. }) if page.len() == BLCKSZ => {
                 out.copy_from_slice(&page);
                 restore_build_lsn(&r, out);
+                file_cache::store(&tag, out, insert_lsn());
             }
             Ok(other) => unexpected(&what(), other),
             Err(e) if e.code == ErrorCode::NoSuchBlock && cache::cached_size(&r).is_some_and(|n| blocknum < n) => {
@@ -603,6 +614,7 @@ unsafe extern "C-unwind" fn fjord_write(
         }
         let r = reln_fork(reln, forknum);
         let lsn = written_lsn(reln, forknum, blocknum, page_slice(buffer));
+        file_cache::store(&BlockTag { rel: r, blkno: blocknum }, page_slice(buffer), insert_lsn());
         cache::set_last_written(&r, blocknum, lsn);
         // md.c lets a write land past the end (CREATE DATABASE copies that way).
         cache::update_size(&r, SizeUpdate::AtLeastIfCached(blocknum + 1));
@@ -648,6 +660,8 @@ unsafe extern "C-unwind" fn fjord_truncate(
         }
         // The truncation's WAL record was inserted before we were called.
         let r = reln_fork(reln, forknum);
+        let end = old_blocks.max(cache::cached_size(&r).unwrap_or(0));
+        file_cache::invalidate_blocks(&r, nblocks, end);
         cache::update_size(&r, SizeUpdate::Set(nblocks));
         cache::set_relation_changed(&r, insert_lsn());
     }
@@ -722,5 +736,6 @@ unsafe extern "C-unwind" fn fjord_object_access(
     }
     if is_remote() && access == pg_sys::ObjectAccessType::OAT_DROP && class_id == pg_sys::DatabaseRelationId {
         cache::forget_database(object_id.into());
+        file_cache::invalidate_database(object_id.into());
     }
 }

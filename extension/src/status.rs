@@ -129,6 +129,47 @@ fn walproposer_status() -> TableIterator<
     ))
 }
 
+/// One row describing the local file cache (`file_cache.rs`): whether it is on, its file,
+/// its size and pages in use, and counters since the server started: `hits` and `misses`
+/// (reads of remote pages that found it or not), `stores` (pages written into it, from
+/// pageserver reads and from pages leaving shared_buffers), `evictions`, `invalidations`
+/// (truncations, drops) and `restored` (entries reused from before the last restart).
+#[pg_extern]
+#[expect(clippy::type_complexity, reason = "pgrx takes a set-returning function's columns as one tuple of `name!` types")]
+fn file_cache_status() -> TableIterator<
+    'static,
+    (
+        name!(enabled, bool),
+        name!(path, Option<String>),
+        name!(size_bytes, i64),
+        name!(used_pages, i64),
+        name!(hits, i64),
+        name!(misses, i64),
+        name!(stores, i64),
+        name!(evictions, i64),
+        name!(invalidations, i64),
+        name!(restored, i64),
+    ),
+> {
+    let count = |a: &std::sync::atomic::AtomicU64| i64::try_from(a.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
+    let Some((fc, enabled)) = crate::file_cache::status() else {
+        return TableIterator::once((false, None, 0, 0, 0, 0, 0, 0, 0, 0));
+    };
+    let c = &fc.counters;
+    TableIterator::once((
+        enabled,
+        (fc.slots > 0).then(|| crate::file_cache::cache_path().display().to_string()),
+        i64::try_from(fc.slots * pg_sys::BLCKSZ as usize).unwrap_or(i64::MAX),
+        count(&fc.used),
+        count(&c.hits),
+        count(&c.misses),
+        count(&c.stores),
+        count(&c.evictions),
+        count(&c.invalidations),
+        count(&c.restored),
+    ))
+}
+
 /// The version of the fjord library loaded into this server.
 #[pg_extern]
 fn version() -> &'static str {

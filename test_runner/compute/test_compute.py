@@ -19,8 +19,8 @@ from fixtures.logs import unexpected_lines
 from fixtures.paths import pg_bin_dir
 from fixtures.postgres import wait_until
 
-# The minimum PostgreSQL accepts: 16 buffers of 8 KiB.
-TINY = {"shared_buffers": "128kB"}
+# The minimum PostgreSQL accepts: 16 buffers of 8 KiB, and a local file cache of 128 pages.
+TINY = {"shared_buffers": "128kB", "fjord.file_cache_size": "1MB"}
 
 
 @pytest.fixture

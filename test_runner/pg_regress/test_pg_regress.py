@@ -83,7 +83,8 @@ def test_pg_regress_parallel_schedule(fjord_pg, tmp_path):
 
 def test_pg_regress_on_a_compute(tmp_path, pageserver):
     tl = Timeline(tmp_path, pageserver)
-    ep = Endpoint(tmp_path, tl, settings={"shared_buffers": "1MB"}).start()
+    # A tiny buffer pool and a tiny local file cache: both evict all the time.
+    ep = Endpoint(tmp_path, tl, settings={"shared_buffers": "1MB", "fjord.file_cache_size": "1MB"}).start()
     ep.sql("CREATE EXTENSION fjord")
     assert ep.sql("SELECT mode FROM fjord.storage_manager()")[0][0] == "pageserver"
 
@@ -98,3 +99,5 @@ def test_pg_regress_on_a_compute(tmp_path, pageserver):
     assert result.returncode == 0 or failed <= expected, detail
     reads = ep.sql("SELECT remote_requests FROM fjord.storage_manager()")[0][0]
     assert reads > 10000, reads
+    hits, evictions = ep.sql("SELECT hits, evictions FROM fjord.file_cache_status()")[0]
+    assert hits > 1000 and evictions > 1000, (hits, evictions)

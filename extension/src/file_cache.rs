@@ -1,0 +1,541 @@
+//! The local file cache (LFC): pages of permanent relations on the compute's own disk,
+//! between shared_buffers and the pageserver.
+//!
+//! **What it holds.** For every cached block, the newest version of the page as this
+//! compute knows it, exactly what a buffer for the block would hold. It is filled on both
+//! sides of the buffer pool: a page read from the pageserver is stored after the read, a
+//! page leaving the pool (`smgrwrite`, `smgrextend`) is stored as written. A read that
+//! finds the block here never reaches the network. This is correct in a compute because it
+//! is its timeline's only writer and every change to a page passes through the buffer
+//! pool: a block is read through the storage manager only when no buffer holds it, and
+//! whatever buffer held it last wrote its newest version here (a clean buffer was never
+//! changed since it was read, and the read stored it). The paths around the buffer pool
+//! drop what they make stale: truncation drops the blocks past the new end, an unlink
+//! drops the fork, DROP DATABASE drops the database's blocks.
+//!
+//! **Layout.** One file of `fjord.file_cache_size` bytes (`fjord.file_cache_path`), cut
+//! into 8 KiB slots. The index is in shared memory, split into stripes: each stripe owns a
+//! fixed run of slots, a chained hash table over them, a clock hand and one LWLock. A block
+//! hashes to one stripe; a read takes that stripe's lock shared (many readers at once), a
+//! store takes it exclusive. No lock covers more than one stripe, so reads and writes of
+//! different blocks rarely meet (up to 1024 stripes). The page is read and written while the
+//! stripe's lock is held, which is what keeps a slot from being reused under a reader; a
+//! read from the OS page cache takes microseconds.
+//!
+//! **Eviction** is per stripe: a clock over its slots, a used slot getting a second chance.
+//!
+//! **Each entry carries a dependency LSN**: the WAL insert position when the page was
+//! stored, an upper bound on every record the page's content (hint bits included) can
+//! reflect. It matters only when a saved cache is reused after a restart (see
+//! `compute_ctl`'s `file_cache` module and `proto::filecache`): a page is reused only if
+//! everything it depends on is durable.
+//!
+//! **Failure is never a wrong page.** A missing directory, a file that cannot be created
+//! or sized, or a failed read or write (a full disk) turns the cache off with one log line
+//! and every read goes to the pageserver, as without a cache.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use crate::cache::{hash_fork, mix, RelFork};
+use crate::guc;
+
+const BLCKSZ: usize = pg_sys::BLCKSZ as usize;
+const NONE: u32 = u32::MAX;
+const MAX_STRIPES: usize = 1024;
+/// A stripe holds at least this many slots (fewer stripes for a small cache).
+const MIN_SLOTS_PER_STRIPE: usize = 32;
+const TRANCHE: &std::ffi::CStr = c"fjord_file_cache";
+
+/// Counters since the server started.
+#[derive(Default)]
+#[repr(C)]
+pub struct FileCacheCounters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub stores: AtomicU64,
+    pub evictions: AtomicU64,
+    pub invalidations: AtomicU64,
+    /// Entries loaded from a saved cache at start.
+    pub restored: AtomicU64,
+}
+
+/// The header of the cache's shared memory; stripes, buckets and entries follow it.
+#[repr(C)]
+pub struct FileCacheShared {
+    /// Slots in use by the index (`stripes * per_stripe`); the file has this many pages.
+    pub slots: usize,
+    stripes: usize,
+    per_stripe: usize,
+    /// False once the cache is off (never configured, or turned off after an error).
+    enabled: AtomicBool,
+    /// Valid entries.
+    pub used: AtomicU64,
+    pub counters: FileCacheCounters,
+    locks: *mut pg_sys::LWLockPadded,
+}
+
+/// One slot's index entry. Fields change only under the stripe's exclusive lock, except
+/// `usage`, which readers set under the shared lock; atomics make both plain loads.
+#[repr(C)]
+struct Entry {
+    spcnode: AtomicU32,
+    dbnode: AtomicU32,
+    relnode: AtomicU32,
+    forknum: AtomicU32,
+    blkno: AtomicU32,
+    /// The next entry in this entry's hash chain, or `NONE`.
+    next: AtomicU32,
+    dep_lsn: AtomicU64,
+    valid: AtomicU8,
+    usage: AtomicU8,
+}
+
+/// A block of a relation fork.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockTag {
+    pub rel: RelFork,
+    pub blkno: u32,
+}
+
+static SHARED: AtomicPtr<FileCacheShared> = AtomicPtr::new(ptr::null_mut());
+
+/// The configured size in pages (0: no cache). `fjord.file_cache_size` is in MB; -1 picks
+/// an eighth of the machine's memory, at most 4 GiB and a quarter of the free disk (the
+/// OS page cache is what makes a cached page as fast to read as plain PostgreSQL's).
+fn configured_slots() -> usize {
+    if !crate::smgr::is_remote() {
+        return 0;
+    }
+    let mb = guc::FILE_CACHE_SIZE_MB.get();
+    let bytes: u64 = if mb >= 0 { (mb as u64) << 20 } else { auto_size_bytes() };
+    usize::try_from(bytes / BLCKSZ as u64).unwrap_or(0)
+}
+
+fn auto_size_bytes() -> u64 {
+    // SAFETY: sysconf and statvfs only read system information.
+    let ram = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES).max(0) as u64) * (libc::sysconf(libc::_SC_PAGESIZE).max(0) as u64) };
+    let mut size = (ram / 8).min(4 << 30);
+    if let Some(free) = free_disk_bytes(&cache_path()) {
+        size = size.min(free / 4);
+    }
+    size
+}
+
+fn free_disk_bytes(path: &Path) -> Option<u64> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs writes into the struct we pass.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        (libc::statvfs(c.as_ptr(), &mut st) == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+    }
+}
+
+/// `fjord.file_cache_path`, relative to the data directory when not absolute.
+pub fn cache_path() -> PathBuf {
+    PathBuf::from(guc::file_cache_path().unwrap_or_else(|| "fjord_file_cache".into()))
+}
+
+/// Stripes and slots per stripe for `slots` pages.
+fn geometry(slots: usize) -> (usize, usize) {
+    if slots == 0 {
+        return (0, 0);
+    }
+    let stripes = (slots / MIN_SLOTS_PER_STRIPE).clamp(1, MAX_STRIPES);
+    (stripes, slots / stripes)
+}
+
+fn shmem_size(slots: usize) -> usize {
+    let (stripes, per_stripe) = geometry(slots);
+    let n = stripes * per_stripe;
+    // The padding that aligns the entries after the u32 hands and buckets.
+    let padding = align_of::<Entry>();
+    size_of::<FileCacheShared>() + (stripes + n) * size_of::<AtomicU32>() + padding + n * size_of::<Entry>()
+}
+
+/// Shared memory and locks to ask for in `shmem_request_hook`.
+pub fn request_shmem() {
+    let slots = configured_slots();
+    let (stripes, _) = geometry(slots);
+    // SAFETY: called from the shmem request hook in the postmaster.
+    unsafe {
+        pg_sys::RequestAddinShmemSpace(shmem_size(slots));
+        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), stripes.max(1) as i32);
+    }
+}
+
+/// Sets up the index in `shmem_startup_hook` (under `AddinShmemInitLock`) and, in the
+/// postmaster, prepares the file.
+///
+/// # Safety
+/// Called from the shmem startup hook with `AddinShmemInitLock` held.
+pub unsafe fn startup() {
+    let slots = configured_slots();
+    let (stripes, per_stripe) = geometry(slots);
+    let size = shmem_size(slots);
+    unsafe {
+        let mut found = false;
+        let p = pg_sys::ShmemInitStruct(c"fjord file cache".as_ptr(), size, &mut found).cast::<FileCacheShared>();
+        if !found {
+            // Zero bytes: no entry valid, every counter 0, every hand at slot 0. Chains
+            // need NONE in every bucket, set below.
+            ptr::write_bytes(p.cast::<u8>(), 0, size);
+            (*p).slots = stripes * per_stripe;
+            (*p).stripes = stripes;
+            (*p).per_stripe = per_stripe;
+            (*p).locks = pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr());
+            let fc = &*p;
+            for b in buckets(fc) {
+                b.store(NONE, Ordering::Relaxed);
+            }
+            for e in entries(fc) {
+                e.next.store(NONE, Ordering::Relaxed);
+            }
+            if fc.slots > 0 {
+                match prepare_file(fc.slots) {
+                    Ok(()) => fc.enabled.store(true, Ordering::Release),
+                    Err(why) => log!("fjord: the local file cache is off: {why}"),
+                }
+            }
+        }
+        SHARED.store(p, Ordering::Release);
+    }
+}
+
+/// Creates or resizes the cache file so that it has exactly `slots` pages. Contents of a
+/// file of the wrong size are discarded (the index starts empty anyway).
+fn prepare_file(slots: usize) -> Result<(), String> {
+    let path = cache_path();
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(format!("its directory \"{}\" does not exist (fjord.file_cache_path)", dir.display()));
+    }
+    let want = (slots * BLCKSZ) as u64;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| format!("cannot open \"{}\": {e}", path.display()))?;
+    let len = file.metadata().map_err(|e| format!("cannot stat \"{}\": {e}", path.display()))?.len();
+    if len != want {
+        if len != 0 {
+            log!(
+                "fjord: the local file cache \"{}\" has {len} bytes, {want} expected (fjord.file_cache_size changed?); its contents are discarded",
+                path.display()
+            );
+        }
+        // A sparse file: disk is used only as pages are stored.
+        file.set_len(0).and_then(|()| file.set_len(want)).map_err(|e| format!("cannot size \"{}\": {e}", path.display()))?;
+    }
+    log!("fjord: local file cache \"{}\", {} MB", path.display(), want >> 20);
+    Ok(())
+}
+
+fn shared() -> Option<&'static FileCacheShared> {
+    // SAFETY: null, or a header in shared memory that lives as long as the process.
+    let fc = unsafe { SHARED.load(Ordering::Acquire).as_ref()? };
+    fc.enabled.load(Ordering::Relaxed).then_some(fc)
+}
+
+/// The header even when the cache is off (for status).
+pub fn status() -> Option<(&'static FileCacheShared, bool)> {
+    // SAFETY: as in `shared`.
+    let fc = unsafe { SHARED.load(Ordering::Acquire).as_ref()? };
+    Some((fc, fc.enabled.load(Ordering::Relaxed)))
+}
+
+fn hands(fc: &FileCacheShared) -> &[AtomicU32] {
+    // SAFETY: the hands follow the header; the segment was sized by `shmem_size`.
+    unsafe { std::slice::from_raw_parts((fc as *const FileCacheShared).add(1).cast::<AtomicU32>(), fc.stripes) }
+}
+
+fn buckets(fc: &FileCacheShared) -> &[AtomicU32] {
+    // SAFETY: the buckets follow the hands.
+    unsafe { std::slice::from_raw_parts(hands(fc).as_ptr().add(fc.stripes), fc.slots) }
+}
+
+fn entries(fc: &FileCacheShared) -> &[Entry] {
+    // SAFETY: the entries follow the buckets, aligned up for `Entry` (`shmem_size` counts
+    // the padding).
+    unsafe {
+        let after = buckets(fc).as_ptr().add(fc.slots).cast::<u8>();
+        let aligned = after.add(after.align_offset(align_of::<Entry>()));
+        std::slice::from_raw_parts(aligned.cast::<Entry>(), fc.slots)
+    }
+}
+
+/// The stripe and bucket (an index into `buckets`) of a block.
+fn place(fc: &FileCacheShared, tag: &BlockTag) -> (usize, usize) {
+    let h = mix(hash_fork(&tag.rel) ^ u64::from(tag.blkno).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let stripe = (h as usize) % fc.stripes;
+    let bucket = ((h >> 32) as usize) % fc.per_stripe;
+    (stripe, stripe * fc.per_stripe + bucket)
+}
+
+impl Entry {
+    fn is(&self, tag: &BlockTag) -> bool {
+        self.valid.load(Ordering::Relaxed) != 0
+            && self.blkno.load(Ordering::Relaxed) == tag.blkno
+            && self.relnode.load(Ordering::Relaxed) == tag.rel.relnode
+            && self.dbnode.load(Ordering::Relaxed) == tag.rel.dbnode
+            && self.spcnode.load(Ordering::Relaxed) == tag.rel.spcnode
+            && self.forknum.load(Ordering::Relaxed) == tag.rel.forknum as u32
+    }
+
+    fn tag(&self) -> BlockTag {
+        BlockTag {
+            rel: RelFork {
+                spcnode: self.spcnode.load(Ordering::Relaxed),
+                dbnode: self.dbnode.load(Ordering::Relaxed),
+                relnode: self.relnode.load(Ordering::Relaxed),
+                forknum: self.forknum.load(Ordering::Relaxed) as i32,
+            },
+            blkno: self.blkno.load(Ordering::Relaxed),
+        }
+    }
+
+    fn set_tag(&self, tag: &BlockTag) {
+        self.spcnode.store(tag.rel.spcnode, Ordering::Relaxed);
+        self.dbnode.store(tag.rel.dbnode, Ordering::Relaxed);
+        self.relnode.store(tag.rel.relnode, Ordering::Relaxed);
+        self.forknum.store(tag.rel.forknum as u32, Ordering::Relaxed);
+        self.blkno.store(tag.blkno, Ordering::Relaxed);
+    }
+}
+
+/// A stripe's LWLock, held for the life of the value.
+struct StripeLock {
+    lock: *mut pg_sys::LWLock,
+}
+
+impl StripeLock {
+    fn new(fc: &FileCacheShared, stripe: usize, exclusive: bool) -> StripeLock {
+        let mode = if exclusive { pg_sys::LWLockMode::LW_EXCLUSIVE } else { pg_sys::LWLockMode::LW_SHARED };
+        // SAFETY: the tranche has one lock per stripe and lives as long as the server;
+        // PostgreSQL's error cleanup releases it if an ERROR unwinds through us.
+        unsafe {
+            let lock = &raw mut (*fc.locks.add(stripe)).lock;
+            pg_sys::LWLockAcquire(lock, mode);
+            StripeLock { lock }
+        }
+    }
+}
+
+impl Drop for StripeLock {
+    fn drop(&mut self) {
+        // SAFETY: acquired in `new`; after an ERROR PostgreSQL may have released it.
+        unsafe {
+            if pg_sys::LWLockHeldByMe(self.lock) {
+                pg_sys::LWLockRelease(self.lock);
+            }
+        }
+    }
+}
+
+/// The entry holding `tag` in its bucket's chain. Needs the stripe's lock.
+fn find(fc: &FileCacheShared, bucket: usize, tag: &BlockTag) -> Option<usize> {
+    let entries = entries(fc);
+    let mut i = buckets(fc)[bucket].load(Ordering::Relaxed);
+    while i != NONE {
+        let e = &entries[i as usize];
+        if e.is(tag) {
+            return Some(i as usize);
+        }
+        i = e.next.load(Ordering::Relaxed);
+    }
+    None
+}
+
+/// Removes entry `i` from its chain and marks it free. Needs the stripe's exclusive lock.
+fn unlink(fc: &FileCacheShared, i: usize) {
+    let entries = entries(fc);
+    let e = &entries[i];
+    if e.valid.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let (_, bucket) = place(fc, &e.tag());
+    let head = &buckets(fc)[bucket];
+    let next = e.next.load(Ordering::Relaxed);
+    if head.load(Ordering::Relaxed) == i as u32 {
+        head.store(next, Ordering::Relaxed);
+    } else {
+        let mut j = head.load(Ordering::Relaxed);
+        while j != NONE {
+            let prev = &entries[j as usize];
+            if prev.next.load(Ordering::Relaxed) == i as u32 {
+                prev.next.store(next, Ordering::Relaxed);
+                break;
+            }
+            j = prev.next.load(Ordering::Relaxed);
+        }
+    }
+    e.next.store(NONE, Ordering::Relaxed);
+    e.valid.store(0, Ordering::Relaxed);
+    fc.used.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Picks a slot of `stripe` for a new entry: a free one, or the clock's victim (unlinked).
+fn victim(fc: &FileCacheShared, stripe: usize) -> usize {
+    let entries = entries(fc);
+    let hand = &hands(fc)[stripe];
+    let base = stripe * fc.per_stripe;
+    // Two sweeps: the first clears every usage bit it passes.
+    for _ in 0..2 * fc.per_stripe + 1 {
+        let h = hand.load(Ordering::Relaxed) as usize % fc.per_stripe;
+        hand.store(((h + 1) % fc.per_stripe) as u32, Ordering::Relaxed);
+        let e = &entries[base + h];
+        if e.valid.load(Ordering::Relaxed) == 0 {
+            return base + h;
+        }
+        if e.usage.swap(0, Ordering::Relaxed) == 0 {
+            unlink(fc, base + h);
+            if fc.counters.evictions.fetch_add(1, Ordering::Relaxed) == 0 {
+                log!(
+                    "fjord: the local file cache is full ({} MB); from now on the least recently used pages make room and are read from the pageserver again",
+                    (fc.slots * BLCKSZ) >> 20
+                );
+            }
+            return base + h;
+        }
+    }
+    unreachable!("a clock sweep over a stripe always finds a slot");
+}
+
+/// This process's handle on the cache file, opened on first use.
+fn file(fc: &FileCacheShared) -> Option<&'static File> {
+    static FILE: OnceLock<Option<File>> = OnceLock::new();
+    FILE.get_or_init(|| match OpenOptions::new().read(true).write(true).open(cache_path()) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            turn_off(fc, &format!("cannot open \"{}\": {e}", cache_path().display()));
+            None
+        }
+    })
+    .as_ref()
+}
+
+/// Turns the cache off for every process, with one log line.
+fn turn_off(fc: &FileCacheShared, why: &str) {
+    if fc.enabled.swap(false, Ordering::AcqRel) {
+        warning!("fjord: the local file cache is off from now on: {why}; pages are read from the pageserver");
+    }
+}
+
+/// Copies the cached page of `tag` into `out` and returns true, or returns false (a miss,
+/// or no cache).
+pub fn read(tag: &BlockTag, out: &mut [u8]) -> bool {
+    let Some(fc) = shared() else { return false };
+    let Some(file) = file(fc) else { return false };
+    let (stripe, bucket) = place(fc, tag);
+    let _lock = StripeLock::new(fc, stripe, false);
+    let Some(i) = find(fc, bucket, tag) else {
+        fc.counters.misses.fetch_add(1, Ordering::Relaxed);
+        return false;
+    };
+    match file.read_exact_at(out, (i * BLCKSZ) as u64) {
+        Ok(()) => {
+            entries(fc)[i].usage.store(1, Ordering::Relaxed);
+            fc.counters.hits.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+        Err(e) => {
+            turn_off(fc, &format!("reading slot {i} of \"{}\" failed: {e}", cache_path().display()));
+            false
+        }
+    }
+}
+
+/// Stores `page` as the newest version of `tag`, which depends on no WAL past `dep_lsn`.
+pub fn store(tag: &BlockTag, page: &[u8], dep_lsn: u64) {
+    let Some(fc) = shared() else { return };
+    let Some(file) = file(fc) else { return };
+    let (stripe, bucket) = place(fc, tag);
+    let _lock = StripeLock::new(fc, stripe, true);
+    let entries = entries(fc);
+    let i = match find(fc, bucket, tag) {
+        Some(i) => i,
+        None => {
+            let i = victim(fc, stripe);
+            let e = &entries[i];
+            e.set_tag(tag);
+            e.next.store(buckets(fc)[bucket].load(Ordering::Relaxed), Ordering::Relaxed);
+            buckets(fc)[bucket].store(i as u32, Ordering::Relaxed);
+            e.valid.store(1, Ordering::Relaxed);
+            fc.used.fetch_add(1, Ordering::Relaxed);
+            i
+        }
+    };
+    let e = &entries[i];
+    if let Err(err) = file.write_all_at(page, (i * BLCKSZ) as u64) {
+        unlink(fc, i);
+        turn_off(fc, &format!("writing slot {i} of \"{}\" failed: {err}", cache_path().display()));
+        return;
+    }
+    e.dep_lsn.store(dep_lsn, Ordering::Relaxed);
+    e.usage.store(1, Ordering::Relaxed);
+    fc.counters.stores.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Drops `tag` if cached.
+fn invalidate(fc: &FileCacheShared, tag: &BlockTag) {
+    let (stripe, bucket) = place(fc, tag);
+    let _lock = StripeLock::new(fc, stripe, true);
+    if let Some(i) = find(fc, bucket, tag) {
+        unlink(fc, i);
+        fc.counters.invalidations.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Drops every entry `pred` selects, one stripe at a time.
+fn invalidate_where(fc: &FileCacheShared, pred: impl Fn(&BlockTag) -> bool) {
+    let entries = entries(fc);
+    for stripe in 0..fc.stripes {
+        let _lock = StripeLock::new(fc, stripe, true);
+        let base = stripe * fc.per_stripe;
+        for (i, e) in entries.iter().enumerate().skip(base).take(fc.per_stripe) {
+            if e.valid.load(Ordering::Relaxed) != 0 && pred(&e.tag()) {
+                unlink(fc, i);
+                fc.counters.invalidations.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Drops blocks `from..to` of `rel` (a truncation; an unlink with a known size).
+pub fn invalidate_blocks(rel: &RelFork, from: u32, to: u32) {
+    let Some(fc) = shared() else { return };
+    if from >= to {
+        return;
+    }
+    if (to - from) as usize > fc.slots {
+        // Cheaper to look at every slot than at every block.
+        return invalidate_where(fc, |t| t.rel == *rel && (from..to).contains(&t.blkno));
+    }
+    for blkno in from..to {
+        invalidate(fc, &BlockTag { rel: *rel, blkno });
+    }
+}
+
+/// Drops every block of `rel` (an unlink whose size is not known).
+pub fn invalidate_fork(rel: &RelFork) {
+    if let Some(fc) = shared() {
+        invalidate_where(fc, |t| t.rel == *rel);
+    }
+}
+
+/// Drops every block of database `dbnode` (DROP DATABASE).
+pub fn invalidate_database(dbnode: u32) {
+    if let Some(fc) = shared() {
+        invalidate_where(fc, |t| t.rel.dbnode == dbnode);
+    }
+}
