@@ -2,8 +2,11 @@
 //! from a pageserver basebackup and supervises it. See README.md for the start sequence.
 //!
 //! Invariant: a compute owns no state worth keeping. Every start begins with an empty data
-//! directory; nothing here ever reuses or repairs an old one.
+//! directory; nothing here ever reuses or repairs an old one. The one thing reused is the
+//! local file cache, which lives outside the data directory and is only a cache: what is
+//! kept of it is decided in `file_cache.rs`, and anything doubtful is dropped.
 
+pub mod file_cache;
 pub mod pageserver;
 pub mod pgconf;
 pub mod postgres;

@@ -152,7 +152,11 @@ impl Postmaster {
     /// the normal way, leaving the shutdown checkpoint nothing of the kind to write.
     pub fn checkpoint_before_shutdown(&mut self, pg_bin_dir: &Path, host: &str, port: u16, user: &str) {
         let mut cmd = Command::new(pg_bin_dir.join("psql"));
+        // Then one synchronous commit: it returns once the safekeepers have all WAL up to it,
+        // so the pages the checkpoint wrote into the local file cache depend only on WAL
+        // that is durable, and the cache can be reused at the next start (`file_cache`).
         cmd.args(["-X", "-q", "-h", host, "-p", &port.to_string(), "-U", user, "-d", "postgres", "-c", "CHECKPOINT"])
+            .args(["-c", "SELECT pg_current_xact_id()"])
             .env("PGCONNECT_TIMEOUT", "5")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -44,6 +44,9 @@ use std::sync::OnceLock;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use proto::filecache::{SavedEntry, SavedIndex};
+use proto::{Lsn, TenantId, TimelineId};
+
 use crate::cache::{hash_fork, mix, RelFork};
 use crate::guc;
 
@@ -65,6 +68,8 @@ pub struct FileCacheCounters {
     pub invalidations: AtomicU64,
     /// Entries loaded from a saved cache at start.
     pub restored: AtomicU64,
+    /// Reads whose page failed its CRC (a damaged cache file); served from the pageserver.
+    pub checksum_failures: AtomicU64,
 }
 
 /// The header of the cache's shared memory; stripes, buckets and entries follow it.
@@ -93,6 +98,8 @@ struct Entry {
     blkno: AtomicU32,
     /// The next entry in this entry's hash chain, or `NONE`.
     next: AtomicU32,
+    /// CRC-32C of the page in the slot, checked on every read.
+    crc: AtomicU32,
     dep_lsn: AtomicU64,
     valid: AtomicU8,
     usage: AtomicU8,
@@ -200,8 +207,16 @@ pub unsafe fn startup() {
                 e.next.store(NONE, Ordering::Relaxed);
             }
             if fc.slots > 0 {
+                // Whatever happens below, a saved index is used at most once.
+                let saved = take_saved_index();
                 match prepare_file(fc.slots) {
-                    Ok(()) => fc.enabled.store(true, Ordering::Release),
+                    Ok(kept) => {
+                        fc.enabled.store(true, Ordering::Release);
+                        if let Some(saved) = saved.filter(|_| kept) {
+                            restore(fc, saved);
+                        }
+                        register_save_at_exit();
+                    }
                     Err(why) => log!("fjord: the local file cache is off: {why}"),
                 }
             }
@@ -210,9 +225,9 @@ pub unsafe fn startup() {
     }
 }
 
-/// Creates or resizes the cache file so that it has exactly `slots` pages. Contents of a
-/// file of the wrong size are discarded (the index starts empty anyway).
-fn prepare_file(slots: usize) -> Result<(), String> {
+/// Creates or resizes the cache file so that it has exactly `slots` pages, and says whether
+/// its contents were kept. Contents of a file of the wrong size are discarded.
+fn prepare_file(slots: usize) -> Result<bool, String> {
     let path = cache_path();
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     if !dir.is_dir() {
@@ -238,7 +253,169 @@ fn prepare_file(slots: usize) -> Result<(), String> {
         file.set_len(0).and_then(|()| file.set_len(want)).map_err(|e| format!("cannot size \"{}\": {e}", path.display()))?;
     }
     log!("fjord: local file cache \"{}\", {} MB", path.display(), want >> 20);
-    Ok(())
+    Ok(len == want)
+}
+
+/// `<cache file>.index`: written at a clean shutdown, read by compute_ctl.
+pub fn saved_index_path() -> PathBuf {
+    suffixed(".index")
+}
+
+/// `<cache file>.ready`: what compute_ctl kept of the saved index, loaded at start.
+pub fn ready_index_path() -> PathBuf {
+    suffixed(".ready")
+}
+
+fn suffixed(suffix: &str) -> PathBuf {
+    let mut p = cache_path().into_os_string();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+/// Removes both index files (the cache file is about to change, so neither may be used
+/// again) and returns the validated one compute_ctl left, if any.
+fn take_saved_index() -> Option<SavedIndex> {
+    let _ = std::fs::remove_file(saved_index_path());
+    let ready = ready_index_path();
+    let bytes = match std::fs::read(&ready) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            log!("fjord: the local file cache starts empty: cannot read \"{}\": {e}", ready.display());
+            let _ = std::fs::remove_file(&ready);
+            return None;
+        }
+    };
+    let _ = std::fs::remove_file(&ready);
+    match SavedIndex::decode(&bytes) {
+        Ok(saved) => Some(saved),
+        Err(e) => {
+            log!("fjord: the local file cache starts empty: \"{}\" is not usable: {e}", ready.display());
+            None
+        }
+    }
+}
+
+/// The tenant and timeline this compute serves, if set and valid.
+fn timeline_ids() -> Option<(TenantId, TimelineId)> {
+    let tenant = guc::tenant_id()?.trim().parse().ok()?;
+    let timeline = guc::timeline_id()?.trim().parse().ok()?;
+    Some((tenant, timeline))
+}
+
+/// Puts the entries of a saved index back (postmaster start, before any other process).
+fn restore(fc: &FileCacheShared, saved: SavedIndex) {
+    if Some((saved.tenant, saved.timeline)) != timeline_ids() || saved.slots != fc.slots as u64 {
+        log!("fjord: the local file cache starts empty: its saved index is for another timeline or cache size");
+        return;
+    }
+    let entries = entries(fc);
+    let mut restored = 0u64;
+    for e in &saved.entries {
+        let tag = BlockTag {
+            rel: RelFork { spcnode: e.spcnode, dbnode: e.dbnode, relnode: e.relnode, forknum: i32::from(e.forknum) },
+            blkno: e.blkno,
+        };
+        let (stripe, bucket) = place(fc, &tag);
+        let slot = e.slot as usize;
+        // Same size, same hash: a slot is always in its block's stripe. One that is not
+        // was not written by us; `decode` already refused duplicates.
+        if slot / fc.per_stripe != stripe || entries[slot].valid.load(Ordering::Relaxed) != 0 {
+            continue;
+        }
+        let entry = &entries[slot];
+        entry.set_tag(&tag);
+        entry.dep_lsn.store(e.dep_lsn.0, Ordering::Relaxed);
+        entry.crc.store(e.page_crc, Ordering::Relaxed);
+        entry.next.store(buckets(fc)[bucket].load(Ordering::Relaxed), Ordering::Relaxed);
+        buckets(fc)[bucket].store(slot as u32, Ordering::Relaxed);
+        entry.valid.store(1, Ordering::Relaxed);
+        restored += 1;
+    }
+    fc.used.store(restored, Ordering::Relaxed);
+    fc.counters.restored.store(restored, Ordering::Relaxed);
+    log!("fjord: the local file cache reuses {restored} pages from before the restart (durable up to {})", saved.durable_lsn);
+}
+
+fn register_save_at_exit() {
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    if !REGISTERED.swap(true, Ordering::Relaxed) {
+        // SAFETY: registering an exit callback in the postmaster; children forget it
+        // (`on_exit_reset` in `InitPostmasterChild`).
+        unsafe { pg_sys::before_shmem_exit(Some(save_at_exit), pg_sys::Datum::from(0)) };
+    }
+}
+
+/// At the postmaster's exit: after a clean shutdown, syncs the cache file and writes the
+/// saved index for the next start (see `proto::filecache` for why that is safe).
+#[pg_guard]
+unsafe extern "C-unwind" fn save_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    // SAFETY: only the postmaster registered this, and it runs after every child exited.
+    if unsafe { pg_sys::IsUnderPostmaster } {
+        return;
+    }
+    match save() {
+        Ok(msg) => log!("fjord: {msg}"),
+        Err(why) => log!("fjord: the local file cache is not kept for the next start: {why}"),
+    }
+}
+
+fn save() -> Result<String, String> {
+    let fc = shared().ok_or("it is off")?;
+    if guc::read_lsn().is_some() {
+        return Err("a compute at a past LSN does not keep it".into());
+    }
+    let (tenant, timeline) = timeline_ids().ok_or("no valid fjord.tenant_id / fjord.timeline_id")?;
+    let durable = crate::shmem::shared().map_or(0, |s| s.walproposer.commit_lsn.load(Ordering::Acquire));
+    if durable == 0 {
+        return Err("no WAL is known to be on a majority of safekeepers (without fjord.safekeepers nothing is kept)".into());
+    }
+    if !shut_down_cleanly() {
+        return Err("the server did not shut down cleanly".into());
+    }
+    // No other process is left: the index is read without its locks.
+    let entries: Vec<SavedEntry> = entries(fc)
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.valid.load(Ordering::Relaxed) != 0)
+        .map(|(slot, e)| {
+            let t = e.tag();
+            SavedEntry {
+                spcnode: t.rel.spcnode,
+                dbnode: t.rel.dbnode,
+                relnode: t.rel.relnode,
+                forknum: t.rel.forknum as u8,
+                blkno: t.blkno,
+                slot: slot as u32,
+                page_crc: e.crc.load(Ordering::Relaxed),
+                dep_lsn: Lsn(e.dep_lsn.load(Ordering::Relaxed)),
+            }
+        })
+        .collect();
+    let path = cache_path();
+    // The pages first: an index must never name a page that a power loss could undo.
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.sync_data())
+        .map_err(|e| format!("cannot sync \"{}\": {e}", path.display()))?;
+    let n = entries.len();
+    let saved = SavedIndex { tenant, timeline, slots: fc.slots as u64, durable_lsn: Lsn(durable), entries };
+    let index = saved_index_path();
+    crashsafe::write_file_atomic(&index, &saved.encode()).map_err(|e| format!("cannot write \"{}\": {e}", index.display()))?;
+    Ok(format!("saved the local file cache's index for the next start: {n} pages, WAL durable up to {}", Lsn(durable)))
+}
+
+/// Whether `pg_control` on disk says the server shut down cleanly (written by the shutdown
+/// checkpoint; a crash or an immediate shutdown leaves it "in production").
+fn shut_down_cleanly() -> bool {
+    // SAFETY: get_controlfile reads and checks the file in the data directory; the
+    // postmaster's working directory is the data directory.
+    unsafe {
+        let mut crc_ok = false;
+        let cf = pg_sys::get_controlfile(pg_sys::DataDir, &mut crc_ok);
+        !cf.is_null() && crc_ok && (*cf).state == pg_sys::DBState::DB_SHUTDOWNED
+    }
 }
 
 fn shared() -> Option<&'static FileCacheShared> {
@@ -443,10 +620,26 @@ pub fn read(tag: &BlockTag, out: &mut [u8]) -> bool {
         return false;
     };
     match file.read_exact_at(out, (i * BLCKSZ) as u64) {
-        Ok(()) => {
+        Ok(()) if crc32c::crc32c(out) == entries(fc)[i].crc.load(Ordering::Relaxed) => {
             entries(fc)[i].usage.store(1, Ordering::Relaxed);
             fc.counters.hits.fetch_add(1, Ordering::Relaxed);
             true
+        }
+        Ok(()) => {
+            // Damaged on disk: never served. The entry goes; the read goes to the pageserver.
+            drop(_lock);
+            warning!(
+                "fjord: page in slot {i} of the local file cache \"{}\" (block {} of {}/{}/{} fork {}) fails its checksum; reading it from the pageserver",
+                cache_path().display(),
+                tag.blkno,
+                tag.rel.spcnode,
+                tag.rel.dbnode,
+                tag.rel.relnode,
+                tag.rel.forknum
+            );
+            fc.counters.checksum_failures.fetch_add(1, Ordering::Relaxed);
+            invalidate(fc, tag);
+            false
         }
         Err(e) => {
             turn_off(fc, &format!("reading slot {i} of \"{}\" failed: {e}", cache_path().display()));
@@ -481,6 +674,7 @@ pub fn store(tag: &BlockTag, page: &[u8], dep_lsn: u64) {
         turn_off(fc, &format!("writing slot {i} of \"{}\" failed: {err}", cache_path().display()));
         return;
     }
+    e.crc.store(crc32c::crc32c(page), Ordering::Relaxed);
     e.dep_lsn.store(dep_lsn, Ordering::Relaxed);
     e.usage.store(1, Ordering::Relaxed);
     fc.counters.stores.fetch_add(1, Ordering::Relaxed);

@@ -133,7 +133,9 @@ fn walproposer_status() -> TableIterator<
 /// its size and pages in use, and counters since the server started: `hits` and `misses`
 /// (reads of remote pages that found it or not), `stores` (pages written into it, from
 /// pageserver reads and from pages leaving shared_buffers), `evictions`, `invalidations`
-/// (truncations, drops) and `restored` (entries reused from before the last restart).
+/// (truncations, drops), `restored` (entries reused from before the last restart) and
+/// `checksum_failures` (cached pages that failed their CRC and were read from the
+/// pageserver instead).
 #[pg_extern]
 #[expect(clippy::type_complexity, reason = "pgrx takes a set-returning function's columns as one tuple of `name!` types")]
 fn file_cache_status() -> TableIterator<
@@ -149,11 +151,12 @@ fn file_cache_status() -> TableIterator<
         name!(evictions, i64),
         name!(invalidations, i64),
         name!(restored, i64),
+        name!(checksum_failures, i64),
     ),
 > {
     let count = |a: &std::sync::atomic::AtomicU64| i64::try_from(a.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
     let Some((fc, enabled)) = crate::file_cache::status() else {
-        return TableIterator::once((false, None, 0, 0, 0, 0, 0, 0, 0, 0));
+        return TableIterator::once((false, None, 0, 0, 0, 0, 0, 0, 0, 0, 0));
     };
     let c = &fc.counters;
     TableIterator::once((
@@ -167,6 +170,7 @@ fn file_cache_status() -> TableIterator<
         count(&c.evictions),
         count(&c.invalidations),
         count(&c.restored),
+        count(&c.checksum_failures),
     ))
 }
 

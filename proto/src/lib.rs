@@ -5,6 +5,7 @@
 //! can be fuzzed in isolation. Validation happens here, when bytes or text become domain
 //! types: a value of a type from this crate is always well-formed.
 
+pub mod filecache;
 pub mod id;
 pub mod key;
 pub mod lsn;

@@ -130,3 +130,121 @@ def test_a_cache_file_that_cannot_be_sized_turns_the_cache_off(tmp_path, timelin
         assert conn.execute("SELECT sum(g) FROM t").fetchone() == (sum(range(10001)),)
     assert not lfc_status(ep)["enabled"]
     wait_until("the log line", lambda: "the local file cache is off: cannot size" in ep.pg_log_text())
+
+
+# --- Reuse after a restart -------------------------------------------------------------
+
+CACHED = {"shared_buffers": "128kB", "fjord.file_cache_size": "64MB"}
+
+
+def table_sums(ep: Endpoint, tables: list[str]) -> dict:
+    with ep.connect() as conn:
+        return {t: conn.execute(f"SELECT count(*), sum(hashtext(v)), sum(id) FROM {t}").fetchone() for t in tables}
+
+
+def compute_ctl_log(ep: Endpoint) -> str:
+    return ep.logfile.read_text(errors="replace")
+
+
+def test_the_cache_survives_a_restart(tmp_path, timeline, safekeepers):
+    ep = Endpoint(tmp_path, timeline, "ep", settings=CACHED, safekeepers=safekeepers).start()
+    with ep.connect() as conn:
+        conn.execute("CREATE TABLE t (id int, v text)")
+        conn.execute("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 50000) g")
+        pages = conn.execute("SELECT pg_relation_size('t') / 8192").fetchone()[0]
+    expected = table_sums(ep, ["t"])
+    ep.stop()
+    assert "saved the local file cache's index for the next start" in ep.pg_log_text()
+
+    ep.start()
+    assert "reusing" in compute_ctl_log(ep), compute_ctl_log(ep)[-3000:]
+    st = lfc_status(ep)
+    assert st["restored"] >= pages, (pages, st)
+    before = smgr_status(ep)
+    assert table_sums(ep, ["t"]) == expected
+    assert table_sums(ep, ["t"]) == expected
+    after, st2 = smgr_status(ep), lfc_status(ep)
+    # Served from the cache from the first query: no page of t from the pageserver.
+    assert after["remote_requests"] - before["remote_requests"] < 20, (before, after)
+    assert st2["hits"] - st["hits"] >= 2 * pages, (st, st2)
+    assert st2["checksum_failures"] == 0
+
+
+def test_writes_the_cache_did_not_see_are_never_served(tmp_path, timeline, safekeepers):
+    """Another endpoint writes to the branch between two starts of the first: every block
+    it changed, truncated or dropped must come from the pageserver, not the cache."""
+    ep1 = Endpoint(tmp_path, timeline, "ep1", settings=CACHED, safekeepers=safekeepers).start()
+    with ep1.connect() as conn:
+        for t in ("a", "b", "c", "d"):
+            conn.execute(f"CREATE TABLE {t} (id int, v text) WITH (autovacuum_enabled = off)")
+            conn.execute(f"INSERT INTO {t} SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
+    table_sums(ep1, ["a", "b", "c", "d"])  # every page in the cache
+    ep1.stop()
+
+    ep2 = Endpoint(tmp_path, timeline, "ep2", settings=CACHED, safekeepers=safekeepers).start()
+    with ep2.connect() as conn:
+        conn.execute("UPDATE a SET v = 'changed' WHERE id % 7 = 0")
+        conn.execute("DELETE FROM b WHERE id > 100")
+        conn.execute("VACUUM b")
+        conn.execute("INSERT INTO b SELECT g, 'again' || g FROM generate_series(101, 20000) g")
+        conn.execute("DROP TABLE c")
+        conn.execute("CREATE TABLE c (id int, v text)")
+        conn.execute("INSERT INTO c SELECT g, 'new' || g FROM generate_series(1, 20000) g")
+    expected = table_sums(ep2, ["a", "b", "c", "d"])
+    ep2.stop()
+
+    ep1.start()
+    log = compute_ctl_log(ep1)
+    assert "reusing" in log, log[-3000:]
+    st = lfc_status(ep1)
+    assert st["restored"] > 0, st
+    assert table_sums(ep1, ["a", "b", "c", "d"]) == expected
+    with ep1.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM a WHERE v = 'changed'").fetchone() == (20000 // 7,)
+        assert conn.execute("SELECT count(*) FROM b WHERE v LIKE 'again%'").fetchone() == (19900,)
+    assert lfc_status(ep1)["checksum_failures"] == 0
+    assert amcheck_all(ep1) >= 0
+
+
+def test_a_damaged_or_foreign_cache_is_never_served(tmp_path, timeline, safekeepers):
+    ep = Endpoint(tmp_path, timeline, "ep", settings=CACHED, safekeepers=safekeepers).start()
+    with ep.connect() as conn:
+        conn.execute("CREATE TABLE t (id int, v text)")
+        conn.execute("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
+    expected = table_sums(ep, ["t"])
+    ep.stop()
+    cache = ep.dir / "file_cache"
+    index = ep.dir / "file_cache.index"
+    saved = index.read_bytes()
+
+    # Pages damaged on disk: each fails its checksum and is read from the pageserver.
+    size = cache.stat().st_size
+    with open(cache, "r+b") as f:
+        for off in range(0, size, 1 << 20):
+            f.seek(off)
+            f.write(b"\xff" * (1 << 20))
+    ep.start()
+    assert lfc_status(ep)["restored"] > 0
+    assert table_sums(ep, ["t"]) == expected
+    assert lfc_status(ep)["checksum_failures"] > 100
+    assert "fails its checksum; reading it from the pageserver" in ep.pg_log_text()
+    ep.stop()
+
+    # A damaged index: discarded whole.
+    index.write_bytes(saved[:100] + bytes([saved[100] ^ 1]) + saved[101:])
+    ep.start()
+    assert "the saved one is discarded" in compute_ctl_log(ep)
+    assert lfc_status(ep)["restored"] == 0
+    assert table_sums(ep, ["t"]) == expected
+    ep.stop()
+
+    # An index saved for another timeline (a branch's endpoint given the parent's cache).
+    branch = Timeline(tmp_path, timeline.ps, ancestor=timeline)
+    eb = Endpoint(tmp_path, branch, "eb", settings=CACHED, safekeepers=safekeepers)
+    eb.dir.mkdir(parents=True, exist_ok=True)
+    (eb.dir / "file_cache").write_bytes(cache.read_bytes())
+    (eb.dir / "file_cache.index").write_bytes((ep.dir / "file_cache.index").read_bytes())
+    eb.start()
+    assert "it was saved for timeline" in compute_ctl_log(eb)
+    assert lfc_status(eb)["restored"] == 0
+    assert table_sums(eb, ["t"]) == expected

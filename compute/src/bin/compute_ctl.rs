@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use compute::file_cache;
 use compute::pageserver;
 use compute::pgconf::{self, ComputeSettings};
 use compute::postgres::{self, Postmaster};
@@ -76,6 +77,11 @@ struct Args {
     /// How long the safekeeper sync may take, in seconds.
     #[arg(long, default_value_t = 30)]
     sync_safekeepers_timeout_secs: u64,
+    /// The local file cache's file (`fjord.file_cache_path`), outside the data directory so
+    /// that it survives a restart [default: <pgdata>/../file_cache]. Its size is
+    /// `fjord.file_cache_size` (-c).
+    #[arg(long, value_name = "FILE")]
+    file_cache: Option<PathBuf>,
     /// How long to wait for postgres to accept connections, in seconds.
     #[arg(long, default_value_t = 60)]
     start_timeout_secs: u64,
@@ -112,9 +118,10 @@ fn run(args: Args) -> anyhow::Result<i32> {
         }
         Some(list) => Some(safekeepers::parse_list(list)?),
     };
-    let settings = settings(&args, safekeepers.as_deref())?;
-    let user = compute::os_user_name()?;
     let pgdata = absolute(&args.pgdata)?;
+    let file_cache = file_cache_path(&args, &pgdata)?;
+    let settings = settings(&args, safekeepers.as_deref(), &file_cache)?;
+    let user = compute::os_user_name()?;
     let postgres_log = match &args.postgres_log {
         Some(p) => p.clone(),
         None => pgdata.parent().context("the data directory has no parent directory")?.join("postgres.log"),
@@ -149,6 +156,7 @@ fn run(args: Args) -> anyhow::Result<i32> {
     };
     let basebackup_ms = started.elapsed().as_millis();
     tracing::info!(bytes = backup.bytes, lsn = ?backup.lsn.map(|l| l.to_string()), "basebackup unpacked in {basebackup_ms} ms");
+    let cache_outcome = reuse_file_cache(&client, &args, &file_cache, synced.as_ref().and_then(|s| s.lsn));
 
     // From here on a signal must reach postgres, not kill us and orphan it.
     postgres::catch_shutdown_signals()?;
@@ -190,6 +198,7 @@ fn run(args: Args) -> anyhow::Result<i32> {
         "safekeepers": safekeepers.as_deref().map(safekeepers::to_setting),
         "sync_lsn": synced.as_ref().and_then(|s| s.lsn).map(|l| l.to_string()),
         "sync_ms": synced.as_ref().map(|s| s.elapsed.as_millis()),
+        "file_cache_reused_pages": match cache_outcome { file_cache::Outcome::Reused { reused, .. } => reused, _ => 0 },
         "total_ms": started.elapsed().as_millis(),
     });
     // The status file first: whoever reads the stdout line may look at the file next.
@@ -227,8 +236,47 @@ fn sync_and_follow(client: &Client, args: &Args, list: &[Safekeeper]) -> anyhow:
     Ok(synced)
 }
 
-fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>) -> anyhow::Result<ComputeSettings> {
+/// The file cache's path: `-c fjord.file_cache_path=` if given (it wins in postgresql.conf),
+/// else `--file-cache`, else `file_cache` next to the data directory.
+fn file_cache_path(args: &Args, pgdata: &Path) -> anyhow::Result<PathBuf> {
     let overrides = args.settings.iter().map(|s| pgconf::parse_override(s)).collect::<anyhow::Result<Vec<_>>>()?;
+    if let Some((_, v)) = overrides.iter().rev().find(|(k, _)| k == "fjord.file_cache_path") {
+        return absolute(Path::new(v));
+    }
+    match &args.file_cache {
+        Some(p) => absolute(p),
+        None => Ok(pgdata.parent().context("the data directory has no parent directory")?.join("file_cache")),
+    }
+}
+
+/// Hands the extension what can be reused of the file cache saved at the last clean stop.
+/// Only a compute that writes (started at the safekeepers' end of WAL) reuses it; a compute
+/// at a past LSN starts empty.
+fn reuse_file_cache(client: &Client, args: &Args, cache: &Path, start: Option<Lsn>) -> file_cache::Outcome {
+    let outcome = match start {
+        Some(start) if args.lsn.is_none() => file_cache::prepare(cache, args.tenant, args.timeline, start, |from, to| {
+            pageserver::changed_blocks(client, args.tenant, args.timeline, from, to)
+        }),
+        _ => {
+            let _ = std::fs::remove_file(file_cache::saved_index_path(cache));
+            let _ = std::fs::remove_file(file_cache::ready_index_path(cache));
+            file_cache::Outcome::NothingSaved
+        }
+    };
+    match &outcome {
+        file_cache::Outcome::NothingSaved => tracing::info!("local file cache {}: starts empty (nothing saved)", cache.display()),
+        file_cache::Outcome::Discarded(why) => tracing::warn!("local file cache {}: starts empty, the saved one is discarded: {why}", cache.display()),
+        file_cache::Outcome::Reused { saved, reused, not_durable, changed } => tracing::info!(
+            "local file cache {}: reusing {reused} of {saved} saved pages ({not_durable} depend on WAL that was not durable, {changed} changed since)",
+            cache.display()
+        ),
+    }
+    outcome
+}
+
+fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path) -> anyhow::Result<ComputeSettings> {
+    let mut overrides = args.settings.iter().map(|s| pgconf::parse_override(s)).collect::<anyhow::Result<Vec<_>>>()?;
+    overrides.insert(0, ("fjord.file_cache_path".into(), file_cache.display().to_string()));
     Ok(ComputeSettings {
         listen: args.listen.clone(),
         port: args.port,
