@@ -127,12 +127,8 @@ pub fn prepare(
         },
     };
     let kept = filter(&saved, start, &changed);
-    let outcome = Outcome::Reused {
-        saved: saved.entries.len(),
-        reused: kept.entries.len(),
-        not_durable: kept.not_durable,
-        changed: kept.changed,
-    };
+    let outcome =
+        Outcome::Reused { saved: saved.entries.len(), reused: kept.entries.len(), not_durable: kept.not_durable, changed: kept.changed };
     let ready = SavedIndex { entries: kept.entries, ..saved };
     if let Err(e) = crashsafe::write_file_atomic(&ready_path, &ready.encode()) {
         return discard(&saved_path, format!("cannot write {}: {e}", ready_path.display()));

@@ -108,7 +108,13 @@ impl<R: Read> Read for CountingReader<R> {
 }
 
 /// What changed on `timeline` in `(from, to]`, for reusing a saved file cache.
-pub fn changed_blocks(_client: &Client, _tenant: TenantId, _timeline: TimelineId, _from: Lsn, _to: Lsn) -> anyhow::Result<crate::file_cache::Changes> {
+pub fn changed_blocks(
+    _client: &Client,
+    _tenant: TenantId,
+    _timeline: TimelineId,
+    _from: Lsn,
+    _to: Lsn,
+) -> anyhow::Result<crate::file_cache::Changes> {
     bail!("this pageserver cannot list changed blocks yet")
 }
 

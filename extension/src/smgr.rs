@@ -583,7 +583,12 @@ unsafe extern "C-unwind" fn fjord_read(
         let rel = rel_tag(&r);
         let blkno = BlockNumber(blocknum);
         let what = || format!("reading block {blocknum} of relation {}", describe(&r));
-        match client::request(&what, &|id| Request::GetPage { id, lsns, rel, blkno }) {
+        let started = std::time::Instant::now();
+        let answer = client::request(&what, &|id| Request::GetPage { id, lsns, rel, blkno });
+        if let Some(c) = counters() {
+            c.observe_getpage(started.elapsed());
+        }
+        match answer {
             Ok(Response::Page { page, .. }) if page.len() == BLCKSZ => {
                 out.copy_from_slice(&page);
                 restore_build_lsn(&r, out);

@@ -174,6 +174,21 @@ fn file_cache_status() -> TableIterator<
     ))
 }
 
+/// GetPage round trips to the pageserver since the server started, by latency: one row per
+/// bucket, `le_us` its upper bound in µs (NULL for the last, unbounded one) and `count` the
+/// requests that took more than the previous bound and at most this one. The wait includes
+/// retries and the pageserver waiting for WAL; pages found in the local file cache are not
+/// counted.
+#[pg_extern]
+fn getpage_latency() -> TableIterator<'static, (name!(le_us, Option<i64>), name!(count, i64))> {
+    let counts: Vec<i64> = match smgr::counters() {
+        Some(c) => c.getpage_buckets.iter().map(|b| i64::try_from(b.load(Ordering::Relaxed)).unwrap_or(i64::MAX)).collect(),
+        None => vec![0; crate::shmem::GETPAGE_BUCKETS_US.len() + 1],
+    };
+    let bounds = crate::shmem::GETPAGE_BUCKETS_US.iter().map(|&b| Some(b as i64)).chain(std::iter::once(None));
+    TableIterator::new(bounds.zip(counts).collect::<Vec<_>>())
+}
+
 /// The version of the fjord library loaded into this server.
 #[pg_extern]
 fn version() -> &'static str {

@@ -114,7 +114,11 @@ impl SavedIndex {
     /// Decodes and validates a saved index: any inconsistency is an error, never a guess.
     pub fn decode(bytes: &[u8]) -> Result<SavedIndex, SavedIndexError> {
         if bytes.len() < HEADER_BYTES + 4 {
-            return Err(if bytes.len() >= 8 && bytes[..8] != MAGIC { SavedIndexError::BadMagic } else { SavedIndexError::Truncated(bytes.len()) });
+            return Err(if bytes.len() >= 8 && bytes[..8] != MAGIC {
+                SavedIndexError::BadMagic
+            } else {
+                SavedIndexError::Truncated(bytes.len())
+            });
         }
         if bytes[..8] != MAGIC {
             return Err(SavedIndexError::BadMagic);

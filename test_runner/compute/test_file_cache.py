@@ -49,6 +49,8 @@ def test_cached_pages_are_read_without_the_pageserver(tmp_path, timeline):
     assert after_lfc["hits"] - before_lfc["hits"] >= 3 * pages * 0.9, (pages, before_lfc, after_lfc)
     assert after_smgr["remote_requests"] - before_smgr["remote_requests"] < 10, (before_smgr, after_smgr)
     assert after_lfc["used_pages"] >= pages
+    rows = ep.sql("SELECT le_us, count FROM fjord.getpage_latency()")
+    assert len(rows) == 18 and rows[-1][0] is None and sum(c for _, c in rows) > 0, rows
 
 
 def test_a_tiny_file_cache_evicts_and_stays_correct(tmp_path, timeline):

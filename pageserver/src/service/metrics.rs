@@ -14,6 +14,7 @@
 //! | `pageserver_background_job_layers_removed_total` | `job` | layer files removed |
 //! | `pageserver_getpage_layers_visited` | | histogram: layers one GetPage searched |
 //! | `pageserver_getpage_records_replayed` | | histogram: records one GetPage replayed |
+//! | `pageserver_getpage_seconds` | | histogram: time to serve one GetPage, waiting for WAL included (buckets from 25 µs) |
 //!
 //! `job` is `compaction` (L0 into L1), `image_creation` or `gc`.
 
@@ -63,10 +64,15 @@ pub struct Metrics {
     job_layers_removed: IntCounterVec,
     getpage_layers_visited: Histogram,
     getpage_records_replayed: Histogram,
+    getpage_seconds: Histogram,
 }
 
 /// Buckets for counts that span from 0 to hundreds of thousands.
 const COUNT_BUCKETS: [f64; 19] = [0.0, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 1e6];
+/// Fine enough to tell a page from memory (tens of µs) from one that needed WAL redo or a
+/// download (milliseconds and up).
+const GETPAGE_BUCKETS: [f64; 18] =
+    [0.000025, 0.00005, 0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 10.0];
 const DURATION_BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0];
 
 impl Metrics {
@@ -108,6 +114,11 @@ impl Metrics {
                 "Records one GetPage request replayed on top of the newest image",
                 &COUNT_BUCKETS,
             ),
+            getpage_seconds: histogram(
+                "pageserver_getpage_seconds",
+                "Time to serve one GetPage request, from the decoded request to the page, waiting for WAL included",
+                &GETPAGE_BUCKETS,
+            ),
             registry,
         }
     }
@@ -140,9 +151,10 @@ impl Default for Metrics {
 }
 
 impl ReadObserver for Metrics {
-    fn page_read(&self, cost: ReadCost) {
+    fn page_read(&self, cost: ReadCost, took: Duration) {
         self.getpage_layers_visited.observe(cost.layers_visited as f64);
         self.getpage_records_replayed.observe(cost.records_replayed as f64);
+        self.getpage_seconds.observe(took.as_secs_f64());
     }
 }
 
@@ -160,7 +172,7 @@ mod tests {
             Ok(JobStats { bytes_written: 100, layers_created: 2, ..JobStats::default() }),
         );
         m.job_finished(JobKind::Gc, Duration::from_millis(1), Err(()));
-        m.page_read(ReadCost { layers_visited: 3, records_replayed: 7 });
+        m.page_read(ReadCost { layers_visited: 3, records_replayed: 7 }, Duration::from_micros(150));
         let mut out = Vec::new();
         prometheus::TextEncoder::new().encode(&m.gather(), &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
@@ -174,6 +186,8 @@ mod tests {
             "pageserver_getpage_records_replayed_sum 7",
             "pageserver_getpage_records_replayed_bucket{le=\"5\"} 0",
             "pageserver_getpage_records_replayed_bucket{le=\"10\"} 1",
+            "pageserver_getpage_seconds_bucket{le=\"0.0001\"} 0",
+            "pageserver_getpage_seconds_bucket{le=\"0.0002\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
         }

@@ -57,9 +57,10 @@ impl TenantRegistry {
     }
 }
 
-/// Told what every page the service serves cost to read (read amplification metrics).
+/// Told what every page the service serves cost to read (read amplification metrics) and
+/// how long it took, from the decoded request to the page (waiting for WAL included).
 pub trait ReadObserver: Send + Sync {
-    fn page_read(&self, cost: ReadCost);
+    fn page_read(&self, cost: ReadCost, took: Duration);
 }
 
 pub struct PageService {
@@ -204,12 +205,15 @@ impl PageService {
         let result = match req {
             // The connection loop answers a second Hello itself; this keeps the match total.
             Request::Hello { .. } => return error_response(0, ErrorCode::Protocol, "Hello may only be sent once".into()),
-            Request::GetPage { lsns, rel, blkno, .. } => api.get_page_with_cost(rel, blkno, read_lsn(api, lsns), t).map(|(page, cost)| {
-                if let Some(observer) = &self.observer {
-                    observer.page_read(cost);
-                }
-                Response::Page { id, page: page.to_vec() }
-            }),
+            Request::GetPage { lsns, rel, blkno, .. } => {
+                let started = std::time::Instant::now();
+                api.get_page_with_cost(rel, blkno, read_lsn(api, lsns), t).map(|(page, cost)| {
+                    if let Some(observer) = &self.observer {
+                        observer.page_read(cost, started.elapsed());
+                    }
+                    Response::Page { id, page: page.to_vec() }
+                })
+            }
             Request::Nblocks { lsns, rel, .. } => {
                 api.get_rel_size(rel, read_lsn(api, lsns), t).map(|nblocks| Response::Nblocks { id, nblocks })
             }

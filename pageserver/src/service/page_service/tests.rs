@@ -40,7 +40,7 @@ struct Fixture {
 struct Reads(std::sync::Mutex<Vec<ReadCost>>);
 
 impl ReadObserver for Reads {
-    fn page_read(&self, cost: ReadCost) {
+    fn page_read(&self, cost: ReadCost, _took: std::time::Duration) {
         self.0.lock().unwrap().push(cost);
     }
 }
