@@ -1,25 +1,32 @@
 //! One page service connection per backend (`proto::pagestream` over TCP).
 //!
-//! Requests are answered in order and this client sends one at a time. A request that
+//! Requests are answered in order. Besides the request a read waits for, a backend may
+//! have prefetches in flight on the same connection ([`prefetch`]: GetPage requests sent
+//! ahead for blocks it expects to read, up to [`PREFETCH_MAX`]); their answers are read as
+//! they come, kept until the block is read ([`take_prefetched`]) or pushed out, and never
+//! used unless the caller confirms the page cannot have changed since the request. A
+//! request that
 //! cannot complete (connection refused or lost, a read that times out) is retried on a
 //! fresh connection, with backoff from 10 ms to 1 s, until `fjord.pageserver_timeout` has
 //! passed since it started; then the query fails with an ERROR naming the pageserver and
 //! the last failure, and the backend stays up. Every request is a read, so resending it is
 //! safe. While waiting, interrupts are serviced: a cancelled query stops waiting.
 //!
-//! Invariant: a connection on which a request is in flight is never reused. `in_flight` is
-//! set before sending and cleared only after the whole answer is read; if an ERROR (a
-//! cancel) unwinds out of the middle, the next request finds it set and reconnects.
+//! Invariant: a connection whose next answer may be half read is never reused. `reading` is
+//! set while an answer is read and cleared once it is whole; if an ERROR (a cancel) unwinds
+//! out of the middle, the next call finds it set and drops the connection with its queue.
+//! Every answer is matched, in order, to the oldest request still waiting for one.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
-use proto::pagestream::{frame_len, ErrorCode, PagestreamError, Request, Response, PROTOCOL_VERSION};
-use proto::{TenantId, TimelineId};
+use proto::pagestream::{frame_len, ErrorCode, PagestreamError, ReadLsns, Request, Response, PROTOCOL_VERSION};
+use proto::{BlockNumber, RelTag, TenantId, TimelineId};
 
 use crate::guc;
 use crate::shmem;
@@ -27,10 +34,21 @@ use crate::shmem;
 /// How long one blocking socket read may last before we look at interrupts and the deadline.
 const POLL: Duration = Duration::from_millis(100);
 
+/// Requests a backend may have sent ahead of its reads.
+pub const PREFETCH_MAX: usize = 64;
+
 struct Conn {
     stream: TcpStream,
     buf: Vec<u8>,
-    in_flight: bool,
+    /// An answer is being read (see the module's invariant).
+    reading: bool,
+    /// Requests sent, oldest first, with their answers once read.
+    queue: VecDeque<Queued>,
+}
+
+struct Queued {
+    req: Request,
+    answer: Option<Response>,
 }
 
 struct Client {
@@ -95,23 +113,43 @@ impl Conn {
         let stream = TcpStream::connect_timeout(addr, left.min(Duration::from_secs(5))).map_err(io_err)?;
         stream.set_nodelay(true).map_err(io_err)?;
         stream.set_read_timeout(Some(POLL)).map_err(io_err)?;
-        let mut conn = Conn { stream, buf: Vec::with_capacity(16 * 1024), in_flight: false };
+        let mut conn = Conn { stream, buf: Vec::with_capacity(16 * 1024), reading: false, queue: VecDeque::new() };
         let hello = Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: t.tenant, timeline: t.timeline };
-        match conn.roundtrip(&hello, deadline)? {
+        conn.send(hello)?;
+        match conn.wait_for(0, deadline)? {
             Response::HelloOk { .. } => Ok(conn),
             Response::Error { message, .. } => Err(format!("pageserver refused the connection: {message}")),
             other => Err(format!("pageserver answered Hello with {other:?}")),
         }
     }
 
-    fn roundtrip(&mut self, req: &Request, deadline: Instant) -> Result<Response, String> {
+    /// Sends `req` and queues it for its answer.
+    fn send(&mut self, req: Request) -> Result<(), String> {
         let mut out = Vec::with_capacity(64);
         req.encode(&mut out);
-        self.in_flight = true;
         self.stream.write_all(&out).map_err(|e| format!("send: {e}"))?;
-        let resp = self.read_response(deadline)?;
-        self.in_flight = false;
-        Ok(resp)
+        self.queue.push_back(Queued { req, answer: None });
+        Ok(())
+    }
+
+    /// Reads answers until queue entry `idx` has one, then removes it and returns it. An
+    /// answer that is not its request's (`Request::check_answer`) is an error: the
+    /// connection is out of step.
+    fn wait_for(&mut self, idx: usize, deadline: Instant) -> Result<Response, String> {
+        while self.queue[idx].answer.is_none() {
+            self.reading = true;
+            let resp = self.read_response(deadline)?;
+            self.reading = false;
+            let waiting = self.queue.iter_mut().find(|q| q.answer.is_none()).ok_or("an answer to no request")?;
+            waiting.req.check_answer(&resp).map_err(|e| format!("out of step with the pageserver: {e}"))?;
+            waiting.answer = Some(resp);
+        }
+        let q = self.queue.remove(idx).expect("the index is in the queue");
+        Ok(q.answer.expect("answered above"))
+    }
+
+    fn position(&self, rel: RelTag, blkno: BlockNumber) -> Option<usize> {
+        self.queue.iter().position(|q| matches!(q.req, Request::GetPage { rel: r, blkno: b, .. } if r == rel && b == blkno))
     }
 
     fn read_response(&mut self, deadline: Instant) -> Result<Response, String> {
@@ -153,9 +191,7 @@ pub fn request(what: &dyn Fn() -> String, make: &dyn Fn(u64) -> Request) -> Resu
     loop {
         let attempt = CLIENT.with(|c| {
             let mut c = c.borrow_mut();
-            if c.conn.as_ref().is_some_and(|conn| conn.in_flight) {
-                c.conn = None;
-            }
+            drop_if_half_read(&mut c);
             if c.conn.is_none() {
                 shmem::count(|s| &s.remote_reconnects);
                 c.conn = Some(Conn::connect(t, deadline)?);
@@ -168,12 +204,11 @@ pub fn request(what: &dyn Fn() -> String, make: &dyn Fn(u64) -> Request) -> Resu
             c.next_id += 1;
             shmem::count(|s| &s.remote_requests);
             let conn = c.conn.as_mut().expect("connected above");
-            let req = make(id);
             // An answer that is not this request's (another id, another kind, a short page)
             // means the connection is out of step: never used, the connection dropped.
-            let answer = conn.roundtrip(&req, deadline).and_then(|resp| match req.check_answer(&resp) {
-                Ok(()) => Ok(resp),
-                Err(e) => Err(format!("out of step with the pageserver: {e}")),
+            let answer = conn.send(make(id)).and_then(|()| {
+                let idx = conn.queue.len() - 1;
+                conn.wait_for(idx, deadline)
             });
             match answer {
                 Ok(resp) => Ok(resp),
@@ -206,6 +241,96 @@ pub fn request(what: &dyn Fn() -> String, make: &dyn Fn(u64) -> Request) -> Resu
         sleep_interruptibly(backoff);
         backoff = (backoff * 2).min(Duration::from_secs(1));
     }
+}
+
+/// Drops the connection if an ERROR left an answer half read (see the module doc).
+fn drop_if_half_read(c: &mut Client) {
+    if c.conn.as_ref().is_some_and(|conn| conn.reading) {
+        dropped_prefetches(c.conn.take().map_or(0, |conn| conn.queue.len()));
+    }
+}
+
+fn dropped_prefetches(n: usize) {
+    if n > 0 {
+        if let Some(s) = shmem::shared() {
+            s.counters.prefetch_wasted.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether a GetPage for this block is already sent and not yet taken.
+pub fn is_queued(rel: RelTag, blkno: BlockNumber) -> bool {
+    CLIENT.with(|c| c.borrow().conn.as_ref().is_some_and(|conn| conn.position(rel, blkno).is_some()))
+}
+
+/// Sends a GetPage for a block this backend expects to read soon, without waiting. Returns
+/// false when it was not sent (no connection yet, the queue full of unanswered requests, a
+/// send error); a prefetch is only a hint, so nothing is retried and no error is raised.
+pub fn prefetch(rel: RelTag, blkno: BlockNumber, lsns: ReadLsns) -> bool {
+    CLIENT.with(|c| {
+        let mut c = c.borrow_mut();
+        drop_if_half_read(&mut c);
+        let Some(conn) = c.conn.as_mut() else { return false };
+        if conn.position(rel, blkno).is_some() {
+            return true;
+        }
+        if conn.queue.len() >= PREFETCH_MAX {
+            // Make room by forgetting the oldest answered prefetch, if there is one.
+            match conn.queue.front() {
+                Some(q) if q.answer.is_some() => {
+                    conn.queue.pop_front();
+                    dropped_prefetches(1);
+                }
+                _ => return false,
+            }
+        }
+        let id = c.next_id;
+        c.next_id += 1;
+        let conn = c.conn.as_mut().expect("checked above");
+        match conn.send(Request::GetPage { id, lsns, rel, blkno }) {
+            Ok(()) => {
+                shmem::count(|s| &s.prefetch_requests);
+                shmem::count(|s| &s.remote_requests);
+                true
+            }
+            Err(_) => {
+                dropped_prefetches(c.conn.take().map_or(0, |conn| conn.queue.len()));
+                false
+            }
+        }
+    })
+}
+
+/// The page a prefetch brought for this block, if one was sent, it arrives before the
+/// deadline, and `still_valid(lsns of the request)` says the block cannot have changed
+/// since. Anything else is `None` (the caller reads the block the ordinary way); a
+/// connection failure drops the connection and every prefetch on it.
+pub fn take_prefetched(rel: RelTag, blkno: BlockNumber, still_valid: impl Fn(&ReadLsns) -> bool) -> Option<Vec<u8>> {
+    CLIENT.with(|c| {
+        let mut c = c.borrow_mut();
+        drop_if_half_read(&mut c);
+        let conn = c.conn.as_mut()?;
+        let idx = conn.position(rel, blkno)?;
+        let lsns = match conn.queue[idx].req {
+            Request::GetPage { lsns, .. } => lsns,
+            _ => unreachable!("position() finds GetPage requests only"),
+        };
+        let timeout = Duration::from_millis(guc::PAGESERVER_TIMEOUT_MS.get().max(100) as u64);
+        match conn.wait_for(idx, Instant::now() + timeout) {
+            Ok(Response::Page { page, .. }) if still_valid(&lsns) => {
+                shmem::count(|s| &s.prefetch_hits);
+                Some(page)
+            }
+            Ok(_) => {
+                dropped_prefetches(1);
+                None
+            }
+            Err(_) => {
+                dropped_prefetches(c.conn.take().map_or(0, |conn| conn.queue.len()) + 1);
+                None
+            }
+        }
+    })
 }
 
 fn sleep_interruptibly(d: Duration) {

@@ -648,6 +648,14 @@ pub fn read(tag: &BlockTag, out: &mut [u8]) -> bool {
     }
 }
 
+/// Whether `tag` is cached (without reading it).
+pub fn contains(tag: &BlockTag) -> bool {
+    let Some(fc) = shared() else { return false };
+    let (stripe, bucket) = place(fc, tag);
+    let _lock = StripeLock::new(fc, stripe, false);
+    find(fc, bucket, tag).is_some()
+}
+
 /// Stores `page` as the newest version of `tag`, which depends on no WAL past `dep_lsn`.
 pub fn store(tag: &BlockTag, page: &[u8], dep_lsn: u64) {
     let Some(fc) = shared() else { return };

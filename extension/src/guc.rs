@@ -24,6 +24,7 @@ pub static SAFEKEEPERS: GucSetting<Option<CString>> = GucSetting::<Option<CStrin
 /// In MB; -1: automatic (see `file_cache.rs`).
 pub static FILE_CACHE_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static FILE_CACHE_PATH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static READAHEAD_BLOCKS: GucSetting<i32> = GucSetting::<i32>::new(32);
 /// In MB; see [`max_pageserver_lag_bytes`].
 pub static MAX_PAGESERVER_LAG_MB: GucSetting<i32> = GucSetting::<i32>::new(64);
 
@@ -96,6 +97,16 @@ pub fn define() {
         c"compute_ctl puts it outside the data directory so that it survives a restart of the endpoint.",
         &FILE_CACHE_PATH,
         GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"fjord.readahead",
+        c"How many blocks ahead a sequential read of a relation asks the pageserver for, without waiting; 0 turns readahead off.",
+        c"After a few consecutive blocks of one relation are read, GetPage requests for the next ones are sent on the same connection, so a scan waits for one round trip per window. At most 32.",
+        &READAHEAD_BLOCKS,
+        0,
+        32,
+        GucContext::Userset,
         GucFlags::default(),
     );
     GucRegistry::define_string_guc(

@@ -38,6 +38,11 @@ pub struct SmgrCounters {
     pub eviction_fpis: AtomicU64,
     pub relsize_hits: AtomicU64,
     pub relsize_misses: AtomicU64,
+    /// GetPage requests sent ahead of reads, prefetched pages used, and prefetches
+    /// dropped unused (never read, invalidated by a later write, or lost with a connection).
+    pub prefetch_requests: AtomicU64,
+    pub prefetch_hits: AtomicU64,
+    pub prefetch_wasted: AtomicU64,
     /// GetPage round trips by latency: `getpage_buckets[i]` counts those that took at most
     /// `GETPAGE_BUCKETS_US[i]` µs (and more than the bucket before); the last is the rest.
     pub getpage_buckets: [AtomicU64; GETPAGE_BUCKETS_US.len() + 1],
@@ -46,7 +51,8 @@ pub struct SmgrCounters {
 
 /// Upper bounds of the GetPage latency buckets, in µs: fine enough to tell a page the
 /// pageserver had in memory (tens of µs plus the round trip) from one it rebuilt or waited for.
-pub const GETPAGE_BUCKETS_US: [u64; 17] = [25, 50, 100, 200, 300, 500, 750, 1000, 2000, 3000, 5000, 10_000, 20_000, 50_000, 100_000, 500_000, 1_000_000];
+pub const GETPAGE_BUCKETS_US: [u64; 17] =
+    [25, 50, 100, 200, 300, 500, 750, 1000, 2000, 3000, 5000, 10_000, 20_000, 50_000, 100_000, 500_000, 1_000_000];
 
 impl SmgrCounters {
     pub fn observe_getpage(&self, took: std::time::Duration) {

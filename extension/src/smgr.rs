@@ -557,8 +557,105 @@ unsafe extern "C-unwind" fn fjord_prefetch(
             return md_call!(smgr_prefetch(reln, forknum, blocknum));
         }
     }
-    // Remote prefetch (pipelined GetPage) is not implemented; the read happens on demand.
+    unsafe { prefetch_block(&reln_fork(reln, forknum), blocknum) };
     true
+}
+
+/// Sends a GetPage ahead for a block that is neither in the local file cache nor already
+/// on its way. See `client::prefetch`.
+fn prefetch_block(r: &RelFork, blocknum: u32) -> bool {
+    if file_cache::contains(&BlockTag { rel: *r, blkno: blocknum }) {
+        return true;
+    }
+    let rel = rel_tag(r);
+    let blkno = BlockNumber(blocknum);
+    if client::is_queued(rel, blkno) {
+        return true;
+    }
+    client::prefetch(rel, blkno, read_lsns(cache::last_written(r, blocknum)))
+}
+
+/// Whether a page prefetched with `lsns` is still the block's newest version. A block this
+/// compute changed after the prefetch was sent cannot be read now unless its buffer was
+/// written out since, which raised its last-written LSN past the request; so can a
+/// truncation or an unlink of the fork. A compute at a fixed LSN never changes anything.
+fn prefetch_still_valid(r: &RelFork, blocknum: u32, lsns: &ReadLsns) -> bool {
+    if guc::read_lsn().is_some() {
+        return true;
+    }
+    let asked = lsns.request_lsn.0;
+    cache::last_written(r, blocknum) <= asked && cache::relation_changed(r) <= asked
+}
+
+/// Sequential reads of a fork, per backend: after [`READAHEAD_AFTER`] consecutive blocks,
+/// GetPage requests for the next blocks are sent ahead (a window growing from 8 to
+/// [`READAHEAD_MAX`] blocks, never past the fork's cached size), so that a scan waits for
+/// one round trip per window instead of one per block. Nothing in PostgreSQL's scans
+/// changes. `fjord.readahead` (blocks, 0 = off) caps the window.
+struct Stream {
+    rel: RelFork,
+    last: u32,
+    run: u32,
+    /// Blocks below this were already considered for prefetching.
+    ahead: u32,
+}
+
+const READAHEAD_AFTER: u32 = 2;
+const READAHEAD_MAX: u32 = 32;
+const STREAMS: usize = 8;
+
+thread_local! {
+    static STREAMS_SEEN: std::cell::RefCell<(Vec<Stream>, usize)> = const { std::cell::RefCell::new((Vec::new(), 0)) };
+}
+
+fn readahead(r: &RelFork, blocknum: u32) {
+    let cap = u32::try_from(guc::READAHEAD_BLOCKS.get()).unwrap_or(0).min(READAHEAD_MAX);
+    if cap == 0 {
+        return;
+    }
+    let range = STREAMS_SEEN.with(|s| {
+        let (streams, next) = &mut *s.borrow_mut();
+        let i = match streams.iter().position(|st| st.rel == *r) {
+            Some(i) => i,
+            None if streams.len() < STREAMS => {
+                streams.push(Stream { rel: *r, last: blocknum, run: 0, ahead: 0 });
+                return None;
+            }
+            None => {
+                let i = *next;
+                *next = (*next + 1) % STREAMS;
+                streams[i] = Stream { rel: *r, last: blocknum, run: 0, ahead: 0 };
+                return None;
+            }
+        };
+        let st = &mut streams[i];
+        if blocknum == st.last.wrapping_add(1) {
+            st.run = st.run.saturating_add(1);
+        } else {
+            st.run = 0;
+            st.ahead = 0;
+        }
+        st.last = blocknum;
+        if st.run < READAHEAD_AFTER {
+            return None;
+        }
+        let window = (8u32 << (st.run - READAHEAD_AFTER).min(2)).min(cap);
+        let from = st.ahead.max(blocknum + 1);
+        let to = blocknum.saturating_add(1 + window);
+        // Keep the queue refilled in steps, not one block per read.
+        if from >= to || to - from < window / 2 {
+            return None;
+        }
+        st.ahead = to;
+        Some((from, to))
+    });
+    let Some((from, to)) = range else { return };
+    let Some(nblocks) = cache::cached_size(r) else { return };
+    for b in from..to.min(nblocks) {
+        if !prefetch_block(r, b) {
+            break;
+        }
+    }
 }
 
 #[pg_guard]
@@ -576,12 +673,19 @@ unsafe extern "C-unwind" fn fjord_read(
         let r = reln_fork(reln, forknum);
         let out = std::slice::from_raw_parts_mut(buffer.cast::<u8>(), BLCKSZ);
         let tag = BlockTag { rel: r, blkno: blocknum };
+        readahead(&r, blocknum);
         if file_cache::read(&tag, out) {
             return;
         }
-        let lsns = read_lsns(cache::last_written(&r, blocknum));
         let rel = rel_tag(&r);
         let blkno = BlockNumber(blocknum);
+        if let Some(page) = client::take_prefetched(rel, blkno, |lsns| prefetch_still_valid(&r, blocknum, lsns)) {
+            out.copy_from_slice(&page);
+            restore_build_lsn(&r, out);
+            file_cache::store(&tag, out, insert_lsn());
+            return;
+        }
+        let lsns = read_lsns(cache::last_written(&r, blocknum));
         let what = || format!("reading block {blocknum} of relation {}", describe(&r));
         let started = std::time::Instant::now();
         let answer = client::request(&what, &|id| Request::GetPage { id, lsns, rel, blkno });

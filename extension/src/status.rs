@@ -33,6 +33,9 @@ fn storage_manager() -> TableIterator<
         name!(eviction_images, i64),
         name!(relsize_cache_hits, i64),
         name!(relsize_cache_misses, i64),
+        name!(prefetch_requests, i64),
+        name!(prefetch_hits, i64),
+        name!(prefetch_wasted, i64),
     ),
 > {
     let counters = smgr::counters();
@@ -61,6 +64,9 @@ fn storage_manager() -> TableIterator<
         get(|c| &c.eviction_fpis),
         get(|c| &c.relsize_hits),
         get(|c| &c.relsize_misses),
+        get(|c| &c.prefetch_requests),
+        get(|c| &c.prefetch_hits),
+        get(|c| &c.prefetch_wasted),
     ))
 }
 

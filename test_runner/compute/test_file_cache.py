@@ -1,5 +1,5 @@
 """The local file cache (LFC): pages on the compute's disk between shared_buffers and the
-pageserver (extension/src/file_cache.rs).
+pageserver (extension/src/file_cache.rs), its reuse after a restart, and readahead.
 
 What is shown: reads of cached pages never reach the pageserver; a cache far smaller than
 the data evicts and stays correct under pgbench; truncation and drops leave nothing stale;
@@ -10,6 +10,7 @@ clear log line and fall back to the pageserver.
 from __future__ import annotations
 
 import resource
+import threading
 
 import pytest
 
@@ -250,3 +251,71 @@ def test_a_damaged_or_foreign_cache_is_never_served(tmp_path, timeline, safekeep
     assert "it was saved for timeline" in compute_ctl_log(eb)
     assert lfc_status(eb)["restored"] == 0
     assert table_sums(eb, ["t"]) == expected
+
+
+# --- Readahead ---------------------------------------------------------------------------
+
+
+def test_a_sequential_scan_reads_ahead(tmp_path, timeline):
+    ep = Endpoint(tmp_path, timeline, "writer", settings={"shared_buffers": "1MB"}).start()
+    with ep.connect() as conn:
+        conn.execute("CREATE TABLE t (id int, v text)")
+        conn.execute("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 100000) g")
+        pages = conn.execute("SELECT pg_relation_size('t') / 8192").fetchone()[0]
+        expected = conn.execute("SELECT count(*), sum(hashtext(v)) FROM t").fetchone()
+    ep.stop()
+
+    # A new endpoint: nothing cached, every page of t comes from the pageserver.
+    reader = Endpoint(tmp_path, timeline, "reader", settings={"shared_buffers": "1MB"}).start()
+    before = smgr_status(reader)
+    with reader.connect() as conn:
+        assert conn.execute("SELECT count(*), sum(hashtext(v)) FROM t").fetchone() == expected
+    after = smgr_status(reader)
+    hits = after["prefetch_hits"] - before["prefetch_hits"]
+    assert hits >= pages * 0.9, (pages, before, after)
+    assert after["prefetch_wasted"] - before["prefetch_wasted"] < pages * 0.05, (before, after)
+    reader.stop()
+
+    # Off: the same scan, one round trip per page.
+    off = Endpoint(tmp_path, timeline, "off", settings={"shared_buffers": "1MB", "fjord.readahead": "0"}).start()
+    with off.connect() as conn:
+        assert conn.execute("SELECT count(*), sum(hashtext(v)) FROM t").fetchone() == expected
+    assert smgr_status(off)["prefetch_requests"] == 0
+
+
+def test_readahead_never_serves_a_page_changed_after_its_request(tmp_path, timeline):
+    """Scans race with updates in other sessions under a tiny buffer pool and cache, so
+    prefetched pages are often overtaken by newer versions; every result must be exact."""
+    ep = Endpoint(tmp_path, timeline, settings={"shared_buffers": "128kB", "fjord.file_cache_size": "1MB"}).start()
+    with ep.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
+        conn.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 20000) g")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def updater(k: int):
+        try:
+            with ep.connect() as c:
+                while not stop.is_set():
+                    # Each statement adds 1 to a quarter of the rows: 5000 to sum(n).
+                    c.execute("UPDATE t SET n = n + 1 WHERE id %% 4 = %s", (k,))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=updater, args=(k,)) for k in range(2)]
+    for th in threads:
+        th.start()
+    try:
+        with ep.connect() as conn:
+            for _ in range(15):
+                count, total = conn.execute("SELECT count(*), sum(n) FROM t").fetchone()
+                assert count == 20000
+                # Each completed UPDATE adds 5000; a scan sees whole statements only.
+                assert total % 5000 == 0, total
+    finally:
+        stop.set()
+        for th in threads:
+            th.join()
+    assert not errors, errors
+    st = smgr_status(ep)
+    assert st["prefetch_hits"] > 0, st
