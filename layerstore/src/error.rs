@@ -1,5 +1,5 @@
-//! The errors callers branch on: reading, writing, waiting, creating timelines, and the
-//! layer-file and metadata errors underneath them.
+//! The errors callers branch on: reading, writing, waiting, listing changes, creating
+//! timelines, and the layer-file and metadata errors underneath them.
 //!
 //! Messages follow the house style: lowercase, no trailing period, the offending values
 //! named; "could not" for failures that may go away (I/O), "cannot" for misuse that will
@@ -83,6 +83,29 @@ pub enum WriteError {
 pub enum WaitLsnError {
     #[error("timed out after {timeout:?} waiting for LSN {awaited} to be ingested: last record LSN is {last_record}")]
     Timeout { awaited: Lsn, last_record: Lsn, timeout: Duration },
+}
+
+/// A listing of the keys changed between two LSNs (`Timeline::changed_keys`) was refused
+/// or failed. Every refusal but `NotYetIngested` is permanent for the LSNs given: the
+/// caller must not expect a complete answer for them, ever.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangedKeysError {
+    #[error("cannot list changes from LSN {from} to LSN {to}: the range ends before it starts")]
+    InvalidRange { from: Lsn, to: Lsn },
+    #[error("cannot list changes up to LSN {to}: it has not been ingested yet, last record LSN is {last_record}")]
+    NotYetIngested { to: Lsn, last_record: Lsn },
+    /// GC may have removed layers holding versions at or below the horizon, so the changes
+    /// after `from` are no longer all known.
+    #[error("cannot list changes since LSN {from}: below the garbage collection horizon {horizon}, the history before which is gone")]
+    BelowGcHorizon { from: Lsn, horizon: Lsn },
+    /// The changes before the branch point are the ancestor's history, not this timeline's.
+    #[error("cannot list changes since LSN {from}: before the timeline's branch point {branch_lsn}, where its own history starts")]
+    BeforeBranchPoint { from: Lsn, branch_lsn: Lsn },
+    /// More distinct keys changed than the caller was willing to receive.
+    #[error("too many changes: more than {limit} keys changed between LSN {from} and LSN {to}")]
+    TooManyChanges { limit: usize, from: Lsn, to: Lsn },
+    #[error(transparent)]
+    Layer(#[from] LayerError),
 }
 
 /// Creating a timeline, empty or as a branch, was refused or failed.

@@ -34,7 +34,7 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 pub use config::StorageConfig;
-pub use error::{CreateTimelineError, LayerError, ReadError, WaitLsnError, WriteError};
+pub use error::{ChangedKeysError, CreateTimelineError, LayerError, ReadError, WaitLsnError, WriteError};
 pub use layer::{LayerDesc, LayerKind};
 pub use tenant::Tenant;
 pub use timeline::{CompactionResult, GcResult, ImageCreationResult, RangeDepth, Timeline, TimelineMetadata};

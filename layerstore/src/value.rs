@@ -5,11 +5,14 @@
 //! key down to the first one that stands on its own (an image, or a record flagged
 //! `will_init`), and returns them oldest first as [`ReconstructData`]. Turning that into
 //! bytes is redo, which is not this crate's business: it is behind the [`Reconstructor`]
-//! trait. [`ModelReconstructor`] is the deterministic stand-in the tests use.
+//! trait. [`ModelReconstructor`] is the deterministic stand-in the tests use. A listing of
+//! changes gathers only keys and LSNs, in a `ChangeCollector`.
 //!
 //! Invariant: the collector never looks past a version that stands on its own, so
 //! `ReconstructData::records` never contains a version older than `image`, and at most its
 //! first record has `will_init` set.
+
+use std::collections::BTreeMap;
 
 use bytes::{Bytes, BytesMut};
 use proto::{Key, Lsn};
@@ -136,6 +139,44 @@ impl ValueCollector {
     }
 }
 
+/// Gathers, for a listing of changes (`Timeline::changed_keys`), the newest LSN of each key
+/// that has a version in the requested LSN range, across layers offered in any order, and
+/// stops taking keys once more than `limit` distinct ones were offered.
+///
+/// Invariant: it never holds more than `limit + 1` keys, so the memory a listing takes is
+/// bounded by the caller's limit whatever the layers hold.
+#[derive(Debug)]
+pub(crate) struct ChangeCollector {
+    keys: BTreeMap<Key, Lsn>,
+    limit: usize,
+}
+
+impl ChangeCollector {
+    pub(crate) fn new(limit: usize) -> ChangeCollector {
+        ChangeCollector { keys: BTreeMap::new(), limit }
+    }
+
+    /// Records that `key` has a version at `lsn`, keeping the newest LSN per key. Returns
+    /// false once more than `limit` distinct keys were recorded: the caller stops offering.
+    pub(crate) fn add(&mut self, key: Key, lsn: Lsn) -> bool {
+        if self.is_over_limit() {
+            return false;
+        }
+        let newest = self.keys.entry(key).or_insert(lsn);
+        *newest = (*newest).max(lsn);
+        !self.is_over_limit()
+    }
+
+    pub(crate) fn is_over_limit(&self) -> bool {
+        self.keys.len() > self.limit
+    }
+
+    /// The keys in order, each with its newest LSN.
+    pub(crate) fn finish(self) -> Vec<(Key, Lsn)> {
+        self.keys.into_iter().collect()
+    }
+}
+
 /// Redo: rebuilds a key's value at an LSN from an older image and the records since.
 /// The caller's implementation knows what records mean (the pageserver's runs its database's own redo routines); the engine only
 /// needs it to create image layers.
@@ -218,6 +259,23 @@ mod tests {
         let data = c.finish();
         assert_eq!(data.image, Some((Lsn(20), Bytes::from_static(b"xy"))));
         assert_eq!(ModelReconstructor.reconstruct(Key::MIN, Lsn(30), data).unwrap(), Bytes::from_static(b"xyz"));
+    }
+
+    #[test]
+    fn change_collector_keeps_the_newest_lsn_and_stops_past_the_limit() {
+        let mut c = ChangeCollector::new(2);
+        let (a, b) = (Key::MIN, Key::checkpoint());
+        assert!(c.add(b, Lsn(20)));
+        assert!(c.add(b, Lsn(10)), "an older version of a known key is not a new key");
+        assert!(c.add(a, Lsn(5)));
+        assert!(c.add(a, Lsn(7)));
+        assert_eq!(c.finish(), vec![(a, Lsn(7)), (b, Lsn(20))]);
+        let mut c = ChangeCollector::new(1);
+        assert!(c.add(a, Lsn(1)));
+        assert!(!c.add(b, Lsn(1)), "a second key is over the limit of one");
+        assert!(c.is_over_limit());
+        assert!(!c.add(Key::control_file(), Lsn(1)), "nothing is taken once over the limit");
+        assert_eq!(c.finish().len(), 2);
     }
 
     #[test]

@@ -16,15 +16,18 @@
 //! blocks and layers, compaction after two flushes.
 //!
 //! After every operation, every key is read at every LSN up to each timeline's last
-//! record (below the GC horizon, the engine must refuse exactly as the model says), and
-//! `keys_in_range` is compared at the last record and at the horizon. At the end of a case,
+//! record (below the GC horizon, the engine must refuse exactly as the model says),
+//! `keys_in_range` is compared at the last record and at the horizon, and `changed_keys`
+//! (the model's own puts of the timeline between two LSNs, newest per key) at pairs of
+//! LSNs around the horizon, the branch point and the last record, with tight limits, and
+//! with the refusals the model predicts. At the end of a case,
 //! every layer file is scrubbed. `PROPTEST_CASES` sets the number of cases (default 24).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use layerstore::{ModelReconstructor, StorageConfig, Tenant, Timeline, Value};
+use layerstore::{ChangedKeysError, ModelReconstructor, StorageConfig, Tenant, Timeline, Value};
 use proptest::prelude::*;
 use proto::{BlockNumber, ForkNumber, Key, KeyRange, Lsn, RelTag, TenantId, TimelineId};
 
@@ -356,6 +359,53 @@ impl Harness {
         Ok(keys.into_iter().collect())
     }
 
+    /// What `changed_keys` must answer on timeline `i`: its own puts in `from+1..=to`,
+    /// the newest LSN per key, or the refusal the engine gives, as text.
+    fn model_changed(&self, i: usize, from: Lsn, to: Lsn, limit: usize) -> Result<Vec<(Key, Lsn)>, String> {
+        let m = &self.model[i];
+        let refusal = if from > to {
+            Some(ChangedKeysError::InvalidRange { from, to })
+        } else if to > m.last_record {
+            Some(ChangedKeysError::NotYetIngested { to, last_record: m.last_record })
+        } else if from < m.gc_cutoff {
+            Some(ChangedKeysError::BelowGcHorizon { from, horizon: m.gc_cutoff })
+        } else {
+            m.ancestor.filter(|(_, b)| from < *b).map(|(_, branch_lsn)| ChangedKeysError::BeforeBranchPoint { from, branch_lsn })
+        };
+        if let Some(e) = refusal {
+            return Err(e.to_string());
+        }
+        let mut newest: BTreeMap<Key, Lsn> = BTreeMap::new();
+        for (key, lsn) in m.values.keys().filter(|(_, lsn)| *lsn > from && *lsn <= to) {
+            newest.insert(*key, *lsn);
+        }
+        if newest.len() > limit {
+            return Err(ChangedKeysError::TooManyChanges { limit, from, to }.to_string());
+        }
+        Ok(newest.into_iter().collect())
+    }
+
+    /// `changed_keys` of timeline `i` at LSN pairs around its GC horizon, branch point,
+    /// the middle of its history and its last record, with and without a tight limit.
+    fn check_changes(&self, i: usize, t: &Timeline, step: usize, op: &Op) {
+        let m = &self.model[i];
+        let (last, lo) = (m.last_record, m.gc_cutoff.max(m.ancestor.map_or(Lsn(0), |(_, b)| b)));
+        let mid = Lsn(lo.0 + (last.0.saturating_sub(lo.0)) / 2);
+        let below = Lsn(lo.0.saturating_sub(1));
+        let pairs = [(lo, last), (mid, last), (lo, mid), (last, last), (below, last), (last, Lsn(last.0 + 1)), (last, mid)];
+        for (from, to) in pairs {
+            let want = self.model_changed(i, from, to, usize::MAX);
+            let got = t.changed_keys(&KeyRange::ALL, from, to, usize::MAX).map_err(|e| e.to_string());
+            assert_eq!(got, want, "step {step} ({op:?}): timeline {i} changes from {from} to {to}");
+            if let Ok(keys) = &want {
+                if let Some(tight) = keys.len().checked_sub(1) {
+                    let got = t.changed_keys(&KeyRange::ALL, from, to, tight).map_err(|e| e.to_string());
+                    assert_eq!(got, self.model_changed(i, from, to, tight), "step {step} ({op:?}): timeline {i} limit {tight}");
+                }
+            }
+        }
+    }
+
     fn check(&self, step: usize, op: &Op) {
         for (i, m) in self.model.iter().enumerate() {
             let t = self.timeline(i);
@@ -373,6 +423,7 @@ impl Harness {
                 let got = t.keys_in_range(&KeyRange::ALL, lsn).map_err(|e| e.to_string());
                 assert_eq!(got, self.model_keys(i, lsn), "step {step} ({op:?}): timeline {i} keys at {lsn}");
             }
+            self.check_changes(i, &t, step, op);
         }
     }
 

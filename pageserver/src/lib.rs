@@ -8,8 +8,9 @@
 //! - [`pgdata`], the PostgreSQL data path: which keys hold what ([`pgdata::datadir`]), decoded
 //!   WAL in ([`pgdata::walingest`]), a shut-down data directory in ([`pgdata::import`]),
 //!   pages out ([`pgdata::reconstruct`], with PostgreSQL's own redo code in
-//!   [`pgdata::walredo`]'s process pool; [`pgdata::pageapi`]: GetPage@LSN and friends), and
-//!   basebackups ([`pgdata::basebackup`]). No sockets; the only threads it starts read
+//!   [`pgdata::walredo`]'s process pool; [`pgdata::pageapi`]: GetPage@LSN and friends),
+//!   basebackups ([`pgdata::basebackup`]), and the blocks changed between two LSNs
+//!   ([`pgdata::changes`]). No sockets; the only threads it starts read
 //!   the stderr of WAL redo processes, one per process.
 //! - [`service`], the process: configuration, the HTTP management API and the tenants it
 //!   serves ([`service::server`]), the page service over TCP ([`service::page_service`]),
@@ -22,6 +23,7 @@
 pub mod pgdata;
 pub mod service;
 
+pub use pgdata::changes::{changed_blocks, ChangedBlocks, ChangesError};
 pub use pgdata::datadir::{Datadir, DatadirError, Modification, ReadCost};
 pub use pgdata::import::{import_datadir, ImportSummary};
 pub use pgdata::pageapi::{PageApi, PageApiError};

@@ -18,9 +18,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::models::{
-    BasebackupQuery, CheckpointResponse, CompactRequest, CompactResponse, ErrorResponse, EvictLayersResponse, GcRequest, GcResponse,
-    ImportRequest, ImportResponse, LsnByTimestampQuery, LsnByTimestampResponse, StatusResponse, TenantConfig, TenantConfigInfo,
-    TenantCreateRequest, TenantCreateResponse, TimelineCreateRequest, TimelineInfo, WalReceiverRequest, LSN_HEADER,
+    BasebackupQuery, ChangedBlocksQuery, ChangedBlocksResponse, CheckpointResponse, CompactRequest, CompactResponse, ErrorResponse,
+    EvictLayersResponse, GcRequest, GcResponse, ImportRequest, ImportResponse, LsnByTimestampQuery, LsnByTimestampResponse, StatusResponse,
+    TenantConfig, TenantConfigInfo, TenantCreateRequest, TenantCreateResponse, TimelineCreateRequest, TimelineInfo, WalReceiverRequest,
+    LSN_HEADER,
 };
 
 /// At most this much of a non-JSON error body goes into an [`Error::Status`] message.
@@ -231,6 +232,20 @@ impl Client {
         query: &LsnByTimestampQuery,
     ) -> Result<LsnByTimestampResponse, Error> {
         self.get_json(&format!("{}/get_lsn_by_timestamp{}", timeline_path(tenant, timeline), query.to_query_string()))
+    }
+
+    /// `GET .../changed_blocks?from=X/X&to=X/X[&limit=N]`: the blocks that may have changed
+    /// after `from` up to `to` (waited for), for a compute's cache of pages
+    /// ([`ChangedBlocksResponse`] says how to use it). A 410 (history below `from` is gone:
+    /// GC or the branch point) or a 409 (more than the limit changed) means the cache
+    /// cannot be checked and must be dropped whole.
+    pub fn changed_blocks(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        query: &ChangedBlocksQuery,
+    ) -> Result<ChangedBlocksResponse, Error> {
+        self.get_json(&format!("{}/changed_blocks{}", timeline_path(tenant, timeline), query.to_query_string()))
     }
 
     fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {

@@ -13,7 +13,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use proto::{Lsn, LsnParseError, TenantId, TimelineId};
+use proto::{BlockNumber, ForkNumber, Lsn, LsnParseError, Oid, RelTag, TenantId, TimelineId};
 use serde::{Deserialize, Serialize};
 
 use crate::time::{format_rfc3339, parse_rfc3339, HumanDuration, TimeParseError};
@@ -461,6 +461,179 @@ pub struct LsnByTimestampResponse {
     pub lsn: Lsn,
 }
 
+/// The `limit` of `GET .../changed_blocks` when the query names none.
+pub const CHANGED_BLOCKS_LIMIT_DEFAULT: u64 = 100_000;
+/// The largest `limit` the pageserver accepts: it holds that many keys in memory while it
+/// lists them, and the answer takes about 45 bytes per block.
+pub const CHANGED_BLOCKS_LIMIT_MAX: u64 = 1_000_000;
+
+/// The query of `GET .../timeline/{timeline}/changed_blocks?from=X/X&to=X/X[&limit=N]`:
+/// the blocks that may have changed after `from` up to and including `to`, refused (409)
+/// if more than `limit` keys changed (default [`CHANGED_BLOCKS_LIMIT_DEFAULT`], at most
+/// [`CHANGED_BLOCKS_LIMIT_MAX`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChangedBlocksQuery {
+    pub from: Lsn,
+    pub to: Lsn,
+    pub limit: Option<u64>,
+}
+
+/// Why a changed-blocks query was refused (400).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ChangedBlocksQueryError {
+    #[error("unknown query parameter {0:?}; the parameters are from=X/X, to=X/X and limit=N")]
+    UnknownParameter(String),
+    #[error("missing query parameter {0}=X/X")]
+    Missing(&'static str),
+    #[error("query parameter {name}: {error}")]
+    InvalidLsn { name: &'static str, error: LsnParseError },
+    #[error("invalid limit {0:?}: expected a number of keys from 0 to {CHANGED_BLOCKS_LIMIT_MAX}")]
+    InvalidLimit(String),
+}
+
+impl ChangedBlocksQuery {
+    /// The query string with its `?`; `limit` only if set.
+    pub fn to_query_string(&self) -> String {
+        match self.limit {
+            Some(limit) => format!("?from={}&to={}&limit={limit}", self.from, self.to),
+            None => format!("?from={}&to={}", self.from, self.to),
+        }
+    }
+
+    /// Parses a raw query (without the `?`), percent-decoding the values; a repeated
+    /// parameter takes the last value.
+    pub fn parse(query: &str) -> Result<ChangedBlocksQuery, ChangedBlocksQueryError> {
+        let (mut from, mut to, mut limit) = (None, None, None);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("from", value)) => from = Some(percent_decode(value)),
+                Some(("to", value)) => to = Some(percent_decode(value)),
+                Some(("limit", value)) => limit = Some(percent_decode(value)),
+                _ => return Err(ChangedBlocksQueryError::UnknownParameter(pair.to_string())),
+            }
+        }
+        let lsn = |name: &'static str, text: Option<String>| -> Result<Lsn, ChangedBlocksQueryError> {
+            let text = text.ok_or(ChangedBlocksQueryError::Missing(name))?;
+            text.parse().map_err(|error| ChangedBlocksQueryError::InvalidLsn { name, error })
+        };
+        let (from, to) = (lsn("from", from)?, lsn("to", to)?);
+        let limit = match limit {
+            None => None,
+            Some(text) => match text.parse::<u64>() {
+                Ok(n) if n <= CHANGED_BLOCKS_LIMIT_MAX => Some(n),
+                _ => return Err(ChangedBlocksQueryError::InvalidLimit(text)),
+            },
+        };
+        Ok(ChangedBlocksQuery { from, to, limit })
+    }
+}
+
+/// The answer to `GET .../changed_blocks`: what a compute must drop from a cache of pages
+/// each valid as of an LSN `d` (the page equals its version at `d` on this timeline), with
+/// `from` at or below every `d` and `to` where it starts. A cached page must be dropped
+/// when an entry covers it with an LSN above its `d`; a page no entry covers so is the
+/// same at `to` (the answer may list more than changed, never less):
+///
+/// - `blocks`: the block's content changed; `lsn` is its newest change. Blocks of the
+///   relations and databases listed as gone are left out.
+/// - `relations`: the fork was created, extended, truncated or dropped; `nblocks` is its
+///   size at `to` (`null`: it does not exist there) and `lsn` is at or after the last such
+///   change. Cached blocks at or beyond `nblocks` (all of them for `null`) are stale;
+///   those below it are stale only if listed in `blocks`, so a client may drop just the
+///   former, or the whole fork.
+/// - `databases`: the database existed at `from` and does not at `to`, dropped at or
+///   before `lsn`: every cached block of it is stale. Nothing else of it is listed.
+///
+/// The free space map is never listed: it is not stored, and a compute keeps it locally.
+/// Each entry is a JSON array, to keep a large answer small; an array never gains
+/// elements (new information would be a new field of this object).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangedBlocksResponse {
+    pub from: Lsn,
+    pub to: Lsn,
+    /// `[spcnode, dbnode, relnode, forknum, blkno, "lsn"]`, in that order.
+    pub blocks: Vec<ChangedBlock>,
+    /// `[spcnode, dbnode, relnode, forknum, nblocks or null, "lsn"]`.
+    pub relations: Vec<ChangedRelation>,
+    /// `[spcnode, dbnode, "lsn"]`.
+    pub databases: Vec<DroppedDatabase>,
+}
+
+/// A block whose content changed, and its newest change: `[spcnode, dbnode, relnode,
+/// forknum, blkno, "lsn"]` on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "(Oid, Oid, Oid, u8, u32, Lsn)", into = "(Oid, Oid, Oid, u8, u32, Lsn)")]
+pub struct ChangedBlock {
+    pub rel: RelTag,
+    pub blkno: BlockNumber,
+    pub lsn: Lsn,
+}
+
+/// A relation fork created, extended, truncated or dropped: its size at `to` (`None` if it
+/// does not exist there) and an LSN at or after the last such change. `[spcnode, dbnode,
+/// relnode, forknum, nblocks or null, "lsn"]` on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "(Oid, Oid, Oid, u8, Option<u32>, Lsn)", into = "(Oid, Oid, Oid, u8, Option<u32>, Lsn)")]
+pub struct ChangedRelation {
+    pub rel: RelTag,
+    pub nblocks: Option<u32>,
+    pub lsn: Lsn,
+}
+
+/// A database dropped at or before `lsn`: `[spcnode, dbnode, "lsn"]` on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "(Oid, Oid, Lsn)", into = "(Oid, Oid, Lsn)")]
+pub struct DroppedDatabase {
+    pub spcnode: Oid,
+    pub dbnode: Oid,
+    pub lsn: Lsn,
+}
+
+fn rel_tag(spcnode: Oid, dbnode: Oid, relnode: Oid, forknum: u8) -> Result<RelTag, String> {
+    let forknum = ForkNumber::from_u8(forknum).ok_or_else(|| format!("unknown fork number {forknum}"))?;
+    Ok(RelTag { spcnode, dbnode, relnode, forknum })
+}
+
+impl TryFrom<(Oid, Oid, Oid, u8, u32, Lsn)> for ChangedBlock {
+    type Error = String;
+
+    fn try_from((spcnode, dbnode, relnode, forknum, blkno, lsn): (Oid, Oid, Oid, u8, u32, Lsn)) -> Result<Self, String> {
+        Ok(ChangedBlock { rel: rel_tag(spcnode, dbnode, relnode, forknum)?, blkno: BlockNumber(blkno), lsn })
+    }
+}
+
+impl From<ChangedBlock> for (Oid, Oid, Oid, u8, u32, Lsn) {
+    fn from(b: ChangedBlock) -> Self {
+        (b.rel.spcnode, b.rel.dbnode, b.rel.relnode, b.rel.forknum as u8, b.blkno.0, b.lsn)
+    }
+}
+
+impl TryFrom<(Oid, Oid, Oid, u8, Option<u32>, Lsn)> for ChangedRelation {
+    type Error = String;
+
+    fn try_from((spcnode, dbnode, relnode, forknum, nblocks, lsn): (Oid, Oid, Oid, u8, Option<u32>, Lsn)) -> Result<Self, String> {
+        Ok(ChangedRelation { rel: rel_tag(spcnode, dbnode, relnode, forknum)?, nblocks, lsn })
+    }
+}
+
+impl From<ChangedRelation> for (Oid, Oid, Oid, u8, Option<u32>, Lsn) {
+    fn from(r: ChangedRelation) -> Self {
+        (r.rel.spcnode, r.rel.dbnode, r.rel.relnode, r.rel.forknum as u8, r.nblocks, r.lsn)
+    }
+}
+
+impl From<(Oid, Oid, Lsn)> for DroppedDatabase {
+    fn from((spcnode, dbnode, lsn): (Oid, Oid, Lsn)) -> Self {
+        DroppedDatabase { spcnode, dbnode, lsn }
+    }
+}
+
+impl From<DroppedDatabase> for (Oid, Oid, Lsn) {
+    fn from(d: DroppedDatabase) -> Self {
+        (d.spcnode, d.dbnode, d.lsn)
+    }
+}
+
 /// The body of every error answer (4xx, 5xx): `{"error": "..."}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorResponse {
@@ -607,6 +780,46 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("invalid timestamp \"yesterday%\""));
+    }
+
+    #[test]
+    fn changed_blocks_queries() {
+        let q = ChangedBlocksQuery { from: Lsn(0x100), to: Lsn(0x16B3748), limit: None };
+        assert_eq!(q.to_query_string(), "?from=0/100&to=0/16B3748");
+        assert_eq!(ChangedBlocksQuery::parse("from=0/100&to=0%2F16B3748").unwrap(), q);
+        let limited = ChangedBlocksQuery { limit: Some(7), ..q };
+        assert_eq!(limited.to_query_string(), "?from=0/100&to=0/16B3748&limit=7");
+        assert_eq!(ChangedBlocksQuery::parse(&limited.to_query_string()[1..]).unwrap(), limited);
+        let err = |query: &str| ChangedBlocksQuery::parse(query).unwrap_err().to_string();
+        assert_eq!(err("to=0/1"), "missing query parameter from=X/X");
+        assert_eq!(err("from=0/1"), "missing query parameter to=X/X");
+        assert_eq!(err("from=0/1&to=0/2&lsn=0/3"), "unknown query parameter \"lsn=0/3\"; the parameters are from=X/X, to=X/X and limit=N");
+        assert_eq!(err("from=x&to=0/2"), "query parameter from: invalid LSN: \"x\" (expected two hexadecimal numbers such as 16/B374D848)");
+        assert_eq!(err("from=0/1&to=0/2&limit=-1"), "invalid limit \"-1\": expected a number of keys from 0 to 1000000");
+        assert_eq!(err("from=0/1&to=0/2&limit=1000001"), "invalid limit \"1000001\": expected a number of keys from 0 to 1000000");
+        assert_eq!(ChangedBlocksQuery::parse("from=0/1&to=0/2&limit=1000000").unwrap().limit, Some(CHANGED_BLOCKS_LIMIT_MAX));
+    }
+
+    #[test]
+    fn changed_blocks_answers_are_arrays() {
+        let rel = RelTag { spcnode: 1663, dbnode: 5, relnode: 16384, forknum: ForkNumber::VisibilityMap };
+        let answer = ChangedBlocksResponse {
+            from: Lsn(0x100),
+            to: Lsn(0x200),
+            blocks: vec![ChangedBlock { rel, blkno: BlockNumber(3), lsn: Lsn(0x180) }],
+            relations: vec![
+                ChangedRelation { rel, nblocks: Some(4), lsn: Lsn(0x190) },
+                ChangedRelation { rel: RelTag { relnode: 16390, ..rel }, nblocks: None, lsn: Lsn(0x1A0) },
+            ],
+            databases: vec![DroppedDatabase { spcnode: 1663, dbnode: 6, lsn: Lsn(0x1B0) }],
+        };
+        let text = r#"{"from":"0/100","to":"0/200","blocks":[[1663,5,16384,2,3,"0/180"]],"relations":[[1663,5,16384,2,4,"0/190"],[1663,5,16390,2,null,"0/1A0"]],"databases":[[1663,6,"0/1B0"]]}"#;
+        assert_eq!(serde_json::to_string(&answer).unwrap(), text);
+        assert_eq!(serde_json::from_str::<ChangedBlocksResponse>(text).unwrap(), answer);
+        let err = serde_json::from_str::<ChangedBlock>(r#"[1663,5,16384,7,3,"0/180"]"#).unwrap_err().to_string();
+        assert!(err.starts_with("unknown fork number 7"), "{err}");
+        assert!(serde_json::from_str::<ChangedBlock>(r#"[1663,5,16384,0,3]"#).is_err(), "an element short");
+        assert!(serde_json::from_str::<DroppedDatabase>(r#"[1663,5,"x"]"#).is_err(), "a bad LSN");
     }
 
     #[test]
@@ -763,6 +976,27 @@ mod tests {
             round_trip(&WalReceiverRequest::Sources(WalSourceList { sources }))?;
             let query = BasebackupQuery { lsn };
             prop_assert_eq!(BasebackupQuery::parse(query.to_query_string().trim_start_matches('?')).unwrap(), query);
+        }
+
+        #[test]
+        fn changed_blocks_round_trip(
+            lsns in (arb_lsn(), arb_lsn()),
+            limit in proptest::option::of(0..=CHANGED_BLOCKS_LIMIT_MAX),
+            blocks in proptest::collection::vec((any::<[u32; 4]>(), 0u8..4, arb_lsn()), 0..4),
+            nblocks in proptest::collection::vec(proptest::option::of(any::<u32>()), 0..4),
+        ) {
+            let query = ChangedBlocksQuery { from: lsns.0, to: lsns.1, limit };
+            prop_assert_eq!(ChangedBlocksQuery::parse(&query.to_query_string()[1..]).unwrap(), query);
+            let rel = |[spcnode, dbnode, relnode, _]: [u32; 4], fork: u8| RelTag {
+                spcnode, dbnode, relnode, forknum: ForkNumber::from_u8(fork).unwrap(),
+            };
+            round_trip(&ChangedBlocksResponse {
+                from: lsns.0,
+                to: lsns.1,
+                blocks: blocks.iter().map(|&(ids, fork, lsn)| ChangedBlock { rel: rel(ids, fork), blkno: BlockNumber(ids[3]), lsn }).collect(),
+                relations: blocks.iter().zip(&nblocks).map(|(&(ids, fork, lsn), &n)| ChangedRelation { rel: rel(ids, fork), nblocks: n, lsn }).collect(),
+                databases: blocks.iter().map(|&(ids, _, lsn)| DroppedDatabase { spcnode: ids[0], dbnode: ids[1], lsn }).collect(),
+            })?;
         }
 
         #[test]

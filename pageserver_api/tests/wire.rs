@@ -293,3 +293,30 @@ fn maintenance_routes() {
         format!("GET /v1/tenant/{TENANT}/timeline/{TIMELINE}/get_lsn_by_timestamp?timestamp=2026-11-24T10%3A30%3A00Z HTTP/1.1")
     );
 }
+
+/// `changed_blocks`: the query sent, an answer decoded and encoded back to the same bytes,
+/// and the refusal a compute acts on (drop its whole cache) with the server's message.
+#[test]
+fn changed_blocks_route() {
+    let changed = concat!(
+        r#"{"from":"0/16B0000","to":"0/16B3748","blocks":[[1663,5,16384,0,7,"0/16B2000"],[1663,5,16384,2,0,"0/16B2000"]],"#,
+        r#""relations":[[1663,5,16390,0,3,"0/16B3000"],[1663,5,16400,0,null,"0/16B3100"]],"databases":[[1663,16500,"0/16B3200"]]}"#
+    );
+    let server = serve(200, "", changed);
+    let query = pageserver_api::models::ChangedBlocksQuery { from: Lsn(0x16B0000), to: Lsn(0x16B3748), limit: Some(5000) };
+    let answer = Client::new(&server.url).changed_blocks(tenant(), timeline(), &query).unwrap();
+    assert_eq!((answer.blocks.len(), answer.blocks[1].rel.forknum), (2, proto::ForkNumber::VisibilityMap));
+    assert_eq!((answer.relations[0].nblocks, answer.relations[1].nblocks), (Some(3), None));
+    assert_eq!((answer.databases[0].dbnode, answer.databases[0].lsn), (16500, Lsn(0x16B3200)));
+    assert_eq!(serde_json::to_string(&answer).unwrap(), changed);
+    assert_eq!(
+        server.requests.lock().unwrap()[0].0,
+        format!("GET /v1/tenant/{TENANT}/timeline/{TIMELINE}/changed_blocks?from=0/16B0000&to=0/16B3748&limit=5000 HTTP/1.1")
+    );
+
+    let gone = r#"{"error":"cannot list changes since LSN 0/16B0000: below the garbage collection horizon 0/16B1000, the history before which is gone"}"#;
+    let server = serve(410, "", gone);
+    let err = Client::new(&server.url).changed_blocks(tenant(), timeline(), &query).unwrap_err();
+    assert_eq!(err.status(), Some(410));
+    assert!(err.to_string().ends_with("HTTP 410: cannot list changes since LSN 0/16B0000: below the garbage collection horizon 0/16B1000, the history before which is gone"), "{err}");
+}

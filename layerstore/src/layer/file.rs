@@ -40,7 +40,7 @@ use proto::{Key, KeyRange, Lsn};
 use super::name::LayerDesc;
 use super::reader::LayerReader;
 use crate::error::LayerError;
-use crate::value::{Value, ValueCollector};
+use crate::value::{ChangeCollector, Value, ValueCollector};
 
 /// Brings one layer back from remote storage.
 pub trait LayerDownload: Send + Sync + fmt::Debug {
@@ -295,6 +295,18 @@ impl LayerFile {
     /// The keys in `range` with a version at or below `lsn`, in order.
     pub fn keys(&self, range: &KeyRange, lsn: Lsn) -> Result<Vec<Key>, LayerError> {
         Ok(self.reader()?.keys(range, lsn))
+    }
+
+    /// Offers `changes` the newest LSN in `lsn_range` of each key in `key_range` with a
+    /// version there (`LayerReader::collect_changes`); downloads an evicted layer first, as
+    /// a read does.
+    pub(crate) fn collect_changes(
+        &self,
+        key_range: &KeyRange,
+        lsn_range: &std::ops::Range<Lsn>,
+        changes: &mut ChangeCollector,
+    ) -> Result<(), LayerError> {
+        self.reader()?.collect_changes(key_range, lsn_range, changes)
     }
 
     /// Reads every block and checks it against the header and the index.

@@ -31,10 +31,13 @@ use super::name::{LayerDesc, LayerKind};
 use super::writer::LayerWriter;
 use crate::config::StorageConfig;
 use crate::error::LayerError;
-use crate::value::{Value, ValueCollector};
+use crate::value::{ChangeCollector, Value, ValueCollector};
 
 /// Name prefix of ephemeral files; never a valid layer file name.
 pub const EPHEMERAL_PREFIX: &str = "ephemeral-";
+
+/// How many keys a listing of changes looks at per hold of the index's lock.
+const CHANGES_KEYS_PER_LOCK: usize = 4096;
 
 #[derive(Debug, Clone, Copy)]
 struct VersionRef {
@@ -182,6 +185,33 @@ impl InMemoryLayer {
     pub fn keys(&self, range: &KeyRange, lsn: Lsn) -> Vec<Key> {
         let inner = self.read_inner();
         inner.index.range(range.start..range.end).filter(|(_, v)| v.first().is_some_and(|v| v.lsn <= lsn)).map(|(k, _)| *k).collect()
+    }
+
+    /// Offers `changes` the newest LSN in `lsn_range` of each key in `key_range` with a
+    /// version there. Reads only the index, never a value, and holds the index's lock for
+    /// at most `CHANGES_KEYS_PER_LOCK` keys at a time, so puts into an open layer wait
+    /// for one short chunk, never for the whole listing. Taking the lock again per chunk is
+    /// safe: a listing only asks about published LSNs, whose versions are all in the index
+    /// already, and puts only add versions above them.
+    pub(crate) fn collect_changes(&self, key_range: &KeyRange, lsn_range: &std::ops::Range<Lsn>, changes: &mut ChangeCollector) {
+        let mut start = key_range.start;
+        loop {
+            let inner = self.read_inner();
+            let mut chunk = inner.index.range(start..key_range.end);
+            for (key, versions) in chunk.by_ref().take(CHANGES_KEYS_PER_LOCK) {
+                // Versions are in LSN order: the newest in range is the last one below its end.
+                let newest = versions.iter().rev().find(|v| lsn_range.contains(&v.lsn));
+                if let Some(v) = newest {
+                    if !changes.add(*key, v.lsn) {
+                        return;
+                    }
+                }
+            }
+            match chunk.next() {
+                Some((key, _)) => start = *key,
+                None => return,
+            }
+        }
     }
 
     /// Writes this frozen layer as an L0 delta layer file in `dir`. `None` if it is empty.

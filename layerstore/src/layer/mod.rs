@@ -31,7 +31,7 @@ use std::sync::Arc;
 use proto::{Key, KeyRange, Lsn};
 
 use crate::error::LayerError;
-use crate::value::ValueCollector;
+use crate::value::{ChangeCollector, ValueCollector};
 pub use file::{DiskBudget, LayerDownload, LayerFile, RemoteCopy};
 pub use inmemory::InMemoryLayer;
 pub use name::{LayerDesc, LayerKind, LayerNameError};
@@ -60,6 +60,23 @@ impl Layer {
         match self {
             Layer::InMemory(l) => l.collect(key, lsn_range, collector),
             Layer::File(l) => l.collect(key, lsn_range, collector),
+        }
+    }
+
+    /// Offers `changes` the newest LSN in `lsn_range` of each key in `key_range` that has
+    /// a version there; an image layer offers nothing (it holds states, not changes).
+    pub(crate) fn collect_changes(
+        &self,
+        key_range: &KeyRange,
+        lsn_range: &Range<Lsn>,
+        changes: &mut ChangeCollector,
+    ) -> Result<(), LayerError> {
+        match self {
+            Layer::InMemory(l) => {
+                l.collect_changes(key_range, lsn_range, changes);
+                Ok(())
+            }
+            Layer::File(l) => l.collect_changes(key_range, lsn_range, changes),
         }
     }
 

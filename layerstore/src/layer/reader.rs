@@ -23,7 +23,7 @@ use proto::{Key, KeyRange, Lsn};
 use super::format::{self, FormatError, Header, IndexEntry, BLOCK_FRAME_SIZE_BYTES, HEADER_SIZE_BYTES, INDEX_ENTRY_SIZE_BYTES};
 use super::name::{LayerDesc, LayerKind};
 use crate::error::LayerError;
-use crate::value::{Value, ValueCollector, TAG_IMAGE};
+use crate::value::{ChangeCollector, Value, ValueCollector, TAG_IMAGE};
 
 #[derive(Debug)]
 pub struct LayerReader {
@@ -135,6 +135,106 @@ impl LayerReader {
     pub fn keys(&self, range: &KeyRange, lsn: Lsn) -> Vec<Key> {
         let from = self.index.partition_point(|e| e.key < range.start);
         self.index[from..].iter().take_while(|e| e.key < range.end).filter(|e| e.first_lsn <= lsn).map(|e| e.key).collect()
+    }
+
+    /// Offers `changes` the newest LSN in `lsn_range` of every key in `key_range` that has
+    /// a version there, in key order, until it is over its limit.
+    ///
+    /// The index answers for a key with one version (its first LSN is its only one) and for
+    /// a key whose first version is at or after the range's end; only the other keys' blocks
+    /// are read, each block once (index entries point at blocks in file order, so the last
+    /// block read is kept for the next key), and of each entry only its header is looked
+    /// at: values are neither copied nor decoded. An image layer holds states, not changes,
+    /// and offers nothing.
+    pub(crate) fn collect_changes(
+        &self,
+        key_range: &KeyRange,
+        lsn_range: &std::ops::Range<Lsn>,
+        changes: &mut ChangeCollector,
+    ) -> Result<(), LayerError> {
+        if self.desc.kind == LayerKind::Image {
+            return Ok(());
+        }
+        let from = self.index.partition_point(|e| e.key < key_range.start);
+        let mut cache: Option<CachedBlock> = None;
+        for entry in self.index[from..].iter().take_while(|e| e.key < key_range.end) {
+            if entry.first_lsn >= lsn_range.end {
+                continue;
+            }
+            let newest = if entry.value_count == 1 {
+                Some(entry.first_lsn).filter(|lsn| lsn_range.contains(lsn))
+            } else {
+                self.newest_version_in(entry, lsn_range, &mut cache)?
+            };
+            if let Some(lsn) = newest {
+                if !changes.add(entry.key, lsn) {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The newest LSN in `lsn_range` among the versions of `entry`'s key, reading its
+    /// blocks (through `cache`) with the same checks as `read_versions`. Stops at the first
+    /// version at or after the range's end, since versions are in LSN order.
+    fn newest_version_in(
+        &self,
+        entry: &IndexEntry,
+        lsn_range: &std::ops::Range<Lsn>,
+        cache: &mut Option<CachedBlock>,
+    ) -> Result<Option<Lsn>, LayerError> {
+        let short = |found: u32| {
+            self.corrupt(entry.block_offset, format!("key {}: the index promises {} versions, found {found}", entry.key, entry.value_count))
+        };
+        let mut newest = None;
+        let mut seen: u32 = 0;
+        let mut prev: Option<Lsn> = None;
+        let mut offset = entry.block_offset;
+        while seen < entry.value_count {
+            if offset >= self.header.index_offset {
+                return Err(short(seen));
+            }
+            let block = match cache.take() {
+                Some(cached) if cached.offset == offset => cached,
+                _ => {
+                    let (data, next) = self.read_block(offset)?;
+                    CachedBlock { offset, data, next }
+                }
+            };
+            let mut pos = 0;
+            let mut seen_here = false;
+            while let Some((raw, next_pos)) = format::decode_entry(&block.data, pos).map_err(|e| self.corrupt(offset, e))? {
+                pos = next_pos;
+                if raw.key < entry.key && seen == 0 {
+                    continue;
+                }
+                if raw.key != entry.key {
+                    return Err(short(seen));
+                }
+                // The same checks a read makes; the value is a slice of the block, not a copy.
+                let (_, lsn, _) = self.entry_value(&block.data, offset, raw)?;
+                if (seen == 0 && lsn != entry.first_lsn) || prev.is_some_and(|p| p >= lsn) {
+                    return Err(self.corrupt(offset, format!("versions of {} out of order at LSN {lsn}", entry.key)));
+                }
+                seen += 1;
+                seen_here = true;
+                prev = Some(lsn);
+                if lsn_range.contains(&lsn) {
+                    newest = Some(lsn);
+                }
+                if lsn >= lsn_range.end || seen == entry.value_count {
+                    *cache = Some(block);
+                    return Ok(newest);
+                }
+            }
+            if !seen_here {
+                return Err(self.corrupt(offset, format!("the index points key {} at a block that does not hold it", entry.key)));
+            }
+            offset = block.next;
+            *cache = Some(block);
+        }
+        Ok(newest)
     }
 
     /// Every version in the file in `(key, lsn)` order, read block by block.
@@ -278,6 +378,14 @@ impl LayerReader {
         }
         Ok(out)
     }
+}
+
+/// A decompressed block kept between keys by `collect_changes`: its file offset, its bytes
+/// and the offset of the block after it.
+struct CachedBlock {
+    offset: u64,
+    data: Bytes,
+    next: u64,
 }
 
 /// Converts a format check failure into the error callers see.

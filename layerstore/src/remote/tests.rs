@@ -1,6 +1,6 @@
 //! Remote storage through the tenant API, on a local-directory store: uploads and the
-//! index, a tenant rebuilt from remote storage alone, eviction and download, corrupt
-//! objects, and generations.
+//! index, a tenant rebuilt from remote storage alone, eviction and download (by reads and
+//! by a listing of changes), corrupt objects, and generations.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -144,6 +144,29 @@ fn a_tenant_rebuilt_from_remote_storage_alone_reads_the_same() {
     let index = newest_index(&remote, BRANCH);
     assert_eq!((index.generation.0, index.disk_consistent_lsn), (2, Lsn(more)));
     assert_index_names_only_existing_objects(&remote, BRANCH);
+}
+
+#[test]
+fn a_listing_of_changes_downloads_only_the_evicted_layers_its_range_needs() {
+    let (_dir, remote, local) = new_store();
+    let tenant = Tenant::create_with_remote(&local, TENANT, conf(), &[], Some(&remote), None).unwrap();
+    let main = tenant.create_timeline(MAIN).unwrap();
+    let last = write(&main, 0, 4);
+    assert!(main.wait_for_uploads(WAIT));
+    let all = |from: u64| main.changed_keys(&KeyRange::ALL, Lsn(from), Lsn(last), usize::MAX).unwrap();
+    let (want_all, want_recent) = (all(0), all(last - 5));
+    assert_eq!((want_all.len(), want_recent.len()), (20, 5));
+    let evicted = main.evictable_layers();
+    assert_eq!(evicted.len(), 4, "one L0 layer per round");
+    for layer in &evicted {
+        assert!(layer.evict().unwrap());
+    }
+    assert_eq!(main.resident_layer_bytes(), 0);
+    assert_eq!(all(last - 5), want_recent, "the same answer from a downloaded layer");
+    let downloaded = evicted.iter().filter(|l| l.download_count() > 0).count();
+    assert_eq!(downloaded, 1, "only the newest layer holds LSNs after {}", Lsn(last - 5));
+    assert_eq!(all(0), want_all);
+    assert!(evicted.iter().all(|l| l.download_count() == 1));
 }
 
 /// A timeline written and uploaded, its local directory wiped, and every layer object in

@@ -8,7 +8,7 @@
 //! the ancestor at the branch point. `compaction.rs` merges L0 layers into L1 layers and
 //! creates image layers; `depth.rs` finds the key ranges whose reads walk too many delta
 //! layers and creates image layers for just those; `gc.rs` removes layer files no reader
-//! can need any more.
+//! can need any more; `changes.rs` lists the keys changed between two LSNs.
 //!
 //! Invariants:
 //! - LSNs of puts never decrease, and every put is above the last record LSN: a published
@@ -25,6 +25,7 @@
 //!   flushes exclude one another (`flush_lock`); puts, advances and freezes exclude one
 //!   another (`write_state`).
 
+mod changes;
 mod compaction;
 mod depth;
 mod gc;

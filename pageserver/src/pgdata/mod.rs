@@ -6,6 +6,7 @@
 //! the service. Only `pgwal` parses WAL; this layer maps decoded records to keys and values.
 
 pub mod basebackup;
+pub mod changes;
 pub mod datadir;
 pub mod import;
 pub mod pageapi;

@@ -18,6 +18,7 @@
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/compact` | `{"force_l0"?, "force_image_layers"?}`: image layers where the delta depth asks for them (or everywhere), then L0 compaction: what was written and removed |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/gc` | `{"pitr_window"?}`: GC with the tenant's PITR window or this one: the cutoff and what was removed |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/get_lsn_by_timestamp?timestamp=<RFC 3339>` | `{"kind": "present"\|"future"\|"past"\|"nodata", "lsn"}`: the LSN that shows exactly the commits up to the time |
+//! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/changed_blocks?from=X/X&to=X/X[&limit=N]` | `{"from", "to", "blocks": [[spc, db, rel, fork, blkno, "lsn"]], "relations": [[spc, db, rel, fork, nblocks\|null, "lsn"]], "databases": [[spc, db, "lsn"]]}`: what a compute's page cache valid as of LSNs from `from` on must drop to start at `to` (waited for; `pgdata::changes`); 400 bad query or `from` after `to`, 410 `from` below the GC horizon or the branch point, 409 more than `limit` (default 100000, at most 1000000) keys changed, 504 `to` not ingested in time |
 //! | GET | `/metrics` | Prometheus text format |
 //!
 //! Errors are `{"error": "..."}` with a status code chosen in one place, [`ApiError`].
@@ -34,9 +35,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use pageserver_api::models::{
-    BasebackupQuery, CheckpointResponse, CompactRequest, CompactResponse, ErrorResponse, EvictLayersResponse, GcRequest, GcResponse,
-    ImportRequest, ImportResponse, LsnByTimestampQuery, LsnByTimestampResponse, LsnKind, RemoteStorageStatus, StatusResponse, TenantConfig,
-    TenantConfigInfo, TenantCreateRequest, TenantCreateResponse, TimelineCreateRequest, TimelineInfo, BASEBACKUP_CONTENT_TYPE,
+    BasebackupQuery, ChangedBlock, ChangedBlocksQuery, ChangedBlocksResponse, ChangedRelation, CheckpointResponse, CompactRequest,
+    CompactResponse, DroppedDatabase, ErrorResponse, EvictLayersResponse, GcRequest, GcResponse, ImportRequest, ImportResponse,
+    LsnByTimestampQuery, LsnByTimestampResponse, LsnKind, RemoteStorageStatus, StatusResponse, TenantConfig, TenantConfigInfo,
+    TenantCreateRequest, TenantCreateResponse, TimelineCreateRequest, TimelineInfo, BASEBACKUP_CONTENT_TYPE, CHANGED_BLOCKS_LIMIT_DEFAULT,
 };
 use pageserver_api::time::HumanDuration;
 use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
@@ -64,6 +66,7 @@ impl IntoResponse for ApiError {
             ManagementError::Conflict(_) => StatusCode::CONFLICT,
             ManagementError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ManagementError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ManagementError::Gone(_) => StatusCode::GONE,
             ManagementError::Internal(e) => {
                 tracing::error!("management request failed: {e:#}");
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -168,6 +171,7 @@ pub fn router(ps: Arc<Pageserver>) -> Router {
         .route("/v1/tenant/{tenant}/timeline/{timeline}/compact", post(compact))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/gc", post(gc))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/get_lsn_by_timestamp", get(lsn_by_timestamp))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/changed_blocks", get(changed_blocks))
         .route("/metrics", get(metrics))
         .with_state(ps)
 }
@@ -383,6 +387,26 @@ async fn lsn_by_timestamp(
     Ok(Json(lsn_by_timestamp_response(found)))
 }
 
+async fn changed_blocks(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<ChangedBlocksResponse>, ApiError> {
+    let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    let query =
+        ChangedBlocksQuery::parse(query.as_deref().unwrap_or("")).map_err(|e| ApiError(ManagementError::BadRequest(e.to_string())))?;
+    // The query allows at most `CHANGED_BLOCKS_LIMIT_MAX`, which fits any `usize` we run on.
+    let limit = usize::try_from(query.limit.unwrap_or(CHANGED_BLOCKS_LIMIT_DEFAULT)).unwrap_or(usize::MAX);
+    let changed = blocking(move || ps.changed_blocks(tenant, timeline, query.from, query.to, limit)).await?;
+    Ok(Json(ChangedBlocksResponse {
+        from: changed.from,
+        to: changed.to,
+        blocks: changed.blocks.iter().map(|b| ChangedBlock { rel: b.rel, blkno: b.blkno, lsn: b.lsn }).collect(),
+        relations: changed.relations.iter().map(|r| ChangedRelation { rel: r.rel, nblocks: r.nblocks, lsn: r.lsn }).collect(),
+        databases: changed.databases.iter().map(|d| DroppedDatabase { spcnode: d.spcnode, dbnode: d.dbnode, lsn: d.lsn }).collect(),
+    }))
+}
+
 /// `pageserver_api::models::LSN_HEADER` in lower case, as `HeaderName::from_static` needs
 /// it; a test checks that they agree.
 const LSN_HEADER_LOWERCASE: &str = "x-fjord-lsn";
@@ -488,7 +512,8 @@ async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError
 mod tests {
     //! The API as bytes on the wire, against the real router on loopback: each exchange is
     //! recorded (status and body, byte for byte), so a change of the JSON a client sees
-    //! fails here before it fails a client. Only what needs no PostgreSQL is exercised;
+    //! fails here before it fails a client. Only what needs no PostgreSQL is exercised
+    //! (changed blocks on values put as ingest puts them);
     //! the bodies of an import and of a running WAL receiver are recorded in
     //! `pageserver_api`'s tests and exercised by pytest.
 
@@ -505,8 +530,14 @@ mod tests {
     /// The router on an ephemeral loopback port, served by its own runtime until the test
     /// process exits.
     fn serve(workdir: &std::path::Path) -> SocketAddr {
-        let conf = PageserverConfig { workdir: workdir.to_path_buf(), ..Default::default() };
+        serve_with(PageserverConfig { workdir: workdir.to_path_buf(), ..Default::default() }).0
+    }
+
+    /// `serve` with a configuration, returning the pageserver too (to put values into its
+    /// timelines directly).
+    fn serve_with(conf: PageserverConfig) -> (SocketAddr, Arc<Pageserver>) {
         let ps = Arc::new(Pageserver::open(conf).expect("open the pageserver"));
+        let served = Arc::clone(&ps);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         listener.set_nonblocking(true).expect("nonblocking listener");
         let addr = listener.local_addr().expect("local address");
@@ -514,10 +545,10 @@ mod tests {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-                axum::serve(listener, router(ps)).await.expect("serve");
+                axum::serve(listener, router(served)).await.expect("serve");
             });
         });
-        addr
+        (addr, ps)
     }
 
     /// One HTTP/1.1 exchange over a fresh connection: the status and the body as text.
@@ -741,6 +772,41 @@ mod tests {
             ),
             (
                 "GET",
+                format!("{timeline_path}/changed_blocks?from=0/0&to=0%2F0"),
+                None,
+                200,
+                r#"{"from":"0/0","to":"0/0","blocks":[],"relations":[],"databases":[]}"#.into(),
+            ),
+            (
+                "GET",
+                format!("{timeline_path}/changed_blocks?from=0/0"),
+                None,
+                400,
+                r#"{"error":"missing query parameter to=X/X"}"#.into(),
+            ),
+            (
+                "GET",
+                format!("{timeline_path}/changed_blocks?from=0/2&to=0/1"),
+                None,
+                400,
+                r#"{"error":"cannot list changes from LSN 0/2 to LSN 0/1: the range ends before it starts"}"#.into(),
+            ),
+            (
+                "GET",
+                format!("{timeline_path}/changed_blocks?from=0/0&to=0/1&limit=many"),
+                None,
+                400,
+                r#"{"error":"invalid limit \"many\": expected a number of keys from 0 to 1000000"}"#.into(),
+            ),
+            (
+                "GET",
+                format!("/v1/tenant/{TENANT}/timeline/{}/changed_blocks?from=0/0&to=0/0", "5".repeat(32)),
+                None,
+                404,
+                format!(r#"{{"error":"timeline {} of tenant {TENANT} not found"}}"#, "5".repeat(32)),
+            ),
+            (
+                "GET",
                 format!("{timeline_path}/basebackup?lsn=x"),
                 None,
                 400,
@@ -813,6 +879,83 @@ mod tests {
         let now = LsnByTimestampQuery { timestamp: std::time::SystemTime::now() };
         assert_eq!(client.lsn_by_timestamp(tenant, timeline, &now).unwrap().kind, LsnKind::NoData);
         assert_eq!(status_of(client.checkpoint(tenant, missing)).0, 404);
+    }
+
+    /// `changed_blocks` on a timeline with data (put as ingest puts it): the answer byte for
+    /// byte and through the client, and each refusal with its status: too many changes
+    /// (409), `to` not ingested in time (504), `from` below the GC horizon or the branch
+    /// point (410).
+    #[test]
+    fn changed_blocks_answers_and_refusals() {
+        use std::collections::BTreeSet;
+
+        use bytes::Bytes;
+        use pageserver_api::client::Client;
+        use pageserver_api::models::ChangedBlocksQuery;
+        use proto::{BlockNumber, ForkNumber, Key, Lsn, RelTag};
+
+        use crate::pgdata::datadir::codec::{DbEntry, RelEntry};
+        use crate::pgdata::datadir::Modification;
+
+        let dir = tempfile::tempdir().unwrap();
+        let conf = PageserverConfig {
+            workdir: dir.path().to_path_buf(),
+            wait_lsn_timeout_ms: 100,
+            background_jobs_enabled: false,
+            ..Default::default()
+        };
+        let (addr, ps) = serve_with(conf);
+        let (tenant, timeline) = (TENANT.parse::<TenantId>().unwrap(), TIMELINE.parse::<TimelineId>().unwrap());
+        ps.create_tenant(tenant).unwrap();
+        let t = ps.create_timeline(tenant, timeline, None).unwrap();
+        let rel = RelTag { spcnode: 1663, dbnode: 5, relnode: 16384, forknum: ForkNumber::Main };
+        let page = |fill: u8| Bytes::from(vec![fill; 8192]);
+        let mut m = Modification::new(&t, Lsn(0x100));
+        m.put_db_dir(&[DbEntry { spcnode: 1664, dbnode: 0 }, DbEntry { spcnode: 1663, dbnode: 5 }].into());
+        m.put_rel_dir(1663, 5, &BTreeSet::from([RelEntry { relnode: 16384, forknum: ForkNumber::Main }]));
+        m.put_rel_size(rel, 2);
+        m.put_image(Key::rel_block(rel, BlockNumber(0)), page(1));
+        m.put_image(Key::rel_block(rel, BlockNumber(1)), page(2));
+        m.commit().unwrap();
+        let mut m = Modification::new(&t, Lsn(0x200));
+        m.put_image(Key::rel_block(rel, BlockNumber(1)), page(3));
+        m.commit().unwrap();
+        let mut m = Modification::new(&t, Lsn(0x300));
+        m.put_rel_size(rel, 1);
+        m.commit().unwrap();
+
+        let path = |query: &str| format!("/v1/tenant/{TENANT}/timeline/{TIMELINE}/changed_blocks?{query}");
+        let answer = r#"{"from":"0/100","to":"0/300","blocks":[[1663,5,16384,0,1,"0/200"]],"relations":[[1663,5,16384,0,1,"0/300"]],"databases":[]}"#;
+        assert_eq!(exchange(addr, "GET", &path("from=0/100&to=0/300"), None), (200, answer.to_string()));
+        let client = Client::new(&format!("http://{addr}"));
+        let query = ChangedBlocksQuery { from: Lsn(0x100), to: Lsn(0x300), limit: Some(2) };
+        let decoded = client.changed_blocks(tenant, timeline, &query).unwrap();
+        assert_eq!(serde_json::to_string(&decoded).unwrap(), answer);
+        assert_eq!(
+            exchange(addr, "GET", &path("from=0/100&to=0/300&limit=1"), None),
+            (409, r#"{"error":"too many changes: more than 1 keys changed between LSN 0/100 and LSN 0/300"}"#.into())
+        );
+        assert_eq!(
+            exchange(addr, "GET", &path("from=0/100&to=0/400"), None),
+            (504, r#"{"error":"timed out after 100ms waiting for LSN 0/400 to be ingested: last record LSN is 0/300"}"#.into())
+        );
+
+        t.gc(Lsn(0x200), &[]).unwrap();
+        let gone = r#"{"error":"cannot list changes since LSN 0/100: below the garbage collection horizon 0/200, the history before which is gone"}"#;
+        assert_eq!(exchange(addr, "GET", &path("from=0/100&to=0/300"), None), (410, gone.to_string()));
+        let err = client.changed_blocks(tenant, timeline, &query).unwrap_err();
+        assert_eq!(err.status(), Some(410));
+        assert_eq!(
+            exchange(addr, "GET", &path("from=0/200&to=0/300"), None),
+            (200, r#"{"from":"0/200","to":"0/300","blocks":[],"relations":[[1663,5,16384,0,1,"0/300"]],"databases":[]}"#.into())
+        );
+
+        let branch = BRANCH.parse::<TimelineId>().unwrap();
+        ps.create_timeline(tenant, branch, Some((timeline, Some(Lsn(0x300))))).unwrap();
+        assert_eq!(
+            exchange(addr, "GET", &format!("/v1/tenant/{TENANT}/timeline/{BRANCH}/changed_blocks?from=0/200&to=0/300"), None),
+            (410, r#"{"error":"cannot list changes since LSN 0/200: before the timeline's branch point 0/300, where its own history starts"}"#.into())
+        );
     }
 
     #[test]

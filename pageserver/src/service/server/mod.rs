@@ -24,6 +24,7 @@ use anyhow::Context;
 use proto::{Lsn, TenantId, TimelineId};
 
 use crate::pgdata::basebackup::{write_basebackup, BasebackupSummary};
+use crate::pgdata::changes::{changed_blocks, ChangedBlocks, ChangesError};
 use crate::pgdata::import::{import_datadir, ImportSummary};
 use crate::pgdata::reconstruct::PgReconstructor;
 use crate::pgdata::timestamp::{lsn_for_timestamp, timestamptz_from_system_time, LsnForTimestamp};
@@ -42,7 +43,7 @@ use layerstore::remote::TenantRemote;
 use layerstore::tenant::Tenant;
 use layerstore::timeline::Timeline;
 use layerstore::value::Reconstructor;
-use layerstore::{CreateTimelineError, LayerDesc, WriteError};
+use layerstore::{ChangedKeysError, CreateTimelineError, LayerDesc, WriteError};
 use pageserver_api::models::TenantConfig;
 use remote_storage::RemoteStorage;
 
@@ -111,6 +112,10 @@ pub enum ManagementError {
     /// Waited too long for something (an LSN to be ingested).
     #[error("{0}")]
     Timeout(String),
+    /// What the request needs existed once and never will again (history that GC removed
+    /// or that is the ancestor's).
+    #[error("{0}")]
+    Gone(String),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }
@@ -415,6 +420,49 @@ impl Pageserver {
     pub fn lsn_by_timestamp(&self, tenant: TenantId, timeline: TimelineId, at: SystemTime) -> Result<LsnForTimestamp, ManagementError> {
         let t = self.timeline(tenant, timeline)?;
         lsn_for_timestamp(&t, timestamptz_from_system_time(at)).map_err(|e| ManagementError::Internal(e.into()))
+    }
+
+    /// The blocks that may have changed after `from` up to `to` (`pgdata::changes`), for a
+    /// compute's cache of pages. `from > to` is a bad request; a `from` below the GC cutoff
+    /// or the branch point is refused as gone before `to` is waited for (up to the
+    /// wait-LSN timeout); more than `limit` changed keys is a conflict.
+    pub fn changed_blocks(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        from: Lsn,
+        to: Lsn,
+        limit: usize,
+    ) -> Result<ChangedBlocks, ManagementError> {
+        let t = self.timeline(tenant, timeline)?;
+        if from > to {
+            return Err(ManagementError::BadRequest(ChangedKeysError::InvalidRange { from, to }.to_string()));
+        }
+        let horizon = t.gc_cutoff_lsn();
+        if from < horizon {
+            return Err(ManagementError::Gone(ChangedKeysError::BelowGcHorizon { from, horizon }.to_string()));
+        }
+        if let Some(branch_lsn) = t.ancestor_lsn().filter(|b| from < *b) {
+            return Err(ManagementError::Gone(ChangedKeysError::BeforeBranchPoint { from, branch_lsn }.to_string()));
+        }
+        t.wait_lsn(to, self.conf.wait_lsn_timeout()).map_err(|e| ManagementError::Timeout(e.to_string()))?;
+        let started = Instant::now();
+        let changed = changed_blocks(&t, from, to, limit).map_err(|e| match e {
+            e if e.is_history_gone() => ManagementError::Gone(e.to_string()),
+            ChangesError::Keys(ChangedKeysError::TooManyChanges { .. }) => ManagementError::Conflict(e.to_string()),
+            ChangesError::Keys(ChangedKeysError::InvalidRange { .. }) => ManagementError::BadRequest(e.to_string()),
+            other => ManagementError::Internal(anyhow::Error::new(other).context(format!("list the blocks changed from {from} to {to}"))),
+        })?;
+        tracing::info!(
+            tenant_id = %tenant,
+            timeline_id = %timeline,
+            "changed blocks from {from} to {to}: {} blocks, {} relations, {} databases in {} ms",
+            changed.blocks.len(),
+            changed.relations.len(),
+            changed.databases.len(),
+            started.elapsed().as_millis()
+        );
+        Ok(changed)
     }
 
     /// Starts following the WAL of `sources` (one at a time, with failover) into the
