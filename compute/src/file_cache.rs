@@ -89,14 +89,14 @@ pub enum Outcome {
 }
 
 /// Turns a saved index into a ready one for a compute of `tenant`/`timeline` that starts at
-/// `start`, asking `changes(from, to)` what changed in between. Never fails: every problem
+/// `start`, asking `changes(from, to, saved entries)` what changed in between. Never fails: every problem
 /// discards the cache (with the reason in the outcome).
 pub fn prepare(
     cache: &Path,
     tenant: TenantId,
     timeline: TimelineId,
     start: Lsn,
-    changes: impl FnOnce(Lsn, Lsn) -> anyhow::Result<Changes>,
+    changes: impl FnOnce(Lsn, Lsn, usize) -> anyhow::Result<Changes>,
 ) -> Outcome {
     let saved_path = saved_index_path(cache);
     let ready_path = ready_index_path(cache);
@@ -121,7 +121,7 @@ pub fn prepare(
     let changed = match changes_since(&saved, start) {
         None => Changes::default(),
         Some(from) if from >= start => Changes::default(),
-        Some(from) => match changes(from, start) {
+        Some(from) => match changes(from, start, saved.entries.len()) {
             Ok(c) => c,
             Err(e) => return discard(&saved_path, format!("the pageserver cannot say what changed between {from} and {start}: {e:#}")),
         },
@@ -193,22 +193,22 @@ mod tests {
         let s = saved(vec![entry(10, 0, 0, 100), entry(10, 1, 1, 100)]);
         let (tenant, timeline) = (s.tenant, s.timeline);
 
-        assert_eq!(prepare(&cache, tenant, timeline, Lsn(2000), |_, _| unreachable!()), Outcome::NothingSaved);
+        assert_eq!(prepare(&cache, tenant, timeline, Lsn(2000), |_, _, _| unreachable!()), Outcome::NothingSaved);
 
         std::fs::write(saved_index_path(&cache), s.encode()).unwrap();
         let other = TimelineId::from_bytes([9; 16]);
-        assert!(matches!(prepare(&cache, tenant, other, Lsn(2000), |_, _| unreachable!()), Outcome::Discarded(_)));
+        assert!(matches!(prepare(&cache, tenant, other, Lsn(2000), |_, _, _| unreachable!()), Outcome::Discarded(_)));
         assert!(!saved_index_path(&cache).exists() && !ready_index_path(&cache).exists());
 
         std::fs::write(saved_index_path(&cache), b"garbage").unwrap();
-        assert!(matches!(prepare(&cache, tenant, timeline, Lsn(2000), |_, _| unreachable!()), Outcome::Discarded(_)));
+        assert!(matches!(prepare(&cache, tenant, timeline, Lsn(2000), |_, _, _| unreachable!()), Outcome::Discarded(_)));
 
         std::fs::write(saved_index_path(&cache), s.encode()).unwrap();
-        let failed = prepare(&cache, tenant, timeline, Lsn(2000), |_, _| anyhow::bail!("below the GC cutoff"));
+        let failed = prepare(&cache, tenant, timeline, Lsn(2000), |_, _, _| anyhow::bail!("below the GC cutoff"));
         assert!(matches!(failed, Outcome::Discarded(ref why) if why.contains("below the GC cutoff")), "{failed:?}");
 
         std::fs::write(saved_index_path(&cache), s.encode()).unwrap();
-        let outcome = prepare(&cache, tenant, timeline, Lsn(2000), |from, to| {
+        let outcome = prepare(&cache, tenant, timeline, Lsn(2000), |from, to, _| {
             assert_eq!((from, to), (Lsn(100), Lsn(2000)));
             let mut c = Changes::default();
             c.blocks.insert((1663, 5, 10, 0, 1), Lsn(1500));

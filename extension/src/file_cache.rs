@@ -165,7 +165,7 @@ fn shmem_size(slots: usize) -> usize {
     let n = stripes * per_stripe;
     // The padding that aligns the entries after the u32 hands and buckets.
     let padding = align_of::<Entry>();
-    size_of::<FileCacheShared>() + (stripes + n) * size_of::<AtomicU32>() + padding + n * size_of::<Entry>()
+    size_of::<FileCacheShared>() + stripes * size_of::<StripeState>() + n * size_of::<AtomicU32>() + padding + n * size_of::<Entry>()
 }
 
 /// Shared memory and locks to ask for in `shmem_request_hook`.
@@ -330,6 +330,7 @@ fn restore(fc: &FileCacheShared, saved: SavedIndex) {
         entry.next.store(buckets(fc)[bucket].load(Ordering::Relaxed), Ordering::Relaxed);
         buckets(fc)[bucket].store(slot as u32, Ordering::Relaxed);
         entry.valid.store(1, Ordering::Relaxed);
+        stripes(fc)[stripe].used.fetch_add(1, Ordering::Relaxed);
         restored += 1;
     }
     fc.used.store(restored, Ordering::Relaxed);
@@ -431,14 +432,21 @@ pub fn status() -> Option<(&'static FileCacheShared, bool)> {
     Some((fc, fc.enabled.load(Ordering::Relaxed)))
 }
 
-fn hands(fc: &FileCacheShared) -> &[AtomicU32] {
-    // SAFETY: the hands follow the header; the segment was sized by `shmem_size`.
-    unsafe { std::slice::from_raw_parts((fc as *const FileCacheShared).add(1).cast::<AtomicU32>(), fc.stripes) }
+/// A stripe's clock hand and how many of its slots are in use; under the stripe's lock.
+#[repr(C)]
+struct StripeState {
+    hand: AtomicU32,
+    used: AtomicU32,
+}
+
+fn stripes(fc: &FileCacheShared) -> &[StripeState] {
+    // SAFETY: the stripe states follow the header; the segment was sized by `shmem_size`.
+    unsafe { std::slice::from_raw_parts((fc as *const FileCacheShared).add(1).cast::<StripeState>(), fc.stripes) }
 }
 
 fn buckets(fc: &FileCacheShared) -> &[AtomicU32] {
-    // SAFETY: the buckets follow the hands.
-    unsafe { std::slice::from_raw_parts(hands(fc).as_ptr().add(fc.stripes), fc.slots) }
+    // SAFETY: the buckets follow the stripe states.
+    unsafe { std::slice::from_raw_parts(stripes(fc).as_ptr().add(fc.stripes).cast::<AtomicU32>(), fc.slots) }
 }
 
 fn entries(fc: &FileCacheShared) -> &[Entry] {
@@ -559,12 +567,29 @@ fn unlink(fc: &FileCacheShared, i: usize) {
     e.next.store(NONE, Ordering::Relaxed);
     e.valid.store(0, Ordering::Relaxed);
     fc.used.fetch_sub(1, Ordering::Relaxed);
+    stripes(fc)[i / fc.per_stripe].used.fetch_sub(1, Ordering::Relaxed);
 }
 
-/// Picks a slot of `stripe` for a new entry: a free one, or the clock's victim (unlinked).
+/// Picks a slot of `stripe` for a new entry, marked used: a free one while there is one,
+/// else the clock's victim (unlinked). Needs the stripe's exclusive lock.
 fn victim(fc: &FileCacheShared, stripe: usize) -> usize {
     let entries = entries(fc);
-    let hand = &hands(fc)[stripe];
+    let state = &stripes(fc)[stripe];
+    let base = stripe * fc.per_stripe;
+    let slot = if (state.used.load(Ordering::Relaxed) as usize) < fc.per_stripe {
+        (base..base + fc.per_stripe).find(|&i| entries[i].valid.load(Ordering::Relaxed) == 0)
+    } else {
+        None
+    };
+    let slot = slot.unwrap_or_else(|| clock(fc, stripe));
+    state.used.fetch_add(1, Ordering::Relaxed);
+    slot
+}
+
+/// The clock's victim in a full stripe, unlinked.
+fn clock(fc: &FileCacheShared, stripe: usize) -> usize {
+    let entries = entries(fc);
+    let hand = &stripes(fc)[stripe].hand;
     let base = stripe * fc.per_stripe;
     // Two sweeps: the first clears every usage bit it passes.
     for _ in 0..2 * fc.per_stripe + 1 {

@@ -156,7 +156,10 @@ fn run(args: Args) -> anyhow::Result<i32> {
     };
     let basebackup_ms = started.elapsed().as_millis();
     tracing::info!(bytes = backup.bytes, lsn = ?backup.lsn.map(|l| l.to_string()), "basebackup unpacked in {basebackup_ms} ms");
-    let cache_outcome = reuse_file_cache(&client, &args, &file_cache, synced.as_ref().and_then(|s| s.lsn));
+    // The LSN this compute starts at: the safekeepers' end of WAL, or the pageserver's latest
+    // when they have none yet (a new branch).
+    let start_lsn = synced.as_ref().and_then(|s| s.lsn).or(backup.lsn).filter(|_| synced.is_some());
+    let cache_outcome = reuse_file_cache(&client, &args, &file_cache, start_lsn);
 
     // From here on a signal must reach postgres, not kill us and orphan it.
     postgres::catch_shutdown_signals()?;
@@ -254,8 +257,8 @@ fn file_cache_path(args: &Args, pgdata: &Path) -> anyhow::Result<PathBuf> {
 /// at a past LSN starts empty.
 fn reuse_file_cache(client: &Client, args: &Args, cache: &Path, start: Option<Lsn>) -> file_cache::Outcome {
     let outcome = match start {
-        Some(start) if args.lsn.is_none() => file_cache::prepare(cache, args.tenant, args.timeline, start, |from, to| {
-            pageserver::changed_blocks(client, args.tenant, args.timeline, from, to)
+        Some(start) if args.lsn.is_none() => file_cache::prepare(cache, args.tenant, args.timeline, start, |from, to, entries| {
+            pageserver::changed_blocks(client, args.tenant, args.timeline, from, to, entries)
         }),
         _ => {
             let _ = std::fs::remove_file(file_cache::saved_index_path(cache));
