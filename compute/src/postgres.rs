@@ -155,8 +155,10 @@ impl Postmaster {
         // Then one synchronous commit: it returns once the safekeepers have all WAL up to it,
         // so the pages the checkpoint wrote into the local file cache depend only on WAL
         // that is durable, and the cache can be reused at the next start (`file_cache`).
+        // With the safekeepers unreachable it would wait forever: a statement timeout ends
+        // it (and its session) after 2 s, and the shutdown goes on without that guarantee.
         cmd.args(["-X", "-q", "-h", host, "-p", &port.to_string(), "-U", user, "-d", "postgres", "-c", "CHECKPOINT"])
-            .args(["-c", "SELECT pg_current_xact_id()"])
+            .args(["-c", "SET statement_timeout = '2s'", "-c", "SELECT pg_current_xact_id()"])
             .env("PGCONNECT_TIMEOUT", "5")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import platform
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg  # noqa: E402
 
 from fixtures.compute import Endpoint, Timeline  # noqa: E402
 from fixtures.pageserver import Pageserver  # noqa: E402
@@ -42,6 +46,46 @@ def run_suite(name: str, port: int, user: str, a) -> dict:
         res[mode] = parse(out)
         print(f"{name}: {mode}: {res[mode]}", flush=True)
     return res
+
+
+SCAN_ROWS = 3_000_000
+
+
+def drop_from_os_cache(root: Path) -> int:
+    """Evicts every file under `root` from the OS page cache (POSIX_FADV_DONTNEED; the
+    files are ours, so no root is needed to drop caches). Returns the bytes covered."""
+    total = 0
+    for p in root.rglob("*"):
+        if p.is_file():
+            try:
+                fd = os.open(p, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                total += os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+    return total
+
+
+def create_scan_table(port: int, user: str) -> None:
+    with psycopg.connect(f"host=127.0.0.1 port={port} user={user} dbname=postgres", autocommit=True) as conn:
+        conn.execute("CREATE TABLE scan3m (id int, filler text)")
+        conn.execute("INSERT INTO scan3m SELECT g, 'row ' || g FROM generate_series(1, %s::int) g", (SCAN_ROWS,))
+        conn.execute("VACUUM (FREEZE) scan3m")
+        conn.execute("CHECKPOINT")
+
+
+def timed_scan(port: int, user: str) -> float:
+    with psycopg.connect(f"host=127.0.0.1 port={port} user={user} dbname=postgres", autocommit=True) as conn:
+        conn.execute("SET max_parallel_workers_per_gather = 0")
+        t0 = time.monotonic()
+        n = conn.execute("SELECT count(*) FROM scan3m").fetchone()[0]
+        took = time.monotonic() - t0
+    assert n == SCAN_ROWS, n
+    return round(took, 3)
 
 
 def status(ep: Endpoint, function: str) -> dict:
@@ -67,6 +111,13 @@ def after_restart(ep: Endpoint, a) -> dict:
     return {"restart_s": start_s, "tps_per_second": per_second, "restored_pages": lfc["restored"], **parse(out)}
 
 
+def ps_checkpoint(ps: Pageserver, tl: Timeline) -> None:
+    """Flushes the pageserver's in-memory layer to a file, so that the scan reads files."""
+    req = urllib.request.Request(f"http://127.0.0.1:{ps.http_port}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/checkpoint",
+                                 method="POST", data=b"")
+    urllib.request.urlopen(req, timeout=300).read()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--scale", type=int, default=10)
@@ -85,6 +136,14 @@ def main() -> None:
         plain = PgServer(base, "plain", settings).initdb().start()
         try:
             plain_res = run_suite("plain", plain.port, plain.user, a)
+            create_scan_table(plain.port, plain.user)
+            plain.stop("fast")
+            dropped = drop_from_os_cache(plain.datadir)
+            plain.start()
+            plain_res["cold_scan_s"] = timed_scan(plain.port, plain.user)
+            plain_res["warm_scan_s"] = timed_scan(plain.port, plain.user)
+            print(f"plain: cold scan of {SCAN_ROWS} rows {plain_res['cold_scan_s']} s ({dropped >> 20} MB dropped from "
+                  f"the OS cache), warm {plain_res['warm_scan_s']} s", flush=True)
         finally:
             plain.stop("fast")
         ps = Pageserver(base).start()
@@ -97,6 +156,22 @@ def main() -> None:
             smgr, lfc = status(ep, "storage_manager"), status(ep, "file_cache_status")
             restart = after_restart(ep, a)
             print(f"fjord: select-only after a restart: {restart}", flush=True)
+            create_scan_table(ep.port, ep.user)
+            ep.stop()
+            # A new endpoint on the branch: an empty file cache, and the pageserver's files
+            # out of the OS cache, so every page comes from disk through the pageserver.
+            cold = Endpoint(base, tl, "cold", settings={k: v for k, v in settings.items() if k != "fsync"},
+                            safekeepers=sks)
+            ps_checkpoint(ps, tl)
+            dropped = drop_from_os_cache(ps.workdir)
+            cold.start()
+            fjord_res["cold_scan_s"] = timed_scan(cold.port, cold.user)
+            fjord_res["warm_scan_s"] = timed_scan(cold.port, cold.user)
+            cold_smgr = status(cold, "storage_manager")
+            cold.stop()
+            print(f"fjord: cold scan of {SCAN_ROWS} rows {fjord_res['cold_scan_s']} s ({dropped >> 20} MB dropped from "
+                  f"the OS cache), warm {fjord_res['warm_scan_s']} s; prefetch {cold_smgr['prefetch_hits']} used of "
+                  f"{cold_smgr['prefetch_requests']}", flush=True)
         finally:
             if ep:
                 ep.stop()
@@ -109,7 +184,7 @@ def main() -> None:
         "machine": f"{platform.machine()}, {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores",
         "scale": a.scale, "duration_s": a.duration, "clients": a.clients, "shared_buffers": a.shared_buffers,
         "plain": plain_res, "fjord": fjord_res, "fjord_storage_manager": smgr, "fjord_file_cache": lfc,
-        "fjord_after_restart": restart,
+        "fjord_after_restart": restart, "cold_scan_prefetch": {k: cold_smgr[k] for k in ("prefetch_requests", "prefetch_hits", "prefetch_wasted")},
     }
     Path(a.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
 
@@ -136,7 +211,14 @@ def main() -> None:
               "",
               f"Select-only right after a restart of the endpoint (stopped, started again in {restart['restart_s']} s, "
               f"{restart['restored_pages']} cached pages reused): {restart['tps']:.0f} TPS over 10 s; per second: "
-              + ", ".join(f"{x:.0f}" for x in restart["tps_per_second"]) + "."]
+              + ", ".join(f"{x:.0f}" for x in restart["tps_per_second"]) + ".",
+              "",
+              f"`SELECT count(*)` over {SCAN_ROWS:,} rows with a cold OS cache (the table's files, or the pageserver's, "
+              f"evicted with `POSIX_FADV_DONTNEED`; fjord on a new endpoint, its file cache empty): plain "
+              f"{plain_res['cold_scan_s']} s, fjord {fjord_res['cold_scan_s']} s "
+              f"({fjord_res['cold_scan_s'] / plain_res['cold_scan_s']:.2f}x); the same scan again (warm): plain "
+              f"{plain_res['warm_scan_s']} s, fjord {fjord_res['warm_scan_s']} s. Pages prefetched during the cold scan: "
+              f"{cold_smgr['prefetch_hits']} used of {cold_smgr['prefetch_requests']} requested."]
     Path(a.markdown).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
