@@ -15,6 +15,7 @@
 //! what the reader accepts. `name` prints and parses their self-describing file names.
 //! [`Layer`] is the handle the layer map and reads use for all three.
 
+pub mod block_cache;
 pub mod file;
 pub mod format;
 pub mod inmemory;

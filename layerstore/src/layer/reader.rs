@@ -27,6 +27,8 @@ use crate::value::{ChangeCollector, Value, ValueCollector, TAG_IMAGE};
 
 #[derive(Debug)]
 pub struct LayerReader {
+    /// This reader's id in the block cache (`block_cache.rs`).
+    id: u64,
     path: PathBuf,
     file: File,
     desc: LayerDesc,
@@ -69,7 +71,7 @@ impl LayerReader {
             ));
         }
         let index = decode_index(&header, &ibuf).map_err(|e| format_error(path, e))?;
-        Ok(LayerReader { path: path.to_path_buf(), file, desc, header, index })
+        Ok(LayerReader { id: super::block_cache::next_reader_id(), path: path.to_path_buf(), file, desc, header, index })
     }
 
     pub fn desc(&self) -> &LayerDesc {
@@ -319,7 +321,7 @@ impl LayerReader {
         if uncompressed_len as usize > format::BLOCK_SIZE_BYTES_MAX {
             return Err(self.corrupt(offset, format!("block claims {uncompressed_len} uncompressed bytes")));
         }
-        let data = zstd::bulk::decompress(&payload, uncompressed_len as usize)
+        let data = decompress(&payload, uncompressed_len as usize)
             .map_err(|e| self.corrupt(offset, format!("could not decompress block: {e}")))?;
         if data.len() != uncompressed_len as usize {
             return Err(self.corrupt(offset, format!("block decompressed to {} bytes, not {uncompressed_len}", data.len())));
@@ -351,7 +353,7 @@ impl LayerReader {
             if offset >= self.header.index_offset {
                 return Err(short(out.len()));
             }
-            let (block, next) = self.read_block(offset)?;
+            let (block, next) = super::block_cache::get_or_read(self.id, offset, || self.read_block(offset))?;
             let mut pos = 0;
             while let Some((raw, next_pos)) = format::decode_entry(&block, pos).map_err(|e| self.corrupt(offset, e))? {
                 pos = next_pos;
@@ -498,4 +500,20 @@ impl Iterator for LayerIter<'_> {
         }
         item
     }
+}
+
+thread_local! {
+    /// One zstd decompression context per thread, reused: creating one costs more than
+    /// decompressing a 64 KiB block.
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+}
+
+fn decompress(payload: &[u8], capacity: usize) -> std::io::Result<Vec<u8>> {
+    DECOMPRESSOR.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.is_none() {
+            *d = Some(zstd::bulk::Decompressor::new()?);
+        }
+        d.as_mut().expect("set above").decompress(payload, capacity)
+    })
 }

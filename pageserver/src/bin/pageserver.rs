@@ -81,6 +81,7 @@ fn main() -> anyhow::Result<()> {
         anyhow::bail!("cannot run the pageserver as root: its WAL redo processes are postgres, which refuses root");
     }
 
+    layerstore::layer::block_cache::set_capacity_bytes(conf.block_cache_bytes);
     let ps = Arc::new(Pageserver::open(conf).context("start the pageserver")?);
     let page_service = ps.start_page_service()?;
     let receivers = ps.start_persisted_wal_receivers().context("restart the WAL receivers")?;

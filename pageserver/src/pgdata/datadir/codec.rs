@@ -91,7 +91,8 @@ fn encode_set<T: Entry>(set: &BTreeSet<T>) -> Bytes {
     buf.freeze()
 }
 
-fn decode_set<T: Entry>(bytes: &[u8]) -> Result<BTreeSet<T>, DecodeError> {
+/// Checks a set's header and length; returns its entry count.
+fn check_set<T: Entry>(bytes: &[u8]) -> Result<usize, DecodeError> {
     if bytes.len() < HEADER_BYTES {
         return Err(err(T::WHAT, format!("{} bytes, shorter than the {HEADER_BYTES}-byte header", bytes.len())));
     }
@@ -106,6 +107,11 @@ fn decode_set<T: Entry>(bytes: &[u8]) -> Result<BTreeSet<T>, DecodeError> {
     if expected != Some(bytes.len()) {
         return Err(err(T::WHAT, format!("{count} entries announced in {} bytes", bytes.len())));
     }
+    Ok(count)
+}
+
+fn decode_set<T: Entry>(bytes: &[u8]) -> Result<BTreeSet<T>, DecodeError> {
+    check_set::<T>(bytes)?;
     let mut set = BTreeSet::new();
     let mut last: Option<T> = None;
     for (i, chunk) in bytes[HEADER_BYTES..].chunks_exact(T::LEN).enumerate() {
@@ -210,6 +216,31 @@ pub fn encode_rel_dir(rels: &BTreeSet<RelEntry>) -> Bytes {
 
 pub fn decode_rel_dir(bytes: &[u8]) -> Result<BTreeSet<RelEntry>, DecodeError> {
     decode_set(bytes)
+}
+
+/// Whether an encoded set holds `entry`: a binary search over the encoding (entries are
+/// fixed-size and ascending), without building the set. Every page read asks this of its
+/// database's relation directory, which can list thousands of forks. The entries probed
+/// are checked as `decode_set` checks them; the order of the others is not.
+fn set_contains<T: Entry>(bytes: &[u8], entry: &T) -> Result<bool, DecodeError> {
+    let count = check_set::<T>(bytes)?;
+    let entries = &bytes[HEADER_BYTES..];
+    let (mut lo, mut hi) = (0, count);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let probed = T::get(&entries[mid * T::LEN..(mid + 1) * T::LEN]).map_err(|reason| err(T::WHAT, format!("entry {mid}: {reason}")))?;
+        match probed.cmp(entry) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+            std::cmp::Ordering::Equal => return Ok(true),
+        }
+    }
+    Ok(false)
+}
+
+/// Whether an encoded relation directory lists `entry` (see `set_contains`).
+pub fn rel_dir_contains(bytes: &[u8], entry: &RelEntry) -> Result<bool, DecodeError> {
+    set_contains(bytes, entry)
 }
 
 pub fn encode_slru_dir(segments: &BTreeSet<u32>) -> Bytes {
@@ -326,6 +357,33 @@ mod tests {
         assert_eq!(&bytes[..], &expected[..]);
         assert_eq!(decode_rel_dir(&bytes).unwrap(), set);
         assert_eq!(decode_rel_dir(&encode_rel_dir(&BTreeSet::new())).unwrap(), BTreeSet::new());
+    }
+
+    proptest! {
+        #[test]
+        fn rel_dir_contains_agrees_with_the_decoded_set(
+            members in proptest::collection::btree_set((1u32..200, 0u8..4), 0..60),
+            probe in (1u32..200, 0u8..4),
+        ) {
+            let set: BTreeSet<RelEntry> = members.iter().map(|&(r, f)| rel(r, f)).collect();
+            let bytes = encode_rel_dir(&set);
+            prop_assert_eq!(rel_dir_contains(&bytes, &rel(probe.0, probe.1)).unwrap(), set.contains(&rel(probe.0, probe.1)));
+            for e in &set {
+                prop_assert!(rel_dir_contains(&bytes, e).unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn rel_dir_contains_refuses_what_decode_refuses() {
+        let good = encode_rel_dir(&[rel(5, 0), rel(6, 0)].into()).to_vec();
+        assert!(rel_dir_contains(&good[..good.len() - 1], &rel(5, 0)).is_err());
+        let mut kind = good.clone();
+        kind[0] = b'D';
+        assert!(rel_dir_contains(&kind, &rel(5, 0)).is_err());
+        let mut zero = good.clone();
+        zero[HEADER_BYTES..HEADER_BYTES + 4].copy_from_slice(&[0, 0, 0, 0]);
+        assert!(rel_dir_contains(&zero, &rel(5, 0)).is_err());
     }
 
     #[test]

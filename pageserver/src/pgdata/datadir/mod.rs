@@ -92,7 +92,7 @@ pub(crate) trait ValueSource {
     /// Whether `rel` is listed in its database's relation directory.
     fn rel_listed(&self, rel: RelTag) -> Result<bool, DatadirError> {
         let entry = RelEntry { relnode: rel.relnode, forknum: rel.forknum };
-        Ok(self.rel_dir(rel.spcnode, rel.dbnode)?.is_some_and(|d| d.contains(&entry)))
+        Ok(self.decoded(Key::rel_dir(rel.spcnode, rel.dbnode), |b| codec::rel_dir_contains(b, &entry))?.unwrap_or(false))
     }
 
     /// The stored size of `rel`, without checking that it exists.

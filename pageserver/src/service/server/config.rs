@@ -38,6 +38,9 @@ pub struct PageserverConfig {
     pub layer_disk_budget_bytes: Option<u64>,
     /// How often eviction checks the budget.
     pub eviction_period_ms: u64,
+    /// Memory for decompressed layer file blocks that page reads reuse (the next block of
+    /// a scan, every read's relation directory and size); 0 turns the cache off.
+    pub block_cache_bytes: usize,
     /// At a clean shutdown, how long to wait for uploads to finish after the final flush.
     pub shutdown_upload_timeout_ms: u64,
     pub storage: StorageConfig,
@@ -67,6 +70,7 @@ impl Default for PageserverConfig {
             remote_storage: None,
             layer_disk_budget_bytes: None,
             eviction_period_ms: 5_000,
+            block_cache_bytes: layerstore::layer::block_cache::DEFAULT_CAPACITY_BYTES,
             shutdown_upload_timeout_ms: 30_000,
             storage: StorageConfig::default(),
             background_jobs_enabled: true,
