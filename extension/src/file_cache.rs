@@ -116,7 +116,8 @@ static SHARED: AtomicPtr<FileCacheShared> = AtomicPtr::new(ptr::null_mut());
 
 /// The configured size in pages (0: no cache). `fjord.file_cache_size` is in MB; -1 picks
 /// an eighth of the machine's memory, at most 4 GiB and a quarter of the free disk (the
-/// OS page cache is what makes a cached page as fast to read as plain PostgreSQL's).
+/// OS page cache is what makes a cached page as fast to read as plain PostgreSQL's), or
+/// the size of the cache file already there if it is within those bounds.
 fn configured_slots() -> usize {
     if !crate::smgr::is_remote() {
         return 0;
@@ -129,11 +130,19 @@ fn configured_slots() -> usize {
 fn auto_size_bytes() -> u64 {
     // SAFETY: sysconf and statvfs only read system information.
     let ram = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES).max(0) as u64) * (libc::sysconf(libc::_SC_PAGESIZE).max(0) as u64) };
-    let mut size = (ram / 8).min(4 << 30);
-    if let Some(free) = free_disk_bytes(&cache_path()) {
-        size = size.min(free / 4);
+    let cap = (ram / 8).min(4 << 30);
+    // An existing cache keeps its size: the free disk changes (the cache itself uses it),
+    // and a cache of another size is discarded at start.
+    if let Ok(meta) = std::fs::metadata(cache_path()) {
+        let len = meta.len();
+        if len > 0 && len <= cap && len % BLCKSZ as u64 == 0 {
+            return len;
+        }
     }
-    size
+    match free_disk_bytes(&cache_path()) {
+        Some(free) => cap.min(free / 4),
+        None => cap,
+    }
 }
 
 fn free_disk_bytes(path: &Path) -> Option<u64> {

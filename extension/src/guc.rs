@@ -84,7 +84,7 @@ pub fn define() {
     GucRegistry::define_int_guc(
         c"fjord.file_cache_size",
         c"Size of the local file cache of pages on this compute's disk; 0 turns it off, -1 picks a size.",
-        c"-1 (the default): an eighth of the machine's memory, at most 4 GB and a quarter of the free disk. The cache sits between shared_buffers and the pageserver; the OS page cache keeps its hot part in memory.",
+        c"-1 (the default): an eighth of the machine's memory, at most 4 GB and a quarter of the free disk, or the size of the cache file already there. The cache sits between shared_buffers and the pageserver; the OS page cache keeps its hot part in memory.",
         &FILE_CACHE_SIZE_MB,
         -1,
         1_048_576,

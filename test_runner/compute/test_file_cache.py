@@ -319,3 +319,19 @@ def test_readahead_never_serves_a_page_changed_after_its_request(tmp_path, timel
     assert not errors, errors
     st = smgr_status(ep)
     assert st["prefetch_hits"] > 0, st
+
+
+def test_the_automatic_size_is_kept_across_restarts(tmp_path, timeline, safekeepers):
+    """With the default size (-1), a restart keeps the existing file's size even though the
+    free disk changed, so the saved cache is not discarded as the wrong size."""
+    ep = Endpoint(tmp_path, timeline, "ep", settings={"shared_buffers": "128kB"}, safekeepers=safekeepers).start()
+    with ep.connect() as conn:
+        conn.execute("CREATE TABLE t AS SELECT g AS id, md5(g::text) AS v FROM generate_series(1, 20000) g")
+    size = lfc_status(ep)["size_bytes"]
+    ep.stop()
+    # Use some of the disk (the file cache's own pages already did).
+    (tmp_path / "ballast").write_bytes(b"\0" * (64 << 20))
+    ep.start()
+    st = lfc_status(ep)
+    assert st["size_bytes"] == size and st["restored"] > 0, (size, st)
+    assert "contents are discarded" not in ep.pg_log_text()
