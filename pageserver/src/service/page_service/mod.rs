@@ -2,11 +2,13 @@
 //!
 //! The protocol is `proto::pagestream`: a `Hello` naming protocol version, tenant and
 //! timeline, then pipelined requests answered in order. Each connection gets a thread of
-//! its own with blocking I/O: a compute opens one connection per backend, requests are
-//! served one at a time per connection anyway (answers must stay in order), and the work
-//! behind a request (waiting for WAL, WAL redo) blocks. Responses are buffered and flushed
-//! when no further request is already waiting in the input, so a pipelining client gets
-//! its answers in batches and a one-at-a-time client gets each at once.
+//! its own with blocking I/O: a compute opens one connection per backend, and the work
+//! behind a request (waiting for WAL, WAL redo) blocks. A request is served on the
+//! connection's thread; the requests a pipelining client (readahead) already sent behind it
+//! are read with it (up to 64) and served together on as many threads as the machine has
+//! cores (at most 4), then answered in order. Responses are buffered and flushed when no
+//! further request is already waiting in the input, so a pipelining client gets its
+//! answers in batches and a one-at-a-time client gets each at once.
 //!
 //! Invariants:
 //! - Nothing a client sends can crash the service: a malformed message gets an `Error`
@@ -178,20 +180,81 @@ impl PageService {
         writer.flush()?;
 
         loop {
-            let Some(req) = read_request(&mut reader, &mut writer)? else { return Ok(()) };
-            if matches!(req, Request::Hello { .. }) {
+            let Some(first) = read_request(&mut reader, &mut writer)? else { return Ok(()) };
+            // Requests the client already sent behind this one (a pipelining client's
+            // readahead) are served together, on up to `parallelism()` threads.
+            let mut batch = vec![first];
+            while batch.len() < BATCH_MAX && !reader.buffer().is_empty() {
+                match read_request(&mut reader, &mut writer)? {
+                    Some(req) => batch.push(req),
+                    None => break,
+                }
+            }
+            let hello = batch.iter().position(|r| matches!(r, Request::Hello { .. }));
+            if let Some(at) = hello {
+                batch.truncate(at);
+            }
+            out.clear();
+            for resp in self.serve_batch(&api, batch, &span) {
+                resp.encode(&mut out);
+            }
+            writer.write_all(&out)?;
+            if hello.is_some() {
                 let msg = "Hello may only be sent once, as the first message";
                 send_error(&mut writer, 0, ErrorCode::Protocol, msg)?;
                 return Err(ConnectionError::Protocol(msg.into()));
             }
-            out.clear();
-            self.handle_request(&api, req).encode(&mut out);
-            writer.write_all(&out)?;
             // Flush unless the client already sent the next request.
             if reader.buffer().is_empty() {
                 writer.flush()?;
             }
         }
+    }
+
+    /// The answers to `batch`, in its order. Two or more requests are shared out over
+    /// `parallelism()` threads (each request's work, waiting for WAL or WAL redo, blocks its
+    /// thread); one is served on this thread, with no handoff.
+    fn serve_batch(&self, api: &PageApi, batch: Vec<Request>, span: &tracing::Span) -> Vec<Response> {
+        let threads = parallelism().min(batch.len());
+        if threads < 2 {
+            return batch.into_iter().map(|req| self.handle_request(api, req)).collect();
+        }
+        let n = batch.len();
+        let mut shares: Vec<Vec<(usize, Request)>> = (0..threads).map(|_| Vec::new()).collect();
+        for (i, req) in batch.into_iter().enumerate() {
+            shares[i % threads].push((i, req));
+        }
+        let serve = |share: Vec<(usize, Request)>| -> Vec<(usize, Response)> {
+            share.into_iter().map(|(i, req)| (i, self.handle_request(api, req))).collect()
+        };
+        let mut answers: Vec<Option<Response>> = (0..n).map(|_| None).collect();
+        std::thread::scope(|scope| {
+            let mut shares = shares.into_iter();
+            let mine = shares.next().expect("at least two shares");
+            let helpers: Vec<_> = shares
+                .map(|share| {
+                    let span = span.clone();
+                    scope.spawn(move || {
+                        let _enter = span.enter();
+                        serve(share)
+                    })
+                })
+                .collect();
+            for (i, resp) in serve(mine) {
+                answers[i] = Some(resp);
+            }
+            for helper in helpers {
+                match helper.join() {
+                    Ok(done) => {
+                        for (i, resp) in done {
+                            answers[i] = Some(resp);
+                        }
+                    }
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+        });
+        answers.into_iter().map(|a| a.expect("every request of the batch was served")).collect()
     }
 
     fn page_api(&self, tenant: TenantId, timeline: TimelineId) -> Option<PageApi> {
@@ -257,6 +320,15 @@ fn error_code(e: &PageApiError) -> ErrorCode {
 
 fn error_response(id: u64, code: ErrorCode, message: String) -> Response {
     Response::Error { id, code, message }
+}
+
+/// The most requests read ahead into one batch.
+const BATCH_MAX: usize = 64;
+
+/// Threads one connection's batch is served on: the machine's cores, at most 4.
+fn parallelism() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4))
 }
 
 fn send_error(writer: &mut BufWriter<TcpStream>, id: u64, code: ErrorCode, message: &str) -> std::io::Result<()> {
