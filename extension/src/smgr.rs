@@ -575,16 +575,21 @@ fn prefetch_block(r: &RelFork, blocknum: u32) -> bool {
     client::prefetch(rel, blkno, read_lsns(cache::last_written(r, blocknum)))
 }
 
-/// Whether a page prefetched with `lsns` is still the block's newest version. A block this
-/// compute changed after the prefetch was sent cannot be read now unless its buffer was
-/// written out since, which raised its last-written LSN past the request; so can a
-/// truncation or an unlink of the fork. A compute at a fixed LSN never changes anything.
+/// Whether a page prefetched with `lsns` is still the block's newest version. The
+/// pageserver may answer with any version from `not_modified_since` up to the request LSN
+/// (they are the same as long as the promise holds), so the page is only known to include
+/// changes up to `not_modified_since`. A prefetch is sent without looking at the buffer
+/// pool: the block may have been in a buffer, changed there after `not_modified_since`.
+/// Such a change can only reach a read of the block through the buffer being written out,
+/// which raises the block's last-written LSN past `not_modified_since` (the LSN of the
+/// change); a truncation or an unlink raises the fork's. So the page is used only if
+/// neither rose above it. A compute at a fixed LSN never changes anything.
 fn prefetch_still_valid(r: &RelFork, blocknum: u32, lsns: &ReadLsns) -> bool {
     if guc::read_lsn().is_some() {
         return true;
     }
-    let asked = lsns.request_lsn.0;
-    cache::last_written(r, blocknum) <= asked && cache::relation_changed(r) <= asked
+    let known = lsns.not_modified_since.0;
+    cache::last_written(r, blocknum) <= known && cache::relation_changed(r) <= known
 }
 
 /// Sequential reads of a fork, per backend: after [`READAHEAD_AFTER`] consecutive blocks,
