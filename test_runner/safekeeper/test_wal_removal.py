@@ -56,9 +56,19 @@ def write_wal(ep: Endpoint, first_id: int, rows: int) -> int:
 
 
 def durable_end(sk, tl) -> int:
-    """A stopped safekeeper's flush LSN, from its `wal.end` (end and beginning LSNs, little
-    endian, and a crc32c)."""
-    end, _begin = struct.unpack("<QQ", (sk.timeline_dir(tl.tenant, tl.timeline) / "wal.end").read_bytes()[:16])
+    """A stopped safekeeper's flush LSN, from its `wal.end`: the header's end (end and
+    beginning LSNs, generation, little endian, first), plus the batches in the journal after
+    it (from offset 4096: generation, LSN, length, the bytes, a crc32c) that continue it in
+    the header's generation (safekeeper/README.md, "On disk")."""
+    data = (sk.timeline_dir(tl.tenant, tl.timeline) / "wal.end").read_bytes()
+    end, _begin, generation = struct.unpack("<QQQ", data[:24])
+    at = 4096
+    while at + 28 <= len(data):
+        gen, lsn, length = struct.unpack("<QQQ", data[at:at + 24])
+        if gen != generation or lsn != end or length == 0:
+            break
+        end += length
+        at += 24 + length + 4
     return end
 
 

@@ -169,10 +169,18 @@ impl TimelineStorage {
         self.wal.sync(stats)
     }
 
+    /// Syncs and settles `wal.end` (see [`wal::WalStore::settle`]): from then on, damage to
+    /// the last batch's bytes is reported as corruption rather than taken for a batch a crash
+    /// cut short. Part of the lazy path, so about once a second and at shutdown.
+    pub fn settle(&mut self, stats: &mut SyncStats) -> anyhow::Result<()> {
+        self.wal.settle(stats)
+    }
+
     /// Writes the commit LSN, peer horizon and remote-consistent LSN into the control file
     /// if any of them moved forward (the lazy path); none of them ever goes back. Returns
     /// whether it wrote.
     pub fn persist_lazy(&mut self, lazy: RemovalInputs, stats: &mut SyncStats) -> anyhow::Result<bool> {
+        self.settle(stats)?;
         let c = &self.control;
         if lazy.commit_lsn <= c.commit_lsn
             && lazy.peer_horizon_lsn <= c.peer_horizon_lsn

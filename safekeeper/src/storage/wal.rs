@@ -7,27 +7,44 @@
 //! and its size never changes afterwards; appends overwrite zeros in place.
 //!
 //! # `wal.end`
-//! The durable extent of the WAL, `[begin, end)`, is a 20-byte record in `wal.end`: the end
-//! LSN (the acceptor's flush LSN), the beginning LSN and a crc32c of both. It is rewritten in
-//! place with one `pwrite` inside the first sector and `fdatasync`ed. Sector writes are atomic
-//! on the devices we run on; if one ever tears, the checksum fails and the timeline is
-//! reported corrupt rather than trusted.
+//! Two parts. The **header** (the first 32 bytes, rewritten in place with one `pwrite` inside
+//! the first sector and `fdatasync`ed) holds the *settled* extent of the WAL, `[begin, end)`,
+//! whose bytes are durable in the segments, and a generation number. Sector writes are
+//! atomic on the devices we run on; if one ever tears, the checksum fails and the timeline
+//! is reported corrupt rather than trusted. The **journal** after it (from offset
+//! [`JOURNAL_OFFSET`], [`JOURNAL_BYTES`] zero-filled at creation, so appends to it never
+//! change the file's size) holds the batches appended since the header was written: each
+//! record is the generation, the LSN the bytes go to, their length, the bytes, and a crc32c
+//! of all of it.
 //!
 //! Why a separate file rather than finding the end by decoding: an append may still end
 //! inside a record (the proposer ends its own WAL at record boundaries, but catch-up WAL from
 //! a donor and very long runs without a boundary are cut by size, see `quorum`), so the
 //! bytes alone cannot tell where the acknowledged WAL ends; and zero bytes are valid WAL
-//! content. Keeping the beginning in the
-//! same record lets a truncation that moves both (an acceptor whose log shares nothing with
-//! the elected history) switch them in one atomic write.
+//! content. Keeping the beginning in the header lets a truncation that moves both (an
+//! acceptor whose log shares nothing with the elected history) switch them in one atomic
+//! write.
 //!
 //! # fsync discipline
-//! One batch of appends: `pwrite` the bytes into their segments, `fdatasync` every segment
-//! touched, then write and `fdatasync` `wal.end`, and only then acknowledge. That is two
-//! fsyncs per batch whatever its size; the server drains every message already received
-//! before it syncs (group commit), so concurrent appends share them. `wal.end` is written
-//! last, so after a crash it never names bytes that were not durable, and an acknowledged
-//! end never regresses.
+//! One batch of appends: `pwrite` the bytes into their segments (not synced), append them as
+//! one record to the journal, `fdatasync` `wal.end`, and only then acknowledge: **one fsync
+//! per batch**, whatever its size, and the server drains every message already received
+//! before it syncs (group commit). It used to be two, the segments' and then `wal.end`'s, in
+//! that order; with three safekeepers on one disk that was six device cache flushes per
+//! commit, which the device serialises, and the commit waited for the fourth or so.
+//!
+//! **Settling** (about once a second from the periodic task, at shutdown, before a
+//! truncation or a removal, and when the journal is full): `fdatasync` every segment
+//! written since, then write the header with the new end and the next generation and
+//! `fdatasync` it. The header names only bytes that were durable in the segments before it
+//! was written, and the new generation makes every journal record before it void.
+//!
+//! **At open** the journal is replayed: records of the header's generation that continue the
+//! WAL (their LSN is the end so far) and whose checksum holds are written into the segments,
+//! stopping at the first that does not (a record a crash cut short was never acknowledged,
+//! since its `fdatasync` had not returned, and no record follows it). Then the WAL is settled,
+//! so a replay never happens twice. A batch too big for the journal is synced the old way,
+//! by settling.
 //!
 //! Truncation writes `wal.end` first and cleans up afterwards (zeroes the tail of the end's
 //! segment, removes segments beyond the range), so a crash in between leaves stale bytes
@@ -41,6 +58,9 @@
 //! removes like any segment outside the extent; reads never go below the beginning.
 //!
 //! # Invariants
+//! - A batch is acknowledged only once it is durable in the journal or the segments.
+//! - The header never names bytes that were not durable in the segments before it was
+//!   written; journal records are only ever applied on top of the header's extent.
 //! - Every segment from the one holding `begin` to the one holding the last byte (or `begin`
 //!   when the WAL is empty) exists and has the full segment size, checked at startup.
 //! - An empty WAL that has never begun is `begin == end == 0` and has no segments.
@@ -59,7 +79,22 @@ pub const WAL_END_FILE_NAME: &str = "wal.end";
 /// The PostgreSQL timeline segments are named for and pages are checked against: fjord's
 /// computes never switch timelines (no promotion, no archive recovery).
 pub const PG_TIMELINE: u32 = 1;
-const WAL_END_RECORD_BYTES: usize = 20;
+/// The header as older safekeepers wrote it (end, begin, crc32c, no journal). Still read;
+/// rewritten as a header with a journal at open.
+const WAL_END_V1_BYTES: usize = 20;
+/// The header: end, begin, generation (8 bytes each, little endian), [`HEADER_MAGIC`], a
+/// crc32c of the 28 bytes before it. The first 16 bytes are laid out as in the older one.
+const HEADER_BYTES: usize = 32;
+const HEADER_MAGIC: u32 = 0x4a57_4533; // "3EWJ" little endian: journal format 3
+/// Where the journal starts: its own sector, away from the header's.
+pub const JOURNAL_OFFSET: u64 = 4096;
+/// The journal's size. Settled about once a second, it holds a second of appends (or
+/// forces a settle when full); a batch bigger than it is synced by settling.
+pub const JOURNAL_BYTES: u64 = 8 << 20;
+/// A journal record's header: generation, LSN, length (8 bytes each), then the bytes, then a
+/// crc32c of the header and the bytes.
+const RECORD_HEADER_BYTES: usize = 24;
+const RECORD_CRC_BYTES: usize = 4;
 /// Zero-filling and copying go in chunks of this size.
 const CHUNK_BYTES: usize = 1 << 20;
 
@@ -82,32 +117,98 @@ pub struct WalExtent {
     pub end: Lsn,
 }
 
-impl WalExtent {
-    fn encode(&self) -> [u8; WAL_END_RECORD_BYTES] {
-        let mut b = [0u8; WAL_END_RECORD_BYTES];
-        b[0..8].copy_from_slice(&self.end.0.to_le_bytes());
-        b[8..16].copy_from_slice(&self.begin.0.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..16]);
-        b[16..20].copy_from_slice(&crc.to_le_bytes());
+/// The header of `wal.end`: the settled extent and the journal's generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Header {
+    extent: WalExtent,
+    generation: u64,
+}
+
+impl Header {
+    fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        b[0..8].copy_from_slice(&self.extent.end.0.to_le_bytes());
+        b[8..16].copy_from_slice(&self.extent.begin.0.to_le_bytes());
+        b[16..24].copy_from_slice(&self.generation.to_le_bytes());
+        b[24..28].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..28]);
+        b[28..32].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
-    fn decode(b: &[u8]) -> anyhow::Result<WalExtent> {
-        if b.len() != WAL_END_RECORD_BYTES {
-            bail!("{WAL_END_FILE_NAME} is {} bytes, expected {WAL_END_RECORD_BYTES}", b.len());
-        }
-        let stored = u32::from_le_bytes(b[16..20].try_into().expect("4 bytes"));
-        let computed = crc32c::crc32c(&b[..16]);
+    /// Decodes a header, or the older 20-byte record; the flag says whether the file has a
+    /// journal (the older record has none).
+    fn decode(b: &[u8]) -> anyhow::Result<(Header, bool)> {
+        let (crc_at, v1) = if b.len() == WAL_END_V1_BYTES {
+            (16, true)
+        } else if b.len() >= HEADER_BYTES && u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")) == HEADER_MAGIC {
+            (28, false)
+        } else if b.len() >= HEADER_BYTES {
+            bail!("{WAL_END_FILE_NAME} has no header (bad magic)");
+        } else {
+            bail!("{WAL_END_FILE_NAME} is {} bytes, expected {WAL_END_V1_BYTES} or at least {HEADER_BYTES}", b.len());
+        };
+        let stored = u32::from_le_bytes(b[crc_at..crc_at + 4].try_into().expect("4 bytes"));
+        let computed = crc32c::crc32c(&b[..crc_at]);
         if stored != computed {
             bail!("{WAL_END_FILE_NAME} has a bad checksum (stored {stored:#010x}, computed {computed:#010x})");
         }
-        let end = Lsn(u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")));
-        let begin = Lsn(u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")));
-        if end < begin {
-            bail!("{WAL_END_FILE_NAME} says the WAL ends at {end} before it begins at {begin}");
+        let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+        let extent = WalExtent { end: Lsn(word(0)), begin: Lsn(word(8)) };
+        if extent.end < extent.begin {
+            bail!("{WAL_END_FILE_NAME} says the WAL ends at {} before it begins at {}", extent.end, extent.begin);
         }
-        Ok(WalExtent { begin, end })
+        let generation = if v1 { 0 } else { word(16) };
+        Ok((Header { extent, generation }, !v1))
     }
+}
+
+/// Encodes a journal record: `data` goes to `lsn`.
+fn encode_record(generation: u64, lsn: Lsn, data: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(RECORD_HEADER_BYTES + data.len() + RECORD_CRC_BYTES);
+    b.extend_from_slice(&generation.to_le_bytes());
+    b.extend_from_slice(&lsn.0.to_le_bytes());
+    b.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    b.extend_from_slice(data);
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The valid records of `generation` at the start of `journal` that continue the WAL from
+/// `end`, as `(lsn, bytes)`; stops at the first that does not.
+fn decode_records(journal: &[u8], generation: u64, mut end: Lsn) -> Vec<(Lsn, &[u8])> {
+    let mut out = Vec::new();
+    let mut rest = journal;
+    while rest.len() >= RECORD_HEADER_BYTES + RECORD_CRC_BYTES {
+        let word = |at: usize| u64::from_le_bytes(rest[at..at + 8].try_into().expect("8 bytes"));
+        let (g, lsn, len) = (word(0), Lsn(word(8)), word(16));
+        if g != generation || lsn != end || len == 0 || len > (rest.len() - RECORD_HEADER_BYTES - RECORD_CRC_BYTES) as u64 {
+            break;
+        }
+        let body = RECORD_HEADER_BYTES + len as usize;
+        let stored = u32::from_le_bytes(rest[body..body + 4].try_into().expect("4 bytes"));
+        if crc32c::crc32c(&rest[..body]) != stored {
+            break;
+        }
+        out.push((lsn, &rest[RECORD_HEADER_BYTES..body]));
+        end = Lsn(end.0 + len);
+        rest = &rest[body + RECORD_CRC_BYTES..];
+    }
+    out
+}
+
+/// Zero-fills the journal area of `wal.end` (so that appending records never changes the
+/// file's size, which would make each `fdatasync` a metadata commit too).
+fn write_journal_area(f: &File) -> std::io::Result<()> {
+    let zeros = vec![0u8; CHUNK_BYTES];
+    let mut off = 0;
+    while off < JOURNAL_BYTES {
+        let n = (JOURNAL_BYTES - off).min(CHUNK_BYTES as u64) as usize;
+        f.write_all_at(&zeros[..n], JOURNAL_OFFSET + off)?;
+        off += n as u64;
+    }
+    Ok(())
 }
 
 /// What one sync did, for metrics.
@@ -132,12 +233,19 @@ impl SyncStats {
 pub struct WalStore {
     dir: PathBuf,
     segment_size: u64,
-    /// The durable extent (what `wal.end` says).
+    /// The durable extent: the header's, plus the batches in the journal.
     durable: WalExtent,
+    /// The header's generation; journal records of another one are void.
+    generation: u64,
+    /// Where the next journal record goes (offset in `wal.end`).
+    journal_at: u64,
+    /// The bytes appended since the last sync, for its journal record.
+    pending: Vec<u8>,
     /// The end including appends written but not yet synced.
     written_end: Lsn,
     end_file: File,
-    /// Open segments; those with unsynced writes are in `dirty`.
+    /// Open segments; those with writes not yet fdatasynced (durable only in the journal, or
+    /// not at all) are in `dirty`.
     open: BTreeMap<u64, File>,
     dirty: Vec<u64>,
 }
@@ -147,7 +255,9 @@ impl WalStore {
     pub fn create(dir: &Path) -> anyhow::Result<()> {
         let path = dir.join(WAL_END_FILE_NAME);
         let f = File::create(&path).with_context(|| format!("create {}", path.display()))?;
-        f.write_all_at(&WalExtent { begin: Lsn(0), end: Lsn(0) }.encode(), 0)
+        let header = Header { extent: WalExtent { begin: Lsn(0), end: Lsn(0) }, generation: 1 };
+        write_journal_area(&f)
+            .and_then(|_| f.write_all_at(&header.encode(), 0))
             .and_then(|_| f.sync_all())
             .with_context(|| format!("write {}", path.display()))?;
         Ok(())
@@ -158,28 +268,51 @@ impl WalStore {
     pub fn open(dir: &Path, segment_size: u64) -> anyhow::Result<WalStore> {
         let path = dir.join(WAL_END_FILE_NAME);
         let end_file = OpenOptions::new().read(true).write(true).open(&path).with_context(|| format!("open {}", path.display()))?;
-        let mut buf = [0u8; WAL_END_RECORD_BYTES + 1];
-        let n = end_file.read_at(&mut buf, 0).with_context(|| format!("read {}", path.display()))?;
-        let durable = WalExtent::decode(&buf[..n]).with_context(|| format!("read {}", path.display()))?;
-        let store = WalStore {
+        let contents = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
+        let (header, has_journal) = Header::decode(&contents).with_context(|| format!("read {}", path.display()))?;
+        let mut store = WalStore {
             dir: dir.to_path_buf(),
             segment_size,
-            durable,
-            written_end: durable.end,
+            durable: header.extent,
+            generation: header.generation,
+            journal_at: JOURNAL_OFFSET,
+            pending: Vec::new(),
+            written_end: header.extent.end,
             end_file,
             open: BTreeMap::new(),
             dirty: Vec::new(),
         };
-        if let Some((first, last)) = store.segment_range(durable) {
+        // The settled extent's segments first: a timeline found corrupt is not written to.
+        let settled = store.durable;
+        if let Some((first, last)) = store.segment_range(settled) {
             for segno in first..=last {
                 let p = store.segment_path(segno);
                 let meta = std::fs::metadata(&p)
-                    .with_context(|| format!("WAL segment {} for the WAL in {}..{} is missing", p.display(), durable.begin, durable.end))?;
+                    .with_context(|| format!("WAL segment {} for the WAL in {}..{} is missing", p.display(), settled.begin, settled.end))?;
                 if meta.len() != segment_size {
                     bail!("WAL segment {} is {} bytes, expected {segment_size}", p.display(), meta.len());
                 }
             }
         }
+        let mut stats = SyncStats::default();
+        let journal = contents.get(JOURNAL_OFFSET as usize..).unwrap_or_default();
+        let records = if has_journal { decode_records(journal, header.generation, header.extent.end) } else { Vec::new() };
+        if let (Some(first), Some(last)) = (records.first(), records.last()) {
+            let end = Lsn(last.0 .0 + last.1.len() as u64);
+            tracing::info!("replaying {} batches of WAL from {}'s journal: {}..{}", records.len(), path.display(), first.0, end);
+            for (lsn, data) in &records {
+                store.append(*lsn, data, &mut stats)?;
+            }
+            store.pending.clear();
+            store.durable.end = end;
+        }
+        if !has_journal {
+            write_journal_area(&store.end_file).with_context(|| format!("write {}'s journal", path.display()))?;
+        }
+        // Settles what was replayed and starts a new generation, so that no record of this
+        // one is ever read again.
+        store.write_extent(store.durable, &mut stats)?;
+        let durable = store.durable;
         store.remove_segments_outside(durable)?;
         Ok(store)
     }
@@ -326,6 +459,7 @@ impl WalStore {
             lsn += n as u64;
             rest = &rest[n..];
         }
+        self.pending.extend_from_slice(data);
         self.written_end = Lsn(lsn);
         Ok(())
     }
@@ -340,25 +474,57 @@ impl WalStore {
         self.written_end != self.durable.end
     }
 
-    /// Makes every append so far durable: fdatasync of the touched segments, then `wal.end`.
+    /// Makes every append so far durable with one `fdatasync`: the bytes since the last sync
+    /// go to the journal as one record. If they do not fit in what is left of it, the WAL is
+    /// settled instead (two fsyncs; about once per [`JOURNAL_BYTES`] of WAL).
     pub fn sync(&mut self, stats: &mut SyncStats) -> anyhow::Result<()> {
         if !self.has_unsynced() {
             return Ok(());
         }
+        let room = JOURNAL_OFFSET + JOURNAL_BYTES - self.journal_at;
+        let need = (RECORD_HEADER_BYTES + self.pending.len() + RECORD_CRC_BYTES) as u64;
+        if need > room {
+            return self.settle(stats);
+        }
+        debug_assert_eq!(self.pending.len() as u64, self.written_end.0 - self.durable.end.0);
+        let record = encode_record(self.generation, self.durable.end, &self.pending);
+        let f = &self.end_file;
+        f.write_all_at(&record, self.journal_at).with_context(|| format!("write {WAL_END_FILE_NAME}'s journal"))?;
+        stats.timed(|| f.sync_data()).with_context(|| format!("fdatasync {WAL_END_FILE_NAME}"))?;
+        self.journal_at += need;
+        self.pending.clear();
+        self.durable.end = self.written_end;
+        Ok(())
+    }
+
+    /// Settles the WAL: `fdatasync` of every segment written since the last settle, then the
+    /// header with the end and the next generation (which voids the journal's records). The
+    /// periodic task calls this about once a second, shutdown last, truncation and removal
+    /// first; a full journal forces it.
+    pub fn settle(&mut self, stats: &mut SyncStats) -> anyhow::Result<()> {
+        if self.dirty.is_empty() && self.journal_at == JOURNAL_OFFSET && !self.has_unsynced() {
+            return Ok(());
+        }
+        let extent = WalExtent { begin: self.durable.begin, end: self.written_end };
+        self.write_extent(extent, stats)
+    }
+
+    /// Writes the header with `e` and the next generation and fdatasyncs it, after the
+    /// segments written since the last header (all of `e`'s bytes must be written).
+    fn write_extent(&mut self, e: WalExtent, stats: &mut SyncStats) -> anyhow::Result<()> {
         for segno in std::mem::take(&mut self.dirty) {
             let f = &self.open[&segno];
             stats
                 .timed(|| f.sync_data())
                 .with_context(|| format!("fdatasync WAL segment {}", segment_file_name(segno, self.segment_size)))?;
         }
-        let extent = WalExtent { begin: self.durable.begin, end: self.written_end };
-        self.write_extent(extent, stats)
-    }
-
-    fn write_extent(&mut self, e: WalExtent, stats: &mut SyncStats) -> anyhow::Result<()> {
+        let header = Header { extent: e, generation: self.generation + 1 };
         let f = &self.end_file;
-        f.write_all_at(&e.encode(), 0).with_context(|| format!("write {WAL_END_FILE_NAME}"))?;
+        f.write_all_at(&header.encode(), 0).with_context(|| format!("write {WAL_END_FILE_NAME}"))?;
         stats.timed(|| f.sync_data()).with_context(|| format!("fdatasync {WAL_END_FILE_NAME}"))?;
+        self.generation = header.generation;
+        self.journal_at = JOURNAL_OFFSET;
+        self.pending.clear();
         self.durable = e;
         self.written_end = e.end;
         Ok(())
@@ -452,11 +618,149 @@ mod tests {
     }
 
     #[test]
-    fn extent_record_checks_its_crc() {
-        let e = WalExtent { begin: Lsn(100), end: Lsn(200) };
-        let mut b = e.encode();
-        assert_eq!(WalExtent::decode(&b).unwrap(), e);
+    fn header_checks_its_crc_and_reads_the_older_record() {
+        let h = Header { extent: WalExtent { begin: Lsn(100), end: Lsn(200) }, generation: 7 };
+        let mut b = h.encode();
+        assert_eq!(Header::decode(&b).unwrap(), (h, true));
         b[3] ^= 1;
-        assert!(WalExtent::decode(&b).is_err());
+        assert!(Header::decode(&b).is_err());
+        // The 20-byte record of older safekeepers: end, begin, crc32c; no journal.
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(&200u64.to_le_bytes());
+        v1.extend_from_slice(&100u64.to_le_bytes());
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(Header::decode(&v1).unwrap(), (Header { extent: h.extent, generation: 0 }, false));
+        v1[0] ^= 1;
+        assert!(Header::decode(&v1).is_err());
+    }
+
+    #[test]
+    fn journal_records_are_read_while_they_continue_the_wal() {
+        let mut j = Vec::new();
+        j.extend(encode_record(3, Lsn(100), b"abc"));
+        j.extend(encode_record(3, Lsn(103), b"de"));
+        j.extend(encode_record(3, Lsn(200), b"gap")); // does not continue the WAL
+        j.extend(encode_record(3, Lsn(105), b"after the gap"));
+        j.extend(vec![0u8; 64]);
+        let r = decode_records(&j, 3, Lsn(100));
+        assert_eq!(r, vec![(Lsn(100), &b"abc"[..]), (Lsn(103), &b"de"[..])]);
+        assert!(decode_records(&j, 4, Lsn(100)).is_empty(), "another generation's records are void");
+        assert!(decode_records(&j, 3, Lsn(99)).is_empty());
+        // A record cut short (torn, or its write never completed) ends the journal.
+        let mut torn = encode_record(3, Lsn(100), b"abc");
+        torn.extend(encode_record(3, Lsn(103), b"defgh"));
+        let n = torn.len();
+        torn[n - 6] ^= 0xff;
+        assert_eq!(decode_records(&torn, 3, Lsn(100)), vec![(Lsn(100), &b"abc"[..])]);
+    }
+
+    const SEG: u64 = 1 << 20;
+
+    fn store_with(dir: &Path, batches: &[&[u8]]) -> WalStore {
+        WalStore::create(dir).unwrap();
+        let mut s = WalStore::open(dir, SEG).unwrap();
+        let mut stats = SyncStats::default();
+        s.truncate(Lsn(SEG), &mut stats).unwrap();
+        for b in batches {
+            let end = s.written_end();
+            s.append(end, b, &mut stats).unwrap();
+            s.sync(&mut stats).unwrap();
+        }
+        s
+    }
+
+    /// The crash the journal is for: batches acknowledged (durable in the journal) whose bytes
+    /// never reached the segments. Opening replays them.
+    #[test]
+    fn acknowledged_batches_lost_from_the_segments_are_replayed_from_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = vec![1u8; 3000];
+        let second = vec![2u8; (SEG - 1000) as usize]; // into the next segment
+        let s = store_with(dir.path(), &[&first, &second]);
+        let end = s.extent().end;
+        assert_eq!(end, Lsn(SEG + 3000 + SEG - 1000));
+        drop(s);
+        // What a crash may leave: the segments' pages never written back.
+        for segno in [1, 2] {
+            let f = OpenOptions::new().write(true).open(dir.path().join(segment_file_name(segno, SEG))).unwrap();
+            f.write_all_at(&vec![0u8; SEG as usize], 0).unwrap();
+        }
+        let mut s = WalStore::open(dir.path(), SEG).unwrap();
+        assert_eq!(s.extent(), WalExtent { begin: Lsn(SEG), end });
+        assert_eq!(&s.read(Lsn(SEG), end).unwrap()[..], &[first.clone(), second.clone()].concat()[..]);
+        // Settled at open: the journal is void now, and the segments hold the bytes.
+        drop(s);
+        let mut s = WalStore::open(dir.path(), SEG).unwrap();
+        assert_eq!(s.extent().end, end);
+        assert_eq!(&s.read(Lsn(SEG), Lsn(SEG + 3000)).unwrap()[..], &first[..]);
+    }
+
+    /// A batch whose journal record did not become durable (a crash during its fdatasync, so
+    /// never acknowledged) is not part of the WAL after a restart, and appends go on from
+    /// the end before it.
+    #[test]
+    fn a_batch_cut_short_in_the_journal_is_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = vec![1u8; 3000];
+        let second = vec![2u8; 5000];
+        drop(store_with(dir.path(), &[&first, &second]));
+        // Tear the second record: the last bytes of its data.
+        let wal_end = OpenOptions::new().write(true).open(dir.path().join(WAL_END_FILE_NAME)).unwrap();
+        let second_at = JOURNAL_OFFSET + (RECORD_HEADER_BYTES + 3000 + RECORD_CRC_BYTES) as u64;
+        wal_end.write_all_at(&[0u8; 100], second_at + (RECORD_HEADER_BYTES + 4900) as u64).unwrap();
+        drop(wal_end);
+        let mut s = WalStore::open(dir.path(), SEG).unwrap();
+        let at = Lsn(SEG + 3000);
+        assert_eq!(s.extent(), WalExtent { begin: Lsn(SEG), end: at });
+        let mut stats = SyncStats::default();
+        s.append(at, &[3u8; 10], &mut stats).unwrap();
+        s.sync(&mut stats).unwrap();
+        drop(s);
+        let mut s = WalStore::open(dir.path(), SEG).unwrap();
+        assert_eq!(s.extent().end, Lsn(at.0 + 10));
+        assert_eq!(&s.read(at, Lsn(at.0 + 10)).unwrap()[..], &[3u8; 10]);
+    }
+
+    /// One fsync per batch while the journal has room; a full journal settles.
+    #[test]
+    fn a_batch_costs_one_fsync_and_a_full_journal_settles() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store_with(dir.path(), &[]);
+        let mut stats = SyncStats::default();
+        s.append(s.written_end(), &[5u8; 100], &mut stats).unwrap();
+        s.sync(&mut stats).unwrap();
+        assert_eq!(stats.fsyncs, 1);
+        let big = vec![6u8; JOURNAL_BYTES as usize];
+        let mut stats = SyncStats::default();
+        s.append(s.written_end(), &big, &mut stats).unwrap();
+        s.sync(&mut stats).unwrap();
+        assert!(stats.fsyncs >= 2, "a batch bigger than the journal is synced by settling");
+        let end = s.extent().end;
+        drop(s);
+        let s = WalStore::open(dir.path(), SEG).unwrap();
+        assert_eq!(s.extent().end, end);
+    }
+
+    /// A `wal.end` written by an older safekeeper (20 bytes, no journal) opens, and gets a
+    /// journal.
+    #[test]
+    fn an_older_wal_end_is_upgraded_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let end = store_with(dir.path(), &[&[7u8; 500]]).extent().end;
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(&end.0.to_le_bytes());
+        v1.extend_from_slice(&SEG.to_le_bytes());
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_le_bytes());
+        std::fs::write(dir.path().join(WAL_END_FILE_NAME), &v1).unwrap();
+        let mut s = WalStore::open(dir.path(), SEG).unwrap();
+        assert_eq!(s.extent(), WalExtent { begin: Lsn(SEG), end });
+        let mut stats = SyncStats::default();
+        s.append(end, &[8u8; 10], &mut stats).unwrap();
+        s.sync(&mut stats).unwrap();
+        assert_eq!(stats.fsyncs, 1);
+        drop(s);
+        assert_eq!(WalStore::open(dir.path(), SEG).unwrap().extent().end, Lsn(end.0 + 10));
     }
 }
