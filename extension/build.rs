@@ -1,4 +1,5 @@
-//! Compiles the C half of the extension (the WAL redo process, `c/walredo.c`) against the
+//! Compiles the C half of the extension (the WAL redo process, `c/walredo.c`, and a read
+//! replica's redo filter, `c/replica.c`) against the
 //! server headers of the PostgreSQL we build, found through `pg_config`.
 //!
 //! `FJORD_PG_CONFIG` names that `pg_config` (scripts/setup sets it); without it, the first
@@ -16,11 +17,13 @@ fn pg_config(pg_config: &str, arg: &str) -> String {
 fn main() {
     println!("cargo:rerun-if-env-changed=FJORD_PG_CONFIG");
     println!("cargo:rerun-if-changed=c/walredo.c");
+    println!("cargo:rerun-if-changed=c/replica.c");
     let pg_config_path = std::env::var("FJORD_PG_CONFIG").unwrap_or_else(|_| "pg_config".to_string());
     println!("cargo:rerun-if-changed={pg_config_path}");
     let include_server = pg_config(&pg_config_path, "--includedir-server");
     cc::Build::new()
         .file("c/walredo.c")
+        .file("c/replica.c")
         .include(&include_server)
         // The flags PostgreSQL itself is built with that change semantics.
         .flag("-fwrapv")

@@ -11,9 +11,10 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use proto::{Lsn, TenantId};
+use proto::TenantId;
 
 use crate::config::first_free_port;
+use crate::point::Point;
 use crate::process::{remove_file_if_exists, Daemon};
 use crate::repo::Repo;
 use crate::state::{check_name, EndpointState, State};
@@ -31,9 +32,15 @@ pub struct StartArgs {
     /// base port + 10].
     #[arg(long)]
     port: Option<u16>,
-    /// Start read-only at this past LSN (X/X) of the branch.
-    #[arg(long, alias = "lsn", value_name = "LSN")]
-    at: Option<Lsn>,
+    /// Start read-only at a past point of the branch: an LSN (X/X) or a time (RFC 3339,
+    /// such as 2026-11-24T10:30:00Z: exactly the transactions committed by then).
+    #[arg(long, alias = "lsn", value_name = "LSN|TIME")]
+    at: Option<Point>,
+    /// Start a read replica: a hot standby that follows the branch's committed WAL from the
+    /// safekeepers and reads pages from the pageserver at its replay position. Any number
+    /// run beside the branch's writer (or without one); they accept only reads.
+    #[arg(long, conflicts_with = "at")]
+    replica: bool,
     /// Tenant [default: the default tenant].
     #[arg(long)]
     tenant: Option<TenantId>,
@@ -81,20 +88,27 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
 
     // Two writers on one branch: with safekeepers the second would fence the first off (its
     // commits stop); without, their WAL would fork. Either way the CLI refuses.
-    if args.at.is_none() {
+    if args.at.is_none() && !args.replica {
         for (other, ep) in &state.endpoints {
-            if other != name && ep.lsn.is_none() && ep.timeline_id == timeline.to_string() && repo.endpoint(other).running_pid()?.is_some()
-            {
-                bail!("endpoint {other} already writes to branch {branch}; stop it first (two writers on one branch would diverge), or start this one read-only with --at LSN");
+            if other != name && ep.is_writer() && ep.timeline_id == timeline.to_string() && repo.endpoint(other).running_pid()?.is_some() {
+                bail!("endpoint {other} already writes to branch {branch}; stop it first (two writers on one branch would diverge), or start this one read-only with --replica or --at LSN|TIME");
             }
         }
     }
-    if let Some(lsn) = args.at {
-        let last = api.timeline(tenant, timeline)?.last_record_lsn;
-        if lsn > last {
-            bail!("cannot start at {lsn}: branch {branch} ends at {last}");
-        }
+    if args.replica && repo.config.safekeepers == 0 {
+        bail!("a read replica follows the branch's WAL on the safekeepers, and this repo has none (fjord init --safekeepers N)");
     }
+    let at = match args.at {
+        None => None,
+        Some(point) => {
+            let lsn = crate::point::resolve(&api, tenant, timeline, &branch, point)?;
+            let last = api.timeline(tenant, timeline)?.last_record_lsn;
+            if lsn > last {
+                bail!("cannot start at {lsn}: branch {branch} ends at {last}");
+            }
+            Some(lsn)
+        }
+    };
     let port = choose_port(repo, &state, name, args.port, previous.as_ref().map(|p| p.port))?;
 
     let dir = repo.endpoint_dir(name);
@@ -120,10 +134,13 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
         .arg(&status_file)
         .args(["--start-timeout-secs", &args.start_timeout_secs.to_string()])
         .current_dir(&dir);
-    if let Some(lsn) = args.at {
+    if let Some(lsn) = at {
         cmd.args(["--lsn", &lsn.to_string()]);
     } else if conf.safekeepers > 0 {
         cmd.args(["--safekeepers", &conf.safekeepers_list()]);
+    }
+    if args.replica {
+        cmd.arg("--replica");
     }
     for s in &args.settings {
         cmd.arg("-c").arg(s);
@@ -140,7 +157,8 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
             branch: branch.clone(),
             timeline_id: timeline.to_string(),
             port,
-            lsn: args.at.map(|l| l.to_string()),
+            lsn: at.map(|l| l.to_string()),
+            replica: args.replica,
         },
     );
     repo.save_state(&state)?;
@@ -162,7 +180,11 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
         .with_context(|| format!("endpoint {name} reported ready but does not accept connections on port {port}"))?;
     eprintln!(
         "endpoint {name} running on branch {branch}{} (port {port}, LSN {}, basebackup {} ms, total {} ms)",
-        args.at.map(|l| format!(" read-only at {l}")).unwrap_or_default(),
+        match (at, args.replica) {
+            (Some(l), _) => format!(" read-only at {l}"),
+            (None, true) => " as a read replica".to_string(),
+            (None, false) => String::new(),
+        },
         report["lsn"].as_str().unwrap_or("?"),
         report["basebackup_ms"],
         report["total_ms"]
@@ -268,7 +290,11 @@ pub fn print_table(repo: &Repo, state: &State) -> anyhow::Result<()> {
             Some(pid) => format!("running (pid {pid})"),
             None => "stopped".to_string(),
         };
-        let lsn = ep.lsn()?.map(|l| format!("at {l}")).unwrap_or_else(|| "latest".into());
+        let lsn = match ep.lsn()? {
+            Some(l) => format!("at {l}"),
+            None if ep.replica => "replica".into(),
+            None => "latest".into(),
+        };
         println!("{name:<16} {:<12} {:<6} {lsn:<12} {status:<24} {}", ep.branch, ep.port, ep.tenant_id);
     }
     Ok(())

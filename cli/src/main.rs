@@ -8,6 +8,7 @@
 mod cluster;
 mod config;
 mod endpoint;
+mod point;
 mod process;
 mod repo;
 mod state;
@@ -18,7 +19,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use proto::{Lsn, TenantId};
+use proto::TenantId;
 
 /// Runs a fjord cluster on this machine: a pageserver, safekeepers, tenants with branches,
 /// and endpoints (PostgreSQL computes that send WAL to the safekeepers and read their pages
@@ -100,16 +101,18 @@ enum TenantCommand {
 
 #[derive(Subcommand, Debug)]
 enum BranchCommand {
-    /// Create a branch from another one, now or at a past LSN (instant, copy-on-write).
+    /// Create a branch from another one, now or at a past point (instant, copy-on-write).
     Create {
         /// Name of the new branch.
         name: String,
         /// The branch to start from.
         #[arg(long, default_value = "main")]
         from: String,
-        /// Branch point: an LSN (X/X) of the source branch [default: its latest].
-        #[arg(long, value_name = "LSN")]
-        at: Option<Lsn>,
+        /// Branch point: an LSN (X/X) of the source branch, or a time (RFC 3339, such as
+        /// 2026-11-24T10:30:00Z): the branch then holds exactly the transactions committed
+        /// by then [default: the source's latest].
+        #[arg(long, value_name = "LSN|TIME")]
+        at: Option<point::Point>,
         /// Tenant [default: the default tenant].
         #[arg(long)]
         tenant: Option<TenantId>,

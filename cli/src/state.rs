@@ -44,6 +44,9 @@ pub struct EndpointState {
     /// Set for a read-only endpoint at a past LSN.
     #[serde(default)]
     pub lsn: Option<String>,
+    /// A read replica (hot standby) of its branch.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replica: bool,
 }
 
 impl State {
@@ -100,6 +103,11 @@ impl State {
 impl EndpointState {
     pub fn lsn(&self) -> anyhow::Result<Option<Lsn>> {
         self.lsn.as_deref().map(|l| l.parse::<Lsn>().context("endpoint LSN in the repo state")).transpose()
+    }
+
+    /// Whether the endpoint writes to its branch (neither at a past LSN nor a replica).
+    pub fn is_writer(&self) -> bool {
+        self.lsn.is_none() && !self.replica
     }
 }
 
@@ -184,6 +192,7 @@ mod tests {
                 timeline_id: TL1.into(),
                 port: 15010,
                 lsn: Some("0/16B3F88".into()),
+                replica: false,
             },
         );
         s.save(&path).unwrap();

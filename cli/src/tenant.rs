@@ -7,8 +7,9 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 use pageserver_api::models::{ImportRequest, TenantCreateRequest, TimelineCreateRequest, TimelineInfo};
-use proto::{Lsn, TenantId, TimelineId};
+use proto::{TenantId, TimelineId};
 
+use crate::point::Point;
 use crate::repo::Repo;
 use crate::state::{check_name, State};
 
@@ -138,7 +139,7 @@ pub fn list(repo: &Repo) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn branch_create(repo: &Repo, name: &str, from: &str, at: Option<Lsn>, tenant: Option<TenantId>) -> anyhow::Result<()> {
+pub fn branch_create(repo: &Repo, name: &str, from: &str, at: Option<Point>, tenant: Option<TenantId>) -> anyhow::Result<()> {
     check_name("branch", name)?;
     let api = repo.running_api()?;
     let _lock = repo.lock()?;
@@ -148,6 +149,7 @@ pub fn branch_create(repo: &Repo, name: &str, from: &str, at: Option<Lsn>, tenan
         bail!("branch {name:?} already exists in tenant {tenant}");
     }
     let source = state.branch_timeline(tenant, from)?;
+    let at = at.map(|p| crate::point::resolve(&api, tenant, source, from, p)).transpose()?;
     check_safekeepers_up(repo)?;
     let request = TimelineCreateRequest { ancestor_timeline_id: Some(source), ancestor_lsn: at, ..Default::default() };
     let info = api.create_timeline(tenant, &request)?;

@@ -37,9 +37,17 @@ fn refused(what: &'static str) -> impl FnOnce(Error) -> anyhow::Error {
     }
 }
 
-/// Streams the basebackup of `timeline` (at `lsn`, or its latest) into `dest`.
-pub fn basebackup(client: &Client, tenant: TenantId, timeline: TimelineId, lsn: Option<Lsn>, dest: &Path) -> anyhow::Result<Basebackup> {
-    let query = BasebackupQuery { lsn };
+/// Streams the basebackup of `timeline` (at `lsn`, or its latest; for a hot standby, see
+/// `BasebackupQuery::standby`) into `dest`.
+pub fn basebackup(
+    client: &Client,
+    tenant: TenantId,
+    timeline: TimelineId,
+    lsn: Option<Lsn>,
+    standby: bool,
+    dest: &Path,
+) -> anyhow::Result<Basebackup> {
+    let query = BasebackupQuery { lsn, standby };
     let url = client.url(&client.basebackup_path(tenant, timeline, &query));
     tracing::info!("fetching basebackup from {url}");
     let response = client.basebackup(tenant, timeline, &query).map_err(|e| match e {

@@ -31,6 +31,10 @@ pub struct ComputeSettings {
     pub safekeepers: Option<String>,
     /// Where postgres puts its Unix-domain socket; `None` leaves TCP only.
     pub socket_dir: Option<String>,
+    /// A read replica (hot standby): the `primary_conninfo` that streams the branch's
+    /// committed WAL from the safekeepers ([`replica_conninfo`]). Such a compute writes no
+    /// WAL and has no WAL proposer.
+    pub replica_conninfo: Option<String>,
     /// `-c name=value` settings, appended last so that they win.
     pub overrides: Vec<(String, String)>,
 }
@@ -88,6 +92,18 @@ pub fn postgresql_conf(s: &ComputeSettings) -> String {
     set("max_replication_slots", "10");
     set("wal_keep_size", "1GB");
     match s.static_lsn {
+        _ if s.replica_conninfo.is_some() => {
+            // A hot standby: it replays what the safekeepers have committed (only on the
+            // pages it holds; the extension's redo filter leaves the rest to the
+            // pageserver) and reads every page at its replay position. Its feedback
+            // (replay position, oldest snapshot) goes to the safekeepers every second.
+            set("hot_standby", "on");
+            set("primary_conninfo", s.replica_conninfo.as_deref().unwrap_or_default());
+            set("hot_standby_feedback", "on");
+            set("wal_receiver_status_interval", "1s");
+            set("wal_retrieve_retry_interval", "1s");
+            set("synchronous_standby_names", "");
+        }
         None if s.safekeepers.is_some() => {
             // The extension's WAL proposer streams the WAL to the safekeepers and releases
             // a committing backend once a majority has it (it is the standby `walproposer`).
@@ -114,7 +130,8 @@ pub fn postgresql_conf(s: &ComputeSettings) -> String {
     // directory. An fsync there would add a disk flush to every commit and protect nothing.
     // Without safekeepers the pageserver is the durable copy, and local fsync stays on as
     // before.
-    set("fsync", if s.safekeepers.is_some() && s.static_lsn.is_none() { "off" } else { "on" });
+    // A replica's pg_wal holds only what it streamed from the safekeepers: no fsync either.
+    set("fsync", if (s.safekeepers.is_some() && s.static_lsn.is_none()) || s.replica_conninfo.is_some() { "off" } else { "on" });
     set("full_page_writes", "on");
     // A crashed compute is replaced by a new one from a basebackup, not restarted locally:
     // local crash recovery would replay WAL the pageserver may not have.
@@ -145,8 +162,24 @@ host    replication  all   127.0.0.1/32   trust
 host    replication  all   ::1/128        trust
 ";
 
+/// The `primary_conninfo` of a read replica: every safekeeper in turn (libpq tries the
+/// next host when one cannot be reached), naming the timeline the way the safekeepers'
+/// replication protocol takes it from PostgreSQL's walreceiver (`options`, since the
+/// walreceiver always sends `dbname=replication`).
+pub fn replica_conninfo(safekeepers: &[(String, u16)], tenant: TenantId, timeline: TimelineId) -> String {
+    let hosts: Vec<&str> = safekeepers.iter().map(|(h, _)| h.as_str()).collect();
+    let ports: Vec<String> = safekeepers.iter().map(|(_, p)| p.to_string()).collect();
+    format!(
+        "host={} port={} options='-c fjord.timeline={tenant}/{timeline}' application_name=fjord_replica connect_timeout=2",
+        hosts.join(","),
+        ports.join(",")
+    )
+}
+
 /// Writes `postgresql.conf`, `pg_hba.conf` and an empty `pg_ident.conf`, replacing whatever
-/// the basebackup held.
+/// the basebackup held; for a read replica also `standby.signal`, which (with the
+/// basebackup's `fjord.signal`) makes postgres a hot standby that replays from the
+/// basebackup's LSN (patch 0009).
 pub fn write_config_files(pgdata: &Path, settings: &ComputeSettings) -> anyhow::Result<()> {
     let write = |name: &str, text: &str| {
         let path = pgdata.join(name);
@@ -155,6 +188,9 @@ pub fn write_config_files(pgdata: &Path, settings: &ComputeSettings) -> anyhow::
     write("postgresql.conf", &postgresql_conf(settings))?;
     write("pg_hba.conf", PG_HBA_CONF)?;
     write("pg_ident.conf", "")?;
+    if settings.replica_conninfo.is_some() {
+        write("standby.signal", "")?;
+    }
     Ok(())
 }
 
@@ -173,8 +209,27 @@ mod tests {
             static_lsn: None,
             safekeepers: None,
             socket_dir: None,
+            replica_conninfo: None,
             overrides: vec![],
         }
+    }
+
+    #[test]
+    fn replica_config_streams_from_the_safekeepers_and_proposes_nothing() {
+        let sks = [("127.0.0.1".to_string(), 5454), ("127.0.0.1".to_string(), 5455)];
+        let mut s = settings();
+        s.safekeepers = Some("127.0.0.1:5454,127.0.0.1:5455".into());
+        s.replica_conninfo = Some(replica_conninfo(&sks, s.tenant_id, s.timeline_id));
+        let conf = postgresql_conf(&s);
+        assert_eq!(
+            value_of(&conf, "primary_conninfo").unwrap(),
+            "'host=127.0.0.1,127.0.0.1 port=5454,5455 options=''-c fjord.timeline=11111111111111111111111111111111/22222222222222222222222222222222'' application_name=fjord_replica connect_timeout=2'"
+        );
+        assert_eq!(value_of(&conf, "hot_standby").unwrap(), "'on'");
+        assert_eq!(value_of(&conf, "hot_standby_feedback").unwrap(), "'on'");
+        assert_eq!(value_of(&conf, "synchronous_standby_names").unwrap(), "''");
+        assert!(value_of(&conf, "fjord.safekeepers").is_none(), "a replica must not run a WAL proposer");
+        assert_eq!(value_of(&conf, "fsync").unwrap(), "'off'");
     }
 
     fn value_of(conf: &str, name: &str) -> Option<String> {

@@ -302,3 +302,18 @@ mod tests {
         assert_eq!(pm_status(dir.path()).as_deref(), Some(PM_STATUS_READY));
     }
 }
+
+/// Runs one query through psql and returns its single value as text (unaligned, no
+/// headers); an error says what psql printed.
+pub fn query_value(pg_bin_dir: &Path, host: &str, port: u16, user: &str, sql: &str) -> anyhow::Result<String> {
+    let out = Command::new(pg_bin_dir.join("psql"))
+        .args(["-X", "-A", "-t", "-q", "-h", host, "-p", &port.to_string(), "-U", user, "-d", "postgres", "-c", sql])
+        .env("PGCONNECT_TIMEOUT", "5")
+        .stdin(Stdio::null())
+        .output()
+        .context("run psql")?;
+    if !out.status.success() {
+        anyhow::bail!("psql failed ({}): {}", describe(out.status), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}

@@ -20,6 +20,7 @@ mod cache;
 mod client;
 mod file_cache;
 mod guc;
+mod replica;
 mod shmem;
 mod smgr;
 mod status;
@@ -38,5 +39,8 @@ pub extern "C-unwind" fn _PG_init() {
     }
     guc::define();
     smgr::install();
+    if smgr::is_remote() {
+        replica::install();
+    }
     wal_proposer::install();
 }

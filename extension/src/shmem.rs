@@ -43,6 +43,8 @@ pub struct SmgrCounters {
     pub prefetch_requests: AtomicU64,
     pub prefetch_hits: AtomicU64,
     pub prefetch_wasted: AtomicU64,
+    /// Blocks a read replica's redo left to the pageserver (not in shared_buffers).
+    pub replay_skipped_blocks: AtomicU64,
     /// GetPage round trips by latency: `getpage_buckets[i]` counts those that took at most
     /// `GETPAGE_BUCKETS_US[i]` µs (and more than the bucket before); the last is the rest.
     pub getpage_buckets: [AtomicU64; GETPAGE_BUCKETS_US.len() + 1],

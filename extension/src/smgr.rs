@@ -11,7 +11,8 @@
 //! - **read** is GetPage@LSN: `not_modified_since` is the block's last-written LSN from the
 //!   shared cache (`cache.rs`), never below the last checkpoint's redo pointer (which is
 //!   never below the LSN the compute started at, so a block untouched since the start asks
-//!   for at least that version); `request_lsn` is the current insert position. WAL up to
+//!   for at least that version); `request_lsn` is the current insert position (in a read
+//!   replica, the replay position: `replica.rs`). WAL up to
 //!   `not_modified_since` is flushed first, so the pageserver can have it.
 //! - **write** (a buffer leaving the pool, or a checkpoint) never ships the page. It
 //!   records the page's LSN as the block's last-written LSN, except for pages whose
@@ -219,7 +220,9 @@ fn read_lsns(last_written: u64) -> ReadLsns {
         if !in_recovery && nms > pg_sys::GetFlushRecPtr(std::ptr::null_mut()) {
             pg_sys::XLogFlush(nms);
         }
-        let request = if in_recovery { nms } else { insert_lsn().max(nms) };
+        // A hot standby (read replica) reads at its replay position: pages as of the WAL it
+        // has replayed, never newer (see `replica.rs`). A primary reads at its insert position.
+        let request = if in_recovery { pg_sys::GetXLogReplayRecPtr(std::ptr::null_mut()).max(nms) } else { insert_lsn().max(nms) };
         ReadLsns { request_lsn: Lsn(request), not_modified_since: Lsn(nms) }
     }
 }

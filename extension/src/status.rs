@@ -36,6 +36,7 @@ fn storage_manager() -> TableIterator<
         name!(prefetch_requests, i64),
         name!(prefetch_hits, i64),
         name!(prefetch_wasted, i64),
+        name!(replay_skipped_blocks, i64),
     ),
 > {
     let counters = smgr::counters();
@@ -67,6 +68,7 @@ fn storage_manager() -> TableIterator<
         get(|c| &c.prefetch_requests),
         get(|c| &c.prefetch_hits),
         get(|c| &c.prefetch_wasted),
+        get(|c| &c.replay_skipped_blocks),
     ))
 }
 

@@ -19,9 +19,9 @@ use serde::Serialize;
 
 use crate::models::{
     BasebackupQuery, ChangedBlocksQuery, ChangedBlocksResponse, CheckpointResponse, CompactRequest, CompactResponse, ErrorResponse,
-    EvictLayersResponse, GcRequest, GcResponse, ImportRequest, ImportResponse, LsnByTimestampQuery, LsnByTimestampResponse, StatusResponse,
-    TenantConfig, TenantConfigInfo, TenantCreateRequest, TenantCreateResponse, TimelineCreateRequest, TimelineInfo, WalReceiverRequest,
-    LSN_HEADER,
+    EvictLayersResponse, GcRequest, GcResponse, ImportRequest, ImportResponse, LsnByTimestampQuery, LsnByTimestampResponse,
+    LsnLeaseRequest, LsnLeaseResponse, StatusResponse, TenantConfig, TenantConfigInfo, TenantCreateRequest, TenantCreateResponse,
+    TimelineCreateRequest, TimelineInfo, WalReceiverRequest, LSN_HEADER,
 };
 
 /// At most this much of a non-JSON error body goes into an [`Error::Status`] message.
@@ -217,6 +217,11 @@ impl Client {
     /// `POST .../compact`: image layers where needed (or forced), then L0 compaction.
     pub fn compact(&self, tenant: TenantId, timeline: TimelineId, request: &CompactRequest) -> Result<CompactResponse, Error> {
         self.post_json(&format!("{}/compact", timeline_path(tenant, timeline)), request)
+    }
+
+    /// `POST .../lsn_lease`: holds an LSN against GC for a while (a read replica's position).
+    pub fn lsn_lease(&self, tenant: TenantId, timeline: TimelineId, request: &LsnLeaseRequest) -> Result<LsnLeaseResponse, Error> {
+        self.post_json(&format!("{}/lsn_lease", timeline_path(tenant, timeline)), request)
     }
 
     /// `POST .../gc`: garbage collection with the tenant's PITR window or the request's.

@@ -260,18 +260,23 @@ pub struct WalSourceStatus {
     pub last_error: Option<String>,
 }
 
-/// The query of `GET .../timeline/{timeline}/basebackup[?lsn=X/X]`: the LSN to start a
-/// compute at (default: the last record LSN; an explicit one is waited for).
+/// The query of `GET .../timeline/{timeline}/basebackup[?lsn=X/X][&standby=true]`: the
+/// LSN to start a compute at (default: the last record LSN; an explicit one is waited
+/// for), and whether the compute is a hot standby (a read replica), whose basebackup
+/// starts at the newest running-transactions record at or before the LSN.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BasebackupQuery {
     pub lsn: Option<Lsn>,
+    pub standby: bool,
 }
 
 /// Why a basebackup query was refused (400).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BasebackupQueryError {
-    #[error("unknown query parameter {0:?}; the only one is lsn=X/X")]
+    #[error("unknown query parameter {0:?}; expected lsn=X/X or standby=true|false")]
     UnknownParameter(String),
+    #[error("invalid standby={0:?}: expected true or false")]
+    InvalidStandby(String),
     #[error("invalid LSN: {0}")]
     InvalidLsn(#[from] LsnParseError),
 }
@@ -280,9 +285,17 @@ impl BasebackupQuery {
     /// The query string with its `?`, or nothing. The `/` of the LSN is left as it is: it
     /// is legal in a query, and the server accepts it percent-encoded too.
     pub fn to_query_string(&self) -> String {
-        match self.lsn {
-            Some(lsn) => format!("?lsn={lsn}"),
-            None => String::new(),
+        let mut params = Vec::new();
+        if let Some(lsn) = self.lsn {
+            params.push(format!("lsn={lsn}"));
+        }
+        if self.standby {
+            params.push("standby=true".to_string());
+        }
+        if params.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", params.join("&"))
         }
     }
 
@@ -290,13 +303,17 @@ impl BasebackupQuery {
     /// parsed, and a repeated `lsn` takes the last value, as the server always did.
     pub fn parse(query: &str) -> Result<BasebackupQuery, BasebackupQueryError> {
         let mut lsn = None;
+        let mut standby = false;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
                 Some(("lsn", value)) => lsn = Some(value.replace("%2F", "/").replace("%2f", "/")),
+                Some(("standby", "true")) => standby = true,
+                Some(("standby", "false")) => standby = false,
+                Some(("standby", other)) => return Err(BasebackupQueryError::InvalidStandby(other.to_string())),
                 _ => return Err(BasebackupQueryError::UnknownParameter(pair.to_string())),
             }
         }
-        Ok(BasebackupQuery { lsn: lsn.map(|l| l.parse()).transpose()? })
+        Ok(BasebackupQuery { lsn: lsn.map(|l| l.parse()).transpose()?, standby })
     }
 }
 
@@ -342,6 +359,29 @@ pub struct CompactRequest {
     /// Create image layers for every key range, whatever its depth, without a budget.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub force_image_layers: bool,
+}
+
+/// `POST .../timeline/{timeline}/lsn_lease`: `holder` (a read replica, by name) reads at
+/// `lsn` or above; GC keeps that readable for `ttl_secs`, until the holder renews the lease
+/// (usually higher) or it lapses. Refused (400) below the timeline's GC cutoff.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LsnLeaseRequest {
+    pub holder: String,
+    pub lsn: Lsn,
+    pub ttl_secs: u64,
+}
+
+/// The answer to `POST .../lsn_lease`: the timeline's leases in force, by holder.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LsnLeaseResponse {
+    pub leases: Vec<LsnLease>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LsnLease {
+    pub holder: String,
+    pub lsn: Lsn,
 }
 
 /// What a compaction did (`POST .../compact`).
@@ -724,7 +764,7 @@ mod tests {
 
     #[test]
     fn basebackup_queries() {
-        let at = BasebackupQuery { lsn: Some(Lsn(0x16B3748)) };
+        let at = BasebackupQuery { lsn: Some(Lsn(0x16B3748)), standby: false };
         assert_eq!(at.to_query_string(), "?lsn=0/16B3748");
         assert_eq!(BasebackupQuery::default().to_query_string(), "");
         assert_eq!(BasebackupQuery::parse("lsn=0/16B3748").unwrap(), at);
@@ -733,8 +773,13 @@ mod tests {
         assert_eq!(BasebackupQuery::parse("").unwrap(), BasebackupQuery::default());
         assert_eq!(
             BasebackupQuery::parse("lsn=x&at=1").unwrap_err().to_string(),
-            "unknown query parameter \"at=1\"; the only one is lsn=X/X"
+            "unknown query parameter \"at=1\"; expected lsn=X/X or standby=true|false"
         );
+        let standby = BasebackupQuery { lsn: Some(Lsn(0x16B3748)), standby: true };
+        assert_eq!(standby.to_query_string(), "?lsn=0/16B3748&standby=true");
+        assert_eq!(BasebackupQuery::parse("standby=true&lsn=0/16B3748").unwrap(), standby);
+        assert_eq!(BasebackupQuery { lsn: None, standby: true }.to_query_string(), "?standby=true");
+        assert_eq!(BasebackupQuery::parse("standby=yes").unwrap_err().to_string(), "invalid standby=\"yes\": expected true or false");
         assert_eq!(
             BasebackupQuery::parse("lsn=x").unwrap_err().to_string(),
             "invalid LSN: invalid LSN: \"x\" (expected two hexadecimal numbers such as 16/B374D848)"
@@ -974,7 +1019,7 @@ mod tests {
             let sources: Vec<WalSource> = sources.into_iter().map(|(host, port, user)| WalSource { host, port, user }).collect();
             round_trip(&WalReceiverRequest::Single(sources[0].clone()))?;
             round_trip(&WalReceiverRequest::Sources(WalSourceList { sources }))?;
-            let query = BasebackupQuery { lsn };
+            let query = BasebackupQuery { lsn, standby: lsn.is_some_and(|l| l.0 % 2 == 1) };
             prop_assert_eq!(BasebackupQuery::parse(query.to_query_string().trim_start_matches('?')).unwrap(), query);
         }
 

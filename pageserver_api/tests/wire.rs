@@ -210,7 +210,7 @@ fn answers_that_are_not_the_model_are_malformed() {
 fn basebackups_stream_with_their_lsn() {
     let server = serve(200, "Content-Type: application/x-tar\r\nX-Fjord-Lsn: 0/16B3748\r\n", "tar bytes");
     let client = Client::new(&server.url);
-    let query = BasebackupQuery { lsn: Some(Lsn(0x16B3748)) };
+    let query = BasebackupQuery { lsn: Some(Lsn(0x16B3748)), standby: false };
     let mut backup = client.basebackup(tenant(), timeline(), &query).unwrap();
     assert_eq!(backup.lsn, Some(Lsn(0x16B3748)));
     let mut body = String::new();

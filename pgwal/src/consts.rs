@@ -217,6 +217,14 @@ pub const XLOG_MULTIXACT_ZERO_MEM_PAGE: u8 = 0x10;
 pub const XLOG_MULTIXACT_CREATE_ID: u8 = 0x20;
 pub const XLOG_MULTIXACT_TRUNCATE_ID: u8 = 0x30;
 
+// --- storage/standbydefs.h (RM_STANDBY_ID) ---
+
+pub const XLOG_STANDBY_LOCK: u8 = 0x00;
+pub const XLOG_RUNNING_XACTS: u8 = 0x10;
+pub const XLOG_INVALIDATIONS: u8 = 0x20;
+/// `MinSizeOfXactRunningXacts`: `xl_running_xacts` up to its xid array.
+pub const MIN_SIZE_OF_RUNNING_XACTS: usize = 24;
+
 // --- utils/relmapper.h, utils/cache/relmapper.c (RM_RELMAP_ID) ---
 
 pub const XLOG_RELMAP_UPDATE: u8 = 0x00;

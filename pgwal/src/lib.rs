@@ -24,7 +24,8 @@
 //! | RelMap | `UPDATE` (the 512-byte map file) | |
 //! | Heap | visibility-map bits cleared by `INSERT`, `DELETE`, `UPDATE`, `HOT_UPDATE`, `LOCK` | tuple contents, `TRUNCATE` (logical decoding only), `CONFIRM`, `INPLACE` |
 //! | Heap2 | visibility-map bits cleared by `MULTI_INSERT`, `LOCK_UPDATED`; set by `VISIBLE` | `PRUNE`, `VACUUM`, `FREEZE_PAGE`, `NEW_CID`, `REWRITE` |
-//! | all others (Btree, Hash, Gin, Gist, Sequence, SPGist, BRIN, Generic, Standby, CommitTs, ReplicationOrigin, LogicalMessage, Tablespace, custom) | | everything |
+//! | Standby | `RUNNING_XACTS` (counts, overflow flag, next/oldest running/latest completed xid; the xid lists length-checked) | `LOCK`, `INVALIDATIONS` |
+//! | all others (Btree, Hash, Gin, Gist, Sequence, SPGist, BRIN, Generic, CommitTs, ReplicationOrigin, LogicalMessage, Tablespace, custom) | | everything |
 //!
 //! Supported servers: PostgreSQL 15 (`XLOG_PAGE_MAGIC` 0xD110), 64-bit little-endian,
 //! `BLCKSZ` = `XLOG_BLCKSZ` = 8192. WAL of other versions or byte orders fails page-header

@@ -326,6 +326,30 @@ fn relmap_update_parses() {
 }
 
 #[test]
+fn running_xacts_parse_and_bad_ones_are_refused() {
+    // xcnt 2, subxcnt 1, subxid_overflow false (and 3 bytes of padding), nextXid 760,
+    // oldestRunningXid 741, latestCompletedXid 759, xids 741, 745, subxid 746.
+    let main = |overflow: u8, xcnt: u32| {
+        let mut m = u32s(&[xcnt, 1]);
+        m.extend([overflow, 0, 0, 0]);
+        m.extend(u32s(&[760, 741, 759, 741, 745, 746]));
+        m
+    };
+    let spec = |m: Vec<u8>| RecordSpec::new(RM_STANDBY_ID, XLOG_RUNNING_XACTS).main_data(m);
+    let MetadataRecord::RunningXacts(r) = parsed(spec(main(0, 2))) else { panic!() };
+    assert_eq!((r.xcnt, r.subxcnt, r.subxid_overflow), (2, 1, false));
+    assert_eq!((r.next_xid, r.oldest_running_xid, r.latest_completed_xid), (TransactionId(760), TransactionId(741), TransactionId(759)));
+    let MetadataRecord::RunningXacts(r) = parsed(spec(main(1, 2))) else { panic!() };
+    assert!(r.subxid_overflow);
+    assert!(parse(spec(main(2, 2))).is_err(), "a bool that is neither 0 nor 1");
+    assert!(parse(spec(main(0, 3))).is_err(), "more xids announced than present");
+    assert!(parse(spec(main(0, u32::MAX))).is_err(), "a negative count");
+    assert!(parse(spec(u32s(&[0, 0]))).is_err(), "shorter than the fixed part");
+    // Lock and invalidation records of the standby manager are not metadata.
+    assert!(parse(RecordSpec::new(RM_STANDBY_ID, XLOG_STANDBY_LOCK).main_data(u32s(&[0]))).unwrap().is_none());
+}
+
+#[test]
 fn heap_records_report_visibility_map_changes() {
     let heap = rel(16384, ForkNumber::Main);
     let b0 = || BlockSpec::new(0, heap, 40_000).data(vec![1]);

@@ -258,6 +258,16 @@ fn metadata_records_parse_and_agree_with_pg_waldump() {
                 "nextoid"
             }
             MetadataRecord::Switch => "switch",
+            MetadataRecord::RunningXacts(r) => {
+                let expected = format!(
+                    "RUNNING_XACTS nextXid {} latestCompletedXid {} oldestRunningXid {}",
+                    r.next_xid, r.latest_completed_xid, r.oldest_running_xid
+                );
+                assert!(desc.starts_with(&expected), "{at}\n   ours: {expected}");
+                assert_eq!(r.xcnt > 0, desc.contains(&format!("; {} xacts:", r.xcnt)), "{at}");
+                assert_eq!(r.subxid_overflow, desc.contains("subxid overflowed"), "{at}");
+                "running xacts"
+            }
             MetadataRecord::XactCompletion(c) => {
                 let (word, kind) = match c.kind {
                     XactKind::Commit => ("COMMIT ", "commit"),

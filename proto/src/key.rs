@@ -30,6 +30,7 @@
 //! | checkpoint record     | `04`  | 0          | 0          | 0           | 0       | 0                   |
 //! | control file          | `05`  | 0          | 0          | 0           | 0       | 0                   |
 //! | last commit timestamp | `06`  | 0          | 0          | 0           | 0       | 0                   |
+//! | last running xacts    | `07`  | 0          | 0          | 0           | 0       | 0                   |
 //! | `Key::MAX` (sentinel) | `FF`  | `FFFFFFFF` | `FFFFFFFF` | `FFFFFFFF`  | `FF`    | `FFFFFFFF`          |
 //!
 //! forknum is PostgreSQL's (0 main, 1 fsm, 2 vm, 3 init); SLRU kind is 0 for `pg_xact`, 1 for
@@ -61,6 +62,7 @@ const TAG_TWOPHASE: u8 = 0x03;
 const TAG_CHECKPOINT: u8 = 0x04;
 const TAG_CONTROL_FILE: u8 = 0x05;
 const TAG_LAST_COMMIT_TIMESTAMP: u8 = 0x06;
+const TAG_LAST_RUNNING_XACTS: u8 = 0x07;
 const TAG_MAX: u8 = 0xff;
 
 // Under `TAG_DATABASE`, relnode 0 (`InvalidOid`, which PostgreSQL never gives a relation
@@ -156,6 +158,9 @@ pub enum KeyKind {
     /// The commit timestamp of the newest transaction committed at or before an LSN: what
     /// maps a point in time to an LSN. Not a file of the data directory.
     LastCommitTimestamp,
+    /// Where the newest running-transactions record at or before an LSN starts: where a hot
+    /// standby can start and know at once which transactions are running. Not a file.
+    LastRunningXacts,
     /// `Key::MAX`, the end of the key space; holds no value.
     Max,
 }
@@ -177,6 +182,7 @@ impl KeyKind {
             KeyKind::Checkpoint => "checkpoint",
             KeyKind::ControlFile => "control file",
             KeyKind::LastCommitTimestamp => "last commit timestamp",
+            KeyKind::LastRunningXacts => "last running xacts",
             KeyKind::Max => "maximum",
         }
     }
@@ -198,6 +204,7 @@ impl KeyKind {
             KeyKind::Checkpoint => f(TAG_CHECKPOINT, 0, 0, 0, 0, 0),
             KeyKind::ControlFile => f(TAG_CONTROL_FILE, 0, 0, 0, 0, 0),
             KeyKind::LastCommitTimestamp => f(TAG_LAST_COMMIT_TIMESTAMP, 0, 0, 0, 0, 0),
+            KeyKind::LastRunningXacts => f(TAG_LAST_RUNNING_XACTS, 0, 0, 0, 0, 0),
             KeyKind::Max => f(TAG_MAX, u32::MAX, u32::MAX, u32::MAX, u8::MAX, u32::MAX),
         }
     }
@@ -220,6 +227,7 @@ impl fmt::Display for KeyKind {
             KeyKind::Checkpoint => write!(f, "checkpoint record"),
             KeyKind::ControlFile => write!(f, "global/pg_control"),
             KeyKind::LastCommitTimestamp => write!(f, "last commit timestamp"),
+            KeyKind::LastRunningXacts => write!(f, "last running-transactions record"),
             KeyKind::Max => write!(f, "end of key space"),
         }
     }
@@ -366,6 +374,11 @@ impl Key {
         Key::from_fields(Fields { tag: TAG_LAST_COMMIT_TIMESTAMP, a: 0, b: 0, c: 0, d: 0, e: 0 })
     }
 
+    /// The newest running-transactions record at or before an LSN.
+    pub const fn last_running_xacts() -> Key {
+        Key::from_fields(Fields { tag: TAG_LAST_RUNNING_XACTS, a: 0, b: 0, c: 0, d: 0, e: 0 })
+    }
+
     /// The key for `kind`, panicking where `try_from` would fail; the panicking constructors
     /// are for callers that built the values themselves.
     fn encodable(kind: KeyKind) -> Key {
@@ -471,7 +484,8 @@ impl Key {
             KeyKind::TwoPhaseFile { xid } => xid.checked_add(1).map_or(Key::checkpoint(), Key::twophase_file),
             KeyKind::Checkpoint => Key::control_file(),
             KeyKind::ControlFile => Key::last_commit_timestamp(),
-            KeyKind::LastCommitTimestamp | KeyKind::Max => Key::MAX,
+            KeyKind::LastCommitTimestamp => Key::last_running_xacts(),
+            KeyKind::LastRunningXacts | KeyKind::Max => Key::MAX,
         }
     }
 
@@ -519,6 +533,7 @@ fn decode(bytes: &[u8; KEY_SIZE_BYTES]) -> Result<KeyKind, KeyError> {
         TAG_CHECKPOINT => KeyKind::Checkpoint,
         TAG_CONTROL_FILE => KeyKind::ControlFile,
         TAG_LAST_COMMIT_TIMESTAMP => KeyKind::LastCommitTimestamp,
+        TAG_LAST_RUNNING_XACTS => KeyKind::LastRunningXacts,
         TAG_MAX => KeyKind::Max,
         tag => return Err(KeyError::UnknownTag { tag }),
     };

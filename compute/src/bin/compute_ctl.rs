@@ -6,6 +6,11 @@
 //! compute's WAL] -> report
 //! (one JSON line on stdout) -> forward shutdown signals until postgres exits -> exit with
 //! postgres' status.
+//!
+//! A read replica (`--replica`): no sync; the pageserver is pointed at the safekeepers, the
+//! basebackup is a hot standby's (`standby=true`: it starts at a running-transactions
+//! record), and `standby.signal` plus a `primary_conninfo` naming every safekeeper make
+//! postgres stream and replay the committed WAL from there.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -19,6 +24,7 @@ use compute::pageserver;
 use compute::pgconf::{self, ComputeSettings};
 use compute::postgres::{self, Postmaster};
 use compute::safekeepers::{self, Safekeeper};
+use pageserver_api::models::LsnLeaseRequest;
 use pageserver_api::Client;
 use proto::{Lsn, TenantId, TimelineId};
 
@@ -74,6 +80,12 @@ struct Args {
     /// follows them instead of the compute.
     #[arg(long, value_name = "HOST:PORT,...")]
     safekeepers: Option<String>,
+    /// Start a read replica (a hot standby) instead of the branch's writer: it streams the
+    /// committed WAL from the safekeepers (--safekeepers, required), replays it on the
+    /// pages it holds and reads the rest from the pageserver at its replay position. No
+    /// sync: any number of replicas run beside the writer, or without one.
+    #[arg(long, conflicts_with = "lsn")]
+    replica: bool,
     /// How long the safekeeper sync may take, in seconds.
     #[arg(long, default_value_t = 30)]
     sync_safekeepers_timeout_secs: u64,
@@ -118,6 +130,9 @@ fn run(args: Args) -> anyhow::Result<i32> {
         }
         Some(list) => Some(safekeepers::parse_list(list)?),
     };
+    if args.replica && safekeepers.is_none() {
+        bail!("--replica needs --safekeepers: a read replica streams the branch's committed WAL from them");
+    }
     let pgdata = absolute(&args.pgdata)?;
     let file_cache = file_cache_path(&args, &pgdata)?;
     let settings = settings(&args, safekeepers.as_deref(), &file_cache)?;
@@ -136,12 +151,13 @@ fn run(args: Args) -> anyhow::Result<i32> {
     let created = compute::prepare_pgdata(&pgdata)?;
     let client = Client::new(&args.pageserver_http);
     let synced = match &safekeepers {
+        Some(list) if args.replica => follow_safekeepers(&client, &args, list).map(|()| None),
         None => Ok(None),
         Some(list) => sync_and_follow(&client, &args, list).map(Some),
     };
     let fetched = synced.and_then(|synced| {
         let lsn = synced.as_ref().map_or(args.lsn, |s| s.lsn);
-        pageserver::basebackup(&client, args.tenant, args.timeline, lsn, &pgdata)
+        pageserver::basebackup(&client, args.tenant, args.timeline, lsn, args.replica, &pgdata)
             .context("fetch basebackup")
             .and_then(|backup| compute::set_mode_0700(&pgdata).map(|()| backup))
             .and_then(|backup| pgconf::write_config_files(&pgdata, &settings).map(|()| backup))
@@ -174,7 +190,13 @@ fn run(args: Args) -> anyhow::Result<i32> {
     let start_ms = start_began.elapsed().as_millis();
     tracing::info!(pid = postmaster.pid(), "postgres accepts connections on {probe_host}:{} after {start_ms} ms", args.port);
 
-    if args.lsn.is_none() && safekeepers.is_some() {
+    if args.replica {
+        tracing::info!(
+            "hot standby: replaying the safekeepers' committed WAL from {}",
+            backup.lsn.map_or_else(|| "?".to_string(), |l| l.to_string())
+        );
+        hold_replay_position(&args, &probe_host, &user);
+    } else if args.lsn.is_none() && safekeepers.is_some() {
         postmaster.checkpoint_before_shutdown(&args.pg_bin_dir, &probe_host, args.port, &user);
     } else if args.lsn.is_none() {
         if let Err(e) = pageserver::start_wal_receiver(&client, args.tenant, args.timeline, &probe_host, args.port, &user) {
@@ -194,7 +216,8 @@ fn run(args: Args) -> anyhow::Result<i32> {
         "tenant_id": args.tenant.to_string(),
         "timeline_id": args.timeline.to_string(),
         "lsn": backup.lsn.map(|l| l.to_string()),
-        "read_only": args.lsn.is_some(),
+        "read_only": args.lsn.is_some() || args.replica,
+        "replica": args.replica,
         "basebackup_bytes": backup.bytes,
         "basebackup_ms": basebackup_ms,
         "start_ms": start_ms,
@@ -233,10 +256,62 @@ fn sync_and_follow(client: &Client, args: &Args, list: &[Safekeeper]) -> anyhow:
         Some(lsn) => tracing::info!("safekeepers synced at {lsn} in {} ms", synced.elapsed.as_millis()),
         None => tracing::info!("safekeepers have no WAL for this timeline yet; starting at the pageserver's latest LSN"),
     }
+    follow_safekeepers(client, args, list)?;
+    Ok(synced)
+}
+
+/// How often a replica renews its lease on its replay position, and how long a lease lasts
+/// without renewal (a replica that stops renewing, stopped or hung, releases its hold on GC
+/// after that).
+const LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(1);
+const LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// Keeps the pageserver's GC from collecting what this replica reads: every second, a lease
+/// on its replay position (the LSN it reads every page at). A refused lease (the replica
+/// fell behind the GC horizon, so its reads fail too) is logged as an error once.
+fn hold_replay_position(args: &Args, host: &str, user: &str) {
+    let client = Client::new(&args.pageserver_http);
+    let (tenant, timeline, port) = (args.tenant, args.timeline, args.port);
+    let (pg_bin_dir, host, user) = (args.pg_bin_dir.clone(), host.to_string(), user.to_string());
+    let holder = format!("replica {}:{port} pid {}", host, std::process::id());
+    let spawned = std::thread::Builder::new().name("lease".into()).spawn(move || {
+        let mut last_error: Option<String> = None;
+        loop {
+            let result = postgres::query_value(&pg_bin_dir, &host, port, &user, "SELECT pg_last_wal_replay_lsn()")
+                .and_then(|text| text.parse::<Lsn>().map_err(|e| anyhow::anyhow!("replay LSN {text:?}: {e}")))
+                .and_then(|lsn| {
+                    let request = LsnLeaseRequest { holder: holder.clone(), lsn, ttl_secs: LEASE_TTL.as_secs() };
+                    client.lsn_lease(tenant, timeline, &request).map_err(anyhow::Error::from)
+                });
+            match result {
+                Ok(_) if last_error.is_some() => {
+                    tracing::info!("lease on the replay position renewed again");
+                    last_error = None;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let text = format!("{e:#}");
+                    if last_error.as_deref() != Some(text.as_str()) {
+                        tracing::error!("could not lease the replay position from the pageserver's GC: {text}");
+                    }
+                    last_error = Some(text);
+                }
+            }
+            std::thread::sleep(LEASE_RENEW_INTERVAL);
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::error!("could not start the lease thread: {e}; GC does not know this replica's position");
+    }
+}
+
+/// Points the pageserver's WAL receiver at the safekeepers (a replica's reads wait for the
+/// pageserver to have the WAL the replica replayed, so it must be following them even
+/// when no writer runs).
+fn follow_safekeepers(client: &Client, args: &Args, list: &[Safekeeper]) -> anyhow::Result<()> {
     let sources: Vec<(String, u16)> = list.iter().map(|s| (s.host.clone(), s.port)).collect();
     pageserver::start_wal_receiver_from_safekeepers(client, args.tenant, args.timeline, &sources)
-        .context("make the pageserver follow the safekeepers")?;
-    Ok(synced)
+        .context("make the pageserver follow the safekeepers")
 }
 
 /// The file cache's path: `-c fjord.file_cache_path=` if given (it wins in postgresql.conf),
@@ -288,6 +363,13 @@ fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path) 
         timeline_id: args.timeline,
         shared_buffers: args.shared_buffers.clone(),
         static_lsn: args.lsn,
+        replica_conninfo: match safekeepers {
+            Some(list) if args.replica => {
+                let hosts: Vec<(String, u16)> = list.iter().map(|s| (s.host.clone(), s.port)).collect();
+                Some(pgconf::replica_conninfo(&hosts, args.tenant, args.timeline))
+            }
+            _ => None,
+        },
         safekeepers: safekeepers.map(safekeepers::to_setting),
         socket_dir: pgconf::socket_dir_for(&absolute(&args.pgdata)?),
         overrides,

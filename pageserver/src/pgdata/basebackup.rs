@@ -12,7 +12,8 @@
 //!   `checkPointCopy` has the counters ingest keeps current (next xid, OID, multixact ...;
 //!   `walingest/counters.rs`), redo = the LSN, timeline 1 (fjord's timelines are not
 //!   PostgreSQL's: every compute runs on PostgreSQL timeline 1), `oldestActiveXid` invalid
-//!   as in any shutdown checkpoint, time = now;
+//!   as in any shutdown checkpoint (for a hot standby: the oldest transaction its
+//!   running-transactions record lists), time = now;
 //! - `pg_filenode.map` of `global/` and of every database that has one at the LSN (a
 //!   database created with `WAL_LOG` has none until its map is logged, a moment before
 //!   its creation commits; it is skipped then);
@@ -183,6 +184,42 @@ pub fn write_basebackup(
     prev_record_lsn: Option<Lsn>,
     out: impl Write,
 ) -> anyhow::Result<BasebackupSummary> {
+    write(timeline, reconstructor, lsn, prev_record_lsn, TransactionId::INVALID, out)
+}
+
+/// Writes the basebackup a hot standby starts from at `lsn`, the start of a
+/// running-transactions record (or, when there is none to start from, any record
+/// boundary: the standby then waits for the next one before it serves queries). The
+/// standby replays WAL from `lsn` on, so no previous record LSN is needed;
+/// `oldest_active_xid` is the record's oldest running transaction (pg_control's
+/// `oldestActiveXid`, from which the standby initializes `pg_subtrans`), or the next xid
+/// when unknown.
+pub fn write_standby_basebackup(
+    timeline: &Timeline,
+    reconstructor: &dyn Reconstructor,
+    lsn: Lsn,
+    oldest_active_xid: Option<TransactionId>,
+    out: impl Write,
+) -> anyhow::Result<BasebackupSummary> {
+    let next_xid = || -> anyhow::Result<TransactionId> {
+        let cp = Datadir::new(timeline, reconstructor).get_checkpoint_state(lsn)?.current;
+        Ok(TransactionId(cp.next_xid.0 as u32))
+    };
+    let oldest = match oldest_active_xid {
+        Some(xid) => xid,
+        None => next_xid()?,
+    };
+    write(timeline, reconstructor, lsn, None, oldest, out)
+}
+
+fn write(
+    timeline: &Timeline,
+    reconstructor: &dyn Reconstructor,
+    lsn: Lsn,
+    prev_record_lsn: Option<Lsn>,
+    oldest_active_xid: TransactionId,
+    out: impl Write,
+) -> anyhow::Result<BasebackupSummary> {
     let started = Instant::now();
     let d = Datadir::new(timeline, reconstructor);
     let now = SystemTime::now().duration_since(UNIX_EPOCH).context("the clock is before 1970")?;
@@ -199,7 +236,7 @@ pub fn write_basebackup(
     checkpoint.this_timeline_id = TimeLineId(PG_TIMELINE_ID);
     checkpoint.prev_timeline_id = TimeLineId(PG_TIMELINE_ID);
     checkpoint.time = i64::try_from(now.as_secs()).context("the clock is beyond 2^63 seconds")?;
-    checkpoint.oldest_active_xid = TransactionId::INVALID;
+    checkpoint.oldest_active_xid = oldest_active_xid;
 
     let dbs = d.list_dbs(lsn)?;
     for &(spcnode, dbnode) in &dbs {

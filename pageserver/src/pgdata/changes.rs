@@ -150,6 +150,7 @@ pub fn changed_blocks(timeline: &Timeline, from: Lsn, to: Lsn, limit: usize) -> 
             | KeyKind::Checkpoint
             | KeyKind::ControlFile
             | KeyKind::LastCommitTimestamp
+            | KeyKind::LastRunningXacts
             | KeyKind::Max => {}
         }
     }

@@ -17,8 +17,11 @@
 //!    LSN (`lsn_for_timestamp` of now minus the window; a time before every readable
 //!    commit, or no commits at all, keeps the current cutoff), lowered to keep
 //!    `gc_horizon_bytes` of log below the last record, to the disk-consistent LSN, and to
-//!    the timeline's retain floor if one is set (`set_gc_retain_floor`: the hook for replica
-//!    horizons). The tenant keeps its children's branch points (`Tenant::gc_timeline`).
+//!    the lowest LSN a reader holds a lease on (`renew_lsn_lease`: read replicas renew one at
+//!    their replay position every second or two; a lease not renewed within its time to live
+//!    lapses). The tenant keeps its children's branch points (`Tenant::gc_timeline`).
+//!    Leases are granted and GC picks its cutoff under one lock, so a lease granted at or
+//!    above the timeline's GC cutoff is never collected under.
 //!
 //! Jobs never block ingest or reads for long: the engine runs them under the timeline's
 //! `layer_removal_lock`, which neither takes, and swaps the layer map in one short write.
@@ -76,7 +79,23 @@ pub struct Jobs {
     tenant_confs: Arc<TenantConfs>,
     metrics: Arc<Metrics>,
     settings: JobSettings,
-    retain_floors: Mutex<HashMap<(TenantId, TimelineId), Lsn>>,
+    /// Per timeline, the leases by holder: GC keeps every LSN at or above the lowest.
+    leases: Mutex<HashMap<(TenantId, TimelineId), HashMap<String, Lease>>>,
+}
+
+/// A reader's hold on an LSN: GC keeps it readable until the lease lapses.
+#[derive(Clone, Copy, Debug)]
+struct Lease {
+    lsn: Lsn,
+    /// `None`: until lifted.
+    expires: Option<Instant>,
+}
+
+/// Why a lease was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("LSN {lsn} is below the garbage collection horizon {cutoff} of the timeline: pages there may already be gone")]
+    BelowGcHorizon { lsn: Lsn, cutoff: Lsn },
 }
 
 impl Jobs {
@@ -87,7 +106,7 @@ impl Jobs {
         metrics: Arc<Metrics>,
         settings: JobSettings,
     ) -> Jobs {
-        Jobs { tenants, reconstructor, tenant_confs, metrics, settings, retain_floors: Mutex::new(HashMap::new()) }
+        Jobs { tenants, reconstructor, tenant_confs, metrics, settings, leases: Mutex::new(HashMap::new()) }
     }
 
     /// The PITR window in force for `tenant`: its own, or the pageserver's default.
@@ -99,15 +118,50 @@ impl Jobs {
     /// it): the hook for read replicas and other readers that GC must not overtake. Kept in
     /// memory only: whoever sets it sets it again after a restart.
     pub fn set_gc_retain_floor(&self, tenant: TenantId, timeline: TimelineId, floor: Option<Lsn>) {
-        let mut floors = self.retain_floors.lock().unwrap_or_else(|e| e.into_inner());
+        let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        let held = leases.entry((tenant, timeline)).or_default();
         match floor {
-            Some(lsn) => floors.insert((tenant, timeline), lsn),
-            None => floors.remove(&(tenant, timeline)),
+            Some(lsn) => held.insert(String::new(), Lease { lsn, expires: None }),
+            None => held.remove(""),
         };
     }
 
-    fn retain_floor(&self, tenant: TenantId, timeline: TimelineId) -> Option<Lsn> {
-        self.retain_floors.lock().unwrap_or_else(|e| e.into_inner()).get(&(tenant, timeline)).copied()
+    /// Grants or renews `holder`'s lease on `lsn` of `timeline` for `ttl` (replacing the
+    /// holder's previous one, which may be lower or higher): GC keeps every LSN at or above
+    /// it readable until then. Refused below the timeline's GC cutoff.
+    pub fn renew_lsn_lease(&self, timeline: &Timeline, holder: &str, lsn: Lsn, ttl: Duration) -> Result<(), LeaseError> {
+        let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        let cutoff = timeline.gc_cutoff_lsn();
+        if lsn < cutoff {
+            return Err(LeaseError::BelowGcHorizon { lsn, cutoff });
+        }
+        let key = (timeline.tenant_id(), timeline.timeline_id());
+        leases.entry(key).or_default().insert(holder.to_string(), Lease { lsn, expires: Some(Instant::now() + ttl) });
+        Ok(())
+    }
+
+    /// The lowest leased LSN of a timeline, dropping lapsed leases; the caller holds the lock.
+    fn lowest_lease(leases: &mut HashMap<(TenantId, TimelineId), HashMap<String, Lease>>, key: (TenantId, TimelineId)) -> Option<Lsn> {
+        let now = Instant::now();
+        let held = leases.get_mut(&key)?;
+        held.retain(|holder, l| {
+            let live = l.expires.is_none_or(|e| e > now);
+            if !live {
+                tracing::info!(tenant_id = %key.0, timeline_id = %key.1, "the lease of {holder:?} on {} lapsed", l.lsn);
+            }
+            live
+        });
+        held.values().map(|l| l.lsn).min()
+    }
+
+    /// The leases of a timeline in force: (holder, LSN), for the management API.
+    pub fn lsn_leases(&self, tenant: TenantId, timeline: TimelineId) -> Vec<(String, Lsn)> {
+        let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        Self::lowest_lease(&mut leases, (tenant, timeline));
+        let mut out: Vec<(String, Lsn)> =
+            leases.get(&(tenant, timeline)).map(|h| h.iter().map(|(k, l)| (k.clone(), l.lsn)).collect()).unwrap_or_default();
+        out.sort();
+        out
     }
 
     /// Image layers where the delta depth reached the threshold, within the per-run budget
@@ -214,10 +268,13 @@ impl Jobs {
         };
         let space_lsn = Lsn(timeline.last_record_lsn().0.saturating_sub(tenant.conf().gc_horizon_bytes));
         let mut cutoff = time_lsn.min(space_lsn).min(timeline.disk_consistent_lsn());
-        if let Some(floor) = self.retain_floor(tenant.tenant_id(), timeline.timeline_id()) {
+        // Held until GC is done: no lease is granted between the cutoff's choice and its use.
+        let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(floor) = Self::lowest_lease(&mut leases, (tenant.tenant_id(), timeline.timeline_id())) {
             cutoff = cutoff.min(floor);
         }
         let result = tenant.gc_timeline(timeline.timeline_id(), cutoff)?;
+        drop(leases);
         Ok(GcOutcome { result, pitr_cutoff })
     }
 
@@ -438,6 +495,32 @@ mod tests {
         // The branch still reads at its branch point.
         let value = branch.get(key(0), Lsn(0x200), &ModelReconstructor).unwrap().unwrap();
         assert_eq!(&value[..], b"a\x01b" as &[u8]);
+    }
+
+    #[test]
+    fn lsn_leases_hold_gc_back_until_they_lapse_and_are_refused_below_the_cutoff() {
+        let (_dir, jobs, tenant, t) = setup();
+        let hour = Duration::from_secs(3600);
+        commit(&t, 0x100, 3 * hour, "a");
+        commit(&t, 0x200, 2 * hour, "b");
+        commit(&t, 0x300, Duration::ZERO, "c");
+        jobs.compact(&tenant, &t, true, true).unwrap();
+        jobs.renew_lsn_lease(&t, "r1", Lsn(0x180), Duration::from_secs(60)).unwrap();
+        jobs.renew_lsn_lease(&t, "r2", Lsn(0x250), Duration::from_millis(50)).unwrap();
+        assert_eq!(jobs.lsn_leases(TENANT, MAIN), [("r1".to_string(), Lsn(0x180)), ("r2".to_string(), Lsn(0x250))]);
+        let outcome = jobs.gc(&tenant, &t, Some(Duration::ZERO)).unwrap();
+        assert_eq!(outcome.result.cutoff, Lsn(0x180), "the lowest lease holds GC back");
+        // r1 moves on; r2's lease lapses.
+        jobs.renew_lsn_lease(&t, "r1", Lsn(0x280), Duration::from_secs(60)).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(jobs.lsn_leases(TENANT, MAIN), [("r1".to_string(), Lsn(0x280))]);
+        let outcome = jobs.gc(&tenant, &t, Some(Duration::ZERO)).unwrap();
+        assert_eq!(outcome.result.cutoff, Lsn(0x280));
+        let refused = jobs.renew_lsn_lease(&t, "late", Lsn(0x200), Duration::from_secs(60)).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "LSN 0/200 is below the garbage collection horizon 0/280 of the timeline: pages there may already be gone"
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ mod xlog;
 
 pub use heap::{visibility_map_location, VmBitsCleared, VmBitsSet, VmLocation};
 pub use storage::{DbaseCreate, DbaseCreateStrategy, DbaseDrop, RelmapUpdate, SmgrCreate, SmgrTruncate};
-pub use transam::{ClogTruncate, MultiXactCreate, MultiXactMember, MultiXactStatus, MultiXactTruncate};
+pub use transam::{ClogTruncate, MultiXactCreate, MultiXactMember, MultiXactStatus, MultiXactTruncate, RunningXacts};
 pub use xact::{XactCompletion, XactKind, XactPrepare};
 pub use xlog::CheckPoint;
 
@@ -69,6 +69,8 @@ pub enum MetadataRecord {
     VmBitsCleared(Vec<VmBitsCleared>),
     /// `XLOG_HEAP2_VISIBLE`: visibility-map bits set for one heap block.
     VmBitsSet(VmBitsSet),
+    /// `XLOG_RUNNING_XACTS`: the transactions running at this point (for hot standbys).
+    RunningXacts(RunningXacts),
 }
 
 /// Parses `record` if it is one of the kinds in [`MetadataRecord`]; `Ok(None)` otherwise
@@ -85,6 +87,7 @@ pub fn parse_metadata(record: &DecodedRecord) -> Result<Option<MetadataRecord>, 
         RM_MULTIXACT_ID => transam::parse_multixact(record, info),
         RM_HEAP_ID => heap::parse_heap(record, info),
         RM_HEAP2_ID => heap::parse_heap2(record, info),
+        RM_STANDBY_ID => transam::parse_standby(record, info),
         _ => Ok(None),
     }
 }

@@ -1,4 +1,5 @@
-//! SLRU records: `RM_CLOG_ID` (transaction status pages) and `RM_MULTIXACT_ID`.
+//! SLRU records: `RM_CLOG_ID` (transaction status pages) and `RM_MULTIXACT_ID`; and the
+//! running-transactions record of `RM_STANDBY_ID`, which hot standbys start from.
 //!
 //! CLOG and multixact pages are not relation blocks, so their records carry no block
 //! references: storage learns from these records when a page is zeroed, when old segments
@@ -86,6 +87,47 @@ pub(super) fn parse_clog(record: &DecodedRecord, info: u8) -> Result<Option<Meta
         }
         _ => Ok(None),
     }
+}
+
+/// `xl_running_xacts` (`XLOG_RUNNING_XACTS` of `RM_STANDBY_ID`): the transactions running
+/// when it was logged, which is where a hot standby learns them. The xid lists are
+/// length-checked and skipped: storage only needs where the record is and its oldest xid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunningXacts {
+    pub xcnt: u32,
+    pub subxcnt: u32,
+    pub subxid_overflow: bool,
+    pub next_xid: TransactionId,
+    pub oldest_running_xid: TransactionId,
+    pub latest_completed_xid: TransactionId,
+}
+
+pub(super) fn parse_standby(record: &DecodedRecord, info: u8) -> Result<Option<MetadataRecord>, WalError> {
+    if info != XLOG_RUNNING_XACTS {
+        return Ok(None);
+    }
+    let mut d = MainData::new(record, "running xacts", MIN_SIZE_OF_RUNNING_XACTS, false)?;
+    let xcnt = d.count("xcnt")?;
+    let subxcnt = d.count("subxcnt")?;
+    let subxid_overflow = match d.u8()? {
+        0 => false,
+        1 => true,
+        other => return Err(d.error(format!("subxid_overflow is {other}, expected 0 or 1"))),
+    };
+    d.bytes(3)?; // padding before nextXid
+    let next_xid = TransactionId(d.u32()?);
+    let oldest_running_xid = TransactionId(d.u32()?);
+    let latest_completed_xid = TransactionId(d.u32()?);
+    let ids = xcnt.checked_add(subxcnt).ok_or_else(|| d.error("xcnt + subxcnt overflows"))?;
+    d.skip_items(ids, 4)?;
+    Ok(Some(MetadataRecord::RunningXacts(RunningXacts {
+        xcnt: xcnt as u32,
+        subxcnt: subxcnt as u32,
+        subxid_overflow,
+        next_xid,
+        oldest_running_xid,
+        latest_completed_xid,
+    })))
 }
 
 pub(super) fn parse_multixact(record: &DecodedRecord, info: u8) -> Result<Option<MetadataRecord>, WalError> {

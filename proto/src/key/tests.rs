@@ -42,6 +42,7 @@ fn golden() -> Vec<(Key, &'static str, &'static str)> {
         (Key::checkpoint(), "04 00000000 00000000 00000000 00 00000000", "checkpoint record"),
         (Key::control_file(), "05 00000000 00000000 00000000 00 00000000", "global/pg_control"),
         (Key::last_commit_timestamp(), "06 00000000 00000000 00000000 00 00000000", "last commit timestamp"),
+        (Key::last_running_xacts(), "07 00000000 00000000 00000000 00 00000000", "last running-transactions record"),
         (Key::MAX, "FF FFFFFFFF FFFFFFFF FFFFFFFF FF FFFFFFFF", "end of key space"),
     ]
 }
@@ -90,7 +91,15 @@ fn accessors_classify_keys() {
     assert_eq!(Key::relmap_file(1664, 0).database(), Some((1664, 0)));
     assert_eq!(Key::rel_dir(1663, 5).kind(), KeyKind::RelDir { spcnode: 1663, dbnode: 5 });
     assert_eq!(Key::twophase_file(9).kind(), KeyKind::TwoPhaseFile { xid: 9 });
-    for key in [Key::db_dir(), Key::twophase_dir(), Key::checkpoint(), Key::control_file(), Key::last_commit_timestamp(), Key::MAX] {
+    for key in [
+        Key::db_dir(),
+        Key::twophase_dir(),
+        Key::checkpoint(),
+        Key::control_file(),
+        Key::last_commit_timestamp(),
+        Key::last_running_xacts(),
+        Key::MAX,
+    ] {
         assert_eq!((key.rel_tag(), key.slru(), key.database(), key.is_block()), (None, None, None, false));
     }
 }
@@ -209,7 +218,8 @@ fn next_crosses_every_boundary() {
         (Key::twophase_file(u32::MAX), Key::checkpoint()),
         (Key::checkpoint(), Key::control_file()),
         (Key::control_file(), Key::last_commit_timestamp()),
-        (Key::last_commit_timestamp(), Key::MAX),
+        (Key::last_commit_timestamp(), Key::last_running_xacts()),
+        (Key::last_running_xacts(), Key::MAX),
         (Key::MAX, Key::MAX),
     ];
     for (key, next) in cases {
@@ -224,7 +234,15 @@ fn boundary_keys() -> Vec<Key> {
     let oids = [0, 1, 2, u32::MAX - 1, u32::MAX];
     let relnodes = [1, 2, 3, u32::MAX - 1, u32::MAX];
     let blocks = [0, 1, 2, MAX_BLOCK - 1, MAX_BLOCK].map(BlockNumber);
-    let mut keys = vec![Key::db_dir(), Key::twophase_dir(), Key::checkpoint(), Key::control_file(), Key::last_commit_timestamp(), Key::MAX];
+    let mut keys = vec![
+        Key::db_dir(),
+        Key::twophase_dir(),
+        Key::checkpoint(),
+        Key::control_file(),
+        Key::last_commit_timestamp(),
+        Key::last_running_xacts(),
+        Key::MAX,
+    ];
     for spcnode in oids {
         for dbnode in oids {
             keys.push(Key::relmap_file(spcnode, dbnode));
@@ -314,6 +332,7 @@ fn arb_key_kind() -> impl Strategy<Value = KeyKind> {
         1 => Just(KeyKind::Checkpoint),
         1 => Just(KeyKind::ControlFile),
         1 => Just(KeyKind::LastCommitTimestamp),
+        1 => Just(KeyKind::LastRunningXacts),
         1 => Just(KeyKind::Max),
     ]
 }

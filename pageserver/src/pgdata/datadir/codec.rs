@@ -289,6 +289,50 @@ pub fn decode_commit_timestamp(bytes: &[u8]) -> Result<i64, DecodeError> {
     }
 }
 
+/// The last running-transactions record: where it starts (a record boundary, where a hot
+/// standby can begin replay) and the oldest transaction it lists as running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredRunningXacts {
+    pub record_lsn: Lsn,
+    pub oldest_running_xid: u32,
+    /// More subtransactions were running than the record could list: a standby starting
+    /// here cannot serve queries until the oldest of them ends.
+    pub subxid_overflow: bool,
+}
+
+const RUNNING_XACTS_VERSION: u8 = 1;
+const RUNNING_XACTS_BYTES: usize = 1 + 8 + 4 + 1;
+
+pub fn encode_running_xacts(r: &StoredRunningXacts) -> Bytes {
+    let mut buf = BytesMut::with_capacity(RUNNING_XACTS_BYTES);
+    buf.put_u8(RUNNING_XACTS_VERSION);
+    buf.put_u64_le(r.record_lsn.0);
+    buf.put_u32_le(r.oldest_running_xid);
+    buf.put_u8(u8::from(r.subxid_overflow));
+    buf.freeze()
+}
+
+pub fn decode_running_xacts(bytes: &[u8]) -> Result<StoredRunningXacts, DecodeError> {
+    const WHAT: &str = "running xacts";
+    match bytes {
+        [RUNNING_XACTS_VERSION, ..] if bytes.len() != RUNNING_XACTS_BYTES => {
+            Err(err(WHAT, format!("{} bytes, expected {RUNNING_XACTS_BYTES}", bytes.len())))
+        }
+        [RUNNING_XACTS_VERSION, ..] => {
+            let lsn = u64::from_le_bytes(bytes[1..9].try_into().map_err(|_| err(WHAT, "8 bytes expected"))?);
+            let xid = u32::from_le_bytes(bytes[9..13].try_into().map_err(|_| err(WHAT, "4 bytes expected"))?);
+            let subxid_overflow = match bytes[13] {
+                0 => false,
+                1 => true,
+                other => return Err(err(WHAT, format!("overflow flag {other}, expected 0 or 1"))),
+            };
+            Ok(StoredRunningXacts { record_lsn: Lsn(lsn), oldest_running_xid: xid, subxid_overflow })
+        }
+        [version, ..] => Err(err(WHAT, format!("unknown version {version}"))),
+        [] => Err(err(WHAT, "0 bytes")),
+    }
+}
+
 /// The checkpoint value: the latest checkpoint record and the counters as of now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredCheckpoint {
@@ -346,6 +390,20 @@ mod tests {
         assert_eq!(decode_commit_timestamp(&bytes[..8]).unwrap_err().to_string(), "invalid commit timestamp: 8 bytes, expected 9");
         assert_eq!(decode_commit_timestamp(&[2; 9]).unwrap_err().to_string(), "invalid commit timestamp: unknown version 2");
         assert_eq!(decode_commit_timestamp(&[]).unwrap_err().to_string(), "invalid commit timestamp: 0 bytes");
+    }
+
+    #[test]
+    fn running_xacts_round_trip_and_rejects_garbage() {
+        let r = StoredRunningXacts { record_lsn: Lsn(0x1_0000_0028), oldest_running_xid: 740, subxid_overflow: true };
+        let bytes = encode_running_xacts(&r);
+        assert_eq!(&bytes[..], &[1, 0x28, 0, 0, 0, 1, 0, 0, 0, 0xE4, 0x02, 0, 0, 1]);
+        assert_eq!(decode_running_xacts(&bytes), Ok(r));
+        assert_eq!(decode_running_xacts(&bytes[..13]).unwrap_err().to_string(), "invalid running xacts: 13 bytes, expected 14");
+        let mut bad = bytes.to_vec();
+        bad[13] = 7;
+        assert_eq!(decode_running_xacts(&bad).unwrap_err().to_string(), "invalid running xacts: overflow flag 7, expected 0 or 1");
+        assert_eq!(decode_running_xacts(&[9; 14]).unwrap_err().to_string(), "invalid running xacts: unknown version 9");
+        assert_eq!(decode_running_xacts(&[]).unwrap_err().to_string(), "invalid running xacts: 0 bytes");
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! | the latest checkpoint record, and the counters as of each LSN | `checkpoint` | start LSN, current `CheckPoint`, the WAL record (`codec.rs`) |
 //! | `global/pg_control` | `control_file` | the 8192-byte file as imported |
 //! | (none: when the last commit at or before an LSN happened) | `last_commit_timestamp` | `TimestampTz` (`codec.rs`), never decreasing |
+//! | (none: the newest running-transactions record at or before an LSN, where a hot standby starts) | `last_running_xacts` | its start LSN and oldest running xid (`codec.rs`) |
 //!
 //! Decisions:
 //! - **Existence is the directory's word.** Versions are never deleted, so a dropped
@@ -297,6 +298,12 @@ impl<'a> Datadir<'a> {
         self.at(lsn).value(Key::control_file())?.ok_or_else(|| DatadirError::NotFound { what: "control file".into(), lsn })
     }
 
+    /// The newest running-transactions record ending at or before `lsn` (on this timeline
+    /// or, below the branch point, its ancestors); `None` if there is none.
+    pub fn get_last_running_xacts(&self, lsn: Lsn) -> Result<Option<codec::StoredRunningXacts>, DatadirError> {
+        self.at(lsn).decoded(Key::last_running_xacts(), codec::decode_running_xacts)
+    }
+
     /// The last commit at or before `lsn`: the LSN it was stored at (the end of its commit
     /// record) and its timestamp, the greatest of any commit up to there (`TimestampTz`).
     /// `None` if no commit was ingested up to `lsn` (on this timeline or, below the branch
@@ -400,6 +407,12 @@ impl<'t> Modification<'t> {
     /// `timestamp` is a `TimestampTz`; callers keep it from decreasing (see `walingest`).
     pub fn put_last_commit_timestamp(&mut self, timestamp: i64) {
         self.put_image(Key::last_commit_timestamp(), codec::encode_commit_timestamp(timestamp));
+    }
+
+    /// The running-transactions record that starts at `r.record_lsn` and ends at this
+    /// modification's LSN.
+    pub fn put_last_running_xacts(&mut self, r: &codec::StoredRunningXacts) {
+        self.put_image(Key::last_running_xacts(), codec::encode_running_xacts(r));
     }
 
     /// How many values are waiting to be put.

@@ -35,10 +35,15 @@ const FIRST_MULTIXACT_ID: u32 = 1;
 impl WalIngest {
     pub(super) fn ingest_metadata(&mut self, m: &mut Modification<'_>, meta: MetadataRecord) -> anyhow::Result<()> {
         match meta {
-            MetadataRecord::Checkpoint { .. } | MetadataRecord::NextOid(_) | MetadataRecord::Switch | MetadataRecord::VmBitsSet(_) => {
+            MetadataRecord::Checkpoint { .. }
+            | MetadataRecord::NextOid(_)
+            | MetadataRecord::Switch
+            | MetadataRecord::VmBitsSet(_)
+            | MetadataRecord::RunningXacts(_) => {
                 // Nothing more to store: the checkpoint and the OID counter are in the
                 // checkpoint value (`counters.rs`), a switch only ends a segment, and setting
-                // visibility-map bits registers the map page.
+                // visibility-map bits registers the map page. A running-transactions record
+                // is stored by `ingest_record`, which knows where it starts.
             }
             MetadataRecord::XactCompletion(c) => self.xact_completion(m, c)?,
             MetadataRecord::XactPrepare(p) => {

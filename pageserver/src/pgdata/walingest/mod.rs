@@ -33,11 +33,11 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use pgwal::{parse_metadata, DecodedRecord};
+use pgwal::{parse_metadata, DecodedRecord, MetadataRecord};
 use proto::page::PAGE_SIZE_BYTES;
 use proto::{BlockNumber, ForkNumber, Key, KeyKind, Lsn, RelTag};
 
-use crate::pgdata::datadir::codec::{encode_checkpoint, DbEntry, RelEntry, StoredCheckpoint};
+use crate::pgdata::datadir::codec::{encode_checkpoint, DbEntry, RelEntry, StoredCheckpoint, StoredRunningXacts};
 use crate::pgdata::datadir::{Modification, ValueSource};
 use crate::pgdata::reconstruct::StoredRecord;
 pub use files::{wal_segment_file_name, WalFilesIngested};
@@ -143,6 +143,14 @@ impl WalIngest {
         self.ingest_blocks(&mut m, record, end_lsn)?;
         let meta = parse_metadata(record)?;
         self.track_counters(&mut m, record, meta.as_ref())?;
+        if let Some(MetadataRecord::RunningXacts(r)) = &meta {
+            // Stored here, where the record's start is known: a standby starts there.
+            m.put_last_running_xacts(&StoredRunningXacts {
+                record_lsn: record.lsn,
+                oldest_running_xid: r.oldest_running_xid.0,
+                subxid_overflow: r.subxid_overflow,
+            });
+        }
         if let Some(meta) = meta {
             self.ingest_metadata(&mut m, meta)?;
         }

@@ -11,11 +11,12 @@
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/import` | `{"pgdata": "/path"}`: bootstrap from a shut-down data directory on this host |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | `{"sources": [{"host", "port", "user"}, ...]}` (1 to 16, no duplicate host and port, no port 0) or one source `{"host", "port", "user"}`: follow the timeline's WAL over streaming replication from one source at a time, failing over to the next and switching to one with more WAL (application_name `fjord_pageserver`, database `<tenant>/<timeline>`); persisted, restarted when the pageserver starts; 400 with the reason for an invalid list |
 //! | DELETE | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | stop the receiver and forget its source (404 if there is none) |
-//! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/basebackup[?lsn=X/X]` | `application/x-tar` data directory to start a compute at the LSN (default: the last record LSN; an explicit one is waited for), header `X-Fjord-Lsn`; 400 below the GC horizon or branch point, 504 if the LSN is not ingested in time |
+//! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/basebackup[?lsn=X/X][&standby=true]` | `application/x-tar` data directory to start a compute at the LSN (default: the last record LSN; an explicit one is waited for; a hot standby's starts at the newest running-transactions record at or before it), header `X-Fjord-Lsn`; 400 below the GC horizon or branch point, 504 if the LSN is not ingested in time |
 //! | GET | `/v1/tenant/{tenant}/config` | the tenant's settings and its PITR window in force |
 //! | PUT | `/v1/tenant/{tenant}/config` | `{"pitr_window"?: "1s"}`: replace the tenant's settings (persisted; an absent field takes the pageserver's default) |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/checkpoint` | freeze the open in-memory layer and flush it: the layers written |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/compact` | `{"force_l0"?, "force_image_layers"?}`: image layers where the delta depth asks for them (or everywhere), then L0 compaction: what was written and removed |
+//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/lsn_lease` | `{"holder", "lsn", "ttl_secs"}`: GC keeps `lsn` and above readable for `ttl_secs` (a read replica renews its replay position); 400 below the GC cutoff; the leases in force |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/gc` | `{"pitr_window"?}`: GC with the tenant's PITR window or this one: the cutoff and what was removed |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/get_lsn_by_timestamp?timestamp=<RFC 3339>` | `{"kind": "present"\|"future"\|"past"\|"nodata", "lsn"}`: the LSN that shows exactly the commits up to the time |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/changed_blocks?from=X/X&to=X/X[&limit=N]` | `{"from", "to", "blocks": [[spc, db, rel, fork, blkno, "lsn"]], "relations": [[spc, db, rel, fork, nblocks\|null, "lsn"]], "databases": [[spc, db, "lsn"]]}`: what a compute's page cache valid as of LSNs from `from` on must drop to start at `to` (waited for; `pgdata::changes`); 400 bad query or `from` after `to`, 410 `from` below the GC horizon or the branch point, 409 more than `limit` (default 100000, at most 1000000) keys changed, 504 `to` not ingested in time |
@@ -27,6 +28,7 @@
 //! decode with the same types; this file only maps them to and from the domain.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
@@ -37,8 +39,9 @@ use axum::{Json, Router};
 use pageserver_api::models::{
     BasebackupQuery, ChangedBlock, ChangedBlocksQuery, ChangedBlocksResponse, ChangedRelation, CheckpointResponse, CompactRequest,
     CompactResponse, DroppedDatabase, ErrorResponse, EvictLayersResponse, GcRequest, GcResponse, ImportRequest, ImportResponse,
-    LsnByTimestampQuery, LsnByTimestampResponse, LsnKind, RemoteStorageStatus, StatusResponse, TenantConfig, TenantConfigInfo,
-    TenantCreateRequest, TenantCreateResponse, TimelineCreateRequest, TimelineInfo, BASEBACKUP_CONTENT_TYPE, CHANGED_BLOCKS_LIMIT_DEFAULT,
+    LsnByTimestampQuery, LsnByTimestampResponse, LsnKind, LsnLease, LsnLeaseRequest, LsnLeaseResponse, RemoteStorageStatus, StatusResponse,
+    TenantConfig, TenantConfigInfo, TenantCreateRequest, TenantCreateResponse, TimelineCreateRequest, TimelineInfo,
+    BASEBACKUP_CONTENT_TYPE, CHANGED_BLOCKS_LIMIT_DEFAULT,
 };
 use pageserver_api::time::HumanDuration;
 use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
@@ -170,6 +173,7 @@ pub fn router(ps: Arc<Pageserver>) -> Router {
         .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/compact", post(compact))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/gc", post(gc))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/lsn_lease", post(lsn_lease))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/get_lsn_by_timestamp", get(lsn_by_timestamp))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/changed_blocks", get(changed_blocks))
         .route("/metrics", get(metrics))
@@ -288,7 +292,7 @@ async fn basebackup(
 ) -> Result<Response, ApiError> {
     let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
     let query = BasebackupQuery::parse(query.as_deref().unwrap_or("")).map_err(|e| ApiError(ManagementError::BadRequest(e.to_string())))?;
-    let (tar, summary) = blocking(move || ps.basebackup(tenant, timeline, query.lsn)).await?;
+    let (tar, summary) = blocking(move || ps.basebackup(tenant, timeline, query.lsn, query.standby)).await?;
     let headers = [
         (axum::http::header::CONTENT_TYPE, BASEBACKUP_CONTENT_TYPE.to_string()),
         (axum::http::header::HeaderName::from_static(LSN_HEADER_LOWERCASE), summary.lsn.to_string()),
@@ -347,6 +351,17 @@ async fn compact(
         image_lsn: (!i.layers_created.is_empty()).then_some(i.lsn),
         bytes_written: c.bytes_written + i.bytes_written,
     }))
+}
+
+async fn lsn_lease(
+    State(ps): State<Arc<Pageserver>>,
+    Path((tenant, timeline)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Json<LsnLeaseResponse>, ApiError> {
+    let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
+    let req: LsnLeaseRequest = json_body(&body)?;
+    let leases = blocking(move || ps.lsn_lease(tenant, timeline, &req.holder, req.lsn, Duration::from_secs(req.ttl_secs))).await?;
+    Ok(Json(LsnLeaseResponse { leases: leases.into_iter().map(|(holder, lsn)| LsnLease { holder, lsn }).collect() }))
 }
 
 async fn gc(
@@ -707,7 +722,7 @@ mod tests {
                 format!("{timeline_path}/basebackup?at=0/10"),
                 None,
                 400,
-                r#"{"error":"unknown query parameter \"at=0/10\"; the only one is lsn=X/X"}"#.into(),
+                r#"{"error":"unknown query parameter \"at=0/10\"; expected lsn=X/X or standby=true|false"}"#.into(),
             ),
             ("GET", format!("/v1/tenant/{TENANT}/config"), None, 200, tenant_config("{}", "7d")),
             ("PUT", format!("/v1/tenant/{TENANT}/config"), Some(r#"{"pitr_window": "1s"}"#.into()), 200, tenant_config(r#"{"pitr_window":"1s"}"#, "1s")),
@@ -863,7 +878,7 @@ mod tests {
         let source = WalSource { host: "127.0.0.1".into(), port: 5432, user: "u".into() };
         assert_eq!(status_of(client.start_wal_receiver(tenant, timeline, &WalReceiverRequest::Single(source))).0, 409);
         assert_eq!(status_of(client.stop_wal_receiver(tenant, timeline)).0, 404);
-        let at = BasebackupQuery { lsn: Some(Lsn(0x10)) };
+        let at = BasebackupQuery { lsn: Some(Lsn(0x10)), standby: false };
         assert_eq!(status_of(client.basebackup(tenant, timeline, &at).map(|b| b.lsn)).0, 409);
 
         use pageserver_api::models::{CompactRequest, GcRequest, LsnByTimestampQuery, LsnKind, TenantConfig};

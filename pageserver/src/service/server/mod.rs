@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context;
 use proto::{Lsn, TenantId, TimelineId};
 
-use crate::pgdata::basebackup::{write_basebackup, BasebackupSummary};
+use crate::pgdata::basebackup::{write_basebackup, write_standby_basebackup, BasebackupSummary};
 use crate::pgdata::changes::{changed_blocks, ChangedBlocks, ChangesError};
 use crate::pgdata::import::{import_datadir, ImportSummary};
 use crate::pgdata::reconstruct::PgReconstructor;
@@ -317,11 +317,18 @@ impl Pageserver {
     /// explicit `lsn` is waited for up to the wait-LSN timeout and must be a record
     /// boundary (the end of a record); one below the GC cutoff or the branch point is
     /// refused. The previous record LSN is passed only at the last record LSN.
+    ///
+    /// With `standby`, the basebackup is for a hot standby that replays the timeline's WAL
+    /// from the safekeepers: it starts at the newest running-transactions record at or
+    /// before that LSN (so that the standby knows at once which transactions are running
+    /// and serves queries), if the record is on this timeline and readable; otherwise at
+    /// the LSN itself, and the standby waits for the next such record.
     pub fn basebackup(
         &self,
         tenant: TenantId,
         timeline: TimelineId,
         lsn: Option<Lsn>,
+        standby: bool,
     ) -> Result<(Vec<u8>, BasebackupSummary), ManagementError> {
         let t = self.timeline(tenant, timeline)?;
         if !t.last_record_lsn().is_valid() {
@@ -353,13 +360,40 @@ impl Pageserver {
         };
         let started = Instant::now();
         let mut out = Vec::new();
-        let summary = write_basebackup(&t, self.reconstructor.as_ref(), lsn, prev, &mut out)
-            .with_context(|| format!("basebackup of timeline {timeline} at {lsn}"))?;
+        let summary = if standby {
+            self.standby_basebackup(&t, lsn, &mut out)?
+        } else {
+            write_basebackup(&t, self.reconstructor.as_ref(), lsn, prev, &mut out)
+                .with_context(|| format!("basebackup of timeline {timeline} at {lsn}"))?
+        };
         let stats = &self.basebackup_stats;
         stats.count.fetch_add(1, Ordering::Relaxed);
         stats.bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
         stats.micros.fetch_add(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
         Ok((out, summary))
+    }
+
+    fn standby_basebackup(&self, t: &Timeline, lsn: Lsn, out: &mut Vec<u8>) -> Result<BasebackupSummary, ManagementError> {
+        let datadir = crate::pgdata::datadir::Datadir::new(t, self.reconstructor.as_ref());
+        let running = datadir.get_last_running_xacts(lsn).map_err(|e| ManagementError::Internal(e.into()))?;
+        let floor = t.gc_cutoff_lsn().max(t.ancestor_lsn().unwrap_or(Lsn(0)));
+        let (start, oldest) = match running {
+            Some(r) if r.record_lsn >= floor => (r.record_lsn, Some(pgwal::TransactionId(r.oldest_running_xid))),
+            other => {
+                tracing::info!(
+                    timeline_id = %t.timeline_id(),
+                    "standby basebackup at {lsn}: no running-transactions record to start from ({}); the standby waits for the next one",
+                    match other {
+                        Some(r) => format!("the newest, at {}, is below {floor}", r.record_lsn),
+                        None => "none was logged".to_string(),
+                    }
+                );
+                (lsn, None)
+            }
+        };
+        write_standby_basebackup(t, self.reconstructor.as_ref(), start, oldest, out)
+            .with_context(|| format!("standby basebackup of timeline {} at {start}", t.timeline_id()))
+            .map_err(ManagementError::Internal)
     }
 
     /// The tenant's own settings and its PITR window in force.
@@ -408,6 +442,26 @@ impl Pageserver {
     ) -> Result<CompactOutcome, ManagementError> {
         let t = self.timeline(tenant, timeline)?;
         Ok(self.jobs.compact(&*self.tenant(tenant)?, &t, force_l0, force_images)?)
+    }
+
+    /// Grants or renews a lease on `lsn` (`Jobs::renew_lsn_lease`); the timeline's leases.
+    pub fn lsn_lease(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        holder: &str,
+        lsn: Lsn,
+        ttl: Duration,
+    ) -> Result<Vec<(String, Lsn)>, ManagementError> {
+        let t = self.timeline(tenant, timeline)?;
+        if holder.is_empty() || holder.len() > 200 {
+            return Err(ManagementError::BadRequest("a lease needs a holder name of 1 to 200 bytes".into()));
+        }
+        if ttl.is_zero() || ttl > Duration::from_secs(3600) {
+            return Err(ManagementError::BadRequest(format!("ttl_secs {} out of range: 1 to 3600", ttl.as_secs())));
+        }
+        self.jobs.renew_lsn_lease(&t, holder, lsn, ttl).map_err(|e| ManagementError::BadRequest(e.to_string()))?;
+        Ok(self.jobs.lsn_leases(tenant, timeline))
     }
 
     /// GC with the tenant's PITR window, or `pitr_window` for this run (see `Jobs::gc`).
