@@ -163,6 +163,12 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
     if let Some(budget) = conf.layer_disk_budget_bytes {
         cmd.arg("--layer-disk-budget-bytes").arg(budget.to_string());
     }
+    // Further pageserver settings (`pageserver --print-config` lists them) go in
+    // pageserver.toml in the repo; the flags above win over it.
+    let extra = repo.dir.join(PAGESERVER_TOML);
+    if extra.is_file() {
+        cmd.arg("--config").arg(&extra);
+    }
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }
@@ -177,6 +183,9 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// The optional file of further pageserver settings in a repo.
+pub const PAGESERVER_TOML: &str = "pageserver.toml";
 
 /// Spawns a daemon and waits until `is_up` (its HTTP API answers), at most 30 s.
 fn spawn_and_wait(

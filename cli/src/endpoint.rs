@@ -285,8 +285,11 @@ pub fn print_table(repo: &Repo, state: &State) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("{:<16} {:<12} {:<6} {:<12} {:<24} TENANT", "ENDPOINT", "BRANCH", "PORT", "LSN", "STATUS");
+    let api = repo.api();
     for (name, ep) in &state.endpoints {
-        let status = match repo.endpoint(name).running_pid()? {
+        let running = repo.endpoint(name).running_pid()?;
+        let status = match running {
+            Some(pid) if ep.replica => format!("running (pid {pid}){}", replica_lag(repo, &api, name, ep)),
             Some(pid) => format!("running (pid {pid})"),
             None => "stopped".to_string(),
         };
@@ -298,6 +301,29 @@ pub fn print_table(repo: &Repo, state: &State) -> anyhow::Result<()> {
         println!("{name:<16} {:<12} {:<6} {lsn:<12} {status:<24} {}", ep.branch, ep.port, ep.tenant_id);
     }
     Ok(())
+}
+
+/// A running replica's position: what it replayed (from compute_ctl's status file, updated
+/// every second) and how far that is behind what the pageserver has ingested of the
+/// branch; empty when either is unknown.
+fn replica_lag(repo: &Repo, api: &pageserver_api::Client, name: &str, ep: &EndpointState) -> String {
+    let status_file = repo.endpoint_dir(name).join("status.json");
+    let replayed = std::fs::read_to_string(&status_file)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["replay_lsn"].as_str().and_then(|l| l.parse::<proto::Lsn>().ok()));
+    let Some(replayed) = replayed else { return String::new() };
+    let latest = ep
+        .tenant_id
+        .parse()
+        .ok()
+        .zip(ep.timeline_id.parse().ok())
+        .and_then(|(t, tl)| api.timeline(t, tl).ok())
+        .map(|info| info.last_record_lsn);
+    match latest {
+        Some(latest) => format!(", replayed {replayed}, {} bytes behind", latest.0.saturating_sub(replayed.0)),
+        None => format!(", replayed {replayed}"),
+    }
 }
 
 pub fn connstr(repo: &Repo, name: &str) -> anyhow::Result<()> {

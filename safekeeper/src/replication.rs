@@ -47,7 +47,9 @@
 //!    sends a primary keepalive (`k`) every second; when the client has sent nothing for
 //!    half the sender timeout the keepalive asks for a reply, and after the whole timeout
 //!    (60 s) the connection is closed. Standby status updates (`r`) are recorded with
-//!    [`WalSource::set_pageserver_feedback`]; hot standby feedback (`h`) is ignored; the
+//!    [`WalSource::set_standby_feedback`] (the pageserver's, `application_name`
+//!    `fjord_pageserver`, are its feedback; a read replica's are only shown in the
+//!    timeline's status); hot standby feedback (`h`) is ignored; the
 //!    pageserver's remote-consistent LSN (fjord's own CopyData message: `P` and the LSN as
 //!    a big-endian `u64`, 9 bytes in all: WAL below it is in object storage) is recorded
 //!    with [`WalSource::set_remote_consistent_lsn`]; the client's `CopyDone` ends streaming
@@ -125,8 +127,10 @@ pub trait WalSource: Send + Sync + 'static {
     /// `wal_begin_lsn() <= from < to <= commit LSN`, and never across a segment boundary.
     /// It may block (file I/O): it runs on tokio's blocking pool.
     fn read_wal_verified(&self, from: Lsn, to: Lsn) -> anyhow::Result<Bytes>;
-    /// Records the progress the client reported in a standby status update.
-    fn set_pageserver_feedback(&self, feedback: PageserverFeedback);
+    /// Records the progress the client reported in a standby status update; `client` is
+    /// `application_name@address` (the pageserver's application name is
+    /// [`PAGESERVER_APPLICATION_NAME`]).
+    fn set_standby_feedback(&self, client: &str, feedback: PageserverFeedback);
     /// Records the remote-consistent LSN the pageserver reported (fjord's `P` message).
     fn set_remote_consistent_lsn(&self, lsn: Lsn);
 }
@@ -209,8 +213,14 @@ impl WalSource for crate::Timeline {
     fn read_wal_verified(&self, from: Lsn, to: Lsn) -> anyhow::Result<Bytes> {
         crate::Timeline::read_wal_verified(self, from, to)
     }
-    fn set_pageserver_feedback(&self, f: PageserverFeedback) {
-        crate::Timeline::set_pageserver_feedback(self, f)
+    fn set_standby_feedback(&self, client: &str, f: PageserverFeedback) {
+        // Only the pageserver's progress is the pageserver's feedback (backpressure,
+        // proposers' view); a read replica's or pg_receivewal's is only shown.
+        if client.split('@').next() == Some(PAGESERVER_APPLICATION_NAME) {
+            crate::Timeline::set_pageserver_feedback(self, f)
+        } else {
+            crate::Timeline::set_standby_feedback(self, client, f)
+        }
     }
     fn set_remote_consistent_lsn(&self, lsn: Lsn) {
         crate::Timeline::set_remote_consistent_lsn(self, lsn)
@@ -236,7 +246,7 @@ where
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "unknown peer".into());
     let _ = stream.set_nodelay(true);
     let (read, write) = stream.into_split();
-    let mut conn = Conn { read: Some(read), write, out: BytesMut::new(), config };
+    let mut conn = Conn { client: format!("@{peer}"), read: Some(read), write, out: BytesMut::new(), config };
     let span = tracing::info_span!("replication", peer = %peer);
     let result = tracing::Instrument::instrument(run(&mut conn, lookup), span.clone()).await;
     match &result {
@@ -247,6 +257,8 @@ where
 }
 
 struct Conn {
+    /// `application_name@peer address`, once the startup packet is read.
+    client: String,
     /// Taken by the reader task once the startup is done.
     read: Option<OwnedReadHalf>,
     write: OwnedWriteHalf,
@@ -395,8 +407,13 @@ where
 
 static NEXT_BACKEND_ID: AtomicI32 = AtomicI32::new(1);
 
+/// The `application_name` of the pageserver's WAL receiver: its standby status updates
+/// are the pageserver's feedback.
+pub const PAGESERVER_APPLICATION_NAME: &str = "fjord_pageserver";
+
 async fn session<S: WalSource + ?Sized>(conn: &mut Conn, source: Arc<S>, startup: &Startup) -> anyhow::Result<()> {
     tracing::debug!("replication connection started");
+    conn.client = format!("{}{}", startup.application_name.as_deref().unwrap_or(""), conn.client);
     message(&mut conn.out, b'R', |b| b.put_u32(0));
     for (name, value) in [
         ("server_version", SERVER_VERSION),
@@ -628,7 +645,7 @@ async fn streaming_message<S: WalSource + ?Sized>(
                     let _client_time = body.get_i64();
                     let reply_requested = body.get_u8() != 0;
                     tracing::trace!("standby status update {feedback:?}");
-                    source.set_pageserver_feedback(feedback);
+                    source.set_standby_feedback(&conn.client, feedback);
                     if reply_requested {
                         keepalive(&mut conn.out, source.commit_lsn(), false);
                         conn.flush().await?;

@@ -28,8 +28,10 @@ use proto::{Lsn, TenantId, TimelineId};
 use quorum::wire::{PageserverFeedback, WAL_BYTES_MAX};
 use quorum::{Acceptor, AcceptorAction, Persist, ToAcceptor, ToProposer};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
@@ -62,6 +64,9 @@ struct Inner {
     broken: Option<String>,
 }
 
+/// How long a streaming client's last report stays in the status.
+const STANDBY_SHOWN_FOR: Duration = Duration::from_secs(60);
+
 pub struct Timeline {
     pub tenant: TenantId,
     pub timeline: TimelineId,
@@ -75,6 +80,9 @@ pub struct Timeline {
     /// proposer (durable once `persist_lazy` wrote it). Outside the lock: the replication
     /// connection raises it without waiting for a batch's fsyncs.
     remote_consistent_lsn: AtomicU64,
+    /// What the other streaming clients (read replicas, `pg_receivewal`) last reported, by
+    /// `application_name@peer`, with when: shown in the status, nothing else depends on it.
+    standbys: Mutex<BTreeMap<String, (PageserverFeedback, SystemTime)>>,
     metrics: Arc<Metrics>,
 }
 
@@ -106,6 +114,20 @@ pub struct TimelineStatus {
     /// Bytes of WAL segment files on disk.
     pub wal_disk_bytes: u64,
     pub pageserver_feedback: FeedbackJson,
+    /// The other streaming clients heard from in the last minute: read replicas' positions.
+    pub standbys: Vec<StandbyJson>,
+}
+
+/// A streaming client other than the pageserver, as its last status update had it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StandbyJson {
+    /// `application_name@address`.
+    pub client: String,
+    pub write_lsn: String,
+    pub flush_lsn: String,
+    pub apply_lsn: String,
+    /// Milliseconds since that update.
+    pub reported_ms_ago: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -141,6 +163,7 @@ impl Timeline {
             flush_tx,
             feedback_tx,
             remote_consistent_lsn: AtomicU64::new(c.remote_consistent_lsn.0),
+            standbys: Mutex::new(BTreeMap::new()),
             metrics,
         };
         tl.update_gauges(&tl.lock());
@@ -231,6 +254,14 @@ impl Timeline {
             let new = PageserverFeedback { remote_consistent_lsn: cur.remote_consistent_lsn, ..f };
             std::mem::replace(cur, new) != new
         });
+    }
+
+    /// Another streaming client (a read replica) reported its position.
+    pub fn set_standby_feedback(&self, client: &str, f: PageserverFeedback) {
+        let mut standbys = self.standbys.lock().unwrap_or_else(|e| e.into_inner());
+        let now = SystemTime::now();
+        standbys.retain(|_, (_, at)| now.duration_since(*at).unwrap_or_default() < STANDBY_SHOWN_FOR);
+        standbys.insert(client.to_string(), (f, now));
     }
 
     /// The pageserver reported its remote-consistent LSN (WAL below it is in object
@@ -462,6 +493,22 @@ impl Timeline {
                 write_lsn: f.write_lsn.to_string(),
                 flush_lsn: f.flush_lsn.to_string(),
                 apply_lsn: f.apply_lsn.to_string(),
+            },
+            standbys: {
+                let now = SystemTime::now();
+                let standbys = self.standbys.lock().unwrap_or_else(|e| e.into_inner());
+                standbys
+                    .iter()
+                    .map(|(client, (f, at))| (client, f, now.duration_since(*at).unwrap_or_default()))
+                    .filter(|(_, _, ago)| *ago < STANDBY_SHOWN_FOR)
+                    .map(|(client, f, ago)| StandbyJson {
+                        client: client.clone(),
+                        write_lsn: f.write_lsn.to_string(),
+                        flush_lsn: f.flush_lsn.to_string(),
+                        apply_lsn: f.apply_lsn.to_string(),
+                        reported_ms_ago: u64::try_from(ago.as_millis()).unwrap_or(u64::MAX),
+                    })
+                    .collect()
             },
         }
     }

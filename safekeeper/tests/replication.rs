@@ -111,7 +111,7 @@ impl WalSource for MemWal {
         }
         Ok(Bytes::copy_from_slice(self.bytes(from, to)))
     }
-    fn set_pageserver_feedback(&self, feedback: PageserverFeedback) {
+    fn set_standby_feedback(&self, _client: &str, feedback: PageserverFeedback) {
         self.feedback.lock().unwrap().push(feedback);
     }
     fn set_remote_consistent_lsn(&self, lsn: Lsn) {

@@ -15,6 +15,7 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -86,6 +87,10 @@ struct Args {
     /// sync: any number of replicas run beside the writer, or without one.
     #[arg(long, conflicts_with = "lsn")]
     replica: bool,
+    /// How long the pageserver keeps a replica's lease on its replay position (renewed
+    /// every second) after the last renewal, in seconds.
+    #[arg(long, env = "FJORD_REPLICA_LEASE_TTL_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    replica_lease_ttl_secs: u64,
     /// How long the safekeeper sync may take, in seconds.
     #[arg(long, default_value_t = 30)]
     sync_safekeepers_timeout_secs: u64,
@@ -195,9 +200,9 @@ fn run(args: Args) -> anyhow::Result<i32> {
             "hot standby: replaying the safekeepers' committed WAL from {}",
             backup.lsn.map_or_else(|| "?".to_string(), |l| l.to_string())
         );
-        hold_replay_position(&args, &probe_host, &user);
     } else if args.lsn.is_none() && safekeepers.is_some() {
         postmaster.checkpoint_before_shutdown(&args.pg_bin_dir, &probe_host, args.port, &user);
+        log_running_transactions_soon(&args, &probe_host, &user);
     } else if args.lsn.is_none() {
         if let Err(e) = pageserver::start_wal_receiver(&client, args.tenant, args.timeline, &probe_host, args.port, &user) {
             postmaster.kill();
@@ -233,9 +238,15 @@ fn run(args: Args) -> anyhow::Result<i32> {
     }
     tracing::info!("compute running: {report}");
     println!("{report}");
+    let status_writes = Arc::new(Mutex::new(true));
+    if args.replica {
+        hold_replay_position(&args, &probe_host, &user, report.clone(), Arc::clone(&status_writes));
+    }
 
     let status = postmaster.supervise()?;
     tracing::info!("postgres exited: {}", postgres::describe(status));
+    // The lease thread writes the status file no more.
+    *status_writes.lock().unwrap_or_else(|e| e.into_inner()) = false;
     if let Some(path) = &args.status_file {
         let mut last = report;
         last["state"] = "exited".into();
@@ -260,17 +271,42 @@ fn sync_and_follow(client: &Client, args: &Args, list: &[Safekeeper]) -> anyhow:
     Ok(synced)
 }
 
-/// How often a replica renews its lease on its replay position, and how long a lease lasts
-/// without renewal (a replica that stops renewing, stopped or hung, releases its hold on GC
-/// after that).
+/// A writer's first running-transactions record, logged by a `CHECKPOINT` in the
+/// background right after the start: a read replica's basebackup starts at the newest such
+/// record on the branch, and without one a new replica would wait for PostgreSQL's next
+/// (logged every 15 s while WAL is written). The checkpoint costs little at this point:
+/// hardly anything is dirty yet.
+fn log_running_transactions_soon(args: &Args, host: &str, user: &str) {
+    let (pg_bin_dir, host, user, port) = (args.pg_bin_dir.clone(), host.to_string(), user.to_string(), args.port);
+    let spawned = std::thread::Builder::new().name("first-checkpoint".into()).spawn(move || {
+        let started = Instant::now();
+        match postgres::query_value(&pg_bin_dir, &host, port, &user, "CHECKPOINT") {
+            Ok(_) => tracing::info!(
+                "checkpoint after start done in {} ms (a running-transactions record for read replicas)",
+                started.elapsed().as_millis()
+            ),
+            Err(e) => {
+                tracing::warn!("checkpoint after start failed: {e:#}; read replicas wait for PostgreSQL's next running-transactions record")
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("could not start the checkpoint after start: {e}");
+    }
+}
+
+/// How often a replica renews its lease on its replay position (`--replica-lease-ttl-secs`
+/// says how long a lease lasts without renewal: a replica that stops renewing, stopped or
+/// hung, releases its hold on GC after that).
 const LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(1);
-const LEASE_TTL: Duration = Duration::from_secs(30);
 
 /// Keeps the pageserver's GC from collecting what this replica reads: every second, a lease
 /// on its replay position (the LSN it reads every page at). A refused lease (the replica
 /// fell behind the GC horizon, so its reads fail too) is logged as an error once.
-fn hold_replay_position(args: &Args, host: &str, user: &str) {
+fn hold_replay_position(args: &Args, host: &str, user: &str, report: serde_json::Value, status_writes: Arc<Mutex<bool>>) {
     let client = Client::new(&args.pageserver_http);
+    let ttl_secs = args.replica_lease_ttl_secs;
+    let status_file = args.status_file.clone();
     let (tenant, timeline, port) = (args.tenant, args.timeline, args.port);
     let (pg_bin_dir, host, user) = (args.pg_bin_dir.clone(), host.to_string(), user.to_string());
     let holder = format!("replica {}:{port} pid {}", host, std::process::id());
@@ -280,7 +316,17 @@ fn hold_replay_position(args: &Args, host: &str, user: &str) {
             let result = postgres::query_value(&pg_bin_dir, &host, port, &user, "SELECT pg_last_wal_replay_lsn()")
                 .and_then(|text| text.parse::<Lsn>().map_err(|e| anyhow::anyhow!("replay LSN {text:?}: {e}")))
                 .and_then(|lsn| {
-                    let request = LsnLeaseRequest { holder: holder.clone(), lsn, ttl_secs: LEASE_TTL.as_secs() };
+                    // The status file shows where the replica is (`fjord endpoint list`).
+                    let allowed = status_writes.lock().unwrap_or_else(|e| e.into_inner());
+                    if let (Some(path), true) = (&status_file, *allowed) {
+                        let mut now = report.clone();
+                        now["replay_lsn"] = lsn.to_string().into();
+                        if let Err(e) = write_atomically(path, &now.to_string()) {
+                            tracing::warn!("could not update the status file: {e:#}");
+                        }
+                    }
+                    drop(allowed);
+                    let request = LsnLeaseRequest { holder: holder.clone(), lsn, ttl_secs };
                     client.lsn_lease(tenant, timeline, &request).map_err(anyhow::Error::from)
                 });
             match result {

@@ -1,0 +1,315 @@
+"""Read replicas (`fjord endpoint start NAME --replica`) and points in time (`--at TIME`),
+through the CLI, with real processes: a pageserver, three safekeepers, a primary compute and
+hot standby computes that stream the committed WAL from the safekeepers, replay it on the
+pages they hold and read every other page from the pageserver at their replay position.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from fixtures.cli import FjordRepo
+from fixtures.paths import pg_bin_dir
+from fixtures.postgres import wait_until
+
+PGBENCH_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
+
+
+@pytest.fixture
+def repo(tmp_path: Path):
+    r = FjordRepo(tmp_path / "repo").init()
+    r.run("start")
+    r.tenant = r.run("tenant", "create").stdout.strip()
+    yield r
+    r.cleanup()
+
+
+def connect(connstr: str) -> psycopg.Connection:
+    return psycopg.connect(connstr, autocommit=True)
+
+
+def port_of(connstr: str) -> int:
+    return int(re.search(r":(\d+)/", connstr).group(1))
+
+
+def one(conn: psycopg.Connection, sql: str, *params):
+    return conn.execute(sql, params).fetchone()[0]
+
+
+def table_digest(conn: psycopg.Connection, table: str) -> str:
+    """A digest of a table's rows in a fixed order: equal digests, equal contents."""
+    h = hashlib.sha256()
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT t::text FROM {table} t ORDER BY t::text")
+        for (row,) in cur:
+            h.update(row.encode())
+            h.update(b"\n")
+    return h.hexdigest()
+
+
+def digests(conn: psycopg.Connection, tables=PGBENCH_TABLES) -> dict[str, str]:
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    try:
+        return {t: table_digest(conn, t) for t in tables}
+    finally:
+        conn.execute("COMMIT")
+
+
+def replay_lsn(conn: psycopg.Connection) -> str:
+    return str(one(conn, "SELECT pg_last_wal_replay_lsn()"))
+
+
+def lsn_int(lsn: str) -> int:
+    hi, lo = lsn.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+def wait_replayed(conn: psycopg.Connection, lsn: str, timeout_s: float = 60) -> None:
+    wait_until(f"replay past {lsn}", lambda: lsn_int(replay_lsn(conn)) >= lsn_int(lsn), timeout_s=timeout_s, interval_s=0.02)
+
+
+def pgbench(port: int, *args: str) -> str:
+    r = subprocess.run([str(pg_bin_dir() / "pgbench"), "-h", "127.0.0.1", "-p", str(port), "-U", getpass.getuser(), *args, "postgres"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"pgbench {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def test_a_replica_follows_its_primary_and_refuses_writes(repo):
+    primary = repo.run("endpoint", "start", "main").stdout.strip()
+    with connect(primary) as p:
+        p.execute("CREATE EXTENSION fjord")
+        p.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        p.execute("INSERT INTO t SELECT g, 'row ' || g FROM generate_series(1, 1000) g")
+        started = time.monotonic()
+        replica = repo.run("endpoint", "start", "r1", "--replica").stdout.strip()
+        start_s = time.monotonic() - started
+        with connect(replica) as r:
+            assert one(r, "SELECT pg_is_in_recovery()") is True
+            assert one(r, "SELECT count(*) FROM t") == 1000
+            # A row committed on the primary becomes visible on the replica.
+            p.execute("INSERT INTO t VALUES (1001, 'new')")
+            lsn = str(one(p, "SELECT pg_current_wal_flush_lsn()"))
+            wait_replayed(r, lsn)
+            assert one(r, "SELECT v FROM t WHERE id = 1001") == "new"
+            # Updates and deletes of rows whose pages the replica holds, and of others.
+            p.execute("UPDATE t SET v = 'changed' WHERE id % 10 = 0")
+            p.execute("DELETE FROM t WHERE id % 7 = 0")
+            lsn = str(one(p, "SELECT pg_current_wal_flush_lsn()"))
+            wait_replayed(r, lsn)
+            assert r.execute("SELECT id, v FROM t ORDER BY id").fetchall() == p.execute("SELECT id, v FROM t ORDER BY id").fetchall()
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                r.execute("INSERT INTO t VALUES (5000, 'no')")
+            # Blocks not in the replica's buffers were left to the pageserver.
+            skipped = one(r, "SELECT replay_skipped_blocks FROM fjord.storage_manager()")
+            print(f"replay skipped {skipped} blocks")
+    listing = repo.run("endpoint", "list").stdout
+    assert re.search(r"^r1\s+main\s+\d+\s+replica\s+running", listing, re.M), listing
+    # A writer is still refused beside the running one; a second replica is not.
+    assert "already writes to branch main" in repo.fail("endpoint", "start", "w2")
+    repo.run("endpoint", "start", "r2", "--replica")
+    print(f"replica start took {start_s:.2f} s")
+
+
+def test_replicas_match_the_primary_at_the_same_lsn_under_pgbench(repo):
+    primary = repo.run("endpoint", "start", "main", "-c", "shared_buffers=16MB").stdout.strip()
+    pport = port_of(primary)
+    pgbench(pport, "-i", "-s", "2", "-q")
+    # Three replicas with small buffer pools: most pages are not held, so most records are
+    # left to the pageserver and most reads go there.
+    replicas = [repo.run("endpoint", "start", f"r{i}", "--replica", "-c", "shared_buffers=2MB").stdout.strip() for i in range(3)]
+    load = threading.Thread(target=pgbench, args=(pport, "-c", "4", "-T", "25", "-n"))
+    load.start()
+    try:
+        compared = 0
+        time.sleep(3)
+        for i, rc in enumerate(replicas):
+            with connect(rc) as r:
+                # Freeze the replica at whatever it has replayed, read it, and read the same
+                # LSN through a read-only compute at that LSN: both must show the same rows.
+                r.execute("SELECT pg_wal_replay_pause()")
+                wait_until("replay paused", lambda: one(r, "SELECT pg_get_wal_replay_pause_state()") == "paused")
+                at = replay_lsn(r)
+                mine = digests(r)
+                static = repo.run("endpoint", "start", f"at{i}", "--at", at, "-c", "shared_buffers=2MB").stdout.strip()
+                with connect(static) as s:
+                    theirs = digests(s)
+                repo.run("endpoint", "stop", f"at{i}")
+                assert mine == theirs, f"replica r{i} at {at} differs from a compute at that LSN"
+                r.execute("SELECT pg_wal_replay_resume()")
+                compared += 1
+                time.sleep(2)
+        assert compared == 3
+    finally:
+        load.join()
+    with connect(primary) as p:
+        end = str(one(p, "SELECT pg_current_wal_flush_lsn()"))
+        expected = digests(p)
+    for rc in replicas:
+        with connect(rc) as r:
+            wait_replayed(r, end)
+            assert digests(r) == expected
+            assert one(r, "SELECT sum(abalance) FROM pgbench_accounts") == one(r, "SELECT sum(delta) FROM pgbench_history")
+
+
+def test_a_replica_starts_while_a_long_transaction_runs(repo):
+    primary = repo.run("endpoint", "start", "main").stdout.strip()
+    with connect(primary) as p, connect(primary) as long_tx:
+        p.execute("CREATE TABLE t (id int, v text)")
+        p.execute("INSERT INTO t VALUES (1, 'committed')")
+        long_tx.execute("BEGIN")
+        long_tx.execute("INSERT INTO t VALUES (2, 'in progress')")
+        # The running-transactions record a replica starts from lists the open transaction
+        # (PostgreSQL logs one at every checkpoint and every 15 s while WAL is written).
+        p.execute("CHECKPOINT")
+        replica = repo.run("endpoint", "start", "r1", "--replica").stdout.strip()
+        with connect(replica) as r:
+            assert r.execute("SELECT id, v FROM t ORDER BY id").fetchall() == [(1, "committed")]
+            long_tx.execute("COMMIT")
+            lsn = str(one(p, "SELECT pg_current_wal_flush_lsn()"))
+            wait_replayed(r, lsn)
+            assert r.execute("SELECT id, v FROM t ORDER BY id").fetchall() == [(1, "committed"), (2, "in progress")]
+
+
+def test_a_replica_survives_a_primary_restart_and_a_safekeeper_failure(repo):
+    primary = repo.run("endpoint", "start", "main").stdout.strip()
+    with connect(primary) as p:
+        p.execute("CREATE TABLE t (id int)")
+        p.execute("INSERT INTO t SELECT generate_series(1, 100)")
+    replica = repo.run("endpoint", "start", "r1", "--replica").stdout.strip()
+    repo.run("endpoint", "stop", "main")
+    primary = repo.run("endpoint", "start", "main").stdout.strip()
+    with connect(primary) as p, connect(replica) as r:
+        p.execute("INSERT INTO t SELECT generate_series(101, 200)")
+        wait_replayed(r, str(one(p, "SELECT pg_current_wal_flush_lsn()")))
+        assert one(r, "SELECT count(*) FROM t") == 200
+        # The replica streams from the first safekeeper it reaches; stop the first one.
+        repo.run("safekeeper", "stop", "1", "--immediate")
+        p.execute("INSERT INTO t SELECT generate_series(201, 300)")
+        wait_replayed(r, str(one(p, "SELECT pg_current_wal_flush_lsn()")))
+        assert one(r, "SELECT count(*) FROM t") == 300
+        repo.run("safekeeper", "start", "1")
+    with connect(replica) as r:
+        assert one(r, "SELECT count(*) FROM t") == 300
+
+
+def test_endpoint_and_branch_at_a_time(repo):
+    primary = repo.run("endpoint", "start", "main").stdout.strip()
+    marks = []
+    with connect(primary) as p:
+        p.execute("CREATE TABLE t (id int, v text)")
+        for i in range(3):
+            p.execute("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(%s::int, %s::int) g", (i * 100 + 1, i * 100 + 100))
+            time.sleep(1.1)
+            at = datetime.now(timezone.utc)
+            marks.append((at, table_digest(p, "t"), one(p, "SELECT count(*) FROM t")))
+            time.sleep(1.1)
+        p.execute("DELETE FROM t WHERE id % 2 = 0")
+    # Wait until the pageserver has every commit (a time after its last known commit would
+    # otherwise show its latest, not the time's).
+    with connect(primary) as p:
+        end = str(one(p, "SELECT pg_current_wal_flush_lsn()"))
+    main = repo.state()["tenants"][repo.tenant]["branches"]["main"]
+    wait_until("ingest", lambda: lsn_int(repo.http_json(f"/v1/tenant/{repo.tenant}/timeline/{main}")["last_record_lsn"]) >= lsn_int(end))
+    for i, (at, digest, count) in enumerate(marks):
+        stamp = at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        ro = repo.run("endpoint", "start", f"past{i}", "--at", stamp).stdout.strip()
+        with connect(ro) as c:
+            assert one(c, "SELECT count(*) FROM t") == count
+            assert table_digest(c, "t") == digest
+        repo.run("endpoint", "stop", f"past{i}")
+        repo.run("branch", "create", f"b{i}", "--from", "main", "--at", stamp)
+        branch_ep = repo.run("endpoint", "start", f"onb{i}", "--branch", f"b{i}").stdout.strip()
+        with connect(branch_ep) as c:
+            assert table_digest(c, "t") == digest
+            # Across a branch point: a time on the branch after its own writes.
+            c.execute("INSERT INTO t VALUES (-1, 'on the branch')")
+            time.sleep(1.1)
+            on_branch = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            branch_digest = table_digest(c, "t")
+            time.sleep(1.1)
+            c.execute("INSERT INTO t VALUES (-2, 'later')")
+            bend = str(one(c, "SELECT pg_current_wal_flush_lsn()"))
+        tl = repo.state()["tenants"][repo.tenant]["branches"][f"b{i}"]
+        wait_until("ingest", lambda: lsn_int(repo.http_json(f"/v1/tenant/{repo.tenant}/timeline/{tl}")["last_record_lsn"]) >= lsn_int(bend))
+        repo.run("endpoint", "stop", f"onb{i}")
+        ro = repo.run("endpoint", "start", f"bpast{i}", "--branch", f"b{i}", "--at", on_branch).stdout.strip()
+        with connect(ro) as c:
+            assert table_digest(c, "t") == branch_digest
+        repo.run("endpoint", "stop", f"bpast{i}")
+    # Errors that say what is wrong.
+    assert "in the future" in repo.fail("endpoint", "start", "future", "--at", "2999-01-01T00:00:00Z")
+    assert "before the oldest point" in repo.fail("branch", "create", "old", "--from", "b0", "--at", "2001-01-01T00:00:00Z")
+    assert "neither an LSN" in repo.fail("endpoint", "start", "bad", "--at", "yesterday")
+
+
+def test_gc_keeps_what_a_replica_reads_and_a_replica_left_behind_gets_a_clear_error(tmp_path):
+    repo = FjordRepo(tmp_path / "repo", env={"FJORD_REPLICA_LEASE_TTL_SECS": "2"}).init()
+    # GC may then collect right up to the last record (no PITR window, no byte horizon).
+    (repo.path / "pageserver.toml").write_text("[storage]\ngc_horizon_bytes = 0\n")
+    try:
+        repo.run("start")
+        tenant = repo.run("tenant", "create").stdout.strip()
+        main = repo.state()["tenants"][tenant]["branches"]["main"]
+        timeline = f"/v1/tenant/{tenant}/timeline/{main}"
+
+        def gc() -> str:
+            repo.http_post(f"{timeline}/checkpoint", {})
+            repo.http_post(f"{timeline}/compact", {"force_l0": True, "force_image_layers": True})
+            return repo.http_post(f"{timeline}/gc", {"pitr_window": "0s"})["cutoff_lsn"]
+
+        primary = repo.run("endpoint", "start", "main").stdout.strip()
+        with connect(primary) as p:
+            p.execute("CREATE TABLE t (id int, x int) WITH (autovacuum_enabled = off)")
+            p.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 100000) g")
+        # A tiny buffer pool and no local file cache: the replica reads from the pageserver.
+        # Replay waits for the replica's queries instead of cancelling them (the primary
+        # does not hear of the replica's snapshots, so its pruning conflicts with them).
+        replica = repo.run("endpoint", "start", "r1", "--replica", "-c", "shared_buffers=1MB", "-c", "fjord.file_cache_size=0",
+                           "-c", "max_standby_streaming_delay=-1").stdout.strip()
+        with connect(primary) as p, connect(replica) as r:
+            wait_replayed(r, str(one(p, "SELECT pg_current_wal_flush_lsn()")))
+            r.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            assert one(r, "SELECT sum(x) FROM t") == 0
+            for _ in range(3):
+                p.execute("UPDATE t SET x = x + 1")
+            end = str(one(p, "SELECT pg_current_wal_flush_lsn()"))
+            time.sleep(2)
+            cutoff = gc()
+            # GC did not pass the replica's replay position (its lease), and the replica's
+            # old snapshot reads its rows as before.
+            assert lsn_int(cutoff) <= lsn_int(replay_lsn(r)), (cutoff, replay_lsn(r))
+            assert one(r, "SELECT sum(x) FROM t") == 0
+            r.execute("COMMIT")
+            wait_replayed(r, end)
+            assert one(r, "SELECT sum(x) FROM t") == 3 * 100000
+            # Freeze the replica and stop its compute_ctl (no more lease renewals): once the
+            # lease lapses, GC passes it, and its reads fail with a clear error.
+            r.execute("SELECT pg_wal_replay_pause()")
+            wait_until("replay paused", lambda: one(r, "SELECT pg_get_wal_replay_pause_state()") == "paused")
+            behind = replay_lsn(r)
+            ctl = int((repo.path / "endpoints" / "r1" / "compute_ctl.pid").read_text())
+            os.kill(ctl, signal.SIGSTOP)
+            try:
+                time.sleep(3)
+                p.execute("UPDATE t SET x = x + 1")
+                p.execute("UPDATE t SET x = x + 1")
+                wait_until("GC past the replica", lambda: lsn_int(gc()) > lsn_int(behind), timeout_s=60, interval_s=0.5)
+                with pytest.raises(psycopg.Error, match="garbage collection horizon"):
+                    r.execute("SELECT sum(x) FROM t").fetchone()
+            finally:
+                os.kill(ctl, signal.SIGCONT)
+    finally:
+        repo.cleanup()
