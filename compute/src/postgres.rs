@@ -278,6 +278,21 @@ fn pm_status(pgdata: &Path) -> Option<String> {
     text.lines().nth(LOCK_FILE_LINE_PM_STATUS - 1).map(|l| l.trim().to_string())
 }
 
+/// Runs one query through psql and returns its single value as text (unaligned, no
+/// headers); an error says what psql printed.
+pub fn query_value(pg_bin_dir: &Path, host: &str, port: u16, user: &str, sql: &str) -> anyhow::Result<String> {
+    let out = Command::new(pg_bin_dir.join("psql"))
+        .args(["-X", "-A", "-t", "-q", "-h", host, "-p", &port.to_string(), "-U", user, "-d", "postgres", "-c", sql])
+        .env("PGCONNECT_TIMEOUT", "5")
+        .stdin(Stdio::null())
+        .output()
+        .context("run psql")?;
+    if !out.status.success() {
+        anyhow::bail!("psql failed ({}): {}", describe(out.status), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,17 +318,3 @@ mod tests {
     }
 }
 
-/// Runs one query through psql and returns its single value as text (unaligned, no
-/// headers); an error says what psql printed.
-pub fn query_value(pg_bin_dir: &Path, host: &str, port: u16, user: &str, sql: &str) -> anyhow::Result<String> {
-    let out = Command::new(pg_bin_dir.join("psql"))
-        .args(["-X", "-A", "-t", "-q", "-h", host, "-p", &port.to_string(), "-U", user, "-d", "postgres", "-c", sql])
-        .env("PGCONNECT_TIMEOUT", "5")
-        .stdin(Stdio::null())
-        .output()
-        .context("run psql")?;
-    if !out.status.success() {
-        anyhow::bail!("psql failed ({}): {}", describe(out.status), String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}

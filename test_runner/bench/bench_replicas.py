@@ -1,0 +1,181 @@
+"""Read replica lag and read throughput, on a cluster started by the `fjord` CLI.
+
+Run through scripts/bench-replicas (which explains the flags). A primary and one read
+replica on one branch (pgbench data at the given scale), three safekeepers, one pageserver,
+all on this machine:
+
+- **lag**: a writer commits one-row inserts on the primary at a fixed rate; after each
+  commit it reads the primary's insert position (at or past the commit's end). A poller on
+  the replica reads `pg_last_wal_replay_lsn()` every 0.2 ms and notes, for each commit, when
+  the replay position reached it: lag = that moment minus the moment COMMIT returned on the
+  primary. Measured at `--rate` commits/s alone, then with pgbench read-write (`-c 4`)
+  running on the primary at the same time (the highest write rate the machine sustains).
+- **read throughput**: pgbench select-only on the primary, then on the replica, same
+  clients and duration.
+
+Prints a table, writes JSON and a markdown section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg  # noqa: E402
+
+from fixtures.cli import FjordRepo  # noqa: E402
+from fixtures.pgbench import parse, pgbench  # noqa: E402
+
+
+def lsn_int(lsn: str) -> int:
+    hi, lo = str(lsn).split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+def port_of(connstr: str) -> int:
+    return int(connstr.rsplit(":", 1)[1].split("/")[0])
+
+
+def percentile(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+def measure_lag(primary: str, replica: str, rate: float, seconds: float) -> dict:
+    """Commits at `rate` per second for `seconds`; returns lag percentiles in ms."""
+    pending: list[tuple[int, float]] = []
+    lags: list[float] = []
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def poll() -> None:
+        with psycopg.connect(replica, autocommit=True) as r:
+            while not (done.is_set() and not pending):
+                replayed = lsn_int(r.execute("SELECT pg_last_wal_replay_lsn()").fetchone()[0])
+                now = time.monotonic()
+                with lock:
+                    while pending and pending[0][0] <= replayed:
+                        lags.append((now - pending.pop(0)[1]) * 1000)
+                time.sleep(0.0002)
+
+    with psycopg.connect(primary, autocommit=True) as p:
+        p.execute("CREATE TABLE IF NOT EXISTS lag_probe (id bigserial, at timestamptz DEFAULT now())")
+        poller = threading.Thread(target=poll)
+        poller.start()
+        interval = 1.0 / rate
+        start = time.monotonic()
+        n = 0
+        while time.monotonic() - start < seconds:
+            due = start + n * interval
+            delay = due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            p.execute("INSERT INTO lag_probe DEFAULT VALUES")
+            committed = time.monotonic()
+            lsn = lsn_int(p.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0])
+            with lock:
+                pending.append((lsn, committed))
+            n += 1
+        achieved = n / (time.monotonic() - start)
+    done.set()
+    poller.join(timeout=120)
+    return {
+        "commits": n,
+        "commits_per_s": round(achieved, 1),
+        "lag_p50_ms": round(percentile(lags, 50), 2),
+        "lag_p99_ms": round(percentile(lags, 99), 2),
+        "lag_max_ms": round(max(lags), 2),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--scale", type=int, default=10)
+    p.add_argument("--duration", type=int, default=20)
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--rate", type=float, default=1000)
+    p.add_argument("--shared-buffers", default="16MB")
+    p.add_argument("--json", required=True)
+    p.add_argument("--markdown", required=True)
+    p.add_argument("--command", required=True)
+    p.add_argument("--flavor", required=True)
+    a = p.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="fjord-bench-replicas-") as tmp:
+        repo = FjordRepo(Path(tmp) / "repo").init()
+        try:
+            repo.run("start")
+            repo.run("tenant", "create")
+            sb = f"shared_buffers={a.shared_buffers}"
+            primary = repo.run("endpoint", "start", "main", "-c", sb).stdout.strip()
+            pport = port_of(primary)
+            user = primary.split("//")[1].split("@")[0]
+            pgbench(pport, user, "-i", "-s", str(a.scale), "-q")
+            t0 = time.monotonic()
+            replica = repo.run("endpoint", "start", "replica", "--replica", "-c", sb).stdout.strip()
+            start_s = round(time.monotonic() - t0, 2)
+            rport = port_of(replica)
+            print(f"replica started in {start_s} s", flush=True)
+            res: dict = {"replica_start_s": start_s}
+
+            res["lag_alone"] = measure_lag(primary, replica, a.rate, a.duration)
+            print(f"lag at {a.rate:.0f} commits/s: {res['lag_alone']}", flush=True)
+            bench_out: dict = {}
+
+            def background() -> None:
+                bench_out["rw"] = parse(pgbench(pport, user, "-n", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.duration + 2)))
+
+            t = threading.Thread(target=background)
+            t.start()
+            time.sleep(1)
+            res["lag_under_pgbench"] = measure_lag(primary, replica, a.rate, a.duration)
+            t.join()
+            res["lag_under_pgbench"]["pgbench_rw_tps"] = bench_out["rw"]["tps"]
+            print(f"lag at {a.rate:.0f} commits/s beside pgbench read-write: {res['lag_under_pgbench']}", flush=True)
+
+            for name, port in (("primary", pport), ("replica", rport)):
+                out = pgbench(port, user, "-n", "-S", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.duration))
+                res[f"select_only_{name}"] = parse(out)
+                print(f"select-only on the {name}: {res[f'select_only_{name}']}", flush=True)
+        finally:
+            repo.cleanup()
+
+    ratio = res["select_only_replica"]["tps"] / res["select_only_primary"]["tps"]
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": a.command,
+        "flavor": a.flavor,
+        "machine": f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} cores",
+        "settings": {"scale": a.scale, "duration_s": a.duration, "clients": a.clients, "rate": a.rate, "shared_buffers": a.shared_buffers},
+        **res,
+        "replica_select_only_ratio": round(ratio, 2),
+    }
+    Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
+    la, lu = res["lag_alone"], res["lag_under_pgbench"]
+    so_p, so_r = res["select_only_primary"], res["select_only_replica"]
+    md = f"""Measured {result['date']} with `{a.command}` (PostgreSQL {a.flavor} build; {result['machine']}; scale {a.scale},
+shared_buffers {a.shared_buffers} on both computes, {a.duration} s per run, {a.clients} pgbench clients; one
+primary, one replica, three safekeepers and the pageserver on this machine). Lag is from
+COMMIT returning on the primary to the replica's replay position passing the commit.
+
+| | value |
+|---|---|
+| replica start (`fjord endpoint start --replica`) | {start_s} s |
+| lag at {la['commits_per_s']} commits/s: p50 / p99 / max | {la['lag_p50_ms']} / {la['lag_p99_ms']} / {la['lag_max_ms']} ms |
+| lag at {lu['commits_per_s']} commits/s beside pgbench read-write ({lu['pgbench_rw_tps']} tps): p50 / p99 / max | {lu['lag_p50_ms']} / {lu['lag_p99_ms']} / {lu['lag_max_ms']} ms |
+| select-only TPS: primary / replica | {so_p['tps']:.0f} / {so_r['tps']:.0f} ({ratio:.2f}x) |
+"""
+    Path(a.markdown).write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
