@@ -317,4 +317,3 @@ mod tests {
         assert_eq!(pm_status(dir.path()).as_deref(), Some(PM_STATUS_READY));
     }
 }
-
