@@ -41,8 +41,8 @@ fn rel() -> RelTag {
 /// The keys the test uses: both ends of the key space, so that compaction meets the
 /// "an L1 layer never covers all keys" rule, and a few relation blocks and a size between.
 fn keys() -> Vec<Key> {
-    let mut keys = vec![Key::MIN, Key::rel_size(rel()), Key::last_commit_timestamp()];
-    assert_eq!(Key::last_commit_timestamp().next(), Key::MAX, "the last key of the key space");
+    let mut keys = vec![Key::MIN, Key::rel_size(rel()), Key::last_running_xacts()];
+    assert_eq!(Key::last_running_xacts().next(), Key::MAX, "the last key of the key space");
     keys.extend((0..5).map(|b| Key::rel_block(rel(), BlockNumber(b))));
     keys.sort();
     keys
