@@ -109,7 +109,7 @@ fn rejects_malformed_bytes() {
     use KeyError::*;
     let cases: &[(&str, KeyError)] = &[
         ("00 00000001 00000000 00000000 00 00000000", UnusedFieldsSet { kind: "database directory", bytes: [0; 18] }),
-        ("07 00000000 00000000 00000000 00 00000000", UnknownTag { tag: 0x07 }),
+        ("08 00000000 00000000 00000000 00 00000000", UnknownTag { tag: 0x08 }),
         ("80 00000000 00000000 00000000 00 00000000", UnknownTag { tag: 0x80 }),
         ("01 0000067F 00000005 00004000 04 00000007", InvalidForkNumber { forknum: 4 }),
         ("01 0000067F 00000005 00004000 FF FFFFFFFF", InvalidForkNumber { forknum: 0xff }),
@@ -147,7 +147,7 @@ fn rejects_malformed_bytes() {
 fn error_messages_name_the_value() {
     let msg = |hex: &str| Key::from_bytes(&bytes_of(hex)).unwrap_err().to_string();
     assert_eq!(Key::from_bytes(&[0; 17]).unwrap_err().to_string(), "invalid key length: 17 bytes (expected 18)");
-    assert_eq!(msg("07 00000000 00000000 00000000 00 00000000"), "unrecognized key kind tag: 0x07");
+    assert_eq!(msg("08 00000000 00000000 00000000 00 00000000"), "unrecognized key kind tag: 0x08");
     assert_eq!(msg("01 0000067F 00000005 00004000 09 00000007"), "invalid fork number in relation key: 9");
     assert_eq!(msg("02 00000005 00000000 00000000 00 00000000"), "unrecognized SLRU kind in key: 5");
     assert_eq!(
@@ -190,7 +190,7 @@ fn text_form_round_trips_in_either_case() {
         assert_eq!(bad.parse::<Key>(), Err(KeyError::InvalidText { text: bad.to_string() }));
     }
     // Well-formed hex that is not a key reports why, not just "invalid text".
-    assert_eq!(format!("07{}", "0".repeat(34)).parse::<Key>(), Err(KeyError::UnknownTag { tag: 7 }));
+    assert_eq!(format!("08{}", "0".repeat(34)).parse::<Key>(), Err(KeyError::UnknownTag { tag: 8 }));
 }
 
 #[test]
