@@ -89,7 +89,7 @@ def test_init_start_tenant_branch_status_stop(repo_factory):
     assert "already exists" in repo.fail("branch", "create", "dev")
     assert 'branch "nope" does not exist' in repo.fail("branch", "create", "x", "--from", "nope")
     assert "invalid branch name" in repo.fail("branch", "create", "a/b")
-    assert "invalid LSN" in repo.fail("branch", "create", "y", "--at", "yesterday")
+    assert "neither an LSN" in repo.fail("branch", "create", "y", "--at", "yesterday")
     assert "only ingested up to" in repo.fail("branch", "create", "z", "--at", "FF/0")
 
     tree = repo.run("branch", "list").stdout.splitlines()

@@ -301,7 +301,9 @@ def test_signal_with_other_startup_files_is_fatal(pg_factory):
     (compute.datadir / "recovery.signal").write_text("")
     r = try_start(compute)
     assert r.returncode != 0
-    assert 'file "fjord.signal" cannot be combined with "standby.signal" or "recovery.signal"' in compute.log_text()
+    # recovery.signal alone would be archive recovery without WAL; standby.signal (with
+    # or without it) makes a hot standby (patch 0009, test_runner/compute/test_replica.py).
+    assert 'file "fjord.signal" cannot be combined with "recovery.signal"' in compute.log_text()
     (compute.datadir / "recovery.signal").unlink()
     (compute.datadir / "backup_label").write_text("")
     r = try_start(compute)
