@@ -184,6 +184,9 @@ def test_kill_9_during_uploads_loses_no_commit(repos):
         import time
         time.sleep(2)
         pid = int((repo.path / "pageserver.pid").read_text())
+        # A pageserver that died on its own is a failure of its own, not of this kill.
+        assert Path(f"/proc/{pid}").exists(), "the pageserver died before it was killed; its log ends:\n" + \
+            "\n".join(repo.log("pageserver.log").splitlines()[-30:])
         os.kill(pid, signal.SIGKILL)
         # Checked while the pageserver is dead (nothing writes objects), then it is started
         # again before pgbench is waited for: a transaction that was reading a page waits

@@ -111,11 +111,23 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits for SIGINT or SIGTERM. SIGHUP, whose default action would end the process without
+/// a line in its log, is logged and otherwise ignored (nothing is reloaded).
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("install a SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("got SIGINT, shutting down"),
-        _ = term.recv() => tracing::info!("got SIGTERM, shutting down"),
+    let mut hup = signal(SignalKind::hangup()).expect("install a SIGHUP handler");
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {
+                tracing::info!("got SIGINT, shutting down");
+                return;
+            }
+            _ = term.recv() => {
+                tracing::info!("got SIGTERM, shutting down");
+                return;
+            }
+            _ = hup.recv() => tracing::warn!("got SIGHUP; ignored (the pageserver reads its configuration only at start)"),
+        }
     }
 }
