@@ -18,12 +18,14 @@ fn main() {
     println!("cargo:rerun-if-env-changed=FJORD_PG_CONFIG");
     println!("cargo:rerun-if-changed=c/walredo.c");
     println!("cargo:rerun-if-changed=c/replica.c");
+    println!("cargo:rerun-if-changed=c/replica_feedback.c");
     let pg_config_path = std::env::var("FJORD_PG_CONFIG").unwrap_or_else(|_| "pg_config".to_string());
     println!("cargo:rerun-if-changed={pg_config_path}");
     let include_server = pg_config(&pg_config_path, "--includedir-server");
     cc::Build::new()
         .file("c/walredo.c")
         .file("c/replica.c")
+        .file("c/replica_feedback.c")
         .include(&include_server)
         // The flags PostgreSQL itself is built with that change semantics.
         .flag("-fwrapv")

@@ -140,7 +140,7 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
         cmd.args(["--safekeepers", &conf.safekeepers_list()]);
     }
     if args.replica {
-        cmd.arg("--replica");
+        cmd.arg("--replica").args(["--name", name]);
     }
     for s in &args.settings {
         cmd.arg("-c").arg(s);

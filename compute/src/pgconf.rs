@@ -51,10 +51,11 @@ pub fn socket_dir_for(pgdata: &Path) -> Option<String> {
     (s.len() <= SOCKET_DIR_LEN_MAX).then(|| s.to_string())
 }
 
-/// Quotes a value for postgresql.conf: single quotes, with embedded ones doubled. Quoting
-/// every value is valid for every GUC type, so `-c` values need no type knowledge.
+/// Quotes a value for postgresql.conf: single quotes, with embedded ones doubled and
+/// backslashes (the configuration file's escape character) doubled. Quoting every value is
+/// valid for every GUC type, so `-c` values need no type knowledge.
 pub fn quote(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
+    format!("'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
 }
 
 /// Parses a `-c name=value` argument.
@@ -166,11 +167,13 @@ host    replication  all   ::1/128        trust
 /// next host when one cannot be reached), naming the timeline the way the safekeepers'
 /// replication protocol takes it from PostgreSQL's walreceiver (`options`, since the
 /// walreceiver always sends `dbname=replication`).
-pub fn replica_conninfo(safekeepers: &[(String, u16)], tenant: TenantId, timeline: TimelineId) -> String {
+pub fn replica_conninfo(safekeepers: &[(String, u16)], tenant: TenantId, timeline: TimelineId, name: &str) -> String {
     let hosts: Vec<&str> = safekeepers.iter().map(|(h, _)| h.as_str()).collect();
     let ports: Vec<String> = safekeepers.iter().map(|(_, p)| p.to_string()).collect();
+    // A libpq connection string value: single-quoted, with \ and ' escaped by a backslash.
+    let quoted = format!("'{}'", name.replace('\\', "\\\\").replace('\'', "\\'"));
     format!(
-        "host={} port={} options='-c fjord.timeline={tenant}/{timeline}' application_name=fjord_replica connect_timeout=2",
+        "host={} port={} options='-c fjord.timeline={tenant}/{timeline}' application_name={quoted} connect_timeout=2",
         hosts.join(","),
         ports.join(",")
     )
@@ -219,11 +222,11 @@ mod tests {
         let sks = [("127.0.0.1".to_string(), 5454), ("127.0.0.1".to_string(), 5455)];
         let mut s = settings();
         s.safekeepers = Some("127.0.0.1:5454,127.0.0.1:5455".into());
-        s.replica_conninfo = Some(replica_conninfo(&sks, s.tenant_id, s.timeline_id));
+        s.replica_conninfo = Some(replica_conninfo(&sks, s.tenant_id, s.timeline_id, "it's"));
         let conf = postgresql_conf(&s);
         assert_eq!(
             value_of(&conf, "primary_conninfo").unwrap(),
-            "'host=127.0.0.1,127.0.0.1 port=5454,5455 options=''-c fjord.timeline=11111111111111111111111111111111/22222222222222222222222222222222'' application_name=fjord_replica connect_timeout=2'"
+            r"'host=127.0.0.1,127.0.0.1 port=5454,5455 options=''-c fjord.timeline=11111111111111111111111111111111/22222222222222222222222222222222'' application_name=''it\\''s'' connect_timeout=2'"
         );
         assert_eq!(value_of(&conf, "hot_standby").unwrap(), "'on'");
         assert_eq!(value_of(&conf, "hot_standby_feedback").unwrap(), "'on'");
@@ -273,11 +276,16 @@ mod tests {
     #[test]
     fn overrides_come_last_and_are_quoted() {
         let conf = postgresql_conf(&ComputeSettings {
-            overrides: vec![("fsync".into(), "off".into()), ("application_name".into(), "it's".into())],
+            overrides: vec![
+                ("fsync".into(), "off".into()),
+                ("application_name".into(), "it's".into()),
+                ("cluster_name".into(), r"a\b".into()),
+            ],
             ..settings()
         });
         assert_eq!(value_of(&conf, "fsync").unwrap(), "'off'");
         assert_eq!(value_of(&conf, "application_name").unwrap(), "'it''s'");
+        assert_eq!(value_of(&conf, "cluster_name").unwrap(), r"'a\\b'");
     }
 
     #[test]

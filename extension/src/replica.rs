@@ -54,3 +54,66 @@ pub extern "C-unwind" fn fjord_replica_block_skipped(
     }
     crate::shmem::count(|c| &c.replay_skipped_blocks);
 }
+
+// ---------------------------------------------------------------------------------------
+// On the primary: its read replicas, as the safekeepers relay them to the WAL proposer.
+
+extern "C" {
+    /// `c/replica_feedback.c`: holds `xmin` and `catalog_xmin` (full transaction ids, 0
+    /// for none) in the worker's temporary slot `fjord_replicas`; false after a WARNING.
+    fn fjord_hold_replica_xmin(xmin: u64, catalog_xmin: u64) -> bool;
+}
+
+/// What the WAL proposer worker last did about its replicas' horizon.
+#[derive(Default)]
+pub struct ReplicaHorizon {
+    /// The (xmin, catalog xmin) last asked for, whether or not it could be held: a failure
+    /// is retried only when the replicas ask for something else.
+    last: Option<(u64, u64)>,
+}
+
+impl ReplicaHorizon {
+    /// Publishes the replicas for `fjord.replicas()` and holds back the oldest xmin any of
+    /// them reported. Called by the WAL proposer worker (it owns the slot) in its loop.
+    pub fn update(&mut self, standbys: &[(String, walproposer::StandbyReport)]) {
+        let list: Vec<crate::shmem::ReplicaInfo> = standbys
+            .iter()
+            .map(|(safekeeper, s)| crate::shmem::ReplicaInfo {
+                name: s.name.clone(),
+                safekeeper: safekeeper.clone(),
+                flush_lsn: s.flush_lsn.0,
+                apply_lsn: s.apply_lsn.0,
+                xmin: s.xmin,
+                catalog_xmin: s.catalog_xmin,
+                age_ms: s.age_ms,
+            })
+            .collect();
+        if let Some(shared) = crate::shmem::shared() {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                .unwrap_or(0);
+            shared.walproposer.set_replicas(&list, now_ms);
+        }
+        let oldest = |f: fn(&walproposer::StandbyReport) -> u64| standbys.iter().map(|(_, s)| f(s)).filter(|&x| x != 0).min().unwrap_or(0);
+        self.hold(oldest(|s| s.xmin), oldest(|s| s.catalog_xmin));
+    }
+
+    /// Holds nothing back any more (the proposer stopped: its view of the replicas is gone).
+    pub fn release(&mut self) {
+        if let Some(shared) = crate::shmem::shared() {
+            shared.walproposer.set_replicas(&[], 0);
+        }
+        self.hold(0, 0);
+    }
+
+    fn hold(&mut self, xmin: u64, catalog_xmin: u64) {
+        if self.last == Some((xmin, catalog_xmin)) {
+            return;
+        }
+        self.last = Some((xmin, catalog_xmin));
+        // SAFETY: called on the worker's own thread (it owns the slot); the C side catches
+        // its errors and reports them as a WARNING.
+        unsafe { fjord_hold_replica_xmin(xmin, catalog_xmin) };
+    }
+}

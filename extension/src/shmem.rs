@@ -4,7 +4,8 @@
 //!
 //! Layout: [`Shared`] (counters, the last-written LSN slots, the WAL proposer's state), then
 //! `fjord.relsize_cache_entries` [`RelSizeEntry`] slots. The relation-size cache is guarded
-//! by LWLock 0 of the named tranche `fjord`, the WAL proposer's message by LWLock 1;
+//! by LWLock 0 of the named tranche `fjord`, the WAL proposer's message and its list of read
+//! replicas by LWLock 1;
 //! everything else is atomics.
 //!
 //! Invariant: a process that has no shared memory (a standalone backend, the WAL-redo
@@ -95,10 +96,46 @@ pub struct WalProposerShared {
     /// UTF-8, `message_len` bytes; under `message_lock`.
     message_len: std::sync::atomic::AtomicUsize,
     message: std::cell::UnsafeCell<[u8; MESSAGE_MAX]>,
+    /// The read replicas the safekeepers reported, as of `replicas_at_ms` (Unix time);
+    /// `replicas_len` of `replicas` are valid; both under `message_lock`.
+    replicas_len: std::sync::atomic::AtomicUsize,
+    replicas_at_ms: AtomicU64,
+    replicas: std::cell::UnsafeCell<[ReplicaSlot; REPLICAS_MAX]>,
 }
 
 /// Bytes of [`WalProposerShared::message`].
 pub const MESSAGE_MAX: usize = 512;
+
+/// The most read replicas `fjord.replicas()` shows.
+pub const REPLICAS_MAX: usize = 32;
+
+/// One read replica as a safekeeper reported it (see `quorum::wire::StandbyReport`);
+/// all-zero bytes are a valid empty slot.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct ReplicaSlot {
+    name: [u8; 128],
+    name_len: u32,
+    safekeeper_len: u32,
+    safekeeper: [u8; 64],
+    flush_lsn: u64,
+    apply_lsn: u64,
+    xmin: u64,
+    catalog_xmin: u64,
+    age_ms: u32,
+}
+
+/// A read replica as `fjord.replicas()` shows it.
+pub struct ReplicaInfo {
+    pub name: String,
+    pub safekeeper: String,
+    pub flush_lsn: u64,
+    pub apply_lsn: u64,
+    pub xmin: u64,
+    pub catalog_xmin: u64,
+    /// Milliseconds between the replica's last report and `WalProposerShared::set_replicas`.
+    pub age_ms: u32,
+}
 
 /// Slots of the last-written LSN cache: a lossy map from block to the highest LSN at which
 /// any block hashing to the slot was last written. 2^16 slots, 512 KiB.
@@ -240,6 +277,68 @@ impl WalProposerShared {
             (&mut *self.message.get())[..end].copy_from_slice(&text.as_bytes()[..end]);
             self.message_len.store(end, Ordering::Relaxed);
             pg_sys::LWLockRelease(self.message_lock);
+        }
+    }
+
+    /// Replaces the list of read replicas (the first [`REPLICAS_MAX`]).
+    pub fn set_replicas(&self, list: &[ReplicaInfo], now_ms: u64) {
+        fn fill(dst: &mut [u8], src: &str) -> u32 {
+            let mut end = src.len().min(dst.len());
+            while !src.is_char_boundary(end) {
+                end -= 1;
+            }
+            dst[..end].copy_from_slice(&src.as_bytes()[..end]);
+            end as u32
+        }
+        // SAFETY: as in set_message: the slots are written only under the lock, exclusive.
+        unsafe {
+            pg_sys::LWLockAcquire(self.message_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+            let slots = &mut *self.replicas.get();
+            let n = list.len().min(REPLICAS_MAX);
+            for (slot, r) in slots.iter_mut().zip(&list[..n]) {
+                let mut s = ReplicaSlot {
+                    name: [0; 128],
+                    name_len: 0,
+                    safekeeper_len: 0,
+                    safekeeper: [0; 64],
+                    flush_lsn: r.flush_lsn,
+                    apply_lsn: r.apply_lsn,
+                    xmin: r.xmin,
+                    catalog_xmin: r.catalog_xmin,
+                    age_ms: r.age_ms,
+                };
+                s.name_len = fill(&mut s.name, &r.name);
+                s.safekeeper_len = fill(&mut s.safekeeper, &r.safekeeper);
+                *slot = s;
+            }
+            self.replicas_len.store(n, Ordering::Relaxed);
+            self.replicas_at_ms.store(now_ms, Ordering::Relaxed);
+            pg_sys::LWLockRelease(self.message_lock);
+        }
+    }
+
+    /// The read replicas last set, and when (Unix milliseconds; 0: never).
+    pub fn replicas(&self) -> (Vec<ReplicaInfo>, u64) {
+        // SAFETY: read under the lock in shared mode; see set_replicas.
+        unsafe {
+            pg_sys::LWLockAcquire(self.message_lock, pg_sys::LWLockMode::LW_SHARED);
+            let slots = &*self.replicas.get();
+            let n = self.replicas_len.load(Ordering::Relaxed).min(REPLICAS_MAX);
+            let list = slots[..n]
+                .iter()
+                .map(|s| ReplicaInfo {
+                    name: String::from_utf8_lossy(&s.name[..(s.name_len as usize).min(s.name.len())]).into_owned(),
+                    safekeeper: String::from_utf8_lossy(&s.safekeeper[..(s.safekeeper_len as usize).min(s.safekeeper.len())]).into_owned(),
+                    flush_lsn: s.flush_lsn,
+                    apply_lsn: s.apply_lsn,
+                    xmin: s.xmin,
+                    catalog_xmin: s.catalog_xmin,
+                    age_ms: s.age_ms,
+                })
+                .collect();
+            let at = self.replicas_at_ms.load(Ordering::Relaxed);
+            pg_sys::LWLockRelease(self.message_lock);
+            (list, at)
         }
     }
 

@@ -137,6 +137,59 @@ fn walproposer_status() -> TableIterator<
     ))
 }
 
+/// The read replicas of this compute's branch, one row each, as the safekeepers they stream
+/// from last reported them to the WAL proposer (PostgreSQL's `pg_stat_replication` shows
+/// walsenders, and a fjord primary has none: its replicas stream from the safekeepers).
+/// `replay_lag_bytes` is this compute's flushed WAL minus what the replica replayed;
+/// `xmin` and `catalog_xmin` are its hot standby feedback (full transaction ids), which this
+/// compute holds back in the temporary slot `fjord_replicas`; `last_report_ms` is how long
+/// ago the safekeeper heard from it. Empty on a compute without a WAL proposer.
+#[pg_extern]
+#[expect(clippy::type_complexity, reason = "pgrx takes a set-returning function's columns as one tuple of `name!` types")]
+fn replicas() -> TableIterator<
+    'static,
+    (
+        name!(name, String),
+        name!(safekeeper, String),
+        name!(flush_lsn, String),
+        name!(replay_lsn, String),
+        name!(replay_lag_bytes, i64),
+        name!(xmin, Option<i64>),
+        name!(catalog_xmin, Option<i64>),
+        name!(last_report_ms, i64),
+    ),
+> {
+    let Some(shared) = crate::shmem::shared() else {
+        return TableIterator::new(Vec::new());
+    };
+    let wp = &shared.walproposer;
+    let (mut list, at_ms) = wp.replicas();
+    list.sort_by(|a, b| (&a.name, &a.safekeeper).cmp(&(&b.name, &b.safekeeper)));
+    let flushed = wp.flush_lsn.load(Ordering::Relaxed);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    let since_published = now_ms.saturating_sub(at_ms);
+    let xid = |x: u64| (x != 0).then(|| i64::try_from(x).unwrap_or(i64::MAX));
+    let rows: Vec<_> = list
+        .into_iter()
+        .map(|r| {
+            (
+                r.name,
+                r.safekeeper,
+                proto::Lsn(r.flush_lsn).to_string(),
+                proto::Lsn(r.apply_lsn).to_string(),
+                i64::try_from(flushed.saturating_sub(r.apply_lsn)).unwrap_or(i64::MAX),
+                xid(r.xmin),
+                xid(r.catalog_xmin),
+                i64::try_from(u64::from(r.age_ms).saturating_add(since_published)).unwrap_or(i64::MAX),
+            )
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
 /// One row describing the local file cache (`file_cache.rs`): whether it is on, its file,
 /// its size and pages in use, and counters since the server started: `hits` and `misses`
 /// (reads of remote pages that found it or not), `stores` (pages written into it, from

@@ -8,7 +8,9 @@
 //! `sync_commit.rs`, or every [`POLL_INTERVAL`]) → tell the proposer how far PostgreSQL has
 //! flushed WAL → release the backends waiting for WAL up to the commit LSN (patch 0008's
 //! `SyncRepReleaseWaitersUpTo`) → publish status, commit LSN and the pageserver's progress
-//! in shared memory (`fjord.walproposer_status()`, backpressure).
+//! in shared memory (`fjord.walproposer_status()`, backpressure) → publish the read
+//! replicas the safekeepers relay (`fjord.replicas()`) and hold back their oldest xmin
+//! (`replica::ReplicaHorizon`, a temporary replication slot).
 //!
 //! Commits wait because compute_ctl sets `synchronous_standby_names = 'walproposer'` and
 //! `synchronous_commit = on`: PostgreSQL queues every committing backend until a release
@@ -315,6 +317,7 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
     let mut last_error = String::new();
     let mut last_status: Option<Status> = None;
     let mut released = Lsn(0);
+    let mut horizon = crate::replica::ReplicaHorizon::default();
 
     loop {
         if proposer.is_none() && wp.state.load(Ordering::Relaxed) != State::Fenced as u32 && Instant::now() >= next_start {
@@ -372,6 +375,7 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
                 if let Some(p) = proposer.take() {
                     p.stop();
                 }
+                horizon.release();
                 // SAFETY: kill(2) on the postmaster: SIGINT asks for a fast shutdown.
                 unsafe { libc::kill(postmaster_pid, libc::SIGINT) };
             } else {
@@ -388,6 +392,9 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
                 let feedback = p.feedback();
                 wp.pageserver_flush_lsn.store(feedback.pageserver_flush_lsn.0, Ordering::Relaxed);
                 wp.pageserver_apply_lsn.store(feedback.pageserver_apply_lsn.0, Ordering::Relaxed);
+                // Read replicas (through the safekeepers): shown by fjord.replicas(), and
+                // their oldest xmin held back here as a walsender would.
+                horizon.update(&p.standbys());
             }
         }
 

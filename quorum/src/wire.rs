@@ -6,7 +6,7 @@
 //! safekeeper answers `HelloOk` (creating the timeline if it is new) or `Error` and closes.
 //! After that the connection carries the consensus messages of [`crate::ToAcceptor`] and
 //! [`crate::ToProposer`], and the safekeeper adds `Feedback` (the pageserver's progress)
-//! when it changes.
+//! and `Standbys` (the read replicas streaming from it) when they change.
 //!
 //! Every message is framed as a tag byte, a big-endian `u32` payload length, and the payload
 //! (as the page service protocol in `proto::pagestream`); integers are big-endian, LSNs and
@@ -21,13 +21,16 @@
 //! - 2 (WAL removal): `Append` carries the peer horizon and the pageserver's
 //!   remote-consistent LSN after the commit LSN; `Feedback` carries the remote-consistent LSN
 //!   after the apply LSN.
+//! - 3: whole-record sync (no change to the messages here).
+//! - 4 (read replicas): `Standbys`, the read replicas streaming from the safekeeper, with
+//!   their positions and the oldest transaction they still need (hot standby feedback).
 
 use crate::{Term, TermHistory, TermSwitch, ToAcceptor, ToProposer};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use proto::{Lsn, TenantId, TimelineId};
 
 /// The protocol version this crate speaks.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// The most WAL one `Append` or `Wal` message carries.
 pub const WAL_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// No valid message is longer than this; anything longer is refused before it is read.
@@ -36,6 +39,11 @@ pub const MESSAGE_BYTES_MAX: usize = WAL_BYTES_MAX + 64;
 pub const HISTORY_ENTRIES_MAX: usize = 10_000;
 /// The longest string (a name, an error message) accepted.
 pub const STRING_BYTES_MAX: usize = 4096;
+/// The most read replicas one `Standbys` message lists (a safekeeper reports the ones it
+/// heard from most recently).
+pub const STANDBYS_MAX: usize = 64;
+/// The longest standby name accepted.
+pub const STANDBY_NAME_BYTES_MAX: usize = 128;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WireError {
@@ -78,6 +86,26 @@ pub struct PageserverFeedback {
     pub remote_consistent_lsn: Lsn,
 }
 
+/// One read replica streaming from a safekeeper, as it last reported itself: the positions
+/// of its standby status updates and the transaction horizon of its hot standby feedback.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StandbyReport {
+    /// The replica's `application_name` (compute_ctl names it after the endpoint).
+    pub name: String,
+    /// WAL the replica has received and flushed.
+    pub flush_lsn: Lsn,
+    /// WAL the replica has replayed: its queries see the data as of this LSN.
+    pub apply_lsn: Lsn,
+    /// The oldest transaction id (with epoch: a `FullTransactionId`) that a query on the
+    /// replica may still need; 0 if it reported none (no hot standby feedback, or nothing
+    /// running).
+    pub xmin: u64,
+    /// The same for the system catalogs (logical decoding); 0 if none.
+    pub catalog_xmin: u64,
+    /// How long ago the safekeeper last heard from the replica, in milliseconds.
+    pub age_ms: u32,
+}
+
 /// The safekeeper's side.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AcceptorMessage {
@@ -91,6 +119,8 @@ pub enum AcceptorMessage {
     },
     Consensus(ToProposer),
     Feedback(PageserverFeedback),
+    /// The read replicas streaming from this safekeeper now (replaces the previous list).
+    Standbys(Vec<StandbyReport>),
 }
 
 /// How many bytes the first complete frame in `buf` occupies, or `None` if it is not
@@ -113,6 +143,15 @@ fn frame(buf: &mut BytesMut, tag: u8, body: impl FnOnce(&mut BytesMut)) {
     body(buf);
     let len = (buf.len() - at - 4) as u32;
     buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+fn truncate_utf8(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 fn put_str(buf: &mut BytesMut, s: &str) {
@@ -375,6 +414,19 @@ impl AcceptorMessage {
                 b.put_u64(f.apply_lsn.0);
                 b.put_u64(f.remote_consistent_lsn.0);
             }),
+            AcceptorMessage::Standbys(list) => frame(buf, b's', |b| {
+                let list = &list[..list.len().min(STANDBYS_MAX)];
+                b.put_u32(list.len() as u32);
+                for s in list {
+                    let name = truncate_utf8(&s.name, STANDBY_NAME_BYTES_MAX);
+                    put_str(b, name);
+                    b.put_u64(s.flush_lsn.0);
+                    b.put_u64(s.apply_lsn.0);
+                    b.put_u64(s.xmin);
+                    b.put_u64(s.catalog_xmin);
+                    b.put_u32(s.age_ms);
+                }
+            }),
             AcceptorMessage::Consensus(m) => match m {
                 ToProposer::GreetingReply { round, term, last_log_term, flush_lsn, learner } => frame(buf, b'g', |b| {
                     b.put_u64(*round);
@@ -430,6 +482,29 @@ impl AcceptorMessage {
                 apply_lsn: r.lsn()?,
                 remote_consistent_lsn: r.lsn()?,
             }),
+            b's' => {
+                let n = r.u32()? as usize;
+                if n > STANDBYS_MAX {
+                    return Err(r.invalid(format!("{n} standbys (at most {STANDBYS_MAX})")));
+                }
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let name = r.string()?;
+                    if name.len() > STANDBY_NAME_BYTES_MAX {
+                        return Err(r.invalid(format!("standby name of {} bytes (at most {STANDBY_NAME_BYTES_MAX})", name.len())));
+                    }
+                    let s = StandbyReport {
+                        name,
+                        flush_lsn: r.lsn()?,
+                        apply_lsn: r.lsn()?,
+                        xmin: r.u64()?,
+                        catalog_xmin: r.u64()?,
+                        age_ms: r.u32()?,
+                    };
+                    list.push(s);
+                }
+                AcceptorMessage::Standbys(list)
+            }
             b'g' => {
                 let round = r.u64()?;
                 let term = r.u64()?;

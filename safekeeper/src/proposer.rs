@@ -11,7 +11,7 @@
 //! handled first, the bad one changes nothing.
 
 use bytes::BytesMut;
-use quorum::wire::{AcceptorMessage, PageserverFeedback, ProposerMessage, PROTOCOL_VERSION};
+use quorum::wire::{AcceptorMessage, PageserverFeedback, ProposerMessage, StandbyReport, PROTOCOL_VERSION};
 use quorum::ToAcceptor;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -94,16 +94,21 @@ pub async fn serve(mut stream: TcpStream, sk: Arc<Safekeeper>) -> anyhow::Result
         // Subscribe before answering, so no change after the answer is missed; a proposer
         // learns the current progress right away.
         let feedback = tl.feedback_watch();
+        let mut standbys = tl.standbys_watch();
         let mut out = BytesMut::new();
         AcceptorMessage::HelloOk { protocol_version: PROTOCOL_VERSION, node_id: sk.node_id }.encode(&mut out);
         let current = *feedback.borrow();
         if current != PageserverFeedback::default() {
             AcceptorMessage::Feedback(current).encode(&mut out);
         }
+        let list = standbys.borrow_and_update().clone();
+        if !list.is_empty() {
+            AcceptorMessage::Standbys(list).encode(&mut out);
+        }
         stream.write_all(&out).await?;
         tracing::info!("proposer connected");
         sk.metrics.proposer_connections_open.inc();
-        let r = session(&mut stream, &mut buf, &tl, feedback).await;
+        let r = session(&mut stream, &mut buf, &tl, feedback, standbys).await;
         sk.metrics.proposer_connections_open.dec();
         match &r {
             Ok(()) => tracing::info!("proposer disconnected"),
@@ -120,6 +125,7 @@ async fn session(
     buf: &mut BytesMut,
     tl: &Arc<Timeline>,
     mut feedback: tokio::sync::watch::Receiver<PageserverFeedback>,
+    mut standbys: tokio::sync::watch::Receiver<Vec<StandbyReport>>,
 ) -> anyhow::Result<()> {
     loop {
         // Drain what the socket already has, without waiting, so one sync covers it all.
@@ -169,12 +175,17 @@ async fn session(
         enum Event {
             Read(anyhow::Result<bool>),
             Feedback,
+            Standbys,
         }
         let event = tokio::select! {
             more = read_more(stream, buf) => Event::Read(more),
             changed = feedback.changed() => match changed {
                 Ok(()) => Event::Feedback,
                 // The timeline outlives its connections; treat it as nothing to send.
+                Err(_) => Event::Read(Ok(true)),
+            },
+            changed = standbys.changed() => match changed {
+                Ok(()) => Event::Standbys,
                 Err(_) => Event::Read(Ok(true)),
             },
         };
@@ -188,6 +199,12 @@ async fn session(
                 let f = *feedback.borrow_and_update();
                 let mut out = BytesMut::new();
                 AcceptorMessage::Feedback(f).encode(&mut out);
+                stream.write_all(&out).await?;
+            }
+            Event::Standbys => {
+                let list = standbys.borrow_and_update().clone();
+                let mut out = BytesMut::new();
+                AcceptorMessage::Standbys(list).encode(&mut out);
                 stream.write_all(&out).await?;
             }
         }

@@ -48,8 +48,10 @@
 //!    half the sender timeout the keepalive asks for a reply, and after the whole timeout
 //!    (60 s) the connection is closed. Standby status updates (`r`) are recorded with
 //!    [`WalSource::set_standby_feedback`] (the pageserver's, `application_name`
-//!    `fjord_pageserver`, are its feedback; a read replica's are only shown in the
-//!    timeline's status); hot standby feedback (`h`) is ignored; the
+//!    `fjord_pageserver`, are its feedback; a read replica's are shown in the timeline's
+//!    status and relayed to proposers), hot standby feedback (`h`) with
+//!    [`WalSource::set_hot_standby_feedback`] (relayed to proposers, which hold the
+//!    primary's horizon for it; the end of streaming releases it); the
 //!    pageserver's remote-consistent LSN (fjord's own CopyData message: `P` and the LSN as
 //!    a big-endian `u64`, 9 bytes in all: WAL below it is in object storage) is recorded
 //!    with [`WalSource::set_remote_consistent_lsn`]; the client's `CopyDone` ends streaming
@@ -131,6 +133,11 @@ pub trait WalSource: Send + Sync + 'static {
     /// `application_name@address` (the pageserver's application name is
     /// [`PAGESERVER_APPLICATION_NAME`]).
     fn set_standby_feedback(&self, client: &str, feedback: PageserverFeedback);
+    /// Records a client's hot standby feedback: the oldest transaction its queries may
+    /// still need, as full transaction ids (0: none).
+    fn set_hot_standby_feedback(&self, _client: &str, _xmin: u64, _catalog_xmin: u64) {}
+    /// The client's streaming ended: it holds nothing back any more.
+    fn standby_disconnected(&self, _client: &str) {}
     /// Records the remote-consistent LSN the pageserver reported (fjord's `P` message).
     fn set_remote_consistent_lsn(&self, lsn: Lsn);
 }
@@ -221,6 +228,14 @@ impl WalSource for crate::Timeline {
         } else {
             crate::Timeline::set_standby_feedback(self, client, f)
         }
+    }
+    fn set_hot_standby_feedback(&self, client: &str, xmin: u64, catalog_xmin: u64) {
+        if client.split('@').next() != Some(PAGESERVER_APPLICATION_NAME) {
+            crate::Timeline::set_hot_standby_feedback(self, client, xmin, catalog_xmin)
+        }
+    }
+    fn standby_disconnected(&self, client: &str) {
+        crate::Timeline::standby_disconnected(self, client)
     }
     fn set_remote_consistent_lsn(&self, lsn: Lsn) {
         crate::Timeline::set_remote_consistent_lsn(self, lsn)
@@ -581,7 +596,9 @@ async fn query<S: WalSource + ?Sized>(
                 b.put_i16(0);
             });
             conn.flush().await?;
-            return stream_wal(conn, source, rx, start).await;
+            let r = stream_wal(conn, source, rx, start).await;
+            source.standby_disconnected(&conn.client);
+            return r;
         }
     }
     Ok(Next::Continue)
@@ -652,8 +669,29 @@ async fn streaming_message<S: WalSource + ?Sized>(
                         st.last_send = Instant::now();
                     }
                 }
-                // Hot standby feedback: no transactions run here, nothing to hold back.
-                Some(b'h') => {}
+                // Hot standby feedback (PostgreSQL's layout): the time, then the xmin and
+                // catalog xmin, each as a 32-bit xid and its epoch; 0 is none.
+                Some(b'h') => {
+                    if body.len() != 25 {
+                        let m = format!("invalid hot standby feedback: {} bytes, expected 25", body.len());
+                        return Err(conn.fatal(sqlstate::PROTOCOL_VIOLATION, m).await);
+                    }
+                    body.advance(1);
+                    let _client_time = body.get_i64();
+                    let mut full_xid = || {
+                        let xid = body.get_u32();
+                        let epoch = body.get_u32();
+                        if xid == 0 {
+                            0
+                        } else {
+                            (u64::from(epoch) << 32) | u64::from(xid)
+                        }
+                    };
+                    let xmin = full_xid();
+                    let catalog_xmin = full_xid();
+                    tracing::trace!("hot standby feedback: xmin {xmin}, catalog xmin {catalog_xmin}");
+                    source.set_hot_standby_feedback(&conn.client, xmin, catalog_xmin);
+                }
                 Some(REMOTE_CONSISTENT_LSN_TAG) => {
                     if body.len() != 9 {
                         let m = format!("invalid remote-consistent LSN message: {} bytes, expected 9", body.len());

@@ -25,13 +25,13 @@
 
 use bytes::Bytes;
 use proto::{Lsn, TenantId, TimelineId};
-use quorum::wire::{PageserverFeedback, WAL_BYTES_MAX};
+use quorum::wire::{PageserverFeedback, StandbyReport, STANDBYS_MAX, WAL_BYTES_MAX};
 use quorum::{Acceptor, AcceptorAction, Persist, ToAcceptor, ToProposer};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
@@ -67,6 +67,19 @@ struct Inner {
 /// How long a streaming client's last report stays in the status.
 const STANDBY_SHOWN_FOR: Duration = Duration::from_secs(60);
 
+/// A streaming client other than the pageserver (a read replica), as it last reported.
+#[derive(Clone, Debug)]
+struct Standby {
+    positions: PageserverFeedback,
+    /// Hot standby feedback, full transaction ids; 0 for none.
+    xmin: u64,
+    catalog_xmin: u64,
+    at: Instant,
+    /// Still streaming: only then does its xmin hold anything back (as a walsender's does
+    /// in PostgreSQL, which forgets it when the connection ends).
+    connected: bool,
+}
+
 pub struct Timeline {
     pub tenant: TenantId,
     pub timeline: TimelineId,
@@ -81,8 +94,11 @@ pub struct Timeline {
     /// connection raises it without waiting for a batch's fsyncs.
     remote_consistent_lsn: AtomicU64,
     /// What the other streaming clients (read replicas, `pg_receivewal`) last reported, by
-    /// `application_name@peer`, with when: shown in the status, nothing else depends on it.
-    standbys: Mutex<BTreeMap<String, (PageserverFeedback, SystemTime)>>,
+    /// `application_name@peer`: shown in the status; the connected ones are sent to
+    /// proposers (`standbys_tx`), so that the primary sees its replicas and holds back what
+    /// their hot standby feedback asks for.
+    standbys: Mutex<BTreeMap<String, Standby>>,
+    standbys_tx: watch::Sender<Vec<StandbyReport>>,
     metrics: Arc<Metrics>,
 }
 
@@ -126,6 +142,11 @@ pub struct StandbyJson {
     pub write_lsn: String,
     pub flush_lsn: String,
     pub apply_lsn: String,
+    /// Its hot standby feedback (full transaction ids; 0: none).
+    pub xmin: u64,
+    pub catalog_xmin: u64,
+    /// Still streaming (a disconnected one holds nothing back).
+    pub connected: bool,
     /// Milliseconds since that update.
     pub reported_ms_ago: u64,
 }
@@ -164,6 +185,7 @@ impl Timeline {
             feedback_tx,
             remote_consistent_lsn: AtomicU64::new(c.remote_consistent_lsn.0),
             standbys: Mutex::new(BTreeMap::new()),
+            standbys_tx: watch::channel(Vec::new()).0,
             metrics,
         };
         tl.update_gauges(&tl.lock());
@@ -258,10 +280,76 @@ impl Timeline {
 
     /// Another streaming client (a read replica) reported its position.
     pub fn set_standby_feedback(&self, client: &str, f: PageserverFeedback) {
+        self.update_standby(client, |s| s.positions = f);
+    }
+
+    /// A streaming client sent hot standby feedback: the oldest transaction its queries
+    /// may still need (full transaction ids, 0 for none).
+    pub fn set_hot_standby_feedback(&self, client: &str, xmin: u64, catalog_xmin: u64) {
+        self.update_standby(client, |s| {
+            s.xmin = xmin;
+            s.catalog_xmin = catalog_xmin;
+        });
+    }
+
+    /// A streaming client's connection ended: it is still shown for a while, but holds
+    /// nothing back any more.
+    pub fn standby_disconnected(&self, client: &str) {
         let mut standbys = self.standbys.lock().unwrap_or_else(|e| e.into_inner());
-        let now = SystemTime::now();
-        standbys.retain(|_, (_, at)| now.duration_since(*at).unwrap_or_default() < STANDBY_SHOWN_FOR);
-        standbys.insert(client.to_string(), (f, now));
+        if let Some(s) = standbys.get_mut(client) {
+            s.connected = false;
+            s.xmin = 0;
+            s.catalog_xmin = 0;
+            self.publish_standbys(&standbys);
+        }
+    }
+
+    fn update_standby(&self, client: &str, f: impl FnOnce(&mut Standby)) {
+        let mut standbys = self.standbys.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        standbys.retain(|_, s| now.duration_since(s.at) < STANDBY_SHOWN_FOR);
+        let s = standbys.entry(client.to_string()).or_insert_with(|| Standby {
+            positions: PageserverFeedback::default(),
+            xmin: 0,
+            catalog_xmin: 0,
+            at: now,
+            connected: true,
+        });
+        f(s);
+        s.at = now;
+        s.connected = true;
+        self.publish_standbys(&standbys);
+    }
+
+    /// Sends proposers the connected standbys (their names are the `application_name`
+    /// part of the client).
+    fn publish_standbys(&self, standbys: &BTreeMap<String, Standby>) {
+        let now = Instant::now();
+        let list: Vec<StandbyReport> = standbys
+            .iter()
+            .filter(|(_, s)| s.connected)
+            .take(STANDBYS_MAX)
+            .map(|(client, s)| StandbyReport {
+                name: standby_name(client).to_string(),
+                flush_lsn: s.positions.flush_lsn,
+                apply_lsn: s.positions.apply_lsn,
+                xmin: s.xmin,
+                catalog_xmin: s.catalog_xmin,
+                age_ms: u32::try_from(now.duration_since(s.at).as_millis()).unwrap_or(u32::MAX),
+            })
+            .collect();
+        self.standbys_tx.send_if_modified(|cur| {
+            // Ages alone do not make a change worth a message.
+            let same = cur.len() == list.len()
+                && cur.iter().zip(&list).all(|(a, b)| StandbyReport { age_ms: 0, ..a.clone() } == StandbyReport { age_ms: 0, ..b.clone() });
+            *cur = list;
+            !same
+        });
+    }
+
+    /// The connected read replicas, for proposers.
+    pub fn standbys_watch(&self) -> watch::Receiver<Vec<StandbyReport>> {
+        self.standbys_tx.subscribe()
     }
 
     /// The pageserver reported its remote-consistent LSN (WAL below it is in object
@@ -495,17 +583,20 @@ impl Timeline {
                 apply_lsn: f.apply_lsn.to_string(),
             },
             standbys: {
-                let now = SystemTime::now();
+                let now = Instant::now();
                 let standbys = self.standbys.lock().unwrap_or_else(|e| e.into_inner());
                 standbys
                     .iter()
-                    .map(|(client, (f, at))| (client, f, now.duration_since(*at).unwrap_or_default()))
+                    .map(|(client, s)| (client, s, now.duration_since(s.at)))
                     .filter(|(_, _, ago)| *ago < STANDBY_SHOWN_FOR)
-                    .map(|(client, f, ago)| StandbyJson {
+                    .map(|(client, s, ago)| StandbyJson {
                         client: client.clone(),
-                        write_lsn: f.write_lsn.to_string(),
-                        flush_lsn: f.flush_lsn.to_string(),
-                        apply_lsn: f.apply_lsn.to_string(),
+                        write_lsn: s.positions.write_lsn.to_string(),
+                        flush_lsn: s.positions.flush_lsn.to_string(),
+                        apply_lsn: s.positions.apply_lsn.to_string(),
+                        xmin: s.xmin,
+                        catalog_xmin: s.catalog_xmin,
+                        connected: s.connected,
                         reported_ms_ago: u64::try_from(ago.as_millis()).unwrap_or(u64::MAX),
                     })
                     .collect()
@@ -527,6 +618,16 @@ impl Timeline {
             .is_err()
         });
         assert!(panicked);
+    }
+}
+
+/// The name a streaming client is shown by: its `application_name`, or its address if it
+/// gave none (`client` is `application_name@address`).
+fn standby_name(client: &str) -> &str {
+    match client.rsplit_once('@') {
+        Some((name, _)) if !name.is_empty() => name,
+        Some((_, addr)) => addr,
+        None => client,
     }
 }
 
@@ -554,5 +655,12 @@ mod tests {
         assert!(tl.handle_batch(vec![ToAcceptor::Greeting { round: 1 }]).is_err());
         assert!(tl.read_wal(Lsn(0), Lsn(0)).is_err());
         assert_eq!(tl.status().state, "broken");
+    }
+
+    #[test]
+    fn standbys_are_named_by_their_application_name() {
+        assert_eq!(super::standby_name("r1@127.0.0.1:5000"), "r1");
+        assert_eq!(super::standby_name("@127.0.0.1:5000"), "127.0.0.1:5000");
+        assert_eq!(super::standby_name("a@b@[::1]:5"), "a@b");
     }
 }

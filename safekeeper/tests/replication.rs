@@ -58,6 +58,9 @@ struct MemWal {
     /// WAL below this was removed (the beginning moves up to it).
     removed_below: Mutex<Lsn>,
     remote_consistent: Mutex<Vec<Lsn>>,
+    /// Hot standby feedback (xmin, catalog xmin) as recorded, and disconnections, by client.
+    hot_standby: Mutex<Vec<(String, u64, u64)>>,
+    disconnected: Mutex<Vec<String>>,
 }
 
 impl MemWal {
@@ -71,6 +74,8 @@ impl MemWal {
             feedback: Mutex::new(Vec::new()),
             removed_below: Mutex::new(Lsn(0)),
             remote_consistent: Mutex::new(Vec::new()),
+            hot_standby: Mutex::new(Vec::new()),
+            disconnected: Mutex::new(Vec::new()),
         })
     }
     fn bytes(&self, from: Lsn, to: Lsn) -> &[u8] {
@@ -116,6 +121,12 @@ impl WalSource for MemWal {
     }
     fn set_remote_consistent_lsn(&self, lsn: Lsn) {
         self.remote_consistent.lock().unwrap().push(lsn);
+    }
+    fn set_hot_standby_feedback(&self, client: &str, xmin: u64, catalog_xmin: u64) {
+        self.hot_standby.lock().unwrap().push((client.to_string(), xmin, catalog_xmin));
+    }
+    fn standby_disconnected(&self, client: &str) {
+        self.disconnected.lock().unwrap().push(client.to_string());
     }
 }
 
@@ -341,6 +352,16 @@ impl Client {
         self.send(|b| frontend::CopyData::new(&p[..]).unwrap().write(b)).await;
     }
 
+    /// PostgreSQL's hot standby feedback: time, xmin and its epoch, catalog xmin and its epoch.
+    async fn hot_standby_feedback(&mut self, xmin: u32, xmin_epoch: u32, catalog_xmin: u32, catalog_epoch: u32) {
+        let mut p = vec![b'h'];
+        p.extend_from_slice(&0i64.to_be_bytes());
+        for v in [xmin, xmin_epoch, catalog_xmin, catalog_epoch] {
+            p.extend_from_slice(&v.to_be_bytes());
+        }
+        self.send(|b| frontend::CopyData::new(&p[..]).unwrap().write(b)).await;
+    }
+
     async fn status_update(&mut self, write: Lsn, flush: Lsn, apply: Lsn, reply: bool) {
         let mut p = Vec::new();
         p.push(b'r');
@@ -435,6 +456,13 @@ async fn streams_committed_wal_and_follows_the_commit_lsn() {
         PageserverFeedback { write_lsn: first_commit, flush_lsn: Lsn(first_commit.0 - 10), apply_lsn: f.start, ..Default::default() }
     );
 
+    // And a replica's hot standby feedback, as full transaction ids (0: none).
+    c.hot_standby_feedback(1234, 2, 0, 7).await;
+    wait_for("the hot standby feedback", || !src.hot_standby.lock().unwrap().is_empty()).await;
+    let (client, xmin, catalog_xmin) = src.hot_standby.lock().unwrap()[0].clone();
+    assert!(client.contains('@'), "{client}");
+    assert_eq!((xmin, catalog_xmin), ((2 << 32) | 1234, 0));
+
     // So is its remote-consistent LSN, in fjord's own message.
     c.remote_consistent_lsn(Lsn(f.start.0 + 4096)).await;
     wait_for("the remote-consistent LSN", || !src.remote_consistent.lock().unwrap().is_empty()).await;
@@ -461,6 +489,8 @@ async fn streams_committed_wal_and_follows_the_commit_lsn() {
     }
     assert!(saw_copy_done);
     assert_eq!(tags, vec!["START_STREAMING".to_string()]);
+    // The end of streaming releases whatever the client held back.
+    assert_eq!(*src.disconnected.lock().unwrap(), vec![client]);
     let (_, rows) = c.query("IDENTIFY_SYSTEM").await.unwrap();
     assert_eq!(rows[0][2], Some(f.end.to_string()));
 
@@ -658,6 +688,21 @@ async fn malformed_messages_and_unknown_commands() {
     };
     assert!(e.message.contains("unexpected standby message type 'z'"), "{e:?}");
     assert!(c.recv().await.is_none());
+    assert!(server.next_result().await.is_err());
+
+    // Hot standby feedback of the wrong length is refused, not half-read.
+    let mut c = Client::ready(&server).await;
+    c.send(|b| frontend::query(&format!("START_REPLICATION {}", f.end), b).unwrap()).await;
+    assert!(matches!(c.recv().await, Some(Msg::CopyBoth)));
+    c.send(|b| frontend::CopyData::new(&b"h12345678"[..]).unwrap().write(b)).await;
+    let e = loop {
+        match c.recv().await {
+            Some(Msg::Backend(backend::Message::ErrorResponse(e))) => break pg_err(&e),
+            Some(Msg::Backend(backend::Message::CopyData(_))) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert!(e.message.contains("invalid hot standby feedback: 9 bytes, expected 25"), "{e:?}");
     assert!(server.next_result().await.is_err());
 }
 

@@ -255,6 +255,59 @@ def test_endpoint_and_branch_at_a_time(repo):
     assert "neither an LSN" in repo.fail("endpoint", "start", "bad", "--at", "yesterday")
 
 
+def test_the_primary_sees_its_replicas_and_keeps_what_their_snapshots_read(repo):
+    primary = repo.run("endpoint", "start", "main").stdout.strip()
+    # Any conflict with recovery cancels the replica's query at once: only the primary's
+    # holding back the replica's xmin lets the snapshot below survive the VACUUM.
+    replica = repo.run("endpoint", "start", "r1", "--replica", "-c", "max_standby_streaming_delay=0").stdout.strip()
+    with connect(primary) as p, connect(replica) as r:
+        p.execute("CREATE EXTENSION fjord")
+        p.execute("CREATE TABLE t (id int, v text) WITH (autovacuum_enabled = off)")
+        p.execute("INSERT INTO t SELECT g, 'row ' || g FROM generate_series(1, 1000) g")
+
+        def listed():
+            return p.execute("SELECT name, safekeeper, replay_lsn, replay_lag_bytes, xmin, last_report_ms FROM fjord.replicas()").fetchall()
+        # pg_stat_replication's counterpart: the replica, where it streams from, how far it
+        # replayed, and its xmin, which the primary holds in a temporary slot.
+        wait_until("the replica listed on the primary with its xmin", lambda: [row[0] for row in listed() if row[4]] == ["r1"], timeout_s=30)
+        name, safekeeper, replayed, lag, xmin, age_ms = listed()[0]
+        assert re.fullmatch(r"127\.0\.0\.1:\d+", safekeeper), safekeeper
+        assert lag >= 0 and age_ms < 10_000, (lag, age_ms)
+        slot = p.execute("SELECT slot_type, temporary, xmin::text::bigint FROM pg_replication_slots WHERE slot_name = 'fjord_replicas'").fetchone()
+        assert slot is not None and slot[0] == "physical" and slot[1] is True, slot
+
+        wait_replayed(r, str(one(p, "SELECT pg_current_wal_flush_lsn()")))
+        r.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        assert one(r, "SELECT count(*) FROM t") == 1000
+        snapshot_xmin = int(one(r, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text"))
+        # The replica's feedback now names its snapshot's xmin (or an older one).
+        wait_until("the primary to hold the snapshot's xmin",
+                   lambda: 0 < (one(p, "SELECT min(xmin) FROM fjord.replicas()") or 0) <= snapshot_xmin, timeout_s=30)
+        p.execute("DELETE FROM t")
+        p.execute("VACUUM t")
+        # VACUUM kept the deleted rows (the replica's snapshot sees them), so the replica
+        # replays no conflict and its query keeps working past the VACUUM.
+        assert one(p, "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 't'") >= 1000
+        wait_replayed(r, str(one(p, "SELECT pg_current_wal_flush_lsn()")))
+        assert one(r, "SELECT count(*) FROM t") == 1000
+        r.execute("COMMIT")
+        assert one(r, "SELECT count(*) FROM t") == 0
+
+        # With the snapshot gone, the horizon moves on and VACUUM removes the rows.
+        def vacuumed():
+            p.execute("VACUUM t")
+            return one(p, "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 't'") == 0
+        wait_until("VACUUM to remove the rows once the replica let go", vacuumed, timeout_s=30, interval_s=0.5)
+
+    # A stopped replica leaves the list, and holds nothing back.
+    repo.run("endpoint", "stop", "r1")
+    with connect(primary) as p:
+        wait_until("the stopped replica to leave the list", lambda: listed() == [], timeout_s=30)
+        wait_until("the slot to hold no xmin",
+                   lambda: one(p, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'fjord_replicas' AND xmin IS NOT NULL") == 0,
+                   timeout_s=30)
+
+
 def test_gc_keeps_what_a_replica_reads_and_a_replica_left_behind_gets_a_clear_error(tmp_path):
     repo = FjordRepo(tmp_path / "repo", env={"FJORD_REPLICA_LEASE_TTL_SECS": "2"}).init()
     # GC may then collect right up to the last record (no PITR window, no byte horizon).
@@ -276,7 +329,8 @@ def test_gc_keeps_what_a_replica_reads_and_a_replica_left_behind_gets_a_clear_er
             p.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 100000) g")
         # A tiny buffer pool and no local file cache: the replica reads from the pageserver.
         # Replay waits for the replica's queries instead of cancelling them (the primary
-        # does not hear of the replica's snapshots, so its pruning conflicts with them).
+        # holds back what the replica's snapshot reads once its hot standby feedback has
+        # arrived; this covers the moment before).
         replica = repo.run("endpoint", "start", "r1", "--replica", "-c", "shared_buffers=1MB", "-c", "fjord.file_cache_size=0",
                            "-c", "max_standby_streaming_delay=-1").stdout.strip()
         with connect(primary) as p, connect(replica) as r:

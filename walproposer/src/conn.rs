@@ -161,6 +161,7 @@ fn read_loop(ctx: &ConnCtx, mut stream: TcpStream, generation: u64, mut buf: Byt
                     }
                 }
                 Ok(Some(AcceptorMessage::Feedback(f))) => ctx.shared.set_feedback(ctx.node, f),
+                Ok(Some(AcceptorMessage::Standbys(list))) => ctx.shared.set_standbys(ctx.node, list),
                 Ok(Some(AcceptorMessage::Error { message })) => {
                     let _ = stream.shutdown(std::net::Shutdown::Both);
                     return format!("safekeeper reported an error: {message}");

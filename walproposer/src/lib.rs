@@ -18,6 +18,7 @@ mod safekeeper_list;
 mod walstore;
 
 pub use quorum::majority;
+pub use quorum::wire::StandbyReport;
 pub use safekeeper_list::{parse_safekeeper_list, SafekeeperAddr, SafekeeperListError, SafekeeperListProblem, SAFEKEEPERS_MAX};
 pub use walstore::WalReadError;
 
@@ -105,6 +106,9 @@ pub(crate) struct Shared {
     pub status: Mutex<Status>,
     /// Per safekeeper: the last feedback it sent.
     feedback: Mutex<Vec<PageserverFeedback>>,
+    /// Per safekeeper: the read replicas streaming from it, as it last listed them, and
+    /// when that list arrived.
+    standbys: Mutex<Vec<(Vec<StandbyReport>, Instant)>>,
     /// Per safekeeper: `None` while connected, else why not.
     nodes: Mutex<Vec<Option<String>>>,
     /// The core's one-line account of where it stands.
@@ -124,6 +128,7 @@ impl Shared {
             flush_pending: AtomicBool::new(false),
             status: Mutex::new(Status::Electing),
             feedback: Mutex::new(vec![PageserverFeedback::default(); n]),
+            standbys: Mutex::new(vec![(Vec::new(), Instant::now()); n]),
             nodes: Mutex::new(vec![Some("not connected yet".to_string()); n]),
             progress: Mutex::new(String::new()),
             outcome: Mutex::new(None),
@@ -142,7 +147,15 @@ impl Shared {
         lock(&self.feedback).iter().map(|f| f.remote_consistent_lsn).max().unwrap_or_default()
     }
 
+    pub fn set_standbys(&self, node: usize, list: Vec<StandbyReport>) {
+        lock(&self.standbys)[node] = (list, Instant::now());
+    }
+
     pub fn set_node_state(&self, node: usize, down_because: Option<String>) {
+        if down_because.is_some() {
+            // What a safekeeper we cannot hear from listed is not known to be true any more.
+            lock(&self.standbys)[node].0.clear();
+        }
         lock(&self.nodes)[node] = down_because;
     }
 
@@ -281,6 +294,20 @@ impl WalProposer {
             pageserver_apply_lsn: all.iter().map(|f| f.apply_lsn).max().unwrap_or_default(),
             pageserver_remote_consistent_lsn: all.iter().map(|f| f.remote_consistent_lsn).max().unwrap_or_default(),
         }
+    }
+
+    /// The read replicas streaming from the safekeepers, each with the safekeeper
+    /// (`host:port`) it streams from; its `age_ms` counts from its last report to now.
+    pub fn standbys(&self) -> Vec<(String, StandbyReport)> {
+        let all = lock(&self.shared.standbys);
+        let mut out = Vec::new();
+        for (addr, (list, at)) in self.addrs.iter().zip(all.iter()) {
+            let since = u32::try_from(at.elapsed().as_millis()).unwrap_or(u32::MAX);
+            for s in list {
+                out.push((addr.clone(), StandbyReport { age_ms: s.age_ms.saturating_add(since), ..s.clone() }));
+            }
+        }
+        out
     }
 
     /// Per safekeeper (`host:port`): `None` while connected, else why it is not.

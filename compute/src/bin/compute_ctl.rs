@@ -87,6 +87,11 @@ struct Args {
     /// sync: any number of replicas run beside the writer, or without one.
     #[arg(long, conflicts_with = "lsn")]
     replica: bool,
+    /// The endpoint's name: a read replica streams under it as its `application_name` (what
+    /// the primary's `fjord.replicas()` and the safekeepers' status show) and leases its
+    /// replay position under it.
+    #[arg(long, value_name = "NAME", default_value = "fjord_replica")]
+    name: String,
     /// How long the pageserver keeps a replica's lease on its replay position (renewed
     /// every second) after the last renewal, in seconds.
     #[arg(long, env = "FJORD_REPLICA_LEASE_TTL_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -309,7 +314,7 @@ fn hold_replay_position(args: &Args, host: &str, user: &str, report: serde_json:
     let status_file = args.status_file.clone();
     let (tenant, timeline, port) = (args.tenant, args.timeline, args.port);
     let (pg_bin_dir, host, user) = (args.pg_bin_dir.clone(), host.to_string(), user.to_string());
-    let holder = format!("replica {}:{port} pid {}", host, std::process::id());
+    let holder = format!("replica {} at {}:{port} pid {}", args.name, host, std::process::id());
     let spawned = std::thread::Builder::new().name("lease".into()).spawn(move || {
         let mut last_error: Option<String> = None;
         loop {
@@ -412,7 +417,7 @@ fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path) 
         replica_conninfo: match safekeepers {
             Some(list) if args.replica => {
                 let hosts: Vec<(String, u16)> = list.iter().map(|s| (s.host.clone(), s.port)).collect();
-                Some(pgconf::replica_conninfo(&hosts, args.tenant, args.timeline))
+                Some(pgconf::replica_conninfo(&hosts, args.tenant, args.timeline, &args.name))
             }
             _ => None,
         },

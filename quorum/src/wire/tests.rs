@@ -119,6 +119,15 @@ proptest! {
             AcceptorMessage::Consensus(m),
             AcceptorMessage::Feedback(PageserverFeedback { write_lsn, flush_lsn, apply_lsn, remote_consistent_lsn }),
             AcceptorMessage::Error { message: "no".into() },
+            AcceptorMessage::Standbys(vec![]),
+            AcceptorMessage::Standbys(vec![StandbyReport {
+                name: "replica-1".into(),
+                flush_lsn: write_lsn,
+                apply_lsn: flush_lsn,
+                xmin: apply_lsn.0,
+                catalog_xmin: remote_consistent_lsn.0,
+                age_ms: 17,
+            }]),
         ];
         let mut buf = BytesMut::new();
         for m in &msgs { m.encode(&mut buf); }
@@ -241,4 +250,35 @@ fn version_2_fields_are_checked() {
     let f = AcceptorMessage::decode(&mut raw(b'f', &be(&[3, 2, 1, 9]))).unwrap().unwrap();
     let want = PageserverFeedback { write_lsn: Lsn(3), flush_lsn: Lsn(2), apply_lsn: Lsn(1), remote_consistent_lsn: Lsn(9) };
     assert_eq!(f, AcceptorMessage::Feedback(want));
+}
+
+#[test]
+fn standbys_are_bounded() {
+    let report = |name: &str| StandbyReport { name: name.into(), ..StandbyReport::default() };
+    // The encoder keeps within the bounds the decoder enforces.
+    let long = "é".repeat(STANDBY_NAME_BYTES_MAX);
+    let mut buf = BytesMut::new();
+    AcceptorMessage::Standbys(vec![report(&long); STANDBYS_MAX + 3]).encode(&mut buf);
+    let Some(AcceptorMessage::Standbys(got)) = AcceptorMessage::decode(&mut buf).unwrap() else { panic!("not Standbys") };
+    assert_eq!(got.len(), STANDBYS_MAX);
+    assert!(got[0].name.len() <= STANDBY_NAME_BYTES_MAX && long.starts_with(got[0].name.as_str()));
+
+    // A hand-made message over the bounds is refused, naming why.
+    let mut buf = BytesMut::new();
+    buf.put_u8(b's');
+    buf.put_u32(4);
+    buf.put_u32(STANDBYS_MAX as u32 + 1);
+    let err = AcceptorMessage::decode(&mut buf).unwrap_err();
+    assert!(err.to_string().contains("standbys (at most"), "{err}");
+
+    let name = "x".repeat(STANDBY_NAME_BYTES_MAX + 1);
+    let mut buf = BytesMut::new();
+    buf.put_u8(b's');
+    buf.put_u32((4 + 4 + name.len() + 36) as u32);
+    buf.put_u32(1);
+    buf.put_u32(name.len() as u32);
+    buf.put_slice(name.as_bytes());
+    buf.put_slice(&[0u8; 36]);
+    let err = AcceptorMessage::decode(&mut buf).unwrap_err();
+    assert!(err.to_string().contains("standby name of"), "{err}");
 }
