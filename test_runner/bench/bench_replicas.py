@@ -4,14 +4,17 @@ Run through scripts/bench-replicas (which explains the flags). A primary and one
 replica on one branch (pgbench data at the given scale), three safekeepers, one pageserver,
 all on this machine:
 
-- **lag**: a writer commits one-row inserts on the primary at a fixed rate; after each
-  commit it reads the primary's insert position (at or past the commit's end). A poller on
-  the replica reads `pg_last_wal_replay_lsn()` every 0.2 ms and notes, for each commit, when
-  the replay position reached it: lag = that moment minus the moment COMMIT returned on the
-  primary. Measured at `--rate` commits/s alone, then with pgbench read-write (`-c 4`)
-  running on the primary at the same time (the highest write rate the machine sustains).
+- **lag**: a writer commits one-row inserts on the primary at a fixed rate and notes each
+  row's id and the moment COMMIT returned; a poller on the replica runs
+  `SELECT max(id)` every 0.2 ms: lag = the moment a row became visible on the replica minus
+  the moment its COMMIT returned. Measured at `--rate` commits/s alone, then with pgbench
+  read-write (`-c 4`) running on the primary at the same time (the highest write rate the
+  machine sustains).
 - **read throughput**: pgbench select-only on the primary, then on the replica, same
   clients and duration.
+
+The same again on plain PostgreSQL with a streaming standby (same build and settings, local
+fsync on): the bar.
 
 Prints a table, writes JSON and a markdown section.
 """
@@ -33,6 +36,7 @@ import psycopg  # noqa: E402
 
 from fixtures.cli import FjordRepo  # noqa: E402
 from fixtures.pgbench import parse, pgbench  # noqa: E402
+from fixtures.postgres import PgServer, standby  # noqa: E402
 
 
 def lsn_int(lsn: str) -> int:
@@ -50,7 +54,8 @@ def percentile(xs: list[float], p: float) -> float:
 
 
 def measure_lag(primary: str, replica: str, rate: float, seconds: float) -> dict:
-    """Commits at `rate` per second for `seconds`; returns lag percentiles in ms."""
+    """Commits at `rate` per second for `seconds`; returns percentiles of the time from a
+    COMMIT returning on the primary to its row being visible to a query on the replica, in ms."""
     pending: list[tuple[int, float]] = []
     lags: list[float] = []
     lock = threading.Lock()
@@ -59,15 +64,21 @@ def measure_lag(primary: str, replica: str, rate: float, seconds: float) -> dict
     def poll() -> None:
         with psycopg.connect(replica, autocommit=True) as r:
             while not (done.is_set() and not pending):
-                replayed = lsn_int(r.execute("SELECT pg_last_wal_replay_lsn()").fetchone()[0])
+                # Visibility itself: the newest probe row a query on the replica sees.
+                visible = r.execute("SELECT coalesce(max(id), 0) FROM lag_probe").fetchone()[0]
                 now = time.monotonic()
                 with lock:
-                    while pending and pending[0][0] <= replayed:
+                    while pending and pending[0][0] <= visible:
                         lags.append((now - pending.pop(0)[1]) * 1000)
                 time.sleep(0.0002)
 
     with psycopg.connect(primary, autocommit=True) as p:
-        p.execute("CREATE TABLE IF NOT EXISTS lag_probe (id bigserial, at timestamptz DEFAULT now())")
+        p.execute("CREATE TABLE IF NOT EXISTS lag_probe (id bigserial PRIMARY KEY, at timestamptz DEFAULT now())")
+        # The replica must know the table before it is polled.
+        flushed = lsn_int(p.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0])
+        with psycopg.connect(replica, autocommit=True) as r:
+            while lsn_int(r.execute("SELECT pg_last_wal_replay_lsn()").fetchone()[0]) < flushed:
+                time.sleep(0.01)
         poller = threading.Thread(target=poll)
         poller.start()
         interval = 1.0 / rate
@@ -78,11 +89,10 @@ def measure_lag(primary: str, replica: str, rate: float, seconds: float) -> dict
             delay = due - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            p.execute("INSERT INTO lag_probe DEFAULT VALUES")
+            row_id = p.execute("INSERT INTO lag_probe DEFAULT VALUES RETURNING id").fetchone()[0]
             committed = time.monotonic()
-            lsn = lsn_int(p.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0])
             with lock:
-                pending.append((lsn, committed))
+                pending.append((row_id, committed))
             n += 1
         achieved = n / (time.monotonic() - start)
     done.set()
@@ -94,6 +104,30 @@ def measure_lag(primary: str, replica: str, rate: float, seconds: float) -> dict
         "lag_p99_ms": round(percentile(lags, 99), 2),
         "lag_max_ms": round(max(lags), 2),
     }
+
+
+def run_suite(name: str, primary: str, replica: str, pport: int, rport: int, user: str, a) -> dict:
+    """Lag alone and beside pgbench read-write, then select-only on primary and replica."""
+    res: dict = {}
+    res["lag_alone"] = measure_lag(primary, replica, a.rate, a.duration)
+    print(f"{name}: lag at {a.rate:.0f} commits/s: {res['lag_alone']}", flush=True)
+    bench_out: dict = {}
+
+    def background() -> None:
+        bench_out["rw"] = parse(pgbench(pport, user, "-n", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.duration + 2)))
+
+    t = threading.Thread(target=background)
+    t.start()
+    time.sleep(1)
+    res["lag_under_pgbench"] = measure_lag(primary, replica, a.rate, a.duration)
+    t.join()
+    res["lag_under_pgbench"]["pgbench_rw_tps"] = bench_out["rw"]["tps"]
+    print(f"{name}: lag at {a.rate:.0f} commits/s beside pgbench read-write: {res['lag_under_pgbench']}", flush=True)
+    for which, port in (("primary", pport), ("replica", rport)):
+        out = pgbench(port, user, "-n", "-S", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.duration))
+        res[f"select_only_{which}"] = parse(out)
+        print(f"{name}: select-only on the {which}: {res[f'select_only_{which}']}", flush=True)
+    return res
 
 
 def main() -> None:
@@ -126,27 +160,27 @@ def main() -> None:
             print(f"replica started in {start_s} s", flush=True)
             res: dict = {"replica_start_s": start_s}
 
-            res["lag_alone"] = measure_lag(primary, replica, a.rate, a.duration)
-            print(f"lag at {a.rate:.0f} commits/s: {res['lag_alone']}", flush=True)
-            bench_out: dict = {}
-
-            def background() -> None:
-                bench_out["rw"] = parse(pgbench(pport, user, "-n", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.duration + 2)))
-
-            t = threading.Thread(target=background)
-            t.start()
-            time.sleep(1)
-            res["lag_under_pgbench"] = measure_lag(primary, replica, a.rate, a.duration)
-            t.join()
-            res["lag_under_pgbench"]["pgbench_rw_tps"] = bench_out["rw"]["tps"]
-            print(f"lag at {a.rate:.0f} commits/s beside pgbench read-write: {res['lag_under_pgbench']}", flush=True)
-
-            for name, port in (("primary", pport), ("replica", rport)):
-                out = pgbench(port, user, "-n", "-S", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.duration))
-                res[f"select_only_{name}"] = parse(out)
-                print(f"select-only on the {name}: {res[f'select_only_{name}']}", flush=True)
+            res.update(run_suite("fjord", primary, replica, pport, rport, user, a))
         finally:
             repo.cleanup()
+
+        # The bar: plain PostgreSQL and a streaming standby of it, same build and settings
+        # (local fsync on, as a primary without safekeepers needs for durability).
+        settings = {"shared_buffers": a.shared_buffers, "synchronous_commit": "on", "fsync": "on",
+                    "hot_standby_feedback": "on", "wal_receiver_status_interval": "1s"}
+        base = Path(tmp) / "plain"
+        plain = PgServer(base, "primary", settings).initdb().start()
+        plain_standby = None
+        try:
+            pgbench(plain.port, plain.user, "-i", "-s", str(a.scale), "-q")
+            plain_standby = standby(base, plain, "standby", settings)
+            connstr = "host=127.0.0.1 port={} user={} dbname=postgres"
+            res["plain"] = run_suite("plain PostgreSQL", connstr.format(plain.port, plain.user),
+                                     connstr.format(plain_standby.port, plain.user), plain.port, plain_standby.port, plain.user, a)
+        finally:
+            if plain_standby:
+                plain_standby.stop("immediate")
+            plain.stop("fast")
 
     ratio = res["select_only_replica"]["tps"] / res["select_only_primary"]["tps"]
     result = {
@@ -159,19 +193,24 @@ def main() -> None:
         "replica_select_only_ratio": round(ratio, 2),
     }
     Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
-    la, lu = res["lag_alone"], res["lag_under_pgbench"]
-    so_p, so_r = res["select_only_primary"], res["select_only_replica"]
+    pl = res["plain"]
+    rows = []
+    for label, r in (("fjord", res), ("plain PostgreSQL + streaming standby", pl)):
+        la, lu = r["lag_alone"], r["lag_under_pgbench"]
+        so_p, so_r = r["select_only_primary"], r["select_only_replica"]
+        rows.append(f"| {label} | {la['commits_per_s']}/s: {la['lag_p50_ms']} / {la['lag_p99_ms']} / {la['lag_max_ms']} ms "
+                    f"| {lu['commits_per_s']}/s beside {lu['pgbench_rw_tps']:.0f} tps: {lu['lag_p50_ms']} / {lu['lag_p99_ms']} / {lu['lag_max_ms']} ms "
+                    f"| {so_p['tps']:.0f} / {so_r['tps']:.0f} ({so_r['tps'] / so_p['tps']:.2f}x) |")
+    table = "\n".join(rows)
     md = f"""Measured {result['date']} with `{a.command}` (PostgreSQL {a.flavor} build; {result['machine']}; scale {a.scale},
-shared_buffers {a.shared_buffers} on both computes, {a.duration} s per run, {a.clients} pgbench clients; one
-primary, one replica, three safekeepers and the pageserver on this machine). Lag is from
-COMMIT returning on the primary to the replica's replay position passing the commit.
+shared_buffers {a.shared_buffers} on every server, {a.duration} s per run, {a.clients} pgbench clients; fjord: one
+primary, one replica, three safekeepers and the pageserver on this machine; plain: a primary with local fsync and a
+streaming standby, same build). Lag is from COMMIT returning on the primary to the row being visible to a query on
+the replica (polled every 0.2 ms), p50 / p99 / max. fjord's replica started in {start_s} s.
 
-| | value |
-|---|---|
-| replica start (`fjord endpoint start --replica`) | {start_s} s |
-| lag at {la['commits_per_s']} commits/s: p50 / p99 / max | {la['lag_p50_ms']} / {la['lag_p99_ms']} / {la['lag_max_ms']} ms |
-| lag at {lu['commits_per_s']} commits/s beside pgbench read-write ({lu['pgbench_rw_tps']} tps): p50 / p99 / max | {lu['lag_p50_ms']} / {lu['lag_p99_ms']} / {lu['lag_max_ms']} ms |
-| select-only TPS: primary / replica | {so_p['tps']:.0f} / {so_r['tps']:.0f} ({ratio:.2f}x) |
+| | lag alone | lag beside pgbench read-write | select-only TPS: primary / replica |
+|---|---|---|---|
+{table}
 """
     Path(a.markdown).write_text(md)
     print(md)

@@ -29,7 +29,7 @@ from fixtures.compute import Endpoint, Timeline  # noqa: E402
 from fixtures.pageserver import Pageserver  # noqa: E402
 from fixtures.paths import pg_bin_dir  # noqa: E402
 from fixtures.pgbench import parse, pgbench  # noqa: E402
-from fixtures.postgres import PgServer, free_port, wait_until  # noqa: E402
+from fixtures.postgres import PgServer, free_port, standby, wait_until  # noqa: E402
 from fixtures.safekeeper import Safekeeper  # noqa: E402
 
 
@@ -47,16 +47,6 @@ def run_suite(name: str, port: int, user: str, a, script: Path) -> dict:
     print(f"{name}: pgbench TPC-B-like, {a.clients} clients: {res['tpcb']}", flush=True)
     return res
 
-
-def standby(base: Path, primary: PgServer, name: str, settings: dict) -> PgServer:
-    s = PgServer(base, name, settings)
-    s.datadir.parent.mkdir(parents=True, exist_ok=True)
-    s.run(str(pg_bin_dir() / "pg_basebackup"), "-d",
-          f"host=127.0.0.1 port={primary.port} user={primary.user} application_name={name}",
-          "-D", str(s.datadir), "-R", "-X", "stream", "-c", "fast")
-    with open(s.datadir / "postgresql.conf", "a") as f:
-        f.write(f"\nport = {s.port}\nunix_socket_directories = '{s.datadir.parent}'\n")
-    return s.start()
 
 
 def main() -> None:

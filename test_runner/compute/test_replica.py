@@ -183,12 +183,14 @@ def test_a_replica_starts_while_a_long_transaction_runs(repo):
             assert r.execute("SELECT id, v FROM t ORDER BY id").fetchall() == [(1, "committed"), (2, "in progress")]
 
 
-def test_a_replica_survives_a_primary_restart_and_a_safekeeper_failure(repo):
+def test_a_replica_survives_a_primary_restart_a_safekeeper_failure_and_a_pageserver_restart(repo):
     primary = repo.run("endpoint", "start", "main").stdout.strip()
     with connect(primary) as p:
         p.execute("CREATE TABLE t (id int)")
         p.execute("INSERT INTO t SELECT generate_series(1, 100)")
-    replica = repo.run("endpoint", "start", "r1", "--replica").stdout.strip()
+    # A small buffer pool and no local file cache: the replica reads most pages from the
+    # pageserver.
+    replica = repo.run("endpoint", "start", "r1", "--replica", "-c", "shared_buffers=1MB", "-c", "fjord.file_cache_size=0").stdout.strip()
     repo.run("endpoint", "stop", "main")
     primary = repo.run("endpoint", "start", "main").stdout.strip()
     with connect(primary) as p, connect(replica) as r:
@@ -201,8 +203,19 @@ def test_a_replica_survives_a_primary_restart_and_a_safekeeper_failure(repo):
         wait_replayed(r, str(one(p, "SELECT pg_current_wal_flush_lsn()")))
         assert one(r, "SELECT count(*) FROM t") == 300
         repo.run("safekeeper", "start", "1")
+        # The pageserver, killed and started again, follows the safekeepers again and
+        # serves the replica's reads at its replay position.
+        pid = int((repo.path / "pageserver.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+        wait_until("the pageserver to exit", lambda: not Path(f"/proc/{pid}").exists())
+        repo.run("start")
+        p.execute("CREATE TABLE t2 AS SELECT g AS id, md5(g::text) AS h FROM generate_series(1, 50000) g")
+        p.execute("INSERT INTO t SELECT generate_series(301, 400)")
+        wait_replayed(r, str(one(p, "SELECT pg_current_wal_flush_lsn()")))
+        assert one(r, "SELECT count(*) FROM t") == 400
+        assert r.execute("SELECT count(*), sum(id), max(h) FROM t2").fetchone() == p.execute("SELECT count(*), sum(id), max(h) FROM t2").fetchone()
     with connect(replica) as r:
-        assert one(r, "SELECT count(*) FROM t") == 300
+        assert one(r, "SELECT count(*) FROM t") == 400
 
 
 def test_endpoint_and_branch_at_a_time(repo):
