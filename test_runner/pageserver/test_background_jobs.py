@@ -38,6 +38,7 @@ COMPACTION_L0_THRESHOLD = 4
 # in each run, no byte horizon for GC.
 CONFIG = f"""
 background_job_period_ms = 500
+gc_lease_grace_ms = 0
 image_creation_ranges_per_run = 16
 [storage]
 checkpoint_distance_bytes = 131072

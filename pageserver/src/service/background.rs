@@ -21,7 +21,9 @@
 //!    their replay position every second or two; a lease not renewed within its time to live
 //!    lapses). The tenant keeps its children's branch points (`Tenant::gc_timeline`).
 //!    Leases are granted and GC picks its cutoff under one lock, so a lease granted at or
-//!    above the timeline's GC cutoff is never collected under.
+//!    above the timeline's GC cutoff is never collected under. Leases live in memory: after
+//!    a start the scheduler runs no GC for `gc_lease_grace_ms` (30 s), time for their
+//!    holders (renewing every second) to renew.
 //!
 //! Jobs never block ingest or reads for long: the engine runs them under the timeline's
 //! `layer_removal_lock`, which neither takes, and swaps the layer map in one short write.
@@ -55,6 +57,9 @@ pub struct JobSettings {
     pub pitr_window_default: Duration,
     /// Image creation rebuilds at most this many partitions per timeline and run.
     pub image_ranges_per_run: usize,
+    /// After a start, the scheduler runs no GC for this long (leases live in memory; their
+    /// holders renew them meanwhile).
+    pub lease_grace: Duration,
 }
 
 /// What `compact` did: image layers, then L0 compaction.
@@ -81,6 +86,9 @@ pub struct Jobs {
     settings: JobSettings,
     /// Per timeline, the leases by holder: GC keeps every LSN at or above the lowest.
     leases: Mutex<HashMap<(TenantId, TimelineId), HashMap<String, Lease>>>,
+    /// When this process started: leases live in memory only, so the scheduler runs no GC
+    /// until their holders had `settings.lease_grace` to renew them.
+    started: Instant,
 }
 
 /// A reader's hold on an LSN: GC keeps it readable until the lease lapses.
@@ -106,7 +114,7 @@ impl Jobs {
         metrics: Arc<Metrics>,
         settings: JobSettings,
     ) -> Jobs {
-        Jobs { tenants, reconstructor, tenant_confs, metrics, settings, leases: Mutex::new(HashMap::new()) }
+        Jobs { tenants, reconstructor, tenant_confs, metrics, settings, leases: Mutex::new(HashMap::new()), started: Instant::now() }
     }
 
     /// The PITR window in force for `tenant`: its own, or the pageserver's default.
@@ -295,8 +303,10 @@ impl Jobs {
                 if let Err(e) = self.compact(&tenant, &timeline, false, false) {
                     tracing::error!("background job failed: {e:#}");
                 }
-                if let Err(e) = self.gc(&tenant, &timeline, None) {
-                    tracing::error!("background job failed: {e:#}");
+                if self.started.elapsed() >= self.settings.lease_grace {
+                    if let Err(e) = self.gc(&tenant, &timeline, None) {
+                        tracing::error!("background job failed: {e:#}");
+                    }
                 }
             }
         }
@@ -399,7 +409,7 @@ mod tests {
         let timeline = tenant.create_timeline(MAIN).unwrap();
         let registry = Arc::new(TenantRegistry::default());
         registry.insert(Arc::clone(&tenant));
-        let settings = JobSettings { pitr_window_default: Duration::from_secs(3600), image_ranges_per_run: 1 };
+        let settings = JobSettings { pitr_window_default: Duration::from_secs(3600), image_ranges_per_run: 1, lease_grace: Duration::ZERO };
         let jobs = Jobs::new(registry, Arc::new(ModelReconstructor), Arc::default(), Arc::new(Metrics::new()), settings);
         (dir, Arc::new(jobs), tenant, timeline)
     }

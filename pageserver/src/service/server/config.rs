@@ -49,6 +49,10 @@ pub struct PageserverConfig {
     pub background_jobs_enabled: bool,
     /// How often the background jobs look at every timeline.
     pub background_job_period_ms: u64,
+    /// After a start, how long the background jobs run no GC: LSN leases (read replicas'
+    /// holds on their replay positions) live in memory, and their holders need this long
+    /// to renew them. The management API's GC is not held back.
+    pub gc_lease_grace_ms: u64,
     /// How far back in time GC keeps every timeline readable, for tenants that set no
     /// window of their own (`PUT /v1/tenant/{tenant}/config`): `7d`, `12h`, `30s` ...
     pub pitr_window: HumanDuration,
@@ -75,6 +79,7 @@ impl Default for PageserverConfig {
             storage: StorageConfig::default(),
             background_jobs_enabled: true,
             background_job_period_ms: 10_000,
+            gc_lease_grace_ms: 30_000,
             pitr_window: HumanDuration(Duration::from_secs(7 * 24 * 3600)),
             image_creation_ranges_per_run: 2,
         }

@@ -192,7 +192,11 @@ impl Pageserver {
             registry.insert(Arc::new(tenant));
         }
         let metrics = Arc::new(Metrics::new());
-        let settings = JobSettings { pitr_window_default: conf.pitr_window.0, image_ranges_per_run: conf.image_creation_ranges_per_run };
+        let settings = JobSettings {
+            pitr_window_default: conf.pitr_window.0,
+            image_ranges_per_run: conf.image_creation_ranges_per_run,
+            lease_grace: Duration::from_millis(conf.gc_lease_grace_ms),
+        };
         let jobs = Arc::new(Jobs::new(
             Arc::clone(&registry),
             Arc::new(PgReconstructor::new(background_redo)),
