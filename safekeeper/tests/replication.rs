@@ -675,26 +675,23 @@ async fn malformed_messages_and_unknown_commands() {
     assert!(server.next_result().await.is_err());
 
     // A standby message the protocol does not have, while streaming.
-    let mut c = Client::ready(&server).await;
-    c.send(|b| frontend::query(&format!("START_REPLICATION {}", f.end), b).unwrap()).await;
-    assert!(matches!(c.recv().await, Some(Msg::CopyBoth)));
-    c.send(|b| frontend::CopyData::new(&b"z123"[..]).unwrap().write(b)).await;
-    let e = loop {
-        match c.recv().await {
-            Some(Msg::Backend(backend::Message::ErrorResponse(e))) => break pg_err(&e),
-            Some(Msg::Backend(backend::Message::CopyData(_))) => {}
-            other => panic!("unexpected {other:?}"),
-        }
-    };
+    let e = streaming_error(&server, f.end, b"z123").await;
     assert!(e.message.contains("unexpected standby message type 'z'"), "{e:?}");
-    assert!(c.recv().await.is_none());
     assert!(server.next_result().await.is_err());
 
     // Hot standby feedback of the wrong length is refused, not half-read.
-    let mut c = Client::ready(&server).await;
-    c.send(|b| frontend::query(&format!("START_REPLICATION {}", f.end), b).unwrap()).await;
+    let e = streaming_error(&server, f.end, b"h12345678").await;
+    assert!(e.message.contains("invalid hot standby feedback: 9 bytes, expected 25"), "{e:?}");
+    assert!(server.next_result().await.is_err());
+}
+
+/// Starts streaming at `start`, sends `payload` as a CopyData message, and returns the
+/// error the server answers with (it must then close the connection).
+async fn streaming_error(server: &Server, start: Lsn, payload: &[u8]) -> PgErr {
+    let mut c = Client::ready(server).await;
+    c.send(|b| frontend::query(&format!("START_REPLICATION {start}"), b).unwrap()).await;
     assert!(matches!(c.recv().await, Some(Msg::CopyBoth)));
-    c.send(|b| frontend::CopyData::new(&b"h12345678"[..]).unwrap().write(b)).await;
+    c.send(|b| frontend::CopyData::new(payload).unwrap().write(b)).await;
     let e = loop {
         match c.recv().await {
             Some(Msg::Backend(backend::Message::ErrorResponse(e))) => break pg_err(&e),
@@ -702,8 +699,8 @@ async fn malformed_messages_and_unknown_commands() {
             other => panic!("unexpected {other:?}"),
         }
     };
-    assert!(e.message.contains("invalid hot standby feedback: 9 bytes, expected 25"), "{e:?}");
-    assert!(server.next_result().await.is_err());
+    assert!(c.recv().await.is_none(), "the connection stays open after {e:?}");
+    e
 }
 
 #[tokio::test]
