@@ -4,10 +4,10 @@ Run through scripts/bench-replicas (which explains the flags). A primary and one
 replica on one branch (pgbench data at the given scale), three safekeepers, one pageserver,
 all on this machine:
 
-- **lag**: a writer commits one-row inserts on the primary at a fixed rate and notes each
-  row's id and the moment COMMIT returned; a poller on the replica runs
-  `SELECT max(id)` every 0.2 ms: lag = the moment a row became visible on the replica minus
-  the moment its COMMIT returned. Measured at `--rate` commits/s alone, then with pgbench
+- **lag**: four writers commit one-row inserts on the primary, together at a fixed rate,
+  each numbering its rows and noting the moment each COMMIT returned; a poller on the
+  replica reads each writer's newest visible row every 0.2 ms: lag = the moment a row
+  became visible on the replica minus the moment its COMMIT returned. Measured at `--rate` commits/s alone, then with pgbench
   read-write (`-c 4`) running on the primary at the same time (the highest write rate the
   machine sustains).
 - **read throughput**: pgbench select-only on the primary, then on the replica, same
@@ -22,6 +22,7 @@ Prints a table, writes JSON and a markdown section.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import platform
 import sys
@@ -53,52 +54,68 @@ def percentile(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
 
-def measure_lag(primary: str, replica: str, rate: float, seconds: float) -> dict:
-    """Commits at `rate` per second for `seconds`; returns percentiles of the time from a
-    COMMIT returning on the primary to its row being visible to a query on the replica, in ms."""
-    pending: list[tuple[int, float]] = []
+def measure_lag(primary: str, replica: str, rate: float, seconds: float, writers: int = 4) -> dict:
+    """Commits at `rate` per second in all for `seconds`, from `writers` connections (one
+    connection cannot reach 1,000 commits/s when a commit takes over a millisecond); returns
+    percentiles of the time from a COMMIT returning on the primary to its row being visible
+    to a query on the replica, in ms. Each writer numbers its rows 0, 1, 2 ...; it commits
+    them one after the other, so its rows become visible in that order."""
+    pending: list[collections.deque] = [collections.deque() for _ in range(writers)]
     lags: list[float] = []
     lock = threading.Lock()
     done = threading.Event()
+    counts = [0] * writers
 
     def poll() -> None:
         with psycopg.connect(replica, autocommit=True) as r:
-            while not (done.is_set() and not pending):
-                # Visibility itself: the newest probe row a query on the replica sees.
-                visible = r.execute("SELECT coalesce(max(id), 0) FROM lag_probe").fetchone()[0]
+            while not (done.is_set() and not any(pending)):
+                # Visibility itself: each writer's newest row a query on the replica sees.
+                rows = r.execute("SELECT w, coalesce((SELECT max(seq) FROM lag_probe WHERE writer = w), -1) "
+                                 "FROM generate_series(0, %s) w", (writers - 1,)).fetchall()
                 now = time.monotonic()
                 with lock:
-                    while pending and pending[0][0] <= visible:
-                        lags.append((now - pending.pop(0)[1]) * 1000)
+                    for w, visible in rows:
+                        q = pending[w]
+                        while q and q[0][0] <= visible:
+                            lags.append((now - q.popleft()[1]) * 1000)
                 time.sleep(0.0002)
 
+    def write(w: int, start: float) -> None:
+        interval = writers / rate
+        with psycopg.connect(primary, autocommit=True) as p:
+            n = 0
+            while time.monotonic() - start < seconds:
+                delay = start + (n + w / writers) * interval - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                p.execute("INSERT INTO lag_probe VALUES (%s, %s)", (w, n))
+                committed = time.monotonic()
+                with lock:
+                    pending[w].append((n, committed))
+                n += 1
+        counts[w] = n
+
     with psycopg.connect(primary, autocommit=True) as p:
-        p.execute("CREATE TABLE IF NOT EXISTS lag_probe (id bigserial PRIMARY KEY, at timestamptz DEFAULT now())")
+        p.execute("DROP TABLE IF EXISTS lag_probe")
+        p.execute("CREATE TABLE lag_probe (writer int, seq bigint, at timestamptz DEFAULT now(), PRIMARY KEY (writer, seq))")
         # The replica must know the table before it is polled.
         flushed = lsn_int(p.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0])
-        with psycopg.connect(replica, autocommit=True) as r:
-            while lsn_int(r.execute("SELECT pg_last_wal_replay_lsn()").fetchone()[0]) < flushed:
-                time.sleep(0.01)
-        poller = threading.Thread(target=poll)
-        poller.start()
-        interval = 1.0 / rate
-        start = time.monotonic()
-        n = 0
-        while time.monotonic() - start < seconds:
-            due = start + n * interval
-            delay = due - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            row_id = p.execute("INSERT INTO lag_probe DEFAULT VALUES RETURNING id").fetchone()[0]
-            committed = time.monotonic()
-            with lock:
-                pending.append((row_id, committed))
-            n += 1
-        achieved = n / (time.monotonic() - start)
+    with psycopg.connect(replica, autocommit=True) as r:
+        while lsn_int(r.execute("SELECT pg_last_wal_replay_lsn()").fetchone()[0]) < flushed:
+            time.sleep(0.01)
+    poller = threading.Thread(target=poll)
+    poller.start()
+    start = time.monotonic()
+    threads = [threading.Thread(target=write, args=(w, start)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    achieved = sum(counts) / (time.monotonic() - start)
     done.set()
     poller.join(timeout=120)
     return {
-        "commits": n,
+        "commits": sum(counts),
         "commits_per_s": round(achieved, 1),
         "lag_p50_ms": round(percentile(lags, 50), 2),
         "lag_p99_ms": round(percentile(lags, 99), 2),
@@ -205,8 +222,8 @@ def main() -> None:
     md = f"""Measured {result['date']} with `{a.command}` (PostgreSQL {a.flavor} build; {result['machine']}; scale {a.scale},
 shared_buffers {a.shared_buffers} on every server, {a.duration} s per run, {a.clients} pgbench clients; fjord: one
 primary, one replica, three safekeepers and the pageserver on this machine; plain: a primary with local fsync and a
-streaming standby, same build). Lag is from COMMIT returning on the primary to the row being visible to a query on
-the replica (polled every 0.2 ms), p50 / p99 / max. fjord's replica started in {start_s} s.
+streaming standby, same build). Lag is from COMMIT returning on the primary (four writer connections, one-row
+inserts) to the row being visible to a query on the replica (polled every 0.2 ms), p50 / p99 / max. fjord's replica started in {start_s} s.
 
 | | lag alone | lag beside pgbench read-write | select-only TPS: primary / replica |
 |---|---|---|---|
