@@ -26,6 +26,7 @@ pub static FILE_CACHE_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static FILE_CACHE_PATH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static READAHEAD_BLOCKS: GucSetting<i32> = GucSetting::<i32>::new(32);
 /// In MB; see [`max_pageserver_lag_bytes`].
+pub static TESTING_FUNCTIONS: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static MAX_PAGESERVER_LAG_MB: GucSetting<i32> = GucSetting::<i32>::new(64);
 
 pub fn define() {
@@ -107,6 +108,14 @@ pub fn define() {
         0,
         32,
         GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"fjord.testing_functions",
+        c"Allows fjord's functions that only tests need (fjord.set_next_oid_for_testing); off in production.",
+        c"They force states that take hours to reach naturally, such as the OID counter near wraparound.",
+        &TESTING_FUNCTIONS,
+        GucContext::Postmaster,
         GucFlags::default(),
     );
     GucRegistry::define_string_guc(

@@ -25,6 +25,7 @@ mod shmem;
 mod smgr;
 mod status;
 mod sync_commit;
+mod testing;
 mod wal_proposer;
 mod walredo;
 

@@ -53,6 +53,8 @@
 //!   its init fork, for an index, only after the build), and remembered in the field.
 //! - DROP DATABASE removes a directory without unlinking relations one by one; an object
 //!   access hook makes the relation-size cache forget the database's forks.
+//! - A new relation never gets the relfilenode of a live permanent one: patch 0010's hook
+//!   asks the pageserver about every candidate that has no local file.
 
 use std::ffi::c_char;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -117,6 +119,7 @@ pub fn install() {
         pg_sys::smgr_select_hook = Some(fjord_smgr_select);
         pg_sys::relation_size_hook = Some(fjord_relation_size);
         pg_sys::database_size_hook = Some(fjord_database_size);
+        pg_sys::relfilenode_in_use_hook = Some(fjord_relfilenode_in_use);
         PREV_OBJECT_ACCESS_HOOK = pg_sys::object_access_hook;
         pg_sys::object_access_hook = Some(fjord_object_access);
     }
@@ -508,6 +511,20 @@ unsafe extern "C-unwind" fn fjord_exists(reln: pg_sys::SMgrRelation, forknum: pg
         }
         remote_exists(&reln_fork(reln, forknum))
     }
+}
+
+/// Patch 0010's hook: whether a relfilenode that has no local file is in use on the
+/// pageserver. `GetNewRelFileNode()` asks it for every candidate it would otherwise take
+/// (one request per new relation), so that after OID wraparound a new relation never gets
+/// the relfilenode of a live one whose OID differs (a rewritten table): PostgreSQL's own
+/// check looks only for a local file, and a compute has none for permanent relations.
+/// Temporary and unlogged relations have local files, which that check already sees.
+#[pg_guard]
+unsafe extern "C-unwind" fn fjord_relfilenode_in_use(rnode: pg_sys::RelFileNodeBackend) -> bool {
+    if !is_remote() || rnode.backend != pg_sys::InvalidBackendId {
+        return false;
+    }
+    remote_exists(&rel_fork(&rnode.node, pg_sys::ForkNumber::MAIN_FORKNUM))
 }
 
 #[pg_guard]
