@@ -219,6 +219,12 @@ impl Postmaster {
         if send == libc::SIGINT {
             self.run_checkpoint();
         }
+        // Never signal a postgres that has already been reaped (by wait_ready or supervise):
+        // its pid may belong to another process by now. One that exits after this check is
+        // a zombie until we reap it, so its pid stays ours.
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return Ok(());
+        }
         let pid = libc::pid_t::try_from(self.child.id()).context("postgres pid out of range")?;
         // SAFETY: a plain kill(2) of our own child, which has not been reaped yet.
         if unsafe { libc::kill(pid, send) } != 0 {
