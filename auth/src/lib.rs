@@ -32,13 +32,13 @@ use serde::{Deserialize, Serialize};
 
 /// Where a client process (compute_ctl, the compute, the pageserver as a WAL reader)
 /// finds its token.
-pub const TOKEN_ENV: &str = "FJORD_AUTH_TOKEN";
+pub const TOKEN_ENV: &str = proto::AUTH_TOKEN_ENV;
 /// The private key's file name in a `fjord` repository.
 pub const PRIVATE_KEY_FILE: &str = "auth_private_key.pem";
 /// The public key's file name in a `fjord` repository.
 pub const PUBLIC_KEY_FILE: &str = "auth_public_key.pem";
 /// No token is longer: a longer one is refused before it is parsed.
-pub const TOKEN_BYTES_MAX: usize = 4096;
+pub const TOKEN_BYTES_MAX: usize = proto::pagestream::TOKEN_BYTES_MAX;
 /// Clock difference tolerated when checking `exp`, in seconds.
 const LEEWAY_SECONDS: u64 = 5;
 
@@ -220,8 +220,7 @@ impl Verifier {
     /// Reads a PEM public key (`-----BEGIN PUBLIC KEY-----`, Ed25519).
     pub fn load(path: &Path) -> Result<Verifier, KeyError> {
         let pem = read_key(path)?;
-        Verifier::from_pem(&pem)
-            .map_err(|reason| KeyError::Invalid { path: path.to_owned(), what: "public", reason: reason.to_string() })
+        Verifier::from_pem(&pem).map_err(|reason| KeyError::Invalid { path: path.to_owned(), what: "public", reason: reason.to_string() })
     }
 
     pub fn from_pem(pem: &[u8]) -> Result<Verifier, jsonwebtoken::errors::Error> {
@@ -285,7 +284,8 @@ pub fn check_access(claims: &Claims, access: Access) -> Result<(), AuthError> {
 
 /// The token in an HTTP `Authorization` header's value (`Bearer <token>`).
 pub fn bearer(header: &str) -> Result<&str, AuthError> {
-    let (scheme, token) = header.trim().split_once(' ').ok_or_else(|| AuthError::Malformed("the Authorization header is not 'Bearer <token>'".into()))?;
+    let (scheme, token) =
+        header.trim().split_once(' ').ok_or_else(|| AuthError::Malformed("the Authorization header is not 'Bearer <token>'".into()))?;
     if !scheme.eq_ignore_ascii_case("bearer") {
         return Err(AuthError::Malformed(format!("the Authorization scheme is {scheme:?}, not Bearer")));
     }
@@ -301,8 +301,11 @@ impl Signer {
     /// Reads a PEM PKCS#8 private key (`-----BEGIN PRIVATE KEY-----`, Ed25519).
     pub fn load(path: &Path) -> Result<Signer, KeyError> {
         let pem = read_key(path)?;
-        let key = EncodingKey::from_ed_pem(&pem)
-            .map_err(|e| KeyError::Invalid { path: path.to_owned(), what: "private", reason: e.to_string() })?;
+        let key = EncodingKey::from_ed_pem(&pem).map_err(|e| KeyError::Invalid {
+            path: path.to_owned(),
+            what: "private",
+            reason: e.to_string(),
+        })?;
         Ok(Signer { key })
     }
 

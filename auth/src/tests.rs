@@ -27,7 +27,9 @@ fn keys() -> Keys {
 #[test]
 fn a_signed_token_verifies_and_keeps_its_claims() {
     let k = keys();
-    for claims in [Claims::admin(), Claims::storage(), Claims::tenant(tid(1)), Claims::tenant(tid(1)).with_timeline(tlid(2)).expiring_in(60)] {
+    for claims in
+        [Claims::admin(), Claims::storage(), Claims::tenant(tid(1)), Claims::tenant(tid(1)).with_timeline(tlid(2)).expiring_in(60)]
+    {
         let token = k.signer.sign(&claims);
         assert_eq!(k.verifier.verify(&token).unwrap(), claims);
     }

@@ -73,6 +73,8 @@ struct Target {
     address: String,
     tenant: TenantId,
     timeline: TimelineId,
+    /// Sent in `Hello`: the compute's token from `FJORD_AUTH_TOKEN`, or empty.
+    token: String,
 }
 
 /// The page service and timeline from the `fjord.*` settings, which are fixed at server
@@ -98,7 +100,10 @@ fn parse_target() -> Result<Target, (String, &'static str)> {
         TenantId::from_str(tenant_s.trim()).map_err(|e| (format!("fjord.tenant_id \"{tenant_s}\" is not a tenant id: {e}"), HINT))?;
     let timeline = TimelineId::from_str(timeline_s.trim())
         .map_err(|e| (format!("fjord.timeline_id \"{timeline_s}\" is not a timeline id: {e}"), HINT))?;
-    Ok(Target { address, tenant, timeline })
+    // compute_ctl passes the token in the postmaster's environment, which every backend
+    // inherits; empty: none (a pageserver without authentication).
+    let token = std::env::var(proto::AUTH_TOKEN_ENV).unwrap_or_default();
+    Ok(Target { address, tenant, timeline, token })
 }
 
 fn io_err(e: impl std::fmt::Display) -> String {
@@ -114,7 +119,8 @@ impl Conn {
         stream.set_nodelay(true).map_err(io_err)?;
         stream.set_read_timeout(Some(POLL)).map_err(io_err)?;
         let mut conn = Conn { stream, buf: Vec::with_capacity(16 * 1024), reading: false, queue: VecDeque::new() };
-        let hello = Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: t.tenant, timeline: t.timeline };
+        let hello =
+            Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: t.tenant, timeline: t.timeline, auth_token: t.token.clone() };
         conn.send(hello)?;
         match conn.wait_for(0, deadline)? {
             Response::HelloOk { .. } => Ok(conn),

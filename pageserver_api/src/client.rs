@@ -76,6 +76,8 @@ impl Default for ClientConfig {
 pub struct Client {
     base_url: String,
     agent: ureq::Agent,
+    /// Sent as `Authorization: Bearer <token>` with every request.
+    token: Option<String>,
 }
 
 /// A basebackup being received: the LSN it was taken at (its `X-Fjord-Lsn` header; `None`
@@ -104,7 +106,36 @@ impl Client {
             .timeout_global(config.request_timeout)
             .build()
             .into();
-        Client { base_url: base_url.trim_end_matches('/').to_string(), agent }
+        Client { base_url: base_url.trim_end_matches('/').to_string(), agent, token: None }
+    }
+
+    /// Sends `token` (a JWT, see the `auth` crate) with every request; `None`: no token.
+    pub fn with_token(mut self, token: Option<String>) -> Client {
+        self.token = token;
+        self
+    }
+
+    fn authorized<B>(&self, request: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.token {
+            Some(token) => request.header("Authorization", format!("Bearer {token}")),
+            None => request,
+        }
+    }
+
+    fn get(&self, path: &str) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
+        self.authorized(self.agent.get(self.url(path)))
+    }
+
+    fn delete(&self, path: &str) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
+        self.authorized(self.agent.delete(self.url(path)))
+    }
+
+    fn post(&self, path: &str) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
+        self.authorized(self.agent.post(self.url(path)))
+    }
+
+    fn put(&self, path: &str) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
+        self.authorized(self.agent.put(self.url(path)))
     }
 
     pub fn base_url(&self) -> &str {
@@ -156,7 +187,7 @@ impl Client {
     pub fn start_wal_receiver(&self, tenant: TenantId, timeline: TimelineId, request: &WalReceiverRequest) -> Result<(), Error> {
         let path = format!("{}/wal_receiver", timeline_path(tenant, timeline));
         let body = encode(request);
-        let response = self.agent.post(self.url(&path)).content_type("application/json").send(body.as_str());
+        let response = self.post(&path).content_type("application/json").send(body.as_str());
         self.check("POST", &path, response).map(drop)
     }
 
@@ -164,7 +195,7 @@ impl Client {
     /// was none).
     pub fn stop_wal_receiver(&self, tenant: TenantId, timeline: TimelineId) -> Result<(), Error> {
         let path = format!("{}/wal_receiver", timeline_path(tenant, timeline));
-        let response = self.agent.delete(self.url(&path)).call();
+        let response = self.delete(&path).call();
         self.check("DELETE", &path, response).map(drop)
     }
 
@@ -177,7 +208,7 @@ impl Client {
     /// arrives.
     pub fn basebackup(&self, tenant: TenantId, timeline: TimelineId, query: &BasebackupQuery) -> Result<Basebackup, Error> {
         let path = self.basebackup_path(tenant, timeline, query);
-        let response = self.check("GET", &path, self.agent.get(self.url(&path)).call())?;
+        let response = self.check("GET", &path, self.get(&path).call())?;
         let malformed = |reason: String| Error::Malformed { method: "GET", path: path.clone(), reason };
         let lsn = match response.headers().get(LSN_HEADER) {
             None => None,
@@ -198,7 +229,7 @@ impl Client {
     pub fn set_tenant_config(&self, tenant: TenantId, config: &TenantConfig) -> Result<TenantConfigInfo, Error> {
         let path = format!("/v1/tenant/{tenant}/config");
         let body = encode(config);
-        let response = self.agent.put(self.url(&path)).content_type("application/json").send(body.as_str());
+        let response = self.put(&path).content_type("application/json").send(body.as_str());
         self.decode("PUT", &path, response)
     }
 
@@ -254,18 +285,18 @@ impl Client {
     }
 
     fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
-        let response = self.agent.get(self.url(path)).call();
+        let response = self.get(path).call();
         self.decode("GET", path, response)
     }
 
     fn post_empty<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
-        let response = self.agent.post(self.url(path)).send_empty();
+        let response = self.post(path).send_empty();
         self.decode("POST", path, response)
     }
 
     fn post_json<T: DeserializeOwned>(&self, path: &str, request: &impl Serialize) -> Result<T, Error> {
         let body = encode(request);
-        let response = self.agent.post(self.url(path)).content_type("application/json").send(body.as_str());
+        let response = self.post(path).content_type("application/json").send(body.as_str());
         self.decode("POST", path, response)
     }
 

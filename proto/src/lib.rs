@@ -16,6 +16,10 @@ mod serde_text;
 pub mod walredo;
 
 pub use id::{IdParseError, TenantId, TimelineId};
+
+/// The environment variable in which a client process (compute_ctl, a compute, the
+/// pageserver reading WAL) finds its token for the storage services (`auth` crate).
+pub const AUTH_TOKEN_ENV: &str = "FJORD_AUTH_TOKEN";
 pub use key::{Key, KeyError, KeyKind, KeyRange, SlruKind, KEY_SIZE_BYTES};
 pub use lsn::{Lsn, LsnParseError};
 pub use reltag::{BlockNumber, ForkNumber, Oid, RelTag};

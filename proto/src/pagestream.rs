@@ -1,8 +1,9 @@
 //! The page service protocol: how a compute asks a pageserver for pages and sizes.
 //!
 //! One TCP connection per compute backend. The client opens with `Hello` naming the
-//! protocol version, tenant and timeline; the server answers `HelloOk` or `Error` and
-//! closes. After that the client sends requests, each with a `request_id` of its choosing,
+//! protocol version, tenant and timeline, and carrying its token (empty: none; a server
+//! with authentication on refuses a `Hello` without one that grants the timeline); the
+//! server answers `HelloOk` or `Error` and closes. After that the client sends requests, each with a `request_id` of its choosing,
 //! and may send many before reading answers (pipelining); the server answers each request
 //! exactly once, in order, echoing its id. Id 0 is reserved for errors that answer no
 //! request (a refused `Hello`, a malformed message), so requests use ids from 1.
@@ -26,7 +27,9 @@ use crate::page::PAGE_SIZE_BYTES;
 use crate::{BlockNumber, ForkNumber, Lsn, Oid, RelTag, TenantId, TimelineId};
 
 /// The protocol version this crate speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
+/// The longest token a `Hello` carries (the same bound as `auth::TOKEN_BYTES_MAX`).
+pub const TOKEN_BYTES_MAX: usize = 4096;
 /// An SLRU segment is 32 pages.
 pub const SLRU_SEGMENT_BYTES_MAX: usize = 32 * PAGE_SIZE_BYTES;
 /// The longest error message a server sends.
@@ -43,12 +46,41 @@ pub struct ReadLsns {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
-    Hello { protocol_version: u16, tenant: TenantId, timeline: TimelineId },
-    GetPage { id: u64, lsns: ReadLsns, rel: RelTag, blkno: BlockNumber },
-    Nblocks { id: u64, lsns: ReadLsns, rel: RelTag },
-    Exists { id: u64, lsns: ReadLsns, rel: RelTag },
-    DbSize { id: u64, lsns: ReadLsns, spcnode: Oid, dbnode: Oid },
-    GetSlruSegment { id: u64, lsns: ReadLsns, kind: SlruKind, segno: u32 },
+    /// `auth_token` is a JWT (see the `auth` crate), or empty.
+    Hello {
+        protocol_version: u16,
+        tenant: TenantId,
+        timeline: TimelineId,
+        auth_token: String,
+    },
+    GetPage {
+        id: u64,
+        lsns: ReadLsns,
+        rel: RelTag,
+        blkno: BlockNumber,
+    },
+    Nblocks {
+        id: u64,
+        lsns: ReadLsns,
+        rel: RelTag,
+    },
+    Exists {
+        id: u64,
+        lsns: ReadLsns,
+        rel: RelTag,
+    },
+    DbSize {
+        id: u64,
+        lsns: ReadLsns,
+        spcnode: Oid,
+        dbnode: Oid,
+    },
+    GetSlruSegment {
+        id: u64,
+        lsns: ReadLsns,
+        kind: SlruKind,
+        segno: u32,
+    },
 }
 
 /// What went wrong, for a client that branches on it.
@@ -67,12 +99,14 @@ pub enum ErrorCode {
     NoSuchBlock = 5,
     /// Anything else (I/O, WAL redo); the message says what.
     Internal = 6,
+    /// The `Hello`'s token is missing, invalid, or does not grant the timeline.
+    Unauthorized = 7,
 }
 
 impl ErrorCode {
     fn from_u16(v: u16) -> Option<ErrorCode> {
         use ErrorCode::*;
-        [Protocol, NotFound, LsnTooOld, LsnTimeout, NoSuchBlock, Internal].into_iter().find(|c| *c as u16 == v)
+        [Protocol, NotFound, LsnTooOld, LsnTimeout, NoSuchBlock, Internal, Unauthorized].into_iter().find(|c| *c as u16 == v)
     }
 }
 
@@ -131,8 +165,8 @@ pub enum PagestreamError {
     InvalidLsn,
     #[error("exists flag must be 0 or 1, got {0}")]
     BadBool(u8),
-    #[error("error message is not valid UTF-8")]
-    BadUtf8,
+    #[error("{0} is not valid UTF-8")]
+    BadUtf8(&'static str),
     #[error("request id 0 is reserved for connection-level errors")]
     ReservedId,
 }
@@ -262,11 +296,12 @@ impl Request {
     pub fn encode(&self, buf: &mut Vec<u8>) {
         let start;
         match self {
-            Request::Hello { protocol_version, tenant, timeline } => {
+            Request::Hello { protocol_version, tenant, timeline, auth_token } => {
                 start = begin(buf, T_HELLO);
                 buf.extend_from_slice(&protocol_version.to_be_bytes());
                 buf.extend_from_slice(tenant.as_bytes());
                 buf.extend_from_slice(timeline.as_bytes());
+                buf.extend_from_slice(auth_token.as_bytes());
             }
             Request::GetPage { id, lsns, rel, blkno } => {
                 start = begin(buf, T_GET_PAGE);
@@ -306,12 +341,10 @@ impl Request {
         let mut f = Fields(p);
         let req = match tag {
             T_HELLO => {
-                expect_len(tag, len, len == 34, "34")?;
-                Request::Hello {
-                    protocol_version: f.u16(),
-                    tenant: TenantId::from_bytes(f.take()),
-                    timeline: TimelineId::from_bytes(f.take()),
-                }
+                expect_len(tag, len, (34..=34 + TOKEN_BYTES_MAX).contains(&len), "34 to 4130")?;
+                let (protocol_version, tenant, timeline) = (f.u16(), TenantId::from_bytes(f.take()), TimelineId::from_bytes(f.take()));
+                let auth_token = std::str::from_utf8(f.rest()).map_err(|_| PagestreamError::BadUtf8("token"))?.to_string();
+                Request::Hello { protocol_version, tenant, timeline, auth_token }
             }
             T_GET_PAGE => {
                 expect_len(tag, len, len == 8 + LSNS_BYTES + REL_BYTES + 4, "41")?;
@@ -502,7 +535,7 @@ impl Response {
                 let id = f.u64();
                 let c = f.u16();
                 let code = ErrorCode::from_u16(c).ok_or(PagestreamError::BadErrorCode(c))?;
-                let message = std::str::from_utf8(f.rest()).map_err(|_| PagestreamError::BadUtf8)?.to_string();
+                let message = std::str::from_utf8(f.rest()).map_err(|_| PagestreamError::BadUtf8("error message"))?.to_string();
                 Response::Error { id, code, message }
             }
             other => return Err(PagestreamError::UnknownTag(other)),

@@ -39,6 +39,10 @@ struct Args {
     /// (least recently used first) to keep downloads under it, and above 90% of it.
     #[arg(long, value_name = "BYTES")]
     layer_disk_budget_bytes: Option<u64>,
+    /// The cluster's Ed25519 public key (PEM): every client must then present a token it
+    /// verifies (`fjord init` makes the key pair). Unset: no authentication.
+    #[arg(long, value_name = "PATH")]
+    auth_public_key: Option<PathBuf>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
@@ -71,6 +75,9 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(v) = args.layer_disk_budget_bytes {
         conf.layer_disk_budget_bytes = Some(v);
+    }
+    if let Some(v) = args.auth_public_key {
+        conf.auth_public_key_path = Some(v);
     }
     if args.print_config {
         print!("{}", toml::to_string(&conf).context("render the configuration")?);

@@ -16,6 +16,8 @@
 //! | `pageserver_getpage_records_replayed` | | histogram: records one GetPage replayed |
 //! | `pageserver_getpage_seconds` | | histogram: time to serve one GetPage, waiting for WAL included (buckets from 25 µs) |
 //!
+//! | `pageserver_auth_failures_total` | `service`, `reason` | requests refused for their token (`page_service` or `http`; `reason` as `auth::AuthError::reason`) |
+//!
 //! `job` is `compaction` (L0 into L1), `image_creation` or `gc`.
 
 use std::time::Duration;
@@ -65,6 +67,7 @@ pub struct Metrics {
     getpage_layers_visited: Histogram,
     getpage_records_replayed: Histogram,
     getpage_seconds: Histogram,
+    auth_failures: IntCounterVec,
 }
 
 /// Buckets for counts that span from 0 to hundreds of thousands.
@@ -96,7 +99,18 @@ impl Metrics {
         )
         .expect("a valid histogram");
         registry.register(Box::new(job_duration.clone())).expect("a metric registered once");
+        let auth_failures =
+            IntCounterVec::new(Opts::new("pageserver_auth_failures_total", "Requests refused for their token"), &["service", "reason"])
+                .expect("a valid counter");
+        registry.register(Box::new(auth_failures.clone())).expect("a metric registered once");
+        // Every series from the start, so that a rise from 0 shows.
+        for service in ["page_service", "http"] {
+            for reason in auth::AuthError::REASONS {
+                auth_failures.with_label_values(&[service, reason]);
+            }
+        }
         Metrics {
+            auth_failures,
             job_runs: counter("pageserver_background_job_runs_total", "Background job runs"),
             job_failures: counter("pageserver_background_job_failures_total", "Background job runs that failed"),
             job_duration,
@@ -137,6 +151,11 @@ impl Metrics {
             }
             Err(()) => self.job_failures.with_label_values(&job).inc(),
         }
+    }
+
+    /// Counts a request refused for its token.
+    pub fn auth_refused(&self, service: &'static str, reason: &'static str) {
+        self.auth_failures.with_label_values(&[service, reason]).inc();
     }
 
     pub fn gather(&self) -> Vec<MetricFamily> {

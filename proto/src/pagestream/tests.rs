@@ -18,10 +18,11 @@ fn rel() -> impl Strategy<Value = RelTag> {
 
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
-        (any::<u16>(), any::<[u8; 16]>(), any::<[u8; 16]>()).prop_map(|(v, t, l)| Request::Hello {
+        (any::<u16>(), any::<[u8; 16]>(), any::<[u8; 16]>(), ".{0,64}").prop_map(|(v, t, l, auth_token)| Request::Hello {
             protocol_version: v,
             tenant: TenantId(t),
-            timeline: TimelineId(l)
+            timeline: TimelineId(l),
+            auth_token,
         }),
         (1u64.., lsns(), rel(), any::<u32>()).prop_map(|(id, lsns, rel, b)| Request::GetPage { id, lsns, rel, blkno: BlockNumber(b) }),
         (1u64.., lsns(), rel()).prop_map(|(id, lsns, rel)| Request::Nblocks { id, lsns, rel }),
@@ -168,6 +169,35 @@ fn answers_are_checked_against_their_request() {
     let nblocks = Request::Nblocks { id: 8, lsns, rel };
     assert_eq!(nblocks.check_answer(&Response::Nblocks { id: 8, nblocks: 4 }), Ok(()));
     assert!(nblocks.check_answer(&page(8, PAGE_SIZE_BYTES)).is_err());
-    let hello = Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: TenantId([1; 16]), timeline: TimelineId([2; 16]) };
+    let hello = Request::Hello {
+        protocol_version: PROTOCOL_VERSION,
+        tenant: TenantId([1; 16]),
+        timeline: TimelineId([2; 16]),
+        auth_token: String::new(),
+    };
     assert_eq!(hello.check_answer(&Response::HelloOk { protocol_version: PROTOCOL_VERSION }), Ok(()));
+}
+
+#[test]
+fn a_hello_token_is_bounded_and_utf8() {
+    let hello = |auth_token: String| Request::Hello {
+        protocol_version: PROTOCOL_VERSION,
+        tenant: TenantId([1; 16]),
+        timeline: TimelineId([2; 16]),
+        auth_token,
+    };
+    let mut buf = Vec::new();
+    let longest = hello("t".repeat(TOKEN_BYTES_MAX));
+    longest.encode(&mut buf);
+    assert_eq!(Request::decode(&buf), Ok((longest, buf.len())));
+
+    buf.clear();
+    hello("t".repeat(TOKEN_BYTES_MAX + 1)).encode(&mut buf);
+    assert!(matches!(Request::decode(&buf), Err(PagestreamError::BadLength { tag: 'h', .. })), "{:?}", Request::decode(&buf));
+
+    buf.clear();
+    hello("ab".into()).encode(&mut buf);
+    let last = buf.len() - 1;
+    buf[last] = 0xff;
+    assert_eq!(Request::decode(&buf), Err(PagestreamError::BadUtf8("token")));
 }

@@ -71,7 +71,12 @@ pub struct PageService {
     /// How long a request waits for its `not_modified_since` LSN to be ingested.
     wait_lsn_timeout: Duration,
     observer: Option<Arc<dyn ReadObserver>>,
+    /// Checks the `Hello`'s token when set; told the reason of every refusal.
+    auth: Option<(Arc<auth::Verifier>, Arc<RefusalObserver>)>,
 }
+
+/// Told the reason (`auth::AuthError::reason`) of every refused `Hello`.
+pub type RefusalObserver = dyn Fn(&'static str) + Send + Sync;
 
 /// A running page service; stops when [`PageServiceHandle::shutdown`] is called.
 pub struct PageServiceHandle {
@@ -103,7 +108,13 @@ enum ConnectionError {
 
 impl PageService {
     pub fn new(tenants: Arc<TenantRegistry>, reconstructor: Arc<dyn Reconstructor>, wait_lsn_timeout: Duration) -> PageService {
-        PageService { tenants, reconstructor, wait_lsn_timeout, observer: None }
+        PageService { tenants, reconstructor, wait_lsn_timeout, observer: None, auth: None }
+    }
+
+    /// Requires every `Hello` to carry a token that grants its timeline.
+    pub fn with_auth(mut self, verifier: Arc<auth::Verifier>, on_refusal: Arc<RefusalObserver>) -> PageService {
+        self.auth = Some((verifier, on_refusal));
+        self
     }
 
     /// Reports the cost of every GetPage served to `observer`.
@@ -154,8 +165,10 @@ impl PageService {
 
         // The handshake.
         let Some(first) = read_request(&mut reader, &mut writer)? else { return Ok(()) };
-        let (tenant_id, timeline_id) = match first {
-            Request::Hello { protocol_version, tenant, timeline } if protocol_version == PROTOCOL_VERSION => (tenant, timeline),
+        let (tenant_id, timeline_id, token) = match first {
+            Request::Hello { protocol_version, tenant, timeline, auth_token } if protocol_version == PROTOCOL_VERSION => {
+                (tenant, timeline, auth_token)
+            }
             Request::Hello { protocol_version, .. } => {
                 let msg =
                     format!("unsupported page service protocol version {protocol_version}; this pageserver speaks {PROTOCOL_VERSION}");
@@ -168,6 +181,17 @@ impl PageService {
                 return Err(ConnectionError::Protocol(msg));
             }
         };
+        // Before the timeline is looked up: a client without a token learns nothing.
+        if let Some((verifier, on_refusal)) = &self.auth {
+            let access = auth::Access::Compute { tenant: tenant_id, timeline: Some(timeline_id) };
+            if let Err(e) = verifier.authorize(Some(&token), access) {
+                on_refusal(e.reason());
+                let peer = writer.get_ref().peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                tracing::warn!(peer, tenant_id = %tenant_id, timeline_id = %timeline_id, reason = e.reason(), "page service refused a client: {e}");
+                send_error(&mut writer, 0, ErrorCode::Unauthorized, &e.to_string())?;
+                return Ok(());
+            }
+        }
         let Some(api) = self.page_api(tenant_id, timeline_id) else {
             let msg = format!("tenant {tenant_id} timeline {timeline_id} is not served by this pageserver");
             send_error(&mut writer, 0, ErrorCode::NotFound, &msg)?;

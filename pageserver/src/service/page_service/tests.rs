@@ -55,6 +55,10 @@ impl Drop for Fixture {
 
 /// Relation 16384 has two blocks at 0/100; block 0 is rewritten at 0/200.
 fn start() -> Fixture {
+    start_with(|s| s)
+}
+
+fn start_with(configure: impl FnOnce(PageService) -> PageService) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let tenant = Arc::new(Tenant::create(dir.path(), TENANT, StorageConfig::default(), &[]).unwrap());
     let t = tenant.create_timeline(TIMELINE).unwrap();
@@ -76,7 +80,7 @@ fn start() -> Fixture {
     registry.insert(Arc::clone(&tenant));
     let reads = Arc::new(Reads::default());
     let service = PageService::new(registry, Arc::new(PgReconstructor::rust_only()), Duration::from_millis(300));
-    let service = Arc::new(service.with_observer(reads.clone()));
+    let service = Arc::new(configure(service.with_observer(reads.clone())));
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let handle = service.start(listener).unwrap();
     Fixture { _dir: dir, _tenant: tenant, handle: Some(handle), reads }
@@ -125,7 +129,7 @@ impl Client {
 
     fn hello(f: &Fixture) -> Client {
         let mut c = Client::connect(f);
-        c.send(&Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: TENANT, timeline: TIMELINE });
+        c.send(&Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: TENANT, timeline: TIMELINE, auth_token: String::new() });
         assert_eq!(c.recv(), Some(Response::HelloOk { protocol_version: PROTOCOL_VERSION }));
         c
     }
@@ -211,7 +215,12 @@ fn bad_handshakes_and_malformed_messages_are_refused() {
     let f = start();
     // Unknown tenant.
     let mut c = Client::connect(&f);
-    c.send(&Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: TenantId([9; 16]), timeline: TIMELINE });
+    c.send(&Request::Hello {
+        protocol_version: PROTOCOL_VERSION,
+        tenant: TenantId([9; 16]),
+        timeline: TIMELINE,
+        auth_token: String::new(),
+    });
     match c.recv() {
         Some(Response::Error { code: ErrorCode::NotFound, message, .. }) => {
             assert!(message.contains("0909"), "names the tenant: {message}")
@@ -222,7 +231,7 @@ fn bad_handshakes_and_malformed_messages_are_refused() {
 
     // Wrong protocol version.
     let mut c = Client::connect(&f);
-    c.send(&Request::Hello { protocol_version: 99, tenant: TENANT, timeline: TIMELINE });
+    c.send(&Request::Hello { protocol_version: 99, tenant: TENANT, timeline: TIMELINE, auth_token: String::new() });
     match c.recv() {
         Some(Response::Error { code: ErrorCode::Protocol, message, .. }) => assert!(message.contains("99"), "{message}"),
         other => panic!("expected a protocol error, got {other:?}"),
@@ -235,7 +244,7 @@ fn bad_handshakes_and_malformed_messages_are_refused() {
 
     // A second Hello closes the connection.
     let mut c = Client::hello(&f);
-    c.send(&Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: TENANT, timeline: TIMELINE });
+    c.send(&Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: TENANT, timeline: TIMELINE, auth_token: String::new() });
     assert!(matches!(c.recv(), Some(Response::Error { id: 0, code: ErrorCode::Protocol, .. })));
     assert_eq!(c.recv(), None);
 
@@ -253,4 +262,55 @@ fn bad_handshakes_and_malformed_messages_are_refused() {
     let mut c = Client::hello(&f);
     c.send(&Request::Nblocks { id: 1, lsns: lsns(0x200, 0x100), rel: rel(16384) });
     assert_eq!(c.recv(), Some(Response::Nblocks { id: 1, nblocks: 2 }));
+}
+
+#[test]
+fn with_authentication_a_hello_needs_a_token_for_its_timeline() {
+    let keys = tempfile::tempdir().unwrap();
+    let (private, public) = auth::generate_key_pair(keys.path()).unwrap();
+    let signer = auth::Signer::load(&private).unwrap();
+    let verifier = Arc::new(auth::Verifier::load(&public).unwrap());
+    let refusals = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&refusals);
+    let f = start_with(move |s| s.with_auth(verifier, Arc::new(move |reason| seen.lock().unwrap().push(reason))));
+    let hello = |token: String| {
+        let mut c = Client::connect(&f);
+        c.send(&Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: TENANT, timeline: TIMELINE, auth_token: token });
+        let answer = c.recv();
+        (c, answer)
+    };
+
+    for (token, reason) in [
+        (String::new(), "missing"),
+        ("x.y.z".to_string(), "malformed"),
+        (signer.sign(&auth::Claims::tenant(TenantId([7; 16]))), "wrong_tenant"),
+        (signer.sign(&auth::Claims::tenant(TENANT).with_timeline(TimelineId([7; 16]))), "wrong_timeline"),
+        (signer.sign(&auth::Claims::storage()), "forbidden"),
+    ] {
+        let (mut c, answer) = hello(token);
+        match answer {
+            Some(Response::Error { id: 0, code: ErrorCode::Unauthorized, message }) => {
+                assert!(!message.is_empty(), "{reason}: the refusal says why")
+            }
+            other => panic!("{reason}: expected Unauthorized, got {other:?}"),
+        }
+        assert_eq!(c.recv(), None, "{reason}: the connection is closed");
+        assert_eq!(refusals.lock().unwrap().last().copied(), Some(reason));
+    }
+    // A refused client learns nothing about which tenants exist: same answer for an unknown one.
+    let mut c = Client::connect(&f);
+    c.send(&Request::Hello {
+        protocol_version: PROTOCOL_VERSION,
+        tenant: TenantId([9; 16]),
+        timeline: TIMELINE,
+        auth_token: String::new(),
+    });
+    assert!(matches!(c.recv(), Some(Response::Error { code: ErrorCode::Unauthorized, .. })));
+
+    for claims in [auth::Claims::tenant(TENANT), auth::Claims::tenant(TENANT).with_timeline(TIMELINE), auth::Claims::admin()] {
+        let (mut c, answer) = hello(signer.sign(&claims));
+        assert_eq!(answer, Some(Response::HelloOk { protocol_version: PROTOCOL_VERSION }), "{claims:?}");
+        c.send(&Request::GetPage { id: 1, lsns: lsns(0x200, 0x100), rel: rel(16384), blkno: BlockNumber(1) });
+        assert_eq!(c.recv(), Some(Response::Page { id: 1, page: page(2).to_vec() }));
+    }
 }

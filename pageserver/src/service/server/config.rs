@@ -59,6 +59,11 @@ pub struct PageserverConfig {
     /// The most key ranges image layer creation rebuilds per timeline and run: bounds the
     /// work (and the WAL redo) of one run; deeper ranges go first.
     pub image_creation_ranges_per_run: usize,
+    /// The cluster's Ed25519 public key (PEM), which every token must verify with: the
+    /// page service then wants a tenant token in `Hello`, and the management API an
+    /// `Authorization: Bearer` token (admin, or the tenant's for the calls a compute
+    /// makes). Unset: no authentication, every client is trusted (logged at start).
+    pub auth_public_key_path: Option<PathBuf>,
 }
 
 impl Default for PageserverConfig {
@@ -82,6 +87,7 @@ impl Default for PageserverConfig {
             gc_lease_grace_ms: 30_000,
             pitr_window: HumanDuration(Duration::from_secs(7 * 24 * 3600)),
             image_creation_ranges_per_run: 2,
+            auth_public_key_path: None,
         }
     }
 }

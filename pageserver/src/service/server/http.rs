@@ -24,6 +24,13 @@
 //!
 //! Errors are `{"error": "..."}` with a status code chosen in one place, [`ApiError`].
 //!
+//! With `auth_public_key_path` set, every route but `/v1/status` and `/metrics` wants an
+//! `Authorization: Bearer <token>` header: an admin token, or for the calls a compute
+//! makes (a timeline's status, `wal_receiver`, `basebackup`, `lsn_lease`,
+//! `get_lsn_by_timestamp`, `changed_blocks`) a token for the path's tenant. A request
+//! without a valid token gets 401, one whose token does not grant it 403; both are logged
+//! and counted (`pageserver_auth_failures_total{service="http"}`) and change nothing.
+//!
 //! Every body is a type of the `pageserver_api` crate, which the CLI and compute_ctl
 //! decode with the same types; this file only maps them to and from the domain.
 
@@ -31,8 +38,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
-use axum::http::StatusCode;
+use axum::extract::{Path, RawPathParams, RawQuery, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -159,25 +167,83 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ManagementErr
         .map_err(ApiError)
 }
 
+/// The routes in three groups by who may call them (with authentication on; without it,
+/// anyone may call anything).
 pub fn router(ps: Arc<Pageserver>) -> Router {
-    Router::new()
+    // Anyone: liveness and metrics.
+    let open = Router::new()
         .route("/v1/status", get(|| async { Json(StatusResponse { status: "ok".into(), version: env!("CARGO_PKG_VERSION").into() }) }))
-        .route("/v1/tenant", get(list_tenants).post(create_tenant))
-        .route("/v1/tenant/{tenant}/timeline", get(list_timelines).post(create_timeline))
+        .route("/metrics", get(metrics));
+    // The calls a compute (compute_ctl) makes: an admin token, or one for the path's
+    // tenant and timeline.
+    let compute = Router::new()
         .route("/v1/tenant/{tenant}/timeline/{timeline}", get(get_timeline))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}/import", post(import))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver", post(start_wal_receiver).delete(stop_wal_receiver))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/basebackup", get(basebackup))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/lsn_lease", post(lsn_lease))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/get_lsn_by_timestamp", get(lsn_by_timestamp))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/changed_blocks", get(changed_blocks))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&ps), compute_auth));
+    // Everything else: an admin token.
+    let management = Router::new()
+        .route("/v1/tenant", get(list_tenants).post(create_tenant))
+        .route("/v1/tenant/{tenant}/timeline", get(list_timelines).post(create_timeline))
+        .route("/v1/tenant/{tenant}/timeline/{timeline}/import", post(import))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/evict_layers", post(evict_layers))
         .route("/v1/tenant/{tenant}/config", get(get_tenant_config).put(set_tenant_config))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/compact", post(compact))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/gc", post(gc))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}/lsn_lease", post(lsn_lease))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}/get_lsn_by_timestamp", get(lsn_by_timestamp))
-        .route("/v1/tenant/{tenant}/timeline/{timeline}/changed_blocks", get(changed_blocks))
-        .route("/metrics", get(metrics))
-        .with_state(ps)
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&ps), management_auth));
+    open.merge(compute).merge(management).with_state(ps)
+}
+
+async fn management_auth(State(ps): State<Arc<Pageserver>>, req: Request, next: Next) -> Response {
+    match check_token(&ps, &req, auth::Access::Management) {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => refusal,
+    }
+}
+
+async fn compute_auth(State(ps): State<Arc<Pageserver>>, params: RawPathParams, req: Request, next: Next) -> Response {
+    let param = |name: &str| params.iter().find(|(k, _)| *k == name).map(|(_, v)| v);
+    // A path whose ids do not parse is answered by its handler (400), for an admin only.
+    let tenant = param("tenant").and_then(|v| v.parse::<TenantId>().ok());
+    let timeline = param("timeline").and_then(|v| v.parse::<TimelineId>().ok());
+    let access = match (tenant, timeline) {
+        (Some(tenant), Some(timeline)) => auth::Access::Compute { tenant, timeline: Some(timeline) },
+        _ => auth::Access::Management,
+    };
+    match check_token(&ps, &req, access) {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => refusal,
+    }
+}
+
+/// Whether the request's `Authorization: Bearer` token grants `access` (always, with
+/// authentication off); a refusal is logged, counted, and answered 401 (no valid token)
+/// or 403 (a valid token that does not grant it).
+fn check_token(ps: &Pageserver, req: &Request, access: auth::Access) -> Result<(), Response> {
+    let Some(verifier) = &ps.auth else { return Ok(()) };
+    let token = match req.headers().get(header::AUTHORIZATION) {
+        None => Ok(None),
+        Some(value) => value
+            .to_str()
+            .map_err(|_| auth::AuthError::Malformed("the Authorization header is not ASCII".into()))
+            .and_then(auth::bearer)
+            .map(Some),
+    };
+    let Err(e) = token.and_then(|token| verifier.authorize(token, access)) else { return Ok(()) };
+    ps.metrics.auth_refused("http", e.reason());
+    tracing::warn!(method = %req.method(), path = req.uri().path(), reason = e.reason(), "management API refused a request: {e}");
+    let forbidden =
+        matches!(e, auth::AuthError::Forbidden { .. } | auth::AuthError::WrongTenant { .. } | auth::AuthError::WrongTimeline { .. });
+    let status = if forbidden { StatusCode::FORBIDDEN } else { StatusCode::UNAUTHORIZED };
+    let mut resp = (status, Json(ErrorResponse { error: e.to_string() })).into_response();
+    if !forbidden {
+        resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+    }
+    Err(resp)
 }
 
 async fn list_tenants(State(ps): State<Arc<Pageserver>>) -> Json<Vec<TenantId>> {

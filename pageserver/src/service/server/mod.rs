@@ -73,6 +73,8 @@ pub struct Pageserver {
     pub jobs: Arc<Jobs>,
     /// The process's counters and histograms (jobs, read amplification) for `/metrics`.
     pub metrics: Arc<Metrics>,
+    /// Checks tokens when `auth_public_key_path` is set; `None`: every client is trusted.
+    pub auth: Option<Arc<auth::Verifier>>,
     tenant_confs: Arc<TenantConfs>,
 }
 
@@ -191,6 +193,19 @@ impl Pageserver {
             tracing::info!(tenant = %id, timelines = tenant.timelines().len(), "loaded tenant");
             registry.insert(Arc::new(tenant));
         }
+        let auth = match &conf.auth_public_key_path {
+            Some(path) => {
+                let verifier = auth::Verifier::load(path).context("load the authentication public key")?;
+                tracing::info!("authentication is on: tokens must verify with {}", path.display());
+                Some(Arc::new(verifier))
+            }
+            None => {
+                tracing::warn!(
+                    "authentication is off (no auth_public_key_path): any process that reaches the page service or the management API may read and manage every tenant"
+                );
+                None
+            }
+        };
         let metrics = Arc::new(Metrics::new());
         let settings = JobSettings {
             pitr_window_default: conf.pitr_window.0,
@@ -221,6 +236,7 @@ impl Pageserver {
             _lock: lock,
             jobs,
             metrics,
+            auth,
             tenant_confs,
         })
     }
@@ -240,7 +256,12 @@ impl Pageserver {
         let listener = TcpListener::bind(self.conf.listen_pg_addr)
             .with_context(|| format!("listen for the page service on {}", self.conf.listen_pg_addr))?;
         let service = PageService::new(Arc::clone(&self.tenants), Arc::clone(&self.reconstructor), self.conf.wait_lsn_timeout());
-        let service = Arc::new(service.with_observer(self.metrics.clone()));
+        let mut service = service.with_observer(self.metrics.clone());
+        if let Some(verifier) = &self.auth {
+            let metrics = Arc::clone(&self.metrics);
+            service = service.with_auth(Arc::clone(verifier), Arc::new(move |reason| metrics.auth_refused("page_service", reason)));
+        }
+        let service = Arc::new(service);
         Ok(service.start(listener)?)
     }
 
