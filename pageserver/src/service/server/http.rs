@@ -199,9 +199,9 @@ pub fn router(ps: Arc<Pageserver>) -> Router {
 }
 
 async fn management_auth(State(ps): State<Arc<Pageserver>>, req: Request, next: Next) -> Response {
-    match check_token(&ps, &req, auth::Access::Management) {
-        Ok(()) => next.run(req).await,
-        Err(refusal) => refusal,
+    match refusal(&ps, &req, auth::Access::Management) {
+        None => next.run(req).await,
+        Some(refusal) => refusal,
     }
 }
 
@@ -214,17 +214,17 @@ async fn compute_auth(State(ps): State<Arc<Pageserver>>, params: RawPathParams, 
         (Some(tenant), Some(timeline)) => auth::Access::Compute { tenant, timeline: Some(timeline) },
         _ => auth::Access::Management,
     };
-    match check_token(&ps, &req, access) {
-        Ok(()) => next.run(req).await,
-        Err(refusal) => refusal,
+    match refusal(&ps, &req, access) {
+        None => next.run(req).await,
+        Some(refusal) => refusal,
     }
 }
 
-/// Whether the request's `Authorization: Bearer` token grants `access` (always, with
-/// authentication off); a refusal is logged, counted, and answered 401 (no valid token)
+/// The answer to a request whose `Authorization: Bearer` token does not grant `access`
+/// (`None`: it does, or authentication is off): logged, counted, and 401 (no valid token)
 /// or 403 (a valid token that does not grant it).
-fn check_token(ps: &Pageserver, req: &Request, access: auth::Access) -> Result<(), Response> {
-    let Some(verifier) = &ps.auth else { return Ok(()) };
+fn refusal(ps: &Pageserver, req: &Request, access: auth::Access) -> Option<Response> {
+    let verifier = ps.auth.as_ref()?;
     let token = match req.headers().get(header::AUTHORIZATION) {
         None => Ok(None),
         Some(value) => value
@@ -233,7 +233,7 @@ fn check_token(ps: &Pageserver, req: &Request, access: auth::Access) -> Result<(
             .and_then(auth::bearer)
             .map(Some),
     };
-    let Err(e) = token.and_then(|token| verifier.authorize(token, access)) else { return Ok(()) };
+    let e = token.and_then(|token| verifier.authorize(token, access)).err()?;
     ps.metrics.auth_refused("http", e.reason());
     tracing::warn!(method = %req.method(), path = req.uri().path(), reason = e.reason(), "management API refused a request: {e}");
     let forbidden =
@@ -243,7 +243,7 @@ fn check_token(ps: &Pageserver, req: &Request, access: auth::Access) -> Result<(
     if !forbidden {
         resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
     }
-    Err(resp)
+    Some(resp)
 }
 
 async fn list_tenants(State(ps): State<Arc<Pageserver>>) -> Json<Vec<TenantId>> {
