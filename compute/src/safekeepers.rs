@@ -48,6 +48,7 @@ pub fn sync(list: &[Safekeeper], tenant: TenantId, timeline: TimelineId, system_
         name: format!("compute_ctl sync (pid {})", std::process::id()),
         reconnect_max: Duration::from_secs(1),
         whole_records: true,
+        auth_token: None,
     };
     let lsn = walproposer::sync_safekeepers(&config, timeout).context("sync the safekeepers")?;
     Ok(Synced { lsn, elapsed: started.elapsed() })

@@ -298,6 +298,7 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
         name: format!("compute pid {postmaster_pid}"),
         reconnect_max: RECONNECT_MAX,
         whole_records: true,
+        auth_token: None,
     };
     wp.state.store(State::Starting as u32, Ordering::Relaxed);
     wp.worker_latch.store(latch, Ordering::Release);

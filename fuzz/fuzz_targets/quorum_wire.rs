@@ -1,5 +1,7 @@
 //! The safekeeper protocol codec on arbitrary input: never panics, and an accepted message
-//! re-encodes to exactly the bytes it was decoded from.
+//! re-encodes to exactly the bytes it was decoded from (a `Hello` of version 5 or later
+//! with its token, one of an earlier version without). The seeds (`fuzz/seeds/quorum_wire/`)
+//! are `Hello`s of version 5, with a token and without, and of version 4.
 #![no_main]
 
 use bytes::BytesMut;

@@ -2,8 +2,11 @@
 //! `compute_ctl` syncing) talks to a safekeeper.
 //!
 //! One TCP connection per proposer and safekeeper. The proposer opens with `Hello` naming
-//! the protocol version, tenant, timeline and the PostgreSQL system it writes WAL for; the
-//! safekeeper answers `HelloOk` (creating the timeline if it is new) or `Error` and closes.
+//! the protocol version, tenant, timeline and the PostgreSQL system it writes WAL for, and
+//! carrying its token (a JWT of the `auth` crate, or empty); the safekeeper answers
+//! `HelloOk` (creating the timeline if it is new) or `Error` and closes. A safekeeper with
+//! authentication on checks the token before anything else the `Hello` names, so a refused
+//! proposer creates nothing.
 //! After that the connection carries the consensus messages of [`crate::ToAcceptor`] and
 //! [`crate::ToProposer`], and the safekeeper adds `Feedback` (the pageserver's progress)
 //! and `Standbys` (the read replicas streaming from it) when they change.
@@ -24,13 +27,22 @@
 //! - 3: whole-record sync (no change to the messages here).
 //! - 4 (read replicas): `Standbys`, the read replicas streaming from the safekeeper, with
 //!   their positions and the oldest transaction they still need (hot standby feedback).
+//! - 5 (authentication): `Hello` ends with the proposer's token (a string, empty for
+//!   none), at most [`TOKEN_BYTES_MAX`] bytes.
+//!
+//! `Hello` is laid out alike up to its name in every version, so that a safekeeper can
+//! decode an older proposer's `Hello` and refuse it naming both versions (rather than
+//! reporting a truncated message): a `Hello` of version 4 or earlier is decoded without a
+//! token, and encoded without one.
 
 use crate::{Term, TermHistory, TermSwitch, ToAcceptor, ToProposer};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use proto::{Lsn, TenantId, TimelineId};
 
 /// The protocol version this crate speaks.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
+/// The first version whose `Hello` carries a token.
+pub const TOKEN_PROTOCOL_VERSION: u32 = 5;
 /// The most WAL one `Append` or `Wal` message carries.
 pub const WAL_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// No valid message is longer than this; anything longer is refused before it is read.
@@ -44,6 +56,10 @@ pub const STRING_BYTES_MAX: usize = 4096;
 pub const STANDBYS_MAX: usize = 64;
 /// The longest standby name accepted.
 pub const STANDBY_NAME_BYTES_MAX: usize = 128;
+/// The longest token a `Hello` carries: the same bound as `auth::TOKEN_BYTES_MAX` (this
+/// crate does not depend on `auth`, which does crypto; a proposer checks its token against
+/// this bound before it connects, and a safekeeper refuses a longer one as malformed).
+pub const TOKEN_BYTES_MAX: usize = 4096;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WireError {
@@ -59,8 +75,8 @@ pub enum WireError {
     Invalid { tag: char, what: String },
 }
 
-/// The proposer's side.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The proposer's side. `Debug` leaves the token out: messages end up in logs.
+#[derive(Clone, PartialEq, Eq)]
 pub enum ProposerMessage {
     Hello {
         protocol_version: u32,
@@ -71,8 +87,30 @@ pub enum ProposerMessage {
         wal_segment_size: u32,
         /// Who is speaking, for the safekeeper's log (e.g. "walproposer pid 123").
         name: String,
+        /// The proposer's token (a JWT signed by the cluster's key, granting this
+        /// timeline), or empty for none. Only from [`TOKEN_PROTOCOL_VERSION`] on; never
+        /// logged.
+        auth_token: String,
     },
     Consensus(ToAcceptor),
+}
+
+impl std::fmt::Debug for ProposerMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProposerMessage::Hello { protocol_version, tenant, timeline, system_id, wal_segment_size, name, auth_token } => f
+                .debug_struct("Hello")
+                .field("protocol_version", protocol_version)
+                .field("tenant", tenant)
+                .field("timeline", timeline)
+                .field("system_id", system_id)
+                .field("wal_segment_size", wal_segment_size)
+                .field("name", name)
+                .field("auth_token", &format_args!("{}", if auth_token.is_empty() { "none" } else { "<redacted>" }))
+                .finish(),
+            ProposerMessage::Consensus(m) => f.debug_tuple("Consensus").field(m).finish(),
+        }
+    }
 }
 
 /// The pageserver's progress as a safekeeper last heard it (standby status updates), and
@@ -214,6 +252,16 @@ impl Reader {
         let s = self.b.split_to(n);
         String::from_utf8(s.to_vec()).map_err(|_| self.invalid("string is not UTF-8"))
     }
+    /// A `Hello`'s token: a string of at most [`TOKEN_BYTES_MAX`] bytes.
+    fn token(&mut self) -> Result<String, WireError> {
+        let n = self.u32()? as usize;
+        if n > TOKEN_BYTES_MAX {
+            return Err(self.invalid(format!("token of {n} bytes (at most {TOKEN_BYTES_MAX})")));
+        }
+        self.need(n)?;
+        let s = self.b.split_to(n);
+        String::from_utf8(s.to_vec()).map_err(|_| self.invalid("token is not UTF-8"))
+    }
     fn bool(&mut self) -> Result<bool, WireError> {
         match self.u8()? {
             0 => Ok(false),
@@ -281,14 +329,23 @@ fn lsn_range_ok(r: &Reader, from: Lsn, to: Lsn) -> Result<(), WireError> {
 impl ProposerMessage {
     pub fn encode(&self, buf: &mut BytesMut) {
         match self {
-            ProposerMessage::Hello { protocol_version, tenant, timeline, system_id, wal_segment_size, name } => frame(buf, b'H', |b| {
-                b.put_u32(*protocol_version);
-                b.put_slice(tenant.as_bytes());
-                b.put_slice(timeline.as_bytes());
-                b.put_u64(*system_id);
-                b.put_u32(*wal_segment_size);
-                put_str(b, name);
-            }),
+            ProposerMessage::Hello { protocol_version, tenant, timeline, system_id, wal_segment_size, name, auth_token } => {
+                frame(buf, b'H', |b| {
+                    b.put_u32(*protocol_version);
+                    b.put_slice(tenant.as_bytes());
+                    b.put_slice(timeline.as_bytes());
+                    b.put_u64(*system_id);
+                    b.put_u32(*wal_segment_size);
+                    put_str(b, name);
+                    if *protocol_version >= TOKEN_PROTOCOL_VERSION {
+                        // Written whole, never cut: a cut token would only fail as a bad
+                        // signature. One over the bound is refused by the decoder, naming
+                        // its length (the proposer checks the bound before it connects).
+                        b.put_u32(auth_token.len() as u32);
+                        b.put_slice(auth_token.as_bytes());
+                    }
+                })
+            }
             ProposerMessage::Consensus(m) => match m {
                 ToAcceptor::Greeting { round } => frame(buf, b'G', |b| b.put_u64(*round)),
                 ToAcceptor::VoteRequest { term, proposer } => frame(buf, b'V', |b| {
@@ -337,7 +394,8 @@ impl ProposerMessage {
                     return Err(r.invalid(format!("WAL segment size {wal_segment_size} is not a power of two between 1 MiB and 1 GiB")));
                 }
                 let name = r.string()?;
-                ProposerMessage::Hello { protocol_version, tenant, timeline, system_id, wal_segment_size, name }
+                let auth_token = if protocol_version >= TOKEN_PROTOCOL_VERSION { r.token()? } else { String::new() };
+                ProposerMessage::Hello { protocol_version, tenant, timeline, system_id, wal_segment_size, name, auth_token }
             }
             b'G' => ProposerMessage::Consensus(ToAcceptor::Greeting { round: r.u64()? }),
             b'V' => {

@@ -3,32 +3,62 @@
 //! control plane's call when it creates a timeline; body `{"system_id": N,
 //! "wal_segment_size": N}`, the size 16 MiB if left out), `GET /metrics`. Errors are JSON `{"error": "..."}` with a status code chosen in one place
 //! ([`ApiError`]).
+//!
+//! With authentication on, every request but those to [`OPEN_PATHS`] needs
+//! `Authorization: Bearer <token>` with a token that grants `Access::Management` (an admin
+//! token): 401 without a valid token (none, malformed, another key's, expired), 403 when a
+//! valid token does not grant it. The check is one layer over the whole router
+//! ([`require_management`]), so a route added later is not open by accident.
 
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use proto::{TenantId, TimelineId};
 use serde::Deserialize;
 use serde_json::json;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::{Safekeeper, TimelineEntry};
 
+/// What anyone may read, with authentication on or off: the node's liveness and the
+/// metrics (what monitoring scrapes; they name tenants and timelines, but no data).
+pub const OPEN_PATHS: [&str; 2] = ["/metrics", "/v1/status"];
+
 /// An error as the API reports it.
 pub enum ApiError {
     BadRequest(String),
+    /// No valid token: answered with `WWW-Authenticate: Bearer`.
+    Unauthorized(String),
+    /// A valid token that does not grant the request.
+    Forbidden(String),
     NotFound(String),
     Conflict(String),
     Internal(String),
+}
+
+impl From<auth::AuthError> for ApiError {
+    fn from(e: auth::AuthError) -> ApiError {
+        if crate::access::is_unauthenticated(&e) {
+            ApiError::Unauthorized(e.to_string())
+        } else {
+            ApiError::Forbidden(e.to_string())
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (code, msg) = match self {
             ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
+            ApiError::Unauthorized(m) => {
+                return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], Json(json!({ "error": m }))).into_response()
+            }
+            ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, m),
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m),
             ApiError::Conflict(m) => (StatusCode::CONFLICT, m),
             ApiError::Internal(m) => (StatusCode::INTERNAL_SERVER_ERROR, m),
@@ -43,12 +73,45 @@ pub fn router(sk: Arc<Safekeeper>) -> Router {
         .route("/v1/tenant/{tenant_id}/timeline/{timeline_id}", get(timeline_status).post(timeline_create))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .layer(axum::middleware::from_fn_with_state(sk.clone(), require_management))
         .with_state(sk)
 }
 
 pub async fn serve(listener: TcpListener, sk: Arc<Safekeeper>) -> anyhow::Result<()> {
-    axum::serve(listener, router(sk)).await?;
+    // The peer's address, for the log line of a refused request.
+    axum::serve(listener, router(sk).into_make_service_with_connect_info::<SocketAddr>()).await?;
     Ok(())
+}
+
+/// With authentication on, lets a request through only with an admin token, or to one of
+/// the [`OPEN_PATHS`]. A refusal is logged and counted by the check.
+async fn require_management(State(sk): State<Arc<Safekeeper>>, req: Request, next: Next) -> Response {
+    let Some(auth) = &sk.auth else { return next.run(req).await };
+    if OPEN_PATHS.contains(&req.uri().path()) {
+        return next.run(req).await;
+    }
+    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map_or_else(|| "unknown".to_string(), |c| c.0.to_string());
+    let request = format!("{} {}", req.method(), req.uri().path());
+    let access = auth::Access::Management;
+    let token = match req.headers().get(header::AUTHORIZATION).map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(value)) => match auth::bearer(value) {
+            Ok(token) => Some(token),
+            Err(e) => {
+                auth.refused(&e, access, &peer, &request);
+                return ApiError::from(e).into_response();
+            }
+        },
+        Some(Err(_)) => {
+            let e = auth::AuthError::Malformed("the Authorization header is not ASCII".into());
+            auth.refused(&e, access, &peer, &request);
+            return ApiError::from(e).into_response();
+        }
+    };
+    match auth.check(token, access, &peer, &request) {
+        Ok(_) => next.run(req).await,
+        Err(e) => ApiError::from(e).into_response(),
+    }
 }
 
 async fn status(State(sk): State<Arc<Safekeeper>>) -> Json<serde_json::Value> {

@@ -13,7 +13,10 @@
 //! - [`server`]: the TCP listener; a connection's first byte says whether it is a proposer
 //!   (`quorum::wire`, [`proposer`]) or a PostgreSQL replication client ([`replication`]).
 //! - [`http`]: status, timeline state and Prometheus metrics.
+//! - [`access`]: the token check all three protocols share, when authentication is on
+//!   ([`SafekeeperConfig::auth`]).
 
+pub mod access;
 pub mod http;
 pub mod metrics;
 pub mod proposer;
@@ -44,11 +47,15 @@ pub struct SafekeeperConfig {
     /// A broken timeline (a storage failure, a panic) is reloaded from disk when it is asked
     /// for again, at most this often.
     pub broken_reload_interval: std::time::Duration,
+    /// Authentication (`--auth-public-key`): every proposer, replication client and HTTP
+    /// request (but `/metrics` and `/v1/status`) needs a token this verifier accepts and
+    /// that grants what it asks ([`access`]). `None`: trust, as before tokens existed.
+    pub auth: Option<auth::Verifier>,
 }
 
 impl Default for SafekeeperConfig {
     fn default() -> Self {
-        SafekeeperConfig { wal_removal: true, broken_reload_interval: std::time::Duration::from_secs(5) }
+        SafekeeperConfig { wal_removal: true, broken_reload_interval: std::time::Duration::from_secs(5), auth: None }
     }
 }
 
@@ -67,6 +74,8 @@ pub struct Safekeeper {
     reloads: std::sync::Mutex<BTreeMap<(TenantId, TimelineId), std::time::Instant>>,
     pub metrics: Arc<Metrics>,
     pub config: SafekeeperConfig,
+    /// The token check, if authentication is on (from `config.auth`).
+    pub auth: Option<access::Authenticator>,
     /// Holds the `flock` on the lock file for the life of the process.
     _lock: crashsafe::DataDirLock,
 }
@@ -131,6 +140,7 @@ impl Safekeeper {
             data_dir: data_dir.to_path_buf(),
             timelines: RwLock::new(timelines),
             reloads: std::sync::Mutex::new(BTreeMap::new()),
+            auth: config.auth.clone().map(|v| access::Authenticator::new(v, metrics.auth_failures.clone())),
             metrics,
             config,
             _lock: lock,

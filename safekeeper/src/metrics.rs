@@ -30,6 +30,9 @@ pub struct Metrics {
     pub connections: IntCounterVec,
     /// Open proposer connections.
     pub proposer_connections_open: IntGauge,
+    /// Requests refused for their token (any protocol), by `auth::AuthError::reason`; every
+    /// reason is present from the start, at 0.
+    pub auth_failures: IntCounterVec,
 }
 
 impl Metrics {
@@ -63,6 +66,13 @@ impl Metrics {
         )?;
         let connections = IntCounterVec::new(Opts::new("safekeeper_connections_total", "connections accepted"), &["kind"])?;
         let proposer_connections_open = IntGauge::new("safekeeper_proposer_connections_open", "open proposer connections")?;
+        let auth_failures = IntCounterVec::new(
+            Opts::new("safekeeper_auth_failures_total", "proposers, replication clients and HTTP requests refused for their token"),
+            &["reason"],
+        )?;
+        for reason in auth::AuthError::REASONS {
+            auth_failures.with_label_values(&[reason]);
+        }
         registry.register(Box::new(flush_lsn.clone()))?;
         registry.register(Box::new(commit_lsn.clone()))?;
         registry.register(Box::new(appends.clone()))?;
@@ -76,6 +86,7 @@ impl Metrics {
         registry.register(Box::new(fsync_seconds.clone()))?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(proposer_connections_open.clone()))?;
+        registry.register(Box::new(auth_failures.clone()))?;
         Ok(Metrics {
             registry,
             flush_lsn,
@@ -91,6 +102,7 @@ impl Metrics {
             fsync_seconds,
             connections,
             proposer_connections_open,
+            auth_failures,
         })
     }
 

@@ -9,6 +9,11 @@
 //! A malformed message or a protocol violation gets `Error` with the reason and the
 //! connection is closed; messages decoded before it in the same read were valid and are
 //! handled first, the bad one changes nothing.
+//!
+//! With authentication on, the `Hello`'s token must grant the timeline it names
+//! (`Access::Compute` of that timeline). It is checked right after the protocol version and
+//! before the timeline is looked at: a refused proposer gets `Error` with the reason and
+//! creates nothing, loads nothing and writes nothing.
 
 use bytes::BytesMut;
 use quorum::wire::{AcceptorMessage, PageserverFeedback, ProposerMessage, StandbyReport, PROTOCOL_VERSION};
@@ -28,11 +33,16 @@ const BATCH_BYTES_MAX: usize = 32 * 1024 * 1024;
 
 /// Closes the connection after telling the proposer why.
 async fn refuse(stream: &mut TcpStream, message: String) -> anyhow::Result<()> {
+    tell_and_close(stream, &message).await;
+    anyhow::bail!("{message}")
+}
+
+/// Sends `Error` and closes the connection, best effort (it is being closed anyway).
+async fn tell_and_close(stream: &mut TcpStream, message: &str) {
     let mut out = BytesMut::new();
-    AcceptorMessage::Error { message: message.clone() }.encode(&mut out);
+    AcceptorMessage::Error { message: message.to_string() }.encode(&mut out);
     let _ = stream.write_all(&out).await;
     let _ = stream.shutdown().await;
-    anyhow::bail!("{message}")
 }
 
 /// Reads until `buf` holds at least one more byte; `false` on end of stream.
@@ -73,12 +83,21 @@ pub async fn serve(mut stream: TcpStream, sk: Arc<Safekeeper>) -> anyhow::Result
             Err(e) => return refuse(&mut stream, format!("malformed greeting: {e}")).await,
         }
     };
-    let ProposerMessage::Hello { protocol_version, tenant, timeline, system_id, wal_segment_size, name } = hello else {
+    let ProposerMessage::Hello { protocol_version, tenant, timeline, system_id, wal_segment_size, name, auth_token } = hello else {
         return refuse(&mut stream, "the first message must be Hello".into()).await;
     };
     if protocol_version != PROTOCOL_VERSION {
         return refuse(&mut stream, format!("unsupported protocol version {protocol_version}, this safekeeper speaks {PROTOCOL_VERSION}"))
             .await;
+    }
+    if let Some(auth) = &sk.auth {
+        let access = auth::Access::Compute { tenant, timeline: Some(timeline) };
+        if let Err(e) = auth.check(Some(&auth_token), access, &peer, &format!("proposer Hello ({name})")) {
+            // Logged (once) and counted by the check; the connection ends without an error
+            // of its own, so the refusal is not logged twice.
+            tell_and_close(&mut stream, &e.to_string()).await;
+            return Ok(());
+        }
     }
     let span = tracing::info_span!("proposer", tenant_id = %tenant, timeline_id = %timeline, %peer, %name);
     async move {

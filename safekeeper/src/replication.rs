@@ -16,10 +16,27 @@
 //!      tools (`pg_receivewal`, `pg_basebackup`) always send `database=replication` on a
 //!      physical replication connection, so when `database` is absent or `replication` the
 //!      timeline is taken from `options` instead: `-c fjord.timeline=<tenant>/<timeline>`.
-//!    - `user`: required, anything (trust authentication).
+//!    - `user`: required, anything (it is not checked: the token is what counts).
 //!
 //!    A missing, malformed or unknown timeline is a `FATAL` `ErrorResponse` and the
-//!    connection is closed. Otherwise: `AuthenticationOk`, `ParameterStatus` (server_version
+//!    connection is closed.
+//!
+//!    Authentication. Without a [`Config::auth`] (a safekeeper without
+//!    `--auth-public-key`): trust, nothing is asked. With one, after the startup packet
+//!    the server asks for a cleartext password (`AuthenticationCleartextPassword`, `R` and
+//!    3) and reads the `PasswordMessage` (`p`): the password is a token (at most
+//!    `auth::TOKEN_BYTES_MAX` bytes), which must grant `Access::ReadWal` of the timeline
+//!    (a storage or admin token, or the tenant's own, e.g. a read replica's). A refusal is a
+//!    `FATAL` error with the reason: SQLSTATE 28P01 (`invalid_password`) when there is no
+//!    valid token (none, malformed, another key's, expired), 28000
+//!    (`invalid_authorization_specification`) when a valid token does not grant this
+//!    timeline. A client that closes instead of answering (libpq without a password) is
+//!    refused as sending none. The exchange happens before the timeline is looked up, so an
+//!    unauthenticated client learns nothing of which timelines exist. Cleartext, because
+//!    the password is a bearer token that the server must see whole; the connection is not
+//!    encrypted (see the README's "Not done yet").
+//!
+//!    Then: `AuthenticationOk`, `ParameterStatus` (server_version
 //!    15, UTF8 encodings, ISO dates, integer datetimes, and [`SAFEKEEPER_PARAMETER`]
 //!    `fjord.safekeeper = 1`), `BackendKeyData`, `ReadyForQuery`.
 //!
@@ -107,7 +124,7 @@ use messages::{
     command_complete, data_row, error_response, keepalive, message, parameter_status, pg_now, ready_for_query, row_description, sqlstate,
     PgError, INT4_OID, TEXT_OID,
 };
-use startup::{startup, Startup};
+use startup::{authenticate, startup, Startup};
 
 /// What a replication connection needs from a timeline. The safekeeper's timeline
 /// implements it; the tests use an in-memory one.
@@ -153,8 +170,11 @@ pub struct Config {
     pub sender_timeout: Duration,
     /// The most WAL one `XLogData` message carries.
     pub send_bytes_max: usize,
-    /// How long the client has to complete the startup.
+    /// How long the client has to complete the startup (authentication included).
     pub startup_timeout: Duration,
+    /// With authentication on, the token check (see the module documentation); `None`:
+    /// trust.
+    pub auth: Option<crate::access::Authenticator>,
 }
 
 impl Default for Config {
@@ -164,6 +184,7 @@ impl Default for Config {
             sender_timeout: Duration::from_secs(60),
             send_bytes_max: MAX_SEND_BYTES,
             startup_timeout: Duration::from_secs(60),
+            auth: None,
         }
     }
 }
@@ -192,7 +213,8 @@ const MESSAGE_BYTES_MAX: usize = 1 << 20;
 
 /// Serves one replication connection handed over by the safekeeper's listener.
 pub async fn serve(stream: TcpStream, sk: Arc<crate::Safekeeper>) -> anyhow::Result<()> {
-    serve_with(stream, move |tenant, timeline| lookup_timeline(&sk, tenant, timeline)).await
+    let config = Config { auth: sk.auth.clone(), ..Config::default() };
+    serve_with_config(stream, move |tenant, timeline| lookup_timeline(&sk, tenant, timeline), config).await
 }
 
 /// The timeline a replication connection asked for (unknown and unavailable timelines are
@@ -261,7 +283,7 @@ where
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "unknown peer".into());
     let _ = stream.set_nodelay(true);
     let (read, write) = stream.into_split();
-    let mut conn = Conn { client: format!("@{peer}"), read: Some(read), write, out: BytesMut::new(), config };
+    let mut conn = Conn { client: format!("@{peer}"), peer: peer.clone(), read: Some(read), write, out: BytesMut::new(), config };
     let span = tracing::info_span!("replication", peer = %peer);
     let result = tracing::Instrument::instrument(run(&mut conn, lookup), span.clone()).await;
     match &result {
@@ -274,6 +296,8 @@ where
 struct Conn {
     /// `application_name@peer address`, once the startup packet is read.
     client: String,
+    /// The client's address.
+    peer: String,
     /// Taken by the reader task once the startup is done.
     read: Option<OwnedReadHalf>,
     write: OwnedWriteHalf,
@@ -398,10 +422,34 @@ where
     S: WalSource + ?Sized,
     L: Fn(TenantId, TimelineId) -> anyhow::Result<Arc<S>>,
 {
-    let startup = match tokio::time::timeout(conn.config.startup_timeout, startup(conn)).await {
-        Err(_) => return Err(anyhow!("the client did not complete the startup in {:?}", conn.config.startup_timeout)),
-        Ok(Ok(None)) => return Ok(()),
-        Ok(Ok(Some(s))) => s,
+    /// How the startup and the authentication ended.
+    enum Begun {
+        /// The client went away or cancelled.
+        Gone,
+        /// Its token was refused: the error to send it (already logged and counted).
+        Refused(PgError),
+        Ready(Startup),
+    }
+    let startup_timeout = conn.config.startup_timeout;
+    let startup_and_auth = async {
+        let Some(s) = startup(conn).await? else { return Ok::<_, PgError>(Begun::Gone) };
+        if let Some(auth) = conn.config.auth.clone() {
+            if let Err(refusal) = authenticate(conn, &auth, &s).await? {
+                return Ok(Begun::Refused(refusal));
+            }
+        }
+        Ok(Begun::Ready(s))
+    };
+    let startup = match tokio::time::timeout(startup_timeout, startup_and_auth).await {
+        Err(_) => return Err(anyhow!("the client did not complete the startup in {startup_timeout:?}")),
+        Ok(Ok(Begun::Gone)) => return Ok(()),
+        Ok(Ok(Begun::Refused(e))) => {
+            // Not an error of the connection: the refusal was logged once, where it was
+            // decided, and the listener must not log it again.
+            let _ = conn.report(&e).await;
+            return Ok(());
+        }
+        Ok(Ok(Begun::Ready(s))) => s,
         Ok(Err(e)) => return Err(conn.fatal(e.code, e.message).await),
     };
     let source = match lookup(startup.tenant, startup.timeline) {

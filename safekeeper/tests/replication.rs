@@ -4,7 +4,8 @@
 //! The timeline is an in-memory [`WalSource`] holding that WAL (the protocol code is generic
 //! over it; the real storage is tested in `storage.rs` and `service.rs`). The clients are `postgres-protocol`'s
 //! frontend encoder and backend parser, and PostgreSQL's own `pg_receivewal`, whose segment
-//! files must come out byte for byte equal to the WAL served.
+//! files must come out byte for byte equal to the WAL served. With authentication on, the
+//! cleartext password exchange with tokens of every kind.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -883,4 +884,113 @@ async fn pg_receivewal_writes_exactly_the_served_wal() {
     assert!(&partial[..tail.len()] == tail, "the partial segment differs");
     assert!(partial[tail.len()..].iter().all(|&b| b == 0), "bytes after the commit LSN in the partial segment");
     assert!(log.contains("starting log streaming at 0/2000000"), "{log}");
+}
+
+/// A server with authentication on: its config, a signer of the key it trusts, and the
+/// failure counter it reports to.
+fn auth_config(dir: &std::path::Path) -> (Config, auth::Signer, prometheus::IntCounterVec) {
+    let (private, public) = auth::generate_key_pair(dir).unwrap();
+    let failures = prometheus::IntCounterVec::new(prometheus::Opts::new("failures", "test"), &["reason"]).unwrap();
+    let authenticator = safekeeper::access::Authenticator::new(auth::Verifier::load(&public).unwrap(), failures.clone());
+    (Config { auth: Some(authenticator), ..Config::default() }, auth::Signer::load(&private).unwrap(), failures)
+}
+
+/// Connects with `database`, expects the request for a cleartext password, and answers it
+/// with `password` (`None`: closes the connection instead, as libpq does without one).
+async fn connect_with_password(server: &Server, database: &str, password: Option<&[u8]>) -> Option<Client> {
+    let mut c = Client::connect(server.addr, &[("user", "ps"), ("replication", "true"), ("database", database)]).await;
+    match c.recv().await {
+        Some(Msg::Backend(backend::Message::AuthenticationCleartextPassword)) => {}
+        other => panic!("expected a request for a cleartext password, got {other:?}"),
+    }
+    let password = password?;
+    c.send(|b| frontend::password_message(password, b).unwrap()).await;
+    Some(c)
+}
+
+/// With authentication on the server asks for the token as a cleartext password before it
+/// looks at the timeline, and lets in only a token that may read that timeline's WAL; a
+/// refusal is FATAL with SQLSTATE 28P01 (no valid token) or 28000 (a valid one that does
+/// not grant the timeline) and counted by reason.
+#[tokio::test]
+async fn with_auth_the_password_must_be_a_token_that_may_read_the_timeline() {
+    let f = fixture();
+    let (keys, other_keys) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (config, signer, failures) = auth_config(keys.path());
+    let (_, other_signer, _) = auth_config(other_keys.path());
+    let mut server = server(MemWal::new(&f, f.end), config).await;
+    let db = server.database();
+    let t = server.tenant;
+    let count = |reason: &str| failures.with_label_values(&[reason]).get();
+
+    let expired = auth::Claims { exp: Some(1), ..auth::Claims::storage() };
+    let refused: Vec<(Vec<u8>, &str, &str, &str)> = vec![
+        (b"".to_vec(), "28P01", "missing", "authentication required"),
+        (b"not-a-token".to_vec(), "28P01", "malformed", "malformed token"),
+        (vec![b'x'; auth::TOKEN_BYTES_MAX + 1], "28P01", "malformed", "longer than the 4096 allowed"),
+        (b"caf\xe9".to_vec(), "28P01", "malformed", "not UTF-8"),
+        (other_signer.sign(&auth::Claims::storage()).into_bytes(), "28P01", "bad_signature", "signature does not verify"),
+        (signer.sign(&expired).into_bytes(), "28P01", "expired", "the token expired"),
+        (
+            signer.sign(&auth::Claims::tenant(TenantId::from_bytes([3; 16]))).into_bytes(),
+            "28000",
+            "wrong_tenant",
+            "may not read the WAL of",
+        ),
+        (
+            signer.sign(&auth::Claims::tenant(t).with_timeline(TimelineId::from_bytes([4; 16]))).into_bytes(),
+            "28000",
+            "wrong_timeline",
+            "the token is for timeline",
+        ),
+    ];
+    for (password, code, reason, says) in &refused {
+        let before = count(reason);
+        let mut c = connect_with_password(&server, &db, Some(password)).await.unwrap();
+        let e = c.expect_fatal().await;
+        assert_eq!((e.code.as_str(), reason), (*code, reason), "{e:?}");
+        assert!(e.message.contains(says), "{reason}: {e:?}");
+        // Not an error of the connection (the refusal is logged once, by the check).
+        server.next_result().await.unwrap();
+        assert_eq!(count(reason), before + 1, "{reason}");
+    }
+    // A client without a password closes the connection: refused as sending none.
+    let before = count("missing");
+    drop(connect_with_password(&server, &db, None).await);
+    server.next_result().await.unwrap();
+    assert_eq!(count("missing"), before + 1);
+    // An unknown timeline: the token is checked first, so a client without one learns
+    // nothing; with one that grants it, the timeline's absence is the error.
+    let unknown = format!("{t}/33333333333333333333333333333333");
+    let mut c = connect_with_password(&server, &unknown, Some(b"")).await.unwrap();
+    assert_eq!(c.expect_fatal().await.code, "28P01");
+    server.next_result().await.unwrap();
+    let mut c = connect_with_password(&server, &unknown, Some(signer.sign(&auth::Claims::storage()).as_bytes())).await.unwrap();
+    assert_eq!(c.expect_fatal().await.code, "3D000");
+    assert!(server.next_result().await.is_err());
+
+    // Tokens that may read it: the pageserver's (storage), an admin's, the tenant's (a
+    // read replica), narrowed to the timeline or not. The session then works as ever.
+    let (failures_before, timeline) = (auth::AuthError::REASONS.map(count), server.timeline);
+    for claims in [auth::Claims::storage(), auth::Claims::admin(), auth::Claims::tenant(t), auth::Claims::tenant(t).with_timeline(timeline)]
+    {
+        let mut c = connect_with_password(&server, &db, Some(signer.sign(&claims).as_bytes())).await.unwrap();
+        let msgs = c.until_ready().await;
+        assert!(matches!(msgs[0], Msg::Backend(backend::Message::AuthenticationOk)), "{claims:?}: {msgs:?}");
+        let (_, rows) = c.query("IDENTIFY_SYSTEM").await.unwrap();
+        assert_eq!(rows[0][2], Some(f.end.to_string()));
+        drop(c);
+        server.next_result().await.unwrap();
+    }
+    assert_eq!(auth::AuthError::REASONS.map(count), failures_before, "nothing refused");
+}
+
+/// Without authentication nothing is asked: `AuthenticationOk` right after the startup
+/// (trust, as before tokens existed). `Client::ready` checks it in every other test.
+#[tokio::test]
+async fn without_auth_nothing_is_asked() {
+    let f = fixture();
+    let mut server = server(MemWal::new(&f, f.end), Config::default()).await;
+    drop(Client::ready(&server).await);
+    server.next_result().await.unwrap();
 }

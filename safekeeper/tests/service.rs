@@ -1,7 +1,8 @@
 //! The `safekeeper` binary as a real process on loopback, driven over TCP by
 //! `quorum::Proposer` speaking the wire protocol: election, appends, commit, restart;
 //! malformed messages; a wrong system id; the HTTP API; the data directory lock; WAL
-//! removal (and `--no-wal-removal`).
+//! removal (and `--no-wal-removal`); authentication (`--auth-public-key`) of proposers and
+//! of the HTTP API.
 
 use bytes::{Bytes, BytesMut};
 use proto::{Lsn, TenantId, TimelineId};
@@ -76,6 +77,16 @@ impl Node {
         (code, serde_json::from_str(&body).unwrap())
     }
 
+    /// [`Node::create_timeline`] with an admin token, for a node with authentication on.
+    fn create_timeline_with(&self, admin_token: &str) -> (u16, serde_json::Value) {
+        let (t, tl) = ids();
+        let body = format!(r#"{{"system_id": {SYSID}, "wal_segment_size": {SEG}}}"#);
+        let auth = format!("Bearer {admin_token}");
+        let (code, _, body) =
+            http_request_with(self.http_port, "POST", &format!("/v1/tenant/{t}/timeline/{tl}"), Some(&body), Some(&auth)).unwrap();
+        (code, serde_json::from_str(&body).unwrap())
+    }
+
     fn timeline(&self) -> (u16, serde_json::Value) {
         let (t, tl) = ids();
         let (code, body) = http_get(self.http_port, &format!("/v1/tenant/{t}/timeline/{tl}")).unwrap();
@@ -101,19 +112,31 @@ fn http_post(port: u16, path: &str, body: &str) -> Option<(u16, String)> {
 }
 
 fn http_request(port: u16, method: &str, path: &str, body: Option<&str>) -> Option<(u16, String)> {
+    http_request_with(port, method, path, body, None).map(|(code, _, body)| (code, body))
+}
+
+/// A request with an optional `Authorization` header value: (status code, head, body).
+fn http_request_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    authorization: Option<&str>,
+) -> Option<(u16, String, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     let body = body.unwrap_or("");
+    let auth = authorization.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .ok()?;
     let mut resp = String::new();
     s.read_to_string(&mut resp).ok()?;
     let code = resp.split(' ').nth(1)?.parse().ok()?;
-    let body = resp.split_once("\r\n\r\n")?.1.to_string();
-    Some((code, body))
+    let (head, body) = resp.split_once("\r\n\r\n")?;
+    Some((code, head.to_string(), body.to_string()))
 }
 
 struct Conn {
@@ -148,6 +171,10 @@ impl Conn {
     }
 
     fn hello(&mut self, system_id: u64) -> AcceptorMessage {
+        self.hello_with_token(system_id, "")
+    }
+
+    fn hello_with_token(&mut self, system_id: u64, token: &str) -> AcceptorMessage {
         let (tenant, timeline) = ids();
         self.send(&ProposerMessage::Hello {
             protocol_version: PROTOCOL_VERSION,
@@ -156,6 +183,7 @@ impl Conn {
             system_id,
             wal_segment_size: SEG,
             name: "test proposer".into(),
+            auth_token: token.to_string(),
         });
         self.recv().unwrap()
     }
@@ -447,6 +475,7 @@ fn malformed_messages_get_an_error_and_change_nothing() {
                     system_id: SYSID,
                     wal_segment_size: SEG,
                     name: "x".into(),
+                    auth_token: String::new(),
                 }
                 .encode(&mut b);
                 b.to_vec()
@@ -528,10 +557,29 @@ fn a_proposer_of_another_system_is_refused() {
         system_id: SYSID,
         wal_segment_size: SEG,
         name: "x".into(),
+        auth_token: String::new(),
     });
     match conn.recv() {
         Some(AcceptorMessage::Error { message }) => {
             assert!(message.contains("protocol version 99"), "{message}")
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // A proposer of version 4 (before tokens) is told both versions, not that its Hello is
+    // truncated.
+    let mut conn = node.connect();
+    conn.send(&ProposerMessage::Hello {
+        protocol_version: 4,
+        tenant,
+        timeline,
+        system_id: SYSID,
+        wal_segment_size: SEG,
+        name: "x".into(),
+        auth_token: String::new(),
+    });
+    match conn.recv() {
+        Some(AcceptorMessage::Error { message }) => {
+            assert_eq!(message, format!("unsupported protocol version 4, this safekeeper speaks {PROTOCOL_VERSION}"))
         }
         other => panic!("unexpected {other:?}"),
     }
@@ -675,5 +723,132 @@ fn created_timelines_vote_and_unknown_ones_are_learners() {
     // Creating it on purpose now does not make the learner a voter.
     assert_eq!(node.create_timeline().0, 200);
     assert_eq!(node.timeline().1["learner"], true);
+    node.stop();
+}
+
+/// The cluster's key pair in `dir`: the public key's path and a signer.
+fn key_pair(dir: &Path) -> (std::path::PathBuf, auth::Signer) {
+    let (private, public) = auth::generate_key_pair(dir).unwrap();
+    (public, auth::Signer::load(&private).unwrap())
+}
+
+/// `safekeeper_auth_failures_total{reason}` from `/metrics` (open with authentication on).
+fn auth_failures(node: &Node, reason: &str) -> u64 {
+    let (code, text) = http_get(node.http_port, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    let want = format!("safekeeper_auth_failures_total{{reason=\"{reason}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(want.as_str())).unwrap_or_else(|| panic!("no {want} in {text}")).parse().unwrap()
+}
+
+/// With `--auth-public-key` a proposer's `Hello` needs a token that grants its timeline; a
+/// refused one gets `Error` with the reason and creates nothing on disk; each refusal is
+/// counted by reason. A good token (the tenant's, narrowed to the timeline or not, or an
+/// admin's) is greeted and the proposer works as without authentication.
+#[test]
+fn with_auth_a_proposer_needs_a_token_for_its_timeline() {
+    let (dir, keys, other_keys) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (public, signer) = key_pair(keys.path());
+    let (_, other_signer) = key_pair(other_keys.path());
+    let node = Node::start_with(dir.path(), &["--auth-public-key", public.to_str().unwrap()]);
+    let (t, tl) = ids();
+    for reason in auth::AuthError::REASONS {
+        assert_eq!(auth_failures(&node, reason), 0, "{reason}");
+    }
+    let expired = auth::Claims { exp: Some(1), ..auth::Claims::tenant(t) };
+    let refused: Vec<(String, &str, &str)> = vec![
+        (String::new(), "missing", "authentication required"),
+        ("not-a-token".into(), "malformed", "malformed token"),
+        ("x".repeat(quorum::wire::TOKEN_BYTES_MAX), "malformed", "malformed token"),
+        (other_signer.sign(&auth::Claims::tenant(t)), "bad_signature", "signature does not verify"),
+        (signer.sign(&expired), "expired", "the token expired"),
+        (signer.sign(&auth::Claims::storage()), "forbidden", "a storage token may not use timeline"),
+        (signer.sign(&auth::Claims::tenant(TenantId::from_bytes([0x33; 16]))), "wrong_tenant", "it may not use timeline"),
+        (
+            signer.sign(&auth::Claims::tenant(t).with_timeline(TimelineId::from_bytes([0x44; 16]))),
+            "wrong_timeline",
+            "the token is for timeline",
+        ),
+    ];
+    for (token, reason, says) in &refused {
+        let before = auth_failures(&node, reason);
+        let mut conn = node.connect();
+        match conn.hello_with_token(SYSID, token) {
+            AcceptorMessage::Error { message } => assert!(message.contains(says), "{reason}: {message}"),
+            other => panic!("{reason}: a Hello was not refused: {other:?}"),
+        }
+        assert!(conn.recv().is_none(), "{reason}: the connection is closed");
+        assert_eq!(auth_failures(&node, reason), before + 1, "{reason}");
+    }
+    // Nothing was created: not the timeline, not even the tenant's directory.
+    assert!(!dir.path().join(t.to_string()).exists());
+    let admin = signer.sign(&auth::Claims::admin());
+    let (code, _, body) =
+        http_request_with(node.http_port, "GET", &format!("/v1/tenant/{t}/timeline/{tl}"), None, Some(&format!("Bearer {admin}"))).unwrap();
+    assert_eq!(code, 404, "{body}");
+
+    // Good tokens.
+    for token in [signer.sign(&auth::Claims::tenant(t)), admin.clone()] {
+        assert!(matches!(node.connect().hello_with_token(SYSID, &token), AcceptorMessage::HelloOk { .. }));
+    }
+    let mut conn = node.connect();
+    assert!(matches!(
+        conn.hello_with_token(SYSID, &signer.sign(&auth::Claims::tenant(t).with_timeline(tl))),
+        AcceptorMessage::HelloOk { .. }
+    ));
+    assert_eq!(node.create_timeline_with(&admin).0, 200, "the first Hello created it (as a learner)");
+    // The connection works as without authentication (a learner refuses the vote).
+    conn.send(&ProposerMessage::Consensus(ToAcceptor::VoteRequest { term: 1, proposer: 1 }));
+    assert!(matches!(conn.recv(), Some(AcceptorMessage::Consensus(quorum::ToProposer::Vote { granted: false, .. }))));
+    node.stop();
+}
+
+/// With `--auth-public-key` every HTTP route but `/metrics` and `/v1/status` needs an admin
+/// token: 401 (with `WWW-Authenticate: Bearer`) without a valid one, 403 with a valid one
+/// that is not an admin's; a refused request changes nothing.
+#[test]
+fn with_auth_the_http_api_needs_an_admin_token() {
+    let (dir, keys, other_keys) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (public, signer) = key_pair(keys.path());
+    let (_, other_signer) = key_pair(other_keys.path());
+    let node = Node::start_with(dir.path(), &["--auth-public-key", public.to_str().unwrap()]);
+    let (t, tl) = ids();
+    let path = format!("/v1/tenant/{t}/timeline/{tl}");
+    let create = format!(r#"{{"system_id": {SYSID}, "wal_segment_size": {SEG}}}"#);
+    assert_eq!(http_get(node.http_port, "/v1/status").unwrap().0, 200);
+    assert!(http_get(node.http_port, "/metrics").unwrap().1.contains("safekeeper_auth_failures_total{reason=\"expired\"} 0"));
+
+    let bearer = |claims: auth::Claims| format!("Bearer {}", signer.sign(&claims));
+    let expired = auth::Claims { exp: Some(1), ..auth::Claims::admin() };
+    let cases: Vec<(Option<String>, u16, &str, &str)> = vec![
+        (None, 401, "missing", "authentication required"),
+        (Some("Basic dXNlcjpwYXNz".into()), 401, "malformed", "not Bearer"),
+        (Some("Bearer".into()), 401, "malformed", "not 'Bearer <token>'"),
+        (Some("Bearer not-a-token".into()), 401, "malformed", "malformed token"),
+        (Some(format!("Bearer {}", other_signer.sign(&auth::Claims::admin()))), 401, "bad_signature", "signature does not verify"),
+        (Some(bearer(expired)), 401, "expired", "the token expired"),
+        (Some(bearer(auth::Claims::tenant(t))), 403, "forbidden", "a tenant token may not use the management API"),
+        (Some(bearer(auth::Claims::storage())), 403, "forbidden", "a storage token may not use the management API"),
+    ];
+    for (authorization, code, reason, says) in &cases {
+        for (method, body) in [("POST", Some(create.as_str())), ("GET", None)] {
+            let before = auth_failures(&node, reason);
+            let (c, head, b) = http_request_with(node.http_port, method, &path, body, authorization.as_deref()).unwrap();
+            assert_eq!(c, *code, "{method} with {authorization:?}: {b}");
+            let error: serde_json::Value = serde_json::from_str(&b).unwrap();
+            assert!(error["error"].as_str().unwrap().contains(says), "{method} with {authorization:?}: {b}");
+            assert_eq!(head.to_ascii_lowercase().contains("www-authenticate: bearer"), *code == 401, "{head}");
+            assert_eq!(auth_failures(&node, reason), before + 1, "{reason}");
+        }
+    }
+    assert!(!dir.path().join(t.to_string()).exists(), "a refused request created the timeline");
+    // An unknown route is not open either.
+    assert_eq!(http_get(node.http_port, "/v1/nothing").unwrap().0, 401);
+
+    let admin = signer.sign(&auth::Claims::admin());
+    assert_eq!(node.create_timeline_with(&admin).0, 201);
+    let (code, _, body) = http_request_with(node.http_port, "GET", &path, None, Some(&format!("bearer  {admin} "))).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let (code, _, _) = http_request_with(node.http_port, "GET", "/v1/nothing", None, Some(&format!("Bearer {admin}"))).unwrap();
+    assert_eq!(code, 404);
     node.stop();
 }

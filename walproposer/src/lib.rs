@@ -23,7 +23,7 @@ pub use safekeeper_list::{parse_safekeeper_list, SafekeeperAddr, SafekeeperListE
 pub use walstore::WalReadError;
 
 use proto::{Lsn, TenantId, TimelineId};
-use quorum::wire::{PageserverFeedback, ProposerMessage, PROTOCOL_VERSION};
+use quorum::wire::{PageserverFeedback, ProposerMessage, PROTOCOL_VERSION, TOKEN_BYTES_MAX};
 use quorum::{Proposer, ProposerConfig, ProposerMode};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,8 +35,8 @@ use std::time::{Duration, Instant};
 use crate::core::{Core, Event};
 use crate::walstore::WalStore;
 
-/// Where and what to propose.
-#[derive(Clone, Debug)]
+/// Where and what to propose. `Debug` leaves the token out.
+#[derive(Clone)]
 pub struct Config {
     /// `host:port` of every safekeeper (the proposer protocol port).
     pub safekeepers: Vec<String>,
@@ -62,6 +62,42 @@ pub struct Config {
     /// boundary. `true` for every compute; `false` only where the bytes are not WAL (tests
     /// with synthetic segments).
     pub whole_records: bool,
+    /// The token sent in every `Hello` (a JWT of the `auth` crate granting this timeline;
+    /// the callers take it from `FJORD_AUTH_TOKEN`), for safekeepers that run with
+    /// authentication on. `None` (or empty): no token, which such a safekeeper refuses.
+    /// At most `quorum::wire::TOKEN_BYTES_MAX` bytes. Never logged.
+    pub auth_token: Option<String>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Config {
+            safekeepers,
+            tenant_id,
+            timeline_id,
+            system_id,
+            wal_segment_size,
+            wal_start,
+            wal_dir,
+            name,
+            reconnect_max,
+            whole_records,
+            auth_token,
+        } = self;
+        f.debug_struct("Config")
+            .field("safekeepers", safekeepers)
+            .field("tenant_id", tenant_id)
+            .field("timeline_id", timeline_id)
+            .field("system_id", system_id)
+            .field("wal_segment_size", wal_segment_size)
+            .field("wal_start", wal_start)
+            .field("wal_dir", wal_dir)
+            .field("name", name)
+            .field("reconnect_max", reconnect_max)
+            .field("whole_records", whole_records)
+            .field("auth_token", &auth_token.as_ref().map(|_| format_args!("<redacted>")))
+            .finish()
+    }
 }
 
 /// The proposer's state, for logs, status functions and decisions.
@@ -238,6 +274,7 @@ impl WalProposer {
             system_id: config.system_id,
             wal_segment_size: config.wal_segment_size,
             name: config.name.clone(),
+            auth_token: config.auth_token.clone().unwrap_or_default(),
         };
         let mut proposer =
             WalProposer { shared: Arc::clone(&shared), events: tx.clone(), threads: Vec::new(), addrs: config.safekeepers.clone() };
@@ -345,6 +382,12 @@ fn validate(config: &Config) -> anyhow::Result<()> {
     let size = config.wal_segment_size;
     if !size.is_power_of_two() || !(1 << 20..=1 << 30).contains(&size) {
         anyhow::bail!("invalid WAL segment size {size}: must be a power of two between 1 MiB and 1 GiB");
+    }
+    if let Some(token) = &config.auth_token {
+        // Checked here rather than cut in the encoder: a cut token could only be refused.
+        if token.len() > TOKEN_BYTES_MAX {
+            anyhow::bail!("the auth token is {} bytes long, longer than the {TOKEN_BYTES_MAX} a safekeeper accepts", token.len());
+        }
     }
     Ok(())
 }

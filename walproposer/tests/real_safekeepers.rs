@@ -85,6 +85,7 @@ fn streams_commits_and_syncs_with_real_safekeepers() {
         name: "test".into(),
         reconnect_max: Duration::from_millis(200),
         whole_records: false,
+        auth_token: None,
     };
     let p = WalProposer::start(config.clone(), Arc::new(|| {})).unwrap();
     let end = Lsn(5 * SEGMENT_BYTES + 777);

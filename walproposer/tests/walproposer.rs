@@ -30,6 +30,7 @@ fn config(sks: &[TestSafekeeper], wal_start: Lsn, wal_dir: Option<&Path>) -> Con
         reconnect_max: Duration::from_millis(200),
         // Synthetic segments: bytes, not WAL records.
         whole_records: false,
+        auth_token: None,
     }
 }
 
@@ -233,5 +234,33 @@ fn invalid_configs_are_refused() {
     assert!(err(config(&sks, START, None)).contains("pg_wal"));
     assert!(err(Config { safekeepers: vec![], ..config(&sks, START, Some(&dir)) }).contains("empty"));
     assert!(err(Config { wal_segment_size: 1000, ..config(&sks, START, Some(&dir)) }).contains("segment size 1000"));
+    let long = Some("a".repeat(quorum::wire::TOKEN_BYTES_MAX + 1));
+    let e = err(Config { auth_token: long, ..config(&sks, START, Some(&dir)) });
+    assert!(e.contains("auth token is 4097 bytes long"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The token goes to every safekeeper in `Hello`; a safekeeper that refuses it is named,
+/// with its reason, in the error of a sync that cannot get a majority.
+#[test]
+fn the_token_is_sent_in_hello_and_a_refusal_is_reported() {
+    let sks = safekeepers(3);
+    for sk in &sks {
+        sk.node.lock().unwrap().required_token = Some("good-token".into());
+    }
+    let good = Config { auth_token: Some("good-token".into()), ..config(&sks, Lsn(0), None) };
+    assert_eq!(sync_safekeepers(&good, WAIT).unwrap(), None);
+    for sk in &sks {
+        let tokens = sk.node.lock().unwrap().hello_tokens.clone();
+        assert!(!tokens.is_empty() && tokens.iter().all(|t| t == "good-token"), "{tokens:?}");
+    }
+    // Its Debug (which a caller might log) does not show it.
+    assert!(!format!("{good:?}").contains("good-token"));
+
+    for (token, sent) in [(None, ""), (Some("bad-token"), "bad-token")] {
+        let bad = Config { auth_token: token.map(String::from), ..config(&sks, Lsn(0), None) };
+        let err = sync_safekeepers(&bad, Duration::from_secs(1)).unwrap_err().to_string();
+        assert!(err.contains("safekeeper refused the connection: the token's signature does not verify"), "{err}");
+        assert!(sks.iter().all(|sk| sk.node.lock().unwrap().hello_tokens.last().map(String::as_str) == Some(sent)));
+    }
 }

@@ -62,6 +62,13 @@
 //! (and below what every safekeeper has). A compute's walsender is never sent it: it would
 //! end the connection on an unknown message.
 //!
+//! **Authentication.** A source that asks for a cleartext password (a safekeeper started
+//! with `--auth-public-key`) is given the pageserver's token: the process's
+//! `FJORD_AUTH_TOKEN` (a storage token, which may read every tenant's WAL), read when the
+//! receiver starts. Without one the session fails with "the safekeeper requires a token:
+//! set FJORD_AUTH_TOKEN for the pageserver", and the receiver goes on trying (the status
+//! says why). MD5 and SCRAM are refused with a clear error (`conn.rs`).
+//!
 //! **WAL that does not decode.** A record that fails to decode (its CRC, a malformed header
 //! or block reference) ends the session like a connection failure, and the next one goes to
 //! the next source: one safekeeper's damaged copy must not stop ingest while the others
@@ -97,7 +104,7 @@ use proto::Lsn;
 use crate::pgdata::walingest::WalIngest;
 use crate::service::ingest_gate::IngestGate;
 use crate::service::localwal::{LocalWal, LOCAL_WAL_TLI};
-use conn::{connect, error_text, probe, Conn, Msg, REMOTE_CONSISTENT_LSN_TAG};
+use conn::{connect, error_text, probe, Conn, Credentials, Msg, REMOTE_CONSISTENT_LSN_TAG};
 use failover::{Failover, LogLevel, Retry, Switch};
 use layerstore::timeline::Timeline;
 use layerstore::value::Reconstructor;
@@ -106,6 +113,13 @@ pub use sources::{WalSource, WalSources, SOURCES_MAX};
 /// The `application_name` the receiver connects with: what a server names in
 /// `synchronous_standby_names` to wait for the pageserver.
 pub const APPLICATION_NAME: &str = "fjord_pageserver";
+
+/// The token the pageserver gives a safekeeper that asks for one (a storage token): the
+/// process's `FJORD_AUTH_TOKEN` (`auth::TOKEN_ENV`, where every client process of the
+/// storage services finds its token); `None` if unset or empty.
+fn token_from_env() -> Option<String> {
+    std::env::var(auth::TOKEN_ENV).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
+}
 
 /// The receiver's status is a type of the management API, which `GET .../timeline`
 /// returns as it is.
@@ -135,12 +149,24 @@ const READ_TIMEOUT: Duration = Duration::from_millis(20);
 
 impl WalReceiver {
     /// Starts following `sources` into `timeline`, holding `gate` from confirming each batch
-    /// of WAL until it is ingested.
+    /// of WAL until it is ingested. A source that asks for a password gets the token in
+    /// `FJORD_AUTH_TOKEN`, read here.
     pub fn start(
         timeline: Arc<Timeline>,
         gate: Arc<IngestGate>,
         reconstructor: Arc<dyn Reconstructor>,
         sources: WalSources,
+    ) -> WalReceiver {
+        Self::start_with_token(timeline, gate, reconstructor, sources, token_from_env())
+    }
+
+    /// [`WalReceiver::start`] with the token given rather than read from the environment.
+    pub fn start_with_token(
+        timeline: Arc<Timeline>,
+        gate: Arc<IngestGate>,
+        reconstructor: Arc<dyn Reconstructor>,
+        sources: WalSources,
+        auth_token: Option<String>,
     ) -> WalReceiver {
         let stop = Arc::new(AtomicBool::new(false));
         let status = Arc::new(Mutex::new(WalReceiverStatus {
@@ -155,7 +181,7 @@ impl WalReceiver {
         let (stop2, status2) = (Arc::clone(&stop), Arc::clone(&status));
         let thread = std::thread::Builder::new()
             .name("walreceiver".into())
-            .spawn(move || run(timeline, gate, reconstructor, sources, stop2, status2))
+            .spawn(move || run(timeline, gate, reconstructor, sources, auth_token, stop2, status2))
             .expect("spawn the wal receiver thread");
         WalReceiver { stop, status, thread: Some(thread) }
     }
@@ -208,6 +234,8 @@ struct SessionCtx<'a> {
     current: usize,
     /// The `database` startup parameter: `<tenant id>/<timeline id>`.
     database: &'a str,
+    /// What to answer a source that asks for a password.
+    credentials: Credentials<'a>,
     stop: &'a AtomicBool,
     status: &'a Mutex<WalReceiverStatus>,
     gate: &'a IngestGate,
@@ -218,6 +246,7 @@ fn run(
     gate: Arc<IngestGate>,
     reconstructor: Arc<dyn Reconstructor>,
     sources: WalSources,
+    auth_token: Option<String>,
     stop: Arc<AtomicBool>,
     status: Arc<Mutex<WalReceiverStatus>>,
 ) {
@@ -244,7 +273,8 @@ fn run(
             s.current_source = Some(current);
             s.current_source_address = Some(source.to_string());
         });
-        let ctx = SessionCtx { sources: &sources, current, database: &database, stop: &stop, status: &status, gate: &gate };
+        let credentials = Credentials { token: auth_token.as_deref() };
+        let ctx = SessionCtx { sources: &sources, current, database: &database, credentials, stop: &stop, status: &status, gate: &gate };
         match stream(&timeline, &mut ingest, &mut wal, &ctx, &mut failover) {
             Ended::Stopped => break,
             Ended::Fatal(e) => {
@@ -308,7 +338,7 @@ fn probe_sources(ctx: &SessionCtx<'_>, targets: &[usize]) -> Vec<(usize, Option<
             .iter()
             .map(|&i| {
                 let source = &ctx.sources.as_slice()[i];
-                (i, scope.spawn(move || probe(source, ctx.database, PROBE_TIMEOUT)))
+                (i, scope.spawn(move || probe(source, ctx.database, ctx.credentials, PROBE_TIMEOUT)))
             })
             .collect();
         handles.into_iter().map(|(i, h)| (i, h.join().unwrap_or_else(|_| Err(anyhow!("the probe thread panicked"))))).collect()
@@ -402,7 +432,7 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         Ok(lsn) => lsn,
         Err(e) => return Ended::Fatal(e),
     };
-    let mut conn = match connect(source, ctx.database, SESSION_START_TIMEOUT) {
+    let mut conn = match connect(source, ctx.database, ctx.credentials, SESSION_START_TIMEOUT) {
         Ok(c) => c,
         Err(e) => return Ended::Connection(e),
     };

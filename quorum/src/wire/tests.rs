@@ -88,14 +88,37 @@ fn hello() -> ProposerMessage {
         system_id: 7,
         wal_segment_size: 16 << 20,
         name: "walproposer pid 1".into(),
+        auth_token: String::new(),
     }
+}
+
+/// A `Hello` of this version with any name and token: none, a JWT-shaped one of any length
+/// up to the bound, or any Unicode.
+fn hello_any() -> impl Strategy<Value = ProposerMessage> {
+    let token = prop_oneof![
+        Just(String::new()),
+        proptest::collection::vec(proptest::sample::select(b"ABCXYZabcxyz0189-_.".to_vec()), 1..=TOKEN_BYTES_MAX)
+            .prop_map(|v| String::from_utf8(v).unwrap()),
+        ".{0,64}",
+    ];
+    (any::<[u8; 16]>(), any::<[u8; 16]>(), any::<u64>(), 20u32..=30, ".{0,32}", token).prop_map(
+        |(t, tl, system_id, shift, name, auth_token)| ProposerMessage::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            tenant: TenantId::from_bytes(t),
+            timeline: TimelineId::from_bytes(tl),
+            system_id,
+            wal_segment_size: 1 << shift,
+            name,
+            auth_token,
+        },
+    )
 }
 
 proptest! {
     #[test]
-    fn proposer_messages_round_trip(msgs in proptest::collection::vec(to_acceptor(), 1..5), split in any::<usize>()) {
+    fn proposer_messages_round_trip(hello in hello_any(), msgs in proptest::collection::vec(to_acceptor(), 1..5), split in any::<usize>()) {
         let mut msgs: Vec<ProposerMessage> = msgs.into_iter().map(ProposerMessage::Consensus).collect();
-        msgs.insert(0, hello());
+        msgs.insert(0, hello);
         let mut all = BytesMut::new();
         for m in &msgs {
             m.encode(&mut all);
@@ -281,4 +304,79 @@ fn standbys_are_bounded() {
     buf.put_slice(&[0u8; 36]);
     let err = AcceptorMessage::decode(&mut buf).unwrap_err();
     assert!(err.to_string().contains("standby name of"), "{err}");
+}
+
+/// The payload of a `Hello` up to and including its name.
+fn hello_head(version: u32) -> Vec<u8> {
+    let mut p = Vec::new();
+    p.extend_from_slice(&version.to_be_bytes());
+    p.extend_from_slice(&[1; 16]);
+    p.extend_from_slice(&[2; 16]);
+    p.extend_from_slice(&7u64.to_be_bytes());
+    p.extend_from_slice(&(16u32 << 20).to_be_bytes());
+    p.extend_from_slice(&1u32.to_be_bytes());
+    p.push(b'n');
+    p
+}
+
+/// Version 5's token: bounded, UTF-8, whole; a `Hello` of version 4 still decodes (without
+/// one), so that a safekeeper can name the version it refuses.
+#[test]
+fn hello_token_is_checked() {
+    let with_token = |version: u32, token: &[u8]| {
+        let mut p = hello_head(version);
+        p.extend_from_slice(&(token.len() as u32).to_be_bytes());
+        p.extend_from_slice(token);
+        raw(b'H', &p)
+    };
+    let token_of = |m: ProposerMessage| match m {
+        ProposerMessage::Hello { auth_token, .. } => auth_token,
+        other => panic!("not a Hello: {other:?}"),
+    };
+    // The longest token there may be, and none at all.
+    let longest = "a".repeat(TOKEN_BYTES_MAX);
+    assert_eq!(token_of(ProposerMessage::decode(&mut with_token(5, longest.as_bytes())).unwrap().unwrap()), longest);
+    assert_eq!(token_of(ProposerMessage::decode(&mut with_token(5, b"")).unwrap().unwrap()), "");
+    // One byte over the bound, refused before it is read.
+    let e = ProposerMessage::decode(&mut with_token(5, "a".repeat(TOKEN_BYTES_MAX + 1).as_bytes())).unwrap_err();
+    assert_eq!(e.to_string(), format!("message 'H': token of {} bytes (at most {TOKEN_BYTES_MAX})", TOKEN_BYTES_MAX + 1));
+    let e = ProposerMessage::decode(&mut with_token(5, b"ab\xffcd")).unwrap_err();
+    assert_eq!(e.to_string(), "message 'H': token is not UTF-8");
+    // A length beyond the message, or no token field at all.
+    let mut p = hello_head(5);
+    p.extend_from_slice(&10u32.to_be_bytes());
+    p.extend_from_slice(b"short");
+    assert_eq!(ProposerMessage::decode(&mut raw(b'H', &p)), Err(WireError::Truncated { tag: 'H' }));
+    assert_eq!(ProposerMessage::decode(&mut raw(b'H', &hello_head(5))), Err(WireError::Truncated { tag: 'H' }));
+    assert_eq!(ProposerMessage::decode(&mut with_token(5, b"tok")).map(|_| ()), Ok(()));
+
+    // Version 4 had no token: its Hello decodes without one, and re-encodes byte for byte.
+    let v4 = raw(b'H', &hello_head(4));
+    let m = ProposerMessage::decode(&mut v4.clone()).unwrap().unwrap();
+    assert!(matches!(&m, ProposerMessage::Hello { protocol_version: 4, auth_token, .. } if auth_token.is_empty()));
+    let mut again = BytesMut::new();
+    m.encode(&mut again);
+    assert_eq!(again, v4);
+    // Bytes after a version 4 Hello's name are trailing bytes, as they were.
+    assert_eq!(ProposerMessage::decode(&mut with_token(4, b"tok")), Err(WireError::Trailing { tag: 'H', extra: 7 }));
+}
+
+/// A token never shows in a message's `Debug` (messages end up in logs).
+#[test]
+fn hello_debug_hides_the_token() {
+    let ProposerMessage::Hello { protocol_version, tenant, timeline, system_id, wal_segment_size, name, .. } = hello() else {
+        unreachable!()
+    };
+    let m = ProposerMessage::Hello {
+        protocol_version,
+        tenant,
+        timeline,
+        system_id,
+        wal_segment_size,
+        name,
+        auth_token: "eyJhbGciOiJFZERTQSJ9.secret.sig".into(),
+    };
+    let text = format!("{m:?}");
+    assert!(!text.contains("secret") && text.contains("<redacted>") && text.contains("walproposer pid 1"), "{text}");
+    assert!(format!("{:?}", hello()).contains("auth_token: none"));
 }

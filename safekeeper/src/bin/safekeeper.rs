@@ -31,12 +31,22 @@ struct Args {
     /// safekeeper has) and the commit LSN.
     #[arg(long)]
     no_wal_removal: bool,
+    /// Require tokens: the cluster's Ed25519 public key (PEM) that every token must be
+    /// signed with. Proposers then need a token for their timeline in Hello, replication
+    /// clients one that may read the timeline's WAL as their password, and HTTP requests
+    /// an admin token (Authorization: Bearer), except /metrics and /v1/status. Without it
+    /// anyone who reaches the ports may do anything.
+    #[arg(long, value_name = "PATH")]
+    auth_public_key: Option<PathBuf>,
 }
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        // Plain text in a log file, so that it reads (and greps) as text.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     match run(args) {
@@ -51,7 +61,11 @@ fn main() -> std::process::ExitCode {
 
 fn run(args: Args) -> anyhow::Result<()> {
     use anyhow::Context;
-    let config = safekeeper::SafekeeperConfig { wal_removal: !args.no_wal_removal, ..Default::default() };
+    let auth = match &args.auth_public_key {
+        Some(path) => Some(auth::Verifier::load(path).context("load the public key of --auth-public-key")?),
+        None => None,
+    };
+    let config = safekeeper::SafekeeperConfig { wal_removal: !args.no_wal_removal, auth, ..Default::default() };
     let sk = safekeeper::Safekeeper::open_with_config(args.id, &args.data_dir, config)?;
     let rt = tokio::runtime::Runtime::new().context("start the async runtime")?;
     rt.block_on(async {
@@ -65,6 +79,15 @@ fn run(args: Args) -> anyhow::Result<()> {
             wal_removal = !args.no_wal_removal,
             "safekeeper started"
         );
+        match &args.auth_public_key {
+            Some(path) => tracing::info!(
+                "authentication is on: proposers, replication clients and the HTTP API (but /metrics and /v1/status) need a token signed with the key in {}",
+                path.display()
+            ),
+            None => tracing::warn!(
+                "authentication is off: anyone who can reach --listen may write and read any timeline's WAL, and anyone who can reach --http may manage timelines; start with --auth-public-key to require tokens"
+            ),
+        }
         safekeeper::server::run(sk, listener, http, shutdown_signal()).await
     })?;
     rt.shutdown_timeout(std::time::Duration::from_secs(1));

@@ -1,6 +1,7 @@
 //! The startup of a replication connection: encryption requests declined, the startup
 //! packet read and checked, the timeline it names found (the parent module's
-//! documentation lists the parameters).
+//! documentation lists the parameters); with authentication on, the token asked for as a
+//! cleartext password and checked.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +12,7 @@ use tokio::net::tcp::OwnedReadHalf;
 
 use super::messages::{message, put_cstr, sqlstate, PgError};
 use super::{Conn, TIMELINE_OPTION};
+use crate::access::{is_unauthenticated, Authenticator};
 
 const STARTUP_PACKET_MAX: usize = 10_000;
 const PROTOCOL_3_0: u32 = 3 << 16;
@@ -220,6 +222,98 @@ pub(super) async fn startup(conn: &mut Conn) -> Result<Option<Startup>, PgError>
         }
     }
     Err(PgError::fatal(sqlstate::PROTOCOL_VIOLATION, "too many encryption requests before the startup packet"))
+}
+
+/// PostgreSQL's `AuthenticationCleartextPassword` code.
+const AUTH_REQ_PASSWORD: u32 = 3;
+
+/// Asks for the token as a cleartext password and checks it grants reading the timeline's
+/// WAL (see the module documentation of `replication`). `Ok(Err(refusal))`: the `FATAL`
+/// error to send, already logged and counted by the check; `Err`: the exchange itself
+/// failed (a protocol violation, a broken connection).
+pub(super) async fn authenticate(conn: &mut Conn, auth: &Authenticator, startup: &Startup) -> Result<Result<(), PgError>, PgError> {
+    let access = auth::Access::ReadWal { tenant: startup.tenant, timeline: startup.timeline };
+    let request = "replication connection";
+    let refuse = |e: auth::AuthError| {
+        let code = if is_unauthenticated(&e) { sqlstate::INVALID_PASSWORD } else { sqlstate::INVALID_AUTHORIZATION };
+        PgError::fatal(code, e.to_string())
+    };
+    message(&mut conn.out, b'R', |b| b.put_u32(AUTH_REQ_PASSWORD));
+    conn.write.write_all(&conn.out).await.map_err(|e| PgError::fatal(sqlstate::CONNECTION_FAILURE, format!("write to the client: {e}")))?;
+    conn.out.clear();
+    let read = conn.read.as_mut().expect("the reader is taken only after the startup");
+    let password = match read_password(read).await? {
+        Password::Token(token) => token,
+        Password::None => {
+            // libpq closes the connection when it has no password to give.
+            let e = auth::AuthError::Missing;
+            auth.refused(&e, access, &conn.peer, request);
+            return Ok(Err(refuse(e)));
+        }
+        Password::Refused(e) => {
+            auth.refused(&e, access, &conn.peer, request);
+            return Ok(Err(refuse(e)));
+        }
+    };
+    Ok(auth.check(Some(&password), access, &conn.peer, request).map(|_| ()).map_err(refuse))
+}
+
+enum Password {
+    Token(String),
+    /// The client closed the connection or sent `Terminate` instead.
+    None,
+    /// A password that cannot be a token (too long, not UTF-8, no terminator).
+    Refused(auth::AuthError),
+}
+
+/// Reads the `PasswordMessage` that answers `AuthenticationCleartextPassword`.
+async fn read_password(read: &mut OwnedReadHalf) -> Result<Password, PgError> {
+    let mut head = [0u8; 5];
+    match read.read_exact(&mut head[..1]).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(Password::None),
+        Err(e) => return Err(PgError::fatal(sqlstate::CONNECTION_FAILURE, format!("read from the client: {e}"))),
+    }
+    match head[0] {
+        b'p' => {}
+        b'X' => return Ok(Password::None),
+        tag => {
+            return Err(PgError::fatal(
+                sqlstate::PROTOCOL_VIOLATION,
+                format!(
+                    "expected a password message ('p') in answer to the request for a password, got message type {tag} ({:?})",
+                    tag as char
+                ),
+            ))
+        }
+    }
+    read.read_exact(&mut head[1..])
+        .await
+        .map_err(|e| PgError::fatal(sqlstate::PROTOCOL_VIOLATION, format!("unexpected EOF or error within a password message: {e}")))?;
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len < 5 {
+        return Err(PgError::fatal(sqlstate::PROTOCOL_VIOLATION, format!("invalid length {len} of a password message")));
+    }
+    // The length counts itself and the terminating NUL.
+    let token_bytes = len - 5;
+    if token_bytes > auth::TOKEN_BYTES_MAX {
+        // Not read: refused for its length alone.
+        return Ok(Password::Refused(auth::AuthError::Malformed(format!(
+            "{token_bytes} bytes, longer than the {} allowed",
+            auth::TOKEN_BYTES_MAX
+        ))));
+    }
+    let mut body = vec![0u8; len - 4];
+    read.read_exact(&mut body)
+        .await
+        .map_err(|e| PgError::fatal(sqlstate::PROTOCOL_VIOLATION, format!("incomplete password message ({len} bytes announced): {e}")))?;
+    if body.pop() != Some(0) || body.contains(&0) {
+        return Ok(Password::Refused(auth::AuthError::Malformed("the password message is not one NUL-terminated string".into())));
+    }
+    match String::from_utf8(body) {
+        Ok(token) => Ok(Password::Token(token)),
+        Err(_) => Ok(Password::Refused(auth::AuthError::Malformed("the password is not UTF-8".into()))),
+    }
 }
 
 #[cfg(test)]

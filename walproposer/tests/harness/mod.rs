@@ -24,6 +24,12 @@ pub struct Node {
     pub wal: Vec<u8>,
     /// The highest remote-consistent LSN a proposer relayed.
     pub remote_consistent_lsn: Lsn,
+    /// The token of every `Hello` received, in order (empty: none).
+    pub hello_tokens: Vec<String>,
+    /// If set, a `Hello` with another token is refused with `Error`, as a safekeeper with
+    /// authentication on refuses it (the real check is the `auth` crate's, tested there
+    /// and in the safekeeper).
+    pub required_token: Option<String>,
 }
 
 impl Node {
@@ -73,6 +79,8 @@ impl TestSafekeeper {
             begin: Lsn(0),
             wal: Vec::new(),
             remote_consistent_lsn: Lsn(0),
+            hello_tokens: Vec::new(),
+            required_token: None,
         }));
         let up = Arc::new(AtomicBool::new(true));
         let stop = Arc::new(AtomicBool::new(false));
@@ -147,7 +155,14 @@ fn serve(mut stream: TcpStream, node_id: u64, node: Arc<Mutex<Node>>, up: Arc<At
                 }
             };
             match msg {
-                ProposerMessage::Hello { .. } if !greeted => {
+                ProposerMessage::Hello { auth_token, .. } if !greeted => {
+                    let mut n = node.lock().unwrap();
+                    n.hello_tokens.push(auth_token.clone());
+                    if n.required_token.as_ref().is_some_and(|t| *t != auth_token) {
+                        AcceptorMessage::Error { message: "the token's signature does not verify".into() }.encode(&mut out);
+                        let _ = stream.write_all(&out);
+                        return;
+                    }
                     greeted = true;
                     AcceptorMessage::HelloOk { protocol_version: PROTOCOL_VERSION, node_id }.encode(&mut out);
                 }

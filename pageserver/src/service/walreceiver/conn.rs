@@ -1,6 +1,6 @@
-//! The client side of a replication connection: startup, trust authentication, replication
-//! commands with a row answer (`IDENTIFY_SYSTEM`), and message reads with and without
-//! waiting. Message framing and the regular messages come from `postgres-protocol`;
+//! The client side of a replication connection: startup, authentication (trust, or a
+//! token as a cleartext password), replication commands with a row answer
+//! (`IDENTIFY_SYSTEM`), and message reads with and without waiting. Message framing and the regular messages come from `postgres-protocol`;
 //! `CopyBothResponse`, which it does not know, is recognized here. The streaming loop and
 //! the replication payloads are in `walreceiver.rs`.
 //!
@@ -14,6 +14,12 @@
 //! its `ParameterStatus` messages, which no PostgreSQL server does ([`Conn::safekeeper`]).
 //! Only then does the receiver send fjord's own CopyData messages (the remote-consistent
 //! LSN), which a compute's walsender would refuse.
+//!
+//! Authentication: a server that asks for a cleartext password (a safekeeper started with
+//! `--auth-public-key`) gets the pageserver's token, the process's `FJORD_AUTH_TOKEN` (a
+//! storage token: it may read every tenant's WAL), read by `WalReceiver::start`. Without
+//! one the connection fails saying so. MD5 and SCRAM are not supported: the token is a
+//! bearer token the server must see whole, and no fjord server asks for them.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -176,9 +182,19 @@ pub(super) fn error_text(body: &backend::ErrorResponseBody) -> String {
     msg
 }
 
+/// What a receiver sends a server that asks for a password.
+#[derive(Clone, Copy)]
+pub(super) struct Credentials<'a> {
+    /// The pageserver's token (`FJORD_AUTH_TOKEN`), if it has one.
+    pub token: Option<&'a str>,
+}
+
+/// The error when a server asks for a password and the pageserver has no token.
+pub(super) const NO_TOKEN_ERROR: &str = "the safekeeper requires a token: set FJORD_AUTH_TOKEN for the pageserver";
+
 /// Opens a replication connection to `source`, giving up after `timeout` (connecting and
 /// authenticating together). `database` is `<tenant id>/<timeline id>`.
-pub(super) fn connect(source: &WalSource, database: &str, timeout: Duration) -> anyhow::Result<Conn> {
+pub(super) fn connect(source: &WalSource, database: &str, credentials: Credentials<'_>, timeout: Duration) -> anyhow::Result<Conn> {
     let deadline = Instant::now() + timeout;
     let addrs: Vec<_> = (source.host.as_str(), source.port).to_socket_addrs().context("resolve the host")?.collect();
     let mut last_err = None;
@@ -217,23 +233,140 @@ pub(super) fn connect(source: &WalSource, database: &str, timeout: Duration) -> 
             }
             Some(Msg::Backend(backend::Message::ReadyForQuery(_))) => return Ok(conn),
             Some(Msg::Backend(backend::Message::ErrorResponse(body))) => bail!("the server refused the connection: {}", error_text(&body)),
+            Some(Msg::Backend(backend::Message::AuthenticationCleartextPassword)) => {
+                let Some(token) = credentials.token else { bail!("{NO_TOKEN_ERROR}") };
+                let mut out = BytesMut::new();
+                frontend::password_message(token.as_bytes(), &mut out).context("encode the password message")?;
+                conn.send(&out)?;
+            }
+            Some(Msg::Backend(backend::Message::AuthenticationMd5Password(_))) => {
+                bail!("the server asks for MD5 password authentication, which the WAL receiver does not support (it sends its token as a cleartext password)")
+            }
+            Some(Msg::Backend(backend::Message::AuthenticationSasl(_))) => {
+                bail!("the server asks for SASL (SCRAM) authentication, which the WAL receiver does not support (it sends its token as a cleartext password)")
+            }
             Some(Msg::Backend(
-                backend::Message::AuthenticationCleartextPassword
-                | backend::Message::AuthenticationMd5Password(_)
-                | backend::Message::AuthenticationSasl(_),
-            )) => bail!("the server asks for a password; the wal receiver supports only trust authentication so far"),
+                backend::Message::AuthenticationKerberosV5
+                | backend::Message::AuthenticationScmCredential
+                | backend::Message::AuthenticationGss
+                | backend::Message::AuthenticationSspi,
+            )) => bail!("the server asks for an authentication method the WAL receiver does not support (it sends its token as a cleartext password)"),
             Some(_) => {}
         }
     }
 }
 
 /// A short connection that asks a source for its WAL end and closes.
-pub(super) fn probe(source: &WalSource, database: &str, timeout: Duration) -> anyhow::Result<Lsn> {
+pub(super) fn probe(source: &WalSource, database: &str, credentials: Credentials<'_>, timeout: Duration) -> anyhow::Result<Lsn> {
     let deadline = Instant::now() + timeout;
-    let mut conn = connect(source, database, timeout)?;
+    let mut conn = connect(source, database, credentials, timeout)?;
     let ident = conn.identify_system(deadline)?;
     let mut out = BytesMut::new();
     frontend::terminate(&mut out);
     let _ = conn.send(&out);
     Ok(ident.xlogpos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::thread::JoinHandle;
+
+    /// How a fake server answers the startup packet, and what it then does with a password.
+    enum Asks {
+        /// `AuthenticationCleartextPassword`; then accepts the password if it equals this.
+        Cleartext(&'static str),
+        /// `AuthenticationMD5Password` with a salt.
+        Md5,
+        /// `AuthenticationSASL` offering SCRAM-SHA-256.
+        Sasl,
+    }
+
+    fn backend_message(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![tag];
+        m.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    /// A server for one connection, speaking just the startup and authentication; returns
+    /// the password it received, if any.
+    fn fake_server(asks: Asks) -> (WalSource, JoinHandle<Option<Vec<u8>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let source = WalSource { host: "127.0.0.1".into(), port: listener.local_addr().unwrap().port(), user: "ps".into() };
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut len = [0u8; 4];
+            s.read_exact(&mut len).unwrap();
+            let mut startup = vec![0u8; u32::from_be_bytes(len) as usize - 4];
+            s.read_exact(&mut startup).unwrap();
+            let expected = match asks {
+                Asks::Cleartext(expected) => expected,
+                Asks::Md5 => {
+                    s.write_all(&backend_message(b'R', &[0, 0, 0, 5, 1, 2, 3, 4])).unwrap();
+                    return None;
+                }
+                Asks::Sasl => {
+                    s.write_all(&backend_message(b'R', b"\0\0\0\x0aSCRAM-SHA-256\0\0")).unwrap();
+                    return None;
+                }
+            };
+            s.write_all(&backend_message(b'R', &3u32.to_be_bytes())).unwrap();
+            let mut head = [0u8; 5];
+            if s.read_exact(&mut head).is_err() {
+                return None; // the client had no password and closed
+            }
+            assert_eq!(head[0], b'p');
+            let mut body = vec![0u8; u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize - 4];
+            s.read_exact(&mut body).unwrap();
+            assert_eq!(body.pop(), Some(0), "the password is NUL-terminated");
+            if body == expected.as_bytes() {
+                let mut out = backend_message(b'R', &0u32.to_be_bytes());
+                out.extend(backend_message(b'S', b"fjord.safekeeper\x001\0"));
+                out.extend(backend_message(b'Z', b"I"));
+                s.write_all(&out).unwrap();
+            } else {
+                let fields = b"SFATAL\0C28P01\0Mthe token's signature does not verify\0\0";
+                s.write_all(&backend_message(b'E', fields)).unwrap();
+            }
+            Some(body)
+        });
+        (source, server)
+    }
+
+    const TIMEOUT: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn the_token_is_the_password_when_the_server_asks() {
+        let (source, server) = fake_server(Asks::Cleartext("storage-token"));
+        let conn = connect(&source, "t/tl", Credentials { token: Some("storage-token") }, TIMEOUT).unwrap();
+        assert_eq!(conn.safekeeper(), Some("1"));
+        assert_eq!(server.join().unwrap().as_deref(), Some(&b"storage-token"[..]));
+
+        // A token the server refuses: its reason is the error.
+        let (source, server) = fake_server(Asks::Cleartext("storage-token"));
+        let e = connect(&source, "t/tl", Credentials { token: Some("other") }, TIMEOUT).err().unwrap().to_string();
+        assert_eq!(e, "the server refused the connection: the token's signature does not verify");
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn without_a_token_the_error_says_what_to_set() {
+        let (source, server) = fake_server(Asks::Cleartext("storage-token"));
+        let e = connect(&source, "t/tl", Credentials { token: None }, TIMEOUT).err().unwrap().to_string();
+        assert_eq!(e, NO_TOKEN_ERROR);
+        assert!(e.contains("set FJORD_AUTH_TOKEN for the pageserver"));
+        assert_eq!(server.join().unwrap(), None, "nothing was sent as a password");
+    }
+
+    #[test]
+    fn md5_and_sasl_are_refused_by_name() {
+        for (asks, name) in [(Asks::Md5, "MD5"), (Asks::Sasl, "SASL")] {
+            let (source, server) = fake_server(asks);
+            let e = connect(&source, "t/tl", Credentials { token: Some("storage-token") }, TIMEOUT).err().unwrap().to_string();
+            assert!(e.contains(name) && e.contains("does not support"), "{e}");
+            server.join().unwrap();
+        }
+    }
 }
