@@ -41,6 +41,11 @@ pub struct InitArgs {
     /// object storage holds are evicted and downloaded again when read [default: none].
     #[arg(long, value_name = "BYTES")]
     layer_disk_budget_bytes: Option<u64>,
+    /// Run without authentication: any local process may then read and manage every
+    /// tenant. For tests and experiments only; by default `init` makes a key pair
+    /// (auth_private_key.pem, auth_public_key.pem) and every process gets a token.
+    #[arg(long)]
+    no_auth: bool,
 }
 
 pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
@@ -85,6 +90,7 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
     remote_storage::RemoteStorage::from_url(&remote_url).context("check --remote-storage")?;
     config.remote_storage = Some(remote_url);
     config.layer_disk_budget_bytes = args.layer_disk_budget_bytes;
+    config.auth = !args.no_auth;
 
     for sub in ["pageserver", "endpoints", "tmp"] {
         std::fs::create_dir_all(dir.join(sub)).with_context(|| format!("create {}", dir.join(sub).display()))?;
@@ -93,18 +99,22 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
         let d = Repo::safekeeper_dir_in(dir, id);
         std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
     }
+    if config.auth {
+        auth::generate_key_pair(dir).context("make the repo's key pair")?;
+    }
     State::default().save(&dir.join("state.json"))?;
     // config.toml last: its presence is what makes the directory a repo.
     write_atomically(&Repo::config_path(dir), config.to_toml()?.as_bytes())?;
     println!(
-        "initialized fjord repo at {}: page service 127.0.0.1:{}, HTTP API {}, {} safekeeper(s) from port {}, endpoints from port {}, object storage {}",
+        "initialized fjord repo at {}: page service 127.0.0.1:{}, HTTP API {}, {} safekeeper(s) from port {}, endpoints from port {}, object storage {}, authentication {}",
         dir.display(),
         config.pageserver_pg_port(),
         config.pageserver_http_url(),
         config.safekeepers,
         config.safekeeper_port(1),
         config.endpoint_ports().start,
-        config.remote_storage.as_deref().unwrap_or("none")
+        config.remote_storage.as_deref().unwrap_or("none"),
+        if config.auth { "on (tokens signed with auth_private_key.pem)" } else { "OFF (--no-auth: any local process may read every tenant)" }
     );
     Ok(())
 }
@@ -163,6 +173,9 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
     if let Some(budget) = conf.layer_disk_budget_bytes {
         cmd.arg("--layer-disk-budget-bytes").arg(budget.to_string());
     }
+    // It checks tokens with the public key, and reads WAL from the safekeepers with a
+    // storage token of its own.
+    with_auth(repo, &mut cmd, &auth::Claims::storage());
     // Further pageserver settings (`pageserver --print-config` lists them) go in
     // pageserver.toml in the repo; the flags above win over it.
     let extra = repo.dir.join(PAGESERVER_TOML);
@@ -182,6 +195,14 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
         daemon.log_file.display()
     );
     Ok(())
+}
+
+/// With authentication on: `--auth-public-key` and a token with `claims` in
+/// `FJORD_AUTH_TOKEN` (the environment, not the command line, which every user sees).
+fn with_auth(repo: &Repo, cmd: &mut Command, claims: &auth::Claims) {
+    if let Some(token) = repo.token(claims) {
+        cmd.arg("--auth-public-key").arg(repo.public_key_path()).env(auth::TOKEN_ENV, token);
+    }
 }
 
 /// The optional file of further pageserver settings in a repo.
@@ -251,6 +272,7 @@ pub fn start_safekeeper(repo: &Repo, id: u8) -> anyhow::Result<()> {
         .arg(&dir)
         .args(["--listen", &conf.safekeeper_addr(id), "--http", &format!("127.0.0.1:{}", conf.safekeeper_http_port(id))])
         .current_dir(&repo.dir);
+    with_auth(repo, &mut cmd, &auth::Claims::storage());
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }

@@ -49,11 +49,24 @@ pub struct RepoConfig {
     /// Local disk budget for the pageserver's layer files (bytes); unset: no budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layer_disk_budget_bytes: Option<u64>,
+    /// Whether the pageserver and the safekeepers require tokens signed with the repo's
+    /// key pair (`auth_private_key.pem`, `auth_public_key.pem`). `fjord init` turns it on
+    /// unless told `--no-auth`; absent (false) in repos made before authentication existed.
+    #[serde(default)]
+    pub auth: bool,
 }
 
 impl RepoConfig {
     pub fn new(base_port: u16, pg_bin_dir: PathBuf, fjord_bin_dir: PathBuf, safekeepers: u8) -> anyhow::Result<RepoConfig> {
-        let conf = RepoConfig { base_port, pg_bin_dir, fjord_bin_dir, safekeepers, remote_storage: None, layer_disk_budget_bytes: None };
+        let conf = RepoConfig {
+            base_port,
+            pg_bin_dir,
+            fjord_bin_dir,
+            safekeepers,
+            remote_storage: None,
+            layer_disk_budget_bytes: None,
+            auth: false,
+        };
         conf.validate()?;
         Ok(conf)
     }

@@ -148,6 +148,10 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }
+    // The compute's token grants its own timeline only.
+    if let Some(token) = repo.token(&auth::Claims::tenant(tenant).with_timeline(timeline)) {
+        cmd.env(auth::TOKEN_ENV, token);
+    }
     tracing::info!("starting compute_ctl on port {port}");
     let mut child = daemon.spawn(&mut cmd)?;
     state.endpoints.insert(

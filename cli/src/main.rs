@@ -68,6 +68,31 @@ enum Command {
     /// Endpoints: computes (PostgreSQL servers) on a branch.
     #[command(subcommand)]
     Endpoint(EndpointCommand),
+    /// Tokens for the pageserver's and the safekeepers' APIs, signed with the repo's key
+    /// (the CLI gives every process its own; these are for you, e.g. with curl).
+    #[command(subcommand)]
+    Auth(AuthCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum AuthCommand {
+    /// Print a token: a tenant's (what a compute gets: its pages, WAL and the calls a
+    /// compute makes), narrowed to a branch with --branch, or an admin token (--admin).
+    /// Use it as `Authorization: Bearer <token>`.
+    Token {
+        /// An admin token: every API, every tenant.
+        #[arg(long, conflicts_with_all = ["tenant", "branch"])]
+        admin: bool,
+        /// Tenant [default: the default tenant].
+        #[arg(long)]
+        tenant: Option<TenantId>,
+        /// Only this branch's timeline.
+        #[arg(long)]
+        branch: Option<String>,
+        /// Make it expire after this many seconds [default: never].
+        #[arg(long, value_name = "SECONDS")]
+        expires_in: Option<u64>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -184,6 +209,29 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Endpoint(EndpointCommand::Stop { name, mode }) => endpoint::stop(&repo, &name, mode),
         Command::Endpoint(EndpointCommand::List) => endpoint::list(&repo),
         Command::Endpoint(EndpointCommand::Connstr { name }) => endpoint::connstr(&repo, &name),
+        Command::Auth(AuthCommand::Token { admin, tenant, branch, expires_in }) => {
+            let mut claims = if admin {
+                auth::Claims::admin()
+            } else {
+                let state = repo.load_state()?;
+                let tenant = state.tenant(tenant)?;
+                let claims = auth::Claims::tenant(tenant);
+                match branch {
+                    Some(b) => claims.with_timeline(state.branch_timeline(tenant, &b)?),
+                    None => claims,
+                }
+            };
+            if let Some(secs) = expires_in {
+                claims = claims.expiring_in(secs);
+            }
+            match repo.token(&claims) {
+                Some(token) => {
+                    println!("{token}");
+                    Ok(())
+                }
+                None => anyhow::bail!("this repo runs without authentication (fjord init --no-auth): there are no tokens"),
+            }
+        }
     }
 }
 

@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! <repo>/config.toml               base port, binary directories (fjord init)
+//! <repo>/auth_private_key.pem      the key that signs every token (mode 0600; with auth on)
+//! <repo>/auth_public_key.pem       the key the pageserver and safekeepers check tokens with
 //! <repo>/state.json                branches and endpoints (state.rs)
 //! <repo>/.lock                     held by commands that change state
 //! <repo>/pageserver/               the pageserver's work directory
@@ -26,6 +28,8 @@ use crate::state::{RepoLock, State};
 pub struct Repo {
     pub dir: PathBuf,
     pub config: RepoConfig,
+    /// Signs the tokens every process gets, when the repo has authentication on.
+    signer: Option<auth::Signer>,
 }
 
 impl Repo {
@@ -40,7 +44,28 @@ impl Repo {
             bail!("no fjord repo at {} (no config.toml): run `fjord init` first, or pass --repo / set FJORD_REPO_DIR", dir.display());
         }
         let config = RepoConfig::load(&config_path)?;
-        Ok(Repo { dir: dir.to_path_buf(), config })
+        let signer = match config.auth {
+            false => None,
+            true => Some(
+                auth::Signer::load(&dir.join(auth::PRIVATE_KEY_FILE))
+                    .context("load the repo's private key (config.toml has auth = true: every process needs a token signed with it)")?,
+            ),
+        };
+        Ok(Repo { dir: dir.to_path_buf(), config, signer })
+    }
+
+    pub fn public_key_path(&self) -> PathBuf {
+        self.dir.join(auth::PUBLIC_KEY_FILE)
+    }
+
+    /// A token with `claims`, or `None` when the repo has authentication off.
+    pub fn token(&self, claims: &auth::Claims) -> Option<String> {
+        self.signer.as_ref().map(|s| s.sign(claims))
+    }
+
+    /// The CLI's own token: it manages everything.
+    pub fn admin_token(&self) -> Option<String> {
+        self.token(&auth::Claims::admin())
     }
 
     pub fn state_path(&self) -> PathBuf {
@@ -90,7 +115,7 @@ impl Repo {
             // Import of a large data directory takes a while; nothing else does.
             request_timeout: Some(Duration::from_secs(600)),
         };
-        Client::with_config(&self.config.pageserver_http_url(), config)
+        Client::with_config(&self.config.pageserver_http_url(), config).with_token(self.admin_token())
     }
 
     /// The API of a pageserver that must be up, with a hint if it is not.

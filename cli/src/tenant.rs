@@ -92,11 +92,12 @@ fn create_on_safekeepers(repo: &Repo, tenant: TenantId, timeline: TimelineId, sy
     let body = serde_json::json!({ "system_id": system_id, "wal_segment_size": 16u32 << 20 });
     for id in repo.config.safekeeper_ids() {
         let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", repo.config.safekeeper_http_url(id));
-        let mut resp = agent
-            .post(&url)
-            .content_type("application/json")
-            .send(body.to_string().as_str())
-            .with_context(|| format!("create timeline {timeline} on safekeeper {id} ({url})"))?;
+        let mut req = agent.post(&url).content_type("application/json");
+        if let Some(token) = repo.admin_token() {
+            req = req.header("Authorization", format!("Bearer {token}"));
+        }
+        let mut resp =
+            req.send(body.to_string().as_str()).with_context(|| format!("create timeline {timeline} on safekeeper {id} ({url})"))?;
         let status = resp.status().as_u16();
         if !(200..300).contains(&status) {
             let text = resp.body_mut().read_to_string().unwrap_or_default();

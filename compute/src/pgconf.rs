@@ -166,16 +166,20 @@ host    replication  all   ::1/128        trust
 /// The `primary_conninfo` of a read replica: every safekeeper in turn (libpq tries the
 /// next host when one cannot be reached), naming the timeline the way the safekeepers'
 /// replication protocol takes it from PostgreSQL's walreceiver (`options`, since the
-/// walreceiver always sends `dbname=replication`).
-pub fn replica_conninfo(safekeepers: &[(String, u16)], tenant: TenantId, timeline: TimelineId, name: &str) -> String {
+/// walreceiver always sends `dbname=replication`). With a token, it is the password: a
+/// safekeeper with authentication on asks for one (PostgreSQL shows it as `********` in
+/// `pg_stat_wal_receiver`; the file is the data directory's, mode 0600).
+pub fn replica_conninfo(safekeepers: &[(String, u16)], tenant: TenantId, timeline: TimelineId, name: &str, token: Option<&str>) -> String {
     let hosts: Vec<&str> = safekeepers.iter().map(|(h, _)| h.as_str()).collect();
     let ports: Vec<String> = safekeepers.iter().map(|(_, p)| p.to_string()).collect();
     // A libpq connection string value: single-quoted, with \ and ' escaped by a backslash.
-    let quoted = format!("'{}'", name.replace('\\', "\\\\").replace('\'', "\\'"));
+    let quoted = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
+    let password = token.map(|t| format!(" password={}", quoted(t))).unwrap_or_default();
     format!(
-        "host={} port={} options='-c fjord.timeline={tenant}/{timeline}' application_name={quoted} connect_timeout=2",
+        "host={} port={} options='-c fjord.timeline={tenant}/{timeline}' application_name={} connect_timeout=2{password}",
         hosts.join(","),
-        ports.join(",")
+        ports.join(","),
+        quoted(name)
     )
 }
 
@@ -222,7 +226,7 @@ mod tests {
         let sks = [("127.0.0.1".to_string(), 5454), ("127.0.0.1".to_string(), 5455)];
         let mut s = settings();
         s.safekeepers = Some("127.0.0.1:5454,127.0.0.1:5455".into());
-        s.replica_conninfo = Some(replica_conninfo(&sks, s.tenant_id, s.timeline_id, "it's"));
+        s.replica_conninfo = Some(replica_conninfo(&sks, s.tenant_id, s.timeline_id, "it's", None));
         let conf = postgresql_conf(&s);
         assert_eq!(
             value_of(&conf, "primary_conninfo").unwrap(),
@@ -233,6 +237,14 @@ mod tests {
         assert_eq!(value_of(&conf, "synchronous_standby_names").unwrap(), "''");
         assert!(value_of(&conf, "fjord.safekeepers").is_none(), "a replica must not run a WAL proposer");
         assert_eq!(value_of(&conf, "fsync").unwrap(), "'off'");
+    }
+
+    #[test]
+    fn a_replica_with_a_token_gives_it_as_its_password() {
+        let sks = [("127.0.0.1".to_string(), 5454)];
+        let s = settings();
+        let conninfo = replica_conninfo(&sks, s.tenant_id, s.timeline_id, "r", Some("aa.bb.cc"));
+        assert!(conninfo.ends_with(" connect_timeout=2 password='aa.bb.cc'"), "{conninfo}");
     }
 
     fn value_of(conf: &str, name: &str) -> Option<String> {

@@ -35,7 +35,14 @@ pub struct Synced {
 }
 
 /// Syncs the safekeepers of a timeline (see `walproposer::sync_safekeepers`).
-pub fn sync(list: &[Safekeeper], tenant: TenantId, timeline: TimelineId, system_id: u64, timeout: Duration) -> anyhow::Result<Synced> {
+pub fn sync(
+    list: &[Safekeeper],
+    tenant: TenantId,
+    timeline: TimelineId,
+    system_id: u64,
+    auth_token: Option<String>,
+    timeout: Duration,
+) -> anyhow::Result<Synced> {
     let started = Instant::now();
     let config = walproposer::Config {
         safekeepers: list.iter().map(|s| s.addr.clone()).collect(),
@@ -48,7 +55,7 @@ pub fn sync(list: &[Safekeeper], tenant: TenantId, timeline: TimelineId, system_
         name: format!("compute_ctl sync (pid {})", std::process::id()),
         reconnect_max: Duration::from_secs(1),
         whole_records: true,
-        auth_token: None,
+        auth_token,
     };
     let lsn = walproposer::sync_safekeepers(&config, timeout).context("sync the safekeepers")?;
     Ok(Synced { lsn, elapsed: started.elapsed() })

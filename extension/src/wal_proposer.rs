@@ -298,7 +298,8 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
         name: format!("compute pid {postmaster_pid}"),
         reconnect_max: RECONNECT_MAX,
         whole_records: true,
-        auth_token: None,
+        // From compute_ctl, through the postmaster's environment.
+        auth_token: std::env::var(proto::AUTH_TOKEN_ENV).ok().filter(|t| !t.is_empty()),
     };
     wp.state.store(State::Starting as u32, Ordering::Relaxed);
     wp.worker_latch.store(latch, Ordering::Release);

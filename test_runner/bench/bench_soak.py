@@ -328,7 +328,8 @@ class Soak:
     def measure_getpage(self, lsn: int) -> dict:
         out = {}
         try:
-            client = PageServiceClient("127.0.0.1", self.repo.base_port, self.tenant, self.timeline, timeout_s=300)
+            client = PageServiceClient("127.0.0.1", self.repo.base_port, self.tenant, self.timeline, timeout_s=300,
+                                      token=self.repo.admin_token() or "")
         except (OSError, ConnectionError) as e:
             self.cluster.check_alive()
             return {"error": f"page service: {e}"}

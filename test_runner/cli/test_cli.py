@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -258,8 +259,7 @@ def test_endpoint_lifecycle(started_repo):
     # A branch "now" starts at the pageserver's latest LSN: wait until it has main's last
     # commit (it follows the safekeepers' committed WAL).
     def ingested():
-        with urllib.request.urlopen(f"http://127.0.0.1:{repo.http_port}/v1/tenant/{tenant}/timeline", timeout=10) as r:
-            return all(lsn_int(t["last_record_lsn"]) >= lsn_int(flushed) for t in json.loads(r.read()))
+        return all(lsn_int(t["last_record_lsn"]) >= lsn_int(flushed) for t in repo.http_json(f"/v1/tenant/{tenant}/timeline"))
     wait_until("the pageserver to ingest main's last commit", ingested, timeout_s=60)
 
     # A branch gets its own endpoint and port, and sees main's data as of the branch point.
@@ -296,3 +296,62 @@ def test_endpoint_at_past_lsn_is_read_only(started_repo):
     assert re.search(rf"^past\s+main\s+\d+\s+at {re.escape(str(before))}\s+running", repo.run("endpoint", "list").stdout, re.M)
     assert timeline_lsn(repo, tenant, main)  # the branch is still served
     repo.run("stop")
+
+
+def test_authentication_is_on_by_default(started_repo, tmp_path):
+    """`fjord init` makes a key pair and every process gets a token of its own: a compute
+    (page service, safekeepers, the pageserver's API), a read replica (its WAL from the
+    safekeepers), the pageserver (WAL from the safekeepers). A client without a token, or
+    with one that does not grant what it asks, is refused with the reason."""
+    from fixtures.auth import KeyPair
+
+    repo = started_repo
+    assert "auth = true" in (repo.path / "config.toml").read_text()
+    assert (repo.path / "auth_private_key.pem").stat().st_mode & 0o777 == 0o600
+    tenant = repo.run("tenant", "create").stdout.strip()
+    main = repo.state()["tenants"][tenant]["branches"]["main"]
+
+    primary = repo.run("endpoint", "start", "main").stdout.strip()
+    with connect(primary) as conn:
+        conn.execute("CREATE TABLE t AS SELECT g AS x FROM generate_series(1, 100) g")
+    replica = repo.run("endpoint", "start", "r", "--replica").stdout.strip()
+    with connect(primary) as conn:
+        conn.execute("INSERT INTO t VALUES (101)")
+    with connect(replica) as conn:
+        wait_until("the replica to see the new row",
+                   lambda: conn.execute("SELECT count(*) FROM t").fetchone()[0] == 101, timeout_s=60)
+
+    # The pageserver's API: 401 without a token, 403 for a tenant token on a management
+    # route, a tenant's token for its own timeline, and none from another key.
+    timeline_path = f"/v1/tenant/{tenant}/timeline/{main}"
+    assert repo.http_status("/v1/tenant", token="") == 401
+    assert repo.http_status("/v1/status", token="") == 200
+    tenant_token = repo.run("auth", "token").stdout.strip()
+    assert repo.http_status("/v1/tenant", token=tenant_token) == 403
+    assert repo.http_json(timeline_path, token=tenant_token)["timeline_id"] == main
+    branch_token = repo.run("auth", "token", "--branch", "main").stdout.strip()
+    assert repo.http_json(timeline_path, token=branch_token)["timeline_id"] == main
+    assert repo.http_status(timeline_path, token=KeyPair(tmp_path / "stranger").tenant(tenant)) == 401
+    assert "nope" in repo.fail("auth", "token", "--branch", "nope")
+
+    # A safekeeper's API wants a token too.
+    sk_http = f"http://127.0.0.1:{repo.base_port + 3}/v1/tenant/{tenant}/timeline/{main}"
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(sk_http, timeout=10)
+    assert e.value.code == 401
+    req = urllib.request.Request(sk_http, headers={"Authorization": f"Bearer {repo.admin_token()}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+
+    assert "authentication is on" in repo.log("pageserver.log")
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{repo.http_port}/metrics", timeout=10).read().decode()
+    assert re.search(r'pageserver_auth_failures_total\{reason="missing",service="http"\} [1-9]', metrics), metrics
+    repo.run("stop")
+
+
+def test_a_repo_without_authentication_says_so(repo_factory):
+    repo = repo_factory()
+    out = repo.run("init", "--base-port", str(repo.base_port), "--pg-bin-dir", str(pg_bin_dir()), "--no-auth").stdout
+    assert "authentication OFF" in out, out
+    assert not (repo.path / "auth_private_key.pem").exists()
+    assert "runs without authentication" in repo.fail("auth", "token", "--admin")

@@ -34,7 +34,15 @@ use proto::{Lsn, TenantId, TimelineId};
 /// makes the pageserver follow its WAL. SIGTERM or SIGINT stops postgres with a fast
 /// shutdown, SIGQUIT with an immediate one; compute_ctl exits with postgres' status.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(
+    version,
+    about,
+    long_about = None,
+    after_help = "Environment:\n  FJORD_AUTH_TOKEN  the token (a JWT signed with the cluster's key, granting this tenant) that \
+                  the pageserver and the safekeepers require when they run with authentication on; compute_ctl \
+                  sends it to the pageserver's API, to the safekeepers in the sync, and passes it on to postgres \
+                  (its page service connections and WAL proposer) and a replica's WAL receiver"
+)]
 struct Args {
     /// Data directory; must be absent or empty (a compute always starts fresh).
     #[arg(long, value_name = "DIR")]
@@ -107,6 +115,10 @@ struct Args {
     /// How long to wait for postgres to accept connections, in seconds.
     #[arg(long, default_value_t = 60)]
     start_timeout_secs: u64,
+    /// The token for the pageserver and the safekeepers, from `FJORD_AUTH_TOKEN` only (a
+    /// command line is visible to every user of the machine); see `after_help`.
+    #[arg(skip)]
+    auth_token: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -116,7 +128,8 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
+    let mut args = Args::parse();
+    args.auth_token = std::env::var(proto::AUTH_TOKEN_ENV).ok().filter(|t| !t.is_empty());
     match run(args) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
@@ -159,7 +172,7 @@ fn run(args: Args) -> anyhow::Result<i32> {
     }
 
     let created = compute::prepare_pgdata(&pgdata)?;
-    let client = Client::new(&args.pageserver_http);
+    let client = Client::new(&args.pageserver_http).with_token(args.auth_token.clone());
     let synced = match &safekeepers {
         Some(list) if args.replica => follow_safekeepers(&client, &args, list).map(|()| None),
         None => Ok(None),
@@ -267,7 +280,7 @@ fn sync_and_follow(client: &Client, args: &Args, list: &[Safekeeper]) -> anyhow:
     let system_id = pageserver::system_id(client, args.tenant, args.timeline).context("get the timeline's system identifier")?;
     let timeout = Duration::from_secs(args.sync_safekeepers_timeout_secs);
     tracing::info!("syncing safekeepers {}", safekeepers::to_setting(list));
-    let synced = safekeepers::sync(list, args.tenant, args.timeline, system_id, timeout)?;
+    let synced = safekeepers::sync(list, args.tenant, args.timeline, system_id, args.auth_token.clone(), timeout)?;
     match synced.lsn {
         Some(lsn) => tracing::info!("safekeepers synced at {lsn} in {} ms", synced.elapsed.as_millis()),
         None => tracing::info!("safekeepers have no WAL for this timeline yet; starting at the pageserver's latest LSN"),
@@ -309,7 +322,7 @@ const LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(1);
 /// on its replay position (the LSN it reads every page at). A refused lease (the replica
 /// fell behind the GC horizon, so its reads fail too) is logged as an error once.
 fn hold_replay_position(args: &Args, host: &str, user: &str, report: serde_json::Value, status_writes: Arc<Mutex<bool>>) {
-    let client = Client::new(&args.pageserver_http);
+    let client = Client::new(&args.pageserver_http).with_token(args.auth_token.clone());
     let ttl_secs = args.replica_lease_ttl_secs;
     let status_file = args.status_file.clone();
     let (tenant, timeline, port) = (args.tenant, args.timeline, args.port);
@@ -417,7 +430,7 @@ fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path) 
         replica_conninfo: match safekeepers {
             Some(list) if args.replica => {
                 let hosts: Vec<(String, u16)> = list.iter().map(|s| (s.host.clone(), s.port)).collect();
-                Some(pgconf::replica_conninfo(&hosts, args.tenant, args.timeline, &args.name))
+                Some(pgconf::replica_conninfo(&hosts, args.tenant, args.timeline, &args.name, args.auth_token.as_deref()))
             }
             _ => None,
         },
