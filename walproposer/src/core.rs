@@ -18,7 +18,7 @@
 //! does this thread). Bytes at or beyond the LSN PostgreSQL reported flushed are never sent
 //! (the WAL store refuses them).
 
-use crate::walstore::WalStore;
+use crate::walstore::{WalReadError, WalStore};
 use crate::{Outcome, Shared, Status};
 use bytes::BytesMut;
 use proto::Lsn;
@@ -41,6 +41,8 @@ const ELECTION_BACKOFF_MIN: Duration = Duration::from_millis(100);
 const RECORD_STEP_BYTES: u64 = 4 << 20;
 /// At most this many events are handled before queued writes go out.
 const BATCH_EVENTS_MAX: usize = 256;
+/// How often a safekeeper that stays behind the compute's WAL is reported again.
+const BEHIND_WARN_INTERVAL: Duration = Duration::from_secs(60);
 
 pub enum Event {
     Connected {
@@ -91,6 +93,10 @@ pub struct Core {
     decoder: Option<pgwal::WalStreamDecoder>,
     /// The end of the last whole record decoded.
     record_end: Lsn,
+    /// The safekeepers that need WAL this compute no longer has, and when each was last
+    /// reported as such.
+    behind: Vec<bool>,
+    behind_warned: Vec<Option<Instant>>,
 }
 
 impl Core {
@@ -113,6 +119,8 @@ impl Core {
             reconnect_max,
             whole_records,
             conns: (0..n).map(|_| None).collect(),
+            behind: vec![false; n],
+            behind_warned: vec![None; n],
             started: false,
             elected: None,
             commit_lsn: Lsn(0),
@@ -237,6 +245,7 @@ impl Core {
                                 ToAcceptor::Append { term, begin_lsn: begin, data, commit_lsn, peer_horizon_lsn, remote_consistent_lsn };
                             self.queue(to, ProposerMessage::Consensus(msg));
                         }
+                        Err(e @ WalReadError::SegmentGone { .. }) => self.leave_behind(to, &e),
                         Err(e) => {
                             let reason = format!("cannot send WAL to safekeeper {}: {e}", self.addrs[to]);
                             self.finish(Status::Failed { reason: reason.clone() }, Outcome::Failed(reason));
@@ -320,6 +329,36 @@ impl Core {
             }
         }
         self.record_ends(flushed).into_iter().flat_map(|end| self.proposer.append(end)).collect()
+    }
+
+    /// Safekeeper `to` needs WAL that the compute's `pg_wal` no longer has (it lagged more
+    /// than `wal_keep_size` behind, as a safekeeper down for long does). That is no reason
+    /// to stop this compute: the other safekeepers make its commits durable. The connection
+    /// is closed (the connection thread reconnects after its backoff, and finds the same
+    /// unless WAL it lacks arrives some other way); the safekeeper shows as down with the
+    /// reason, and catches up in the next compute's election, which brings a lagging
+    /// safekeeper up to the start from a donor safekeeper.
+    /// If too many are behind for a majority to be served, the proposer fails as before:
+    /// no commit could ever be acknowledged.
+    fn leave_behind(&mut self, to: NodeId, e: &WalReadError) {
+        self.behind[to] = true;
+        let n = self.addrs.len();
+        if self.behind.iter().filter(|b| **b).count() > n - crate::majority(n) {
+            let reason = format!("cannot send WAL to safekeeper {}: {e}", self.addrs[to]);
+            self.finish(Status::Failed { reason: reason.clone() }, Outcome::Failed(reason));
+            return;
+        }
+        let reason = format!("lags behind the WAL this compute keeps ({e}); it catches up at the next compute start");
+        let warn_again = self.behind_warned[to].is_none_or(|at| at.elapsed() >= BEHIND_WARN_INTERVAL);
+        if warn_again {
+            tracing::warn!(safekeeper = %self.addrs[to], "{reason}; commits go on with the other safekeepers");
+            self.behind_warned[to] = Some(Instant::now());
+        }
+        self.shared.set_behind(to, reason);
+        if let Some(c) = self.conns[to].take() {
+            // The reader thread sees the shutdown, reports the loss and reconnects later.
+            let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     fn schedule_retry(&mut self, why: &str) {

@@ -147,6 +147,9 @@ pub(crate) struct Shared {
     standbys: Mutex<Vec<(Vec<StandbyReport>, Instant)>>,
     /// Per safekeeper: `None` while connected, else why not.
     nodes: Mutex<Vec<Option<String>>>,
+    /// Per safekeeper: why this proposer cannot serve it (it needs WAL the compute no
+    /// longer has), for the life of the proposer; shown instead of the connection state.
+    behind: Mutex<Vec<Option<String>>>,
     /// The core's one-line account of where it stands.
     pub progress: Mutex<String>,
     outcome: Mutex<Option<Outcome>>,
@@ -166,6 +169,7 @@ impl Shared {
             feedback: Mutex::new(vec![PageserverFeedback::default(); n]),
             standbys: Mutex::new(vec![(Vec::new(), Instant::now()); n]),
             nodes: Mutex::new(vec![Some("not connected yet".to_string()); n]),
+            behind: Mutex::new(vec![None; n]),
             progress: Mutex::new(String::new()),
             outcome: Mutex::new(None),
             outcome_cv: Condvar::new(),
@@ -193,6 +197,10 @@ impl Shared {
             lock(&self.standbys)[node].0.clear();
         }
         lock(&self.nodes)[node] = down_because;
+    }
+
+    pub fn set_behind(&self, node: usize, why: String) {
+        lock(&self.behind)[node] = Some(why);
     }
 
     pub fn set_outcome(&self, outcome: Outcome) {
@@ -347,9 +355,13 @@ impl WalProposer {
         out
     }
 
-    /// Per safekeeper (`host:port`): `None` while connected, else why it is not.
+    /// Per safekeeper (`host:port`): `None` while connected and served, else why not (a
+    /// safekeeper this compute cannot serve, because it lags behind the WAL the compute
+    /// keeps, says so for as long as the proposer runs).
     pub fn connections(&self) -> Vec<(String, Option<String>)> {
-        self.addrs.iter().cloned().zip(lock(&self.shared.nodes).iter().cloned()).collect()
+        let nodes = lock(&self.shared.nodes);
+        let behind = lock(&self.shared.behind);
+        self.addrs.iter().enumerate().map(|(i, addr)| (addr.clone(), behind[i].clone().or_else(|| nodes[i].clone()))).collect()
     }
 
     /// Stops the threads (closing the connections).

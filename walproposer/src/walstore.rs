@@ -16,7 +16,8 @@ use std::path::PathBuf;
 /// PostgreSQL's timeline the compute writes on: a fjord compute always starts on timeline 1.
 const PG_TIMELINE: u32 = 1;
 
-/// Why a read failed. The caller treats every one as fatal for this proposer.
+/// Why a read failed. `SegmentGone` leaves the one safekeeper that needs it behind; the
+/// others are fatal for this proposer.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WalReadError {
     #[error("WAL segment {path} needed for {lsn} is gone: {error}")]

@@ -162,6 +162,7 @@ fn a_newer_compute_fences_the_older_and_a_stale_one_is_fenced() {
 
 #[test]
 fn a_missing_segment_fails_the_proposer() {
+    // Every safekeeper needs WAL that is gone: no majority can be served.
     let dir = temp_dir("gone");
     let sks = safekeepers(3);
     let (p, _) = start(config(&sks, START, Some(&dir)));
@@ -170,6 +171,41 @@ fn a_missing_segment_fails_the_proposer() {
     wait_until("failed", WAIT, || matches!(p.status(), Status::Failed { .. }));
     let Status::Failed { reason } = p.status() else { unreachable!() };
     assert!(reason.contains("is gone") && reason.contains("000000010000000000000003"), "{reason}");
+    p.stop();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_safekeeper_behind_the_wal_the_compute_keeps_is_left_behind_and_commits_go_on() {
+    let dir = temp_dir("behind");
+    write_segments(&dir, START, Lsn(8 * SEGMENT_BYTES));
+    let sks = safekeepers(3);
+    let (p, _) = start(config(&sks, START, Some(&dir)));
+    let e1 = Lsn(START.0 + 10_000);
+    p.wal_flushed(e1);
+    wait_until("all three have e1", WAIT, || sks.iter().all(|s| s.flush_lsn() == e1));
+
+    // Safekeeper 2 is away while the compute writes on and recycles the segment it needs.
+    sks[2].down();
+    let e2 = Lsn(START.0 + 3 * SEGMENT_BYTES);
+    p.wal_flushed(e2);
+    wait_until("commit reaches e2 without safekeeper 2", WAIT, || p.commit_lsn() == e2);
+    let gone = dir.join(pgwal::segment::segment_file_name(1, e1.0 / SEGMENT_BYTES, SEGMENT_BYTES));
+    std::fs::remove_file(&gone).unwrap();
+    sks[2].up();
+
+    // It cannot be served from here; the compute goes on with the other two.
+    wait_until("safekeeper 2 reported behind", WAIT, || {
+        p.connections().iter().any(|(addr, down)| *addr == sks[2].addr && down.as_deref().is_some_and(|d| d.contains("lags behind")))
+    });
+    let e3 = Lsn(e2.0 + 5000);
+    p.wal_flushed(e3);
+    wait_until("commit reaches e3", WAIT, || p.commit_lsn() == e3);
+    assert!(matches!(p.status(), Status::Streaming { .. }), "{:?}", p.status());
+    assert_eq!(sks[2].flush_lsn(), e1, "nothing was sent past the gap");
+
+    // (With two behind no majority could be served: that stays fatal, see
+    // a_missing_segment_fails_the_proposer.)
     p.stop();
     std::fs::remove_dir_all(&dir).unwrap();
 }
