@@ -270,6 +270,20 @@ fn synthetic(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// A `Hello` of `protocol_version` for the test timeline, without a token.
+fn hello_message(protocol_version: u32) -> ProposerMessage {
+    let (tenant, timeline) = ids();
+    ProposerMessage::Hello {
+        protocol_version,
+        tenant,
+        timeline,
+        system_id: SYSID,
+        wal_segment_size: SEG,
+        name: "x".into(),
+        auth_token: String::new(),
+    }
+}
+
 #[test]
 fn proposer_session_election_appends_commit_and_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -467,17 +481,7 @@ fn malformed_messages_get_an_error_and_change_nothing() {
             "a second hello",
             {
                 let mut b = BytesMut::new();
-                let (tenant, timeline) = ids();
-                ProposerMessage::Hello {
-                    protocol_version: PROTOCOL_VERSION,
-                    tenant,
-                    timeline,
-                    system_id: SYSID,
-                    wal_segment_size: SEG,
-                    name: "x".into(),
-                    auth_token: String::new(),
-                }
-                .encode(&mut b);
+                hello_message(PROTOCOL_VERSION).encode(&mut b);
                 b.to_vec()
             },
             "unexpected Hello",
@@ -549,16 +553,7 @@ fn a_proposer_of_another_system_is_refused() {
     assert!(conn.recv().is_none(), "the connection is closed");
     // Wrong protocol version.
     let mut conn = node.connect();
-    let (tenant, timeline) = ids();
-    conn.send(&ProposerMessage::Hello {
-        protocol_version: 99,
-        tenant,
-        timeline,
-        system_id: SYSID,
-        wal_segment_size: SEG,
-        name: "x".into(),
-        auth_token: String::new(),
-    });
+    conn.send(&hello_message(99));
     match conn.recv() {
         Some(AcceptorMessage::Error { message }) => {
             assert!(message.contains("protocol version 99"), "{message}")
@@ -568,15 +563,7 @@ fn a_proposer_of_another_system_is_refused() {
     // A proposer of version 4 (before tokens) is told both versions, not that its Hello is
     // truncated.
     let mut conn = node.connect();
-    conn.send(&ProposerMessage::Hello {
-        protocol_version: 4,
-        tenant,
-        timeline,
-        system_id: SYSID,
-        wal_segment_size: SEG,
-        name: "x".into(),
-        auth_token: String::new(),
-    });
+    conn.send(&hello_message(4));
     match conn.recv() {
         Some(AcceptorMessage::Error { message }) => {
             assert_eq!(message, format!("unsupported protocol version 4, this safekeeper speaks {PROTOCOL_VERSION}"))

@@ -86,6 +86,11 @@ fn start_with(configure: impl FnOnce(PageService) -> PageService) -> Fixture {
     Fixture { _dir: dir, _tenant: tenant, handle: Some(handle), reads }
 }
 
+/// A `Hello` of this protocol version for `tenant`'s test timeline.
+fn hello(tenant: TenantId, auth_token: String) -> Request {
+    Request::Hello { protocol_version: PROTOCOL_VERSION, tenant, timeline: TIMELINE, auth_token }
+}
+
 struct Client {
     stream: TcpStream,
     buf: Vec<u8>,
@@ -215,12 +220,7 @@ fn bad_handshakes_and_malformed_messages_are_refused() {
     let f = start();
     // Unknown tenant.
     let mut c = Client::connect(&f);
-    c.send(&Request::Hello {
-        protocol_version: PROTOCOL_VERSION,
-        tenant: TenantId([9; 16]),
-        timeline: TIMELINE,
-        auth_token: String::new(),
-    });
+    c.send(&hello(TenantId([9; 16]), String::new()));
     match c.recv() {
         Some(Response::Error { code: ErrorCode::NotFound, message, .. }) => {
             assert!(message.contains("0909"), "names the tenant: {message}")
@@ -273,9 +273,9 @@ fn with_authentication_a_hello_needs_a_token_for_its_timeline() {
     let refusals = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = Arc::clone(&refusals);
     let f = start_with(move |s| s.with_auth(verifier, Arc::new(move |reason| seen.lock().unwrap().push(reason))));
-    let hello = |token: String| {
+    let handshake = |token: String| {
         let mut c = Client::connect(&f);
-        c.send(&Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: TENANT, timeline: TIMELINE, auth_token: token });
+        c.send(&hello(TENANT, token));
         let answer = c.recv();
         (c, answer)
     };
@@ -287,7 +287,7 @@ fn with_authentication_a_hello_needs_a_token_for_its_timeline() {
         (signer.sign(&auth::Claims::tenant(TENANT).with_timeline(TimelineId([7; 16]))), "wrong_timeline"),
         (signer.sign(&auth::Claims::storage()), "forbidden"),
     ] {
-        let (mut c, answer) = hello(token);
+        let (mut c, answer) = handshake(token);
         match answer {
             Some(Response::Error { id: 0, code: ErrorCode::Unauthorized, message }) => {
                 assert!(!message.is_empty(), "{reason}: the refusal says why")
@@ -299,16 +299,11 @@ fn with_authentication_a_hello_needs_a_token_for_its_timeline() {
     }
     // A refused client learns nothing about which tenants exist: same answer for an unknown one.
     let mut c = Client::connect(&f);
-    c.send(&Request::Hello {
-        protocol_version: PROTOCOL_VERSION,
-        tenant: TenantId([9; 16]),
-        timeline: TIMELINE,
-        auth_token: String::new(),
-    });
+    c.send(&hello(TenantId([9; 16]), String::new()));
     assert!(matches!(c.recv(), Some(Response::Error { code: ErrorCode::Unauthorized, .. })));
 
     for claims in [auth::Claims::tenant(TENANT), auth::Claims::tenant(TENANT).with_timeline(TIMELINE), auth::Claims::admin()] {
-        let (mut c, answer) = hello(signer.sign(&claims));
+        let (mut c, answer) = handshake(signer.sign(&claims));
         assert_eq!(answer, Some(Response::HelloOk { protocol_version: PROTOCOL_VERSION }), "{claims:?}");
         c.send(&Request::GetPage { id: 1, lsns: lsns(0x200, 0x100), rel: rel(16384), blkno: BlockNumber(1) });
         assert_eq!(c.recv(), Some(Response::Page { id: 1, page: page(2).to_vec() }));
