@@ -331,15 +331,17 @@ pub fn stop(repo: &Repo, timeout: Duration) -> anyhow::Result<()> {
             println!("endpoint {name} stopped");
         }
     }
-    for id in repo.config.safekeeper_ids() {
-        if repo.safekeeper(id).stop(libc::SIGTERM, timeout)? {
-            println!("safekeeper {id} stopped");
-        }
-    }
+    // The pageserver before the safekeepers it reads WAL from: it then stops streaming on
+    // its own, instead of failing over between safekeepers that are going away.
     if repo.pageserver().stop(libc::SIGTERM, timeout)? {
         println!("pageserver stopped");
     } else {
         println!("pageserver was not running");
+    }
+    for id in repo.config.safekeeper_ids() {
+        if repo.safekeeper(id).stop(libc::SIGTERM, timeout)? {
+            println!("safekeeper {id} stopped");
+        }
     }
     Ok(())
 }

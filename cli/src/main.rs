@@ -47,7 +47,7 @@ enum Command {
     Init(cluster::InitArgs),
     /// Start the pageserver and the safekeepers in the background.
     Start,
-    /// Stop every running endpoint, then the safekeepers and the pageserver.
+    /// Stop every running endpoint, then the pageserver and the safekeepers.
     Stop {
         /// Seconds to wait for each process before killing it.
         #[arg(long, default_value_t = 30)]

@@ -208,10 +208,11 @@ def test_unreachable_pageserver_is_a_clear_error(tmp_path, timeline, pageserver)
 @pytest.mark.parametrize("persistence", ["", "UNLOGGED"])
 def test_index_builds_larger_than_the_buffer_pool(tmp_path, timeline, persistence):
     """GiST, SP-GiST and GIN build without WAL and log the index at the end; pages that
-    leave a 32-buffer pool mid-build must come back as they left (an image at eviction
+    leave a 64-buffer pool mid-build must come back as they left (an image at eviction
     for permanent indexes; local files for an unlogged table's). 16 buffers are too few
-    for a GIN build ("no unpinned buffers available", as on plain PostgreSQL)."""
-    ep = Endpoint(tmp_path, timeline, settings={"shared_buffers": "256kB"}).start()
+    for a GIN build ("no unpinned buffers available", as on plain PostgreSQL), and 32 were
+    once too few too, with autovacuum working on the new table at the same time."""
+    ep = Endpoint(tmp_path, timeline, settings={"shared_buffers": "512kB"}).start()
     with ep.connect() as conn:
         conn.execute(f"CREATE {persistence} TABLE geo AS SELECT g AS id, point(g % 317, g / 317) AS p, "
                      "ARRAY[g % 13, g % 17] AS a FROM generate_series(1, 60000) g")
