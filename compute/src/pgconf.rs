@@ -150,8 +150,8 @@ pub fn postgresql_conf(s: &ComputeSettings) -> String {
     format!("# Written by compute_ctl at every start; edits are lost with the data directory.\n{out}")
 }
 
-/// Trust for loopback only, including replication (the pageserver's WAL receiver). A compute
-/// listening elsewhere accepts no remote connections until authentication is configured.
+/// Trust for loopback, including replication (the pageserver's WAL receiver); see
+/// [`pg_hba_conf`] for a compute that listens on other addresses too.
 pub const PG_HBA_CONF: &str = "\
 # Written by compute_ctl: trust on loopback only, for a development cluster.
 # TYPE  DATABASE     USER  ADDRESS        METHOD
@@ -162,6 +162,26 @@ local   replication  all                  trust
 host    replication  all   127.0.0.1/32   trust
 host    replication  all   ::1/128        trust
 ";
+
+/// `pg_hba.conf` for a compute listening on `listen` (`listen_addresses`): loopback, and
+/// each explicit address it listens on as a single host. A connection from this host to one
+/// of those comes from that address (compute_ctl's own checkpoint and queries connect to the
+/// first listen address), so it is trusted like loopback; other hosts are not.
+pub fn pg_hba_conf(listen: &str) -> String {
+    let mut text = PG_HBA_CONF.to_string();
+    for addr in listen.split(',').filter_map(|a| a.trim().parse::<std::net::IpAddr>().ok()) {
+        if addr.is_loopback() || addr.is_unspecified() {
+            continue;
+        }
+        let bits = if addr.is_ipv4() { 32 } else { 128 };
+        text.push_str(&format!(
+            "host    all          all   {addr}/{bits}   trust
+host    replication  all   {addr}/{bits}   trust
+"
+        ));
+    }
+    text
+}
 
 /// The `primary_conninfo` of a read replica: every safekeeper in turn (libpq tries the
 /// next host when one cannot be reached), naming the timeline the way the safekeepers'
@@ -193,7 +213,7 @@ pub fn write_config_files(pgdata: &Path, settings: &ComputeSettings) -> anyhow::
         std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))
     };
     write("postgresql.conf", &postgresql_conf(settings))?;
-    write("pg_hba.conf", PG_HBA_CONF)?;
+    write("pg_hba.conf", &pg_hba_conf(&settings.listen))?;
     write("pg_ident.conf", "")?;
     if settings.replica_conninfo.is_some() {
         write("standby.signal", "")?;
@@ -314,6 +334,15 @@ mod tests {
     fn socket_goes_into_short_data_directories_only() {
         assert_eq!(socket_dir_for(Path::new("/tmp/x/pgdata")).as_deref(), Some("/tmp/x/pgdata"));
         assert_eq!(socket_dir_for(&Path::new("/tmp").join("d".repeat(100))), None);
+    }
+
+    #[test]
+    fn hba_trusts_the_computes_own_listen_addresses_as_single_hosts() {
+        let text = pg_hba_conf("127.0.0.1, 10.77.0.10,*,fe80::1,localhost");
+        assert!(text.contains("host    all          all   10.77.0.10/32   trust\n"), "{text}");
+        assert!(text.contains("host    replication  all   fe80::1/128   trust\n"), "{text}");
+        assert_eq!(text.lines().filter(|l| l.starts_with("host")).count(), 8, "{text}");
+        assert_eq!(pg_hba_conf("127.0.0.1"), PG_HBA_CONF);
     }
 
     #[test]
