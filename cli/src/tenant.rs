@@ -82,30 +82,47 @@ fn check_safekeepers_up(repo: &Repo) -> anyhow::Result<()> {
 }
 
 /// Creates the timeline on every safekeeper, as a voter (`POST
-/// /v1/tenant/{tenant}/timeline/{timeline}`), with PostgreSQL's default 16 MiB segments.
+/// /v1/tenant/{tenant}/timeline/{timeline}`), with PostgreSQL's default 16 MiB segments. The
+/// safekeepers are asked at the same time: each creation makes a directory and a control
+/// file durable (about 15 ms of fsyncs here), most of a branch creation's time if done one
+/// after another. Every failure is reported, the first one as the error.
 fn create_on_safekeepers(repo: &Repo, tenant: TenantId, timeline: TimelineId, system_id: u64) -> anyhow::Result<()> {
     let agent = ureq::Agent::config_builder()
         .timeout_global(Some(std::time::Duration::from_secs(30)))
         .http_status_as_error(false)
         .build()
         .new_agent();
-    let body = serde_json::json!({ "system_id": system_id, "wal_segment_size": 16u32 << 20 });
-    for id in repo.config.safekeeper_ids() {
+    let body = serde_json::json!({ "system_id": system_id, "wal_segment_size": 16u32 << 20 }).to_string();
+    let token = repo.admin_token();
+    let create = |id: u8| -> anyhow::Result<()> {
         let url = format!("{}/v1/tenant/{tenant}/timeline/{timeline}", repo.config.safekeeper_http_url(id));
         let mut req = agent.post(&url).content_type("application/json");
-        if let Some(token) = repo.admin_token() {
+        if let Some(token) = &token {
             req = req.header("Authorization", format!("Bearer {token}"));
         }
-        let mut resp =
-            req.send(body.to_string().as_str()).with_context(|| format!("create timeline {timeline} on safekeeper {id} ({url})"))?;
+        let mut resp = req.send(body.as_str()).with_context(|| format!("create timeline {timeline} on safekeeper {id} ({url})"))?;
         let status = resp.status().as_u16();
         if !(200..300).contains(&status) {
             let text = resp.body_mut().read_to_string().unwrap_or_default();
             bail!("safekeeper {id} refused to create timeline {timeline} ({status}): {}", pageserver_api::client::server_message(&text));
         }
         tracing::info!(safekeeper = id, "created timeline {timeline} on safekeeper {id}");
+        Ok(())
+    };
+    let results: Vec<anyhow::Result<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = repo.config.safekeeper_ids().map(|id| scope.spawn(move || create(id))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a safekeeper request panicked")))).collect()
+    });
+    let mut errors = results.into_iter().filter_map(Result::err);
+    match errors.next() {
+        None => Ok(()),
+        Some(first) => {
+            for other in errors {
+                eprintln!("fjord: also: {other:#}");
+            }
+            Err(first)
+        }
     }
-    Ok(())
 }
 
 fn initdb(pg_bin_dir: &Path, pgdata: &Path, user: &str) -> anyhow::Result<()> {
