@@ -175,6 +175,12 @@ impl AuthError {
         }
     }
 
+    /// No valid token at all (HTTP 401, SQLSTATE 28P01), as opposed to a valid token that
+    /// does not grant what was asked (403, 28000).
+    pub fn is_unauthenticated(&self) -> bool {
+        matches!(self, AuthError::Missing | AuthError::Malformed(_) | AuthError::BadSignature | AuthError::Expired)
+    }
+
     /// Every label [`AuthError::reason`] returns, for metrics that list them all.
     pub const REASONS: [&'static str; 7] =
         ["missing", "malformed", "bad_signature", "expired", "forbidden", "wrong_tenant", "wrong_timeline"];

@@ -48,16 +48,6 @@ impl Authenticator {
     }
 }
 
-/// The kind of refusal, for protocols that answer the two kinds differently (HTTP 401 or
-/// 403, SQLSTATE 28P01 or 28000): no valid token at all, or a valid token that does not
-/// grant what was asked.
-pub fn is_unauthenticated(e: &AuthError) -> bool {
-    match e {
-        AuthError::Missing | AuthError::Malformed(_) | AuthError::BadSignature | AuthError::Expired => true,
-        AuthError::Forbidden { .. } | AuthError::WrongTenant { .. } | AuthError::WrongTimeline { .. } => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,6 +69,6 @@ mod tests {
         a.refused(&AuthError::Malformed("too long".into()), access, "peer", "Hello");
         let count = |r: &str| failures.with_label_values(&[r]).get();
         assert_eq!((count("missing"), count("wrong_tenant"), count("malformed"), count("expired")), (1, 1, 1, 0));
-        assert!(is_unauthenticated(&AuthError::Expired) && !is_unauthenticated(&a.check(Some(&other), access, "p", "r").unwrap_err()));
+        assert!(AuthError::Expired.is_unauthenticated() && !a.check(Some(&other), access, "p", "r").unwrap_err().is_unauthenticated());
     }
 }

@@ -43,7 +43,7 @@ pub enum ApiError {
 
 impl From<auth::AuthError> for ApiError {
     fn from(e: auth::AuthError) -> ApiError {
-        if crate::access::is_unauthenticated(&e) {
+        if e.is_unauthenticated() {
             ApiError::Unauthorized(e.to_string())
         } else {
             ApiError::Forbidden(e.to_string())

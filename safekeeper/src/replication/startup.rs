@@ -12,7 +12,7 @@ use tokio::net::tcp::OwnedReadHalf;
 
 use super::messages::{message, put_cstr, sqlstate, PgError};
 use super::{Conn, TIMELINE_OPTION};
-use crate::access::{is_unauthenticated, Authenticator};
+use crate::access::Authenticator;
 
 const STARTUP_PACKET_MAX: usize = 10_000;
 const PROTOCOL_3_0: u32 = 3 << 16;
@@ -235,7 +235,7 @@ pub(super) async fn authenticate(conn: &mut Conn, auth: &Authenticator, startup:
     let access = auth::Access::ReadWal { tenant: startup.tenant, timeline: startup.timeline };
     let request = "replication connection";
     let refuse = |e: auth::AuthError| {
-        let code = if is_unauthenticated(&e) { sqlstate::INVALID_PASSWORD } else { sqlstate::INVALID_AUTHORIZATION };
+        let code = if e.is_unauthenticated() { sqlstate::INVALID_PASSWORD } else { sqlstate::INVALID_AUTHORIZATION };
         PgError::fatal(code, e.to_string())
     };
     message(&mut conn.out, b'R', |b| b.put_u32(AUTH_REQ_PASSWORD));

@@ -38,9 +38,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, RawPathParams, RawQuery, Request, State};
-use axum::http::{header, StatusCode};
-use axum::middleware::{self, Next};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -56,6 +56,8 @@ use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
 use proto::{TenantId, TimelineId};
 
 use super::{ManagementError, Pageserver};
+
+mod auth_layer;
 use crate::pgdata::timestamp::LsnForTimestamp;
 use layerstore::timeline::Timeline;
 
@@ -183,7 +185,7 @@ pub fn router(ps: Arc<Pageserver>) -> Router {
         .route("/v1/tenant/{tenant}/timeline/{timeline}/lsn_lease", post(lsn_lease))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/get_lsn_by_timestamp", get(lsn_by_timestamp))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/changed_blocks", get(changed_blocks))
-        .route_layer(middleware::from_fn_with_state(Arc::clone(&ps), compute_auth));
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&ps), auth_layer::compute));
     // Everything else: an admin token.
     let management = Router::new()
         .route("/v1/tenant", get(list_tenants).post(create_tenant))
@@ -194,56 +196,8 @@ pub fn router(ps: Arc<Pageserver>) -> Router {
         .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/compact", post(compact))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/gc", post(gc))
-        .route_layer(middleware::from_fn_with_state(Arc::clone(&ps), management_auth));
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&ps), auth_layer::management));
     open.merge(compute).merge(management).with_state(ps)
-}
-
-async fn management_auth(State(ps): State<Arc<Pageserver>>, req: Request, next: Next) -> Response {
-    match refusal(&ps, &req, auth::Access::Management) {
-        None => next.run(req).await,
-        Some(refusal) => refusal,
-    }
-}
-
-async fn compute_auth(State(ps): State<Arc<Pageserver>>, params: RawPathParams, req: Request, next: Next) -> Response {
-    let param = |name: &str| params.iter().find(|(k, _)| *k == name).map(|(_, v)| v);
-    // A path whose ids do not parse is answered by its handler (400), for an admin only.
-    let tenant = param("tenant").and_then(|v| v.parse::<TenantId>().ok());
-    let timeline = param("timeline").and_then(|v| v.parse::<TimelineId>().ok());
-    let access = match (tenant, timeline) {
-        (Some(tenant), Some(timeline)) => auth::Access::Compute { tenant, timeline: Some(timeline) },
-        _ => auth::Access::Management,
-    };
-    match refusal(&ps, &req, access) {
-        None => next.run(req).await,
-        Some(refusal) => refusal,
-    }
-}
-
-/// The answer to a request whose `Authorization: Bearer` token does not grant `access`
-/// (`None`: it does, or authentication is off): logged, counted, and 401 (no valid token)
-/// or 403 (a valid token that does not grant it).
-fn refusal(ps: &Pageserver, req: &Request, access: auth::Access) -> Option<Response> {
-    let verifier = ps.auth.as_ref()?;
-    let token = match req.headers().get(header::AUTHORIZATION) {
-        None => Ok(None),
-        Some(value) => value
-            .to_str()
-            .map_err(|_| auth::AuthError::Malformed("the Authorization header is not ASCII".into()))
-            .and_then(auth::bearer)
-            .map(Some),
-    };
-    let e = token.and_then(|token| verifier.authorize(token, access)).err()?;
-    ps.metrics.auth_refused("http", e.reason());
-    tracing::warn!(method = %req.method(), path = req.uri().path(), reason = e.reason(), "management API refused a request: {e}");
-    let forbidden =
-        matches!(e, auth::AuthError::Forbidden { .. } | auth::AuthError::WrongTenant { .. } | auth::AuthError::WrongTimeline { .. });
-    let status = if forbidden { StatusCode::FORBIDDEN } else { StatusCode::UNAUTHORIZED };
-    let mut resp = (status, Json(ErrorResponse { error: e.to_string() })).into_response();
-    if !forbidden {
-        resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
-    }
-    Some(resp)
 }
 
 async fn list_tenants(State(ps): State<Arc<Pageserver>>) -> Json<Vec<TenantId>> {
