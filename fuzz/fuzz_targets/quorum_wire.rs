@@ -1,7 +1,9 @@
 //! The safekeeper protocol codec on arbitrary input: never panics, and an accepted message
 //! re-encodes to exactly the bytes it was decoded from (a `Hello` of version 5 or later
 //! with its token, one of an earlier version without). The seeds (`fuzz/seeds/quorum_wire/`)
-//! are `Hello`s of version 5, with a token and without, and of version 4.
+//! are `Hello`s of versions 6 and 5, with a token and without, and of version 4, and version
+//! 6's record boundaries: an `Append` (its boundary inside the bytes it carries), an
+//! `AppendAck` and an `ElectedAck`.
 #![no_main]
 
 use bytes::BytesMut;

@@ -3,7 +3,9 @@
 //! The invariants of `lib.rs` are asserted where they are kept, in release builds too (they
 //! are cheap): a term is voted for once (the term only grows, and a vote raises it); WAL is
 //! appended only in a term whose elected history was adopted; a truncation never goes below
-//! the commit LSN; the commit LSN never goes back; the peer horizon never goes back and
+//! the commit LSN; the commit LSN never goes back and never passes the boundary LSN (the end
+//! of the last whole record), which never passes the flush LSN and goes back only by a
+//! truncation (to a boundary); the peer horizon never goes back and
 //! never passes the commit LSN (so no truncation goes below it either); no reply before the
 //! persists it depends on; WAL is never read below the peer horizon (the shell may have
 //! removed it). A message that would break one (a hostile or broken proposer, or a stale
@@ -27,6 +29,11 @@ pub struct AcceptorState {
     pub commit_lsn: Lsn,
     /// The end of the durable WAL (0: no WAL yet).
     pub flush_lsn: Lsn,
+    /// The end of the last whole record in the durable WAL (the crate's "Record
+    /// boundaries"): at most `flush_lsn`, at least `commit_lsn`. Where its log ends for
+    /// elections and commits; the WAL past it is a record cut short, dropped when it takes
+    /// an election. Made durable with the bytes (`Persist::Append`).
+    pub boundary_lsn: Lsn,
     /// The highest peer horizon a proposer sent (see the crate's "WAL removal"), capped by
     /// the commit LSN when it was received: WAL below it is on every acceptor for good.
     /// Persisted lazily, like the commit LSN (`AcceptorAction::PeerHorizon`).
@@ -43,9 +50,9 @@ pub struct AcceptorState {
 }
 
 impl AcceptorState {
-    /// The term of the last history entry that covers the flushed WAL.
+    /// The term of the last history entry that covers the WAL up to the boundary LSN.
     pub fn last_log_term(&self) -> Term {
-        self.history.up_to(self.flush_lsn).last_term()
+        self.history.up_to(self.boundary_lsn).last_term()
     }
 
     /// Applies one durable change to the state (the shell also applies it to the WAL bytes).
@@ -64,8 +71,12 @@ impl AcceptorState {
                     self.log_begin = *at;
                 }
                 self.flush_lsn = *at;
+                self.boundary_lsn = *at;
             }
-            Persist::Append { begin, data } => self.flush_lsn = Lsn(begin.0 + data.len() as u64),
+            Persist::Append { begin, data, boundary } => {
+                self.flush_lsn = Lsn(begin.0 + data.len() as u64);
+                self.boundary_lsn = *boundary;
+            }
         }
     }
 }
@@ -75,11 +86,14 @@ impl AcceptorState {
 pub enum Persist {
     /// Replace the control file.
     Control { term: Term, history: TermHistory, commit_lsn: Lsn, learner: bool },
-    /// The WAL now ends at `at`. If `at` is not inside the WAL the shell has (beyond its end,
-    /// or before its beginning), the WAL is emptied and begins at `at`.
+    /// The WAL now ends at `at`, which is its boundary LSN too. If `at` is not inside the
+    /// WAL the shell has (beyond its end, or before its beginning), the WAL is emptied and
+    /// begins at `at`.
     Truncate { at: Lsn },
-    /// Append `data` at `begin`, which is the current end of the WAL.
-    Append { begin: Lsn, data: Bytes },
+    /// Append `data` (possibly none) at `begin`, which is the current end of the WAL; the
+    /// boundary LSN is now `boundary` (at most the new end, never lower than before). Both
+    /// durable together: an acceptor acknowledges its boundary LSN, and commits count it.
+    Append { begin: Lsn, data: Bytes, boundary: Lsn },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,8 +150,14 @@ impl Acceptor {
                     self.state.peer_horizon_lsn
                 );
             }
-            Persist::Append { begin, .. } => {
+            Persist::Append { begin, data, boundary } => {
                 assert_eq!(*begin, self.state.flush_lsn, "WAL appended away from the end of the log");
+                let end = Lsn(begin.0 + data.len() as u64);
+                assert!(
+                    *boundary >= self.state.boundary_lsn && *boundary <= end,
+                    "boundary LSN {boundary} moved back from {} or beyond the WAL's end {end}",
+                    self.state.boundary_lsn
+                );
                 assert!(
                     self.state.history.last_term() == self.state.term,
                     "WAL accepted in term {} before its elected history was adopted",
@@ -167,7 +187,8 @@ impl Acceptor {
     /// crate's "Learners".
     fn maybe_graduate(&mut self, out: &mut Vec<AcceptorAction>, peer_horizon: Lsn) {
         let s = &self.state;
-        let caught_up = s.history.0.last().is_some_and(|e| e.term == s.term && s.term > 0 && s.flush_lsn >= e.lsn && peer_horizon >= e.lsn);
+        let caught_up =
+            s.history.0.last().is_some_and(|e| e.term == s.term && s.term > 0 && s.boundary_lsn >= e.lsn && peer_horizon >= e.lsn);
         if s.learner && caught_up {
             self.state.learner = false;
             self.persist_control(out);
@@ -190,6 +211,15 @@ impl Acceptor {
         assert!(self.state.term >= before.0, "term went back from {} to {}", before.0, self.state.term);
         assert!(self.state.commit_lsn >= before.1, "commit LSN went back from {} to {}", before.1, self.state.commit_lsn);
         assert!(self.state.commit_lsn <= self.state.flush_lsn || self.state.commit_lsn == before.1, "commit LSN beyond the WAL");
+        // Committed WAL is whole records: no truncation (which goes to a boundary at most)
+        // may need to go below the commit LSN.
+        assert!(
+            self.state.commit_lsn <= self.state.boundary_lsn || self.state.commit_lsn == before.1,
+            "commit LSN {} beyond the boundary LSN {}",
+            self.state.commit_lsn,
+            self.state.boundary_lsn
+        );
+        assert!(self.state.boundary_lsn <= self.state.flush_lsn, "boundary LSN beyond the WAL");
         let horizon = self.state.peer_horizon_lsn;
         assert!(horizon >= before.2, "peer horizon went back from {} to {horizon}", before.2);
         assert!(horizon == before.2 || horizon <= self.state.commit_lsn, "peer horizon {horizon} beyond the commit LSN");
@@ -215,7 +245,7 @@ impl Acceptor {
                     round,
                     term: self.state.term,
                     last_log_term: self.state.last_log_term(),
-                    flush_lsn: self.state.flush_lsn,
+                    boundary_lsn: self.state.boundary_lsn,
                     learner: self.state.learner,
                 }));
             }
@@ -234,9 +264,9 @@ impl Acceptor {
                     granted,
                     acceptor_term: self.state.term,
                     history: self.state.history.clone(),
-                    flush_lsn: self.state.flush_lsn,
+                    boundary_lsn: self.state.boundary_lsn,
                     commit_lsn: self.state.commit_lsn,
-                    peer_horizon_lsn: self.state.peer_horizon_lsn.max(self.state.log_begin).min(self.state.flush_lsn),
+                    peer_horizon_lsn: self.state.peer_horizon_lsn.max(self.state.log_begin).min(self.state.boundary_lsn),
                 }));
             }
             ToAcceptor::Elected { term, history, start_lsn, log_begin, proposer } => {
@@ -253,10 +283,12 @@ impl Acceptor {
                 }
                 if self.state.history.last_term() != term {
                     // First time we hear of this election: cut our WAL back to what we share
-                    // with the elected history, never below what we know is committed.
+                    // with the elected history, never below what we know is committed. Our
+                    // log ends at its boundary LSN here: a record cut short past it goes.
                     let flush = self.state.flush_lsn;
-                    let ours = self.state.history.up_to(flush);
-                    let mut at = ours.common_point(flush, &history.up_to(start_lsn), start_lsn);
+                    let boundary = self.state.boundary_lsn;
+                    let ours = self.state.history.up_to(boundary);
+                    let mut at = ours.common_point(boundary, &history.up_to(start_lsn), start_lsn);
                     if at == Lsn(0) {
                         // Nothing in common (or no WAL): the log restarts where the
                         // elected history says a log begins (the timeline's WAL beginning,
@@ -269,7 +301,9 @@ impl Acceptor {
                         // committed WAL is never lost; no reply, so it cannot stream here.
                         return out;
                     }
-                    if at != flush {
+                    if at != flush || at != boundary {
+                        // (At the flush LSN but above the boundary LSN: a log that shares
+                        // nothing begins there, and the truncation makes that its boundary.)
                         self.persist(&mut out, Persist::Truncate { at });
                     }
                     self.state.term = term;
@@ -277,7 +311,8 @@ impl Acceptor {
                     self.persist_control(&mut out);
                 }
                 // A duplicate of an election we already took changes nothing.
-                out.push(AcceptorAction::Reply(ToProposer::ElectedAck { term, flush_lsn: self.state.flush_lsn }));
+                let (flush_lsn, boundary_lsn) = (self.state.flush_lsn, self.state.boundary_lsn);
+                out.push(AcceptorAction::Reply(ToProposer::ElectedAck { term, flush_lsn, boundary_lsn }));
             }
             ToAcceptor::FetchWal { term, from, to } => {
                 if term < self.state.term {
@@ -300,7 +335,7 @@ impl Acceptor {
                     out.push(AcceptorAction::SendWal { term, from, to });
                 }
             }
-            ToAcceptor::Append { term, begin_lsn, data, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
+            ToAcceptor::Append { term, begin_lsn, data, boundary_lsn, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
                 if term < self.state.term {
                     out.push(self.rejected(term));
                     return out;
@@ -311,15 +346,24 @@ impl Acceptor {
                 }
                 let flush = self.state.flush_lsn;
                 let end = Lsn(begin_lsn.0 + data.len() as u64);
-                if begin_lsn <= flush && end > flush {
-                    // Bytes below our flush LSN are the same ones (our WAL is a prefix of
-                    // this term's history): take only what is new.
-                    let skip = (flush.0 - begin_lsn.0) as usize;
-                    self.persist(&mut out, Persist::Append { begin: flush, data: data.slice(skip..) });
+                // Bytes below our flush LSN are the same ones (our WAL is a prefix of this
+                // term's history): take only what is new. (begin_lsn > flush: a gap; the
+                // ack tells the proposer where we are.)
+                let new = if begin_lsn <= flush && end > flush { data.slice((flush.0 - begin_lsn.0) as usize..) } else { Bytes::new() };
+                let new_end = Lsn(flush.0 + new.len() as u64);
+                // Our log is a prefix of this term's, so a boundary of the term's log that our
+                // WAL reaches is one of ours: the one sent, the commit LSN (commits end at
+                // boundaries) and the term's switches (its start above all).
+                let switch = self.state.history.0.iter().rev().map(|e| e.lsn).find(|&l| l <= new_end).unwrap_or_default();
+                let boundary =
+                    [boundary_lsn, commit_lsn, switch].into_iter().filter(|&b| b <= new_end).fold(self.state.boundary_lsn, Lsn::max);
+                if !new.is_empty() || boundary > self.state.boundary_lsn {
+                    self.persist(&mut out, Persist::Append { begin: flush, data: new, boundary });
                 }
                 self.maybe_graduate(&mut out, peer_horizon_lsn);
-                // (begin_lsn > flush: a gap; the ack tells the proposer where we are.)
-                let commit = commit_lsn.min(self.state.flush_lsn);
+                // A commit LSN beyond our WAL: what we have of it is committed, up to our last
+                // whole record (the commit LSN never passes the boundary LSN).
+                let commit = commit_lsn.min(self.state.boundary_lsn);
                 if commit > self.state.commit_lsn {
                     self.state.commit_lsn = commit;
                     out.push(AcceptorAction::CommitLsn(commit));
@@ -338,6 +382,7 @@ impl Acceptor {
                 out.push(AcceptorAction::Reply(ToProposer::AppendAck {
                     term,
                     flush_lsn: self.state.flush_lsn,
+                    boundary_lsn: self.state.boundary_lsn,
                     commit_lsn: self.state.commit_lsn,
                 }));
             }

@@ -126,6 +126,40 @@
 //! every step that no acceptor's peer horizon exceeds any acceptor's flush LSN, and its
 //! acceptors refuse to read WAL below what they removed.
 //!
+//! # Record boundaries
+//! A compute must start at the end of a whole WAL record (its basebackup LSN), and
+//! PostgreSQL records can be up to about 1 GB, far more than one message
+//! ([`wire::WAL_BYTES_MAX`]) or a piece of WAL ([`ProposerConfig::max_append`]). So WAL is
+//! sent in pieces cut anywhere, and an acceptor's log may end inside a record; what the
+//! protocol sees of a log is its **boundary LSN** ([`AcceptorState::boundary_lsn`]), the
+//! end of the last whole record it holds (at most its flush LSN):
+//! - every `Append` carries a boundary of the term's log at or below the end of its bytes
+//!   (the highest the proposer knows: the shell declares them with [`Proposer::append`],
+//!   and below its start it knows the elected history's term switches, the start itself and
+//!   the boundaries acceptors acknowledged in this term). An acceptor whose WAL reaches it
+//!   makes it its boundary LSN, durably with the bytes (`Persist::Append`), before it
+//!   acknowledges both; so do the commit LSN and its term's switches when its WAL reaches
+//!   them (they are boundaries too).
+//! - greetings and votes report the boundary LSN, not the flush LSN: the donor is the
+//!   voter with the highest (last log term, boundary LSN), the proposer's own term starts
+//!   at the donor's boundary LSN (so a sync ends at one, whatever the record sizes), and an
+//!   acceptor truncates at the point it shares with the elected history computed from its
+//!   boundary LSN: taking an election drops the partial record past it (`Persist::Truncate`).
+//! - commits count acknowledged boundary LSNs, not flush LSNs: the commit LSN is a boundary
+//!   held by a majority, and an acceptor's commit LSN never passes its boundary LSN (a
+//!   commit LSN beyond its WAL is capped at its boundary, which is committed WAL too). So
+//!   no truncation ever goes below an acceptor's commit LSN, and the WAL past the boundary,
+//!   which a truncation may drop, was never committed nor acknowledged to any client.
+//! - the peer horizon is the lowest boundary LSN every acceptor acknowledged (capped by the
+//!   commit LSN), so no later truncation goes below it either.
+//! - the window counts flush LSNs: a record of any size streams in pieces while the
+//!   acknowledged flush LSNs advance, and commits wait for its end.
+//!
+//! Everything said above about where a log ends in elections, commits and truncations is
+//! about its boundary LSN; the flush LSN only says where the next bytes go. The proof is
+//! the one without partial records, with the log cut at its boundary LSN: WAL past it
+//! is, for the protocol, not there.
+//!
 //! # Commit LSN durability
 //! An acceptor's commit LSN is a hint for the outside (how far WAL may be served to the
 //! pageserver). It travels inside [`Persist::Control`] when a term change is persisted anyway,
@@ -242,10 +276,15 @@ pub enum ToAcceptor {
     /// LSN that WAL is the elected history's).
     FetchWal { term: Term, from: Lsn, to: Lsn },
     /// WAL bytes starting at `begin_lsn` (possibly none: then it only carries the LSNs).
+    /// A piece may end inside a record.
     Append {
         term: Term,
         begin_lsn: Lsn,
         data: Bytes,
+        /// A record boundary of this term's log at or below the end of `data` (the highest
+        /// the proposer knows there; 0 for none): an acceptor whose WAL reaches it knows its
+        /// log holds whole records up to it (see "Record boundaries").
+        boundary_lsn: Lsn,
         commit_lsn: Lsn,
         /// The peer horizon: the lowest flush LSN every acceptor of the configuration has
         /// acknowledged in this term (0: not yet heard from all), capped by `commit_lsn`.
@@ -263,11 +302,12 @@ pub enum ToProposer {
     GreetingReply {
         round: u64,
         term: Term,
-        /// The acceptor's log: the term of its last entry and its flush LSN. A compute
-        /// checks with these, before it asks for any vote, that its WAL continues the log it
-        /// would be elected with (see [`ProposerMode::Compute`]).
+        /// The acceptor's log as an election sees it: the term of its last entry and its
+        /// boundary LSN (the end of its last whole record, see "Record boundaries"). A
+        /// compute checks with these, before it asks for any vote, that its WAL continues
+        /// the log it would be elected with (see [`ProposerMode::Compute`]).
         last_log_term: Term,
-        flush_lsn: Lsn,
+        boundary_lsn: Lsn,
         /// A learner does not vote yet (see "Learners").
         learner: bool,
     },
@@ -278,35 +318,28 @@ pub enum ToProposer {
         /// The acceptor's term after handling the request.
         acceptor_term: Term,
         history: TermHistory,
-        flush_lsn: Lsn,
+        /// Where its log ends as an election sees it: its boundary LSN, not its flush LSN
+        /// (WAL beyond the last whole record is dropped when a new term starts writing).
+        boundary_lsn: Lsn,
         commit_lsn: Lsn,
-        /// The acceptor's peer horizon, or where its log begins if higher (at most its flush
-        /// LSN): the elected history is trimmed below the highest of the voters'
+        /// The acceptor's peer horizon, or where its log begins if higher (at most its
+        /// boundary LSN): the elected history is trimmed below the highest of the voters'
         /// ([`TermHistory::trimmed_below`]), and a log that shares nothing with it begins
         /// there.
         peer_horizon_lsn: Lsn,
     },
-    ElectedAck {
-        term: Term,
-        flush_lsn: Lsn,
-    },
+    /// `flush_lsn` is where the acceptor's WAL ends (streaming continues there),
+    /// `boundary_lsn` the end of its last whole record (at most `flush_lsn`; equal right
+    /// after it took the election, which truncates at a boundary).
+    ElectedAck { term: Term, flush_lsn: Lsn, boundary_lsn: Lsn },
     /// The answer to `FetchWal`: WAL bytes from `from` (fewer than asked if the acceptor has
     /// fewer).
-    Wal {
-        term: Term,
-        from: Lsn,
-        data: Bytes,
-    },
-    AppendAck {
-        term: Term,
-        flush_lsn: Lsn,
-        commit_lsn: Lsn,
-    },
+    Wal { term: Term, from: Lsn, data: Bytes },
+    /// Durable up to `flush_lsn` (what the window counts), with whole records up to
+    /// `boundary_lsn` (what commits count).
+    AppendAck { term: Term, flush_lsn: Lsn, boundary_lsn: Lsn, commit_lsn: Lsn },
     /// The acceptor has seen a higher term than the message's.
-    Rejected {
-        term: Term,
-        acceptor_term: Term,
-    },
+    Rejected { term: Term, acceptor_term: Term },
 }
 
 #[cfg(test)]

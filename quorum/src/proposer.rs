@@ -1,10 +1,12 @@
 //! The proposer (WAL writer) state machine, with the policy of its two real users (a
 //! compute and compute_ctl's sync, [`ProposerMode`]) so that the simulation drives the same
 //! decisions the shells act on: when a compute must fence itself, when a sync is done, and
-//! where pieces of WAL may end (record boundaries the shell declared).
+//! which record boundaries each acceptor learns (the shell declares them; the crate's
+//! "Record boundaries").
 //!
 //! Invariants: elected only with a majority of votes in its own term (asserted); the commit
-//! LSN only moves forward and never below the term's start; a sync commits and ends only at
+//! LSN only moves forward, never below the term's start, and is always a boundary LSN a
+//! majority acknowledged (so a record boundary); a sync commits and ends only at
 //! its start LSN (asserted); the peer horizon it sends is never above the flush LSN any
 //! acceptor acknowledged in its term (asserted); once stopped (fenced or synced) it returns
 //! no action, ever.
@@ -42,8 +44,8 @@ pub enum ProposerMode {
 /// Sizes that shape the streaming, and the mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProposerConfig {
-    /// At most this many WAL bytes per `Append`, unless the piece must be longer to end at a
-    /// record boundary (see [`Proposer::append`]).
+    /// At most this many WAL bytes per `Append` (a piece may end inside a record; at most
+    /// [`WAL_BYTES_MAX`], what a message carries).
     pub max_append: u64,
     /// At most this many bytes sent to an acceptor beyond what it acknowledged.
     pub window: u64,
@@ -73,17 +75,28 @@ pub enum FenceReason {
 
 /// At most this many record boundaries are remembered (the oldest are forgotten first): a
 /// boundary costs memory for as long as some acceptor may still need WAL below it, and an
-/// acceptor that is down for long would otherwise keep every one of them alive.
+/// acceptor that is down for long would otherwise keep every one of them alive. Forgetting
+/// one is safe: a piece then carries a lower boundary (a true one all the same), and the
+/// acceptor's boundary LSN catches up with a later piece, the commit LSN or the term's start.
 const BOUNDARIES_MAX: usize = 1 << 16;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProposerAction {
     /// Send a message without WAL.
     Send(NodeId, ToAcceptor),
-    /// Send `ToAcceptor::Append { term, begin_lsn: begin, data, commit_lsn,
+    /// Send `ToAcceptor::Append { term, begin_lsn: begin, data, boundary_lsn, commit_lsn,
     /// peer_horizon_lsn, remote_consistent_lsn }` to `to`, with the shell's WAL bytes in
     /// `[begin, end)` (none if `begin == end`).
-    SendWal { to: NodeId, term: Term, begin: Lsn, end: Lsn, commit_lsn: Lsn, peer_horizon_lsn: Lsn, remote_consistent_lsn: Lsn },
+    SendWal {
+        to: NodeId,
+        term: Term,
+        begin: Lsn,
+        end: Lsn,
+        boundary_lsn: Lsn,
+        commit_lsn: Lsn,
+        peer_horizon_lsn: Lsn,
+        remote_consistent_lsn: Lsn,
+    },
     /// Keep these fetched bytes: the WAL the shell can send now begins at `from`.
     StoreWal { from: Lsn, data: Bytes },
     /// This proposer won `term`; its own WAL continues the elected history at `start_lsn`,
@@ -111,14 +124,14 @@ pub enum ProposerAction {
 struct GreetInfo {
     term: Term,
     last_log_term: Term,
-    flush_lsn: Lsn,
+    boundary_lsn: Lsn,
     learner: bool,
 }
 
 #[derive(Clone, Debug)]
 struct VoteInfo {
     history: TermHistory,
-    flush_lsn: Lsn,
+    boundary_lsn: Lsn,
     peer_horizon_lsn: Lsn,
 }
 
@@ -127,6 +140,11 @@ struct VoteInfo {
 struct Peer {
     /// Acknowledged durable end in this term.
     flush: Lsn,
+    /// Acknowledged boundary LSN in this term (at most `flush`): what commits count.
+    boundary: Lsn,
+    /// The highest boundary sent to it since it last acknowledged one (or since a tick
+    /// found it lagging): a boundary learned later is sent even without new WAL.
+    boundary_sent: Lsn,
     /// Sent up to here (at least `flush`).
     sent: Lsn,
     /// The commit LSN last sent, and last acknowledged.
@@ -150,17 +168,22 @@ struct Leader {
     /// The shell has WAL in `[floor, end)`.
     floor: Lsn,
     end: Lsn,
-    /// Record boundaries: the ends given to `append`, and below `start_lsn` the points known
-    /// to end a record in the elected log (its term switches, `start_lsn`, flush LSNs that
-    /// acceptors acknowledged in this term: every acceptor's log ends at a boundary). WAL is
-    /// sent in pieces that end at one of them, so that no acceptor's log ends inside a record
-    /// and the next compute never starts inside one.
+    /// Record boundaries: those the shell gave to `append`, and below `start_lsn` the points
+    /// known to end a record in the elected log (its term switches, `start_lsn`, boundary
+    /// LSNs that acceptors acknowledged in this term). Each piece of WAL carries the highest
+    /// one at or below its end, which becomes the acceptor's boundary LSN (the crate's
+    /// "Record boundaries"). The history's switches are boundaries even when forgotten here.
     boundaries: BTreeSet<Lsn>,
-    /// Per acceptor: the flush LSN it last acknowledged in this term (0: none yet). Its log
-    /// does not end below that again in this term, so boundaries below every one of them
-    /// are not needed any more; and their minimum is the peer horizon (its log does not end
-    /// below it in later terms either: see the crate's "WAL removal").
-    acked_floor: Vec<Lsn>,
+    /// Per acceptor: the highest flush LSN it acknowledged in this term (0: none yet). Its
+    /// WAL does not end below that again in this term: a peer made again (after a
+    /// reconnect) streams from there.
+    acked_flush: Vec<Lsn>,
+    /// Per acceptor: the highest boundary LSN it acknowledged in this term (0: none yet).
+    /// Its boundary LSN does not go below that again in this term, so boundaries below every
+    /// one of them are not needed any more; and their minimum is the peer horizon (its
+    /// boundary LSN does not go below it in later terms either: see the crate's "WAL
+    /// removal").
+    acked_boundary: Vec<Lsn>,
     /// The outstanding fetch: (from whom, from, to).
     fetching: Option<(NodeId, Lsn, Lsn)>,
     peers: BTreeMap<NodeId, Peer>,
@@ -168,28 +191,29 @@ struct Leader {
 }
 
 impl Leader {
-    /// The lowest flush LSN every acceptor acknowledged in this term (0 while one has not
-    /// acknowledged any: its entry in `acked_floor` is 0), capped by the commit LSN (an
+    /// The lowest boundary LSN every acceptor acknowledged in this term (0 while one has not
+    /// acknowledged any: its entry in `acked_boundary` is 0), capped by the commit LSN (an
     /// acceptor caps it by its own commit LSN anyway, which is never above ours).
     fn peer_horizon(&self) -> Lsn {
-        self.acked_floor.iter().copied().min().unwrap_or_default().min(self.commit_lsn)
+        self.acked_boundary.iter().copied().min().unwrap_or_default().min(self.commit_lsn)
+    }
+
+    /// The highest record boundary known at or below `lsn` (0 if none): a remembered one, or
+    /// a switch of the elected history (its start above all).
+    fn boundary_at(&self, lsn: Lsn) -> Lsn {
+        let remembered = self.boundaries.range(..=lsn).next_back().copied().unwrap_or_default();
+        let switch = self.history.0.iter().rev().map(|e| e.lsn).find(|&l| l <= lsn).unwrap_or_default();
+        remembered.max(switch)
     }
 }
 
-/// Where the piece of WAL sent from `from` ends: at the last record boundary within `max`
-/// bytes, or if none is, at the first one after `from` (a piece longer than `max`), never
-/// beyond `end` and, below the proposer's own start, never beyond that start. Only a record
-/// longer than a message can carry ([`WAL_BYTES_MAX`]) is cut inside, at `max` bytes.
-fn chunk_end(boundaries: &BTreeSet<Lsn>, start_lsn: Lsn, end: Lsn, from: Lsn, max: u64) -> Lsn {
+/// Where the piece of WAL sent from `from` ends: `max` bytes on, or at the end of the WAL
+/// the shell has, and below the proposer's own start never beyond that start (WAL above it
+/// is another term's). Anywhere, inside a record too: what the acceptor takes as the end of
+/// its log is the boundary the piece carries.
+fn piece_end(start_lsn: Lsn, end: Lsn, from: Lsn, max: u64) -> Lsn {
     let cap = if from < start_lsn { start_lsn } else { end };
-    let limit = Lsn((from.0 + max).min(cap.0));
-    if let Some(&b) = boundaries.range(Lsn(from.0 + 1)..=limit).next_back() {
-        return b;
-    }
-    match boundaries.range(Lsn(from.0 + 1)..=cap).next() {
-        Some(&b) if b.0 - from.0 <= WAL_BYTES_MAX as u64 => b,
-        _ => limit,
-    }
+    Lsn((from.0 + max).min(cap.0))
 }
 
 #[derive(Clone, Debug)]
@@ -239,6 +263,11 @@ impl Proposer {
     /// `wal_start`, a `Sync` has none: anything else is a caller's bug and panics.
     pub fn new(acceptors: usize, wal_start: Lsn, config: ProposerConfig) -> Proposer {
         assert!(acceptors > 0, "a proposer needs acceptors");
+        assert!(
+            config.max_append > 0 && config.max_append <= WAL_BYTES_MAX as u64,
+            "max_append {} outside 1..={WAL_BYTES_MAX}",
+            config.max_append
+        );
         match config.mode {
             ProposerMode::Compute => assert!(wal_start.is_valid(), "a compute proposer needs its WAL start"),
             ProposerMode::Sync => assert_eq!(wal_start, Lsn(0), "a sync writes no WAL of its own"),
@@ -353,21 +382,23 @@ impl Proposer {
     }
 
     /// The shell now has WAL up to `end` (new WAL written by the client, continuing
-    /// contiguously from the previous end), and `end` is a record boundary: WAL is sent in
-    /// pieces that end at such boundaries only, so a compute must call this only with the end
-    /// of a whole PostgreSQL record (and often enough: a piece runs to the next boundary).
-    /// Ignored unless elected. A sync has no WAL of its own to append.
-    pub fn append(&mut self, end: Lsn) -> Vec<ProposerAction> {
+    /// contiguously from the previous end; it may end inside a record), and `boundary` ends
+    /// a whole record (at most `end`; the highest the shell knows, typically the end of the
+    /// last whole PostgreSQL record it decoded). WAL is sent in pieces of any size; commits
+    /// and the end of the log an election sees go only as far as such boundaries (the
+    /// crate's "Record boundaries"), so a compute must declare the end of every record it
+    /// wants committed. Ignored unless elected. A sync has no WAL of its own to append.
+    pub fn append(&mut self, end: Lsn, boundary: Lsn) -> Vec<ProposerAction> {
         assert!(self.config.mode != ProposerMode::Sync, "a sync has no WAL of its own to append");
+        assert!(boundary <= end, "record boundary {boundary} beyond the WAL's end {end}");
         let Phase::Leader(l) = &mut self.phase else { return Vec::new() };
-        if end <= l.end {
-            return Vec::new();
+        if boundary > l.start_lsn {
+            l.boundaries.insert(boundary);
+            if l.boundaries.len() > BOUNDARIES_MAX {
+                l.boundaries.pop_first();
+            }
         }
-        l.end = end;
-        l.boundaries.insert(end);
-        if l.boundaries.len() > BOUNDARIES_MAX {
-            l.boundaries.pop_first();
-        }
+        l.end = l.end.max(end);
         self.stream(false)
     }
 
@@ -429,7 +460,8 @@ impl Proposer {
                 }
                 // A stream that made no progress since the last tick lost something: resend
                 // from what was acknowledged.
-                for p in l.peers.values_mut() {
+                let mut lagging = Vec::new();
+                for (&i, p) in l.peers.iter_mut() {
                     if p.flush == p.flush_at_tick && p.sent > p.flush {
                         p.sent = p.flush;
                         p.commit_sent = Lsn(0);
@@ -438,6 +470,16 @@ impl Proposer {
                         p.commit_sent = p.commit_acked;
                     }
                     p.flush_at_tick = p.flush;
+                    lagging.push(i);
+                }
+                // A boundary sent may have been lost too: sent again where the acceptor's
+                // acknowledged one is below what its WAL holds.
+                for i in lagging {
+                    let best = l.boundary_at(l.peers[&i].flush);
+                    let p = l.peers.get_mut(&i).expect("listed above");
+                    if p.boundary < best {
+                        p.boundary_sent = p.boundary;
+                    }
                 }
                 l.fetching = None;
                 out.extend(self.stream(true));
@@ -459,41 +501,54 @@ impl Proposer {
         let Phase::Leader(l) = &mut self.phase else { return Vec::new() };
         let horizon = l.peer_horizon();
         let commit_lsn = l.commit_lsn;
-        // Every acceptor acknowledged at least this in this term: its log never ends below
-        // it again (the crate's "WAL removal"), which is what lets acceptors remove WAL below.
-        assert!(l.acked_floor.iter().all(|&f| f >= horizon), "peer horizon {horizon} above an acknowledged flush LSN");
+        // Every acceptor acknowledged at least this in this term: its boundary LSN never goes
+        // below it again (the crate's "WAL removal"), which is what lets acceptors remove WAL
+        // below.
+        assert!(l.acked_boundary.iter().all(|&f| f >= horizon), "peer horizon {horizon} above an acknowledged boundary LSN");
         let mut out = Vec::new();
         let mut need_below_floor: Option<Lsn> = None;
-        for (&i, p) in l.peers.iter_mut() {
+        let peers: Vec<NodeId> = l.peers.keys().copied().collect();
+        for i in peers {
+            let p = l.peers[&i];
             let mut from = p.sent.max(p.flush);
             if from < l.floor {
                 need_below_floor = Some(need_below_floor.map_or(from, |n: Lsn| n.min(from)));
                 continue;
             }
-            let send = |begin: Lsn, end: Lsn| ProposerAction::SendWal {
+            let send = |begin: Lsn, end: Lsn, boundary_lsn: Lsn| ProposerAction::SendWal {
                 to: i,
                 term,
                 begin,
                 end,
+                boundary_lsn,
                 commit_lsn,
                 peer_horizon_lsn: horizon,
                 remote_consistent_lsn,
             };
             let mut sent_any = false;
+            let mut boundary_sent = p.boundary_sent;
             while from < l.end && from.0 - p.flush.0 < cfg.window {
-                let to = chunk_end(&l.boundaries, l.start_lsn, l.end, from, cfg.max_append);
+                let to = piece_end(l.start_lsn, l.end, from, cfg.max_append);
                 debug_assert!(to > from && to <= l.end, "piece {from}..{to} outside the WAL up to {}", l.end);
-                out.push(send(from, to));
+                let boundary = l.boundary_at(to);
+                out.push(send(from, to, boundary));
+                boundary_sent = boundary_sent.max(boundary);
                 from = to;
                 sent_any = true;
             }
+            // A boundary its WAL (as sent) reaches that it has not been told: without it, its
+            // boundary LSN, and so commits, would wait for more WAL.
+            let boundary = l.boundary_at(from);
             let news = horizon > p.horizon_sent || remote_consistent_lsn > p.remote_consistent_sent;
-            if !sent_any && (l.commit_lsn > p.commit_sent || (tick && news)) {
-                // Nothing new to send, but the acceptor should learn the commit LSN (or, at a
-                // tick, the horizons).
-                out.push(send(from, from));
+            if !sent_any && (l.commit_lsn > p.commit_sent || boundary > boundary_sent.max(p.boundary) || (tick && news)) {
+                // Nothing new to send, but the acceptor should learn the commit LSN or a
+                // boundary (or, at a tick, the horizons).
+                out.push(send(from, from, boundary));
+                boundary_sent = boundary_sent.max(boundary);
                 sent_any = true;
             }
+            let p = l.peers.get_mut(&i).expect("listed above");
+            p.boundary_sent = boundary_sent;
             if sent_any {
                 p.sent = from;
                 p.commit_sent = l.commit_lsn;
@@ -525,12 +580,12 @@ impl Proposer {
         }
         let majority = self.majority();
         match msg {
-            ToProposer::GreetingReply { round, term, last_log_term, flush_lsn, learner } => {
+            ToProposer::GreetingReply { round, term, last_log_term, boundary_lsn, learner } => {
                 let Phase::Greeting { round: current, greeted } = &mut self.phase else { return out };
                 if round != *current {
                     return out;
                 }
-                greeted.insert(from, GreetInfo { term, last_log_term, flush_lsn, learner });
+                greeted.insert(from, GreetInfo { term, last_log_term, boundary_lsn, learner });
                 if greeted.len() < majority {
                     return out;
                 }
@@ -548,7 +603,7 @@ impl Proposer {
                 let proposer = self.id;
                 out.extend((0..self.n).map(|i| ProposerAction::Send(i, ToAcceptor::VoteRequest { term, proposer })));
             }
-            ToProposer::Vote { term, granted, acceptor_term, history, flush_lsn, peer_horizon_lsn, .. } => {
+            ToProposer::Vote { term, granted, acceptor_term, history, boundary_lsn, peer_horizon_lsn, .. } => {
                 if term != self.term {
                     return out;
                 }
@@ -570,32 +625,37 @@ impl Proposer {
                     return out;
                 }
                 refused.remove(&from);
-                votes.insert(from, VoteInfo { history, flush_lsn, peer_horizon_lsn });
+                votes.insert(from, VoteInfo { history, boundary_lsn, peer_horizon_lsn });
                 if votes.len() >= majority {
                     out.extend(self.become_leader());
                 }
             }
-            ToProposer::ElectedAck { term, flush_lsn } => {
+            ToProposer::ElectedAck { term, flush_lsn, boundary_lsn } => {
                 if term != self.term {
                     return out;
                 }
                 let Phase::Leader(l) = &mut self.phase else { return out };
-                if flush_lsn > l.end {
+                if flush_lsn > l.end || boundary_lsn > flush_lsn {
                     // Claims WAL this proposer never had: a broken acceptor; not counted.
                     return out;
                 }
-                // The acceptor's log is now a prefix of the elected history and ends at a
-                // record boundary: a piece of catch-up WAL may end there.
-                l.boundaries.insert(flush_lsn);
-                l.acked_floor[from] = l.acked_floor[from].max(flush_lsn);
+                // The acceptor's log is now a prefix of the elected history with whole
+                // records up to its boundary LSN: a boundary for the others' catch-up too.
+                if boundary_lsn.is_valid() {
+                    l.boundaries.insert(boundary_lsn);
+                }
+                l.acked_flush[from] = l.acked_flush[from].max(flush_lsn);
+                l.acked_boundary[from] = l.acked_boundary[from].max(boundary_lsn);
                 // A copy of an older acknowledgement of this term (the network may duplicate
                 // and reorder; after a reconnect the peer is new) must not take the stream
                 // back: within a term an acceptor's log only grows, so it has at least what
                 // it acknowledged before. Below that, WAL may be gone: an acceptor removes WAL
                 // below the peer horizon, which is at most this, and refuses to fetch it.
-                let flush = l.acked_floor[from];
+                let (flush, boundary) = (l.acked_flush[from], l.acked_boundary[from]);
                 l.peers.entry(from).or_insert(Peer {
                     flush,
+                    boundary,
+                    boundary_sent: boundary,
                     sent: flush,
                     commit_sent: Lsn(0),
                     commit_acked: Lsn(0),
@@ -621,7 +681,7 @@ impl Proposer {
                 out.push(ProposerAction::StoreWal { from: wal_from, data });
                 out.extend(self.stream(false));
             }
-            ToProposer::AppendAck { term, flush_lsn, commit_lsn } => {
+            ToProposer::AppendAck { term, flush_lsn, boundary_lsn, commit_lsn } => {
                 if term != self.term {
                     return out;
                 }
@@ -629,18 +689,23 @@ impl Proposer {
                 let Some(p) = l.peers.get_mut(&from) else { return out };
                 // An old acknowledgement (reordered), or a flush LSN beyond all WAL this
                 // proposer has (a broken acceptor): neither may count towards a commit.
-                if flush_lsn < p.flush || flush_lsn > l.end {
+                if flush_lsn < p.flush || flush_lsn > l.end || boundary_lsn > flush_lsn {
                     return out;
                 }
                 p.flush = flush_lsn;
+                p.boundary = p.boundary.max(boundary_lsn);
                 p.commit_acked = p.commit_acked.max(commit_lsn);
                 if p.sent < flush_lsn {
                     p.sent = flush_lsn;
                 }
-                l.acked_floor[from] = l.acked_floor[from].max(flush_lsn);
-                // Boundaries below every acceptor's acknowledged flush LSN are not needed any
-                // more: none of them will be sent WAL from below it again in this term.
-                let low = l.acked_floor.iter().copied().min().unwrap_or_default();
+                if boundary_lsn.is_valid() {
+                    l.boundaries.insert(boundary_lsn);
+                }
+                l.acked_flush[from] = l.acked_flush[from].max(flush_lsn);
+                l.acked_boundary[from] = l.acked_boundary[from].max(boundary_lsn);
+                // Boundaries below every acceptor's acknowledged boundary LSN are not needed
+                // any more: none of them will be told a lower one again in this term.
+                let low = l.acked_boundary.iter().copied().min().unwrap_or_default();
                 if l.boundaries.first().is_some_and(|b| *b < low) {
                     l.boundaries = l.boundaries.split_off(&low);
                 }
@@ -663,15 +728,17 @@ impl Proposer {
         let majority = self.majority();
         let term = self.term;
         let Phase::Leader(l) = &mut self.phase else { return Vec::new() };
-        let mut flushes: Vec<Lsn> = l.peers.values().map(|p| p.flush).collect();
-        if flushes.len() < majority {
+        // Boundary LSNs, not flush LSNs: the commit LSN is then one acceptor's boundary LSN,
+        // so a record boundary, and no acceptor's commit LSN passes its boundary LSN.
+        let mut boundaries: Vec<Lsn> = l.peers.values().map(|p| p.boundary).collect();
+        if boundaries.len() < majority {
             return Vec::new();
         }
-        flushes.sort_unstable_by(|a, b| b.cmp(a));
-        let quorum = flushes[majority - 1];
+        boundaries.sort_unstable_by(|a, b| b.cmp(a));
+        let quorum = boundaries[majority - 1];
         if self.config.mode == ProposerMode::Sync {
             // A sync sends only WAL below its start (it has none of its own), so it can only
-            // ever commit exactly its start: the end of the donor's log, a record boundary.
+            // ever commit exactly its start: the donor's boundary LSN.
             assert!(quorum <= l.start_lsn, "sync in term {term}: acceptors flushed {quorum}, beyond its start {}", l.start_lsn);
         }
         if quorum >= l.start_lsn && quorum > l.commit_lsn {
@@ -707,10 +774,10 @@ impl Proposer {
         if self.config.mode != ProposerMode::Compute {
             return None;
         }
-        let best = greeted.values().max_by_key(|g| (g.last_log_term, g.flush_lsn))?;
-        let has_wal = best.last_log_term != 0 && best.flush_lsn > Lsn(0);
-        (has_wal && best.flush_lsn != self.wal_start)
-            .then_some(FenceReason::WalMismatch { start_lsn: best.flush_lsn, wal_start: self.wal_start })
+        let best = greeted.values().max_by_key(|g| (g.last_log_term, g.boundary_lsn))?;
+        let has_wal = best.last_log_term != 0 && best.boundary_lsn > Lsn(0);
+        (has_wal && best.boundary_lsn != self.wal_start)
+            .then_some(FenceReason::WalMismatch { start_lsn: best.boundary_lsn, wal_start: self.wal_start })
     }
 
     /// Acceptor `by` has seen term `seen` above ours.
@@ -734,11 +801,12 @@ impl Proposer {
         // At most one proposer per term: the votes counted are for this term only (an
         // acceptor grants a term once), and there is a majority of them.
         assert!(votes.len() >= majority, "elected in term {} with {} votes of {}", self.term, votes.len(), self.n);
-        // The most advanced log: highest last log term, then highest flush LSN.
+        // The most advanced log: highest last log term, then highest boundary LSN (WAL past
+        // it is a record cut short, which this term drops: the crate's "Record boundaries").
         let (&donor, best) =
-            votes.iter().max_by_key(|(_, v)| (v.history.up_to(v.flush_lsn).last_term(), v.flush_lsn)).expect("a majority of votes");
-        let has_wal = !best.history.0.is_empty() && best.flush_lsn > Lsn(0);
-        let start_lsn = if has_wal { best.flush_lsn } else { self.wal_start };
+            votes.iter().max_by_key(|(_, v)| (v.history.up_to(v.boundary_lsn).last_term(), v.boundary_lsn)).expect("a majority of votes");
+        let has_wal = !best.history.0.is_empty() && best.boundary_lsn > Lsn(0);
+        let start_lsn = if has_wal { best.boundary_lsn } else { self.wal_start };
         let term = self.term;
         match self.config.mode {
             ProposerMode::Compute if start_lsn != self.wal_start => {
@@ -781,7 +849,8 @@ impl Proposer {
             floor: start_lsn,
             end: start_lsn,
             boundaries,
-            acked_floor: vec![Lsn(0); self.n],
+            acked_flush: vec![Lsn(0); self.n],
+            acked_boundary: vec![Lsn(0); self.n],
             fetching: None,
             peers: BTreeMap::new(),
             commit_lsn: Lsn(0),

@@ -29,18 +29,22 @@
 //!   their positions and the oldest transaction they still need (hot standby feedback).
 //! - 5 (authentication): `Hello` ends with the proposer's token (a string, empty for
 //!   none), at most [`TOKEN_BYTES_MAX`] bytes.
+//! - 6 (records of any size: the crate's "Record boundaries"): `Append` carries a record
+//!   boundary after its begin LSN; `ElectedAck` and `AppendAck` carry the acceptor's
+//!   boundary LSN after its flush LSN; `GreetingReply` and `Vote` report the boundary LSN
+//!   where they reported the flush LSN (same layout).
 //!
 //! `Hello` is laid out alike up to its name in every version, so that a safekeeper can
 //! decode an older proposer's `Hello` and refuse it naming both versions (rather than
 //! reporting a truncated message): a `Hello` of version 4 or earlier is decoded without a
-//! token, and encoded without one.
+//! token, and encoded without one; versions 5 and 6 have the same `Hello`.
 
 use crate::{Term, TermHistory, TermSwitch, ToAcceptor, ToProposer};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use proto::{Lsn, TenantId, TimelineId};
 
 /// The protocol version this crate speaks.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 /// The first version whose `Hello` carries a token.
 pub const TOKEN_PROTOCOL_VERSION: u32 = 5;
 /// The most WAL one `Append` or `Wal` message carries.
@@ -364,10 +368,11 @@ impl ProposerMessage {
                     b.put_u64(from.0);
                     b.put_u64(to.0);
                 }),
-                ToAcceptor::Append { term, begin_lsn, data, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
+                ToAcceptor::Append { term, begin_lsn, data, boundary_lsn, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
                     frame(buf, b'A', |b| {
                         b.put_u64(*term);
                         b.put_u64(begin_lsn.0);
+                        b.put_u64(boundary_lsn.0);
                         b.put_u64(commit_lsn.0);
                         b.put_u64(peer_horizon_lsn.0);
                         b.put_u64(remote_consistent_lsn.0);
@@ -431,12 +436,17 @@ impl ProposerMessage {
             b'A' => {
                 let term = r.u64()?;
                 let begin_lsn = r.lsn()?;
+                let boundary_lsn = r.lsn()?;
                 let commit_lsn = r.lsn()?;
                 let peer_horizon_lsn = r.lsn()?;
                 let remote_consistent_lsn = r.lsn()?;
                 let data = r.wal()?;
-                if begin_lsn.0.checked_add(data.len() as u64).is_none() {
+                let Some(end) = begin_lsn.0.checked_add(data.len() as u64) else {
                     return Err(r.invalid("WAL beyond the largest LSN"));
+                };
+                // A boundary the acceptor's WAL could reach only with bytes not sent.
+                if boundary_lsn.0 > end {
+                    return Err(r.invalid(format!("record boundary {boundary_lsn} beyond the end of the WAL sent {}", Lsn(end))));
                 }
                 // A proposer caps the horizon by its commit LSN.
                 if peer_horizon_lsn > commit_lsn {
@@ -446,6 +456,7 @@ impl ProposerMessage {
                     term,
                     begin_lsn,
                     data,
+                    boundary_lsn,
                     commit_lsn,
                     peer_horizon_lsn,
                     remote_consistent_lsn,
@@ -486,36 +497,38 @@ impl AcceptorMessage {
                 }
             }),
             AcceptorMessage::Consensus(m) => match m {
-                ToProposer::GreetingReply { round, term, last_log_term, flush_lsn, learner } => frame(buf, b'g', |b| {
+                ToProposer::GreetingReply { round, term, last_log_term, boundary_lsn, learner } => frame(buf, b'g', |b| {
                     b.put_u64(*round);
                     b.put_u64(*term);
                     b.put_u64(*last_log_term);
-                    b.put_u64(flush_lsn.0);
+                    b.put_u64(boundary_lsn.0);
                     b.put_u8(*learner as u8);
                 }),
-                ToProposer::Vote { term, granted, acceptor_term, history, flush_lsn, commit_lsn, peer_horizon_lsn } => {
+                ToProposer::Vote { term, granted, acceptor_term, history, boundary_lsn, commit_lsn, peer_horizon_lsn } => {
                     frame(buf, b'v', |b| {
                         b.put_u64(*term);
                         b.put_u8(*granted as u8);
                         b.put_u64(*acceptor_term);
-                        b.put_u64(flush_lsn.0);
+                        b.put_u64(boundary_lsn.0);
                         b.put_u64(commit_lsn.0);
                         b.put_u64(peer_horizon_lsn.0);
                         put_history(b, history);
                     })
                 }
-                ToProposer::ElectedAck { term, flush_lsn } => frame(buf, b'k', |b| {
+                ToProposer::ElectedAck { term, flush_lsn, boundary_lsn } => frame(buf, b'k', |b| {
                     b.put_u64(*term);
                     b.put_u64(flush_lsn.0);
+                    b.put_u64(boundary_lsn.0);
                 }),
                 ToProposer::Wal { term, from, data } => frame(buf, b'w', |b| {
                     b.put_u64(*term);
                     b.put_u64(from.0);
                     b.put_slice(data);
                 }),
-                ToProposer::AppendAck { term, flush_lsn, commit_lsn } => frame(buf, b'a', |b| {
+                ToProposer::AppendAck { term, flush_lsn, boundary_lsn, commit_lsn } => frame(buf, b'a', |b| {
                     b.put_u64(*term);
                     b.put_u64(flush_lsn.0);
+                    b.put_u64(boundary_lsn.0);
                     b.put_u64(commit_lsn.0);
                 }),
                 ToProposer::Rejected { term, acceptor_term } => frame(buf, b'r', |b| {
@@ -567,39 +580,47 @@ impl AcceptorMessage {
                 let round = r.u64()?;
                 let term = r.u64()?;
                 let last_log_term = r.u64()?;
-                let flush_lsn = r.lsn()?;
+                let boundary_lsn = r.lsn()?;
                 let learner = r.bool()?;
                 // An acceptor's log holds only terms it has seen.
                 if last_log_term > term {
                     return Err(r.invalid(format!("last log term {last_log_term} above the term {term}")));
                 }
-                AcceptorMessage::Consensus(ToProposer::GreetingReply { round, term, last_log_term, flush_lsn, learner })
+                AcceptorMessage::Consensus(ToProposer::GreetingReply { round, term, last_log_term, boundary_lsn, learner })
             }
             b'v' => {
                 let term = r.u64()?;
                 let granted = r.bool()?;
                 let acceptor_term = r.u64()?;
-                let flush_lsn = r.lsn()?;
+                let boundary_lsn = r.lsn()?;
                 let commit_lsn = r.lsn()?;
                 let peer_horizon_lsn = r.lsn()?;
                 let history = r.history()?;
-                if commit_lsn > flush_lsn {
-                    return Err(r.invalid("commit LSN beyond flush LSN"));
+                if commit_lsn > boundary_lsn {
+                    return Err(r.invalid("commit LSN beyond the boundary LSN"));
                 }
-                if peer_horizon_lsn > flush_lsn {
-                    return Err(r.invalid("peer horizon beyond the flush LSN"));
+                if peer_horizon_lsn > boundary_lsn {
+                    return Err(r.invalid("peer horizon beyond the boundary LSN"));
                 }
                 AcceptorMessage::Consensus(ToProposer::Vote {
                     term,
                     granted,
                     acceptor_term,
                     history,
-                    flush_lsn,
+                    boundary_lsn,
                     commit_lsn,
                     peer_horizon_lsn,
                 })
             }
-            b'k' => AcceptorMessage::Consensus(ToProposer::ElectedAck { term: r.u64()?, flush_lsn: r.lsn()? }),
+            b'k' => {
+                let term = r.u64()?;
+                let flush_lsn = r.lsn()?;
+                let boundary_lsn = r.lsn()?;
+                if boundary_lsn > flush_lsn {
+                    return Err(r.invalid("boundary LSN beyond flush LSN"));
+                }
+                AcceptorMessage::Consensus(ToProposer::ElectedAck { term, flush_lsn, boundary_lsn })
+            }
             b'w' => {
                 let term = r.u64()?;
                 let from = r.lsn()?;
@@ -609,11 +630,15 @@ impl AcceptorMessage {
             b'a' => {
                 let term = r.u64()?;
                 let flush_lsn = r.lsn()?;
+                let boundary_lsn = r.lsn()?;
                 let commit_lsn = r.lsn()?;
-                if commit_lsn > flush_lsn {
-                    return Err(r.invalid("commit LSN beyond flush LSN"));
+                if boundary_lsn > flush_lsn {
+                    return Err(r.invalid("boundary LSN beyond flush LSN"));
                 }
-                AcceptorMessage::Consensus(ToProposer::AppendAck { term, flush_lsn, commit_lsn })
+                if commit_lsn > boundary_lsn {
+                    return Err(r.invalid("commit LSN beyond the boundary LSN"));
+                }
+                AcceptorMessage::Consensus(ToProposer::AppendAck { term, flush_lsn, boundary_lsn, commit_lsn })
             }
             b'r' => AcceptorMessage::Consensus(ToProposer::Rejected { term: r.u64()?, acceptor_term: r.u64()? }),
             t => return Err(WireError::UnknownTag(t)),

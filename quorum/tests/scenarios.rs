@@ -111,7 +111,7 @@ fn only(nodes: &'static [usize]) -> impl Fn(usize, ToAcceptor) -> Option<ToAccep
 /// Appends a 10-byte record with payload `id`, delivered to `to` only.
 fn append(c: &mut Cluster, p: &mut P, id: u64, to: &'static [usize]) -> Vec<ProposerAction> {
     let end = p.store.client_append(&record(id, 10));
-    let a = p.core.append(end);
+    let a = p.core.append(end, end);
     c.run(p, a, &only(to))
 }
 
@@ -170,9 +170,18 @@ fn no_commit_below_own_start_lsn() {
     let mut p3 = proposer();
     let to_1_up_to_20 = |to: usize, msg: ToAcceptor| match (to, msg) {
         (2, _) => None,
-        (1, ToAcceptor::Append { term, begin_lsn, data, commit_lsn, peer_horizon_lsn, remote_consistent_lsn }) => {
+        (1, ToAcceptor::Append { term, begin_lsn, data, boundary_lsn, commit_lsn, peer_horizon_lsn, remote_consistent_lsn }) => {
             let keep = (lsn(20).0.saturating_sub(begin_lsn.0) as usize).min(data.len());
-            Some(ToAcceptor::Append { term, begin_lsn, data: data.slice(..keep), commit_lsn, peer_horizon_lsn, remote_consistent_lsn })
+            let boundary_lsn = boundary_lsn.min(lsn(20));
+            Some(ToAcceptor::Append {
+                term,
+                begin_lsn,
+                data: data.slice(..keep),
+                boundary_lsn,
+                commit_lsn,
+                peer_horizon_lsn,
+                remote_consistent_lsn,
+            })
         }
         (_, msg) => Some(msg),
     };
@@ -270,38 +279,135 @@ fn empty_sync_elects_nothing() {
     assert!(c.disks.iter().all(|d| d.state.history.0.is_empty()));
 }
 
-/// WAL is sent in pieces that end where appends ended (a compute's record boundaries), even
-/// when an append is larger than `max_append`: an acceptor's log never ends inside one.
+/// WAL is sent in pieces of at most `max_append` bytes, cut inside records; each carries
+/// the last record boundary its bytes reach, so every acceptor's boundary LSN is a record
+/// boundary at every moment, commits end at one, and the window moves while a record longer
+/// than it streams.
 #[test]
-fn appends_are_sent_whole() {
+fn pieces_are_cut_anywhere_and_carry_the_last_boundary() {
     let mut c = Cluster::new();
-    let config = ProposerConfig { max_append: 12, window: 1000, max_fetch: 12, ..ProposerConfig::default() };
+    let config = ProposerConfig { max_append: 12, window: 24, max_fetch: 12, ..ProposerConfig::default() };
     let mut p = P { core: Proposer::new(3, WAL_START, config), store: Store::default(), ghosts: BTreeMap::new() };
     c.elect(&mut p, &only(&[0, 1, 2]));
-    let mut ends = vec![WAL_START];
     let mut queue: VecDeque<ProposerAction> = VecDeque::new();
-    for (id, len) in [(1, 10), (2, 15), (3, 15), (4, 3), (5, 4)] {
+    let mut log = Vec::new();
+    for (id, len) in [(1, 10), (2, 15), (3, 100), (4, 3), (5, 4)] {
+        log.extend(record(id, len));
         let end = p.store.client_append(&record(id, len));
-        ends.push(end);
-        queue.extend(p.core.append(end));
+        queue.extend(p.core.append(end, end));
     }
-    // Deliver one message at a time, checking every acceptor's end after each.
+    // Deliver one message at a time, checking every acceptor and every commit after each.
+    let mut pieces = 0;
     while let Some(a) = queue.pop_front() {
+        if let ProposerAction::Commit { commit_lsn, .. } = a {
+            assert!(is_record_boundary(&log, commit_lsn), "a commit at {commit_lsn}, inside a record");
+        }
         if let Some((to, msg)) = p.store.message(&a).unwrap() {
-            if let ToAcceptor::Append { begin_lsn, data, .. } = &msg {
-                let end = Lsn(begin_lsn.0 + data.len() as u64);
-                assert!(ends.contains(&end), "a piece ends at {end}, inside an append (ends {ends:?})");
+            if let ToAcceptor::Append { data, boundary_lsn, .. } = &msg {
+                assert!(data.len() <= 12, "a piece of {} bytes", data.len());
+                assert!(is_record_boundary(&log, *boundary_lsn), "a piece names {boundary_lsn}, inside a record");
+                pieces += 1;
             }
             let (replies, _) = c.nodes[to].handle(&mut c.disks[to], msg, None).unwrap();
             for r in replies {
                 queue.extend(p.core.handle(to, r));
             }
             for d in &c.disks {
-                assert!(ends.contains(&d.state.flush_lsn), "an acceptor's WAL ends at {}", d.state.flush_lsn);
+                let s = &d.state;
+                assert!(is_record_boundary(&log, s.boundary_lsn), "an acceptor's boundary LSN {} is inside a record", s.boundary_lsn);
+                assert!(s.commit_lsn <= s.boundary_lsn && s.boundary_lsn <= s.flush_lsn, "{s:?}");
             }
         }
     }
-    assert!(c.disks.iter().all(|d| d.state.flush_lsn == *ends.last().unwrap()));
+    assert!(pieces >= 3 * 132 / 12, "{pieces} pieces");
+    let end = Lsn(WAL_START.0 + log.len() as u64);
+    assert!(c.disks.iter().all(|d| d.state.flush_lsn == end && d.state.boundary_lsn == end));
+    assert_eq!(p.core.commit_lsn(), Some(end));
+}
+
+/// The hole 3, in the core: a compute streams a record far longer than a message
+/// (20 MiB; `wire::WAL_BYTES_MAX` is 16 MiB) and dies with acceptor 0 holding part of it
+/// and acceptor 1 none. The sync elected by 0 and 1 ends at the last whole record, not
+/// inside the long one, drops 0's partial record, and the next compute starts there and
+/// commits. Then the long record again, whole on 0 and half on 1: a sync by 0 and 1 ends
+/// after it, catching 1 up with WAL fetched from 0 in pieces cut inside it.
+#[test]
+fn a_sync_after_a_compute_died_inside_a_long_record_ends_at_a_boundary() {
+    let mut c = Cluster::new();
+    let config = ProposerConfig::default();
+    let mut writer = proposer_in(ProposerMode::Compute, WAL_START, config);
+    c.elect(&mut writer, &only(&[0, 1, 2]));
+    let first = writer.store.client_append(&record(1, 10));
+    let a = writer.core.append(first, first);
+    c.run(&mut writer, a, &only(&[0, 1, 2]));
+    assert_eq!(writer.core.commit_lsn(), Some(first));
+    // The long record, flushed 4 MiB at a time as the compute writes it (the shell declares
+    // only the boundary before it); 3 MiB of it reach acceptor 0, nothing reaches 1 and 2
+    // (before record boundaries, this very schedule made the sync end at 3 MiB into the
+    // record: the old rule cut pieces at `max_append` while the next boundary was more than
+    // a message away).
+    let long = record(2, 20 << 20);
+    let sent_to_0 = std::cell::Cell::new(0usize);
+    let filter = |to: usize, m: ToAcceptor| {
+        let ToAcceptor::Append { data, .. } = &m else { return Some(m) };
+        if to != 0 || sent_to_0.get() >= 3 << 20 {
+            return None;
+        }
+        sent_to_0.set(sent_to_0.get() + data.len());
+        Some(m)
+    };
+    for part in long.chunks(4 << 20).take(3) {
+        let end = writer.store.client_append(part);
+        let a = writer.core.append(end, first);
+        c.run(&mut writer, a, &filter);
+    }
+    let s0 = c.disks[0].state.clone();
+    assert!(s0.flush_lsn > first && s0.boundary_lsn == first, "acceptor 0 holds part of the record: {s0:?}");
+    assert_eq!(writer.core.commit_lsn(), Some(first), "nothing past the last whole record is committed");
+    // The compute dies. compute_ctl's sync, with 2 unreachable:
+    let mut sync = proposer_in(ProposerMode::Sync, Lsn(0), config);
+    let events = c.elect(&mut sync, &only(&[0, 1]));
+    let Some(ProposerAction::SyncDone { lsn: Some(end), .. }) = events.last() else { panic!("no sync: {events:?}") };
+    assert_eq!(*end, first, "the sync ends at the last whole record");
+    assert_eq!(c.disks[0].state.flush_lsn, first, "the partial record is dropped once a new term writes");
+    // The next compute starts there and commits.
+    let mut next = proposer_in(ProposerMode::Compute, first, config);
+    c.elect(&mut next, &only(&[0, 1, 2]));
+    assert!(next.core.is_leader());
+    let second = next.store.client_append(&record(3, 10));
+    let a = next.core.append(second, second);
+    c.run(&mut next, a, &only(&[0, 1, 2]));
+    assert_eq!(next.core.commit_lsn(), Some(second));
+
+    // The long record whole on 0 (its end declared), half on 1.
+    let sent_to_1 = std::cell::Cell::new(0usize);
+    let filter = |to: usize, m: ToAcceptor| {
+        let ToAcceptor::Append { data, .. } = &m else { return Some(m) };
+        match to {
+            0 => Some(m),
+            1 if sent_to_1.get() < 10 << 20 => {
+                sent_to_1.set(sent_to_1.get() + data.len());
+                Some(m)
+            }
+            _ => None,
+        }
+    };
+    let third = next.store.client_append(&long);
+    let a = next.core.append(third, third);
+    c.run(&mut next, a, &filter);
+    assert_eq!((c.disks[0].state.flush_lsn, c.disks[0].state.boundary_lsn), (third, third));
+    let s1 = c.disks[1].state.clone();
+    assert!(s1.flush_lsn > second && s1.flush_lsn < third && s1.boundary_lsn == second, "{s1:?}");
+    assert_eq!(next.core.commit_lsn(), Some(second), "one acceptor holds the record whole: not committed");
+    let mut sync = proposer_in(ProposerMode::Sync, Lsn(0), config);
+    let events = c.elect(&mut sync, &only(&[0, 1]));
+    let Some(ProposerAction::SyncDone { lsn: Some(end), .. }) = events.last() else { panic!("no sync: {events:?}") };
+    assert_eq!(*end, third, "the sync ends after the long record, which acceptor 0 holds whole");
+    assert_eq!(c.disks[1].wal, c.disks[0].wal, "acceptor 1 was caught up from acceptor 0");
+    let mut want = record(1, 10);
+    want.extend(record(3, 10));
+    want.extend(&long);
+    assert_eq!(c.committed, want);
 }
 
 /// A stale compute (restarted without a sync: its WAL starts before the safekeepers' end)
@@ -350,10 +456,10 @@ fn a_stale_compute_is_fenced_before_any_vote_and_the_healthy_one_goes_on() {
     assert!(matches!(events[..], [ProposerAction::Fenced { term: 1, reason: FenceReason::HigherTerm { seen: 2, .. } }]), "{events:?}");
     for p in [&mut healthy, &mut stale] {
         assert!(p.core.is_stopped());
-        assert!(p.core.tick().is_empty() && p.core.start_election().is_empty() && p.core.append(lsn(1000)).is_empty());
+        assert!(p.core.tick().is_empty() && p.core.start_election().is_empty() && p.core.append(lsn(1000), lsn(1000)).is_empty());
         assert!(p
             .core
-            .handle(0, ToProposer::GreetingReply { round: 1, term: 9, last_log_term: 1, flush_lsn: lsn(20), learner: false })
+            .handle(0, ToProposer::GreetingReply { round: 1, term: 9, last_log_term: 1, boundary_lsn: lsn(20), learner: false })
             .is_empty());
         assert!(p.core.reconnected(0).is_empty());
     }
@@ -405,9 +511,9 @@ fn a_stale_compute_that_greets_only_lagging_acceptors_is_fenced_once_elected() {
 }
 
 /// Acceptors that lag behind the donor are caught up with WAL below the leader's start in
-/// pieces that end at record boundaries the core knows (term switches, acknowledged flush
-/// LSNs, its start), never cut by size: the next sync, elected without the donor, ends at a
-/// record boundary, and so does every acceptor's WAL at every moment.
+/// pieces cut by size, each carrying a record boundary the core knows (term switches,
+/// acknowledged boundary LSNs, its start): the next sync, elected without the donor, ends
+/// at a record boundary, and every acceptor's boundary LSN is one at every moment.
 #[test]
 fn a_sync_after_a_cut_off_catch_up_ends_at_a_record_boundary() {
     let mut c = Cluster::new();
@@ -417,7 +523,7 @@ fn a_sync_after_a_cut_off_catch_up_ends_at_a_record_boundary() {
     // Records of different lengths reach acceptor 0 only: 1 and 2 stay at the start.
     for (id, len) in [(1, 10), (2, 23), (3, 5), (4, 31)] {
         let end = writer.store.client_append(&record(id, len));
-        let a = writer.core.append(end);
+        let a = writer.core.append(end, end);
         c.run(&mut writer, a, &only(&[0]));
     }
     let donor_log = c.disks[0].wal.bytes.clone();
@@ -429,9 +535,8 @@ fn a_sync_after_a_cut_off_catch_up_ends_at_a_record_boundary() {
     let mut sync = proposer_in(ProposerMode::Sync, Lsn(0), small);
     let appends_to_2 = std::cell::Cell::new(0);
     let filter = |to: usize, m: ToAcceptor| {
-        if let ToAcceptor::Append { begin_lsn, data, .. } = &m {
-            let end = Lsn(begin_lsn.0 + data.len() as u64);
-            assert!(is_record_boundary(&donor_log, end), "a piece of catch-up WAL ends at {end}, inside a record");
+        if let ToAcceptor::Append { boundary_lsn, .. } = &m {
+            assert!(is_record_boundary(&donor_log, *boundary_lsn), "a piece of catch-up WAL names {boundary_lsn}, inside a record");
             if to == 2 {
                 appends_to_2.set(appends_to_2.get() + 1);
                 if appends_to_2.get() > 1 {
@@ -444,7 +549,8 @@ fn a_sync_after_a_cut_off_catch_up_ends_at_a_record_boundary() {
     let events = c.elect(&mut sync, &filter);
     assert!(matches!(events.last(), Some(ProposerAction::SyncDone { lsn: Some(l), .. }) if *l == lsn(69)), "{events:?}");
     for d in &c.disks {
-        assert!(is_record_boundary(&d.wal.bytes, d.wal.end()), "an acceptor's WAL ends at {}, inside a record", d.wal.end());
+        let b = d.state.boundary_lsn;
+        assert!(is_record_boundary(&donor_log, b), "an acceptor's boundary LSN {b} is inside a record");
     }
 
     // Without acceptor 0, the next sync is elected by 1 and 2 and ends at a record boundary.

@@ -3,7 +3,10 @@
 //! for a while, acceptor crashes (losing what was not persisted, including lazily written
 //! commit LSNs) and restarts, lost disks (an acceptor back blank as a learner, one at a
 //! time), and client appends of WAL records (which, like PostgreSQL's,
-//! say how long they are, so the checker can tell where records end).
+//! say how long they are, so the checker can tell where records end). Records are appended
+//! in parts as often as not (a compute's flush ends inside a record, and it declares only
+//! the end of the last whole one), and now and then one is longer than a piece and than the
+//! window, so pieces are cut inside records.
 //!
 //! Even seeds run plain proposers (`ProposerMode::Plain`) that continue any log they are
 //! elected with and are restarted at random, as before the endpoints existed. Odd seeds run
@@ -17,7 +20,9 @@
 //! After every step: at most one proposer elected per term; committed WAL is never
 //! contradicted, is durable on a majority (counting an acceptor that lost its disk since), and is what every acceptor has below its commit
 //! LSN; commit LSNs never go back; no reply before its persists; fetched WAL is the elected
-//! history's; no acceptor's WAL ends inside a record; no acceptor's peer horizon (in memory
+//! history's; every acceptor's boundary LSN (what its greetings and votes report, and where
+//! a sync ends), in memory and on disk, is the end of a whole record, at least its commit
+//! LSN and at most its flush LSN; no acceptor's peer horizon (in memory
 //! or durable) exceeds any acceptor's flush LSN. Acceptors remove WAL below their durable
 //! peer horizon and commit LSN whenever they write them lazily, and fail the seed if the
 //! core then asks them for removed WAL (a lagging acceptor's catch-up, a sync's or a
@@ -81,6 +86,11 @@ struct ProposerNode {
     /// The shell's election backoff: doubles on every lost election, as walproposer's does,
     /// so that two endpoints' proposers stop dueling.
     backoff: u64,
+    /// The rest of the record the client is writing: a compute flushes WAL that ends inside
+    /// a record as often as not, and declares only the end of the last whole one.
+    partial: Vec<u8>,
+    /// The end of the last whole record given to the core.
+    boundary: Lsn,
 }
 
 /// A compute endpoint: its current proposer, and where its next compute starts.
@@ -136,6 +146,8 @@ struct Sim {
     plain: bool,
     /// Disks lost (an acceptor back blank, as a learner).
     wipes: usize,
+    /// Checks that found an acceptor whose WAL ends past its boundary LSN (inside a record).
+    partial_ends: usize,
 }
 
 fn learner_disk() -> Disk {
@@ -195,6 +207,7 @@ impl Sim {
             remote_consistent_lsn: Lsn(0),
             plain: false,
             wipes: 0,
+            partial_ends: 0,
         };
         // Odd seeds: endpoints that sync and compute. Even seeds: plain proposers that
         // continue any log they are elected with and stay, so that streaming, catch-up and
@@ -220,6 +233,8 @@ impl Sim {
             wal_start,
             retry_at: None,
             backoff: 10,
+            partial: Vec::new(),
+            boundary: Lsn(0),
         });
         self.proposers.len() - 1
     }
@@ -311,9 +326,13 @@ impl Sim {
                     }
                     let donor_log = pn.ghosts.get(&donor).cloned().ok_or("elected without the donor's vote")?;
                     if start_lsn != donor_log.end() && !(donor_log.bytes.is_empty() && start_lsn == WAL_START) {
-                        return Err(format!("start LSN {start_lsn} is not the donor's flush LSN {}", donor_log.end()));
+                        return Err(format!("start LSN {start_lsn} is not the donor's boundary LSN {}", donor_log.end()));
                     }
                     pn.store.elected(start_lsn, &donor_log, &self.committed)?;
+                    // A record cut short in an earlier term is gone: the term starts at the
+                    // end of a whole one.
+                    pn.partial.clear();
+                    pn.boundary = start_lsn;
                 }
                 ProposerAction::Commit { term, commit_lsn } => {
                     let log = self.proposers[p].store.committed(commit_lsn)?;
@@ -409,7 +428,15 @@ impl Sim {
                 }
                 for msg in replies {
                     // (Of a granted vote only: a refusal, such as a learner's, never makes a donor.)
-                    let ghost = matches!(msg, ToProposer::Vote { granted: true, .. }).then(|| self.disks[to].wal.clone());
+                    // The log as the vote offers it: up to its boundary LSN.
+                    let ghost = match &msg {
+                        ToProposer::Vote { granted: true, boundary_lsn, .. } => {
+                            let mut wal = self.disks[to].wal.clone();
+                            wal.bytes.truncate(boundary_lsn.0.saturating_sub(wal.begin.0) as usize);
+                            Some(wal)
+                        }
+                        _ => None,
+                    };
                     self.send(Envelope::ToProposer { from: to, to: from, msg, ghost });
                 }
             }
@@ -455,11 +482,23 @@ impl Sim {
         if self.proposers[p].core.mode() == ProposerMode::Sync || self.proposers[p].core.wal_range().is_none() {
             return Ok(());
         }
-        let len = self.rng.gen_range(2..200);
-        let bytes = record(self.next_payload, len);
-        self.next_payload += 1;
-        let end = self.proposers[p].store.client_append(&bytes);
-        let actions = self.proposers[p].core.append(end);
+        if self.proposers[p].partial.is_empty() {
+            // Mostly short records; now and then one longer than a piece (`max_append` is
+            // at most 300) and than the window, so that pieces are cut inside records.
+            let len = if self.rng.gen_bool(0.08) { self.rng.gen_range(300..3000) } else { self.rng.gen_range(2..200) };
+            self.proposers[p].partial = record(self.next_payload, len);
+            self.next_payload += 1;
+        }
+        // The whole rest of the record, or only part of it (a flush inside the record).
+        let rest = self.proposers[p].partial.len();
+        let n = if self.rng.gen_bool(0.5) { rest } else { self.rng.gen_range(1..=rest) };
+        let pn = &mut self.proposers[p];
+        let bytes: Vec<u8> = pn.partial.drain(..n).collect();
+        let end = pn.store.client_append(&bytes);
+        if pn.partial.is_empty() {
+            pn.boundary = end;
+        }
+        let actions = pn.core.append(end, pn.boundary);
         self.proposer_actions(p, actions)
     }
 
@@ -689,11 +728,33 @@ impl Sim {
                     }
                 }
             }
-            // Pieces end at record boundaries: no acceptor's log ever ends inside a record, so
-            // whichever log the next election picks, its end is a record's.
-            if let Some(whole) = disk.wal.whole_log(&self.committed) {
-                if !disk.wal.bytes.is_empty() && !is_record_boundary(&whole, disk.wal.end()) {
-                    return Err(format!("acceptor {a}: its WAL ends at {}, inside a record", disk.wal.end()));
+            // Pieces are cut anywhere, but the end of the log an election sees (and that a
+            // sync ends at), the boundary LSN, is always the end of a whole record, in memory
+            // and on disk; the commit LSN never passes it, and it never passes the WAL.
+            let mut boundaries = vec![("disk", &disk.state)];
+            if let Some(n) = &self.nodes[a] {
+                boundaries.push(("memory", n.acceptor.state()));
+            }
+            if disk.state.flush_lsn > disk.state.boundary_lsn {
+                self.partial_ends += 1;
+            }
+            for (what, s) in boundaries {
+                if s.commit_lsn > s.boundary_lsn || s.boundary_lsn > s.flush_lsn {
+                    return Err(format!(
+                        "acceptor {a} ({what}): commit LSN {}, boundary LSN {}, flush LSN {} out of order",
+                        s.commit_lsn, s.boundary_lsn, s.flush_lsn
+                    ));
+                }
+                if let Some(whole) = disk.wal.whole_log(&self.committed) {
+                    if s.boundary_lsn.is_valid() && !is_record_boundary(&whole, s.boundary_lsn) {
+                        return Err(format!("acceptor {a} ({what}): its boundary LSN {} is inside a record", s.boundary_lsn));
+                    }
+                }
+                if !disk.wal.bytes.is_empty() && disk.wal.end() > disk.wal.begin && s.boundary_lsn < disk.wal.begin {
+                    return Err(format!(
+                        "acceptor {a} ({what}): boundary LSN {} below its log's beginning {}",
+                        s.boundary_lsn, disk.wal.begin
+                    ));
                 }
             }
         }
@@ -767,9 +828,14 @@ impl Sim {
             let writes = self.proposers[p].core.mode() != ProposerMode::Sync && self.proposers[p].core.wal_range().is_some();
             let term = self.proposers[p].core.term();
             if appended.is_none_or(|(q, t, _)| q != p || t != term) && writes {
-                let end = self.proposers[p].store.client_append(&record(u64::MAX - term, 2));
+                // After the rest of a record cut short, if any: only whole records commit.
+                let pn = &mut self.proposers[p];
+                let mut bytes = std::mem::take(&mut pn.partial);
+                bytes.extend(record(u64::MAX - term, 2));
+                let end = pn.store.client_append(&bytes);
+                pn.boundary = end;
                 appended = Some((p, term, end));
-                let actions = self.proposers[p].core.append(end);
+                let actions = pn.core.append(end, end);
                 self.proposer_actions(p, actions)?;
             }
             if let Some((q, t, end)) = appended {
@@ -821,6 +887,7 @@ struct Outcome {
     removals: usize,
     removed_bytes: u64,
     wipes: usize,
+    partial_ends: usize,
 }
 
 fn run_seed(seed: u64) -> Result<Outcome, String> {
@@ -846,6 +913,7 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         synced: sim.synced,
         removals: sim.removals,
         wipes: sim.wipes,
+        partial_ends: sim.partial_ends,
         removed_bytes: sim.removed_max.0.saturating_sub(WAL_START.0),
     })
 }
@@ -865,10 +933,11 @@ fn many_seeds() {
     let n: u64 = std::env::var("FJORD_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
     let first: u64 = std::env::var("FJORD_SIM_SEED_START").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     let (mut commits, mut bytes, mut terms, mut fenced_stale, mut fenced_later, mut synced) = (0, 0, 0, 0, 0, 0);
-    let (mut removals, mut removed_bytes, mut wipes) = (0, 0, 0);
+    let (mut removals, mut removed_bytes, mut wipes, mut partial_ends) = (0, 0, 0, 0);
     for seed in first..first + n {
         let o = run_seed_or_panic(seed);
         wipes += o.wipes;
+        partial_ends += o.partial_ends;
         removals += o.removals;
         removed_bytes += o.removed_bytes;
         commits += o.commits;
@@ -881,10 +950,11 @@ fn many_seeds() {
     eprintln!(
         "{n} seeds from {first}: {commits} commit advances, {bytes} bytes committed, {terms} terms elected, {synced} syncs done, \
          {fenced_stale} computes fenced at election, {fenced_later} after it, {removals} WAL removals \
-         ({removed_bytes} bytes below the highest removal point, summed over seeds), {wipes} disks lost"
+         ({removed_bytes} bytes below the highest removal point, summed over seeds), {wipes} disks lost, \
+         {partial_ends} acceptor states seen with WAL past the last whole record"
     );
-    // The simulation must exercise something: commits, elections, fencing, syncs, removal
-    // and lost disks.
+    // The simulation must exercise something: commits, elections, fencing, syncs, removal,
+    // lost disks, and logs that end inside a record.
     let n = n as usize;
     assert!(
         n == 0
@@ -895,6 +965,7 @@ fn many_seeds() {
                 && fenced_later > n / 40
                 && removals > n / 2
                 && wipes > n / 4
+                && partial_ends > n
     );
 }
 
@@ -904,7 +975,16 @@ fn replay_seed() {
     let o = run_seed_or_panic(seed);
     eprintln!(
         "seed {seed}: {} commit advances, {} bytes committed, {} terms elected, {} syncs done, {} computes fenced at election, {} after it, \
-         {} WAL removals (up to {} bytes), {} disks lost",
-        o.commits, o.committed_bytes, o.terms, o.synced, o.fenced_stale, o.fenced_later, o.removals, o.removed_bytes, o.wipes
+         {} WAL removals (up to {} bytes), {} disks lost, {} acceptor states with WAL past the last whole record",
+        o.commits,
+        o.committed_bytes,
+        o.terms,
+        o.synced,
+        o.fenced_stale,
+        o.fenced_later,
+        o.removals,
+        o.removed_bytes,
+        o.wipes,
+        o.partial_ends
     );
 }

@@ -118,6 +118,9 @@ pub struct TimelineStatus {
     pub learner: bool,
     pub term_history: Vec<TermSwitchJson>,
     pub flush_lsn: String,
+    /// The end of the last whole WAL record (at most `flush_lsn`): where an election sees
+    /// this safekeeper's log end (`quorum`'s "Record boundaries").
+    pub boundary_lsn: String,
     pub commit_lsn: String,
     pub wal_begin_lsn: String,
     /// The pageserver's remote-consistent LSN (the highest heard; 0/0: never).
@@ -571,6 +574,7 @@ impl Timeline {
             learner: state.learner,
             term_history: state.history.0.iter().map(|e| TermSwitchJson { term: e.term, lsn: e.lsn.to_string() }).collect(),
             flush_lsn: state.flush_lsn.to_string(),
+            boundary_lsn: state.boundary_lsn.to_string(),
             commit_lsn: state.commit_lsn.to_string(),
             wal_begin_lsn: inner.storage.wal_extent().begin.to_string(),
             remote_consistent_lsn: self.remote_consistent_lsn().to_string(),

@@ -216,12 +216,29 @@ impl Shell {
                         outstanding += 1;
                         self.conn.send(&ProposerMessage::Consensus(m));
                     }
-                    ProposerAction::SendWal { to: 0, term, begin, end, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
+                    ProposerAction::SendWal {
+                        to: 0,
+                        term,
+                        begin,
+                        end,
+                        boundary_lsn,
+                        commit_lsn,
+                        peer_horizon_lsn,
+                        remote_consistent_lsn,
+                    } => {
                         let from = (begin.0 - self.start.0) as usize;
                         let to = (end.0 - self.start.0) as usize;
                         let data = Bytes::copy_from_slice(&self.wal[from..to]);
                         outstanding += 1;
-                        let m = ToAcceptor::Append { term, begin_lsn: begin, data, commit_lsn, peer_horizon_lsn, remote_consistent_lsn };
+                        let m = ToAcceptor::Append {
+                            term,
+                            begin_lsn: begin,
+                            data,
+                            boundary_lsn,
+                            commit_lsn,
+                            peer_horizon_lsn,
+                            remote_consistent_lsn,
+                        };
                         self.conn.send(&ProposerMessage::Consensus(m));
                     }
                     ProposerAction::Elected { start_lsn, .. } => self.elected = Some(start_lsn),
@@ -252,7 +269,7 @@ impl Shell {
     fn append(&mut self, data: &[u8]) -> Lsn {
         self.wal.extend_from_slice(data);
         let end = Lsn(self.start.0 + self.wal.len() as u64);
-        let a = self.p.append(end);
+        let a = self.p.append(end, end);
         self.drive(a);
         end
     }
@@ -494,6 +511,7 @@ fn malformed_messages_get_an_error_and_change_nothing() {
                     term: 0,
                     begin_lsn: Lsn(0),
                     data: Bytes::new(),
+                    boundary_lsn: Lsn(0),
                     commit_lsn: Lsn(0),
                     peer_horizon_lsn: Lsn(0),
                     remote_consistent_lsn: Lsn(0),

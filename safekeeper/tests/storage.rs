@@ -33,7 +33,7 @@ fn start_and_append(s: &mut TimelineStorage, begin: Lsn, data: &[u8]) {
     let history = TermHistory(vec![TermSwitch { term: 1, lsn: begin }]);
     s.persist(&Persist::Control { term: 1, history, commit_lsn: Lsn(0), learner: false }, &mut st).unwrap();
     s.persist(&Persist::Truncate { at: begin }, &mut st).unwrap();
-    s.persist(&Persist::Append { begin, data: Bytes::copy_from_slice(data) }, &mut st).unwrap();
+    s.persist(&Persist::Append { begin, data: Bytes::copy_from_slice(data), boundary: Lsn(begin.0 + data.len() as u64) }, &mut st).unwrap();
     s.sync(&mut st).unwrap();
     assert!(st.fsyncs > 0);
 }
@@ -120,7 +120,7 @@ fn truncate_inside_zeroes_the_tail_and_drops_later_segments() {
     // Appending continues at the new end.
     let more = pattern(100, 3);
     let mut st = SyncStats::default();
-    s.persist(&Persist::Append { begin: at, data: Bytes::copy_from_slice(&more) }, &mut st).unwrap();
+    s.persist(&Persist::Append { begin: at, data: Bytes::copy_from_slice(&more), boundary: Lsn(at.0 + 100) }, &mut st).unwrap();
     s.sync(&mut st).unwrap();
     assert_eq!(&s.read_wal(at, Lsn(at.0 + 100)).unwrap()[..], &more[..]);
 }
@@ -215,7 +215,7 @@ fn removal_up_to_an_end_at_a_segment_boundary_keeps_an_empty_wal_there() {
     let mut s = TimelineStorage::open(&tl_dir).unwrap();
     assert_eq!(s.wal_extent(), safekeeper::storage::wal::WalExtent { begin: end, end });
     let more = pattern(100, 8);
-    s.persist(&Persist::Append { begin: end, data: Bytes::copy_from_slice(&more) }, &mut st).unwrap();
+    s.persist(&Persist::Append { begin: end, data: Bytes::copy_from_slice(&more), boundary: Lsn(end.0 + 100) }, &mut st).unwrap();
     s.sync(&mut st).unwrap();
     assert_eq!(&s.read_wal(end, Lsn(end.0 + 100)).unwrap()[..], &more[..]);
 }

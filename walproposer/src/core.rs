@@ -9,10 +9,10 @@
 //! those writes (bounded by [`crate::conn::WRITE_TIMEOUT`]).
 //!
 //! Policy is not decided here: `quorum::Proposer` in `Compute` or `Sync` mode says when this
-//! compute is fenced, when a sync is done, when an election is lost, and sends WAL only up to
-//! the record boundaries given to `append`. This thread carries that out: sockets, the
-//! clock (ticks, election backoff), the WAL store, decoding the compute's WAL to find those
-//! boundaries, status and log lines.
+//! compute is fenced, when a sync is done, when an election is lost, and commits (and lets a
+//! sync end) only at the record boundaries given to `append`. This thread carries that out:
+//! sockets, the clock (ticks, election backoff), the WAL store, decoding the compute's WAL
+//! to find those boundaries, status and log lines.
 //!
 //! Invariants: once fenced or failed it sends nothing more, ever (the core stops, and so
 //! does this thread). Bytes at or beyond the LSN PostgreSQL reported flushed are never sent
@@ -36,8 +36,9 @@ use std::time::{Duration, Instant};
 pub const TICK: Duration = Duration::from_millis(500);
 /// The first delay before an election is retried; doubles up to `reconnect_max`.
 const ELECTION_BACKOFF_MIN: Duration = Duration::from_millis(100);
-/// The compute's WAL is decoded this much at a time, and the last record end of each step is
-/// given to the proposer as a boundary (pieces of WAL end at boundaries only).
+/// The compute's WAL is decoded this much at a time; each step is given to the proposer
+/// with the end of the last whole record decoded so far as its boundary, so that WAL goes
+/// out while a long flush is still being decoded.
 const RECORD_STEP_BYTES: u64 = 4 << 20;
 /// At most this many events are handled before queued writes go out.
 const BATCH_EVENTS_MAX: usize = 256;
@@ -88,8 +89,8 @@ pub struct Core {
     retry_at: Option<Instant>,
     election_backoff: Duration,
     done: bool,
-    /// Compute mode, once elected: decodes the compute's own WAL as it is flushed, so that
-    /// only whole records are given to the proposer (see [`Core::record_end`]).
+    /// Compute mode, once elected: decodes the compute's own WAL as it is flushed, so
+    /// that the proposer learns where whole records end (see [`Core::record_ends`]).
     decoder: Option<pgwal::WalStreamDecoder>,
     /// The end of the last whole record decoded.
     record_end: Lsn,
@@ -216,8 +217,8 @@ impl Core {
                 let flushed = Lsn(self.shared.flushed.load(Ordering::SeqCst));
                 self.store.set_flushed(flushed);
                 if self.proposer.mode() == ProposerMode::Compute && self.elected.is_some() {
-                    for end in self.record_ends(flushed) {
-                        let actions = self.proposer.append(end);
+                    for (end, boundary) in self.record_ends(flushed) {
+                        let actions = self.proposer.append(end, boundary);
                         self.perform(actions);
                     }
                 }
@@ -234,15 +235,22 @@ impl Core {
             }
             match a {
                 ProposerAction::Send(i, msg) => self.queue(i, ProposerMessage::Consensus(msg)),
-                ProposerAction::SendWal { to, term, begin, end, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
+                ProposerAction::SendWal { to, term, begin, end, boundary_lsn, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
                     if self.conns[to].is_none() {
                         // Lost with the connection; the proposer resends after it rejoins.
                         continue;
                     }
                     match self.store.read(begin, end) {
                         Ok(data) => {
-                            let msg =
-                                ToAcceptor::Append { term, begin_lsn: begin, data, commit_lsn, peer_horizon_lsn, remote_consistent_lsn };
+                            let msg = ToAcceptor::Append {
+                                term,
+                                begin_lsn: begin,
+                                data,
+                                boundary_lsn,
+                                commit_lsn,
+                                peer_horizon_lsn,
+                                remote_consistent_lsn,
+                            };
                             self.queue(to, ProposerMessage::Consensus(msg));
                         }
                         Err(e @ WalReadError::SegmentGone { .. }) => self.leave_behind(to, &e),
@@ -328,7 +336,7 @@ impl Core {
                 return Vec::new();
             }
         }
-        self.record_ends(flushed).into_iter().flat_map(|end| self.proposer.append(end)).collect()
+        self.record_ends(flushed).into_iter().flat_map(|(end, boundary)| self.proposer.append(end, boundary)).collect()
     }
 
     /// Safekeeper `to` needs WAL that the compute's `pg_wal` no longer has (it lagged more
@@ -377,16 +385,17 @@ impl Core {
         }
     }
 
-    /// Record boundaries in the compute's WAL below `flushed` to give the proposer, decoding
-    /// what was flushed since the last call: the end of the last whole record of every
-    /// [`RECORD_STEP_BYTES`] decoded. PostgreSQL flushes whole pages in the background, so its
-    /// flush LSN can be inside a record; the proposer sends WAL only up to the boundaries it
-    /// is given, so that a safekeeper's WAL never ends inside a record (the next compute would
-    /// start there), and one boundary per step keeps its pieces short. Empty if decoding
-    /// failed (the proposer has failed then).
-    fn record_ends(&mut self, flushed: Lsn) -> Vec<Lsn> {
+    /// What to give the proposer's `append` for the compute's WAL up to `flushed`, decoding
+    /// what was flushed since the last call: per [`RECORD_STEP_BYTES`] decoded, the end of
+    /// the step and the end of the last whole record decoded so far. PostgreSQL flushes whole
+    /// pages in the background, so its flush LSN can be inside a record, and a record may be
+    /// far longer than a step or a message: the proposer sends the bytes as they come, but
+    /// commits, and lets the safekeepers' logs end for elections, only at the boundaries it
+    /// is given, so that the next compute never starts inside a record (`quorum`'s "Record
+    /// boundaries"). Empty if decoding failed (the proposer has failed then).
+    fn record_ends(&mut self, flushed: Lsn) -> Vec<(Lsn, Lsn)> {
         if !self.whole_records {
-            return vec![flushed];
+            return vec![(flushed, flushed)];
         }
         let mut ends = Vec::new();
         let Some(decoder) = self.decoder.as_mut() else { return ends };
@@ -411,9 +420,7 @@ impl Core {
                     }
                 }
             }
-            if ends.last().is_none_or(|&e| e < self.record_end) {
-                ends.push(self.record_end);
-            }
+            ends.push((to, self.record_end));
         }
         if let Some(reason) = failure {
             self.decoder = None;

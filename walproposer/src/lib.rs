@@ -55,12 +55,13 @@ pub struct Config {
     pub name: String,
     /// Reconnect backoff ceiling.
     pub reconnect_max: Duration,
-    /// Give the safekeepers whole PostgreSQL WAL records only: the proposer decodes the
-    /// compute's WAL (`pgwal`) and streams up to the end of the last complete record, never
-    /// up to a flush LSN inside a record (PostgreSQL flushes whole pages in the background),
-    /// so that the safekeepers' WAL, and the next compute's start, end at a record
-    /// boundary. `true` for every compute; `false` only where the bytes are not WAL (tests
-    /// with synthetic segments).
+    /// Tell the safekeepers where whole PostgreSQL WAL records end: the proposer decodes the
+    /// compute's WAL (`pgwal`) and declares the end of the last complete record with the
+    /// WAL it streams (which may end inside a record: PostgreSQL flushes whole pages in the
+    /// background, and a record may be longer than a message), so that commits, the
+    /// safekeepers' logs as elections see them, and the next compute's start, end at a
+    /// record boundary. `true` for every compute; `false` only where the bytes are not WAL
+    /// (tests with synthetic segments: every flush LSN is then taken for a boundary).
     pub whole_records: bool,
     /// The token sent in every `Hello` (a JWT of the `auth` crate granting this timeline;
     /// the callers take it from `FJORD_AUTH_TOKEN`), for safekeepers that run with

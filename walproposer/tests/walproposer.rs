@@ -300,3 +300,154 @@ fn the_token_is_sent_in_hello_and_a_refusal_is_reported() {
         assert!(sks.iter().all(|sk| sk.node.lock().unwrap().hello_tokens.last().map(String::as_str) == Some(sent)));
     }
 }
+
+/// PostgreSQL WAL as the compute writes it, for the tests that need the proposer to decode
+/// real records (`Config::whole_records`): logical-message records (`pg_logical_emit_message`)
+/// of any length, laid out on pages with headers and continuation records.
+struct PgWal {
+    /// The first byte, at a segment start.
+    begin: Lsn,
+    bytes: Vec<u8>,
+    prev: Lsn,
+}
+
+impl PgWal {
+    fn new(begin: Lsn) -> PgWal {
+        assert!(begin.0.is_multiple_of(SEGMENT_BYTES));
+        let mut w = PgWal { begin, bytes: Vec::new(), prev: Lsn(0) };
+        w.page_header(0);
+        w
+    }
+
+    fn pos(&self) -> Lsn {
+        Lsn(self.begin.0 + self.bytes.len() as u64)
+    }
+
+    fn page_header(&mut self, rem_len: u32) {
+        use pgwal::consts::XLP_FIRST_IS_CONTRECORD;
+        let mut h = pgwal::PageHeader::new(self.pos(), pgwal::TimeLineId(1), SEGMENT_BYTES, 7);
+        if rem_len > 0 {
+            h.info |= XLP_FIRST_IS_CONTRECORD;
+            h.rem_len = rem_len;
+        }
+        self.bytes.extend_from_slice(&h.to_bytes());
+    }
+
+    /// Appends a logical message of `len` bytes; returns where the record ends (padded to
+    /// 8 bytes, as the next record begins).
+    fn message(&mut self, len: usize, fill: u8) -> Lsn {
+        use pgwal::consts::{RM_LOGICALMSG_ID, XLOG_BLCKSZ, XLR_BLOCK_ID_DATA_LONG, XLR_BLOCK_ID_DATA_SHORT};
+        let mut rec = vec![0u8; pgwal::consts::SIZE_OF_XLOG_RECORD];
+        match u8::try_from(len) {
+            Ok(short) => rec.extend([XLR_BLOCK_ID_DATA_SHORT, short]),
+            Err(_) => {
+                rec.push(XLR_BLOCK_ID_DATA_LONG);
+                rec.extend((len as u32).to_le_bytes());
+            }
+        }
+        rec.extend(std::iter::repeat_n(fill, len));
+        let tot_len = rec.len() as u32;
+        rec[0..4].copy_from_slice(&tot_len.to_le_bytes());
+        rec[8..16].copy_from_slice(&self.prev.0.to_le_bytes());
+        rec[17] = RM_LOGICALMSG_ID;
+        let crc = pgwal::record::record_crc(&rec);
+        rec[20..24].copy_from_slice(&crc.to_le_bytes());
+        // Records begin 8-aligned, after the page header if that lands on a page start.
+        self.bytes.resize(self.bytes.len().next_multiple_of(8), 0);
+        if self.pos().0.is_multiple_of(XLOG_BLCKSZ as u64) {
+            self.page_header(0);
+        }
+        let start = self.pos();
+        let mut written = 0;
+        while written < rec.len() {
+            if self.pos().0.is_multiple_of(XLOG_BLCKSZ as u64) {
+                self.page_header((rec.len() - written) as u32);
+            }
+            let room = XLOG_BLCKSZ - (self.pos().0 % XLOG_BLCKSZ as u64) as usize;
+            let n = room.min(rec.len() - written);
+            self.bytes.extend_from_slice(&rec[written..written + n]);
+            written += n;
+        }
+        // Its end as the decoder reports it (`EndRecPtr`): after the alignment padding.
+        self.bytes.resize(self.bytes.len().next_multiple_of(8), 0);
+        self.prev = start;
+        self.pos()
+    }
+
+    /// Writes the WAL as `pg_wal` segment files (zeros after its end).
+    fn write_segments(&self, dir: &Path) {
+        let first = self.begin.0 / SEGMENT_BYTES;
+        for (i, chunk) in self.bytes.chunks(SEGMENT_BYTES as usize).enumerate() {
+            let mut data = chunk.to_vec();
+            data.resize(SEGMENT_BYTES as usize, 0);
+            std::fs::write(dir.join(pgwal::segment::segment_file_name(1, first + i as u64, SEGMENT_BYTES)), data).unwrap();
+        }
+    }
+}
+
+/// The hole 3 through the proposer's shell: a compute's record far longer than a
+/// message (20 MiB; `quorum::wire::WAL_BYTES_MAX` is 16 MiB) streams to the safekeepers in
+/// pieces as PostgreSQL flushes it, but nothing past the last whole record is committed or
+/// counted as their log's end. The compute dies inside the record; the sync ends at the
+/// record before it (and drops the partial one), and the next compute starts there, streams
+/// the long record whole and commits it. A compute killed while the record streams (wherever
+/// it stops) leaves a log a sync ends at a record boundary of.
+#[test]
+fn a_sync_after_a_compute_died_inside_a_long_record_ends_at_a_boundary() {
+    let dir = temp_dir("long-record");
+    let mut wal = PgWal::new(Lsn(3 * SEGMENT_BYTES));
+    let wal_start = wal.pos();
+    let first = wal.message(100, 1);
+    let long = wal.message(20 << 20, 2);
+    let after = wal.message(100, 3);
+    wal.write_segments(&dir);
+    let sks = safekeepers(3);
+    let cfg = |wal_start: Lsn, dir: Option<&Path>| Config { whole_records: true, ..config(&sks, wal_start, dir) };
+
+    let (p, _) = start(cfg(wal_start, Some(&dir)));
+    p.wal_flushed(first);
+    wait_until("the first record committed", WAIT, || p.commit_lsn() >= first);
+    // PostgreSQL flushed 12 MiB of the long record: the safekeepers get it, but their logs
+    // end, for elections and commits, at the first record.
+    let inside = Lsn(first.0 + (12 << 20));
+    p.wal_flushed(inside);
+    wait_until("the safekeepers hold part of the long record", WAIT, || sks.iter().all(|s| s.flush_lsn() == inside));
+    for s in &sks {
+        assert_eq!((s.boundary_lsn(), s.commit_lsn()), (first, first), "safekeeper {}", s.addr);
+    }
+    assert_eq!(p.commit_lsn(), first);
+    p.stop();
+    let synced = sync_safekeepers(&cfg(Lsn(0), None), WAIT).unwrap();
+    assert_eq!(synced, Some(first), "the sync ends at the last whole record");
+    assert!(sks.iter().filter(|s| s.flush_lsn() == first).count() >= 2, "the partial record is dropped by the sync's term");
+
+    // The next compute starts there and commits the long record.
+    let (p, _) = start(cfg(first, Some(&dir)));
+    p.wal_flushed(after);
+    wait_until("the long record committed", WAIT, || p.commit_lsn() >= after);
+    p.stop();
+    assert_eq!(sync_safekeepers(&cfg(Lsn(0), None), WAIT).unwrap(), Some(after));
+    assert!(sks.iter().filter(|s| s.boundary_lsn() == after).count() >= 2, "a majority holds the long record whole");
+    assert!(long > first && after > long);
+
+    // Another long record, all of it flushed at once, and the compute killed as soon as a
+    // safekeeper holds a few MiB of it: wherever the streams stopped, the sync ends at a
+    // record boundary (where the record starts, or after it).
+    let long2 = wal.message(20 << 20, 4);
+    wal.write_segments(&dir);
+    let (p, _) = start(cfg(after, Some(&dir)));
+    p.wal_flushed(long2);
+    wait_until("a safekeeper holds part of the second long record", WAIT, || sks.iter().any(|s| s.flush_lsn() > Lsn(after.0 + (3 << 20))));
+    p.stop();
+    let synced = sync_safekeepers(&cfg(Lsn(0), None), WAIT).unwrap();
+    assert!(synced == Some(after) || synced == Some(long2), "the sync ends at {synced:?}, not at {after} or {long2}");
+    for s in &sks {
+        assert!(
+            [after, long2].contains(&s.boundary_lsn()),
+            "safekeeper {} says its last whole record ends at {}",
+            s.addr,
+            s.boundary_lsn()
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -35,12 +35,14 @@ fn to_acceptor() -> impl Strategy<Value = ToAcceptor> {
             ToAcceptor::Elected { term, history: h, start_lsn: start, log_begin: Lsn(b % (start.0 + 1)), proposer }
         }),
         (any::<u64>(), lsn(), 0u64..1000).prop_map(|(term, from, n)| ToAcceptor::FetchWal { term, from, to: Lsn(from.0 + n) }),
-        (any::<u64>(), lsn(), data(), lsn(), any::<u64>(), lsn()).prop_map(
-            |(term, begin_lsn, data, commit_lsn, h, remote_consistent_lsn)| {
+        (any::<u64>(), lsn(), data(), any::<u64>(), lsn(), any::<u64>(), lsn()).prop_map(
+            |(term, begin_lsn, data, b, commit_lsn, h, remote_consistent_lsn)| {
+                let end = begin_lsn.0 + data.len() as u64;
                 ToAcceptor::Append {
                     term,
                     begin_lsn,
                     data,
+                    boundary_lsn: Lsn(b % (end + 1)),
                     commit_lsn,
                     peer_horizon_lsn: Lsn(h % (commit_lsn.0 + 1)),
                     remote_consistent_lsn,
@@ -52,29 +54,32 @@ fn to_acceptor() -> impl Strategy<Value = ToAcceptor> {
 
 fn to_proposer() -> impl Strategy<Value = ToProposer> {
     prop_oneof![
-        (any::<u64>(), any::<u64>(), any::<u64>(), lsn(), any::<bool>()).prop_map(|(round, term, l, flush_lsn, learner)| {
-            ToProposer::GreetingReply { round, term, last_log_term: l % term.saturating_add(1).max(1), flush_lsn, learner }
+        (any::<u64>(), any::<u64>(), any::<u64>(), lsn(), any::<bool>()).prop_map(|(round, term, l, boundary_lsn, learner)| {
+            ToProposer::GreetingReply { round, term, last_log_term: l % term.saturating_add(1).max(1), boundary_lsn, learner }
         }),
         (any::<u64>(), any::<bool>(), any::<u64>(), history(), lsn(), any::<u64>(), any::<u64>()).prop_map(
-            |(term, granted, acceptor_term, history, flush_lsn, c, h)| {
-                let commit_lsn = Lsn(c % (flush_lsn.0 + 1));
+            |(term, granted, acceptor_term, history, boundary_lsn, c, h)| {
+                let commit_lsn = Lsn(c % (boundary_lsn.0 + 1));
                 ToProposer::Vote {
                     term,
                     granted,
                     acceptor_term,
                     history,
-                    flush_lsn,
+                    boundary_lsn,
                     commit_lsn,
                     peer_horizon_lsn: Lsn(h % (commit_lsn.0 + 1)),
                 }
             }
         ),
-        (any::<u64>(), lsn()).prop_map(|(term, flush_lsn)| ToProposer::ElectedAck { term, flush_lsn }),
-        (any::<u64>(), lsn(), data()).prop_map(|(term, from, data)| ToProposer::Wal { term, from, data }),
-        (any::<u64>(), lsn(), any::<u64>()).prop_map(|(term, flush_lsn, c)| ToProposer::AppendAck {
+        (any::<u64>(), lsn(), any::<u64>()).prop_map(|(term, flush_lsn, b)| ToProposer::ElectedAck {
             term,
             flush_lsn,
-            commit_lsn: Lsn(c % (flush_lsn.0 + 1)),
+            boundary_lsn: Lsn(b % (flush_lsn.0 + 1))
+        }),
+        (any::<u64>(), lsn(), data()).prop_map(|(term, from, data)| ToProposer::Wal { term, from, data }),
+        (any::<u64>(), lsn(), any::<u64>(), any::<u64>()).prop_map(|(term, flush_lsn, b, c)| {
+            let boundary_lsn = Lsn(b % (flush_lsn.0 + 1));
+            ToProposer::AppendAck { term, flush_lsn, boundary_lsn, commit_lsn: Lsn(c % (boundary_lsn.0 + 1)) }
         }),
         (any::<u64>(), any::<u64>()).prop_map(|(term, acceptor_term)| ToProposer::Rejected { term, acceptor_term }),
     ]
@@ -216,13 +221,13 @@ fn malformed_messages_are_named_errors() {
 #[test]
 fn version_3_fields_are_checked() {
     let be = |v: &[u64]| v.iter().flat_map(|x| x.to_be_bytes()).collect::<Vec<u8>>();
-    // Greeting: its round. Reply: round, term, last log term, flush LSN, learner.
+    // Greeting: its round. Reply: round, term, last log term, boundary LSN, learner.
     let m = ProposerMessage::decode(&mut raw(b'G', &be(&[9]))).unwrap().unwrap();
     assert_eq!(m, ProposerMessage::Consensus(ToAcceptor::Greeting { round: 9 }));
     let mut p = be(&[9, 3, 2, 500]);
     p.push(1);
     let m = AcceptorMessage::decode(&mut raw(b'g', &p)).unwrap().unwrap();
-    let reply = ToProposer::GreetingReply { round: 9, term: 3, last_log_term: 2, flush_lsn: Lsn(500), learner: true };
+    let reply = ToProposer::GreetingReply { round: 9, term: 3, last_log_term: 2, boundary_lsn: Lsn(500), learner: true };
     assert_eq!(m, AcceptorMessage::Consensus(reply));
     let mut p = be(&[9, 3, 4, 500]);
     p.push(0);
@@ -249,8 +254,9 @@ fn version_2_fields_are_checked() {
     // Version 1's empty Append: term, begin, commit.
     assert_eq!(ProposerMessage::decode(&mut raw(b'A', &be(&[1, 100, 50]))), Err(WireError::Truncated { tag: 'A' }));
     assert_eq!(ProposerMessage::decode(&mut raw(b'A', &be(&[1, 100, 50, 40]))), Err(WireError::Truncated { tag: 'A' }));
-    // term, begin, commit, peer horizon, remote-consistent LSN, then WAL bytes.
-    let mut p = be(&[1, 100, 50, 40, 30]);
+    // term, begin, boundary (version 6), commit, peer horizon, remote-consistent LSN, then
+    // WAL bytes.
+    let mut p = be(&[1, 100, 102, 50, 40, 30]);
     p.extend_from_slice(b"wal");
     let m = ProposerMessage::decode(&mut raw(b'A', &p)).unwrap().unwrap();
     assert_eq!(
@@ -259,13 +265,14 @@ fn version_2_fields_are_checked() {
             term: 1,
             begin_lsn: Lsn(100),
             data: Bytes::from_static(b"wal"),
+            boundary_lsn: Lsn(102),
             commit_lsn: Lsn(50),
             peer_horizon_lsn: Lsn(40),
             remote_consistent_lsn: Lsn(30),
         })
     );
     // A horizon above the commit LSN.
-    let e = ProposerMessage::decode(&mut raw(b'A', &be(&[1, 100, 50, 51, 0]))).unwrap_err();
+    let e = ProposerMessage::decode(&mut raw(b'A', &be(&[1, 100, 0, 50, 51, 0]))).unwrap_err();
     assert_eq!(e.to_string(), "message 'A': peer horizon 0/33 beyond the commit LSN 0/32");
     // Version 1's Feedback: write, flush, apply.
     assert_eq!(AcceptorMessage::decode(&mut raw(b'f', &be(&[3, 2, 1]))), Err(WireError::Truncated { tag: 'f' }));
@@ -379,4 +386,29 @@ fn hello_debug_hides_the_token() {
     let text = format!("{m:?}");
     assert!(!text.contains("secret") && text.contains("<redacted>") && text.contains("walproposer pid 1"), "{text}");
     assert!(format!("{:?}", hello()).contains("auth_token: none"));
+}
+
+/// Version 6's record boundaries: an `Append` names a boundary its bytes reach, and an
+/// acceptor's acknowledgements carry its boundary LSN between the flush and commit LSNs;
+/// version 5's layouts are refused, and so is every order a correct peer cannot send.
+#[test]
+fn version_6_boundaries_are_checked() {
+    let be = |v: &[u64]| v.iter().flat_map(|x| x.to_be_bytes()).collect::<Vec<u8>>();
+    // An Append whose boundary lies beyond its bytes: 100 + 3 = 103.
+    let mut p = be(&[1, 100, 104, 50, 40, 30]);
+    p.extend_from_slice(b"wal");
+    let e = ProposerMessage::decode(&mut raw(b'A', &p)).unwrap_err();
+    assert_eq!(e.to_string(), "message 'A': record boundary 0/68 beyond the end of the WAL sent 0/67");
+    // Version 5's ElectedAck (term, flush) and AppendAck (term, flush, commit).
+    assert_eq!(AcceptorMessage::decode(&mut raw(b'k', &be(&[1, 100]))), Err(WireError::Truncated { tag: 'k' }));
+    assert_eq!(AcceptorMessage::decode(&mut raw(b'a', &be(&[1, 100, 50]))), Err(WireError::Truncated { tag: 'a' }));
+    let m = AcceptorMessage::decode(&mut raw(b'a', &be(&[1, 100, 90, 50]))).unwrap().unwrap();
+    let ack = ToProposer::AppendAck { term: 1, flush_lsn: Lsn(100), boundary_lsn: Lsn(90), commit_lsn: Lsn(50) };
+    assert_eq!(m, AcceptorMessage::Consensus(ack));
+    let e = AcceptorMessage::decode(&mut raw(b'a', &be(&[1, 100, 101, 50]))).unwrap_err();
+    assert_eq!(e.to_string(), "message 'a': boundary LSN beyond flush LSN");
+    let e = AcceptorMessage::decode(&mut raw(b'a', &be(&[1, 100, 90, 95]))).unwrap_err();
+    assert_eq!(e.to_string(), "message 'a': commit LSN beyond the boundary LSN");
+    let e = AcceptorMessage::decode(&mut raw(b'k', &be(&[1, 100, 101]))).unwrap_err();
+    assert_eq!(e.to_string(), "message 'k': boundary LSN beyond flush LSN");
 }

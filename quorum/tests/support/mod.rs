@@ -106,7 +106,7 @@ impl Disk {
                     self.wal = Wal { begin: *at, bytes: Vec::new() };
                 }
             }
-            Persist::Append { begin, data } => {
+            Persist::Append { begin, data, .. } => {
                 if *begin != self.wal.end() {
                     return Err(format!("append at {begin} but the WAL ends at {}", self.wal.end()));
                 }
@@ -226,12 +226,13 @@ impl Store {
     pub fn message(&mut self, a: &ProposerAction) -> Result<Option<(usize, ToAcceptor)>, String> {
         Ok(match a {
             ProposerAction::Send(to, m) => Some((*to, m.clone())),
-            ProposerAction::SendWal { to, term, begin, end, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
+            ProposerAction::SendWal { to, term, begin, end, boundary_lsn, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
                 let data = Bytes::copy_from_slice(self.wal.range(*begin, *end)?);
                 let msg = ToAcceptor::Append {
                     term: *term,
                     begin_lsn: *begin,
                     data,
+                    boundary_lsn: *boundary_lsn,
                     commit_lsn: *commit_lsn,
                     peer_horizon_lsn: *peer_horizon_lsn,
                     remote_consistent_lsn: *remote_consistent_lsn,
@@ -263,13 +264,16 @@ impl Store {
 }
 
 /// Record bytes for payload `id`: deterministic, and different for different ids. Like a
-/// WAL record, it says how long it is (its first two bytes, little-endian), so a log can be
-/// split into records ([`is_record_boundary`]). `len` is at least 2.
+/// WAL record, it says how long it is (its first two bytes, little-endian; or, for a record
+/// of 64 KiB or more, two zero bytes and then four), so a log can be split into records
+/// ([`is_record_boundary`]). `len` is at least 2, and at least 6 for a long one.
 pub fn record(id: u64, len: usize) -> Vec<u8> {
-    assert!((2..=u16::MAX as usize).contains(&len));
+    assert!(len >= 2 && len <= u32::MAX as usize);
     let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut bytes: Vec<u8> = (len as u16).to_le_bytes().to_vec();
-    bytes.extend((2..len).map(|_| {
+    let mut bytes: Vec<u8> =
+        if len <= u16::MAX as usize { (len as u16).to_le_bytes().to_vec() } else { [&[0u8, 0][..], &(len as u32).to_le_bytes()].concat() };
+    let header = bytes.len();
+    bytes.extend((header..len).map(|_| {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
@@ -284,7 +288,11 @@ pub fn is_record_boundary(log: &[u8], lsn: Lsn) -> bool {
     let mut at = 0;
     while at < target {
         let Some(header) = log.get(at..at + 2) else { return false };
-        let len = u16::from_le_bytes([header[0], header[1]]) as usize;
+        let mut len = u16::from_le_bytes([header[0], header[1]]) as usize;
+        if len == 0 {
+            let Some(long) = log.get(at + 2..at + 6) else { return false };
+            len = u32::from_le_bytes(long.try_into().expect("4 bytes")) as usize;
+        }
         if len < 2 {
             return false;
         }

@@ -4,8 +4,9 @@
 //! [`TimelineStorage`] carries out the acceptor's [`quorum::Persist`] actions:
 //! - `Persist::Control` replaces the control file atomically before returning (durable).
 //! - `Persist::Append` writes the bytes into their segments; they become durable at the next
-//!   [`TimelineStorage::sync`] (segments fdatasynced, then `wal.end`), which the caller runs
-//!   before it replies to anything — once per batch of messages (group commit).
+//!   [`TimelineStorage::sync`] (with the boundary LSN it carries, in `wal.end`'s journal),
+//!   which the caller runs before it replies to anything — once per batch of messages
+//!   (group commit).
 //! - `Persist::Truncate { at }` syncs pending appends, then moves the end (inside the WAL) or
 //!   empties the WAL to begin at `at` (outside it), durably, before returning.
 //!
@@ -99,6 +100,9 @@ impl TimelineStorage {
         if control.commit_lsn > extent.end {
             bail!("control file's commit LSN {} is beyond the end of WAL {}", control.commit_lsn, extent.end);
         }
+        if control.commit_lsn > wal.boundary() {
+            bail!("control file's commit LSN {} is beyond the last whole WAL record, which ends at {}", control.commit_lsn, wal.boundary());
+        }
         Ok(TimelineStorage { dir: dir.to_path_buf(), control, wal })
     }
 
@@ -121,6 +125,7 @@ impl TimelineStorage {
             history: self.control.history.clone(),
             commit_lsn: self.control.commit_lsn,
             flush_lsn: self.wal.extent().end,
+            boundary_lsn: self.wal.boundary(),
             peer_horizon_lsn: self.control.peer_horizon_lsn,
             learner: self.control.learner,
             log_begin: self.wal.extent().begin,
@@ -150,7 +155,7 @@ impl TimelineStorage {
                 }
                 Ok(())
             }
-            Persist::Append { begin, data } => self.wal.append(*begin, data, stats),
+            Persist::Append { begin, data, boundary } => self.wal.append(*begin, data, *boundary, stats),
         }
     }
 

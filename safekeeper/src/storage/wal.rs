@@ -7,23 +7,30 @@
 //! and its size never changes afterwards; appends overwrite zeros in place.
 //!
 //! # `wal.end`
-//! Two parts. The **header** (the first 32 bytes, rewritten in place with one `pwrite` inside
+//! Two parts. The **header** (the first 40 bytes, rewritten in place with one `pwrite` inside
 //! the first sector and `fdatasync`ed) holds the *settled* extent of the WAL, `[begin, end)`,
-//! whose bytes are durable in the segments, and a generation number. Sector writes are
-//! atomic on the devices we run on; if one ever tears, the checksum fails and the timeline
-//! is reported corrupt rather than trusted. The **journal** after it (from offset
+//! whose bytes are durable in the segments, its *boundary LSN* (the end of the last whole
+//! WAL record in it, `quorum`'s "Record boundaries"), and a generation number. Sector
+//! writes are atomic on the devices we run on; if one ever tears, the checksum fails and the
+//! timeline is reported corrupt rather than trusted. The **journal** after it (from offset
 //! [`JOURNAL_OFFSET`], [`JOURNAL_BYTES`] zero-filled at creation, so appends to it never
 //! change the file's size) holds the batches appended since the header was written: each
-//! record is the generation, the LSN the bytes go to, their length, the bytes, and a crc32c
-//! of all of it.
+//! record is the generation, the LSN the bytes go to, their length, the boundary LSN after
+//! them, the bytes (possibly none: a batch that only moved the boundary), and a crc32c of
+//! all of it. The boundary LSN is durable with the bytes, in the same record: the acceptor
+//! acknowledges both, and commits count the boundary.
 //!
-//! Why a separate file rather than finding the end by decoding: an append may still end
-//! inside a record (the proposer ends its own WAL at record boundaries, but catch-up WAL from
-//! a donor and very long runs without a boundary are cut by size, see `quorum`), so the
-//! bytes alone cannot tell where the acknowledged WAL ends; and zero bytes are valid WAL
-//! content. Keeping the beginning in the header lets a truncation that moves both (an
-//! acceptor whose log shares nothing with the elected history) switch them in one atomic
-//! write.
+//! Why a separate file rather than finding the end by decoding: appends are cut anywhere,
+//! inside records too (a record may be longer than a message), so the bytes alone cannot
+//! tell where the acknowledged WAL ends nor where its last whole record does; and zero
+//! bytes are valid WAL content. Keeping the beginning in the header lets a truncation that
+//! moves both (an acceptor whose log shares nothing with the elected history) switch them
+//! in one atomic write.
+//!
+//! Format 3 (a 32-byte header without the boundary, journal records without it) is still
+//! read, its boundary taken to be its end (format 3 safekeepers sent whole records only, but
+//! for a record longer than a message), and rewritten as format 4 at open; a format 3
+//! safekeeper cannot read format 4 (its magic differs: "no header").
 //!
 //! # fsync discipline
 //! One batch of appends: `pwrite` the bytes into their segments (not synced), append them as
@@ -82,18 +89,23 @@ pub const PG_TIMELINE: u32 = 1;
 /// The header as older safekeepers wrote it (end, begin, crc32c, no journal). Still read;
 /// rewritten as a header with a journal at open.
 const WAL_END_V1_BYTES: usize = 20;
-/// The header: end, begin, generation (8 bytes each, little endian), [`HEADER_MAGIC`], a
-/// crc32c of the 28 bytes before it. The first 16 bytes are laid out as in the older one.
-const HEADER_BYTES: usize = 32;
-const HEADER_MAGIC: u32 = 0x4a57_4533; // "3EWJ" little endian: journal format 3
+/// Format 3's header (32 bytes): end, begin, generation (8 bytes each, little endian),
+/// [`HEADER_MAGIC_V3`], a crc32c of the 28 bytes before it. The first 16 bytes are laid out
+/// as in the older one. Still read.
+const HEADER_MAGIC_V3: u32 = 0x4a57_4533; // "3EWJ" little endian: journal format 3
+/// The header: end, begin, generation, boundary LSN (8 bytes each, little endian),
+/// [`HEADER_MAGIC`], a crc32c of the 36 bytes before it.
+const HEADER_BYTES: usize = 40;
+const HEADER_MAGIC: u32 = 0x4a57_4534; // "4EWJ" little endian: journal format 4
 /// Where the journal starts: its own sector, away from the header's.
 pub const JOURNAL_OFFSET: u64 = 4096;
 /// The journal's size. Settled about once a second, it holds a second of appends (or
 /// forces a settle when full); a batch bigger than it is synced by settling.
 pub const JOURNAL_BYTES: u64 = 8 << 20;
-/// A journal record's header: generation, LSN, length (8 bytes each), then the bytes, then a
-/// crc32c of the header and the bytes.
-const RECORD_HEADER_BYTES: usize = 24;
+/// A journal record's header: generation, LSN, length, boundary LSN (8 bytes each), then the
+/// bytes, then a crc32c of the header and the bytes. Format 3's had no boundary LSN.
+const RECORD_HEADER_BYTES: usize = 32;
+const RECORD_HEADER_V3_BYTES: usize = 24;
 const RECORD_CRC_BYTES: usize = 4;
 /// Zero-filling and copying go in chunks of this size.
 const CHUNK_BYTES: usize = 1 << 20;
@@ -117,10 +129,23 @@ pub struct WalExtent {
     pub end: Lsn,
 }
 
-/// The header of `wal.end`: the settled extent and the journal's generation.
+/// How `wal.end` is laid out: the format its header says, which its journal records follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    /// The 20-byte record of the first safekeepers: no journal, no boundary.
+    V1,
+    /// A header and a journal, without boundaries.
+    V3,
+    /// A header and a journal, with boundaries.
+    V4,
+}
+
+/// The header of `wal.end`: the settled extent, its boundary LSN, and the journal's
+/// generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Header {
     extent: WalExtent,
+    boundary: Lsn,
     generation: u64,
 }
 
@@ -130,19 +155,23 @@ impl Header {
         b[0..8].copy_from_slice(&self.extent.end.0.to_le_bytes());
         b[8..16].copy_from_slice(&self.extent.begin.0.to_le_bytes());
         b[16..24].copy_from_slice(&self.generation.to_le_bytes());
-        b[24..28].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..28]);
-        b[28..32].copy_from_slice(&crc.to_le_bytes());
+        b[24..32].copy_from_slice(&self.boundary.0.to_le_bytes());
+        b[32..36].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..36]);
+        b[36..40].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
-    /// Decodes a header, or the older 20-byte record; the flag says whether the file has a
-    /// journal (the older record has none).
-    fn decode(b: &[u8]) -> anyhow::Result<(Header, bool)> {
-        let (crc_at, v1) = if b.len() == WAL_END_V1_BYTES {
-            (16, true)
-        } else if b.len() >= HEADER_BYTES && u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")) == HEADER_MAGIC {
-            (28, false)
+    /// Decodes a header of format 4 or 3, or the older 20-byte record, and says which it was.
+    /// An older one's boundary is its end (see the module's "`wal.end`").
+    fn decode(b: &[u8]) -> anyhow::Result<(Header, Format)> {
+        let magic_at = |at: usize| b.get(at..at + 4).map(|m| u32::from_le_bytes(m.try_into().expect("4 bytes")));
+        let (crc_at, format) = if b.len() == WAL_END_V1_BYTES {
+            (16, Format::V1)
+        } else if magic_at(32) == Some(HEADER_MAGIC) {
+            (36, Format::V4)
+        } else if magic_at(24) == Some(HEADER_MAGIC_V3) {
+            (28, Format::V3)
         } else if b.len() >= HEADER_BYTES {
             bail!("{WAL_END_FILE_NAME} has no header (bad magic)");
         } else {
@@ -158,41 +187,68 @@ impl Header {
         if extent.end < extent.begin {
             bail!("{WAL_END_FILE_NAME} says the WAL ends at {} before it begins at {}", extent.end, extent.begin);
         }
-        let generation = if v1 { 0 } else { word(16) };
-        Ok((Header { extent, generation }, !v1))
+        let generation = if format == Format::V1 { 0 } else { word(16) };
+        let boundary = if format == Format::V4 { Lsn(word(24)) } else { extent.end };
+        if boundary > extent.end || (boundary < extent.begin && extent.end > extent.begin) {
+            bail!("{WAL_END_FILE_NAME} says the last whole record ends at {boundary}, outside the WAL {}..{}", extent.begin, extent.end);
+        }
+        Ok((Header { extent, boundary, generation }, format))
     }
 }
 
-/// Encodes a journal record: `data` goes to `lsn`.
-fn encode_record(generation: u64, lsn: Lsn, data: &[u8]) -> Vec<u8> {
+/// Encodes a journal record: `data` goes to `lsn`, and the WAL's boundary LSN is then
+/// `boundary`.
+fn encode_record(generation: u64, lsn: Lsn, data: &[u8], boundary: Lsn) -> Vec<u8> {
     let mut b = Vec::with_capacity(RECORD_HEADER_BYTES + data.len() + RECORD_CRC_BYTES);
     b.extend_from_slice(&generation.to_le_bytes());
     b.extend_from_slice(&lsn.0.to_le_bytes());
     b.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    b.extend_from_slice(&boundary.0.to_le_bytes());
     b.extend_from_slice(data);
     let crc = crc32c::crc32c(&b);
     b.extend_from_slice(&crc.to_le_bytes());
     b
 }
 
-/// The valid records of `generation` at the start of `journal` that continue the WAL from
-/// `end`, as `(lsn, bytes)`; stops at the first that does not.
-fn decode_records(journal: &[u8], generation: u64, mut end: Lsn) -> Vec<(Lsn, &[u8])> {
+/// One journal record read back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct JournalRecord<'a> {
+    lsn: Lsn,
+    data: &'a [u8],
+    boundary: Lsn,
+}
+
+/// The valid records of `generation` at the start of `journal` (laid out as `format`, 3 or
+/// 4) that continue the WAL from `end` with a boundary LSN that only moves forward within
+/// the WAL, from `boundary`; stops at the first that does not. A format 3 record has no
+/// boundary (its end is taken) and no empty one.
+fn decode_records(journal: &[u8], format: Format, generation: u64, mut end: Lsn, mut boundary: Lsn) -> Vec<JournalRecord<'_>> {
+    let header_bytes = if format == Format::V4 { RECORD_HEADER_BYTES } else { RECORD_HEADER_V3_BYTES };
     let mut out = Vec::new();
     let mut rest = journal;
-    while rest.len() >= RECORD_HEADER_BYTES + RECORD_CRC_BYTES {
+    while rest.len() >= header_bytes + RECORD_CRC_BYTES {
         let word = |at: usize| u64::from_le_bytes(rest[at..at + 8].try_into().expect("8 bytes"));
         let (g, lsn, len) = (word(0), Lsn(word(8)), word(16));
-        if g != generation || lsn != end || len == 0 || len > (rest.len() - RECORD_HEADER_BYTES - RECORD_CRC_BYTES) as u64 {
+        if g != generation
+            || lsn != end
+            || (len == 0 && format != Format::V4)
+            || len > (rest.len() - header_bytes - RECORD_CRC_BYTES) as u64
+        {
             break;
         }
-        let body = RECORD_HEADER_BYTES + len as usize;
+        let new_end = Lsn(end.0 + len);
+        let new_boundary = if format == Format::V4 { Lsn(word(24)) } else { new_end };
+        if new_boundary < boundary || new_boundary > new_end {
+            break;
+        }
+        let body = header_bytes + len as usize;
         let stored = u32::from_le_bytes(rest[body..body + 4].try_into().expect("4 bytes"));
         if crc32c::crc32c(&rest[..body]) != stored {
             break;
         }
-        out.push((lsn, &rest[RECORD_HEADER_BYTES..body]));
-        end = Lsn(end.0 + len);
+        out.push(JournalRecord { lsn, data: &rest[header_bytes..body], boundary: new_boundary });
+        end = new_end;
+        boundary = new_boundary;
         rest = &rest[body + RECORD_CRC_BYTES..];
     }
     out
@@ -235,6 +291,10 @@ pub struct WalStore {
     segment_size: u64,
     /// The durable extent: the header's, plus the batches in the journal.
     durable: WalExtent,
+    /// The durable boundary LSN (the end of the last whole record), and the one including
+    /// appends not yet synced.
+    durable_boundary: Lsn,
+    written_boundary: Lsn,
     /// The header's generation; journal records of another one are void.
     generation: u64,
     /// Where the next journal record goes (offset in `wal.end`).
@@ -255,7 +315,7 @@ impl WalStore {
     pub fn create(dir: &Path) -> anyhow::Result<()> {
         let path = dir.join(WAL_END_FILE_NAME);
         let f = File::create(&path).with_context(|| format!("create {}", path.display()))?;
-        let header = Header { extent: WalExtent { begin: Lsn(0), end: Lsn(0) }, generation: 1 };
+        let header = Header { extent: WalExtent { begin: Lsn(0), end: Lsn(0) }, boundary: Lsn(0), generation: 1 };
         write_journal_area(&f)
             .and_then(|_| f.write_all_at(&header.encode(), 0))
             .and_then(|_| f.sync_all())
@@ -269,11 +329,13 @@ impl WalStore {
         let path = dir.join(WAL_END_FILE_NAME);
         let end_file = OpenOptions::new().read(true).write(true).open(&path).with_context(|| format!("open {}", path.display()))?;
         let contents = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
-        let (header, has_journal) = Header::decode(&contents).with_context(|| format!("read {}", path.display()))?;
+        let (header, format) = Header::decode(&contents).with_context(|| format!("read {}", path.display()))?;
         let mut store = WalStore {
             dir: dir.to_path_buf(),
             segment_size,
             durable: header.extent,
+            durable_boundary: header.boundary,
+            written_boundary: header.boundary,
             generation: header.generation,
             journal_at: JOURNAL_OFFSET,
             pending: Vec::new(),
@@ -296,22 +358,34 @@ impl WalStore {
         }
         let mut stats = SyncStats::default();
         let journal = contents.get(JOURNAL_OFFSET as usize..).unwrap_or_default();
-        let records = if has_journal { decode_records(journal, header.generation, header.extent.end) } else { Vec::new() };
+        let records = if format == Format::V1 {
+            Vec::new()
+        } else {
+            decode_records(journal, format, header.generation, header.extent.end, header.boundary)
+        };
         if let (Some(first), Some(last)) = (records.first(), records.last()) {
-            let end = Lsn(last.0 .0 + last.1.len() as u64);
-            tracing::info!("replaying {} batches of WAL from {}'s journal: {}..{}", records.len(), path.display(), first.0, end);
-            for (lsn, data) in &records {
-                store.append(*lsn, data, &mut stats)?;
+            let end = Lsn(last.lsn.0 + last.data.len() as u64);
+            tracing::info!(
+                "replaying {} batches of WAL from {}'s journal: {}..{}, whole records up to {}",
+                records.len(),
+                path.display(),
+                first.lsn,
+                end,
+                last.boundary
+            );
+            for r in &records {
+                store.append(r.lsn, r.data, r.boundary, &mut stats)?;
             }
             store.pending.clear();
             store.durable.end = end;
+            store.durable_boundary = last.boundary;
         }
-        if !has_journal {
+        if format == Format::V1 {
             write_journal_area(&store.end_file).with_context(|| format!("write {}'s journal", path.display()))?;
         }
         // Settles what was replayed and starts a new generation, so that no record of this
-        // one is ever read again.
-        store.write_extent(store.durable, &mut stats)?;
+        // one is ever read again (and an older format is rewritten as the current one).
+        store.write_extent(store.durable, store.durable_boundary, &mut stats)?;
         let durable = store.durable;
         store.remove_segments_outside(durable)?;
         Ok(store)
@@ -324,6 +398,11 @@ impl WalStore {
     /// The durable extent.
     pub fn extent(&self) -> WalExtent {
         self.durable
+    }
+
+    /// The durable boundary LSN: the end of the last whole WAL record (at most the end).
+    pub fn boundary(&self) -> Lsn {
+        self.durable_boundary
     }
 
     /// Bytes of segment files the durable extent occupies.
@@ -347,7 +426,7 @@ impl WalStore {
         assert!(new.begin > self.durable.begin && new.begin <= new.end, "removal to {new:?} from {:?}", self.durable);
         // The segment holding the new beginning must exist before wal.end names it.
         self.segment(segments.end, stats)?;
-        self.write_extent(new, stats)?;
+        self.write_extent(new, self.durable_boundary, stats)?;
         for segno in segments.clone() {
             self.open.remove(&segno);
             let path = self.segment_path(segno);
@@ -438,11 +517,16 @@ impl WalStore {
         Ok(())
     }
 
-    /// Writes `data` at `begin`, which must be the current (written) end; not durable until
+    /// Writes `data` (possibly none) at `begin`, which must be the current (written) end,
+    /// after which the last whole record ends at `boundary`; not durable until
     /// [`WalStore::sync`].
-    pub fn append(&mut self, begin: Lsn, data: &[u8], stats: &mut SyncStats) -> anyhow::Result<()> {
+    pub fn append(&mut self, begin: Lsn, data: &[u8], boundary: Lsn, stats: &mut SyncStats) -> anyhow::Result<()> {
         if begin != self.written_end {
             bail!("append at {begin} but the WAL ends at {}", self.written_end);
+        }
+        let end = Lsn(begin.0 + data.len() as u64);
+        if boundary < self.written_boundary || boundary > end {
+            bail!("append up to {end} with whole records up to {boundary}, but they already reached {}", self.written_boundary);
         }
         let mut lsn = begin.0;
         let mut rest = data;
@@ -461,6 +545,7 @@ impl WalStore {
         }
         self.pending.extend_from_slice(data);
         self.written_end = Lsn(lsn);
+        self.written_boundary = boundary;
         Ok(())
     }
 
@@ -469,9 +554,9 @@ impl WalStore {
         self.written_end
     }
 
-    /// Whether appends are waiting for [`WalStore::sync`].
+    /// Whether appends (or a new boundary LSN) are waiting for [`WalStore::sync`].
     pub fn has_unsynced(&self) -> bool {
-        self.written_end != self.durable.end
+        self.written_end != self.durable.end || self.written_boundary != self.durable_boundary
     }
 
     /// Makes every append so far durable with one `fdatasync`: the bytes since the last sync
@@ -487,13 +572,14 @@ impl WalStore {
             return self.settle(stats);
         }
         debug_assert_eq!(self.pending.len() as u64, self.written_end.0 - self.durable.end.0);
-        let record = encode_record(self.generation, self.durable.end, &self.pending);
+        let record = encode_record(self.generation, self.durable.end, &self.pending, self.written_boundary);
         let f = &self.end_file;
         f.write_all_at(&record, self.journal_at).with_context(|| format!("write {WAL_END_FILE_NAME}'s journal"))?;
         stats.timed(|| f.sync_data()).with_context(|| format!("fdatasync {WAL_END_FILE_NAME}"))?;
         self.journal_at += need;
         self.pending.clear();
         self.durable.end = self.written_end;
+        self.durable_boundary = self.written_boundary;
         Ok(())
     }
 
@@ -506,19 +592,20 @@ impl WalStore {
             return Ok(());
         }
         let extent = WalExtent { begin: self.durable.begin, end: self.written_end };
-        self.write_extent(extent, stats)
+        self.write_extent(extent, self.written_boundary, stats)
     }
 
-    /// Writes the header with `e` and the next generation and fdatasyncs it, after the
-    /// segments written since the last header (all of `e`'s bytes must be written).
-    fn write_extent(&mut self, e: WalExtent, stats: &mut SyncStats) -> anyhow::Result<()> {
+    /// Writes the header with `e`, `boundary` and the next generation and fdatasyncs it,
+    /// after the segments written since the last header (all of `e`'s bytes must be
+    /// written).
+    fn write_extent(&mut self, e: WalExtent, boundary: Lsn, stats: &mut SyncStats) -> anyhow::Result<()> {
         for segno in std::mem::take(&mut self.dirty) {
             let f = &self.open[&segno];
             stats
                 .timed(|| f.sync_data())
                 .with_context(|| format!("fdatasync WAL segment {}", segment_file_name(segno, self.segment_size)))?;
         }
-        let header = Header { extent: e, generation: self.generation + 1 };
+        let header = Header { extent: e, boundary, generation: self.generation + 1 };
         let f = &self.end_file;
         f.write_all_at(&header.encode(), 0).with_context(|| format!("write {WAL_END_FILE_NAME}"))?;
         stats.timed(|| f.sync_data()).with_context(|| format!("fdatasync {WAL_END_FILE_NAME}"))?;
@@ -527,12 +614,14 @@ impl WalStore {
         self.pending.clear();
         self.durable = e;
         self.written_end = e.end;
+        self.durable_boundary = boundary;
+        self.written_boundary = boundary;
         Ok(())
     }
 
-    /// Makes the WAL end at `at`, durably. Inside the WAL (`begin <= at <= end`) the bytes
-    /// after `at` are dropped; otherwise the WAL is emptied and begins at `at`. Unsynced
-    /// appends must have been synced first.
+    /// Makes the WAL end at `at`, durably, which is its boundary LSN too. Inside the WAL
+    /// (`begin <= at <= end`) the bytes after `at` are dropped; otherwise the WAL is emptied
+    /// and begins at `at`. Unsynced appends must have been synced first.
     pub fn truncate(&mut self, at: Lsn, stats: &mut SyncStats) -> anyhow::Result<()> {
         if self.has_unsynced() {
             bail!("truncate with unsynced appends");
@@ -540,14 +629,14 @@ impl WalStore {
         let old = self.durable;
         let inside = old.begin <= at && at <= old.end && !(old.begin == Lsn(0) && old.end == Lsn(0));
         let new = if inside { WalExtent { begin: old.begin, end: at } } else { WalExtent { begin: at, end: at } };
-        if new == old {
+        if new == old && self.durable_boundary == at {
             return Ok(());
         }
         if at != Lsn(0) {
             // The segment holding the new end must exist before wal.end names it.
             self.segment(at.0 / self.segment_size, stats)?;
         }
-        self.write_extent(new, stats)?;
+        self.write_extent(new, at, stats)?;
         // Clean-up beyond the durable end; a crash here leaves bytes nothing reads.
         self.open.retain(|_, _| false);
         self.dirty.clear();
@@ -617,42 +706,83 @@ mod tests {
         assert_eq!(parse_segment_file_name("wal.end", seg), None);
     }
 
+    /// Format 3's header (end, begin, generation, magic, crc32c) as those safekeepers wrote it.
+    fn v3_header(end: u64, begin: u64, generation: u64) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&end.to_le_bytes());
+        b.extend_from_slice(&begin.to_le_bytes());
+        b.extend_from_slice(&generation.to_le_bytes());
+        b.extend_from_slice(&HEADER_MAGIC_V3.to_le_bytes());
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b.resize(64, 0);
+        b
+    }
+
+    /// Format 3's journal record (generation, LSN, length, bytes, crc32c).
+    fn v3_record(generation: u64, lsn: Lsn, data: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&generation.to_le_bytes());
+        b.extend_from_slice(&lsn.0.to_le_bytes());
+        b.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        b.extend_from_slice(data);
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
+    }
+
     #[test]
-    fn header_checks_its_crc_and_reads_the_older_record() {
-        let h = Header { extent: WalExtent { begin: Lsn(100), end: Lsn(200) }, generation: 7 };
+    fn header_checks_its_crc_and_reads_the_older_ones() {
+        let h = Header { extent: WalExtent { begin: Lsn(100), end: Lsn(200) }, boundary: Lsn(150), generation: 7 };
         let mut b = h.encode();
-        assert_eq!(Header::decode(&b).unwrap(), (h, true));
+        assert_eq!(Header::decode(&b).unwrap(), (h, Format::V4));
         b[3] ^= 1;
         assert!(Header::decode(&b).is_err());
+        // A boundary outside the WAL is refused, checksum or not.
+        let outside = Header { boundary: Lsn(201), ..h }.encode();
+        assert!(Header::decode(&outside).unwrap_err().to_string().contains("outside the WAL"));
+        // Format 3: its boundary is its end.
+        let v3 = v3_header(200, 100, 7);
+        assert_eq!(Header::decode(&v3).unwrap(), (Header { boundary: Lsn(200), ..h }, Format::V3));
         // The 20-byte record of older safekeepers: end, begin, crc32c; no journal.
         let mut v1 = Vec::new();
         v1.extend_from_slice(&200u64.to_le_bytes());
         v1.extend_from_slice(&100u64.to_le_bytes());
         let crc = crc32c::crc32c(&v1);
         v1.extend_from_slice(&crc.to_le_bytes());
-        assert_eq!(Header::decode(&v1).unwrap(), (Header { extent: h.extent, generation: 0 }, false));
+        assert_eq!(Header::decode(&v1).unwrap(), (Header { extent: h.extent, boundary: Lsn(200), generation: 0 }, Format::V1));
         v1[0] ^= 1;
         assert!(Header::decode(&v1).is_err());
     }
 
     #[test]
     fn journal_records_are_read_while_they_continue_the_wal() {
+        let rec = |lsn: u64, data: &'static [u8], boundary: u64| JournalRecord { lsn: Lsn(lsn), data, boundary: Lsn(boundary) };
         let mut j = Vec::new();
-        j.extend(encode_record(3, Lsn(100), b"abc"));
-        j.extend(encode_record(3, Lsn(103), b"de"));
-        j.extend(encode_record(3, Lsn(200), b"gap")); // does not continue the WAL
-        j.extend(encode_record(3, Lsn(105), b"after the gap"));
+        j.extend(encode_record(3, Lsn(100), b"abc", Lsn(102)));
+        j.extend(encode_record(3, Lsn(103), b"", Lsn(103))); // only the boundary moved
+        j.extend(encode_record(3, Lsn(103), b"de", Lsn(103)));
+        j.extend(encode_record(3, Lsn(200), b"gap", Lsn(203))); // does not continue the WAL
+        j.extend(encode_record(3, Lsn(105), b"after the gap", Lsn(118)));
         j.extend(vec![0u8; 64]);
-        let r = decode_records(&j, 3, Lsn(100));
-        assert_eq!(r, vec![(Lsn(100), &b"abc"[..]), (Lsn(103), &b"de"[..])]);
-        assert!(decode_records(&j, 4, Lsn(100)).is_empty(), "another generation's records are void");
-        assert!(decode_records(&j, 3, Lsn(99)).is_empty());
+        let r = decode_records(&j, Format::V4, 3, Lsn(100), Lsn(100));
+        assert_eq!(r, vec![rec(100, b"abc", 102), rec(103, b"", 103), rec(103, b"de", 103)]);
+        assert!(decode_records(&j, Format::V4, 4, Lsn(100), Lsn(100)).is_empty(), "another generation's records are void");
+        assert!(decode_records(&j, Format::V4, 3, Lsn(99), Lsn(99)).is_empty());
+        // A boundary that goes back, or beyond the record's bytes, ends the journal.
+        assert!(decode_records(&j, Format::V4, 3, Lsn(100), Lsn(103)).is_empty());
+        let beyond = encode_record(3, Lsn(100), b"abc", Lsn(104));
+        assert!(decode_records(&beyond, Format::V4, 3, Lsn(100), Lsn(100)).is_empty());
         // A record cut short (torn, or its write never completed) ends the journal.
-        let mut torn = encode_record(3, Lsn(100), b"abc");
-        torn.extend(encode_record(3, Lsn(103), b"defgh"));
+        let mut torn = encode_record(3, Lsn(100), b"abc", Lsn(103));
+        torn.extend(encode_record(3, Lsn(103), b"defgh", Lsn(108)));
         let n = torn.len();
         torn[n - 6] ^= 0xff;
-        assert_eq!(decode_records(&torn, 3, Lsn(100)), vec![(Lsn(100), &b"abc"[..])]);
+        assert_eq!(decode_records(&torn, Format::V4, 3, Lsn(100), Lsn(100)), vec![rec(100, b"abc", 103)]);
+        // Format 3's records: each ends at a boundary; an empty one ends the journal.
+        let mut v3 = v3_record(3, Lsn(100), b"abc");
+        v3.extend(v3_record(3, Lsn(103), b""));
+        assert_eq!(decode_records(&v3, Format::V3, 3, Lsn(100), Lsn(100)), vec![rec(100, b"abc", 103)]);
     }
 
     const SEG: u64 = 1 << 20;
@@ -664,7 +794,7 @@ mod tests {
         s.truncate(Lsn(SEG), &mut stats).unwrap();
         for b in batches {
             let end = s.written_end();
-            s.append(end, b, &mut stats).unwrap();
+            s.append(end, b, Lsn(end.0 + b.len() as u64), &mut stats).unwrap();
             s.sync(&mut stats).unwrap();
         }
         s
@@ -714,7 +844,7 @@ mod tests {
         let at = Lsn(SEG + 3000);
         assert_eq!(s.extent(), WalExtent { begin: Lsn(SEG), end: at });
         let mut stats = SyncStats::default();
-        s.append(at, &[3u8; 10], &mut stats).unwrap();
+        s.append(at, &[3u8; 10], Lsn(at.0 + 10), &mut stats).unwrap();
         s.sync(&mut stats).unwrap();
         drop(s);
         let mut s = WalStore::open(dir.path(), SEG).unwrap();
@@ -728,18 +858,67 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut s = store_with(dir.path(), &[]);
         let mut stats = SyncStats::default();
-        s.append(s.written_end(), &[5u8; 100], &mut stats).unwrap();
+        s.append(s.written_end(), &[5u8; 100], s.written_end(), &mut stats).unwrap();
         s.sync(&mut stats).unwrap();
         assert_eq!(stats.fsyncs, 1);
         let big = vec![6u8; JOURNAL_BYTES as usize];
         let mut stats = SyncStats::default();
-        s.append(s.written_end(), &big, &mut stats).unwrap();
+        s.append(s.written_end(), &big, s.written_end(), &mut stats).unwrap();
         s.sync(&mut stats).unwrap();
         assert!(stats.fsyncs >= 2, "a batch bigger than the journal is synced by settling");
         let end = s.extent().end;
         drop(s);
         let s = WalStore::open(dir.path(), SEG).unwrap();
         assert_eq!(s.extent().end, end);
+    }
+
+    /// The boundary LSN is durable with the bytes: a batch that ends inside a record keeps
+    /// the end of the last whole one, a batch that only moves it is journaled too, and both
+    /// come back after a restart, from the journal and once settled; a truncation moves it to
+    /// the new end.
+    #[test]
+    fn the_boundary_is_durable_with_the_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store_with(dir.path(), &[]);
+        let mut stats = SyncStats::default();
+        let at = s.written_end();
+        s.append(at, &[1u8; 100], Lsn(at.0 + 40), &mut stats).unwrap();
+        s.sync(&mut stats).unwrap();
+        assert_eq!(s.boundary(), Lsn(at.0 + 40));
+        s.append(Lsn(at.0 + 100), &[], Lsn(at.0 + 100), &mut stats).unwrap();
+        assert!(s.has_unsynced(), "a new boundary alone is something to sync");
+        s.sync(&mut stats).unwrap();
+        assert!(s.append(Lsn(at.0 + 100), &[2u8; 5], Lsn(at.0 + 99), &mut stats).is_err(), "a boundary never goes back");
+        drop(s);
+        let mut s = WalStore::open(dir.path(), SEG).unwrap();
+        assert_eq!((s.extent().end, s.boundary()), (Lsn(at.0 + 100), Lsn(at.0 + 100)));
+        s.append(Lsn(at.0 + 100), &[2u8; 50], Lsn(at.0 + 120), &mut stats).unwrap();
+        s.settle(&mut stats).unwrap();
+        drop(s);
+        let mut s = WalStore::open(dir.path(), SEG).unwrap();
+        assert_eq!((s.extent().end, s.boundary()), (Lsn(at.0 + 150), Lsn(at.0 + 120)));
+        s.truncate(Lsn(at.0 + 120), &mut stats).unwrap();
+        drop(s);
+        let s = WalStore::open(dir.path(), SEG).unwrap();
+        assert_eq!((s.extent().end, s.boundary()), (Lsn(at.0 + 120), Lsn(at.0 + 120)));
+    }
+
+    /// A `wal.end` of format 3 (journal records without boundaries) opens, its journal
+    /// replayed with each batch's end as the boundary, and is rewritten as format 4.
+    #[test]
+    fn a_format_3_wal_end_is_read_and_upgraded() {
+        let dir = tempfile::tempdir().unwrap();
+        let end = store_with(dir.path(), &[&[7u8; 500]]).extent().end;
+        let f = OpenOptions::new().write(true).open(dir.path().join(WAL_END_FILE_NAME)).unwrap();
+        f.write_all_at(&v3_header(end.0, SEG, 9), 0).unwrap();
+        f.write_all_at(&v3_record(9, end, &[8u8; 30]), JOURNAL_OFFSET).unwrap();
+        drop(f);
+        let s = WalStore::open(dir.path(), SEG).unwrap();
+        let new_end = Lsn(end.0 + 30);
+        assert_eq!((s.extent(), s.boundary()), (WalExtent { begin: Lsn(SEG), end: new_end }, new_end));
+        drop(s);
+        let header = std::fs::read(dir.path().join(WAL_END_FILE_NAME)).unwrap();
+        assert_eq!(Header::decode(&header).unwrap().1, Format::V4);
     }
 
     /// A `wal.end` written by an older safekeeper (20 bytes, no journal) opens, and gets a
@@ -757,7 +936,7 @@ mod tests {
         let mut s = WalStore::open(dir.path(), SEG).unwrap();
         assert_eq!(s.extent(), WalExtent { begin: Lsn(SEG), end });
         let mut stats = SyncStats::default();
-        s.append(end, &[8u8; 10], &mut stats).unwrap();
+        s.append(end, &[8u8; 10], Lsn(end.0 + 10), &mut stats).unwrap();
         s.sync(&mut stats).unwrap();
         assert_eq!(stats.fsyncs, 1);
         drop(s);

@@ -45,7 +45,7 @@ impl Node {
                     self.begin = *at;
                 }
             }
-            Persist::Append { begin, data } => {
+            Persist::Append { begin, data, .. } => {
                 if self.wal.is_empty() {
                     self.begin = *begin;
                 }
@@ -120,6 +120,11 @@ impl TestSafekeeper {
 
     pub fn flush_lsn(&self) -> Lsn {
         self.node.lock().unwrap().acceptor.state().flush_lsn
+    }
+
+    /// The end of the last whole record it holds (`quorum`'s "Record boundaries").
+    pub fn boundary_lsn(&self) -> Lsn {
+        self.node.lock().unwrap().acceptor.state().boundary_lsn
     }
 
     pub fn commit_lsn(&self) -> Lsn {
