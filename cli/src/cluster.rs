@@ -57,11 +57,12 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
         None => pg_config_bindir()?,
     };
     let pg_bin_dir = canonical(&pg_bin_dir, "--pg-bin-dir")?;
-    for tool in ["postgres", "initdb", "pg_isready"] {
+    for tool in ["postgres", "initdb", "pg_isready", "pg_config"] {
         if !pg_bin_dir.join(tool).is_file() {
             bail!("cannot find {tool} in {} (pass --pg-bin-dir: fjord's PostgreSQL build is in target/pg15/bin)", pg_bin_dir.display());
         }
     }
+    check_fjord_extension(&pg_bin_dir)?;
     let fjord_bin_dir = match args.fjord_bin_dir {
         Some(d) => d,
         None => std::env::current_exe()
@@ -125,6 +126,26 @@ fn pg_config_bindir() -> anyhow::Result<PathBuf> {
         Ok(out) if out.status.success() => Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())),
         _ => bail!("cannot find PostgreSQL: no pg_config on PATH; pass --pg-bin-dir (fjord's build is in target/pg15/bin)"),
     }
+}
+
+/// A PostgreSQL without fjord's extension (say, the distribution's, whose pg_config is on
+/// PATH) would be accepted here and fail at the first endpoint start with PostgreSQL's
+/// "could not access file \"fjord\"": say so now, naming the library directory looked in.
+fn check_fjord_extension(pg_bin_dir: &Path) -> anyhow::Result<()> {
+    let pg_config = pg_bin_dir.join("pg_config");
+    let out = Command::new(&pg_config).arg("--pkglibdir").output().with_context(|| format!("could not run {}", pg_config.display()))?;
+    if !out.status.success() {
+        bail!("{} --pkglibdir failed ({})", pg_config.display(), out.status);
+    }
+    let pkglibdir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if !pkglibdir.join("fjord.so").is_file() {
+        bail!(
+            "the PostgreSQL in {} has no fjord extension (no fjord.so in {}): pass --pg-bin-dir with fjord's patched build (target/pg15/bin after scripts/setup)",
+            pg_bin_dir.display(),
+            pkglibdir.display()
+        );
+    }
+    Ok(())
 }
 
 fn canonical(path: &Path, flag: &str) -> anyhow::Result<PathBuf> {

@@ -232,7 +232,9 @@ fn wait_ready(
                 log_tail(&daemon.log_file, 30)
             );
         }
-        std::thread::sleep(Duration::from_millis(100));
+        // compute_ctl writes the file once, when postgres accepts connections: look often,
+        // since every millisecond here is start time the user sees.
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

@@ -2,7 +2,8 @@
 //! the basebackup it starts from, the timeline's system identifier, and the requests that
 //! make the pageserver follow the new compute's WAL.
 //!
-//! The basebackup is a tar stream; it is unpacked as it arrives, never held in memory.
+//! The basebackup is a tar stream; it is unpacked as it arrives, never held in memory. Its
+//! WAL segment stops after the start LSN's page and is extended here to a whole segment.
 //! Errors carry the pageserver's own `{"error": ...}` message, worded as compute_ctl's log
 //! and its callers have always seen them ("pageserver refused the basebackup request:
 //! HTTP 404: ...").
@@ -15,6 +16,7 @@ use pageserver_api::client::{Client, Error};
 use pageserver_api::models::{
     BasebackupQuery, ChangedBlocksQuery, WalReceiverRequest, WalSource, WalSourceList, CHANGED_BLOCKS_LIMIT_MAX, LSN_HEADER,
 };
+use proto::lsn::WAL_SEGMENT_SIZE_BYTES;
 use proto::{Lsn, TenantId, TimelineId};
 
 /// The role the pageserver streams from safekeepers as.
@@ -66,7 +68,31 @@ pub fn basebackup(
     // Whatever follows the end-of-archive marker (block padding) is read so that a
     // truncated stream is reported rather than ignored.
     std::io::copy(&mut body, &mut std::io::sink()).context("read the end of the basebackup stream")?;
+    extend_wal_segments(&dest.join("pg_wal"))?;
     Ok(Basebackup { lsn, bytes: body.bytes })
+}
+
+/// The basebackup's WAL segment ends at the end of the start LSN's page (the rest would be
+/// zeros; `pageserver/src/pgdata/basebackup.rs`): extend every segment file in `pg_wal` to
+/// the segment size, as PostgreSQL expects its segments, with a hole that reads as zeros.
+fn extend_wal_segments(pg_wal: &Path) -> anyhow::Result<()> {
+    let entries = std::fs::read_dir(pg_wal).with_context(|| format!("list {}", pg_wal.display()))?;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("list {}", pg_wal.display()))?;
+        let name = entry.file_name();
+        let is_segment = name.len() == 24 && name.to_string_lossy().bytes().all(|b| b.is_ascii_hexdigit());
+        let path = entry.path();
+        if !is_segment || !entry.file_type().with_context(|| format!("stat {}", path.display()))?.is_file() {
+            continue;
+        }
+        let file = std::fs::OpenOptions::new().write(true).open(&path).with_context(|| format!("open {}", path.display()))?;
+        let len = file.metadata().with_context(|| format!("stat {}", path.display()))?.len();
+        if len > WAL_SEGMENT_SIZE_BYTES {
+            bail!("the basebackup's WAL segment {} has {len} bytes, more than a segment", path.display());
+        }
+        file.set_len(WAL_SEGMENT_SIZE_BYTES).with_context(|| format!("extend {} to a whole segment", path.display()))?;
+    }
+    Ok(())
 }
 
 /// PostgreSQL's system identifier of `timeline`, from the pageserver's timeline status.
@@ -162,5 +188,22 @@ mod tests {
         assert_eq!(refused("basebackup")(status).to_string(), "pageserver refused the basebackup request: HTTP 404: timeline not found");
         let malformed = Error::Malformed { method: "GET", path: "/v1/x".into(), reason: "EOF".into() };
         assert_eq!(refused("basebackup")(malformed).to_string(), "pageserver: malformed answer to GET /v1/x: EOF");
+    }
+
+    #[test]
+    fn wal_segments_are_extended_to_a_whole_segment_and_nothing_else_is_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = dir.path().join("000000010000000000000003");
+        std::fs::write(&seg, [7u8; 8192]).unwrap();
+        std::fs::create_dir(dir.path().join("archive_status")).unwrap();
+        std::fs::write(dir.path().join("00000002.history"), b"x").unwrap();
+        extend_wal_segments(dir.path()).unwrap();
+        let data = std::fs::read(&seg).unwrap();
+        assert_eq!(data.len() as u64, WAL_SEGMENT_SIZE_BYTES);
+        assert!(data[..8192].iter().all(|&b| b == 7) && data[8192..].iter().all(|&b| b == 0));
+        assert_eq!(std::fs::read(dir.path().join("00000002.history")).unwrap(), b"x");
+
+        std::fs::write(&seg, vec![0u8; WAL_SEGMENT_SIZE_BYTES as usize + 1]).unwrap();
+        assert!(extend_wal_segments(dir.path()).unwrap_err().to_string().contains("more than a segment"));
     }
 }

@@ -104,12 +104,13 @@ impl Postmaster {
 
     /// Waits until the server accepts connections: first until its lock file says it is
     /// ready (probing a server that is still starting makes it log "FATAL: the database
-    /// system is starting up"), then until `pg_isready` reaches it on `host:port`. Fails
-    /// with the tail of the postgres log if it exits first or does not get there within
-    /// `timeout`.
-    pub fn wait_ready(&mut self, pg_bin_dir: &Path, host: &str, port: u16, user: &str, timeout: Duration) -> anyhow::Result<()> {
+    /// system is starting up"), then until a TCP connection to `host:port` succeeds (the
+    /// lock file's "ready" comes once the postmaster listens and accepts sessions; the
+    /// connection checks that it listens where clients will connect). A connection that
+    /// sends nothing and closes is not logged by PostgreSQL 13 and later. Fails with the tail
+    /// of the postgres log if it exits first or does not get there within `timeout`.
+    pub fn wait_ready(&mut self, host: &str, port: u16, timeout: Duration) -> anyhow::Result<()> {
         let started = Instant::now();
-        let pg_isready = pg_bin_dir.join("pg_isready");
         loop {
             if let Some(status) = self.child.try_wait().context("wait for postgres")? {
                 bail!(
@@ -122,15 +123,8 @@ impl Postmaster {
             if let Some(sig) = pending_signal() {
                 bail!("got signal {sig} while postgres was starting");
             }
-            if pm_status(&self.pgdata).as_deref() == Some(PM_STATUS_READY) {
-                let out = Command::new(&pg_isready)
-                    .args(["-q", "-h", host, "-p", &port.to_string(), "-U", user, "-d", "postgres", "-t", "2"])
-                    .stdin(Stdio::null())
-                    .output()
-                    .with_context(|| format!("could not run {}", pg_isready.display()))?;
-                if out.status.success() {
-                    return Ok(());
-                }
+            if pm_status(&self.pgdata).as_deref() == Some(PM_STATUS_READY) && accepts_tcp(host, port) {
+                return Ok(());
             }
             if started.elapsed() > timeout {
                 bail!(
@@ -279,6 +273,13 @@ const PM_STATUS_READY: &str = "ready";
 
 /// The postmaster's status from its lock file ("starting", "ready", "standby", "stopping"),
 /// or `None` while the file or the line is not there yet.
+/// Whether a TCP connection to `host:port` is accepted within a second.
+fn accepts_tcp(host: &str, port: u16) -> bool {
+    use std::net::ToSocketAddrs;
+    let Ok(addrs) = (host, port).to_socket_addrs() else { return false };
+    addrs.into_iter().any(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_secs(1)).is_ok())
+}
+
 fn pm_status(pgdata: &Path) -> Option<String> {
     let text = std::fs::read_to_string(pgdata.join("postmaster.pid")).ok()?;
     text.lines().nth(LOCK_FILE_LINE_PM_STATUS - 1).map(|l| l.trim().to_string())

@@ -146,6 +146,16 @@ def test_clear_errors(repo_factory, tmp_path):
     assert "run `fjord init` first" in repo.fail("status")
     assert "at least 1024" in repo.fail("init", "--base-port", "80", "--pg-bin-dir", str(pg_bin_dir()))
     assert "cannot use" in repo.fail("init", "--pg-bin-dir", str(tmp_path / "nowhere"))
+    # A PostgreSQL without the fjord extension (a distribution's, found through its pg_config
+    # on PATH) is refused at init, not at the first endpoint start.
+    stock = tmp_path / "stock" / "bin"
+    stock.mkdir(parents=True)
+    for tool in ("postgres", "initdb", "pg_isready"):
+        (stock / tool).symlink_to(pg_bin_dir() / tool)
+    (stock / "pg_config").write_text(f"#!/bin/sh\necho {tmp_path / 'stock' / 'lib'}\n")
+    (stock / "pg_config").chmod(0o755)
+    err = repo.fail("init", "--pg-bin-dir", str(stock))
+    assert "has no fjord extension" in err and "stock/lib" in err, err
     assert not repo.path.exists(), "a refused init creates nothing"
 
     repo.init()

@@ -205,7 +205,7 @@ fn run(args: Args) -> anyhow::Result<i32> {
     let start_began = Instant::now();
     let mut postmaster = Postmaster::start(&args.pg_bin_dir, &pgdata, &postgres_log)?;
     let probe_host = probe_host(&args.listen);
-    if let Err(e) = postmaster.wait_ready(&args.pg_bin_dir, &probe_host, args.port, &user, Duration::from_secs(args.start_timeout_secs)) {
+    if let Err(e) = postmaster.wait_ready(&probe_host, args.port, Duration::from_secs(args.start_timeout_secs)) {
         postmaster.kill();
         compute::clear_pgdata(&pgdata, created);
         return Err(e);

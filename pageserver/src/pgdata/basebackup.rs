@@ -24,10 +24,14 @@
 //!   same content. PostgreSQL resets unlogged relations from their init forks only during
 //!   crash recovery, and this start does no recovery; the store keeps no main fork for
 //!   them, so the reset is done here;
-//! - `pg_wal/<segment of the LSN on timeline 1>`: 16 MiB of zeros but for a valid long page
-//!   header at offset 0 and, when the LSN is past the first page, a short header at the
-//!   start of the LSN's page, with `xlp_rem_len` 0 (no record continues into it: the
-//!   server writes its first record at the LSN). Nothing after the LSN;
+//! - `pg_wal/<segment of the LSN on timeline 1>`: zeros but for a valid long page header at
+//!   offset 0 and, when the LSN is past the first page, a short header at the start of the
+//!   LSN's page, with `xlp_rem_len` 0 (no record continues into it: the server writes its
+//!   first record at the LSN). Nothing after the LSN. The entry stops at the end of the
+//!   LSN's page: the rest of the 16 MiB segment would be zeros, and sending them was most
+//!   of the bytes and of the time of a basebackup. The client extends the file to the
+//!   segment size with zeros (compute_ctl does, as a sparse file, before postgres starts);
+//!   the entry's length is therefore a multiple of the WAL page size, at most a segment;
 //! - an empty `postgresql.auto.conf` (compute_ctl writes `postgresql.conf` and
 //!   `pg_hba.conf`);
 //! - `fjord.signal`: `LSN: X/X\nPREV LSN: X/X\n`, the contract with the compute's
@@ -111,15 +115,16 @@ pub fn signal_file(lsn: Lsn, prev_record_lsn: Option<Lsn>) -> String {
     format!("LSN: {lsn}\nPREV LSN: {prev}\n")
 }
 
-/// The WAL segment holding `lsn`, as the compute finds it in `pg_wal`: zeros but for the
-/// segment's long page header and the short header of `lsn`'s page (if that is not the
-/// first page), both with `xlp_rem_len` 0.
+/// The start of the WAL segment holding `lsn`, as the compute finds it in `pg_wal`, up to
+/// the end of `lsn`'s page: zeros but for the segment's long page header and the short
+/// header of `lsn`'s page (if that is not the first page), both with `xlp_rem_len` 0. The
+/// client extends it with zeros to the segment size.
 pub fn wal_segment_for_start(lsn: Lsn, system_identifier: u64) -> Vec<u8> {
-    let mut segment = vec![0u8; WAL_SEGMENT_SIZE_BYTES as usize];
     let seg_start = lsn.0 - lsn.0 % WAL_SEGMENT_SIZE_BYTES;
+    let page_start = lsn.0 - lsn.0 % proto::lsn::WAL_PAGE_SIZE_BYTES;
+    let mut segment = vec![0u8; (page_start - seg_start + proto::lsn::WAL_PAGE_SIZE_BYTES) as usize];
     let first = PageHeader::new(Lsn(seg_start), TimeLineId(PG_TIMELINE_ID), WAL_SEGMENT_SIZE_BYTES, system_identifier).to_bytes();
     segment[..first.len()].copy_from_slice(&first);
-    let page_start = lsn.0 - lsn.0 % proto::lsn::WAL_PAGE_SIZE_BYTES;
     if page_start != seg_start {
         let header = PageHeader::new(Lsn(page_start), TimeLineId(PG_TIMELINE_ID), WAL_SEGMENT_SIZE_BYTES, system_identifier).to_bytes();
         let at = (page_start - seg_start) as usize;
@@ -339,7 +344,7 @@ mod tests {
     fn wal_segment_has_a_long_header_and_the_lsn_page_header() {
         let lsn = Lsn(3 * SEG + 5 * 8192 + 0x128);
         let seg = wal_segment_for_start(lsn, 0xABCD_0123_4567_89EF);
-        assert_eq!(seg.len() as u64, SEG);
+        assert_eq!(seg.len(), 6 * 8192, "up to the end of the LSN's page");
         // XLogLongPageHeaderData at 0.
         assert_eq!(u16_at(&seg, 0), XLOG_PAGE_MAGIC);
         assert_eq!(XLOG_PAGE_MAGIC, 0xD110, "PostgreSQL 15's magic");
@@ -365,7 +370,10 @@ mod tests {
 
         // In the first page only the long header.
         let seg = wal_segment_for_start(Lsn(SEG + 0x28), 7);
+        assert_eq!(seg.len(), 8192);
         assert!(seg[40..].iter().all(|&b| b == 0));
+        // The last byte of a segment: the whole segment.
+        assert_eq!(wal_segment_for_start(Lsn(2 * SEG - 1), 7).len() as u64, SEG);
         assert_eq!(wal_segment_file_name(PG_TIMELINE_ID, lsn), "000000010000000000000003");
     }
 

@@ -126,6 +126,7 @@ fn token_from_env() -> Option<String> {
 pub use pageserver_api::models::{WalReceiverState, WalReceiverStatus, WalSourceStatus as SourceStatus};
 
 pub struct WalReceiver {
+    sources: WalSources,
     stop: Arc<AtomicBool>,
     status: Arc<Mutex<WalReceiverStatus>>,
     thread: Option<JoinHandle<()>>,
@@ -178,12 +179,23 @@ impl WalReceiver {
                 .collect(),
             ..Default::default()
         }));
-        let (stop2, status2) = (Arc::clone(&stop), Arc::clone(&status));
+        let (stop2, status2, sources2) = (Arc::clone(&stop), Arc::clone(&status), sources.clone());
         let thread = std::thread::Builder::new()
             .name("walreceiver".into())
-            .spawn(move || run(timeline, gate, reconstructor, sources, auth_token, stop2, status2))
+            .spawn(move || run(timeline, gate, reconstructor, sources2, auth_token, stop2, status2))
             .expect("spawn the wal receiver thread");
-        WalReceiver { stop, status, thread: Some(thread) }
+        WalReceiver { sources, stop, status, thread: Some(thread) }
+    }
+
+    /// Whether this receiver follows exactly `sources` and is streaming from one of them
+    /// now: asked to follow the same list again (every compute start asks), it is kept, since
+    /// a restart would only make it reconnect and the compute's basebackup wait for that. One
+    /// that is between sessions (a source down, backing off) is not kept: a new receiver
+    /// tries the sources at once.
+    pub fn is_streaming_from(&self, sources: &WalSources) -> bool {
+        self.sources == *sources
+            && self.thread.as_ref().is_some_and(|t| !t.is_finished())
+            && self.status.lock().unwrap_or_else(|p| p.into_inner()).state == WalReceiverState::Streaming
     }
 
     pub fn status(&self) -> WalReceiverStatus {

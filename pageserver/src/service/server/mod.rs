@@ -337,8 +337,8 @@ impl Pageserver {
     }
 
     /// A basebackup of the timeline at `lsn` (default: its last record LSN), generated
-    /// into memory (a few MiB: the WAL segment is 16 MiB of mostly zeros, SLRUs and maps
-    /// the rest; streaming it while generating is not worth the complexity yet). An
+    /// into memory (tens of KiB for a small cluster: SLRUs, maps and the first page or so of
+    /// the WAL segment; streaming it while generating is not worth the complexity yet). An
     /// explicit `lsn` is waited for up to the wait-LSN timeout and must be a record
     /// boundary (the end of a record); one below the GC cutoff or the branch point is
     /// refused. The previous record LSN is passed only at the last record LSN.
@@ -545,9 +545,11 @@ impl Pageserver {
     }
 
     /// Starts following the WAL of `sources` (one at a time, with failover) into the
-    /// timeline, replacing any receiver it had. The list is persisted in the timeline
-    /// directory (`WAL_RECEIVER_SOURCE_FILE`, written atomically) so that the receiver is
-    /// started again when the pageserver starts.
+    /// timeline, replacing any receiver it had, except one that streams from the same list
+    /// now (`WalReceiver::is_streaming_from`: every compute start asks again, and a restart
+    /// would make its basebackup wait for a new session). The list is persisted in the
+    /// timeline directory (`WAL_RECEIVER_SOURCE_FILE`, written atomically) so that the
+    /// receiver is started again when the pageserver starts.
     pub fn start_wal_receiver(&self, tenant: TenantId, timeline: TimelineId, sources: WalSources) -> Result<(), ManagementError> {
         let t = self.timeline(tenant, timeline)?;
         if !t.last_record_lsn().is_valid() {
@@ -556,7 +558,14 @@ impl Pageserver {
             )));
         }
         let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
-        crashsafe::write_file_atomic(&path, &sources.to_json()).with_context(|| format!("write {}", path.display()))?;
+        let json = sources.to_json();
+        if std::fs::read(&path).is_ok_and(|persisted| persisted == json)
+            && self.receivers.lock().unwrap_or_else(|p| p.into_inner()).get(&(tenant, timeline)).is_some_and(|r| r.is_streaming_from(&sources))
+        {
+            tracing::debug!(%tenant, %timeline, "the WAL receiver already streams from {sources}; kept");
+            return Ok(());
+        }
+        crashsafe::write_file_atomic(&path, &json).with_context(|| format!("write {}", path.display()))?;
         self.spawn_wal_receiver(t, sources);
         Ok(())
     }
