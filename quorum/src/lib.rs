@@ -14,24 +14,27 @@
 //!   pieces that end at record boundaries ([`Proposer::append`]).
 //!
 //! # Protocol
+//! Where a log "ends" below means its boundary LSN, the end of its last whole record (see
+//! "Record boundaries"): WAL past it is a record cut short, which the protocol ignores.
 //! 1. The proposer greets every acceptor and learns their terms and where their logs end; with
 //!    a majority of answers it picks a term above all of them and asks for votes. A compute
 //!    first checks that the most advanced of those logs ends where its own WAL starts, and
 //!    fences itself without asking for votes if not (a pre-vote: a stale compute must not
 //!    raise the acceptors' term and so fence the healthy one).
 //! 2. An acceptor grants a vote only for a term above the highest it has seen; it persists the
-//!    new term before it answers. The answer carries its term history and flush LSN.
+//!    new term before it answers. The answer carries its term history and boundary LSN.
 //! 3. With a majority of votes, the proposer picks the most advanced log among them (highest
-//!    last log term, then highest flush LSN), takes that acceptor's term history up to its
-//!    flush LSN and appends `(own term, donor flush LSN)`: the elected history. Its own term
-//!    starts at the donor's flush LSN (`start_lsn`). It fetches the donor's WAL.
+//!    last log term, then highest boundary LSN), takes that acceptor's term history up to its
+//!    boundary LSN and appends `(own term, donor boundary LSN)`: the elected history. Its own
+//!    term starts at the donor's boundary LSN (`start_lsn`). It fetches the donor's WAL.
 //! 4. It sends the elected history to every acceptor. Each truncates its WAL at the highest
 //!    point it has in common with that history (the end of the last term both share, capped by
 //!    both logs) and adopts the history. It never truncates below its commit LSN.
 //! 5. The proposer streams the WAL each acceptor is missing, then new client records. The
-//!    commit LSN is the highest LSN flushed by a majority in the proposer's term, and only once
-//!    that reaches `start_lsn` (entries of earlier terms are committed only together with the
-//!    proposer's own start point, as Raft commits only entries of its own term).
+//!    commit LSN is the highest boundary LSN acknowledged by a majority in the proposer's
+//!    term, and only once that reaches `start_lsn` (entries of earlier terms are committed
+//!    only together with the proposer's own start point, as Raft commits only entries of its
+//!    own term).
 //!
 //! # Invariants
 //! - At most one proposer is elected per term: an acceptor votes at most once per term
@@ -41,7 +44,7 @@
 //! - An acceptor never truncates below its commit LSN; a request to do so is refused.
 //! - The commit LSN of an acceptor and of a proposer only moves forward.
 //! - WAL is acknowledged only once persisted: the reply follows its `Persist` actions.
-//! - The peer horizon sent never exceeds the flush LSN any acceptor acknowledged in the
+//! - The peer horizon sent never exceeds the boundary LSN any acceptor acknowledged in the
 //!   proposer's term, and an acceptor's peer horizon never goes back nor passes its commit
 //!   LSN (see "WAL removal").
 //!
@@ -104,7 +107,7 @@
 //!   tells the safekeeper it streams from; that acceptor reports it in its feedback to the
 //!   proposer, and the proposer relays the highest it heard in every `Append`
 //!   ([`Proposer::set_remote_consistent_lsn`]), so every acceptor learns it.
-//! - the *peer horizon*, which the proposer computes: the lowest flush LSN that every
+//! - the *peer horizon*, which the proposer computes: the lowest boundary LSN that every
 //!   acceptor of the configuration (not just a quorum) acknowledged in its term, or 0 until
 //!   it has heard from all of them, capped by its commit LSN. The acceptor keeps the highest it has seen
 //!   ([`AcceptorState::peer_horizon_lsn`]), never above its own commit and flush LSNs.
@@ -286,7 +289,7 @@ pub enum ToAcceptor {
         /// log holds whole records up to it (see "Record boundaries").
         boundary_lsn: Lsn,
         commit_lsn: Lsn,
-        /// The peer horizon: the lowest flush LSN every acceptor of the configuration has
+        /// The peer horizon: the lowest boundary LSN every acceptor of the configuration has
         /// acknowledged in this term (0: not yet heard from all), capped by `commit_lsn`.
         /// See "WAL removal".
         peer_horizon_lsn: Lsn,

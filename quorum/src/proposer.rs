@@ -7,7 +7,7 @@
 //! Invariants: elected only with a majority of votes in its own term (asserted); the commit
 //! LSN only moves forward, never below the term's start, and is always a boundary LSN a
 //! majority acknowledged (so a record boundary); a sync commits and ends only at
-//! its start LSN (asserted); the peer horizon it sends is never above the flush LSN any
+//! its start LSN (asserted); the peer horizon it sends is never above the boundary LSN any
 //! acceptor acknowledged in its term (asserted); once stopped (fenced or synced) it returns
 //! no action, ever.
 //! Acknowledgements that claim WAL the proposer never had are ignored, not asserted on: they
@@ -339,7 +339,7 @@ impl Proposer {
         }
     }
 
-    /// While elected: the peer horizon, the lowest flush LSN every acceptor acknowledged in
+    /// While elected: the peer horizon, the lowest boundary LSN every acceptor acknowledged in
     /// this term, capped by the commit LSN; 0 until every acceptor has acknowledged one (or
     /// when not elected).
     pub fn peer_horizon_lsn(&self) -> Lsn {
