@@ -73,8 +73,10 @@ pub mod stream;
 mod record_tests;
 #[cfg(test)]
 mod stream_tests;
-#[cfg(test)]
-mod test_encoder;
+/// The test WAL encoder, for this crate's tests and, with the `test-encoder` feature, for
+/// other crates' tests that need WAL of a particular shape (never in a service).
+#[cfg(any(test, feature = "test-encoder"))]
+pub mod test_encoder;
 
 pub use error::WalError;
 pub use fpi::{BlockImage, ImageCompression};

@@ -69,6 +69,21 @@ impl PageHeader {
         self.info & XLP_FIRST_IS_OVERWRITE_CONTRECORD != 0
     }
 
+    /// Where the first record that begins on this page (the page at `page_lsn`) begins:
+    /// after the header and the `MAXALIGN`ed tail of a record continued from an earlier
+    /// page; `None` if that tail fills the page, so that no record begins on it. This is
+    /// how `XLogFindNextRecord` finds a record start from a page boundary. It trusts
+    /// `rem_len`: validate the header first.
+    pub fn first_record_lsn(&self, page_lsn: Lsn) -> Option<Lsn> {
+        let tail_bytes = if self.is_contrecord() { u64::from(self.rem_len) } else { 0 };
+        let room_bytes = (XLOG_BLCKSZ - self.size()) as u64;
+        if tail_bytes >= room_bytes {
+            return None;
+        }
+        let first = Lsn(page_lsn.0 + self.size() as u64 + tail_bytes).align8();
+        (first.0 < page_lsn.0 + XLOG_BLCKSZ as u64).then_some(first)
+    }
+
     /// Parses the header at the start of `buf`. Returns `None` if `buf` is too short to hold
     /// it (the long fields are read only when `XLP_LONG_HEADER` says they are there).
     /// Parsing checks nothing; see [`PageHeader::validate`].
@@ -163,6 +178,25 @@ mod tests {
             assert_eq!(PageHeader::parse(&bytes[..bytes.len() - 1]), None);
             hdr.validate(addr, SEG, Some(42)).unwrap();
         }
+    }
+
+    #[test]
+    fn first_record_lsn_skips_the_continued_tail() {
+        let page = Lsn(SEG + 8192);
+        let short = PageHeader::new(page, TimeLineId(1), SEG, 42);
+        assert_eq!(short.first_record_lsn(page), Some(Lsn(page.0 + 24)));
+        let cont = |rem_len| PageHeader { info: short.info | XLP_FIRST_IS_CONTRECORD, rem_len, ..short };
+        assert_eq!(cont(5).first_record_lsn(page), Some(Lsn(page.0 + 24 + 8)));
+        assert_eq!(cont(8160).first_record_lsn(page), Some(Lsn(page.0 + 24 + 8160)));
+        // The aligned tail reaches the end of the page, or the tail goes on past it.
+        assert_eq!(cont(8161).first_record_lsn(page), None);
+        assert_eq!(cont(8168).first_record_lsn(page), None);
+        assert_eq!(cont(100_000).first_record_lsn(page), None);
+        // A segment's first page has the long header.
+        let long = PageHeader::new(Lsn(SEG), TimeLineId(1), SEG, 42);
+        assert_eq!(long.first_record_lsn(Lsn(SEG)), Some(Lsn(SEG + 40)));
+        let long_cont = PageHeader { info: long.info | XLP_FIRST_IS_CONTRECORD, rem_len: 13, ..long };
+        assert_eq!(long_cont.first_record_lsn(Lsn(SEG)), Some(Lsn(SEG + 40 + 16)));
     }
 
     #[test]

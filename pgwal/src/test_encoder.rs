@@ -3,8 +3,9 @@
 //!
 //! It exists so the decoder can be tested against WAL with known contents, including shapes
 //! a short real workload rarely produces (records spanning several pages and a segment
-//! boundary, switch records, every image compression). It is compiled only for tests: fjord
-//! never writes WAL records through this crate.
+//! boundary, switch records, every image compression). It is compiled only for tests (this
+//! crate's, and other crates' through the `test-encoder` feature, which only
+//! dev-dependencies enable): fjord never writes WAL records through this crate.
 
 use bytes::Bytes;
 use proto::{BlockNumber, Lsn, RelTag};
@@ -17,7 +18,7 @@ use crate::record::{record_crc, DecodedRecord};
 
 /// One block reference to encode.
 #[derive(Clone, Debug)]
-pub(crate) struct BlockSpec {
+pub struct BlockSpec {
     pub block_id: u8,
     pub rel: RelTag,
     pub blkno: BlockNumber,
@@ -49,7 +50,7 @@ impl BlockSpec {
 
 /// One record to encode.
 #[derive(Clone, Debug)]
-pub(crate) struct RecordSpec {
+pub struct RecordSpec {
     pub rmid: u8,
     pub info: u8,
     pub xid: u32,
@@ -159,7 +160,7 @@ impl RecordSpec {
 }
 
 /// Lays records out on WAL pages from a starting position.
-pub(crate) struct WalWriter {
+pub struct WalWriter {
     pub start: Lsn,
     pub pos: Lsn,
     pub out: Vec<u8>,
@@ -170,7 +171,7 @@ pub(crate) struct WalWriter {
 
 /// Where the writer put one record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Placed {
+pub struct Placed {
     pub start: Lsn,
     pub end: Lsn,
 }

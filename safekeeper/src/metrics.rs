@@ -33,6 +33,10 @@ pub struct Metrics {
     /// Requests refused for their token (any protocol), by `auth::AuthError::reason`; every
     /// reason is present from the start, at 0.
     pub auth_failures: IntCounterVec,
+    /// Per timeline: WAL found corrupt while serving it to a replication client (a record
+    /// whose CRC or header does not check, a bad page header); each ended a stream with
+    /// `FATAL` XX001 and was logged at error level.
+    pub wal_corruption: IntCounterVec,
 }
 
 impl Metrics {
@@ -70,6 +74,10 @@ impl Metrics {
             Opts::new("safekeeper_auth_failures_total", "proposers, replication clients and HTTP requests refused for their token"),
             &["reason"],
         )?;
+        let wal_corruption = IntCounterVec::new(
+            Opts::new("safekeeper_wal_corruption_total", "WAL found corrupt while serving it to a replication client (never sent)"),
+            tl,
+        )?;
         for reason in auth::AuthError::REASONS {
             auth_failures.with_label_values(&[reason]);
         }
@@ -87,6 +95,7 @@ impl Metrics {
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(proposer_connections_open.clone()))?;
         registry.register(Box::new(auth_failures.clone()))?;
+        registry.register(Box::new(wal_corruption.clone()))?;
         Ok(Metrics {
             registry,
             flush_lsn,
@@ -103,6 +112,7 @@ impl Metrics {
             connections,
             proposer_connections_open,
             auth_failures,
+            wal_corruption,
         })
     }
 

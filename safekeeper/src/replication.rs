@@ -60,7 +60,9 @@
 //! 3. Streaming (`CopyBothResponse`, then CopyData both ways): `XLogData` messages
 //!    (`w`, start LSN, end of WAL = commit LSN, send time, bytes) carry the WAL from the
 //!    requested LSN up to the commit LSN in chunks of at most 128 KiB that never cross a
-//!    WAL segment boundary; then the sender waits for the commit LSN to move. When idle it
+//!    WAL segment boundary, each record once it has been checked whole (so a record the
+//!    commit LSN ends inside waits for the rest of it; see [`verify`]); then the sender
+//!    waits for the commit LSN to move. When idle it
 //!    sends a primary keepalive (`k`) every second; when the client has sent nothing for
 //!    half the sender timeout the keepalive asks for a reply, and after the whole timeout
 //!    (60 s) the connection is closed. Standby status updates (`r`) are recorded with
@@ -76,10 +78,14 @@
 //!
 //! # Invariants
 //! - Only committed WAL is sent: never beyond the commit LSN read from the timeline's watch.
-//! - Only verified WAL is sent: every chunk comes from [`WalSource::read_wal_verified`];
-//!   a read error (a corrupt segment) is logged at error level, reported to the client as a
-//!   `FATAL` error (SQLSTATE XX001) and the connection is closed. A chunk of the wrong
-//!   length is treated the same way.
+//! - Only verified WAL is sent: every chunk comes from [`WalSource::read_wal_verified`]
+//!   (page headers checked) and is sent only once `pgwal`'s decoder has checked every
+//!   record it belongs to, header and CRC32C ([`verify`]: the start inside a record, the
+//!   record at the commit LSN, and what cannot be checked). A read error (a corrupt
+//!   segment) or a record that does not check is logged at error level (naming the LSN and
+//!   the segment file), counted in [`Config::wal_corruption`], reported to the client as a
+//!   `FATAL` error (SQLSTATE XX001) and the connection is closed; the bad record's bytes
+//!   are never sent. A chunk of the wrong length is treated the same way.
 //! - The WAL sent is contiguous: each `XLogData` starts where the previous one ended, the
 //!   first at the requested LSN. A start beyond the commit LSN or before the beginning of
 //!   the timeline's WAL is an `ERROR` (as PostgreSQL's walsender answers), not a gap. WAL
@@ -94,7 +100,8 @@
 //!
 //! Code map: this file has the connection, the frontend message reader, the command loop and
 //! streaming; `startup` the startup packet and its parameters; `command` the tokenizer and
-//! parser of replication commands; `messages` the backend messages, errors and SQLSTATEs.
+//! parser of replication commands; `messages` the backend messages, errors and SQLSTATEs;
+//! `verify` the record checks of the WAL being sent (no I/O).
 //! Frontend messages are decoded here (the `postgres-protocol` crate parses only backend
 //! messages), and backend messages encoded here (it encodes only frontend ones). Its frontend
 //! encoder and backend parser drive the tests (`tests/replication.rs`), together with
@@ -107,6 +114,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use pgwal::{DecoderConfig, WalError};
 use proto::{Lsn, TenantId, TimelineId};
 use quorum::wire::PageserverFeedback;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -118,6 +126,7 @@ use tokio::time::Instant;
 mod command;
 mod messages;
 mod startup;
+pub mod verify;
 
 use command::{parse_command, query_text, show_value, tokenize, Command};
 use messages::{
@@ -125,6 +134,7 @@ use messages::{
     PgError, INT4_OID, TEXT_OID,
 };
 use startup::{authenticate, startup, Startup};
+use verify::VerifiedStream;
 
 /// What a replication connection needs from a timeline. The safekeeper's timeline
 /// implements it; the tests use an in-memory one.
@@ -175,6 +185,9 @@ pub struct Config {
     /// With authentication on, the token check (see the module documentation); `None`:
     /// trust.
     pub auth: Option<crate::access::Authenticator>,
+    /// Counts WAL that failed verification before it was sent, by tenant and timeline
+    /// (`safekeeper_wal_corruption_total`); `None`: not counted.
+    pub wal_corruption: Option<prometheus::IntCounterVec>,
 }
 
 impl Default for Config {
@@ -185,6 +198,7 @@ impl Default for Config {
             send_bytes_max: MAX_SEND_BYTES,
             startup_timeout: Duration::from_secs(60),
             auth: None,
+            wal_corruption: None,
         }
     }
 }
@@ -213,7 +227,7 @@ const MESSAGE_BYTES_MAX: usize = 1 << 20;
 
 /// Serves one replication connection handed over by the safekeeper's listener.
 pub async fn serve(stream: TcpStream, sk: Arc<crate::Safekeeper>) -> anyhow::Result<()> {
-    let config = Config { auth: sk.auth.clone(), ..Config::default() };
+    let config = Config { auth: sk.auth.clone(), wal_corruption: Some(sk.metrics.wal_corruption.clone()), ..Config::default() };
     serve_with_config(stream, move |tenant, timeline| lookup_timeline(&sk, tenant, timeline), config).await
 }
 
@@ -283,7 +297,8 @@ where
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "unknown peer".into());
     let _ = stream.set_nodelay(true);
     let (read, write) = stream.into_split();
-    let mut conn = Conn { client: format!("@{peer}"), peer: peer.clone(), read: Some(read), write, out: BytesMut::new(), config };
+    let mut conn =
+        Conn { client: format!("@{peer}"), peer: peer.clone(), read: Some(read), write, out: BytesMut::new(), config, timeline: None };
     let span = tracing::info_span!("replication", peer = %peer);
     let result = tracing::Instrument::instrument(run(&mut conn, lookup), span.clone()).await;
     match &result {
@@ -304,6 +319,8 @@ struct Conn {
     /// Messages not yet written.
     out: BytesMut,
     config: Config,
+    /// The timeline, once it is found: the labels of its metrics.
+    timeline: Option<(TenantId, TimelineId)>,
 }
 
 impl Conn {
@@ -459,6 +476,7 @@ where
             return Err(conn.fatal(sqlstate::INVALID_CATALOG_NAME, message).await);
         }
     };
+    conn.timeline = Some((startup.tenant, startup.timeline));
     let span = tracing::info_span!(
         "timeline",
         tenant_id = %startup.tenant,
@@ -774,7 +792,8 @@ async fn streaming_message<S: WalSource + ?Sized>(
     }
 }
 
-/// Streams committed WAL from `start` until the client ends it.
+/// Streams committed WAL from `start` until the client ends it, each record checked before
+/// any of its bytes is sent ([`verify`]).
 async fn stream_wal<S: WalSource + ?Sized>(
     conn: &mut Conn,
     source: &Arc<S>,
@@ -786,6 +805,10 @@ async fn stream_wal<S: WalSource + ?Sized>(
     let mut st = Streaming { sent: start, last_send: now, last_reply: now, ping_sent: false };
     let keepalive_interval = conn.config.keepalive_interval;
     let timeout = conn.config.sender_timeout;
+    let segment_bytes = u64::from(source.wal_segment_size());
+    let decoder_config = DecoderConfig { segment_size_bytes: segment_bytes, system_id: Some(source.system_id()) };
+    // Set up once the first committed bytes after `start` are there to decode.
+    let mut wal: Option<VerifiedStream> = None;
     loop {
         // Whatever the client sent meanwhile.
         loop {
@@ -812,38 +835,42 @@ async fn stream_wal<S: WalSource + ?Sized>(
             st.ping_sent = true;
             st.last_send = now;
         }
-        if st.sent < commit {
-            let end = chunk_end(st.sent, commit, conn.config.send_bytes_max, u64::from(source.wal_segment_size()));
-            let data = match read_wal(source, st.sent, end).await {
-                Ok(d) => d,
-                Err(e) => {
-                    let begin = source.wal_begin_lsn();
-                    if st.sent < begin {
-                        // Removed since it was asked for: this client is behind the removal
-                        // horizon, which is no corruption.
-                        let m =
-                            format!("requested WAL at {} has been removed from this safekeeper (its WAL now begins at {begin})", st.sent);
-                        tracing::warn!("{m}");
-                        return Err(conn.fatal(sqlstate::UNDEFINED_FILE, m).await);
-                    }
-                    let m = format!("could not send WAL {}..{}: {e:#}", st.sent, end);
-                    tracing::error!("{m}");
-                    return Err(conn.fatal(sqlstate::DATA_CORRUPTED, m).await);
+        // Checked WAL goes out first, one message per turn, so client messages are read in
+        // between; only then is more read.
+        if let Some(w) = wal.as_mut() {
+            if send_verified(conn, w, commit, &mut st).await? {
+                continue;
+            }
+        }
+        let read_from = match &wal {
+            Some(w) => w.next_read_lsn(),
+            None if start < commit => match setup_stream(source, start, commit, decoder_config).await {
+                Ok(Some(w)) => {
+                    wal = Some(w);
+                    continue;
                 }
+                Ok(None) => commit,
+                Err(Setup::Read { from, error }) => return read_failed(conn, source, from, commit, error).await,
+                Err(Setup::Corrupt(e)) => return corrupt_wal(conn, source, e).await,
+            },
+            None => commit,
+        };
+        if read_from < commit {
+            let end = chunk_end(read_from, commit, conn.config.send_bytes_max, segment_bytes);
+            let data = match read_wal(source, read_from, end).await {
+                Ok(d) => d,
+                Err(e) => return read_failed(conn, source, read_from, end, e).await,
             };
-            message(&mut conn.out, b'd', |b| {
-                b.put_u8(b'w');
-                b.put_u64(st.sent.0);
-                b.put_u64(commit.0);
-                b.put_i64(pg_now());
-                b.put_slice(&data);
-            });
-            conn.flush().await?;
-            st.sent = end;
-            st.last_send = Instant::now();
+            let Some(w) = wal.as_mut() else { unreachable!("reads begin once the stream is set up") };
+            if let Err(e) = w.feed(data) {
+                // What checked before the bad record goes out; the bad record never does.
+                while send_verified(conn, w, commit, &mut st).await? {}
+                return corrupt_wal(conn, source, e).await;
+            }
             continue;
         }
-        // Caught up: wait for more WAL, the client, or a timer.
+        // Caught up (or holding back a record the commit LSN ends inside): wait for more
+        // WAL, the client, or a timer.
         let mut wake = st.last_send + keepalive_interval;
         if !st.ping_sent {
             wake = wake.min(st.last_reply + timeout / 2);
@@ -870,6 +897,107 @@ async fn stream_wal<S: WalSource + ?Sized>(
                 }
             }
         }
+    }
+}
+
+/// Sends the next checked WAL as one `XLogData` message; `false` if none is waiting.
+async fn send_verified(conn: &mut Conn, wal: &mut VerifiedStream, commit: Lsn, st: &mut Streaming) -> anyhow::Result<bool> {
+    let Some((at, data)) = wal.next_send(conn.config.send_bytes_max) else { return Ok(false) };
+    message(&mut conn.out, b'd', |b| {
+        b.put_u8(b'w');
+        b.put_u64(at.0);
+        b.put_u64(commit.0);
+        b.put_i64(pg_now());
+        b.put_slice(&data);
+    });
+    conn.flush().await?;
+    st.sent = wal.sent_lsn();
+    st.last_send = Instant::now();
+    Ok(true)
+}
+
+/// Why a stream could not be set up.
+enum Setup {
+    Read { from: Lsn, error: anyhow::Error },
+    Corrupt(WalError),
+}
+
+/// Finds where decoding begins for a client starting at `start` (reading page headers on
+/// the blocking pool) and sets the stream up there; `None` until `start`'s page header is
+/// committed.
+async fn setup_stream<S: WalSource + ?Sized>(
+    source: &Arc<S>,
+    start: Lsn,
+    commit: Lsn,
+    config: DecoderConfig,
+) -> Result<Option<VerifiedStream>, Setup> {
+    let src = Arc::clone(source);
+    let begin = source.wal_begin_lsn();
+    let found = tokio::task::spawn_blocking(move || {
+        let mut last_read = start;
+        let found = verify::decode_start(start, begin, commit, config, |from, to| {
+            last_read = from;
+            src.read_wal_verified(from, to)
+        });
+        found.map_err(|error| Setup::Read { from: last_read, error })
+    })
+    .await
+    .map_err(|e| Setup::Read { from: start, error: anyhow!("the WAL read failed: {e}") })??;
+    let Some(from) = found else { return Ok(None) };
+    if from.unverifiable_tail {
+        tracing::info!(
+            "{start} is inside a record that began before this safekeeper's WAL (it begins at {}): the rest of that record is sent with only its page headers checked",
+            from.lsn
+        );
+    } else if from.lsn < start {
+        tracing::debug!("decoding from {} to check the record that holds {start}", from.lsn);
+    }
+    VerifiedStream::new(start, from, config).map(Some).map_err(Setup::Corrupt)
+}
+
+/// A read failed: WAL removed under the client (behind the removal horizon: no
+/// corruption, an error of the connection), or a segment the storage found corrupt
+/// (logged here at error level, counted, `FATAL` XX001, and the connection closed).
+async fn read_failed<S: WalSource + ?Sized>(
+    conn: &mut Conn,
+    source: &Arc<S>,
+    from: Lsn,
+    to: Lsn,
+    e: anyhow::Error,
+) -> anyhow::Result<Next> {
+    let begin = source.wal_begin_lsn();
+    if from < begin {
+        let m = format!("requested WAL at {from} has been removed from this safekeeper (its WAL now begins at {begin})");
+        tracing::warn!("{m}");
+        return Err(conn.fatal(sqlstate::UNDEFINED_FILE, m).await);
+    }
+    let m = format!("could not send WAL {from}..{to}: {e:#}");
+    tracing::error!("{m}");
+    corruption_reported(conn, m).await
+}
+
+/// A record (or page header) failed the decoder's checks: logged once, here, counted, and
+/// the client told with `FATAL` XX001 so that it goes to another safekeeper.
+async fn corrupt_wal<S: WalSource + ?Sized>(conn: &mut Conn, source: &Arc<S>, e: WalError) -> anyhow::Result<Next> {
+    let lsn = e.lsn();
+    let segment_bytes = u64::from(source.wal_segment_size()).max(1);
+    let segment = pgwal::segment::segment_file_name(PG_TIMELINE, lsn.0 / segment_bytes, segment_bytes);
+    tracing::error!("WAL at {lsn} in segment file {segment} failed verification and is not sent: {e}");
+    corruption_reported(conn, format!("WAL at {lsn} is corrupt on this safekeeper (segment file {segment}): {e}")).await
+}
+
+/// Counts corruption already logged, tells the client (`FATAL` XX001) and closes the
+/// connection. Not an error of the connection: it was logged once, where it was found,
+/// and the listener must not log it again (as with a refused token).
+async fn corruption_reported(conn: &mut Conn, message: String) -> anyhow::Result<Next> {
+    count_corruption(conn);
+    let _ = conn.fatal(sqlstate::DATA_CORRUPTED, message).await;
+    Ok(Next::Close)
+}
+
+fn count_corruption(conn: &Conn) {
+    if let (Some(counter), Some((tenant, timeline))) = (&conn.config.wal_corruption, conn.timeline) {
+        counter.with_label_values(&[&tenant.to_string(), &timeline.to_string()]).inc();
     }
 }
 

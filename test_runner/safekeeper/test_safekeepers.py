@@ -9,6 +9,7 @@ starts from the pageserver, which got its WAL from the safekeepers).
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 import subprocess
@@ -19,6 +20,7 @@ import psycopg
 import pytest
 
 from fixtures.compute import Endpoint, Timeline
+from fixtures.logs import unexpected_lines
 from fixtures.pagestream import lsn_int
 from fixtures.paths import pg_bin_dir
 from fixtures.postgres import wait_until
@@ -337,11 +339,14 @@ def test_a_safekeeper_that_lost_its_disk_does_not_vote(tmp_path, timeline, safek
     assert ep4.sql("SELECT count(*) FROM t")[0][0] == 62
 
 
-def test_a_damaged_copy_on_one_safekeeper_does_not_stop_ingest(tmp_path, timeline, safekeepers, pageserver):
-    """A byte flipped inside a WAL record on safekeeper 1, where the page headers are
-    intact (so the safekeeper's own checks pass and it serves it): the pageserver, streaming
-    from safekeeper 1, finds a record that does not decode, says so, and takes the WAL from
-    safekeeper 2 instead; every row is there."""
+def test_a_record_damaged_on_one_safekeeper_is_never_served(tmp_path, timeline, safekeepers, pageserver):
+    """A byte flipped inside a WAL record in one of safekeeper 1's segment files, where the
+    page headers are intact (so its storage's page checks pass): safekeeper 1 checks every
+    record's CRC before sending it, so it sends the WAL before that record, then ends the
+    stream with FATAL XX001, logs one ERROR naming the timeline, the LSN and the segment
+    file, and counts it; the pageserver, which streams from safekeeper 1 first, takes the
+    WAL from safekeeper 2 instead and never sees the bad bytes (no record fails to decode
+    there); every row is there, read by a new compute."""
     sk1 = safekeepers[0]
     ep = endpoint(tmp_path, timeline, safekeepers)
     # One session throughout, its statements run once before the pageserver stops: their
@@ -381,8 +386,38 @@ def test_a_damaged_copy_on_one_safekeeper_does_not_stop_ingest(tmp_path, timelin
 
     pageserver.start()
     wait_until("the pageserver to ingest past the damage", lambda: lsn_int(timeline.status()["last_record_lsn"]) >= lsn_int(end), timeout_s=120)
-    log = pageserver.log_text()
-    assert "does not decode" in log and sk1.addr.split(":")[1] in log, log[-3000:]
     assert timeline.status()["wal_receiver"]["state"] != "failed"
+
+    # Safekeeper 1 found it, said where, counted it, and did not send it.
+    found = [line for line in sk1.log_text().splitlines() if "failed verification and is not sent" in line]
+    assert found, sk1.log_tail()
+    assert all(" ERROR " in line and seg.name in line and timeline.timeline in line for line in found), found
+    # The damaged record begins at or before the flipped byte, at most one record back.
+    lsns = {lsn_int(m) for line in found for m in re.findall(r"WAL at ([0-9A-F]+/[0-9A-F]+) in segment file", line)}
+    assert len(lsns) == 1 and lsn_int(before) <= lsns.pop() <= pos, found
+    assert corruption_count(sk1, timeline) == len(found) >= 1
+    assert corruption_count(safekeepers[1], timeline) == corruption_count(safekeepers[2], timeline) == 0
+    # The pageserver was told (FATAL, SQLSTATE XX001: its log shows the message) and moved
+    # on; no byte of the damaged record reached it, so none failed to decode there.
+    ps_log = pageserver.log_text()
+    told = rf"could not stream WAL from \S*{sk1.port}\S*: .*WAL at \S+ is corrupt on this safekeeper \(segment file {seg.name}\)"
+    assert re.search(told, ps_log), ps_log[-3000:]
+    assert "does not decode" not in ps_log, ps_log[-3000:]
+
     ep2 = endpoint(tmp_path, timeline, safekeepers, name="ep2")
     assert ep2.sql("SELECT count(*), sum(length(pad)) FROM t") == [(2002, 2000 * 32 + 2 * 4000)]
+    ep2.stop()
+    assert unexpected_lines(sk1.log_text(), [r"failed verification and is not sent"]) == []
+    for sk in safekeepers[1:]:
+        assert unexpected_lines(sk.log_text()) == []
+    # Before the first compute commits, the safekeepers have no WAL to stream yet.
+    no_wal_yet = r"is ahead of the WAL flush position of this server 0/0 \(the timeline's commit LSN\)"
+    assert unexpected_lines(pageserver.log_text(), [told, no_wal_yet]) == []
+
+
+def corruption_count(sk, tl) -> float:
+    """`safekeeper_wal_corruption_total` of the timeline (absent until the first)."""
+    try:
+        return sk.metric("safekeeper_wal_corruption_total", tl.tenant, tl.timeline)
+    except KeyError:
+        return 0

@@ -1,0 +1,195 @@
+//! Record verification of the WAL a replication connection sends: a byte goes out only
+//! once `pgwal`'s stream decoder has seen the whole record it belongs to, with its header
+//! and CRC32C checked, and the page headers on the way.
+//!
+//! Why: a safekeeper's copy of the WAL can rot on its disk after it was acknowledged (the
+//! storage checks only page headers as it reads), and a record whose bytes changed would
+//! otherwise be served as is: the pageserver would stop at it and move to another
+//! safekeeper, but a read replica or `pg_receivewal` would keep the bad bytes. Checking
+//! before sending keeps the damage on the one safekeeper that has it, names it in its log
+//! and metrics, and tells the client (`FATAL`, SQLSTATE XX001) to go elsewhere.
+//!
+//! [`VerifiedStream`] does no I/O: the sender reads WAL and feeds it in order, and takes
+//! back the bytes that may be sent. [`decode_start`] chooses where decoding begins, reading
+//! page headers through a closure. The rules:
+//! - **Only checked bytes are sent**: WAL up to the end of the last record that checked
+//!   (its `MAXALIGN` padding included, or after `XLOG_SWITCH` the unused rest of the
+//!   segment, which no reader decodes). The bytes of a record that fails are never sent;
+//!   those before it are.
+//! - **A record incomplete at the commit LSN is held back** until the commit LSN passes its
+//!   end, and then sent: the sender waits for the commit LSN as when it is caught up, so
+//!   nothing deadlocks and nothing is refused. The proposer sends whole records and moves
+//!   the commit LSN to record ends, so this happens only where an append had to be cut
+//!   inside a record (one longer than what a message carries), and only until the rest of
+//!   it is committed. A client loses nothing by it: neither PostgreSQL nor the pageserver
+//!   can use part of a record.
+//! - **A start inside a record** (a read replica or `pg_receivewal` starts at a segment
+//!   boundary; a page boundary can be inside a record too): decoding begins where that
+//!   record begins, found by walking back over the page headers whose `xlp_rem_len` says
+//!   the record continues through the whole page, so the record is checked whole; the
+//!   bytes before the client's start are decoded, not sent. A mid-page start (the
+//!   pageserver's, at a record boundary) begins decoding at its page's boundary, so even a
+//!   start that is not a record boundary is handled, at the cost of one page read.
+//! - **Unless that record began before this safekeeper's WAL** (removed, or before the
+//!   compute's first WAL): then its tail cannot be checked here; it is sent with only its
+//!   page headers and continuation lengths checked (the client's own decoder checks the
+//!   CRC, if it reads the record at all: PostgreSQL's and the pageserver's skip a tail
+//!   they did not see begin), and every record after it is checked. The WAL's beginning,
+//!   when it is inside a page, is the compute's first record (a basebackup LSN), so
+//!   decoding starts there as at a record.
+//!
+//! Cost: one pass of the decoder over the bytes (it copies them into its buffer and each
+//! record into one buffer of its own, then computes the CRC32C); the bytes sent are the
+//! ones read, sliced, not copied. Memory per stream is about twice the largest record in
+//! flight (the decoder's copy and the bytes waiting to be sent). `tests/replication.rs`
+//! measures the throughput.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use pgwal::consts::{SIZE_OF_XLOG_LONG_PHD, SIZE_OF_XLOG_SHORT_PHD, XLOG_BLCKSZ};
+use pgwal::{DecoderConfig, PageHeader, WalError, WalStreamDecoder};
+use proto::Lsn;
+
+/// Where decoding begins for a client that asked for WAL from some LSN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeStart {
+    /// A page boundary, or the WAL's beginning inside a page (a record start).
+    pub lsn: Lsn,
+    /// The client's start is inside a record that began before this safekeeper's WAL: the
+    /// rest of that record goes out with only its page headers checked.
+    pub unverifiable_tail: bool,
+}
+
+/// Where to begin decoding so that the record holding `start` is decoded whole, reading
+/// page headers with `read(from, to)` (which may be called only below `commit`). `None`
+/// if the header of `start`'s page is not committed yet (a start at a page boundary with
+/// nothing after it): ask again when the commit LSN has moved. A header that does not
+/// validate stops the walk there, so that the decoder reports it with its LSN.
+pub fn decode_start(
+    start: Lsn,
+    begin: Lsn,
+    commit: Lsn,
+    config: DecoderConfig,
+    mut read: impl FnMut(Lsn, Lsn) -> anyhow::Result<Bytes>,
+) -> anyhow::Result<Option<DecodeStart>> {
+    let page_bytes = XLOG_BLCKSZ as u64;
+    let seg = config.segment_size_bytes;
+    let header_end = |page: u64| page + if page.is_multiple_of(seg) { SIZE_OF_XLOG_LONG_PHD } else { SIZE_OF_XLOG_SHORT_PHD } as u64;
+    let at = |lsn: Lsn, unverifiable_tail: bool| Ok(Some(DecodeStart { lsn, unverifiable_tail }));
+    // The header at `page`, or `None` if it does not validate.
+    let mut header = |page: u64| -> anyhow::Result<Option<PageHeader>> {
+        let bytes = read(Lsn(page), Lsn(header_end(page)))?;
+        Ok(PageHeader::parse(&bytes).filter(|h| h.validate(Lsn(page), seg, config.system_id).is_ok()))
+    };
+    let first_page = start.0 - start.0 % page_bytes;
+    if first_page < begin.0 {
+        // The WAL begins inside this page, at the compute's first record.
+        return at(begin, false);
+    }
+    if header_end(first_page) > commit.0 {
+        return Ok(None);
+    }
+    let Some(h) = header(first_page)? else { return at(Lsn(first_page), false) };
+    match h.first_record_lsn(Lsn(first_page)) {
+        _ if !h.is_contrecord() => return at(Lsn(first_page), false),
+        Some(first) if start >= first => return at(Lsn(first_page), false),
+        _ => {}
+    }
+    // `start` is in the tail of a record begun on an earlier page: find the page it began
+    // on, the nearest one on which any record begins.
+    let mut page = first_page;
+    loop {
+        if page == begin.0 {
+            return at(begin, true);
+        }
+        let prev = page - page_bytes;
+        if prev < begin.0 {
+            // The WAL begins inside `prev`, at a record: the one we look for began there or later.
+            return at(begin, false);
+        }
+        match header(prev)? {
+            None => return at(Lsn(prev), false),
+            Some(h) if h.first_record_lsn(Lsn(prev)).is_some() => return at(Lsn(prev), false),
+            Some(_) => page = prev,
+        }
+    }
+}
+
+/// The WAL of one `START_REPLICATION`, checked as it is read. See the module documentation.
+pub struct VerifiedStream {
+    decoder: WalStreamDecoder,
+    /// The client's start: bytes before it are decoded, never sent.
+    start: Lsn,
+    /// Everything from `start` below this was handed out to be sent.
+    sent: Lsn,
+    /// The bytes `[max(sent, start), next_read_lsn())`, as read, in order; each within one
+    /// segment (as the reads are).
+    pending: VecDeque<Bytes>,
+    /// The end of the last record that checked: bytes below it may be sent.
+    verified: Lsn,
+    records: u64,
+}
+
+impl VerifiedStream {
+    /// A stream to a client that asked for WAL from `start`, decoding from `from` (see
+    /// [`decode_start`]).
+    pub fn new(start: Lsn, from: DecodeStart, config: DecoderConfig) -> Result<VerifiedStream, WalError> {
+        debug_assert!(from.lsn <= start);
+        let decoder = WalStreamDecoder::new(from.lsn, config)?;
+        Ok(VerifiedStream { decoder, start, sent: start, pending: VecDeque::new(), verified: from.lsn, records: 0 })
+    }
+
+    /// Where the next bytes fed must begin.
+    pub fn next_read_lsn(&self) -> Lsn {
+        self.decoder.next_feed_lsn()
+    }
+
+    /// Everything below this (from the client's start) was handed out by [`Self::next_send`].
+    pub fn sent_lsn(&self) -> Lsn {
+        self.sent
+    }
+
+    /// The end of the last record that checked.
+    pub fn verified_lsn(&self) -> Lsn {
+        self.verified
+    }
+
+    /// Records checked so far.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Feeds the bytes that begin at [`Self::next_read_lsn`] and checks every record they
+    /// complete. An error is the first record (or page header) that does not check; the
+    /// stream is stuck then, but what was checked before it can still be sent.
+    pub fn feed(&mut self, data: Bytes) -> Result<(), WalError> {
+        let from = self.next_read_lsn();
+        self.decoder.feed_bytes(&data);
+        let end = from.0 + data.len() as u64;
+        if end > self.start.0 {
+            let skip = self.start.0.saturating_sub(from.0) as usize;
+            self.pending.push_back(data.slice(skip..));
+        }
+        while let Some(record) = self.decoder.poll_decode()? {
+            self.verified = record.end_lsn();
+            self.records += 1;
+        }
+        Ok(())
+    }
+
+    /// The next bytes that may be sent, at most `max_bytes` of them, within one segment,
+    /// and where they begin; `None` if nothing checked is waiting.
+    pub fn next_send(&mut self, max_bytes: usize) -> Option<(Lsn, Bytes)> {
+        let sendable = self.verified.min(self.next_read_lsn());
+        if sendable <= self.sent {
+            return None;
+        }
+        let front = self.pending.front_mut()?;
+        let n = front.len().min(max_bytes.max(1)).min((sendable.0 - self.sent.0) as usize);
+        let bytes = if n == front.len() { self.pending.pop_front()? } else { front.split_to(n) };
+        let at = self.sent;
+        self.sent = Lsn(at.0 + n as u64);
+        Some((at, bytes))
+    }
+}
