@@ -110,6 +110,8 @@ pub struct WalStreamDecoder {
     /// Start of the last record returned, which the next record's `xl_prev` must name. `None`
     /// after a start at an arbitrary position, where PostgreSQL only checks it points back.
     prev_record: Option<Lsn>,
+    /// `xl_prev` = 0 passes the prev-link check ([`WalStreamDecoder::accept_unknown_prev_link`]).
+    unknown_prev_link_ok: bool,
     failed: Option<WalError>,
 }
 
@@ -130,7 +132,25 @@ impl WalStreamDecoder {
         } else {
             return Err(WalError::InvalidStartLsn { lsn: start });
         };
-        Ok(WalStreamDecoder { config, lsn: start, buf: BytesMut::new(), state, prev_record: None, failed: None })
+        Ok(WalStreamDecoder {
+            config,
+            lsn: start,
+            buf: BytesMut::new(),
+            state,
+            prev_record: None,
+            unknown_prev_link_ok: false,
+            failed: None,
+        })
+    }
+
+    /// Takes a record's `xl_prev` = 0 as "previous record not known", as fjord's patched
+    /// `ValidXLogRecordHeader()` does (compute patch 0009): a compute started from a
+    /// basebackup whose previous record the pageserver did not know writes its first record
+    /// so, and a reader that reads on across that start must not take it for a broken
+    /// chain. The record's CRC, which covers `xl_prev`, is checked as ever.
+    pub fn accept_unknown_prev_link(mut self) -> WalStreamDecoder {
+        self.unknown_prev_link_ok = true;
+        self
     }
 
     /// The position of the next byte the decoder expects to be fed.
@@ -280,7 +300,9 @@ impl WalStreamDecoder {
         if !*header_checked {
             if let Some(header) = RecordHeader::parse(buf) {
                 validate_header(start, &header)?;
-                check_prev_link(self.prev_record, start, &header)?;
+                if !(self.unknown_prev_link_ok && header.prev == Lsn::INVALID) {
+                    check_prev_link(self.prev_record, start, &header)?;
+                }
                 *header_checked = true;
             }
         }

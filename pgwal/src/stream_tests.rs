@@ -224,6 +224,35 @@ fn impossible_record_lengths_are_errors() {
 }
 
 #[test]
+fn an_unknown_prev_link_passes_only_when_accepted() {
+    // A compute started where the pageserver did not know the previous record writes its
+    // first record with xl_prev = 0.
+    let start = Lsn(9 * SEG + PAGE);
+    let mut w = WalWriter::new(start, SEG);
+    let a = w.append(&record(100, 1));
+    let b = w.append_encoded(&record(50, 2).encode(Lsn::INVALID));
+    let c = w.append(&record(60, 3));
+    let (recs, err) = decode_all(start, &w.out, 4096);
+    assert_eq!(placed(&recs), vec![a]);
+    assert_eq!(err, Some(WalError::IncorrectPrevLink { lsn: b.start, prev: Lsn::INVALID }));
+    let mut dec = WalStreamDecoder::new(start, config()).unwrap().accept_unknown_prev_link();
+    dec.feed_bytes(&w.out);
+    let mut got = Vec::new();
+    while let Some(r) = dec.poll_decode().unwrap() {
+        got.push(r);
+    }
+    assert_eq!(placed(&got), vec![a, b, c]);
+    // Any other wrong prev-link is still one.
+    let mut w = WalWriter::new(start, SEG);
+    w.append(&record(100, 1));
+    let bad = w.append_encoded(&record(50, 2).encode(Lsn(8)));
+    let mut dec = WalStreamDecoder::new(start, config()).unwrap().accept_unknown_prev_link();
+    dec.feed_bytes(&w.out);
+    assert!(dec.poll_decode().unwrap().is_some());
+    assert_eq!(dec.poll_decode(), Err(WalError::IncorrectPrevLink { lsn: bad.start, prev: Lsn(8) }));
+}
+
+#[test]
 fn header_checks_catch_bad_rmid_and_prev_link() {
     let start = Lsn(12 * SEG);
     let mut w = WalWriter::new(start, SEG);

@@ -1106,6 +1106,33 @@ async fn a_start_at_a_segment_boundary_inside_a_record() {
     server.next_result().await.unwrap();
 }
 
+/// A compute started from a basebackup whose previous record the pageserver did not know
+/// writes its first record with `xl_prev` = 0 (compute patch 0009): WAL streamed across
+/// that start is no corruption.
+#[tokio::test]
+async fn a_first_record_with_an_unknown_prev_link_is_not_corruption() {
+    use pgwal::consts::{RM_HEAP_ID, XLOG_HEAP_INSERT};
+    use pgwal::test_encoder::{RecordSpec, WalWriter};
+    let start = Lsn(5 * SMALL_SEGMENT);
+    let mut w = WalWriter::new(start, SMALL_SEGMENT);
+    let record = |seed: u8| RecordSpec::new(RM_HEAP_ID, XLOG_HEAP_INSERT).xid(700).main_data(vec![seed; 300]);
+    w.append(&record(1));
+    let restart = w.append_encoded(&record(2).encode(Lsn::INVALID));
+    let last = w.append(&record(3));
+    let mut wal = w.out;
+    wal.resize((last.end.0 - start.0) as usize, 0);
+    let src = MemWal::with_wal(7, SMALL_SEGMENT, start, wal.clone(), last.end);
+    let mut server = self::server(Arc::clone(&src), Config::default()).await;
+    let mut c = Client::ready(&server).await;
+    c.send(|b| frontend::query(&format!("START_REPLICATION {start}"), b).unwrap()).await;
+    assert!(matches!(c.recv().await, Some(Msg::CopyBoth)));
+    let (mut next, mut got) = (start, Vec::new());
+    receive_segments_until(&mut c, &mut next, last.end, last.end, &mut got, SMALL_SEGMENT).await;
+    assert!(got == wal && restart.start < last.start);
+    drop(c);
+    server.next_result().await.unwrap();
+}
+
 /// Not a test: how fast the sender's record verification goes (decoding and CRC32C of the
 /// fixture's records, and of test-encoder WAL of records from 100 bytes to 8 KB, fed in
 /// 128 KiB reads). `cargo test -p safekeeper --release --test replication --

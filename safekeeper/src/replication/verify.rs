@@ -136,7 +136,9 @@ impl VerifiedStream {
     /// [`decode_start`]).
     pub fn new(start: Lsn, from: DecodeStart, config: DecoderConfig) -> Result<VerifiedStream, WalError> {
         debug_assert!(from.lsn <= start);
-        let decoder = WalStreamDecoder::new(from.lsn, config)?;
+        // A compute started where the pageserver did not know the previous record writes
+        // its first record with `xl_prev` = 0, which is no damage (compute patch 0009).
+        let decoder = WalStreamDecoder::new(from.lsn, config)?.accept_unknown_prev_link();
         Ok(VerifiedStream { decoder, start, sent: start, pending: VecDeque::new(), verified: from.lsn, records: 0 })
     }
 
