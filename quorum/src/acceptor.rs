@@ -294,6 +294,15 @@ impl Acceptor {
                         // elected history says a log begins (the timeline's WAL beginning,
                         // or once WAL may have been removed, the highest peer horizon).
                         at = log_begin.max(first.lsn);
+                    } else if flush < log_begin {
+                        // All our WAL lies below where this election says logs may begin:
+                        // the WAL between would have to come from acceptors that may have
+                        // removed it (it is below a peer horizon), so the log restarts
+                        // there, as one that shares nothing. Only a learner gets here: one
+                        // that began its log in an older election, while an earlier
+                        // incarnation's acknowledgements had already raised the others'
+                        // horizon (found by the simulation: a catch-up that never ended).
+                        at = log_begin;
                     }
                     if at < self.state.commit_lsn {
                         // Cannot happen with a correct proposer (committed WAL is in every

@@ -94,6 +94,10 @@
 //!   acceptor at the higher term refuses it). So a learner needs every acceptor up once
 //!   to become a voter; meanwhile its acknowledgements count towards commits (they are
 //!   true).
+//! - a learner whose whole log lies below an election's `log_begin` (it began it in an older
+//!   election, while its earlier incarnation's acknowledgements had already raised the
+//!   others' peer horizon) starts it again there, as a log that shares nothing: the WAL in
+//!   between may be removed everywhere.
 //!
 //! Every election then has a majority of voters that remember what they acknowledged, so
 //! every commit quorum meets it.
