@@ -195,3 +195,94 @@ impl VerifiedStream {
         Some((at, bytes))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgwal::consts::{RM_HEAP_ID, XLOG_HEAP_INSERT};
+    use pgwal::test_encoder::{RecordSpec, WalWriter};
+
+    const SEG: u64 = 1 << 20;
+    const PAGE: u64 = XLOG_BLCKSZ as u64;
+
+    fn record(len: usize) -> RecordSpec {
+        RecordSpec::new(RM_HEAP_ID, XLOG_HEAP_INSERT).xid(700).main_data(vec![7; len])
+    }
+
+    /// Where decoding starts for `start`, on the WAL of `w`, beginning at `begin`.
+    fn start_for(w: &WalWriter, start: Lsn, begin: Lsn, commit: Lsn) -> Option<DecodeStart> {
+        let config = DecoderConfig { segment_size_bytes: SEG, system_id: Some(7) };
+        let read = |from: Lsn, to: Lsn| {
+            assert!(begin <= from && to <= commit, "read {from}..{to} outside {begin}..{commit}");
+            Ok(Bytes::copy_from_slice(&w.bytes_from(from)[..(to.0 - from.0) as usize]))
+        };
+        decode_start(start, begin, commit, config, read).unwrap()
+    }
+
+    #[test]
+    fn decoding_starts_where_the_record_holding_the_start_begins() {
+        let origin = Lsn(3 * SEG - 3 * PAGE);
+        let mut w = WalWriter::new(origin, SEG);
+        let small = w.append(&record(100));
+        let big = w.append(&record(30_000)); // across three page boundaries and a segment
+        let after = w.append(&record(40));
+        let end = after.end;
+        let at = |lsn: Lsn| Some(DecodeStart { lsn, unverifiable_tail: false });
+        let boundary = Lsn(3 * SEG);
+        assert!(big.start < boundary && boundary < big.end);
+        // (start, WAL beginning, expected)
+        let cases = [
+            // A record start inside a page: from that page.
+            (small.start, origin, at(origin)),
+            (big.start, origin, at(origin)),
+            // Page boundaries inside `big` (one of them a segment boundary): from its page.
+            (Lsn(origin.0 + PAGE), origin, at(origin)),
+            (boundary, origin, at(origin)),
+            (Lsn(boundary.0 + 100), origin, at(origin)),
+            // After `big`'s tail on the page it ends on.
+            (after.start, origin, at(Lsn(after.start.0 - after.start.0 % PAGE))),
+            // The WAL begins inside the first page: at its first record.
+            (boundary, small.start, at(small.start)),
+            // The WAL begins at a page `big` continues through: its tail cannot be checked.
+            (boundary, Lsn(origin.0 + PAGE), Some(DecodeStart { lsn: Lsn(origin.0 + PAGE), unverifiable_tail: true })),
+            (boundary, boundary, Some(DecodeStart { lsn: boundary, unverifiable_tail: true })),
+        ];
+        for (start, begin, expected) in cases {
+            assert_eq!(start_for(&w, start, begin, end), expected, "start {start}, WAL from {begin}");
+        }
+        // A start at a page boundary whose header is not committed yet: ask again later.
+        assert_eq!(start_for(&w, boundary, origin, Lsn(boundary.0 + 10)), None);
+        // A header that does not validate stops the walk there, for the decoder to report.
+        let mut bad = WalWriter::new(origin, SEG);
+        bad.out = w.out.clone();
+        bad.out[(boundary.0 - PAGE - origin.0) as usize] ^= 0xff; // the magic of the page before
+        assert_eq!(start_for(&bad, boundary, origin, end), at(Lsn(boundary.0 - PAGE)));
+    }
+
+    #[test]
+    fn only_checked_records_are_handed_out() {
+        let origin = Lsn(2 * SEG);
+        let mut w = WalWriter::new(origin, SEG);
+        let a = w.append(&record(100));
+        let b = w.append(&record(20_000));
+        let config = DecoderConfig { segment_size_bytes: SEG, system_id: Some(7) };
+        let from = DecodeStart { lsn: origin, unverifiable_tail: false };
+        let mut s = VerifiedStream::new(a.start, from, config).unwrap();
+        // Up to the middle of `b`: `a` goes out, `b` waits.
+        let mid = (b.start.0 + 5000 - origin.0) as usize;
+        s.feed(Bytes::copy_from_slice(&w.out[..mid])).unwrap();
+        assert_eq!(s.next_send(64), Some((a.start, Bytes::copy_from_slice(&w.out[40..40 + 64]))));
+        let (at, rest) = s.next_send(1 << 20).unwrap();
+        assert_eq!((at, at.0 + rest.len() as u64), (Lsn(a.start.0 + 64), b.start.0));
+        assert_eq!(s.next_send(1 << 20), None);
+        // The rest of `b`: all of `b`, in the pieces it was read in.
+        s.feed(Bytes::copy_from_slice(&w.out[mid..])).unwrap();
+        let mut sent = Vec::new();
+        while let Some((at, piece)) = s.next_send(1 << 20) {
+            assert_eq!(at.0, b.start.0 + sent.len() as u64);
+            sent.extend_from_slice(&piece);
+        }
+        assert!(sent[..] == w.out[(b.start.0 - origin.0) as usize..]);
+        assert_eq!((s.records(), s.sent_lsn()), (2, Lsn(origin.0 + w.out.len() as u64)));
+    }
+}
