@@ -18,11 +18,10 @@
 //!   those before it are.
 //! - **A record incomplete at the commit LSN is held back** until the commit LSN passes its
 //!   end, and then sent: the sender waits for the commit LSN as when it is caught up, so
-//!   nothing deadlocks and nothing is refused. The proposer sends whole records and moves
-//!   the commit LSN to record ends, so this happens only where an append had to be cut
-//!   inside a record (one longer than what a message carries), and only until the rest of
-//!   it is committed. A client loses nothing by it: neither PostgreSQL nor the pageserver
-//!   can use part of a record.
+//!   nothing deadlocks and nothing is refused. `quorum` commits only boundary LSNs, so
+//!   the commit LSN is a record end and nothing is held; the rule keeps the sender right
+//!   should a commit LSN ever fall inside a record. A client would lose nothing by it:
+//!   neither PostgreSQL nor the pageserver can use part of a record.
 //! - **A start inside a record** (a read replica or `pg_receivewal` starts at a segment
 //!   boundary; a page boundary can be inside a record too): decoding begins where that
 //!   record begins, found by walking back over the page headers whose `xlp_rem_len` says
@@ -35,8 +34,8 @@
 //!   page headers and continuation lengths checked (the client's own decoder checks the
 //!   CRC, if it reads the record at all: PostgreSQL's and the pageserver's skip a tail
 //!   they did not see begin), and every record after it is checked. The WAL's beginning,
-//!   when it is inside a page, is the compute's first record (a basebackup LSN), so
-//!   decoding starts there as at a record.
+//!   when it is inside a page, is the compute's first record (a basebackup LSN) or a
+//!   learner's `log_begin` (a boundary LSN), so decoding starts there as at a record.
 //!
 //! Cost: one pass of the decoder over the bytes (it copies them into its buffer and each
 //! record into one buffer of its own, then computes the CRC32C); the bytes sent are the
