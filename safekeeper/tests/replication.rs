@@ -1140,8 +1140,6 @@ async fn a_first_record_with_an_unknown_prev_link_is_not_corruption() {
 #[test]
 #[ignore]
 fn verification_throughput() {
-    use pgwal::consts::{RM_HEAP_ID, XLOG_HEAP_INSERT};
-    use pgwal::test_encoder::{RecordSpec, WalWriter};
     use safekeeper::replication::verify::{DecodeStart, VerifiedStream};
 
     fn run(name: &str, start: Lsn, wal: &Bytes, config: DecoderConfig, repeat: usize) {
@@ -1181,18 +1179,60 @@ fn verification_throughput() {
     let config = DecoderConfig { segment_size_bytes: SEGMENT, system_id: Some(f.system_id) };
     run("real WAL (pgwal fixture)", f.start, &used, config, 2000);
 
+    let (start, synthetic) = synthetic_wal(64 << 20);
+    let config = DecoderConfig { segment_size_bytes: SEGMENT, system_id: Some(7) };
+    run("test-encoder WAL, records of 100 B to 8 KB", start, &Bytes::from(synthetic), config, 20);
+}
+
+/// About `bytes` of test-encoder WAL of records from 100 bytes to 8 KB, in 16 MiB
+/// segments, ending at a record boundary; and where it starts.
+fn synthetic_wal(bytes: usize) -> (Lsn, Vec<u8>) {
+    use pgwal::consts::{RM_HEAP_ID, XLOG_HEAP_INSERT};
+    use pgwal::test_encoder::{RecordSpec, WalWriter};
     let start = Lsn(16 * SEGMENT);
     let mut w = WalWriter::new(start, SEGMENT);
     let mut seed = 1u32;
-    while w.out.len() < 64 << 20 {
+    let mut end = start;
+    while w.out.len() < bytes {
         seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
         let len = 100 + (seed >> 8) as usize % 8000;
         let data = (0..len).map(|i| (i as u8).wrapping_add(seed as u8)).collect();
-        w.append(&RecordSpec::new(RM_HEAP_ID, XLOG_HEAP_INSERT).xid(700).main_data(data));
+        end = w.append(&RecordSpec::new(RM_HEAP_ID, XLOG_HEAP_INSERT).xid(700).main_data(data)).end;
     }
-    let synthetic = Bytes::from(w.out.clone());
-    let config = DecoderConfig { segment_size_bytes: SEGMENT, system_id: Some(7) };
-    run("test-encoder WAL, records of 100 B to 8 KB", start, &synthetic, config, 20);
+    let mut wal = w.out;
+    wal.resize((end.0 - start.0) as usize, 0);
+    (start, wal)
+}
+
+/// Not a test: the sender's throughput over loopback with every record checked, 256 MiB of
+/// test-encoder WAL to a client that only counts it. `cargo test -p safekeeper --release
+/// --test replication -- --ignored --nocapture streaming_throughput`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn streaming_throughput() {
+    let (start, wal) = synthetic_wal(256 << 20);
+    let end = Lsn(start.0 + wal.len() as u64);
+    let src = MemWal::with_wal(7, SEGMENT, start, wal, end);
+    let mut server = self::server(Arc::clone(&src), Config::default()).await;
+    let mut c = Client::ready(&server).await;
+    let began = std::time::Instant::now();
+    c.send(|b| frontend::query(&format!("START_REPLICATION {start}"), b).unwrap()).await;
+    assert!(matches!(c.recv().await, Some(Msg::CopyBoth)));
+    let mut next = start;
+    while next < end {
+        if let Repl::XLogData { start: at, data, .. } = repl(c.recv().await) {
+            assert_eq!(at, next);
+            next = Lsn(at.0 + data.len() as u64);
+        }
+    }
+    let secs = began.elapsed().as_secs_f64();
+    println!(
+        "streamed {} MB with every record checked in {secs:.2} s: {:.0} MB/s",
+        (end.0 - start.0) / 1_000_000,
+        (end.0 - start.0) as f64 / secs / 1e6
+    );
+    drop(c);
+    server.next_result().await.unwrap();
 }
 
 /// The crate's directory, from cargo at run time (a test binary reused from another
