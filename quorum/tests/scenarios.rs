@@ -724,3 +724,62 @@ fn a_learner_joins_only_an_election_it_saw_begin() {
     assert!(!c.disks[2].state.learner);
     assert_eq!(c.disks[2].state.flush_lsn, lsn(30));
 }
+
+/// Found by the simulation at scale (seed 254,334): a learner that joins an older term's
+/// election, whose log begins below a peer horizon its earlier incarnation helped raise,
+/// must not need WAL below that horizon in the next election (the others may have removed
+/// it, and refuse to fetch it). Term 2's votes are taken before term 3 raises the horizon
+/// to +20 (every acceptor acknowledged it); acceptor 1 then loses its disk and joins term 2,
+/// its log beginning at +10; term 4 (acceptors 0 and 2) shares term 1 with it there, and its
+/// log must start again at +20 instead of waiting forever for +10..20.
+#[test]
+fn a_learner_whose_log_lies_below_the_horizon_starts_it_again() {
+    let mut c = Cluster::new();
+    let mut p1 = proposer();
+    c.elect(&mut p1, &only(&[0, 1, 2]));
+    append(&mut c, &mut p1, 1, &[0, 1, 2]);
+    append(&mut c, &mut p1, 2, &[0, 1, 2]);
+    // Term 2 takes the votes of 0 and 2 (they report no horizon yet); its elections are lost,
+    // and its vote request to acceptor 1 is held back.
+    let mut p2 = proposer();
+    let held = std::cell::RefCell::new(None);
+    let hold = |to: usize, m: ToAcceptor| match (to, &m) {
+        (1, ToAcceptor::VoteRequest { .. }) => {
+            *held.borrow_mut() = Some(m);
+            None
+        }
+        (_, ToAcceptor::Elected { .. }) => None,
+        _ => Some(m),
+    };
+    c.elect(&mut p2, &hold);
+    assert!(p2.core.is_leader());
+    // Term 3: everyone acknowledges +20 and learns it as the peer horizon; 0 and 2 remove
+    // the WAL below it.
+    let mut p3 = proposer();
+    c.elect(&mut p3, &only(&[0, 1, 2]));
+    tick(&mut c, &mut p3, &only(&[0, 1, 2]));
+    for a in [0, 2] {
+        assert_eq!(c.nodes[a].acceptor.state().peer_horizon_lsn, lsn(20));
+        c.nodes[a].persist_lazy_and_remove(&mut c.disks[a]);
+        assert_eq!(c.disks[a].removed_below, lsn(20));
+    }
+    // Acceptor 1 loses its disk, then sees term 2's vote request (late) and its election.
+    wipe(&mut c, 1);
+    let vote_request = held.borrow_mut().take().expect("held");
+    let _ = c.nodes[1].handle(&mut c.disks[1], vote_request, None).unwrap();
+    let a = p2.core.reconnected(1);
+    c.run(&mut p2, a, &only(&[1]));
+    // (Its log begins at +10, term 2's `log_begin`: the horizon its votes reported.)
+    assert_eq!((c.disks[1].state.term, c.disks[1].state.flush_lsn), (2, lsn(10)), "the learner took term 2's election");
+    // Term 4, elected by 0 and 2 (the learner sees its vote request, and refuses), brings the
+    // learner up without WAL below the horizon (the donors' shells fail the test if asked
+    // for it), and commits with it.
+    let mut p4 = proposer();
+    c.elect(&mut p4, &only(&[0, 1, 2]));
+    tick(&mut c, &mut p4, &only(&[0, 1, 2]));
+    let s = &c.disks[1].state;
+    assert_eq!((s.term, s.flush_lsn, s.boundary_lsn, s.log_begin), (4, lsn(20), lsn(20), lsn(20)), "{s:?}");
+    append(&mut c, &mut p4, 3, &[0, 1, 2]);
+    assert_eq!(c.disks[1].state.flush_lsn, lsn(30));
+    assert_eq!(c.committed.len(), 30);
+}
