@@ -7,7 +7,7 @@ one WARN line in the log, nothing created), and accepting the tokens it should:
 - the HTTP API: an admin token for everything but `/metrics` and `/v1/status`;
 - replication (libpq through psycopg, the token as the password): a token that may read
   the timeline's WAL (the tenant's, storage, admin);
-- a proposer's `Hello` (raw bytes of `quorum::wire` version 5): the tenant's token;
+- a proposer's `Hello` (raw bytes of `quorum::wire` version 6): the tenant's token;
 and the pageserver's WAL receiver giving the safekeeper the `FJORD_AUTH_TOKEN` of its
 process, or failing with a message that says to set it.
 """
@@ -179,10 +179,10 @@ def test_replication_needs_a_token_that_may_read_the_timeline(sk, keys, other_ke
 
 
 def hello(tenant: str, timeline: str, token: str) -> bytes:
-    """A proposer's `Hello` in `quorum::wire` version 5: version, tenant, timeline, system
+    """A proposer's `Hello` in `quorum::wire` version 6 (its `Hello` is version 5's): version, tenant, timeline, system
     id, WAL segment size, name, token."""
     name, tok = b"test_auth", token.encode()
-    payload = (struct.pack(">I", 5) + bytes.fromhex(tenant) + bytes.fromhex(timeline)
+    payload = (struct.pack(">I", 6) + bytes.fromhex(tenant) + bytes.fromhex(timeline)
                + struct.pack(">QI", SYSTEM_ID, 16 << 20)
                + struct.pack(">I", len(name)) + name + struct.pack(">I", len(tok)) + tok)
     return b"H" + struct.pack(">I", len(payload)) + payload
