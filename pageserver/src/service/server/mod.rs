@@ -560,7 +560,12 @@ impl Pageserver {
         let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
         let json = sources.to_json();
         if std::fs::read(&path).is_ok_and(|persisted| persisted == json)
-            && self.receivers.lock().unwrap_or_else(|p| p.into_inner()).get(&(tenant, timeline)).is_some_and(|r| r.is_streaming_from(&sources))
+            && self
+                .receivers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&(tenant, timeline))
+                .is_some_and(|r| r.is_streaming_from(&sources))
         {
             tracing::debug!(%tenant, %timeline, "the WAL receiver already streams from {sources}; kept");
             return Ok(());
