@@ -224,7 +224,7 @@ def test_a_proposer_needs_a_token_for_its_timeline(sk, keys, other_keys, ids):
     for token in [keys.tenant(tenant, timeline), keys.tenant(tenant), keys.admin()]:
         tag, payload = greet(sk, tenant, timeline, token)
         assert tag == b"h", payload
-        assert struct.unpack(">IQ", payload) == (5, sk.id)
+        assert struct.unpack(">IQ", payload) == (6, sk.id)
     status = sk.http("GET", f"/v1/tenant/{tenant}/timeline/{timeline}", token=keys.admin())
     assert status["learner"] is True and status["system_id"] == SYSTEM_ID, status
     check_log(sk, len(cases), [r"a proposer writes to a timeline this safekeeper has no record of"])
