@@ -57,10 +57,12 @@ pub fn filter(saved: &SavedIndex, start: Lsn, changes: &Changes) -> Kept {
     kept
 }
 
-/// The oldest LSN any entry that may be kept depends on: where the pageserver must start
-/// looking for changes. `None` when no entry can be kept.
+/// Where the pageserver must start looking for changes: the oldest LSN any entry that may be
+/// kept depends on, or the index's valid-as-of LSN if that is later (every entry is its
+/// block's version as of it; `proto::filecache`). `None` when no entry can be kept.
 pub fn changes_since(saved: &SavedIndex, start: Lsn) -> Option<Lsn> {
-    saved.entries.iter().map(|e| e.dep_lsn).filter(|&d| d <= saved.durable_lsn && d <= start).min()
+    let oldest = saved.entries.iter().map(|e| e.dep_lsn).filter(|&d| d <= saved.durable_lsn && d <= start).min()?;
+    Some(oldest.max(saved.valid_lsn))
 }
 
 pub fn saved_index_path(cache: &Path) -> PathBuf {
@@ -156,6 +158,7 @@ mod tests {
             timeline: TimelineId::from_bytes([2; 16]),
             slots: 64,
             durable_lsn: Lsn(1000),
+            valid_lsn: Lsn::INVALID,
             entries,
         }
     }
@@ -184,6 +187,33 @@ mod tests {
 
         c.databases.insert((1663, 5));
         assert!(filter(&s, Lsn(2000), &c).entries.is_empty());
+    }
+
+    #[test]
+    fn the_valid_lsn_narrows_the_question_to_what_changed_after_it() {
+        // Saved at a shutdown checkpoint at 1200: every entry is its block's version then.
+        let s = SavedIndex { valid_lsn: Lsn(1200), ..saved(vec![entry(10, 0, 0, 100), entry(10, 1, 1, 900), entry(13, 0, 2, 1001)]) };
+        // Another compute wrote after it: only (1200, 2000] is asked.
+        assert_eq!(changes_since(&s, Lsn(2000)), Some(Lsn(1200)));
+        // The safekeepers' end is below the checkpoint (its WAL was not all durable): nothing
+        // to ask; the entries past the durable LSN are still dropped.
+        assert_eq!(changes_since(&s, Lsn(1100)), Some(Lsn(1200)));
+        let kept = filter(&s, Lsn(1100), &Changes::default());
+        assert_eq!((kept.entries.len(), kept.not_durable), (2, 1));
+
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("file_cache");
+        std::fs::write(saved_index_path(&cache), s.encode()).unwrap();
+        let outcome = prepare(&cache, s.tenant, s.timeline, Lsn(1100), |_, _, _| unreachable!("nothing to ask"));
+        assert_eq!(outcome, Outcome::Reused { saved: 3, reused: 2, not_durable: 1, changed: 0 });
+        std::fs::write(saved_index_path(&cache), s.encode()).unwrap();
+        let outcome = prepare(&cache, s.tenant, s.timeline, Lsn(2000), |from, to, _| {
+            assert_eq!((from, to), (Lsn(1200), Lsn(2000)));
+            let mut c = Changes::default();
+            c.blocks.insert((1663, 5, 10, 0, 1), Lsn(1500));
+            Ok(c)
+        });
+        assert_eq!(outcome, Outcome::Reused { saved: 3, reused: 1, not_durable: 1, changed: 1 });
     }
 
     #[test]

@@ -380,9 +380,9 @@ fn save() -> Result<String, String> {
     if durable == 0 {
         return Err("no WAL is known to be on a majority of safekeepers (without fjord.safekeepers nothing is kept)".into());
     }
-    if !shut_down_cleanly() {
+    let Some(shutdown_checkpoint) = clean_shutdown_checkpoint() else {
         return Err("the server did not shut down cleanly".into());
-    }
+    };
     // No other process is left: the index is read without its locks.
     let entries: Vec<SavedEntry> = entries(fc)
         .iter()
@@ -410,21 +410,24 @@ fn save() -> Result<String, String> {
         .and_then(|f| f.sync_data())
         .map_err(|e| format!("cannot sync \"{}\": {e}", path.display()))?;
     let n = entries.len();
-    let saved = SavedIndex { tenant, timeline, slots: fc.slots as u64, durable_lsn: Lsn(durable), entries };
+    // Every entry is its block's newest version as of the shutdown checkpoint (the module
+    // doc of `proto::filecache` says why), so the next start asks only what changed after it.
+    let saved = SavedIndex { tenant, timeline, slots: fc.slots as u64, durable_lsn: Lsn(durable), valid_lsn: shutdown_checkpoint, entries };
     let index = saved_index_path();
     crashsafe::write_file_atomic(&index, &saved.encode()).map_err(|e| format!("cannot write \"{}\": {e}", index.display()))?;
     Ok(format!("saved the local file cache's index for the next start: {n} pages, WAL durable up to {}", Lsn(durable)))
 }
 
-/// Whether `pg_control` on disk says the server shut down cleanly (written by the shutdown
-/// checkpoint; a crash or an immediate shutdown leaves it "in production").
-fn shut_down_cleanly() -> bool {
+/// The shutdown checkpoint's LSN if `pg_control` on disk says the server shut down cleanly
+/// (written by the shutdown checkpoint; a crash or an immediate shutdown leaves it "in
+/// production").
+fn clean_shutdown_checkpoint() -> Option<Lsn> {
     // SAFETY: get_controlfile reads and checks the file in the data directory; the
     // postmaster's working directory is the data directory.
     unsafe {
         let mut crc_ok = false;
         let cf = pg_sys::get_controlfile(pg_sys::DataDir, &mut crc_ok);
-        !cf.is_null() && crc_ok && (*cf).state == pg_sys::DBState::DB_SHUTDOWNED
+        (!cf.is_null() && crc_ok && (*cf).state == pg_sys::DBState::DB_SHUTDOWNED).then(|| Lsn((*cf).checkPoint))
     }
 }
 

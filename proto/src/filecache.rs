@@ -6,12 +6,14 @@
 //! entry that may be stale and writes what is left as `<cache file>.ready`, which the
 //! extension loads at start and deletes. Both files have this format.
 //!
-//! Layout (integers little-endian): the magic `FJLFCIX1` (8 bytes), tenant id (16),
+//! Layout (integers little-endian): the magic `FJLFCIX2` (8 bytes), tenant id (16),
 //! timeline id (16), the cache file's size in pages (`u64`), the durable LSN (`u64`), the
-//! entry count (`u64`), then the entries of 36 bytes each (spcnode, dbnode, relnode `u32`,
+//! valid-as-of LSN (`u64`), the entry count (`u64`), then the entries of 36 bytes each (spcnode, dbnode, relnode `u32`,
 //! fork `u8`, 3 zero bytes, block number `u32`, slot `u32`, the page's CRC-32C `u32`,
 //! dependency LSN `u64`), then a CRC-32C of everything before it (`u32`). The page CRC is
-//! checked on every read from the cache, so a damaged cache file is never served.
+//! checked on every read from the cache, so a damaged cache file is never served. Version 1
+//! (`FJLFCIX1`, written before the valid-as-of LSN existed) has no such field and is read
+//! with it unknown (0).
 //!
 //! **Why a reused page is never stale** (the argument `compute_ctl` implements):
 //! - An entry's page is the newest version this compute had of the block when it was
@@ -28,6 +30,19 @@
 //!   never below the durable LSN). It is kept only if the pageserver says the block did not
 //!   change in `(D, S]`: no record for it, its fork was not truncated below it, dropped or
 //!   created, its database not dropped.
+//! - The valid-as-of LSN `V` narrows that question. A primary writes its index after its
+//!   shutdown checkpoint, and `V` is that checkpoint's LSN: every change this compute made
+//!   to a page is before it. Every page this compute wrote or read from the pageserver was
+//!   stored in the cache as the newest version it had (a write always replaces the entry;
+//!   a truncation or a drop removes entries), and the shutdown checkpoint wrote every dirty
+//!   buffer; this compute was the timeline's only writer. So each entry is also the block's
+//!   version at `V` in this compute's history: no change in `(D, V]`. The next history
+//!   equals this one up to `S` (WAL up to `S` is what this compute wrote and a majority
+//!   holds), so for `S <= V` the entry is the version at `S` without asking anything, and
+//!   for `S > V` (another compute wrote after this one stopped) only `(V, S]` needs asking.
+//!   Without `V` (0: a version 1 index) the question starts at the oldest kept `D`, which
+//!   for a long-lived cache is the timeline's first LSN: a scan of all its WAL at every
+//!   start.
 //! - A saved index is only written after a clean shutdown (`pg_control` says shut down) and
 //!   after the cache file was synced to disk; a crash leaves none, the extension deletes
 //!   both files when it starts, and any mismatch (tenant, timeline, size, a bad checksum, a
@@ -35,8 +50,11 @@
 
 use crate::{Lsn, TenantId, TimelineId};
 
-pub const MAGIC: [u8; 8] = *b"FJLFCIX1";
-const HEADER_BYTES: usize = 8 + 16 + 16 + 8 + 8 + 8;
+pub const MAGIC: [u8; 8] = *b"FJLFCIX2";
+/// Version 1, read (with `valid_lsn` unknown) but no longer written.
+pub const MAGIC_V1: [u8; 8] = *b"FJLFCIX1";
+const HEADER_BYTES: usize = 8 + 16 + 16 + 8 + 8 + 8 + 8;
+const HEADER_BYTES_V1: usize = HEADER_BYTES - 8;
 pub const ENTRY_BYTES: usize = 36;
 
 /// One cached page: which block, in which slot of the cache file, and the LSN its content
@@ -62,6 +80,9 @@ pub struct SavedIndex {
     pub slots: u64,
     /// WAL up to here was on a majority of safekeepers when the compute stopped.
     pub durable_lsn: Lsn,
+    /// Every entry is its block's version as of this LSN too (the shutdown checkpoint's);
+    /// 0 when unknown. See the module doc.
+    pub valid_lsn: Lsn,
     pub entries: Vec<SavedEntry>,
 }
 
@@ -95,6 +116,7 @@ impl SavedIndex {
         out.extend_from_slice(self.timeline.as_bytes());
         out.extend_from_slice(&self.slots.to_le_bytes());
         out.extend_from_slice(&self.durable_lsn.0.to_le_bytes());
+        out.extend_from_slice(&self.valid_lsn.0.to_le_bytes());
         out.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
         for e in &self.entries {
             out.extend_from_slice(&e.spcnode.to_le_bytes());
@@ -113,20 +135,20 @@ impl SavedIndex {
 
     /// Decodes and validates a saved index: any inconsistency is an error, never a guess.
     pub fn decode(bytes: &[u8]) -> Result<SavedIndex, SavedIndexError> {
-        if bytes.len() < HEADER_BYTES + 4 {
-            return Err(if bytes.len() >= 8 && bytes[..8] != MAGIC {
-                SavedIndexError::BadMagic
-            } else {
-                SavedIndexError::Truncated(bytes.len())
-            });
-        }
-        if bytes[..8] != MAGIC {
-            return Err(SavedIndexError::BadMagic);
+        let header_bytes = match bytes.get(..8) {
+            Some(m) if m == MAGIC => HEADER_BYTES,
+            Some(m) if m == MAGIC_V1 => HEADER_BYTES_V1,
+            Some(_) => return Err(SavedIndexError::BadMagic),
+            None => return Err(SavedIndexError::Truncated(bytes.len())),
+        };
+        if bytes.len() < header_bytes + 4 {
+            return Err(SavedIndexError::Truncated(bytes.len()));
         }
         let u64_at = |off: usize| u64::from_le_bytes(bytes[off..off + 8].try_into().expect("8 bytes"));
         let u32_at = |off: usize| u32::from_le_bytes(bytes[off..off + 4].try_into().expect("4 bytes"));
-        let count = u64_at(56);
-        let expected = HEADER_BYTES as u128 + u128::from(count) * ENTRY_BYTES as u128 + 4;
+        let valid_lsn = if header_bytes == HEADER_BYTES { Lsn(u64_at(56)) } else { Lsn::INVALID };
+        let count = u64_at(header_bytes - 8);
+        let expected = header_bytes as u128 + u128::from(count) * ENTRY_BYTES as u128 + 4;
         if bytes.len() as u128 != expected {
             return Err(SavedIndexError::WrongLength { len: bytes.len(), count, expected });
         }
@@ -138,7 +160,7 @@ impl SavedIndex {
         let slots = u64_at(40);
         let mut entries = Vec::with_capacity(count as usize);
         for index in 0..count as usize {
-            let off = HEADER_BYTES + index * ENTRY_BYTES;
+            let off = header_bytes + index * ENTRY_BYTES;
             let forknum = bytes[off + 12];
             if bytes[off + 13..off + 16] != [0, 0, 0] {
                 return Err(SavedIndexError::Padding { index });
@@ -168,6 +190,7 @@ impl SavedIndex {
             timeline: TimelineId::from_bytes(id(24)),
             slots,
             durable_lsn: Lsn(u64_at(48)),
+            valid_lsn,
             entries,
         })
     }
@@ -204,6 +227,7 @@ mod tests {
             timeline: TimelineId::from_bytes([2; 16]),
             slots: 100,
             durable_lsn: Lsn(0x016B_3748),
+            valid_lsn: Lsn(0x016B_3800),
             entries: vec![
                 SavedEntry { spcnode: 1663, dbnode: 5, relnode: 16384, forknum: 0, blkno: 7, slot: 3, page_crc: 7, dep_lsn: Lsn(0x100) },
                 SavedEntry { spcnode: 1663, dbnode: 5, relnode: 16384, forknum: 2, blkno: 0, slot: 99, page_crc: 8, dep_lsn: Lsn(0x200) },
@@ -220,12 +244,26 @@ mod tests {
     }
 
     #[test]
+    fn version_1_is_read_with_the_valid_lsn_unknown() {
+        let s = sample();
+        let v2 = s.encode();
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(&MAGIC_V1);
+        v1.extend_from_slice(&v2[8..56]);
+        v1.extend_from_slice(&v2[64..v2.len() - 4]);
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(SavedIndex::decode(&v1).unwrap(), SavedIndex { valid_lsn: Lsn::INVALID, ..s });
+        assert_eq!(SavedIndex::decode(&v1[..50]), Err(SavedIndexError::Truncated(50)));
+    }
+
+    #[test]
     fn every_inconsistency_is_refused() {
         let good = sample().encode();
         assert_eq!(SavedIndex::decode(&good[..10]), Err(SavedIndexError::Truncated(10)));
         assert!(matches!(SavedIndex::decode(&good[..good.len() - 1]), Err(SavedIndexError::WrongLength { .. })));
         let mut flipped = good.clone();
-        flipped[70] ^= 1;
+        flipped[80] ^= 1;
         assert!(matches!(SavedIndex::decode(&flipped), Err(SavedIndexError::Checksum { .. })));
         let mut magic = good.clone();
         magic[0] = b'X';
@@ -258,7 +296,7 @@ mod tests {
                 spcnode: 1663, dbnode: seed % 7, relnode: 16384 + i % 5, forknum: (i % 4) as u8,
                 blkno: i, slot: i, page_crc: seed ^ i, dep_lsn: Lsn(u64::from(seed) + u64::from(i)),
             }).collect();
-            let s = SavedIndex { tenant: TenantId::from_bytes([3; 16]), timeline: TimelineId::from_bytes([4; 16]), slots, durable_lsn: Lsn(9), entries };
+            let s = SavedIndex { tenant: TenantId::from_bytes([3; 16]), timeline: TimelineId::from_bytes([4; 16]), slots, durable_lsn: Lsn(9), valid_lsn: Lsn(u64::from(seed) * 3), entries };
             prop_assert_eq!(SavedIndex::decode(&s.encode()).unwrap(), s);
         }
     }
