@@ -178,6 +178,10 @@ impl Core {
             }
             self.write_out();
         }
+        // Done for good (stopped, synced, fenced or failed): the connection threads must see
+        // the sockets closed below as the end, not as a connection lost to report and retry
+        // (a sync's callers saw a WARN for each safekeeper that closed first).
+        self.shared.stop();
         for c in self.conns.iter().flatten() {
             let _ = c.stream.shutdown(std::net::Shutdown::Both);
         }
