@@ -36,7 +36,10 @@ use tokio::sync::watch;
 
 use crate::metrics::Metrics;
 use crate::storage::wal::segment_file_name;
+
+mod fetch_check;
 use crate::storage::{RemovalInputs, SyncStats, TimelineStorage};
+use fetch_check::{FetchCheck, Refusal, WalBounds};
 
 /// Why a timeline cannot be used.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -62,7 +65,15 @@ struct Inner {
     storage: TimelineStorage,
     /// Set when storage failed; the timeline refuses everything after that.
     broken: Option<String>,
+    /// The record checks on WAL served through `FetchWal` (`fetch_check`).
+    fetch_check: FetchCheck,
+    /// When a refused `FetchWal` was last logged, and how many were refused since.
+    fetch_refusals_logged: Option<(Instant, u64)>,
 }
+
+/// A refusal of `FetchWal` the proposer repeats (every tick) is logged again at most this
+/// often.
+const FETCH_REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How long a streaming client's last report stays in the status.
 const STANDBY_SHOWN_FOR: Duration = Duration::from_secs(60);
@@ -176,7 +187,13 @@ impl Timeline {
         // Proposers learn the remote-consistent LSN from the control file after a restart.
         let feedback = PageserverFeedback { remote_consistent_lsn: c.remote_consistent_lsn, ..PageserverFeedback::default() };
         let (feedback_tx, _) = watch::channel(feedback);
-        let inner = Inner { acceptor: Acceptor::new(state), storage, broken: None };
+        let inner = Inner {
+            acceptor: Acceptor::new(state),
+            storage,
+            broken: None,
+            fetch_check: FetchCheck::default(),
+            fetch_refusals_logged: None,
+        };
         let tl = Timeline {
             tenant: c.tenant,
             timeline: c.timeline,
@@ -441,9 +458,14 @@ impl Timeline {
                 for action in actions {
                     match action {
                         AcceptorAction::Persist(p) => {
-                            if let Persist::Append { data, .. } = &p {
-                                appends += 1;
-                                bytes += data.len() as u64;
+                            match &p {
+                                Persist::Append { data, .. } => {
+                                    appends += 1;
+                                    bytes += data.len() as u64;
+                                }
+                                // Bytes below the flush LSN may change: what was checked is stale.
+                                Persist::Truncate { .. } => inner.fetch_check.forget(),
+                                Persist::Control { .. } => {}
                             }
                             inner.storage.persist(&p, &mut stats)?;
                         }
@@ -452,6 +474,16 @@ impl Timeline {
                         AcceptorAction::RemoteConsistentLsn(lsn) => relayed = relayed.max(lsn),
                         AcceptorAction::SendWal { term, from, to } => {
                             let to = Lsn(to.0.min(from.0.saturating_add(WAL_BYTES_MAX as u64)));
+                            match self.check_fetched_wal(&mut inner, from, to) {
+                                Ok(()) => {}
+                                // Not served, and not answered: the proposer asks again at
+                                // its next tick (see `check_fetched_wal`).
+                                Err(None) => continue,
+                                Err(Some(e)) => {
+                                    out.error = Some(e);
+                                    break 'msgs;
+                                }
+                            }
                             match inner.storage.read_wal(from, to) {
                                 Ok(data) => out.replies.push(ToProposer::Wal { term, from, data }),
                                 Err(e) => {
@@ -496,6 +528,84 @@ impl Timeline {
         self.flush_tx.send_if_modified(|f| std::mem::replace(f, flush) != flush);
         self.commit_tx.send_if_modified(|c| std::mem::replace(c, commit) != commit);
         Ok(out)
+    }
+
+    /// Checks every record that overlaps the WAL `[from, to)` a proposer fetched
+    /// (`fetch_check`) before it is served. `Err(None)`: damaged or uncheckable here, logged
+    /// (and counted if damaged), and left unanswered; `Err(Some(e))`: the storage failed a
+    /// read, the connection is told and closed, as for any failed read of `FetchWal`.
+    ///
+    /// Why no answer: `quorum` has no "cannot serve" reply. An `Error` closes the connection,
+    /// and the proposer, while it reconnects, has one safekeeper fewer for its commits (the
+    /// one it is catching up counts for none until it is caught up), then asks this one
+    /// again, since it always asks the election's donor first. Left unanswered, the proposer
+    /// asks again at its next tick and the compute notices nothing: its commits go on with
+    /// the other safekeepers, and the lagging one stays behind as one that cannot be reached
+    /// would (the safekeeper README's "Serving WAL to a proposer" has the whole argument).
+    fn check_fetched_wal(&self, inner: &mut Inner, from: Lsn, to: Lsn) -> Result<(), Option<String>> {
+        let started = Instant::now();
+        let seg = u64::from(self.wal_segment_size);
+        let wal = WalBounds {
+            begin: inner.storage.wal_extent().begin,
+            end: inner.acceptor.state().flush_lsn,
+            config: pgwal::DecoderConfig { segment_size_bytes: seg, system_id: Some(self.system_id) },
+        };
+        let Inner { storage, fetch_check, .. } = inner;
+        let refusal = match fetch_check.check(from, to, wal, |f, t| storage.read_wal(f, t)) {
+            Ok(stats) => {
+                if stats.decoded_bytes > 0 {
+                    tracing::debug!(
+                        tenant_id = %self.tenant,
+                        timeline_id = %self.timeline,
+                        "checked {} records ({} bytes) for FetchWal {from}..{to} in {:?}",
+                        stats.records,
+                        stats.decoded_bytes,
+                        started.elapsed()
+                    );
+                }
+                return Ok(());
+            }
+            Err(r) => r,
+        };
+        let segment = |lsn: Lsn| segment_file_name(lsn.0 / seg, seg);
+        let (text, found_now) = match &refusal {
+            Refusal::Corrupt { lsn, reason, found_now } => (
+                format!(
+                    "WAL at {lsn} in segment file {} failed verification and is not served to the proposer (FetchWal {from}..{to}, WAL for a lagging safekeeper); the request is left unanswered: {reason}",
+                    segment(*lsn)
+                ),
+                *found_now,
+            ),
+            Refusal::Incomplete { record_from, wal_end } => (
+                format!(
+                    "cannot check the WAL record at {record_from} (segment file {}) for FetchWal {from}..{to}: it continues past the end of this safekeeper's WAL at {wal_end}; the request is left unanswered",
+                    segment(*record_from)
+                ),
+                false,
+            ),
+            Refusal::Unreadable { from: f, to: t, error } => return Err(Some(format!("could not read WAL {f}..{t} to check it: {error}"))),
+        };
+        if found_now {
+            let [t, tl] = self.labels();
+            self.metrics.wal_corruption.with_label_values(&[&t, &tl]).inc();
+        }
+        // Logged when found, then at most once a minute while the proposer keeps asking.
+        let now = Instant::now();
+        let repeated = match &mut inner.fetch_refusals_logged {
+            Some((at, n)) if !found_now && now.duration_since(*at) < FETCH_REFUSAL_LOG_INTERVAL => {
+                *n += 1;
+                return Err(None);
+            }
+            Some((_, n)) => std::mem::take(n),
+            None => 0,
+        };
+        inner.fetch_refusals_logged = Some((now, 0));
+        let again = if repeated > 0 { format!(" ({repeated} requests refused since last logged)") } else { String::new() };
+        match refusal {
+            Refusal::Corrupt { .. } => tracing::error!(tenant_id = %self.tenant, timeline_id = %self.timeline, "{text}{again}"),
+            _ => tracing::warn!(tenant_id = %self.tenant, timeline_id = %self.timeline, "{text}{again}"),
+        }
+        Err(None)
     }
 
     /// Writes the commit LSN, the peer horizon and the remote-consistent LSN into the

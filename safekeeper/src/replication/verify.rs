@@ -115,30 +115,25 @@ pub fn decode_start(
     }
 }
 
-/// The WAL of one `START_REPLICATION`, checked as it is read. See the module documentation.
-pub struct VerifiedStream {
+/// The decoder every check of served WAL runs: bytes fed in order from a [`DecodeStart`],
+/// every record they complete checked (header, CRC32C, the page headers on the way).
+/// [`VerifiedStream`] wraps it for replication; `crate::fetch_check` uses it alone for the
+/// WAL a proposer fetches, which needs no bytes kept for sending.
+pub struct RecordChecker {
     decoder: WalStreamDecoder,
-    /// The client's start: bytes before it are decoded, never sent.
-    start: Lsn,
-    /// Everything from `start` below this was handed out to be sent.
-    sent: Lsn,
-    /// The bytes `[max(sent, start), next_read_lsn())`, as read, in order; each within one
-    /// segment (as the reads are).
-    pending: VecDeque<Bytes>,
-    /// The end of the last record that checked: bytes below it may be sent.
+    /// The end of the last record that checked (the decode start before any did).
     verified: Lsn,
+    /// Where the first record that checked begins.
+    first_record: Option<Lsn>,
     records: u64,
 }
 
-impl VerifiedStream {
-    /// A stream to a client that asked for WAL from `start`, decoding from `from` (see
-    /// [`decode_start`]).
-    pub fn new(start: Lsn, from: DecodeStart, config: DecoderConfig) -> Result<VerifiedStream, WalError> {
-        debug_assert!(from.lsn <= start);
+impl RecordChecker {
+    pub fn new(from: DecodeStart, config: DecoderConfig) -> Result<RecordChecker, WalError> {
         // A compute started where the pageserver did not know the previous record writes
         // its first record with `xl_prev` = 0, which is no damage (compute patch 0009).
         let decoder = WalStreamDecoder::new(from.lsn, config)?.accept_unknown_prev_link();
-        Ok(VerifiedStream { decoder, start, sent: start, pending: VecDeque::new(), verified: from.lsn, records: 0 })
+        Ok(RecordChecker { decoder, verified: from.lsn, first_record: None, records: 0 })
     }
 
     /// Where the next bytes fed must begin.
@@ -146,14 +141,14 @@ impl VerifiedStream {
         self.decoder.next_feed_lsn()
     }
 
-    /// Everything below this (from the client's start) was handed out by [`Self::next_send`].
-    pub fn sent_lsn(&self) -> Lsn {
-        self.sent
-    }
-
     /// The end of the last record that checked.
     pub fn verified_lsn(&self) -> Lsn {
         self.verified
+    }
+
+    /// Where the first record that checked begins, if one did.
+    pub fn first_record_lsn(&self) -> Option<Lsn> {
+        self.first_record
     }
 
     /// Records checked so far.
@@ -163,26 +158,83 @@ impl VerifiedStream {
 
     /// Feeds the bytes that begin at [`Self::next_read_lsn`] and checks every record they
     /// complete. An error is the first record (or page header) that does not check; the
-    /// stream is stuck then, but what was checked before it can still be sent.
-    pub fn feed(&mut self, data: Bytes) -> Result<(), WalError> {
-        let from = self.next_read_lsn();
-        self.decoder.feed_bytes(&data);
-        let end = from.0 + data.len() as u64;
-        if end > self.start.0 {
-            let skip = self.start.0.saturating_sub(from.0) as usize;
-            self.pending.push_back(data.slice(skip..));
-        }
-        while let Some(record) = self.decoder.poll_decode()? {
+    /// checker is stuck then, and what checked before it stays checked.
+    pub fn feed(&mut self, data: &[u8]) -> Result<(), WalError> {
+        self.feed_up_to(data, Lsn(u64::MAX))
+    }
+
+    /// Like [`Self::feed`], but stops checking once a record that ends at or past `target`
+    /// checked: records after it are left undecoded (so damage there is not reported), and
+    /// the checker is not to be fed again.
+    pub fn feed_up_to(&mut self, data: &[u8], target: Lsn) -> Result<(), WalError> {
+        self.decoder.feed_bytes(data);
+        while self.verified < target {
+            let Some(record) = self.decoder.poll_decode()? else { break };
+            self.first_record.get_or_insert(record.start_lsn());
             self.verified = record.end_lsn();
             self.records += 1;
         }
         Ok(())
     }
+}
+
+/// The WAL of one `START_REPLICATION`, checked as it is read. See the module documentation.
+pub struct VerifiedStream {
+    checker: RecordChecker,
+    /// The client's start: bytes before it are decoded, never sent.
+    start: Lsn,
+    /// Everything from `start` below this was handed out to be sent.
+    sent: Lsn,
+    /// The bytes `[max(sent, start), next_read_lsn())`, as read, in order; each within one
+    /// segment (as the reads are).
+    pending: VecDeque<Bytes>,
+}
+
+impl VerifiedStream {
+    /// A stream to a client that asked for WAL from `start`, decoding from `from` (see
+    /// [`decode_start`]).
+    pub fn new(start: Lsn, from: DecodeStart, config: DecoderConfig) -> Result<VerifiedStream, WalError> {
+        debug_assert!(from.lsn <= start);
+        Ok(VerifiedStream { checker: RecordChecker::new(from, config)?, start, sent: start, pending: VecDeque::new() })
+    }
+
+    /// Where the next bytes fed must begin.
+    pub fn next_read_lsn(&self) -> Lsn {
+        self.checker.next_read_lsn()
+    }
+
+    /// Everything below this (from the client's start) was handed out by [`Self::next_send`].
+    pub fn sent_lsn(&self) -> Lsn {
+        self.sent
+    }
+
+    /// The end of the last record that checked.
+    pub fn verified_lsn(&self) -> Lsn {
+        self.checker.verified_lsn()
+    }
+
+    /// Records checked so far.
+    pub fn records(&self) -> u64 {
+        self.checker.records()
+    }
+
+    /// Feeds the bytes that begin at [`Self::next_read_lsn`] and checks every record they
+    /// complete. An error is the first record (or page header) that does not check; the
+    /// stream is stuck then, but what was checked before it can still be sent.
+    pub fn feed(&mut self, data: Bytes) -> Result<(), WalError> {
+        let from = self.next_read_lsn();
+        let end = from.0 + data.len() as u64;
+        if end > self.start.0 {
+            let skip = self.start.0.saturating_sub(from.0) as usize;
+            self.pending.push_back(data.slice(skip..));
+        }
+        self.checker.feed(&data)
+    }
 
     /// The next bytes that may be sent, at most `max_bytes` of them, within one segment,
     /// and where they begin; `None` if nothing checked is waiting.
     pub fn next_send(&mut self, max_bytes: usize) -> Option<(Lsn, Bytes)> {
-        let sendable = self.verified.min(self.next_read_lsn());
+        let sendable = self.verified_lsn().min(self.next_read_lsn());
         if sendable <= self.sent {
             return None;
         }
