@@ -178,6 +178,7 @@
 //! after a crash its WAL never begins above what its files say may be removed.
 
 mod acceptor;
+mod fetched;
 mod proposer;
 pub mod wire;
 

@@ -14,6 +14,7 @@
 //! come from another process.
 
 use super::{majority, NodeId, Term, TermHistory, TermSwitch, ToAcceptor, ToProposer};
+use crate::fetched::Fetched;
 use crate::wire::WAL_BYTES_MAX;
 use bytes::Bytes;
 use proto::Lsn;
@@ -51,12 +52,23 @@ pub struct ProposerConfig {
     pub window: u64,
     /// At most this many bytes per `FetchWal`.
     pub max_fetch: u64,
+    /// At most this many fetched bytes kept by the shell at once (at least `max_fetch`): WAL
+    /// an acceptor needs below what the shell can read itself is fetched just ahead of it
+    /// and released behind it (`fetched.rs`).
+    pub max_fetched: u64,
     pub mode: ProposerMode,
 }
 
 impl Default for ProposerConfig {
     fn default() -> Self {
-        ProposerConfig { max_append: 128 * 1024, window: 8 * 1024 * 1024, max_fetch: 1024 * 1024, mode: ProposerMode::Plain }
+        ProposerConfig {
+            max_append: 128 * 1024,
+            window: 8 * 1024 * 1024,
+            max_fetch: 1024 * 1024,
+            // The window and two fetches: a lagging acceptor's stream is never short of WAL.
+            max_fetched: 10 * 1024 * 1024,
+            mode: ProposerMode::Plain,
+        }
     }
 }
 
@@ -97,8 +109,12 @@ pub enum ProposerAction {
         peer_horizon_lsn: Lsn,
         remote_consistent_lsn: Lsn,
     },
-    /// Keep these fetched bytes: the WAL the shell can send now begins at `from`.
+    /// Keep these fetched bytes: they continue the fetched WAL the shell keeps (or begin it,
+    /// when it keeps none).
     StoreWal { from: Lsn, data: Bytes },
+    /// Fetched WAL below `below` is not needed any more: the shell may free it (it is never
+    /// asked to send it again; what it keeps above stays contiguous).
+    ReleaseWal { below: Lsn },
     /// This proposer won `term`; its own WAL continues the elected history at `start_lsn`,
     /// and the donor's log is the history below it. A `start_lsn` of 0 means there is no WAL
     /// anywhere (and no own start): nothing is sent and the proposer goes idle.
@@ -117,6 +133,10 @@ pub enum ProposerAction {
     /// `Sync` mode: WAL up to `lsn` is committed and a majority acknowledged that commit LSN;
     /// `None` when no acceptor has WAL for the timeline. It stopped for good.
     SyncDone { term: Term, lsn: Option<Lsn> },
+    /// The shell's own WAL in `[from, to)` is gone ([`Proposer::wal_removed_below`]) and no
+    /// acceptor acknowledged it in this term: it can never be committed, nor can anything
+    /// after it. It stopped for good.
+    WalLost { term: Term, from: Lsn, to: Lsn },
 }
 
 /// An acceptor's answer to a greeting.
@@ -165,9 +185,14 @@ struct Leader {
     log_begin: Lsn,
     start_lsn: Lsn,
     donor: NodeId,
-    /// The shell has WAL in `[floor, end)`.
-    floor: Lsn,
+    /// The shell can read its own WAL in `[local_floor, end)` (from `start_lsn` until it
+    /// says some is gone: [`Proposer::wal_removed_below`]); WAL below, an acceptor gets
+    /// through `fetched`.
+    local_floor: Lsn,
     end: Lsn,
+    /// WAL fetched from acceptors that the shell keeps for those that need it below
+    /// `local_floor`.
+    fetched: Fetched,
     /// Record boundaries: those the shell gave to `append`, and below `start_lsn` the points
     /// known to end a record in the elected log (its term switches, `start_lsn`, boundary
     /// LSNs that acceptors acknowledged in this term). Each piece of WAL carries the highest
@@ -184,8 +209,6 @@ struct Leader {
     /// boundary LSN does not go below it in later terms either: see the crate's "WAL
     /// removal").
     acked_boundary: Vec<Lsn>,
-    /// The outstanding fetch: (from whom, from, to).
-    fetching: Option<(NodeId, Lsn, Lsn)>,
     peers: BTreeMap<NodeId, Peer>,
     commit_lsn: Lsn,
 }
@@ -204,6 +227,19 @@ impl Leader {
         let remembered = self.boundaries.range(..=lsn).next_back().copied().unwrap_or_default();
         let switch = self.history.0.iter().rev().map(|e| e.lsn).find(|&l| l <= lsn).unwrap_or_default();
         remembered.max(switch)
+    }
+
+    /// How far WAL from `from` can be read in one go: its own WAL from `local_floor` on,
+    /// fetched WAL in its range (and on into its own WAL if the two meet). `None` if the
+    /// shell has no WAL at `from`.
+    fn readable_end(&self, from: Lsn) -> Option<Lsn> {
+        if from >= self.local_floor {
+            Some(self.end)
+        } else if self.fetched.contains(from) {
+            Some(if self.fetched.end >= self.local_floor { self.end } else { self.fetched.end })
+        } else {
+            None
+        }
     }
 }
 
@@ -267,6 +303,12 @@ impl Proposer {
             config.max_append > 0 && config.max_append <= WAL_BYTES_MAX as u64,
             "max_append {} outside 1..={WAL_BYTES_MAX}",
             config.max_append
+        );
+        assert!(
+            config.max_fetch > 0 && config.max_fetched >= config.max_fetch,
+            "max_fetch {} must be positive and at most max_fetched {}",
+            config.max_fetch,
+            config.max_fetched
         );
         match config.mode {
             ProposerMode::Compute => assert!(wal_start.is_valid(), "a compute proposer needs its WAL start"),
@@ -421,8 +463,8 @@ impl Proposer {
             }
             Phase::Leader(l) => {
                 l.peers.remove(&i);
-                if l.fetching.is_some_and(|(from, _, _)| from == i) {
-                    l.fetching = None;
+                if l.fetched.pending.is_some_and(|(from, _, _)| from == i) {
+                    l.fetched.pending = None;
                 }
                 ToAcceptor::Elected { term, history: l.history.clone(), start_lsn: l.start_lsn, log_begin: l.log_begin, proposer: self.id }
             }
@@ -481,7 +523,7 @@ impl Proposer {
                         p.boundary_sent = p.boundary;
                     }
                 }
-                l.fetching = None;
+                l.fetched.pending = None;
                 out.extend(self.stream(true));
                 out
             }
@@ -489,11 +531,11 @@ impl Proposer {
     }
 
     /// Sends each joined acceptor the WAL it misses (within the window) and the commit LSN,
-    /// and fetches WAL older than the shell has if an acceptor needs it. Every `Append`
-    /// carries the peer horizon and the remote-consistent LSN; on a `tick`, an acceptor that
-    /// has nothing else coming gets an empty one when either moved since it was last sent
-    /// (once per tick at most, not once per acknowledgement: they only matter for WAL
-    /// removal, a segment at a time).
+    /// and fetches WAL the shell cannot read itself if an acceptor needs it (below the start
+    /// LSN, or below the local floor: `fetched.rs`). Every `Append` carries the peer horizon
+    /// and the remote-consistent LSN; on a `tick`, an acceptor that has nothing else coming
+    /// gets an empty one when either moved since it was last sent (once per tick at most, not
+    /// once per acknowledgement: they only matter for WAL removal, a segment at a time).
     fn stream(&mut self, tick: bool) -> Vec<ProposerAction> {
         let term = self.term;
         let cfg = self.config;
@@ -506,15 +548,22 @@ impl Proposer {
         // below.
         assert!(l.acked_boundary.iter().all(|&f| f >= horizon), "peer horizon {horizon} above an acknowledged boundary LSN");
         let mut out = Vec::new();
-        let mut need_below_floor: Option<Lsn> = None;
+        // Fetched WAL below the lowest flush LSN acknowledged by an acceptor that still needs
+        // fetched WAL is never sent again in this term (a stream restarts at the acknowledged
+        // flush LSN; one that rejoins lower gets its WAL fetched again).
+        let keep_from = l.peers.values().filter(|p| p.flush < l.local_floor).map(|p| p.flush).min();
+        if let Some(below) = l.fetched.release(keep_from) {
+            out.push(ProposerAction::ReleaseWal { below });
+        }
+        let mut need: Option<Lsn> = None;
         let peers: Vec<NodeId> = l.peers.keys().copied().collect();
         for i in peers {
             let p = l.peers[&i];
             let mut from = p.sent.max(p.flush);
-            if from < l.floor {
-                need_below_floor = Some(need_below_floor.map_or(from, |n: Lsn| n.min(from)));
+            let Some(until) = l.readable_end(from) else {
+                need = Some(need.map_or(from, |n: Lsn| n.min(from)));
                 continue;
-            }
+            };
             let send = |begin: Lsn, end: Lsn, boundary_lsn: Lsn| ProposerAction::SendWal {
                 to: i,
                 term,
@@ -527,14 +576,18 @@ impl Proposer {
             };
             let mut sent_any = false;
             let mut boundary_sent = p.boundary_sent;
-            while from < l.end && from.0 - p.flush.0 < cfg.window {
-                let to = piece_end(l.start_lsn, l.end, from, cfg.max_append);
+            while from < until && from.0 - p.flush.0 < cfg.window {
+                let to = piece_end(l.start_lsn, l.end, from, cfg.max_append).min(until);
                 debug_assert!(to > from && to <= l.end, "piece {from}..{to} outside the WAL up to {}", l.end);
                 let boundary = l.boundary_at(to);
                 out.push(send(from, to, boundary));
                 boundary_sent = boundary_sent.max(boundary);
                 from = to;
                 sent_any = true;
+            }
+            if from == until && until < l.end {
+                // At the end of the fetched WAL, below the local floor: the next is fetched.
+                need = Some(need.map_or(from, |n: Lsn| n.min(from)));
             }
             // A boundary its WAL (as sent) reaches that it has not been told: without it, its
             // boundary LSN, and so commits, would wait for more WAL.
@@ -556,20 +609,77 @@ impl Proposer {
                 p.remote_consistent_sent = remote_consistent_lsn;
             }
         }
-        if let Some(need) = need_below_floor {
-            if l.fetching.is_none() {
-                // Any acceptor that joined this term and has WAL up to the floor has the
-                // elected history's bytes there; prefer the donor.
-                let source =
-                    std::iter::once(l.donor).chain(l.peers.keys().copied()).find(|s| l.peers.get(s).is_some_and(|p| p.flush >= l.floor));
-                if let Some(s) = source {
-                    let from = Lsn(need.0.max(l.floor.0.saturating_sub(cfg.max_fetch)));
-                    l.fetching = Some((s, from, l.floor));
-                    out.push(ProposerAction::Send(s, ToAcceptor::FetchWal { term, from, to: l.floor }));
+        if let Some(need) = need {
+            let (range, freed) = l.fetched.next(need, cfg.max_fetch, cfg.max_fetched, l.local_floor);
+            if let Some(below) = freed {
+                out.push(ProposerAction::ReleaseWal { below });
+            }
+            if let Some((from, to)) = range {
+                // Any acceptor that joined this term holds the elected history's bytes up to
+                // the flush LSN it acknowledged in it (below the start LSN the donor's log,
+                // above it this proposer's own WAL); the one that has most of the range,
+                // the donor first. Its peer horizon is at most `from` (at most the boundary
+                // LSN of the acceptor that needs it), so it never removed that WAL.
+                let donor = l.donor;
+                let source = l
+                    .peers
+                    .iter()
+                    .filter(|(_, p)| p.flush > from)
+                    .max_by_key(|(&s, p)| (p.flush.min(to), s == donor))
+                    .map(|(&s, p)| (s, p.flush.min(to)));
+                if let Some((s, to)) = source {
+                    l.fetched.pending = Some((s, from, to));
+                    out.push(ProposerAction::Send(s, ToAcceptor::FetchWal { term, from, to }));
                 }
             }
         }
         out
+    }
+
+    /// The shell can no longer read its own WAL below `lsn` (PostgreSQL removed old segments
+    /// from `pg_wal`): an acceptor that needs WAL below it gets it fetched from another that
+    /// acknowledged it in this term, through bounded memory (`fetched.rs`), and streams from
+    /// the shell's own WAL again once it passes `lsn`. What was sent from below `lsn` may not
+    /// have gone out (the shell could not read it): those streams restart at what their
+    /// acceptor acknowledged. If no acceptor acknowledged the WAL that is gone, nobody can
+    /// ever have it: [`ProposerAction::WalLost`], and the proposer stops. Ignored unless
+    /// elected.
+    pub fn wal_removed_below(&mut self, lsn: Lsn) -> Vec<ProposerAction> {
+        let term = self.term;
+        let Phase::Leader(l) = &mut self.phase else { return Vec::new() };
+        let floor = lsn.min(l.end);
+        if floor <= l.local_floor {
+            return Vec::new();
+        }
+        l.local_floor = floor;
+        // Below the start LSN the donor's log is on a majority; above it, WAL up to the
+        // highest flush LSN acknowledged in this term is on that acceptor (or in memory).
+        let held = l.acked_flush.iter().copied().max().unwrap_or_default().max(l.start_lsn);
+        if held < floor && !(l.fetched.begin <= held && l.fetched.end >= floor) {
+            self.phase = Phase::Stopped;
+            return vec![ProposerAction::WalLost { term, from: held, to: floor }];
+        }
+        for p in l.peers.values_mut().filter(|p| p.flush < floor) {
+            p.sent = p.flush;
+        }
+        self.stream(false)
+    }
+
+    /// While elected: the joined acceptors whose acknowledged flush LSN is below the oldest
+    /// WAL the shell can read itself (they are caught up with fetched WAL), with it.
+    pub fn catching_up(&self) -> Vec<(NodeId, Lsn)> {
+        match &self.phase {
+            Phase::Leader(l) => l.peers.iter().filter(|(_, p)| p.flush < l.local_floor).map(|(&i, p)| (i, p.flush)).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// While elected: the fetched WAL the shell keeps, `[begin, end)`.
+    pub fn fetched_wal(&self) -> Option<(Lsn, Lsn)> {
+        match &self.phase {
+            Phase::Leader(l) => Some((l.fetched.begin, l.fetched.end)),
+            _ => None,
+        }
     }
 
     /// Handles a message from acceptor `from`.
@@ -672,12 +782,20 @@ impl Proposer {
                     return out;
                 }
                 let Phase::Leader(l) = &mut self.phase else { return out };
-                let Some((source, want_from, want_to)) = l.fetching else { return out };
-                if source != from || wal_from != want_from || wal_from.0 + data.len() as u64 != want_to.0 || want_to != l.floor {
+                let Some((source, want_from, want_to)) = l.fetched.pending else { return out };
+                // Only the answer to the outstanding request, whole: it continues the range.
+                if source != from || wal_from != want_from || wal_from.0 + data.len() as u64 != want_to.0 || want_from != l.fetched.end {
                     return out;
                 }
-                l.fetching = None;
-                l.floor = wal_from;
+                l.fetched.pending = None;
+                l.fetched.end = want_to;
+                assert!(
+                    l.fetched.bytes() <= self.config.max_fetched,
+                    "fetched WAL {}..{} longer than max_fetched {}",
+                    l.fetched.begin,
+                    l.fetched.end,
+                    self.config.max_fetched
+                );
                 out.push(ProposerAction::StoreWal { from: wal_from, data });
                 out.extend(self.stream(false));
             }
@@ -846,12 +964,12 @@ impl Proposer {
             log_begin,
             start_lsn,
             donor,
-            floor: start_lsn,
+            local_floor: start_lsn,
             end: start_lsn,
+            fetched: Fetched::empty(start_lsn),
             boundaries,
             acked_flush: vec![Lsn(0); self.n],
             acked_boundary: vec![Lsn(0); self.n],
-            fetching: None,
             peers: BTreeMap::new(),
             commit_lsn: Lsn(0),
         }));

@@ -241,6 +241,66 @@ fn lagging_acceptor_catches_up_from_a_donor() {
     assert_eq!(c.nodes[2].acceptor.state().commit_lsn, lsn(50));
 }
 
+/// Issue 14, hole 8: an acceptor away while the leader's own WAL loses its oldest bytes (a
+/// compute's `pg_wal` loses segments at checkpoints) catches up in the same term, with that
+/// WAL fetched from another acceptor a little at a time (never more than `max_fetched` held),
+/// and then from the leader's own WAL again. Before, the leader could only send what its own
+/// WAL still had, and the acceptor waited for the next election.
+#[test]
+fn an_acceptor_behind_the_leaders_own_wal_catches_up_in_the_same_term() {
+    let mut c = Cluster::new();
+    let config = ProposerConfig { max_append: 10, window: 40, max_fetch: 16, max_fetched: 32, ..ProposerConfig::default() };
+    let mut p = proposer_in(ProposerMode::Compute, WAL_START, config);
+    p.store.fetched_max = 32;
+    c.elect(&mut p, &only(&[0, 1, 2]));
+    append(&mut c, &mut p, 1, &[0, 1, 2]); // +0..10 everywhere
+    for id in 2..=30 {
+        append(&mut c, &mut p, id, &[0, 1]); // up to +300 on 0 and 1
+    }
+    assert_eq!(p.core.commit_lsn(), Some(lsn(300)));
+    // The compute keeps only its last 50 bytes; what a stream from 2's +10 would read is gone.
+    p.store.drop_own_below(lsn(250));
+    // (The leader does not know 2 is away: it fetches for it already, and those sends are
+    // lost.)
+    let removed = p.core.wal_removed_below(lsn(250));
+    let events = c.run(&mut p, removed, &only(&[0, 1]));
+    assert!(!events.iter().any(|a| matches!(a, ProposerAction::WalLost { .. })), "{events:?}");
+    // Acceptor 2 is back (its connection too): the same leader brings it up to the end.
+    let back = p.core.reconnected(2);
+    let events = c.run(&mut p, back, &only(&[0, 1, 2]));
+    assert_eq!(c.disks[2].state.flush_lsn, lsn(300));
+    assert_eq!(c.wal(2), c.wal(0), "acceptor 2 holds the same log");
+    assert!(!events.iter().any(|a| matches!(a, ProposerAction::Elected { .. })), "no new election");
+    assert_eq!(p.core.term(), 1);
+    // Fetched from +10 to the local floor, a fetch (16 bytes) at a time, never more than 32
+    // held, released behind the acceptor; nothing kept once it caught up.
+    assert!(p.store.fetched_above_start >= 240, "{} bytes fetched", p.store.fetched_above_start);
+    assert!(p.store.fetched_peak <= 32, "{} fetched bytes held at once", p.store.fetched_peak);
+    assert!(events.iter().filter(|a| matches!(a, ProposerAction::ReleaseWal { .. })).count() >= 240 / 32);
+    assert!(p.core.catching_up().is_empty());
+    let (begin, end) = p.core.fetched_wal().unwrap();
+    assert_eq!(begin, end, "nothing fetched is kept");
+    // It is a full member: with acceptor 1 away, 0 and 2 commit.
+    append(&mut c, &mut p, 31, &[0, 2]);
+    assert_eq!(p.core.commit_lsn(), Some(lsn(310)));
+}
+
+/// WAL the leader's own WAL has lost and that no acceptor acknowledged can never be
+/// committed: the leader stops with `WalLost` instead of waiting forever.
+#[test]
+fn own_wal_gone_before_any_acceptor_has_it_stops_the_leader() {
+    let mut c = Cluster::new();
+    let mut p = proposer_in(ProposerMode::Compute, WAL_START, ProposerConfig::default());
+    c.elect(&mut p, &only(&[0, 1, 2]));
+    append(&mut c, &mut p, 1, &[0, 1, 2]); // +0..10 everywhere
+    let end = p.store.client_append(&record(2, 10));
+    let sent = p.core.append(end, end);
+    c.run(&mut p, sent, &only(&[]));
+    let lost = p.core.wal_removed_below(lsn(15));
+    assert_eq!(lost, vec![ProposerAction::WalLost { term: 1, from: lsn(10), to: lsn(15) }]);
+    assert!(p.core.is_stopped());
+}
+
 /// A vote is persisted before it is answered, and a term is voted for at most once.
 #[test]
 fn vote_persisted_before_reply_and_only_once() {

@@ -170,10 +170,13 @@ impl Sim {
         let crash_in_handler = rng.gen_range(0.0..0.05);
         // Small chunks and windows so appends split and streams throttle.
         let max_append = rng.gen_range(16..300);
+        let max_fetch = rng.gen_range(16..500);
         let config = ProposerConfig {
             max_append,
             window: max_append * rng.gen_range(1..8),
-            max_fetch: rng.gen_range(16..500),
+            max_fetch,
+            // As little as one fetch: a lagging acceptor's catch-up then waits for each.
+            max_fetched: max_fetch * rng.gen_range(1..4),
             ..ProposerConfig::default()
         };
         let mut sim = Sim {
@@ -225,7 +228,7 @@ impl Sim {
         let config = ProposerConfig { mode, ..self.config };
         self.proposers.push(ProposerNode {
             core: Proposer::new(ACCEPTORS, wal_start, config).identified(self.proposers.len() as u64 + 1),
-            store: Store::default(),
+            store: Store { fetched_max: config.max_fetched, ..Store::default() },
             ghosts: BTreeMap::new(),
             stopped: false,
             crashed: false,
@@ -400,7 +403,15 @@ impl Sim {
                         self.proposers[p].backoff = (backoff * 2).min(320);
                     }
                 }
-                ProposerAction::Send(..) | ProposerAction::SendWal { .. } | ProposerAction::StoreWal { .. } => {}
+                ProposerAction::WalLost { term, from, to } => {
+                    // Its own WAL is dropped only below its commit LSN, which acceptors
+                    // acknowledged in its term: never lost.
+                    return Err(format!("proposer {p} in term {term} lost its WAL {from}..{to}"));
+                }
+                ProposerAction::Send(..)
+                | ProposerAction::SendWal { .. }
+                | ProposerAction::StoreWal { .. }
+                | ProposerAction::ReleaseWal { .. } => {}
             }
         }
         Ok(())
@@ -559,6 +570,9 @@ impl Sim {
                     let lsn = self.remote_consistent_lsn;
                     self.proposers[p].core.set_remote_consistent_lsn(lsn);
                 }
+                if self.rng.gen_bool(0.6) {
+                    self.drop_own_wal(p)?;
+                }
                 let actions = self.proposers[p].core.tick();
                 self.proposer_actions(p, actions)?;
             }
@@ -648,6 +662,24 @@ impl Sim {
             }
         }
         self.check()
+    }
+
+    /// The compute's PostgreSQL removes old `pg_wal` segments (a checkpoint), whatever the
+    /// acceptors still need: proposer `p`'s own WAL loses its oldest bytes, up to a random LSN
+    /// at most its commit LSN (which acceptors acknowledged in its term; dropping WAL nobody
+    /// acknowledged is `WalLost`, which a compute keeping `wal_keep_size` never meets). An
+    /// acceptor that lags behind then catches up through WAL fetched mid-term.
+    fn drop_own_wal(&mut self, p: usize) -> Check {
+        let pn = &mut self.proposers[p];
+        let Some(commit) = pn.core.commit_lsn() else { return Ok(()) };
+        let begin = pn.store.wal.begin;
+        if commit <= begin || pn.stopped {
+            return Ok(());
+        }
+        let lsn = Lsn(self.rng.gen_range(begin.0..=commit.0));
+        pn.store.drop_own_below(lsn);
+        let actions = pn.core.wal_removed_below(lsn);
+        self.proposer_actions(p, actions)
     }
 
     /// Acceptor `a` (if running) writes its commit LSN and peer horizon and removes WAL below
@@ -818,6 +850,9 @@ impl Sim {
             if i % 16 == 0 {
                 self.check()?;
             }
+            if i % 16 == 8 {
+                self.drop_own_wal(self.endpoints[e].current)?;
+            }
             if i % 64 == 32 {
                 // Lazy writes and WAL removal go on while the endpoint catches everyone up.
                 let a = self.rng.gen_range(0..ACCEPTORS);
@@ -888,6 +923,10 @@ struct Outcome {
     removed_bytes: u64,
     wipes: usize,
     partial_ends: usize,
+    /// Fetched bytes of a proposer's own WAL (above its start: a mid-term catch-up), and the
+    /// most fetched bytes any proposer held at once.
+    fetched_above_start: u64,
+    fetched_peak: u64,
 }
 
 fn run_seed(seed: u64) -> Result<Outcome, String> {
@@ -915,6 +954,8 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         wipes: sim.wipes,
         partial_ends: sim.partial_ends,
         removed_bytes: sim.removed_max.0.saturating_sub(WAL_START.0),
+        fetched_above_start: sim.proposers.iter().map(|p| p.store.fetched_above_start).sum(),
+        fetched_peak: sim.proposers.iter().map(|p| p.store.fetched_peak).max().unwrap_or(0),
     })
 }
 
@@ -934,8 +975,11 @@ fn many_seeds() {
     let first: u64 = std::env::var("FJORD_SIM_SEED_START").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     let (mut commits, mut bytes, mut terms, mut fenced_stale, mut fenced_later, mut synced) = (0, 0, 0, 0, 0, 0);
     let (mut removals, mut removed_bytes, mut wipes, mut partial_ends) = (0, 0, 0, 0);
+    let (mut mid_term_fetched, mut mid_term_seeds) = (0, 0);
     for seed in first..first + n {
         let o = run_seed_or_panic(seed);
+        mid_term_fetched += o.fetched_above_start;
+        mid_term_seeds += usize::from(o.fetched_above_start > 0);
         wipes += o.wipes;
         partial_ends += o.partial_ends;
         removals += o.removals;
@@ -951,7 +995,8 @@ fn many_seeds() {
         "{n} seeds from {first}: {commits} commit advances, {bytes} bytes committed, {terms} terms elected, {synced} syncs done, \
          {fenced_stale} computes fenced at election, {fenced_later} after it, {removals} WAL removals \
          ({removed_bytes} bytes below the highest removal point, summed over seeds), {wipes} disks lost, \
-         {partial_ends} acceptor states seen with WAL past the last whole record"
+         {partial_ends} acceptor states seen with WAL past the last whole record, \
+         {mid_term_fetched} bytes fetched mid-term in {mid_term_seeds} seeds"
     );
     // The simulation must exercise something: commits, elections, fencing, syncs, removal,
     // lost disks, and logs that end inside a record.
@@ -966,6 +1011,7 @@ fn many_seeds() {
                 && removals > n / 2
                 && wipes > n / 4
                 && partial_ends > n
+                && mid_term_seeds > n / 10
     );
 }
 
@@ -975,7 +1021,8 @@ fn replay_seed() {
     let o = run_seed_or_panic(seed);
     eprintln!(
         "seed {seed}: {} commit advances, {} bytes committed, {} terms elected, {} syncs done, {} computes fenced at election, {} after it, \
-         {} WAL removals (up to {} bytes), {} disks lost, {} acceptor states with WAL past the last whole record",
+         {} WAL removals (up to {} bytes), {} disks lost, {} acceptor states with WAL past the last whole record, \
+         {} bytes fetched mid-term (at most {} held at once)",
         o.commits,
         o.committed_bytes,
         o.terms,
@@ -985,6 +1032,8 @@ fn replay_seed() {
         o.removals,
         o.removed_bytes,
         o.wipes,
-        o.partial_ends
+        o.partial_ends,
+        o.fetched_above_start,
+        o.fetched_peak
     );
 }

@@ -42,8 +42,6 @@ const ELECTION_BACKOFF_MIN: Duration = Duration::from_millis(100);
 const RECORD_STEP_BYTES: u64 = 4 << 20;
 /// At most this many events are handled before queued writes go out.
 const BATCH_EVENTS_MAX: usize = 256;
-/// How often a safekeeper that stays behind the compute's WAL is reported again.
-const BEHIND_WARN_INTERVAL: Duration = Duration::from_secs(60);
 
 pub enum Event {
     Connected {
@@ -94,10 +92,13 @@ pub struct Core {
     decoder: Option<pgwal::WalStreamDecoder>,
     /// The end of the last whole record decoded.
     record_end: Lsn,
-    /// The safekeepers that need WAL this compute no longer has, and when each was last
-    /// reported as such.
-    behind: Vec<bool>,
-    behind_warned: Vec<Option<Instant>>,
+    /// Per safekeeper: caught up with fetched WAL (it needs WAL below what this proposer can
+    /// read itself), since when and from where, for the log line when it is through.
+    catching_up: Vec<Option<(Instant, Lsn)>>,
+    /// The safekeeper the last `FetchWal` went to.
+    fetch_source: Option<NodeId>,
+    /// The last segment found gone, for the error if that WAL is lost.
+    gone: Option<String>,
 }
 
 impl Core {
@@ -120,8 +121,9 @@ impl Core {
             reconnect_max,
             whole_records,
             conns: (0..n).map(|_| None).collect(),
-            behind: vec![false; n],
-            behind_warned: vec![None; n],
+            catching_up: vec![None; n],
+            fetch_source: None,
+            gone: None,
             started: false,
             elected: None,
             commit_lsn: Lsn(0),
@@ -175,6 +177,9 @@ impl Core {
                 tracing::debug!("starting an election");
                 let actions = self.proposer.start_election();
                 self.perform(actions);
+            }
+            if !self.done {
+                self.report_catch_up();
             }
             self.write_out();
         }
@@ -238,7 +243,12 @@ impl Core {
                 return;
             }
             match a {
-                ProposerAction::Send(i, msg) => self.queue(i, ProposerMessage::Consensus(msg)),
+                ProposerAction::Send(i, msg) => {
+                    if matches!(msg, ToAcceptor::FetchWal { .. }) {
+                        self.fetch_source = Some(i);
+                    }
+                    self.queue(i, ProposerMessage::Consensus(msg))
+                }
                 ProposerAction::SendWal { to, term, begin, end, boundary_lsn, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
                     if self.conns[to].is_none() {
                         // Lost with the connection; the proposer resends after it rejoins.
@@ -257,7 +267,7 @@ impl Core {
                             };
                             self.queue(to, ProposerMessage::Consensus(msg));
                         }
-                        Err(e @ WalReadError::SegmentGone { .. }) => self.leave_behind(to, &e),
+                        Err(e @ WalReadError::SegmentGone { lsn, .. }) => queue.extend(self.own_wal_gone(to, lsn, &e)),
                         Err(e) => {
                             let reason = format!("cannot send WAL to safekeeper {}: {e}", self.addrs[to]);
                             self.finish(Status::Failed { reason: reason.clone() }, Outcome::Failed(reason));
@@ -265,8 +275,20 @@ impl Core {
                     }
                 }
                 ProposerAction::StoreWal { from, data } => {
-                    tracing::debug!("fetched {} bytes of WAL at {from} from the donor", data.len());
+                    tracing::debug!("fetched {} bytes of WAL at {from}", data.len());
                     self.store.store(from, data);
+                    self.note_fetched();
+                }
+                ProposerAction::ReleaseWal { below } => {
+                    self.store.release_below(below);
+                    self.note_fetched();
+                }
+                ProposerAction::WalLost { from, to, .. } => {
+                    let gone = self.gone.take().unwrap_or_default();
+                    let reason = format!(
+                        "{gone}; no safekeeper acknowledged the WAL from {from} to {to}, which is gone from pg_wal: it can never be committed"
+                    );
+                    self.finish(Status::Failed { reason: reason.clone() }, Outcome::Failed(reason));
                 }
                 ProposerAction::Elected { term, start_lsn, donor } => queue.extend(self.on_elected(term, start_lsn, donor)),
                 ProposerAction::Commit { commit_lsn, .. } => {
@@ -344,33 +366,60 @@ impl Core {
     }
 
     /// Safekeeper `to` needs WAL that the compute's `pg_wal` no longer has (it lagged more
-    /// than `wal_keep_size` behind, as a safekeeper down for long does). That is no reason
-    /// to stop this compute: the other safekeepers make its commits durable. The connection
-    /// is closed (the connection thread reconnects after its backoff, and finds the same
-    /// unless WAL it lacks arrives some other way); the safekeeper shows as down with the
-    /// reason, and catches up in the next compute's election, which brings a lagging
-    /// safekeeper up to the start from a donor safekeeper.
-    /// If too many are behind for a majority to be served, the proposer fails as before:
-    /// no commit could ever be acknowledged.
-    fn leave_behind(&mut self, to: NodeId, e: &WalReadError) {
-        self.behind[to] = true;
-        let n = self.addrs.len();
-        if self.behind.iter().filter(|b| **b).count() > n - crate::majority(n) {
-            let reason = format!("cannot send WAL to safekeeper {}: {e}", self.addrs[to]);
-            self.finish(Status::Failed { reason: reason.clone() }, Outcome::Failed(reason));
-            return;
+    /// than `wal_keep_size` behind, as a safekeeper down for long does; or PostgreSQL removed
+    /// the segment while it caught up). That is no reason to stop this compute, nor to leave
+    /// the safekeeper behind: the core is told where `pg_wal` now begins, and fetches what
+    /// the safekeeper lacks from another that has it, through bounded memory, until the
+    /// safekeeper reaches WAL `pg_wal` still has (`quorum`'s `Proposer::wal_removed_below`).
+    /// Only if no safekeeper has that WAL either does the core give up on it (`WalLost`).
+    fn own_wal_gone(&mut self, to: NodeId, lsn: Lsn, e: &WalReadError) -> Vec<ProposerAction> {
+        let floor = self.store.own_wal_floor(lsn);
+        tracing::info!(
+            safekeeper = %self.addrs[to],
+            "pg_wal no longer has the WAL below {floor} ({e}); safekeepers that need older WAL get it fetched from the others"
+        );
+        self.gone = Some(format!("cannot send WAL to safekeeper {}: {e}", self.addrs[to]));
+        self.proposer.wal_removed_below(floor)
+    }
+
+    /// Logs when a safekeeper starts being caught up with fetched WAL (it needs WAL below
+    /// what this proposer can read itself: below the elected start, or gone from `pg_wal`)
+    /// and when it is through, so that an operator sees a lagging safekeeper come back.
+    fn report_catch_up(&mut self) {
+        let now: Vec<(NodeId, Lsn)> = self.proposer.catching_up();
+        for i in 0..self.addrs.len() {
+            let flush = now.iter().find(|(n, _)| *n == i).map(|(_, f)| *f);
+            match (self.catching_up[i], flush) {
+                (None, Some(from)) => {
+                    let source = self.fetch_source.map_or("another safekeeper".to_string(), |s| format!("safekeeper {}", self.addrs[s]));
+                    tracing::info!(
+                        safekeeper = %self.addrs[i],
+                        "catching up safekeeper from {from}, below the WAL this proposer can read itself, with WAL fetched from {source}"
+                    );
+                    self.catching_up[i] = Some((Instant::now(), from));
+                }
+                (Some((since, from)), None) => {
+                    let at = self.proposer.acceptor_flush().into_iter().find(|(n, _)| *n == i).map(|(_, f)| f);
+                    match at {
+                        Some(at) => tracing::info!(
+                            safekeeper = %self.addrs[i],
+                            "safekeeper caught up from {from} to {at} in {:.1} s with fetched WAL; it streams from this proposer's own WAL now",
+                            since.elapsed().as_secs_f64()
+                        ),
+                        None => tracing::info!(safekeeper = %self.addrs[i], "safekeeper disconnected while it was caught up from {from}"),
+                    }
+                    self.catching_up[i] = None;
+                }
+                _ => {}
+            }
         }
-        let reason = format!("lags behind the WAL this compute keeps ({e}); it catches up at the next compute start");
-        let warn_again = self.behind_warned[to].is_none_or(|at| at.elapsed() >= BEHIND_WARN_INTERVAL);
-        if warn_again {
-            tracing::warn!(safekeeper = %self.addrs[to], "{reason}; commits go on with the other safekeepers");
-            self.behind_warned[to] = Some(Instant::now());
-        }
-        self.shared.set_behind(to, reason);
-        if let Some(c) = self.conns[to].take() {
-            // The reader thread sees the shutdown, reports the loss and reconnects later.
-            let _ = c.stream.shutdown(std::net::Shutdown::Both);
-        }
+    }
+
+    /// Publishes the fetched WAL held in memory, and the most held at once.
+    fn note_fetched(&self) {
+        let bytes = self.store.fetched_bytes();
+        self.shared.fetched_bytes.store(bytes, Ordering::SeqCst);
+        self.shared.fetched_peak_bytes.fetch_max(bytes, Ordering::SeqCst);
     }
 
     fn schedule_retry(&mut self, why: &str) {
@@ -465,7 +514,7 @@ impl Core {
                 let majority = quorum::majority(self.addrs.len());
                 let acked = self.proposer.acked_commit_count(start);
                 format!(
-                    "elected in term {term} at {start}; commit LSN {}; {acked} of the {majority} needed safekeepers acknowledged a commit LSN of at least {start}; {} bytes fetched from the donor",
+                    "elected in term {term} at {start}; commit LSN {}; {acked} of the {majority} needed safekeepers acknowledged a commit LSN of at least {start}; {} fetched bytes held",
                     self.commit_lsn,
                     self.store.fetched_bytes()
                 )

@@ -148,9 +148,9 @@ pub(crate) struct Shared {
     standbys: Mutex<Vec<(Vec<StandbyReport>, Instant)>>,
     /// Per safekeeper: `None` while connected, else why not.
     nodes: Mutex<Vec<Option<String>>>,
-    /// Per safekeeper: why this proposer cannot serve it (it needs WAL the compute no
-    /// longer has), for the life of the proposer; shown instead of the connection state.
-    behind: Mutex<Vec<Option<String>>>,
+    /// Fetched WAL held in memory now, and the most held at once.
+    pub fetched_bytes: AtomicU64,
+    pub fetched_peak_bytes: AtomicU64,
     /// The core's one-line account of where it stands.
     pub progress: Mutex<String>,
     outcome: Mutex<Option<Outcome>>,
@@ -170,7 +170,8 @@ impl Shared {
             feedback: Mutex::new(vec![PageserverFeedback::default(); n]),
             standbys: Mutex::new(vec![(Vec::new(), Instant::now()); n]),
             nodes: Mutex::new(vec![Some("not connected yet".to_string()); n]),
-            behind: Mutex::new(vec![None; n]),
+            fetched_bytes: AtomicU64::new(0),
+            fetched_peak_bytes: AtomicU64::new(0),
             progress: Mutex::new(String::new()),
             outcome: Mutex::new(None),
             outcome_cv: Condvar::new(),
@@ -198,10 +199,6 @@ impl Shared {
             lock(&self.standbys)[node].0.clear();
         }
         lock(&self.nodes)[node] = down_because;
-    }
-
-    pub fn set_behind(&self, node: usize, why: String) {
-        lock(&self.behind)[node] = Some(why);
     }
 
     pub fn set_outcome(&self, outcome: Outcome) {
@@ -356,13 +353,17 @@ impl WalProposer {
         out
     }
 
-    /// Per safekeeper (`host:port`): `None` while connected and served, else why not (a
-    /// safekeeper this compute cannot serve, because it lags behind the WAL the compute
-    /// keeps, says so for as long as the proposer runs).
+    /// Per safekeeper (`host:port`): `None` while connected, else why not.
     pub fn connections(&self) -> Vec<(String, Option<String>)> {
         let nodes = lock(&self.shared.nodes);
-        let behind = lock(&self.shared.behind);
-        self.addrs.iter().enumerate().map(|(i, addr)| (addr.clone(), behind[i].clone().or_else(|| nodes[i].clone()))).collect()
+        self.addrs.iter().cloned().zip(nodes.iter().cloned()).collect()
+    }
+
+    /// WAL fetched from safekeepers that this proposer holds in memory now (for a safekeeper
+    /// that lags behind what `pg_wal` keeps; at most `quorum::ProposerConfig::max_fetched`
+    /// plus one fetch), and the most it held at once.
+    pub fn fetched_wal_bytes(&self) -> (u64, u64) {
+        (self.shared.fetched_bytes.load(Ordering::SeqCst), self.shared.fetched_peak_bytes.load(Ordering::SeqCst))
     }
 
     /// Stops the threads (closing the connections).

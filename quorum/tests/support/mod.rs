@@ -195,11 +195,23 @@ impl Node {
 
 /// A proposer's WAL store, and its ghost: the whole log it believes in (the donor's log
 /// below its start LSN, as the donor had it when it voted, then its own WAL). The ghost is
-/// test-only knowledge used to check commits; the core never sees it.
+/// test-only knowledge used to check commits; the core never sees it. Its own WAL (`wal`)
+/// loses its oldest bytes when the test says so (as a compute's `pg_wal` loses segments,
+/// [`Store::drop_own_below`]); fetched WAL (`fetched`) is one contiguous range, released to
+/// the byte when the core says so, and never longer than `fetched_max`.
 #[derive(Clone, Debug, Default)]
 pub struct Store {
     pub wal: Wal,
+    pub fetched: Wal,
     pub ghost: Vec<u8>,
+    /// The core's `max_fetched` (0: not checked).
+    pub fetched_max: u64,
+    /// The most fetched bytes held at once, and how many were fetched from above the start
+    /// LSN (a mid-term catch-up, below what the store still has of its own WAL).
+    pub fetched_peak: u64,
+    pub fetched_above_start: u64,
+    /// The start LSN it was elected at.
+    pub start: Lsn,
 }
 
 impl Store {
@@ -207,6 +219,8 @@ impl Store {
     /// (from `WAL_START`: below the beginning of a log that begins later, the `committed` WAL).
     pub fn elected(&mut self, start: Lsn, donor_log: &Wal, committed: &[u8]) -> Result<(), String> {
         self.wal = Wal { begin: start, bytes: Vec::new() };
+        self.fetched = Wal { begin: start, bytes: Vec::new() };
+        self.start = start;
         self.ghost = if start == WAL_START && donor_log.bytes.is_empty() {
             Vec::new()
         } else {
@@ -222,12 +236,35 @@ impl Store {
         self.wal.end()
     }
 
+    /// Its own WAL below `lsn` is gone (at most to its end).
+    pub fn drop_own_below(&mut self, lsn: Lsn) {
+        let lsn = lsn.min(self.wal.end());
+        if lsn > self.wal.begin {
+            self.wal.bytes.drain(..(lsn.0 - self.wal.begin.0) as usize);
+            self.wal.begin = lsn;
+        }
+    }
+
+    /// The WAL in `[begin, end)`: from fetched WAL where that holds `begin`, and on from its
+    /// own; an error if it has neither.
+    fn read(&self, begin: Lsn, end: Lsn) -> Result<Vec<u8>, String> {
+        if begin >= self.fetched.begin && begin < self.fetched.end() {
+            let split = end.min(self.fetched.end());
+            let mut out = self.fetched.range(begin, split)?.to_vec();
+            if end > split {
+                out.extend_from_slice(self.wal.range(split, end).map_err(|e| format!("after fetched WAL: {e}"))?);
+            }
+            return Ok(out);
+        }
+        Ok(self.wal.range(begin, end)?.to_vec())
+    }
+
     /// Turns a proposer action into the message to send, if it is one.
     pub fn message(&mut self, a: &ProposerAction) -> Result<Option<(usize, ToAcceptor)>, String> {
         Ok(match a {
             ProposerAction::Send(to, m) => Some((*to, m.clone())),
             ProposerAction::SendWal { to, term, begin, end, boundary_lsn, commit_lsn, peer_horizon_lsn, remote_consistent_lsn } => {
-                let data = Bytes::copy_from_slice(self.wal.range(*begin, *end)?);
+                let data = Bytes::from(self.read(*begin, *end)?);
                 let msg = ToAcceptor::Append {
                     term: *term,
                     begin_lsn: *begin,
@@ -240,16 +277,34 @@ impl Store {
                 Some((*to, msg))
             }
             ProposerAction::StoreWal { from, data } => {
-                if Lsn(from.0 + data.len() as u64) != self.wal.begin {
-                    return Err(format!("fetched WAL at {from} does not end where the store begins ({})", self.wal.begin));
+                if self.fetched.bytes.is_empty() {
+                    self.fetched = Wal { begin: *from, bytes: Vec::new() };
+                } else if *from != self.fetched.end() {
+                    return Err(format!("fetched WAL at {from} does not continue the fetched WAL ending at {}", self.fetched.end()));
                 }
-                let ghost = &self.ghost[(from.0 - WAL_START.0) as usize..(self.wal.begin.0 - WAL_START.0) as usize];
+                let to = from.0 + data.len() as u64;
+                let ghost =
+                    self.ghost.get((from.0 - WAL_START.0) as usize..(to - WAL_START.0) as usize).ok_or("fetched WAL beyond the log")?;
                 if ghost != &data[..] {
                     return Err(format!("fetched WAL at {from} differs from the elected history"));
                 }
-                let mut bytes = data.to_vec();
-                bytes.extend_from_slice(&self.wal.bytes);
-                self.wal = Wal { begin: *from, bytes };
+                self.fetched.bytes.extend_from_slice(data);
+                let held = self.fetched.bytes.len() as u64;
+                if self.fetched_max > 0 && held > self.fetched_max {
+                    return Err(format!("{held} fetched bytes held, more than max_fetched {}", self.fetched_max));
+                }
+                self.fetched_peak = self.fetched_peak.max(held);
+                // Above the start: its own WAL, fetched back for an acceptor behind what it kept.
+                self.fetched_above_start += to.saturating_sub(from.0.max(self.start.0));
+                None
+            }
+            ProposerAction::ReleaseWal { below } => {
+                if *below >= self.fetched.end() {
+                    self.fetched = Wal { begin: *below, bytes: Vec::new() };
+                } else if *below > self.fetched.begin {
+                    self.fetched.bytes.drain(..(below.0 - self.fetched.begin.0) as usize);
+                    self.fetched.begin = *below;
+                }
                 None
             }
             _ => None,
