@@ -89,7 +89,26 @@ pub fn decode_start(
     if header_end(first_page) > commit.0 {
         return Ok(None);
     }
-    let Some(h) = header(first_page)? else { return at(Lsn(first_page), false) };
+    let (first_page, h, start) = match header(first_page)? {
+        Some(h) => (first_page, h, start),
+        None => {
+            // Pages without a header: the rest of a segment after `XLOG_SWITCH` (zeros: the
+            // switch record, on the last page with a header before them, covers them), or
+            // damage. Decoding from the last page of the segment that has a header tells
+            // which: it passes the switch record, or reports the first bad header.
+            let segment_first = first_page - first_page % seg;
+            let mut page = first_page;
+            loop {
+                if page == segment_first || page - page_bytes < begin.0 {
+                    return at(Lsn(first_page), false);
+                }
+                page -= page_bytes;
+                if let Some(h) = header(page)? {
+                    break (page, h, Lsn(page + page_bytes - 1));
+                }
+            }
+        }
+    };
     match h.first_record_lsn(Lsn(first_page)) {
         _ if !h.is_contrecord() => return at(Lsn(first_page), false),
         Some(first) if start >= first => return at(Lsn(first_page), false),
@@ -303,6 +322,17 @@ mod tests {
         }
         // A start at a page boundary whose header is not committed yet: ask again later.
         assert_eq!(start_for(&w, boundary, origin, Lsn(boundary.0 + 10)), None);
+        // A start in the zeros an `XLOG_SWITCH` leaves at the end of its segment: from the
+        // page the switch record is on (that record covers them).
+        let mut sw = WalWriter::new(Lsn(4 * SEG - 8 * PAGE), SEG);
+        sw.append(&record(30_000));
+        let switch = sw.append_encoded(&RecordSpec::new(pgwal::consts::RM_XLOG_ID, pgwal::consts::XLOG_SWITCH).encode(sw.prev));
+        assert_eq!(switch.end, Lsn(4 * SEG));
+        // PostgreSQL leaves those pages zero, headers too (the test encoder writes headers).
+        let next_page = (switch.start.0 / PAGE + 1) * PAGE;
+        sw.out[(next_page - sw.start.0) as usize..].fill(0);
+        let zeros = Lsn(4 * SEG - 2 * PAGE + 100);
+        assert_eq!(start_for(&sw, zeros, sw.start, switch.end), at(Lsn(switch.start.0 - switch.start.0 % PAGE)));
         // A header that does not validate stops the walk there, for the decoder to report.
         let mut bad = WalWriter::new(origin, SEG);
         bad.out = w.out.clone();

@@ -236,3 +236,66 @@ fn a_record_past_the_end_of_this_safekeepers_wal_cannot_be_checked() {
     assert!(wal.check(&mut fc, a.start, a.end).is_ok());
     assert_eq!(wal.read_bytes, read);
 }
+
+/// The cost of checking 1 MiB pieces, reads from memory: of real PostgreSQL WAL (`pgwal`'s
+/// fixture: 17 MiB of a pgbench and DDL workload, mostly full-page images in this part) and
+/// of small test-encoder records (100 to 400 bytes, the worst case: the cost is per record);
+/// each piece with nothing remembered (decode_start's page reads and about 1 MiB decoded),
+/// and the proposer's walk down with the range kept. Run with `cargo test -p safekeeper
+/// --release --lib -- --ignored --nocapture fetch_check_cost`.
+#[test]
+#[ignore = "a measurement: prints the cost of checking fetched pieces"]
+fn fetch_check_cost() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../pgwal/tests/data");
+    let env = std::fs::read_to_string(dir.join("fixture.env")).unwrap();
+    let var = |name: &str| env.lines().find_map(|l| l.strip_prefix(&format!("{name}="))).unwrap().to_string();
+    let (start, end): (Lsn, Lsn) = (var("START_LSN").parse().unwrap(), var("END_LSN").parse().unwrap());
+    let bytes = zstd::decode_all(&std::fs::read(dir.join("wal.bin.zst")).unwrap()[..]).unwrap();
+    let config = DecoderConfig { segment_size_bytes: 16 << 20, system_id: Some(var("SYSTEM_ID").parse().unwrap()) };
+    measure("real WAL", &Wal { origin: start, bytes, begin: start, end, read_bytes: 0 }, config);
+    let mut w = WalWriter::new(Lsn(2 * SEG), SEG);
+    for i in 0..80_000 {
+        w.append(&record(100 + i % 4 * 100));
+    }
+    let small = Wal::new(&w);
+    measure("small records", &small, small.bounds().config);
+}
+
+fn measure(what: &str, wal: &Wal, config: DecoderConfig) {
+    let (start, end) = (wal.begin, wal.end);
+    let bounds = WalBounds { begin: start, end, config };
+    let check = |fc: &mut FetchCheck, from: Lsn, to: Lsn| {
+        let (origin, bytes) = (wal.origin, &wal.bytes);
+        fc.check(from, to, bounds, |f, t| Ok(Bytes::copy_from_slice(&bytes[(f.0 - origin.0) as usize..(t.0 - origin.0) as usize])))
+    };
+    for round in 0..3 {
+        let started = std::time::Instant::now();
+        let (mut pieces, mut decoded, mut records) = (0u64, 0u64, 0u64);
+        let mut to = end;
+        while to.0 > start.0 + MIB {
+            let from = Lsn(to.0 - MIB);
+            let stats = check(&mut FetchCheck::default(), from, to).unwrap();
+            (decoded, records) = (decoded + stats.decoded_bytes, records + stats.records);
+            pieces += 1;
+            to = from;
+        }
+        let fresh = started.elapsed();
+        let started = std::time::Instant::now();
+        let mut fc = FetchCheck::default();
+        let mut to = end;
+        while to > start {
+            let from = Lsn(to.0.saturating_sub(MIB).max(start.0));
+            check(&mut fc, from, to).unwrap();
+            to = from;
+        }
+        let walk = started.elapsed();
+        println!(
+            "{what}, round {round}: {pieces} pieces of 1 MiB, each checked alone: {:.0} us a piece ({} bytes and {} records decoded a piece, {:.2} GB/s); walking down with the range kept: {:.0} us a piece",
+            fresh.as_secs_f64() * 1e6 / pieces as f64,
+            decoded / pieces,
+            records / pieces,
+            decoded as f64 / fresh.as_secs_f64() / 1e9,
+            walk.as_secs_f64() * 1e6 / pieces as f64,
+        );
+    }
+}
