@@ -357,6 +357,11 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
             p.wal_flushed(flushed);
             wp.flush_lsn.store(flushed.0, Ordering::Relaxed);
 
+            // What the proposer's threads cannot log themselves (a lagging safekeeper caught up
+            // from the others, and when it is through).
+            for line in p.take_notices() {
+                log!("fjord walproposer: {line}");
+            }
             let status = p.status();
             if last_status.as_ref() != Some(&status) {
                 publish_status(&status);

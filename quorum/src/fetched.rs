@@ -26,15 +26,26 @@ pub(crate) struct Fetched {
     pub end: Lsn,
     /// The outstanding `FetchWal`: (from whom, from, to), `from` being `end`.
     pub pending: Option<(NodeId, Lsn, Lsn)>,
+    /// The acceptor whose last request went unanswered until a tick: others are asked
+    /// first (a safekeeper leaves a request unanswered when a record in it fails its check).
+    pub unanswered: Option<NodeId>,
 }
 
 impl Fetched {
     pub fn empty(at: Lsn) -> Fetched {
-        Fetched { begin: at, end: at, pending: None }
+        Fetched { begin: at, end: at, pending: None, unanswered: None }
     }
 
     pub fn contains(&self, lsn: Lsn) -> bool {
         self.begin <= lsn && lsn < self.end
+    }
+
+    /// A tick: the outstanding request, if any, is given up (it is asked again, of another
+    /// acceptor if one can serve it).
+    pub fn tick(&mut self) {
+        if let Some((s, _, _)) = self.pending.take() {
+            self.unanswered = Some(s);
+        }
     }
 
     pub fn bytes(&self) -> u64 {
@@ -68,7 +79,7 @@ impl Fetched {
             if self.end > self.begin {
                 freed = Some(self.end);
             }
-            *self = Fetched::empty(need);
+            *self = Fetched { unanswered: self.unanswered, ..Fetched::empty(need) };
         }
         let to = Lsn((self.end.0 + max_fetch).min(limit.0).min(self.begin.0 + max_bytes));
         ((to > self.end).then_some((self.end, to)), freed)

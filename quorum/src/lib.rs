@@ -26,7 +26,9 @@
 //! 3. With a majority of votes, the proposer picks the most advanced log among them (highest
 //!    last log term, then highest boundary LSN), takes that acceptor's term history up to its
 //!    boundary LSN and appends `(own term, donor boundary LSN)`: the elected history. Its own
-//!    term starts at the donor's boundary LSN (`start_lsn`). It fetches the donor's WAL.
+//!    term starts at the donor's boundary LSN (`start_lsn`). It fetches the donor's WAL as a
+//!    lagging acceptor needs it, and its own WAL too once its shell lost it
+//!    ([`Proposer::wal_removed_below`]).
 //! 4. It sends the elected history to every acceptor. Each truncates its WAL at the highest
 //!    point it has in common with that history (the end of the last term both share, capped by
 //!    both logs) and adopts the history. It never truncates below its commit LSN.
@@ -55,8 +57,10 @@
 //! the bytes (segment files in the service, a `Vec<u8>` in the simulation), appends and
 //! truncates them when told by a [`Persist`] action, and reads them when asked to send WAL.
 //! The proposer never holds WAL either: its shell keeps the WAL it can send (the compute's
-//! `pg_wal`, plus what it fetched from a donor) and the core tells it what to send to whom
-//! ([`ProposerAction::SendWal`]) and what fetched WAL to keep ([`ProposerAction::StoreWal`]).
+//! `pg_wal`, plus what it fetched from other acceptors) and the core tells it what to send to
+//! whom ([`ProposerAction::SendWal`]) and what fetched WAL to keep and to free
+//! ([`ProposerAction::StoreWal`], [`ProposerAction::ReleaseWal`]: at most
+//! [`ProposerConfig::max_fetched`] bytes at once).
 //!
 //! # The beginning of the log
 //! A timeline's WAL begins where its first proposer's own WAL began (the LSN its compute

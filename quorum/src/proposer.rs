@@ -523,7 +523,7 @@ impl Proposer {
                         p.boundary_sent = p.boundary;
                     }
                 }
-                l.fetched.pending = None;
+                l.fetched.tick();
                 out.extend(self.stream(true));
                 out
             }
@@ -618,14 +618,15 @@ impl Proposer {
                 // Any acceptor that joined this term holds the elected history's bytes up to
                 // the flush LSN it acknowledged in it (below the start LSN the donor's log,
                 // above it this proposer's own WAL); the one that has most of the range,
-                // the donor first. Its peer horizon is at most `from` (at most the boundary
-                // LSN of the acceptor that needs it), so it never removed that WAL.
-                let donor = l.donor;
+                // the donor first, and one that left a request unanswered last. Its peer
+                // horizon is at most `from` (at most the boundary LSN of the acceptor that
+                // needs it), so it never removed that WAL.
+                let (donor, unanswered) = (l.donor, l.fetched.unanswered);
                 let source = l
                     .peers
                     .iter()
                     .filter(|(_, p)| p.flush > from)
-                    .max_by_key(|(&s, p)| (p.flush.min(to), s == donor))
+                    .max_by_key(|(&s, p)| (Some(s) != unanswered, p.flush.min(to), s == donor))
                     .map(|(&s, p)| (s, p.flush.min(to)));
                 if let Some((s, to)) = source {
                     l.fetched.pending = Some((s, from, to));

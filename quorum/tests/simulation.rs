@@ -26,7 +26,10 @@
 //! or durable) exceeds any acceptor's flush LSN. Acceptors remove WAL below their durable
 //! peer horizon and commit LSN whenever they write them lazily, and fail the seed if the
 //! core then asks them for removed WAL (a lagging acceptor's catch-up, a sync's or a
-//! compute's fetch) or to truncate into it. A pageserver's remote-consistent LSN rises at
+//! compute's fetch) or to truncate into it. A proposer's own WAL loses its oldest bytes at
+//! random (up to its commit LSN, as a compute's `pg_wal` loses segments), so a lagging
+//! acceptor's catch-up goes through WAL fetched mid-term, never more than `max_fetched` of
+//! it held. A pageserver's remote-consistent LSN rises at
 //! random up to the committed end; proposers learn it at their ticks, as walproposer's core
 //! does, and every value an acceptor receives must be one the pageserver reported. On every
 //! action: every peer horizon sent is at most every acceptor's flush LSN; a compute is elected

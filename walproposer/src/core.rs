@@ -374,10 +374,10 @@ impl Core {
     /// Only if no safekeeper has that WAL either does the core give up on it (`WalLost`).
     fn own_wal_gone(&mut self, to: NodeId, lsn: Lsn, e: &WalReadError) -> Vec<ProposerAction> {
         let floor = self.store.own_wal_floor(lsn);
-        tracing::info!(
-            safekeeper = %self.addrs[to],
-            "pg_wal no longer has the WAL below {floor} ({e}); safekeepers that need older WAL get it fetched from the others"
-        );
+        let line =
+            format!("pg_wal no longer has the WAL below {floor} ({e}); safekeepers that need older WAL get it fetched from the others");
+        tracing::info!(safekeeper = %self.addrs[to], "{line}");
+        self.shared.notice(line);
         self.gone = Some(format!("cannot send WAL to safekeeper {}: {e}", self.addrs[to]));
         self.proposer.wal_removed_below(floor)
     }
@@ -392,22 +392,26 @@ impl Core {
             match (self.catching_up[i], flush) {
                 (None, Some(from)) => {
                     let source = self.fetch_source.map_or("another safekeeper".to_string(), |s| format!("safekeeper {}", self.addrs[s]));
-                    tracing::info!(
-                        safekeeper = %self.addrs[i],
-                        "catching up safekeeper from {from}, below the WAL this proposer can read itself, with WAL fetched from {source}"
+                    let line = format!(
+                        "catching up safekeeper {} from {from}, below the WAL this proposer can read itself, with WAL fetched from {source}",
+                        self.addrs[i]
                     );
+                    tracing::info!("{line}");
+                    self.shared.notice(line);
                     self.catching_up[i] = Some((Instant::now(), from));
                 }
                 (Some((since, from)), None) => {
                     let at = self.proposer.acceptor_flush().into_iter().find(|(n, _)| *n == i).map(|(_, f)| f);
-                    match at {
-                        Some(at) => tracing::info!(
-                            safekeeper = %self.addrs[i],
-                            "safekeeper caught up from {from} to {at} in {:.1} s with fetched WAL; it streams from this proposer's own WAL now",
+                    let line = match at {
+                        Some(at) => format!(
+                            "safekeeper {} caught up from {from} to {at} in {:.1} s with fetched WAL; it streams from this proposer's own WAL now",
+                            self.addrs[i],
                             since.elapsed().as_secs_f64()
                         ),
-                        None => tracing::info!(safekeeper = %self.addrs[i], "safekeeper disconnected while it was caught up from {from}"),
-                    }
+                        None => format!("safekeeper {} disconnected while it was caught up from {from}", self.addrs[i]),
+                    };
+                    tracing::info!("{line}");
+                    self.shared.notice(line);
                     self.catching_up[i] = None;
                 }
                 _ => {}

@@ -151,6 +151,9 @@ pub(crate) struct Shared {
     /// Fetched WAL held in memory now, and the most held at once.
     pub fetched_bytes: AtomicU64,
     pub fetched_peak_bytes: AtomicU64,
+    /// Lines for the caller's log (the extension has no `tracing` subscriber: these threads
+    /// may not call PostgreSQL's), oldest first, at most [`NOTICES_MAX`].
+    notices: Mutex<std::collections::VecDeque<String>>,
     /// The core's one-line account of where it stands.
     pub progress: Mutex<String>,
     outcome: Mutex<Option<Outcome>>,
@@ -172,6 +175,7 @@ impl Shared {
             nodes: Mutex::new(vec![Some("not connected yet".to_string()); n]),
             fetched_bytes: AtomicU64::new(0),
             fetched_peak_bytes: AtomicU64::new(0),
+            notices: Mutex::new(std::collections::VecDeque::new()),
             progress: Mutex::new(String::new()),
             outcome: Mutex::new(None),
             outcome_cv: Condvar::new(),
@@ -201,6 +205,16 @@ impl Shared {
         lock(&self.nodes)[node] = down_because;
     }
 
+    /// A line for the caller's log (also logged through `tracing` by the caller of this).
+    /// The oldest is dropped when the caller does not take them.
+    pub fn notice(&self, line: String) {
+        let mut n = lock(&self.notices);
+        if n.len() == NOTICES_MAX {
+            n.pop_front();
+        }
+        n.push_back(line);
+    }
+
     pub fn set_outcome(&self, outcome: Outcome) {
         let mut o = lock(&self.outcome);
         if o.is_none() {
@@ -224,6 +238,9 @@ impl Shared {
         self.stop_cv.notify_all();
     }
 }
+
+/// At most this many lines wait for [`WalProposer::take_notices`].
+const NOTICES_MAX: usize = 64;
 
 /// A poisoned lock only means another thread panicked while holding it; the data (plain
 /// values replaced whole) is still consistent.
@@ -357,6 +374,13 @@ impl WalProposer {
     pub fn connections(&self) -> Vec<(String, Option<String>)> {
         let nodes = lock(&self.shared.nodes);
         self.addrs.iter().cloned().zip(nodes.iter().cloned()).collect()
+    }
+
+    /// Lines for the compute's log that the proposer's threads cannot write themselves (a
+    /// safekeeper being caught up with WAL fetched from the others, and when it is through),
+    /// oldest first; each is returned once.
+    pub fn take_notices(&self) -> Vec<String> {
+        lock(&self.shared.notices).drain(..).collect()
     }
 
     /// WAL fetched from safekeepers that this proposer holds in memory now (for a safekeeper
