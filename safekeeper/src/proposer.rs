@@ -4,7 +4,10 @@
 //! Group commit: each time the socket is readable, everything already received is read and
 //! decoded, and the whole batch goes through [`Timeline::handle_batch`], which syncs once;
 //! the replies go out together afterwards. A proposer that pipelines appends (it may send up
-//! to its window ahead) thus pays two fsyncs per batch, not per message.
+//! to its window ahead) thus pays one fsync per batch, not per message.
+//!
+//! After the `Hello`, the connection runs on a thread of its own (`session_on_own_thread`),
+//! which handles each batch where it woke up for the socket.
 //!
 //! A malformed message or a protocol violation gets `Error` with the reason and the
 //! connection is closed; messages decoded before it in the same read were valid and are
@@ -51,21 +54,54 @@ async fn read_more(stream: &mut TcpStream, buf: &mut BytesMut) -> anyhow::Result
     Ok(stream.read_buf(buf).await? > 0)
 }
 
-/// Runs [`Timeline::handle_batch`] (blocking: it writes and fsyncs) on this task's own
-/// thread, with `block_in_place`, rather than on the blocking pool: a commit waits for this
-/// batch, and the hand-off to a pool thread and back to a runtime thread took about 150 µs
-/// of a 1.7 ms commit on the 2-core benchmark machine (timestamps along the commit path,
-/// 2026-11-24); with `block_in_place` about 60. The runtime moves this worker's other tasks
-/// to another thread meanwhile. A panic (a broken invariant, which poisons the timeline's lock) ends only this
-/// connection, as it did on the blocking pool. On a current-thread runtime (where
-/// `block_in_place` is not allowed) the batch goes to the blocking pool.
-async fn handle_batch_here(tl: &Arc<Timeline>, msgs: Vec<ToAcceptor>) -> anyhow::Result<Result<BatchOutcome, TimelineError>> {
-    if tokio::runtime::Handle::current().runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-        let tl = tl.clone();
-        return Ok(tokio::task::spawn_blocking(move || tl.handle_batch(msgs)).await?);
-    }
-    let outcome = tokio::task::block_in_place(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tl.handle_batch(msgs))));
-    outcome.map_err(|_| anyhow::anyhow!("handling a batch of proposer messages panicked"))
+/// Runs [`Timeline::handle_batch`] (blocking: it writes and fsyncs) right here, on the
+/// connection's own thread (see [`serve`]): a commit waits for this batch, and nothing else
+/// runs on this thread. A panic (a broken invariant, which poisons the timeline's lock)
+/// ends only this connection.
+fn handle_batch_here(tl: &Arc<Timeline>, msgs: Vec<ToAcceptor>) -> anyhow::Result<Result<BatchOutcome, TimelineError>> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tl.handle_batch(msgs)))
+        .map_err(|_| anyhow::anyhow!("handling a batch of proposer messages panicked"))
+}
+
+/// Runs a greeted connection's session on a thread of its own, with a current-thread
+/// runtime that serves only this connection, and waits for it to end.
+///
+/// Why not a task on the shared runtime: every batch blocks (a write and an `fdatasync`),
+/// and a commit waits for it. On the shared runtime that meant `block_in_place`, which hands
+/// the worker's other tasks to another thread for each batch and takes them back after:
+/// with three safekeepers on the 2-core benchmark machine, a profile of pgbench read-write
+/// showed their thread switching as most of the safekeepers' CPU (2026-11-25). Here the
+/// thread that wakes up for the socket handles the batch and answers: one wake-up per batch.
+/// The feedback and standby lists still arrive through the timeline's watch channels, which
+/// work across runtimes.
+async fn session_on_own_thread(
+    stream: TcpStream,
+    buf: BytesMut,
+    tl: Arc<Timeline>,
+    feedback: tokio::sync::watch::Receiver<PageserverFeedback>,
+    standbys: tokio::sync::watch::Receiver<Vec<StandbyReport>>,
+) -> anyhow::Result<()> {
+    let stream = stream.into_std()?;
+    let span = tracing::Span::current();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    // Dropped with this future (the connection task ends: the runtime shuts down), which
+    // ends the session too, as it ended with the task before.
+    let (_stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new().name("sk-proposer".into()).spawn(move || {
+        let result = (|| {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(
+                async move {
+                    let mut stream = TcpStream::from_std(stream)?;
+                    let mut buf = buf;
+                    session(&mut stream, &mut buf, &tl, feedback, standbys, stop_rx).await
+                }
+                .instrument(span),
+            )
+        })();
+        let _ = done_tx.send(result);
+    })?;
+    done_rx.await.unwrap_or_else(|_| Err(anyhow::anyhow!("the connection's thread ended without a result")))
 }
 
 /// Serves a proposer connection (its first byte is `b'H'`).
@@ -127,7 +163,7 @@ pub async fn serve(mut stream: TcpStream, sk: Arc<Safekeeper>) -> anyhow::Result
         stream.write_all(&out).await?;
         tracing::info!("proposer connected");
         sk.metrics.proposer_connections_open.inc();
-        let r = session(&mut stream, &mut buf, &tl, feedback, standbys).await;
+        let r = session_on_own_thread(stream, buf, tl, feedback, standbys).await;
         sk.metrics.proposer_connections_open.dec();
         match &r {
             Ok(()) => tracing::info!("proposer disconnected"),
@@ -145,6 +181,7 @@ async fn session(
     tl: &Arc<Timeline>,
     mut feedback: tokio::sync::watch::Receiver<PageserverFeedback>,
     mut standbys: tokio::sync::watch::Receiver<Vec<StandbyReport>>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
 ) -> anyhow::Result<()> {
     loop {
         // Drain what the socket already has, without waiting, so one sync covers it all.
@@ -174,7 +211,7 @@ async fn session(
             }
         }
         if !msgs.is_empty() {
-            let outcome = handle_batch_here(tl, msgs).await?;
+            let outcome = handle_batch_here(tl, msgs)?;
             let outcome = match outcome {
                 Ok(o) => o,
                 Err(e) => return refuse(stream, e.to_string()).await,
@@ -195,9 +232,11 @@ async fn session(
             Read(anyhow::Result<bool>),
             Feedback,
             Standbys,
+            Stop,
         }
         let event = tokio::select! {
             more = read_more(stream, buf) => Event::Read(more),
+            _ = &mut stop => Event::Stop,
             changed = feedback.changed() => match changed {
                 Ok(()) => Event::Feedback,
                 // The timeline outlives its connections; treat it as nothing to send.
@@ -209,6 +248,7 @@ async fn session(
             },
         };
         match event {
+            Event::Stop => return Ok(()),
             Event::Read(more) => {
                 if !more? {
                     return Ok(());
