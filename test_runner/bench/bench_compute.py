@@ -35,12 +35,25 @@ from fixtures.postgres import PgServer  # noqa: E402
 from fixtures.safekeeper import Safekeeper  # noqa: E402
 
 
+INIT_PHASES = ("drop tables", "create tables", "client-side generate", "vacuum", "primary keys")
+
+
+def init_phases(stderr: str) -> dict:
+    """pgbench -i's own breakdown ("done in 1.54 s (drop tables 0.08 s, ...)"): seconds per phase."""
+    done = re.search(r"done in [0-9.]+ s \((.*)\)", stderr)
+    phases = dict(re.findall(r"([a-z -]+?) ([0-9.]+) s", done.group(1))) if done else {}
+    return {k.strip(): float(v) for k, v in phases.items()}
+
+
 def run_suite(name: str, port: int, user: str, a) -> dict:
     res = {}
     t0 = time.monotonic()
-    pgbench(port, user, "-i", "-s", str(a.scale), "-q")
+    # Not the fixture's pgbench(): its phase breakdown goes to standard error.
+    r = subprocess.run([str(pg_bin_dir() / "pgbench"), "-h", "127.0.0.1", "-p", str(port), "-U", user, "-i", "-s",
+                        str(a.scale), "-q", "postgres"], capture_output=True, text=True, check=True)
     res["init_s"] = round(time.monotonic() - t0, 1)
-    print(f"{name}: pgbench -i -s {a.scale} took {res['init_s']} s", flush=True)
+    res["init_phases_s"] = init_phases(r.stderr)
+    print(f"{name}: pgbench -i -s {a.scale} took {res['init_s']} s: {res['init_phases_s']}", flush=True)
     for mode, extra in (("read-write", []), ("select-only", ["-S"])):
         out = pgbench(port, user, "-n", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.duration), *extra)
         res[mode] = parse(out)
@@ -237,7 +250,11 @@ def main() -> None:
     for mode in ("read-write", "select-only"):
         lines.append(f"| {mode} | {plain_res[mode]['tps']:.0f} | {fjord_res[mode]['tps']:.0f} | {ratio(mode, 'tps')} | "
                      f"{plain_res[mode]['latency_ms']:.2f} | {fjord_res[mode]['latency_ms']:.2f} |")
-    lines += ["", f"`pgbench -i`: plain {plain_res['init_s']} s, fjord {fjord_res['init_s']} s. "
+    def phases(res: dict) -> str:
+        return ", ".join(f"{k} {res['init_phases_s'][k]}" for k in INIT_PHASES if k in res["init_phases_s"])
+
+    lines += ["", f"`pgbench -i`: plain {plain_res['init_s']} s ({phases(plain_res)}), fjord {fjord_res['init_s']} s "
+              f"({phases(fjord_res)}; seconds, pgbench's own breakdown). "
               f"Page service requests during the fjord run: {smgr.get('remote_requests')}, "
               f"full-page images written at eviction: {smgr.get('eviction_images')}. "
               f"Local file cache: {lfc['hits']} hits, {lfc['misses']} misses, {lfc['used_pages']} pages used of "
