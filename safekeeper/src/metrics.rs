@@ -33,9 +33,10 @@ pub struct Metrics {
     /// Requests refused for their token (any protocol), by `auth::AuthError::reason`; every
     /// reason is present from the start, at 0.
     pub auth_failures: IntCounterVec,
-    /// Per timeline: WAL found corrupt while serving it to a replication client (a record
-    /// whose CRC or header does not check, a bad page header); each ended a stream with
-    /// `FATAL` XX001 and was logged at error level.
+    /// Per timeline: WAL found corrupt while serving it (a record whose CRC or header does
+    /// not check, a bad page header), never sent, logged at error level: to a replication
+    /// client, where each ended a stream with `FATAL` XX001, or to a proposer fetching WAL
+    /// for a lagging safekeeper (`FetchWal`), left unanswered.
     pub wal_corruption: IntCounterVec,
 }
 
@@ -75,7 +76,7 @@ impl Metrics {
             &["reason"],
         )?;
         let wal_corruption = IntCounterVec::new(
-            Opts::new("safekeeper_wal_corruption_total", "WAL found corrupt while serving it to a replication client (never sent)"),
+            Opts::new("safekeeper_wal_corruption_total", "WAL found corrupt while serving it to a replication client or a proposer's FetchWal (never sent)"),
             tl,
         )?;
         for reason in auth::AuthError::REASONS {
