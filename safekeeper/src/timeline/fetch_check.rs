@@ -3,15 +3,16 @@
 //! CRC32C, the page headers on the way), the check replication already makes
 //! (`crate::replication::verify`, whose [`RecordChecker`] and [`decode_start`] this reuses).
 //!
-//! Why: a proposer fetches WAL below its own start from a safekeeper that has it (the
-//! election's donor first) and sends it on to a safekeeper that lags behind. A record that
-//! rotted on the donor's disk after it was acknowledged would be copied to that second
-//! safekeeper, where it would look like its own damage; checked here, it stays on the one
-//! safekeeper that has it, named in its log (LSN and segment file) and counted in
-//! `safekeeper_wal_corruption_total`.
+//! Why: a proposer fetches WAL below its own start, or below what its `pg_wal` still holds,
+//! from a safekeeper that has it (the election's donor first) and sends it on to a
+//! safekeeper that lags behind. A record that rotted on the donor's disk after it was
+//! acknowledged would be copied to that second safekeeper, where it would look like its own
+//! damage; checked here, it stays on the one safekeeper that has it, named in its log (LSN
+//! and segment file) and counted in `safekeeper_wal_corruption_total`.
 //!
 //! The pieces are cut anywhere: the proposer asks for up to 1 MiB (`max_fetch`) at a time,
-//! walking *down* from its start, and records can be far longer (hundreds of MiB). So:
+//! forwards from where the lagging safekeeper's log ends (`quorum`'s `fetched.rs`), and
+//! records can be far longer (hundreds of MiB). So:
 //! - **A piece that begins inside a record** is checked from that record's start, found by
 //!   [`decode_start`] as for a replica starting mid-record; **one that ends inside a record**
 //!   is checked to that record's end, which may lie in WAL above the piece (and must lie in
@@ -19,9 +20,10 @@
 //!   refused as [`Refusal::Incomplete`], which is no damage).
 //! - **Each timeline remembers one range of WAL whose records all checked** (two LSNs), and
 //!   only what a piece has outside it is decoded; a range just decoded that touches the
-//!   remembered one extends it. The proposer's pieces are adjacent (each ends where the one
-//!   before began), so a record spanning many pieces is decoded once, with the first piece
-//!   that touches it, and the pieces after that cost nothing. Memory: two LSNs, and while a
+//!   remembered one extends it. The proposer's pieces are adjacent (each begins where the
+//!   one before ended; a range extends either way), so a record spanning many pieces is
+//!   decoded once, with the first piece that touches it, and the pieces after that cost
+//!   nothing. Memory: two LSNs, and while a
 //!   check runs the decoder's copy of the longest record it reads.
 //! - **A record that began before this safekeeper's WAL** (removed, or before a learner's
 //!   `log_begin`): its tail is served with only its page headers checked, the
