@@ -76,7 +76,10 @@ impl Metrics {
             &["reason"],
         )?;
         let wal_corruption = IntCounterVec::new(
-            Opts::new("safekeeper_wal_corruption_total", "WAL found corrupt while serving it to a replication client or a proposer's FetchWal (never sent)"),
+            Opts::new(
+                "safekeeper_wal_corruption_total",
+                "WAL found corrupt while serving it to a replication client or a proposer's FetchWal (never sent)",
+            ),
             tl,
         )?;
         for reason in auth::AuthError::REASONS {
