@@ -35,6 +35,37 @@ from fixtures.postgres import PgServer  # noqa: E402
 from fixtures.safekeeper import Safekeeper  # noqa: E402
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (field 3 on), or None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """CPU time (user + system) of a process and its children: those it reaped (cutime,
+    cstime) and those alive now. A backend that exited but is not yet reaped is missed."""
+    if pid is None or (st := _stat(pid)) is None:
+        return 0.0
+    ticks = int(st[11]) + int(st[12]) + int(st[13]) + int(st[14])
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (child := _stat(int(entry.name))) is not None and int(child[1]) == pid:
+            ticks += int(child[11]) + int(child[12])
+    return ticks / CLK_TCK
+
+
+def postmaster_pid(datadir: Path) -> int | None:
+    try:
+        return int((datadir / "postmaster.pid").read_text().split("\n")[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+
+
 INIT_PHASES = ("drop tables", "create tables", "client-side generate", "vacuum", "primary keys")
 
 
@@ -45,7 +76,10 @@ def init_phases(stderr: str) -> dict:
     return {k.strip(): float(v) for k, v in phases.items()}
 
 
-def run_suite(name: str, port: int, user: str, a) -> dict:
+def run_suite(name: str, port: int, user: str, a, after_init=None, cpu=None) -> dict:
+    """pgbench -i, then read-write and select-only; `after_init` (if any) returns what to
+    record right after the load, `cpu` (if any) the CPU seconds used so far per component,
+    whose difference over each run is recorded per transaction."""
     res = {}
     t0 = time.monotonic()
     # Not the fixture's pgbench(): its phase breakdown goes to standard error.
@@ -54,9 +88,17 @@ def run_suite(name: str, port: int, user: str, a) -> dict:
     res["init_s"] = round(time.monotonic() - t0, 1)
     res["init_phases_s"] = init_phases(r.stderr)
     print(f"{name}: pgbench -i -s {a.scale} took {res['init_s']} s: {res['init_phases_s']}", flush=True)
+    if after_init:
+        res.update(after_init())
     for mode, extra in (("read-write", []), ("select-only", ["-S"])):
+        before = cpu() if cpu else {}
         out = pgbench(port, user, "-n", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.duration), *extra)
         res[mode] = parse(out)
+        if cpu:
+            time.sleep(0.3)  # the postmaster reaps the backends that just ended
+            after = cpu()
+            n = int(re.search(r"number of transactions actually processed: (\d+)", out).group(1))
+            res[mode]["cpu_ms_per_txn"] = {k: round((after[k] - before[k]) * 1000 / n, 3) for k in after}
         print(f"{name}: {mode}: {res[mode]}", flush=True)
     return res
 
@@ -180,7 +222,8 @@ def main() -> None:
         base = Path(tmp)
         plain = PgServer(base, "plain", settings).initdb().start()
         try:
-            plain_res = run_suite("plain", plain.port, plain.user, a)
+            plain_res = run_suite("plain", plain.port, plain.user, a,
+                                  cpu=lambda: {"postgres": cpu_seconds(postmaster_pid(plain.datadir))})
             create_scan_table(plain.port, plain.user)
             plain.stop("fast")
             dropped = drop_from_os_cache(plain.datadir)
@@ -197,7 +240,20 @@ def main() -> None:
         try:
             tl = Timeline(base, ps)
             ep = Endpoint(base, tl, settings={k: v for k, v in settings.items() if k != "fsync"}, safekeepers=sks).start()
-            fjord_res = run_suite("fjord", ep.port, ep.user, a)
+            def throttled() -> dict:
+                # Backpressure (fjord.max_pageserver_lag): commits held back while the
+                # pageserver's ingest was behind, during the load.
+                wp = status(ep, "walproposer_status")
+                return {"init_throttled_ms": wp["throttled_ms"], "init_throttled_waits": wp["throttled_waits"]}
+
+            def fjord_cpu() -> dict:
+                return {
+                    "compute": cpu_seconds(ep.postmaster_pid()),
+                    "safekeepers": sum(cpu_seconds(sk.proc.pid if sk.proc else None) for sk in sks),
+                    "pageserver": cpu_seconds(ps.proc.pid if ps.proc else None),
+                }
+
+            fjord_res = run_suite("fjord", ep.port, ep.user, a, after_init=throttled, cpu=fjord_cpu)
             smgr, lfc = status(ep, "storage_manager"), status(ep, "file_cache_status")
             restart = after_restart(ep, a)
             print(f"fjord: select-only after a restart: {restart}", flush=True)
@@ -250,11 +306,22 @@ def main() -> None:
     for mode in ("read-write", "select-only"):
         lines.append(f"| {mode} | {plain_res[mode]['tps']:.0f} | {fjord_res[mode]['tps']:.0f} | {ratio(mode, 'tps')} | "
                      f"{plain_res[mode]['latency_ms']:.2f} | {fjord_res[mode]['latency_ms']:.2f} |")
+
+    def cpu(mode: str) -> str:
+        p, f = plain_res[mode]["cpu_ms_per_txn"], fjord_res[mode]["cpu_ms_per_txn"]
+        return (f"{mode}: plain PostgreSQL {p['postgres']}; fjord {sum(f.values()):.3f} = compute {f['compute']} + "
+                f"three safekeepers {f['safekeepers']} + pageserver {f['pageserver']}")
+
+    lines += ["", "CPU time per transaction in ms (user + system, from `/proc`, pgbench itself not counted; every "
+              "process shares the same cores): " + "; ".join(cpu(m) for m in ("read-write", "select-only")) + "."]
+
     def phases(res: dict) -> str:
         return ", ".join(f"{k} {res['init_phases_s'][k]}" for k in INIT_PHASES if k in res["init_phases_s"])
 
     lines += ["", f"`pgbench -i`: plain {plain_res['init_s']} s ({phases(plain_res)}), fjord {fjord_res['init_s']} s "
-              f"({phases(fjord_res)}; seconds, pgbench's own breakdown). "
+              f"({phases(fjord_res)}; seconds, pgbench's own breakdown; commits held back by backpressure "
+              f"while the pageserver's ingest was behind: {fjord_res['init_throttled_ms']} ms in "
+              f"{fjord_res['init_throttled_waits']} waits). "
               f"Page service requests during the fjord run: {smgr.get('remote_requests')}, "
               f"full-page images written at eviction: {smgr.get('eviction_images')}. "
               f"Local file cache: {lfc['hits']} hits, {lfc['misses']} misses, {lfc['used_pages']} pages used of "
