@@ -33,10 +33,11 @@
 //!    point it has in common with that history (the end of the last term both share, capped by
 //!    both logs) and adopts the history. It never truncates below its commit LSN.
 //! 5. The proposer streams the WAL each acceptor is missing, then new client records. The
-//!    commit LSN is the highest boundary LSN acknowledged by a majority in the proposer's
-//!    term, and only once that reaches `start_lsn` (entries of earlier terms are committed
-//!    only together with the proposer's own start point, as Raft commits only entries of its
-//!    own term).
+//!    commit LSN is the highest boundary LSN acknowledged in the proposer's term by a
+//!    majority of acceptors *that granted it this term's vote* (so never counting a learner;
+//!    see "Learners"), and only once that reaches `start_lsn` (entries of earlier terms are
+//!    committed only together with the proposer's own start point, as Raft commits only
+//!    entries of its own term).
 //!
 //! # Invariants
 //! - At most one proposer is elected per term: an acceptor votes at most once per term
@@ -96,15 +97,32 @@
 //!   incarnation of the learner can have voted in a term it could now be asked to vote in
 //!   again (a leader of a lower term, elected on an old vote, does not get there: the
 //!   acceptor at the higher term refuses it). So a learner needs every acceptor up once
-//!   to become a voter; meanwhile its acknowledgements count towards commits (they are
-//!   true).
+//!   to become a voter.
+//! - its acknowledgements do not count towards commits, although they are true: the learner
+//!   cannot answer for an earlier incarnation of itself, whose vote, lost with its disk, may
+//!   have helped elect a *higher* term whose history lacks this term's WAL. The other voter
+//!   of that election need not be in the commit quorum, and every later election among the
+//!   voters may continue the higher term's log (found by the simulation, seed 408,152: term 3
+//!   elected by acceptors 0 and 2 with no WAL; 0 loses its disk; term 2, whose vote 2 had
+//!   granted first, is elected by 1 and 2, its vote request seen by the learner 0; term 2's
+//!   WAL is acknowledged by 0 and 1 and was counted as committed; every later election by 1
+//!   and 2 picks 2's term-3 log, and 1 refused to truncate below its commit LSN, or, had it
+//!   not yet learnt that commit LSN, would have dropped acknowledged commits). So a leader
+//!   counts only the acceptors whose granted vote for its term it received (during the
+//!   election or after it). Each of them durably promised the term before it
+//!   acknowledged, in the same incarnation: a proposer that reconnects while collecting
+//!   votes forgets the acceptor's vote, a learner joins only an election whose vote request
+//!   it saw (in its own incarnation), and no vote request goes out once elected. So any
+//!   later election's majority of votes meets the commit quorum in an acceptor whose vote
+//!   reports the committed WAL, or that lost its disk since and votes again only after it
+//!   graduated, holding it.
 //! - a learner whose whole log lies below an election's `log_begin` (it began it in an older
 //!   election, while its earlier incarnation's acknowledgements had already raised the
 //!   others' peer horizon) starts it again there, as a log that shares nothing: the WAL in
 //!   between may be removed everywhere.
 //!
-//! Every election then has a majority of voters that remember what they acknowledged, so
-//! every commit quorum meets it.
+//! Every election then has a majority of voters that remember what they acknowledged, and
+//! every commit quorum is made of such voters, so the two meet.
 //!
 //! # WAL removal
 //! An acceptor may delete WAL that nobody can need again. Three things bound it, and its

@@ -5,8 +5,9 @@
 //! "Record boundaries").
 //!
 //! Invariants: elected only with a majority of votes in its own term (asserted); the commit
-//! LSN only moves forward, never below the term's start, and is always a boundary LSN a
-//! majority acknowledged (so a record boundary); a sync commits and ends only at
+//! LSN only moves forward, never below the term's start, and is always a boundary LSN that
+//! a majority of acceptors acknowledged, each of which granted this term's vote (so a record
+//! boundary, and never resting on a learner); a sync commits and ends only at
 //! its start LSN (asserted); the peer horizon it sends is never above the boundary LSN any
 //! acceptor acknowledged in its term (asserted); once stopped (fenced or synced) it returns
 //! no action, ever.
@@ -210,6 +211,11 @@ struct Leader {
     /// removal").
     acked_boundary: Vec<Lsn>,
     peers: BTreeMap<NodeId, Peer>,
+    /// The acceptors that granted this term's vote (in the election, or late): only their
+    /// acknowledgements count towards commits. A learner's (it never votes) are true, but
+    /// an earlier incarnation of it, before its disk was lost, may have voted in a higher
+    /// term whose election went without this WAL (see the crate's "Learners").
+    voters: BTreeSet<NodeId>,
     commit_lsn: Lsn,
 }
 
@@ -721,6 +727,16 @@ impl Proposer {
                 if acceptor_term > self.term {
                     return self.step_down(acceptor_term, from);
                 }
+                if let Phase::Leader(l) = &mut self.phase {
+                    // A vote that came after the election: this acceptor's acknowledgements
+                    // count towards commits too.
+                    if granted && l.voters.insert(from) {
+                        out.extend(self.update_commit());
+                        out.extend(self.stream(false));
+                        out.extend(self.check_synced());
+                    }
+                    return out;
+                }
                 let Phase::Voting { votes, refused, learners } = &mut self.phase else { return out };
                 if !granted {
                     // Another proposer took this acceptor's vote in the same term, or it is a
@@ -841,15 +857,18 @@ impl Proposer {
         out
     }
 
-    /// Recomputes the commit LSN: the highest LSN flushed on a majority in this term, once it
-    /// reaches this term's start.
+    /// Recomputes the commit LSN: the highest boundary LSN acknowledged in this term by a
+    /// majority of acceptors that granted this term's vote, once it reaches this term's
+    /// start.
     fn update_commit(&mut self) -> Vec<ProposerAction> {
         let majority = self.majority();
         let term = self.term;
         let Phase::Leader(l) = &mut self.phase else { return Vec::new() };
         // Boundary LSNs, not flush LSNs: the commit LSN is then one acceptor's boundary LSN,
-        // so a record boundary, and no acceptor's commit LSN passes its boundary LSN.
-        let mut boundaries: Vec<Lsn> = l.peers.values().map(|p| p.boundary).collect();
+        // so a record boundary, and no acceptor's commit LSN passes its boundary LSN. Only
+        // those of acceptors that voted in this term: a learner's acknowledgement cannot
+        // answer for an earlier incarnation's vote (seed 408,152).
+        let mut boundaries: Vec<Lsn> = l.peers.iter().filter(|(i, _)| l.voters.contains(i)).map(|(_, p)| p.boundary).collect();
         if boundaries.len() < majority {
             return Vec::new();
         }
@@ -917,6 +936,7 @@ impl Proposer {
     fn become_leader(&mut self) -> Vec<ProposerAction> {
         let majority = self.majority();
         let Phase::Voting { votes, .. } = &self.phase else { unreachable!("become_leader outside an election") };
+        let voters = votes.keys().copied().collect();
         // At most one proposer per term: the votes counted are for this term only (an
         // acceptor grants a term once), and there is a majority of them.
         assert!(votes.len() >= majority, "elected in term {} with {} votes of {}", self.term, votes.len(), self.n);
@@ -972,6 +992,7 @@ impl Proposer {
             acked_flush: vec![Lsn(0); self.n],
             acked_boundary: vec![Lsn(0); self.n],
             peers: BTreeMap::new(),
+            voters,
             commit_lsn: Lsn(0),
         }));
         out

@@ -843,3 +843,60 @@ fn a_learner_whose_log_lies_below_the_horizon_starts_it_again() {
     assert_eq!(c.disks[1].state.flush_lsn, lsn(30));
     assert_eq!(c.committed.len(), 30);
 }
+
+/// Found by the simulation at scale (seed 408,152, issue 14): a learner's acknowledgement
+/// must not count towards a commit. Acceptor 0 votes in term 2, whose leader is elected by
+/// 0 and 2 with no WAL; then 0 loses its disk. Term 1's proposer, still collecting votes,
+/// reconnects to it: the learner refuses the vote request (and so may join term 1), and
+/// term 1 is elected by 1 and 2 (2's vote came before term 2's). Term 1's record is then
+/// acknowledged by the learner and by 1 only. Counted as a commit, it would rest on 0,
+/// whose earlier incarnation helped elect a term (2) that lacks it: term 3, elected by 1
+/// and 2, continues 2's log, and 1 (which never heard of the commit LSN) drops the record.
+#[test]
+fn a_learners_acknowledgement_does_not_count_towards_a_commit() {
+    let mut c = Cluster::new();
+    // Term 1's vote reaches acceptor 2 only.
+    let mut p1 = proposer();
+    c.elect(&mut p1, &|to, m| (to == 2 || !matches!(m, ToAcceptor::VoteRequest { .. })).then_some(m));
+    assert_eq!((p1.core.term(), p1.core.is_leader()), (1, false));
+    // Term 2 (above 2's term 1) is elected by 0 and 2, out of touch with 1; only 2 hears
+    // of it, and takes a record in it.
+    let mut p2 = proposer();
+    c.elect(&mut p2, &|to, m| (to == 2 || to == 0 && !matches!(m, ToAcceptor::Elected { .. })).then_some(m));
+    assert_eq!((p2.core.term(), p2.core.is_leader()), (2, true));
+    append(&mut c, &mut p2, 20, &[2]);
+    assert_eq!(c.disks[2].state.boundary_lsn, lsn(10));
+    // Acceptor 0 loses its disk; term 1's proposer reconnects and asks it again: the
+    // learner refuses, and has seen term 1's election begin.
+    wipe(&mut c, 0);
+    let a = p1.core.reconnected(0);
+    c.run(&mut p1, a, &only(&[0]));
+    // Acceptor 1 grants term 1 (its vote request resent at a tick): elected by 1 and 2. Its
+    // link to 2 is down meanwhile (2, at term 2, would make it step down).
+    let a = p1.core.tick();
+    let events = c.run(&mut p1, a, &only(&[0, 1]));
+    assert!(matches!(events.first(), Some(ProposerAction::Elected { term: 1, .. })), "{events:?}");
+    assert_eq!((c.disks[0].state.term, c.disks[0].state.learner), (1, true), "the learner joined term 1");
+    // Term 1's record reaches 0 and 1; a commit LSN that covers it never does (lost).
+    let no_commit_lsn = |to: usize, m: ToAcceptor| match m {
+        ToAcceptor::Append { commit_lsn, .. } if commit_lsn > WAL_START => None,
+        m => (to != 2).then_some(m),
+    };
+    let end = p1.store.client_append(&record(1, 10));
+    let a = p1.core.append(end, end);
+    c.run(&mut p1, a, &no_commit_lsn);
+    assert_eq!(c.disks[0].state.boundary_lsn, lsn(10));
+    assert_eq!(c.disks[1].state.boundary_lsn, lsn(10));
+    assert_eq!(p1.core.commit_lsn(), Some(Lsn(0)), "a learner and one voter are no commit quorum");
+    assert!(c.committed.is_empty());
+    // Term 3, elected by 1 and 2, continues 2's log (term 2 is the last log term): 1 drops
+    // term 1's record, which was never committed, and the new record commits.
+    let mut p3 = proposer();
+    c.elect(&mut p3, &only(&[1, 2]));
+    assert_eq!(p3.core.wal_range(), Some((lsn(10), lsn(10))));
+    append(&mut c, &mut p3, 3, &[1, 2]);
+    let mut expected = record(20, 10);
+    expected.extend(record(3, 10));
+    assert_eq!(c.committed, expected);
+    assert_eq!(c.wal(1), &expected[..]);
+}

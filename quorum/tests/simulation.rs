@@ -40,7 +40,8 @@
 //!
 //! `FJORD_SIM_SEEDS=N` sets how many seeds `many_seeds` runs (default 2000), from
 //! `FJORD_SIM_SEED_START` (default 0); `scripts/sim` runs many more in parallel shards.
-//! `FJORD_SIM_SEED=S` replays one seed in `replay_seed`.
+//! `FJORD_SIM_SEED=S` replays one seed in `replay_seed`; with `FJORD_SIM_TRACE=1` it prints
+//! the events that shape elections and commits, to trace how a failing seed's state arose.
 
 mod support;
 
@@ -158,6 +159,15 @@ fn learner_disk() -> Disk {
 }
 
 type Check = Result<(), String>;
+
+/// `FJORD_SIM_TRACE=1` with `replay_seed`: prints the events that shape elections and commits
+/// (vote requests and elections as each acceptor takes them, with its state after, and the
+/// proposers' actions other than messages: elected, commits, steps down; lost disks), to
+/// trace how a failing seed's state arose.
+fn tracing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("FJORD_SIM_TRACE").is_some())
+}
 
 fn committed_end(c: &[u8]) -> Lsn {
     Lsn(WAL_START.0 + c.len() as u64)
@@ -317,6 +327,9 @@ impl Sim {
                 self.send(Envelope::ToAcceptor { from: p, to, msg });
                 continue;
             }
+            if tracing() && !matches!(a, ProposerAction::StoreWal { .. } | ProposerAction::ReleaseWal { .. }) {
+                eprintln!("t={} proposer {p} ({:?}): {a:?}", self.now, self.proposers[p].core.mode());
+            }
             match a {
                 ProposerAction::Elected { term, start_lsn, donor } => {
                     if let Some(&other) = self.elected.get(&term) {
@@ -435,7 +448,17 @@ impl Sim {
                 let Some(node) = self.nodes[to].as_mut() else { return Ok(()) };
                 let crash = self.rng.gen_bool(self.crash_in_handler);
                 let keep = if crash { Some(self.rng.gen_range(0..3)) } else { None };
+                let shown = tracing() && matches!(msg, ToAcceptor::VoteRequest { .. } | ToAcceptor::Elected { .. });
+                let before = shown.then(|| format!("{msg:?}"));
                 let (replies, crashed) = node.handle(&mut self.disks[to], msg, keep).map_err(|e| format!("acceptor {to}: {e}"))?;
+                if let Some(before) = before {
+                    let s = self.disks[to].state.clone();
+                    eprintln!(
+                        "t={} proposer {from} -> acceptor {to}: {before}; now term {} history {:?} flush {} boundary {} commit {} learner {} crashed {crashed} replies {replies:?}",
+                        self.now, s.term, s.history.0.iter().map(|e| (e.term, e.lsn.0)).collect::<Vec<_>>(), s.flush_lsn, s.boundary_lsn,
+                        node.acceptor.state().commit_lsn, s.learner
+                    );
+                }
                 if crashed {
                     self.nodes[to] = None;
                     return Ok(());
@@ -534,6 +557,9 @@ impl Sim {
     /// connections: what was on its way to or from it is lost, and every proposer's shell
     /// reconnects (as walproposer's does when a connection fails).
     fn wipe(&mut self, a: NodeId) -> Check {
+        if tracing() {
+            eprintln!("t={} acceptor {a} loses its disk: {:?}", self.now, self.disks[a].state);
+        }
         self.disks[a] = learner_disk();
         self.nodes[a] = Some(Node::start(&self.disks[a]));
         self.seen_commit[a] = Lsn(0);
