@@ -111,6 +111,42 @@ pub struct Timeline {
     standbys: Mutex<BTreeMap<String, Standby>>,
     standbys_tx: watch::Sender<Vec<StandbyReport>>,
     metrics: Arc<Metrics>,
+    /// This timeline's series of the per-timeline metrics, looked up once: a batch updates
+    /// eight of them, and a lookup by label values formats both ids and hashes them.
+    series: Series,
+}
+
+/// This timeline's series of the per-timeline metrics.
+struct Series {
+    flush_lsn: prometheus::IntGauge,
+    commit_lsn: prometheus::IntGauge,
+    peer_horizon_lsn: prometheus::IntGauge,
+    remote_consistent_lsn: prometheus::IntGauge,
+    wal_removal_horizon_lsn: prometheus::IntGauge,
+    wal_disk_bytes: prometheus::IntGauge,
+    appends: prometheus::IntCounter,
+    wal_bytes_written: prometheus::IntCounter,
+    wal_corruption: prometheus::IntCounter,
+    wal_segments_removed: prometheus::IntCounter,
+}
+
+impl Series {
+    fn new(m: &Metrics, tenant: TenantId, timeline: TimelineId) -> Series {
+        let (t, tl) = (tenant.to_string(), timeline.to_string());
+        let labels = [t.as_str(), tl.as_str()];
+        Series {
+            flush_lsn: m.flush_lsn.with_label_values(&labels),
+            commit_lsn: m.commit_lsn.with_label_values(&labels),
+            peer_horizon_lsn: m.peer_horizon_lsn.with_label_values(&labels),
+            remote_consistent_lsn: m.remote_consistent_lsn.with_label_values(&labels),
+            wal_removal_horizon_lsn: m.wal_removal_horizon_lsn.with_label_values(&labels),
+            wal_disk_bytes: m.wal_disk_bytes.with_label_values(&labels),
+            appends: m.appends.with_label_values(&labels),
+            wal_bytes_written: m.wal_bytes_written.with_label_values(&labels),
+            wal_corruption: m.wal_corruption.with_label_values(&labels),
+            wal_segments_removed: m.wal_segments_removed.with_label_values(&labels),
+        }
+    }
 }
 
 /// The state of a timeline as the HTTP API shows it.
@@ -206,27 +242,22 @@ impl Timeline {
             remote_consistent_lsn: AtomicU64::new(c.remote_consistent_lsn.0),
             standbys: Mutex::new(BTreeMap::new()),
             standbys_tx: watch::channel(Vec::new()).0,
+            series: Series::new(&metrics, c.tenant, c.timeline),
             metrics,
         };
         tl.update_gauges(&tl.lock());
         tl
     }
 
-    fn labels(&self) -> [String; 2] {
-        [self.tenant.to_string(), self.timeline.to_string()]
-    }
-
     fn update_gauges(&self, inner: &Inner) {
-        let [t, tl] = self.labels();
-        let labels = [t.as_str(), tl.as_str()];
         let s = inner.acceptor.state();
-        let m = &self.metrics;
-        m.flush_lsn.with_label_values(&labels).set(s.flush_lsn.0 as i64);
-        m.commit_lsn.with_label_values(&labels).set(s.commit_lsn.0 as i64);
-        m.peer_horizon_lsn.with_label_values(&labels).set(s.peer_horizon_lsn.0 as i64);
-        m.remote_consistent_lsn.with_label_values(&labels).set(self.remote_consistent_lsn().0 as i64);
-        m.wal_removal_horizon_lsn.with_label_values(&labels).set(inner.storage.removal_inputs().horizon().0 as i64);
-        m.wal_disk_bytes.with_label_values(&labels).set(inner.storage.wal_disk_bytes() as i64);
+        let m = &self.series;
+        m.flush_lsn.set(s.flush_lsn.0 as i64);
+        m.commit_lsn.set(s.commit_lsn.0 as i64);
+        m.peer_horizon_lsn.set(s.peer_horizon_lsn.0 as i64);
+        m.remote_consistent_lsn.set(self.remote_consistent_lsn().0 as i64);
+        m.wal_removal_horizon_lsn.set(inner.storage.removal_inputs().horizon().0 as i64);
+        m.wal_disk_bytes.set(inner.storage.wal_disk_bytes() as i64);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -502,9 +533,8 @@ impl Timeline {
         if stats.fsyncs > 0 {
             self.metrics.fsync_seconds.observe(stats.fsync_seconds);
         }
-        let [t, tl] = self.labels();
-        self.metrics.appends.with_label_values(&[&t, &tl]).inc_by(appends);
-        self.metrics.wal_bytes_written.with_label_values(&[&t, &tl]).inc_by(bytes);
+        self.series.appends.inc_by(appends);
+        self.series.wal_bytes_written.inc_by(bytes);
         if let Err(e) = result {
             let reason = format!("storage failed, restart the safekeeper to reload from disk: {e:#}");
             tracing::error!(tenant_id = %self.tenant, timeline_id = %self.timeline, "{reason}");
@@ -586,8 +616,7 @@ impl Timeline {
             Refusal::Unreadable { from: f, to: t, error } => return Err(Some(format!("could not read WAL {f}..{t} to check it: {error}"))),
         };
         if found_now {
-            let [t, tl] = self.labels();
-            self.metrics.wal_corruption.with_label_values(&[&t, &tl]).inc();
+            self.series.wal_corruption.inc();
         }
         // Logged when found, then at most once a minute while the proposer keeps asking.
         let now = Instant::now();
@@ -662,8 +691,7 @@ impl Timeline {
                 i.commit_lsn,
                 inner.storage.wal_extent().begin,
             );
-            let [t, tl] = self.labels();
-            self.metrics.wal_segments_removed.with_label_values(&[&t, &tl]).inc_by(n);
+            self.series.wal_segments_removed.inc_by(n);
         }
         self.update_gauges(&inner);
         Ok(())
