@@ -1,5 +1,5 @@
 //! Scripted scenarios for the consensus core: exact message schedules the random
-//! simulation is unlikely to produce.
+//! simulation is unlikely to produce. The cluster they run on is `support/cluster.rs`.
 
 mod support;
 
@@ -8,116 +8,9 @@ use quorum::{
     Acceptor, AcceptorAction, AcceptorState, FenceReason, Proposer, ProposerAction, ProposerConfig, ProposerMode, ToAcceptor, ToProposer,
 };
 use std::collections::{BTreeMap, VecDeque};
-use support::{is_record_boundary, record, Disk, Node, Store, Wal, WAL_START};
+use support::cluster::{append, lsn, only, proposer, proposer_in, tick, wipe, Cluster, P};
+use support::{is_record_boundary, record, Store, WAL_START};
 
-struct Cluster {
-    nodes: Vec<Node>,
-    disks: Vec<Disk>,
-    /// The committed WAL from WAL_START.
-    committed: Vec<u8>,
-}
-
-/// A proposer with its WAL store.
-struct P {
-    core: Proposer,
-    store: Store,
-    ghosts: BTreeMap<usize, Wal>,
-}
-
-/// A new proposer id for each proposer of a test.
-fn next_id() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-fn proposer() -> P {
-    P {
-        core: Proposer::new(3, WAL_START, ProposerConfig::default()).identified(next_id()),
-        store: Store::default(),
-        ghosts: BTreeMap::new(),
-    }
-}
-
-/// A proposer in `mode` whose own WAL starts at `wal_start`.
-fn proposer_in(mode: ProposerMode, wal_start: Lsn, config: ProposerConfig) -> P {
-    P {
-        core: Proposer::new(3, wal_start, ProposerConfig { mode, ..config }).identified(next_id()),
-        store: Store::default(),
-        ghosts: BTreeMap::new(),
-    }
-}
-
-type Filter<'a> = &'a dyn Fn(usize, ToAcceptor) -> Option<ToAcceptor>;
-
-impl Cluster {
-    fn new() -> Cluster {
-        let disks = vec![Disk::default(); 3];
-        Cluster { nodes: disks.iter().map(Node::start).collect(), disks, committed: Vec::new() }
-    }
-
-    /// Delivers everything `actions` lead to, reliably, until quiet. `filter` decides what
-    /// reaches which acceptor, and may change a message. Returns the actions that are not
-    /// messages (elected, commits, fenced, synced...).
-    fn run(&mut self, p: &mut P, actions: Vec<ProposerAction>, filter: Filter) -> Vec<ProposerAction> {
-        let mut events = Vec::new();
-        let mut queue: VecDeque<ProposerAction> = actions.into();
-        while let Some(a) = queue.pop_front() {
-            if let Some((to, msg)) = p.store.message(&a).unwrap() {
-                let Some(msg) = filter(to, msg) else { continue };
-                let (replies, _) = self.nodes[to].handle(&mut self.disks[to], msg, None).unwrap();
-                for reply in replies {
-                    if matches!(reply, ToProposer::Vote { granted: true, .. }) {
-                        p.ghosts.insert(to, self.disks[to].wal.clone());
-                    }
-                    queue.extend(p.core.handle(to, reply));
-                }
-                continue;
-            }
-            events.push(a.clone());
-            match a {
-                ProposerAction::Elected { start_lsn, donor, .. } => {
-                    let g = p.ghosts[&donor].clone();
-                    p.store.elected(start_lsn, &g, &self.committed).unwrap();
-                }
-                ProposerAction::Commit { commit_lsn, .. } => {
-                    let log = p.store.committed(commit_lsn).unwrap();
-                    let n = log.len().min(self.committed.len());
-                    assert_eq!(log[..n], self.committed[..n], "conflicting commits");
-                    if log.len() > self.committed.len() {
-                        self.committed = log.to_vec();
-                    }
-                }
-                _ => {}
-            }
-        }
-        events
-    }
-
-    fn elect(&mut self, p: &mut P, filter: Filter) -> Vec<ProposerAction> {
-        p.ghosts.clear();
-        let a = p.core.start_election();
-        self.run(p, a, filter)
-    }
-
-    fn wal(&self, a: usize) -> &[u8] {
-        &self.disks[a].wal.bytes
-    }
-}
-
-fn only(nodes: &'static [usize]) -> impl Fn(usize, ToAcceptor) -> Option<ToAcceptor> {
-    move |to, msg| nodes.contains(&to).then_some(msg)
-}
-
-/// Appends a 10-byte record with payload `id`, delivered to `to` only.
-fn append(c: &mut Cluster, p: &mut P, id: u64, to: &'static [usize]) -> Vec<ProposerAction> {
-    let end = p.store.client_append(&record(id, 10));
-    let a = p.core.append(end, end);
-    c.run(p, a, &only(to))
-}
-
-fn lsn(offset: u64) -> Lsn {
-    Lsn(WAL_START.0 + offset)
-}
 
 /// The donor is the log with the highest last term, not the longest one.
 #[test]
@@ -621,12 +514,6 @@ fn a_sync_after_a_cut_off_catch_up_ends_at_a_record_boundary() {
     assert_eq!(*end, lsn(69), "acceptor 1 was caught up completely");
 }
 
-/// Ticks the proposer and delivers what follows through `filter`.
-fn tick(c: &mut Cluster, p: &mut P, filter: Filter) -> Vec<ProposerAction> {
-    let a = p.core.tick();
-    c.run(p, a, filter)
-}
-
 /// The peer horizon follows the slowest acceptor of all three, not of a quorum: while one is
 /// down the others keep (and may remove below) only what it had acknowledged; a new proposer
 /// that has not heard from it sends no horizon at all; when it returns, the WAL it lacks is
@@ -708,13 +595,6 @@ fn the_term_history_is_trimmed_below_the_peer_horizon() {
         assert!(d.state.history.0.len() <= 3, "history of {} entries: {:?}", d.state.history.0.len(), d.state.history);
         assert_eq!(d.state.history.last_term(), 200);
     }
-}
-
-/// An acceptor that lost its disk (a replaced safekeeper: its shell creates the timeline
-/// again, as a learner).
-fn wipe(c: &mut Cluster, a: usize) {
-    c.disks[a] = Disk { state: AcceptorState { learner: true, ..AcceptorState::default() }, ..Disk::default() };
-    c.nodes[a] = Node::start(&c.disks[a]);
 }
 
 /// The reproduction, in the core: commits acknowledged by acceptors 0 and 1 while 2

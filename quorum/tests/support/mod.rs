@@ -8,6 +8,8 @@
 
 #![allow(dead_code, reason = "each test binary that includes this module uses a different part of it")]
 
+pub mod cluster;
+
 use bytes::Bytes;
 use proto::Lsn;
 use quorum::{Acceptor, AcceptorAction, AcceptorState, Persist, ProposerAction, ToAcceptor, ToProposer};
