@@ -34,10 +34,11 @@
 //!    both logs) and adopts the history. It never truncates below its commit LSN.
 //! 5. The proposer streams the WAL each acceptor is missing, then new client records. The
 //!    commit LSN is the highest boundary LSN acknowledged in the proposer's term by a
-//!    majority of acceptors *that granted it this term's vote* (so never counting a learner;
-//!    see "Learners"), and only once that reaches `start_lsn` (entries of earlier terms are
-//!    committed only together with the proposer's own start point, as Raft commits only
-//!    entries of its own term).
+//!    majority of acceptors *known to be voters*, on their current connection: they granted
+//!    this term's vote, or, not having done so in time, answered the leader's greeting as no
+//!    learner (so never counting a learner; see "Learners" and "Late voters"), and only once
+//!    that reaches `start_lsn` (entries of earlier terms are committed only together with the
+//!    proposer's own start point, as Raft commits only entries of its own term).
 //!
 //! # Invariants
 //! - At most one proposer is elected per term: an acceptor votes at most once per term
@@ -108,14 +109,15 @@
 //!   WAL is acknowledged by 0 and 1 and was counted as committed; every later election by 1
 //!   and 2 picks 2's term-3 log, and 1 refused to truncate below its commit LSN, or, had it
 //!   not yet learnt that commit LSN, would have dropped acknowledged commits). So a leader
-//!   counts only the acceptors whose granted vote for its term it received (during the
-//!   election or after it). Each of them durably promised the term before it
-//!   acknowledged, in the same incarnation: a proposer that reconnects while collecting
-//!   votes forgets the acceptor's vote, a learner joins only an election whose vote request
-//!   it saw (in its own incarnation), and no vote request goes out once elected. So any
-//!   later election's majority of votes meets the commit quorum in an acceptor whose vote
-//!   reports the committed WAL, or that lost its disk since and votes again only after it
-//!   graduated, holding it.
+//!   counts only the acceptors it knows are no learners: their granted vote for its term
+//!   (during the election or after it), or their answer to its greeting ("Late voters").
+//!   Each of them durably promised the term before it acknowledged, in the same
+//!   incarnation: a proposer that reconnects while collecting votes forgets the acceptor's
+//!   vote (and a leader, that it knew it for a voter), a learner joins only an election
+//!   whose vote request it saw (in its own incarnation), and no vote request goes out once
+//!   elected. So any later election's majority of votes meets the commit quorum in an
+//!   acceptor whose vote reports the committed WAL, or that lost its disk since and votes
+//!   again only after it graduated, holding it.
 //! - a learner whose whole log lies below an election's `log_begin` (it began it in an older
 //!   election, while its earlier incarnation's acknowledgements had already raised the
 //!   others' peer horizon) starts it again there, as a log that shares nothing: the WAL in
@@ -123,6 +125,50 @@
 //!
 //! Every election then has a majority of voters that remember what they acknowledged, and
 //! every commit quorum is made of such voters, so the two meet.
+//!
+//! # Late voters
+//! An acceptor whose vote the leader did not get in time (it was unreachable during the
+//! whole election, its vote request or its reply was lost, it had granted the term to
+//! another proposer of the same term number, or it is a learner) still joins the term when
+//! the election reaches it (`Elected`, resent at every reconnect and tick). It counts
+//! towards commits once the leader knows, on the acceptor's current connection, that it is
+//! no learner: its granted vote (a reply that arrives after the election too), or its
+//! answer to a [`ToAcceptor::Greeting`], which the leader sends every acceptor whose vote
+//! it lacks at the election, after every reconnect, and at every tick until it knows. The
+//! greeting's round is the same for one connection and fresh at each reconnect, so an
+//! answer from an earlier connection (perhaps an earlier incarnation) is ignored; a
+//! reconnect makes the leader forget what it knew; an answer with a higher term makes it
+//! step down, as a rejection does. Before this, such an acceptor counted only from the next
+//! election: a compute that started while one safekeeper was down stopped committing when
+//! another failed later.
+//!
+//! Why its acknowledgements are as good as those of an acceptor that voted on time: what
+//! the commit argument needs of each acceptor of a commit quorum in term T is that it
+//! durably promised T, in the same incarnation, before it acknowledged. Then every vote it
+//! grants for a higher term comes after the acknowledgement, and reports the WAL (granted
+//! before, its term would be above T and it would have refused T's WAL). A vote is one such
+//! promise; taking the election is the other: the acceptor persists T as its term
+//! ([`Persist::Control`]) before its `ElectedAck`, and refuses every vote for a term at or
+//! below T from then on. Neither promise speaks for an *earlier* incarnation, and that is
+//! all the learner's flag is for: an acceptor that is no learner either never lost its disk,
+//! or graduated in a term T_g that every acceptor had joined, so that no earlier incarnation
+//! of it voted above T_g ("Learners"), and T_g ≤ T (its term only grows). Learner to voter
+//! is the only change of the flag within an incarnation, and a new incarnation comes with a
+//! new connection ([`Proposer::reconnected`]), so an answer "no learner" on the current
+//! connection speaks for every acknowledgement the leader counts from it, those it sent as
+//! a learner before graduating in T included (by the same argument with T_g = T).
+//!
+//! Why a greeting and not a late vote request: a learner that sees a vote request may join
+//! that term (it is how a learner joins an election at all), and "Learners" rests on vote
+//! requests going out only before the election is complete. A late one could let a learner
+//! join a term in which its earlier incarnation had acknowledged WAL, or voted in a higher
+//! term since; it could then graduate below that higher term (every acceptor joined its
+//! term before moving on) and vote in it again, for another proposer: two leaders in one
+//! term. Asked only of acceptors that greeted as no learners, the vote adds nothing to the
+//! promise the election makes, and one already at T (it took the election, or its reply
+//! was lost) refuses it. So a leader never asks for a vote (the simulation fails a seed in
+//! which one does). No wire or persistent state change: acceptors always answered greetings
+//! at any time.
 //!
 //! # WAL removal
 //! An acceptor may delete WAL that nobody can need again. Three things bound it, and its

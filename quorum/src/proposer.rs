@@ -211,11 +211,18 @@ struct Leader {
     /// removal").
     acked_boundary: Vec<Lsn>,
     peers: BTreeMap<NodeId, Peer>,
-    /// The acceptors that granted this term's vote (in the election, or late): only their
-    /// acknowledgements count towards commits. A learner's (it never votes) are true, but
-    /// an earlier incarnation of it, before its disk was lost, may have voted in a higher
-    /// term whose election went without this WAL (see the crate's "Learners").
+    /// The acceptors known to be voters (not learners) on their current connection: they
+    /// granted this term's vote (in the election, or its reply came late), or answered a
+    /// greeting of `greeting_round` saying they are no learner. Only their acknowledgements
+    /// count towards commits (the crate's rule 5 and "Late voters"). A learner's are true,
+    /// but an earlier incarnation of it, before its disk was lost, may have voted in a
+    /// higher term whose election went without this WAL (see the crate's "Learners").
     voters: BTreeSet<NodeId>,
+    /// Per acceptor: the round of the greeting it is sent on its current connection while
+    /// it is not in `voters` (a fresh one at the election and at every reconnect): a reply
+    /// to another round may come from an earlier connection, so from an earlier
+    /// incarnation.
+    greeting_round: Vec<u64>,
     commit_lsn: Lsn,
 }
 
@@ -472,7 +479,21 @@ impl Proposer {
                 if l.fetched.pending.is_some_and(|(from, _, _)| from == i) {
                     l.fetched.pending = None;
                 }
-                ToAcceptor::Elected { term, history: l.history.clone(), start_lsn: l.start_lsn, log_begin: l.log_begin, proposer: self.id }
+                // The acceptor may have lost its disk and be a learner now: it counts again
+                // once it says it is not, on this connection (the crate's "Late voters").
+                // It is greeted, never asked for a vote: a learner may join a term whose
+                // vote request it saw, and once elected that is unsafe.
+                l.voters.remove(&i);
+                self.rounds += 1;
+                l.greeting_round[i] = self.rounds;
+                let elected = ToAcceptor::Elected {
+                    term,
+                    history: l.history.clone(),
+                    start_lsn: l.start_lsn,
+                    log_begin: l.log_begin,
+                    proposer: self.id,
+                };
+                return vec![ProposerAction::Send(i, elected), ProposerAction::Send(i, ToAcceptor::Greeting { round: self.rounds })];
             }
         };
         vec![ProposerAction::Send(i, msg)]
@@ -505,6 +526,12 @@ impl Proposer {
                         proposer: self.id,
                     };
                     out.push(ProposerAction::Send(i, msg));
+                }
+                // An acceptor not known to be a voter is greeted until it says it is one
+                // (it was away during the election, its vote was lost, or it is a learner,
+                // which may graduate in this term).
+                for i in (0..self.n).filter(|i| !l.voters.contains(i)) {
+                    out.push(ProposerAction::Send(i, ToAcceptor::Greeting { round: l.greeting_round[i] }));
                 }
                 // A stream that made no progress since the last tick lost something: resend
                 // from what was acknowledged.
@@ -698,6 +725,25 @@ impl Proposer {
         let majority = self.majority();
         match msg {
             ToProposer::GreetingReply { round, term, last_log_term, boundary_lsn, learner } => {
+                if let Phase::Leader(l) = &mut self.phase {
+                    // A greeting of an acceptor not known to be a voter (the crate's "Late
+                    // voters"): on this connection, one that is no learner is a voter, and
+                    // counts towards commits once it joined (taking the election persists
+                    // this term before it acknowledges anything). A learner's answer changes
+                    // nothing: it may still graduate, and say so to the next greeting.
+                    if round != l.greeting_round[from] {
+                        return out;
+                    }
+                    if term > self.term {
+                        return self.step_down(term, from);
+                    }
+                    if !learner && l.voters.insert(from) {
+                        out.extend(self.update_commit());
+                        out.extend(self.stream(false));
+                        out.extend(self.check_synced());
+                    }
+                    return out;
+                }
                 let Phase::Greeting { round: current, greeted } = &mut self.phase else { return out };
                 if round != *current {
                     return out;
@@ -936,7 +982,7 @@ impl Proposer {
     fn become_leader(&mut self) -> Vec<ProposerAction> {
         let majority = self.majority();
         let Phase::Voting { votes, .. } = &self.phase else { unreachable!("become_leader outside an election") };
-        let voters = votes.keys().copied().collect();
+        let voters: BTreeSet<NodeId> = votes.keys().copied().collect();
         // At most one proposer per term: the votes counted are for this term only (an
         // acceptor grants a term once), and there is a majority of them.
         assert!(votes.len() >= majority, "elected in term {} with {} votes of {}", self.term, votes.len(), self.n);
@@ -976,9 +1022,17 @@ impl Proposer {
         // Each acceptor computes its truncation point from this history with
         // `TermHistory::common_point` and reports it in its ElectedAck; streaming starts there.
         let log_begin = history.0.first().map_or(start_lsn, |e| e.lsn).max(horizon);
+        // An acceptor whose vote did not come (away, lost, refused: a learner, or it voted
+        // for another proposer of this term) is greeted too: if it is no learner, it counts
+        // once it joined (the crate's "Late voters").
+        self.rounds += 1;
+        let round = self.rounds;
         for i in 0..self.n {
             let msg = ToAcceptor::Elected { term: self.term, history: history.clone(), start_lsn, log_begin, proposer: self.id };
             out.push(ProposerAction::Send(i, msg));
+            if !voters.contains(&i) {
+                out.push(ProposerAction::Send(i, ToAcceptor::Greeting { round }));
+            }
         }
         self.phase = Phase::Leader(Box::new(Leader {
             history,
@@ -993,6 +1047,7 @@ impl Proposer {
             acked_boundary: vec![Lsn(0); self.n],
             peers: BTreeMap::new(),
             voters,
+            greeting_round: vec![round; self.n],
             commit_lsn: Lsn(0),
         }));
         out

@@ -11,7 +11,6 @@ use std::collections::{BTreeMap, VecDeque};
 use support::cluster::{append, lsn, only, proposer, proposer_in, tick, wipe, Cluster, P};
 use support::{is_record_boundary, record, Store, WAL_START};
 
-
 /// The donor is the log with the highest last term, not the longest one.
 #[test]
 fn donor_is_chosen_by_last_log_term_first() {

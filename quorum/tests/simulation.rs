@@ -152,6 +152,9 @@ struct Sim {
     wipes: usize,
     /// Checks that found an acceptor whose WAL ends past its boundary LSN (inside a record).
     partial_ends: usize,
+    /// Seeds whose final leader was elected while one acceptor was down, and committed with
+    /// it once another went down (the crate's "Late voters").
+    late_voter_commits: usize,
 }
 
 fn learner_disk() -> Disk {
@@ -224,6 +227,7 @@ impl Sim {
             plain: false,
             wipes: 0,
             partial_ends: 0,
+            late_voter_commits: 0,
         };
         // Odd seeds: endpoints that sync and compute. Even seeds: plain proposers that
         // continue any log they are elected with and stay, so that streaming, catch-up and
@@ -307,6 +311,12 @@ impl Sim {
         for (i, a) in actions.into_iter().enumerate() {
             if matches!(a, ProposerAction::Fenced { .. } | ProposerAction::SyncDone { .. }) && i + 1 != count {
                 return Err(format!("proposer {p}: actions follow {a:?}"));
+            }
+            if matches!(a, ProposerAction::Send(_, ToAcceptor::VoteRequest { .. })) && self.proposers[p].core.is_leader() {
+                // A learner may join an election whose vote request it saw: one sent once
+                // elected could reach a learner whose earlier incarnation acknowledged WAL
+                // in this term, or voted in a higher one (the crate's "Learners").
+                return Err(format!("proposer {p} asks for a vote while elected: {a:?}"));
             }
             if let ProposerAction::SendWal { to, peer_horizon_lsn, remote_consistent_lsn, .. } = a {
                 // The peer horizon lets acceptors remove WAL: it must never be above any
@@ -840,14 +850,71 @@ impl Sim {
         Ok(())
     }
 
+    /// After `finish` caught everyone up: another acceptor than the one that was away during
+    /// `p`'s election (`away`: that one and `p`'s term), or any, goes down, and `p` must
+    /// commit a new record with the other two.
+    fn commit_with_one_down(&mut self, p: usize, away: Option<(NodeId, usize, Term)>) -> Check {
+        if !self.proposers[p].core.is_leader() || self.proposers[p].core.mode() == ProposerMode::Sync {
+            // (A compute fenced since it appended: nothing more to see.)
+            return Ok(());
+        }
+        let others: Vec<NodeId> = (0..ACCEPTORS).filter(|&a| away.is_none_or(|(w, _, _)| w != a)).collect();
+        let down = others[self.rng.gen_range(0..others.len())];
+        self.nodes[down] = None;
+        let pn = &mut self.proposers[p];
+        let term = pn.core.term();
+        let end = pn.store.client_append(&record(u64::MAX - 2 * term - 1, 2));
+        pn.boundary = end;
+        let actions = pn.core.append(end, end);
+        self.proposer_actions(p, actions)?;
+        for i in 0..5000 {
+            self.now += 1;
+            if self.rng.gen_bool(0.1) {
+                let actions = self.proposers[p].core.tick();
+                self.proposer_actions(p, actions)?;
+            } else {
+                self.deliver_random()?;
+            }
+            if i % 16 == 0 {
+                self.check()?;
+            }
+            if self.proposers[p].core.commit_lsn().is_some_and(|c| c >= end) {
+                self.late_voter_commits += usize::from(away.is_some());
+                return self.check();
+            }
+            if !self.proposers[p].core.is_leader() || self.proposers[p].core.term() != term {
+                // Another proposer's election, from messages sent before the healing (a
+                // short seed's are still on their way): a higher term, not the gap.
+                return self.check();
+            }
+        }
+        Err(format!(
+            "no commit in term {term} with acceptor {down} down{} (proposer {p}: {:?}); acceptors: {:?}",
+            away.map_or(String::new(), |(a, _, _)| format!(", acceptor {a} away during the election")),
+            self.proposers[p].core,
+            self.nodes.iter().map(|n| n.as_ref().map(|n| n.acceptor.state().clone())).collect::<Vec<_>>()
+        ))
+    }
+
     /// Heals everything and checks that one proposer brings all acceptors to the same,
-    /// complete committed WAL.
+    /// complete committed WAL; then that it commits on with one acceptor down. One acceptor
+    /// stays down through the election of the first proposer that writes (or for 4000
+    /// steps, if none is elected without it), so that the acceptor that goes down at the
+    /// end is, as often as not, one that voted, and the other one was away: the leader must
+    /// count the latter (the crate's "Late voters"; before it, it counted from the next
+    /// election only, and this check failed).
     fn finish(&mut self) -> Check {
         self.cut.clear();
         self.loss = 0.0;
         self.crash_in_handler = 0.0;
+        let mut away = Some(self.rng.gen_range(0..ACCEPTORS));
+        let mut elected_without = None;
         for a in 0..ACCEPTORS {
-            self.restart(a);
+            if Some(a) == away {
+                self.nodes[a] = None;
+            } else {
+                self.restart(a);
+            }
         }
         let e = self.rng.gen_range(0..self.endpoints.len());
         if self.plain {
@@ -860,6 +927,16 @@ impl Sim {
         for i in 0..20_000 {
             self.now += 1;
             let p = self.endpoints[e].current;
+            if let Some(a) = away {
+                let writes = self.proposers[p].core.mode() != ProposerMode::Sync && self.proposers[p].core.wal_range().is_some();
+                if writes || i >= 4000 {
+                    // Back, and its connection with it.
+                    away = None;
+                    elected_without = writes.then_some((a, p, self.proposers[p].core.term()));
+                    self.restart(a);
+                    self.heal(p, a)?;
+                }
+            }
             if self.proposers[p].stopped {
                 // Synced (a compute follows), or fenced by a proposer of before the healing
                 // (a sync follows).
@@ -928,7 +1005,7 @@ impl Sim {
                     if first.get(..self.committed.len()) != Some(&self.committed[..]) {
                         return Err("the committed WAL is not a prefix of the acceptors' WAL after catching up".into());
                     }
-                    return Ok(());
+                    return self.commit_with_one_down(p, elected_without.filter(|&(_, q, t)| q == p && t == self.proposers[p].core.term()));
                 }
             }
         }
@@ -952,6 +1029,7 @@ struct Outcome {
     removed_bytes: u64,
     wipes: usize,
     partial_ends: usize,
+    late_voter_commits: usize,
     /// Fetched bytes of a proposer's own WAL (above its start: a mid-term catch-up), and the
     /// most fetched bytes any proposer held at once.
     fetched_above_start: u64,
@@ -982,6 +1060,7 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         removals: sim.removals,
         wipes: sim.wipes,
         partial_ends: sim.partial_ends,
+        late_voter_commits: sim.late_voter_commits,
         removed_bytes: sim.removed_max.0.saturating_sub(WAL_START.0),
         fetched_above_start: sim.proposers.iter().map(|p| p.store.fetched_above_start).sum(),
         fetched_peak: sim.proposers.iter().map(|p| p.store.fetched_peak).max().unwrap_or(0),
@@ -1004,13 +1083,14 @@ fn many_seeds() {
     let first: u64 = std::env::var("FJORD_SIM_SEED_START").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     let (mut commits, mut bytes, mut terms, mut fenced_stale, mut fenced_later, mut synced) = (0, 0, 0, 0, 0, 0);
     let (mut removals, mut removed_bytes, mut wipes, mut partial_ends) = (0, 0, 0, 0);
-    let (mut mid_term_fetched, mut mid_term_seeds) = (0, 0);
+    let (mut mid_term_fetched, mut mid_term_seeds, mut late_voter_commits) = (0, 0, 0);
     for seed in first..first + n {
         let o = run_seed_or_panic(seed);
         mid_term_fetched += o.fetched_above_start;
         mid_term_seeds += usize::from(o.fetched_above_start > 0);
         wipes += o.wipes;
         partial_ends += o.partial_ends;
+        late_voter_commits += o.late_voter_commits;
         removals += o.removals;
         removed_bytes += o.removed_bytes;
         commits += o.commits;
@@ -1025,7 +1105,8 @@ fn many_seeds() {
          {fenced_stale} computes fenced at election, {fenced_later} after it, {removals} WAL removals \
          ({removed_bytes} bytes below the highest removal point, summed over seeds), {wipes} disks lost, \
          {partial_ends} acceptor states seen with WAL past the last whole record, \
-         {mid_term_fetched} bytes fetched mid-term in {mid_term_seeds} seeds"
+         {mid_term_fetched} bytes fetched mid-term in {mid_term_seeds} seeds, \
+         {late_voter_commits} seeds committed with an acceptor down after another was away during the election"
     );
     // The simulation must exercise something: commits, elections, fencing, syncs, removal,
     // lost disks, and logs that end inside a record.
@@ -1041,6 +1122,7 @@ fn many_seeds() {
                 && wipes > n / 4
                 && partial_ends > n
                 && mid_term_seeds > n / 10
+                && late_voter_commits > n / 4
     );
 }
 
