@@ -461,7 +461,12 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
     {
         return Ended::Connection(e);
     }
-    let mut decoder = match WalStreamDecoder::new(start, DecoderConfig::default()) {
+    // A safekeeper's stream goes on across compute starts, and a compute whose basebackup's
+    // previous record was unknown (the pageserver had just been restored from object
+    // storage) writes its first record with `xl_prev` 0, as patch 0009 lets PostgreSQL read:
+    // a receiver that was already streaming then must not take it for a broken chain (a
+    // full test run saw one do so and fail over: "incorrect prev-link 0/0").
+    let mut decoder = match WalStreamDecoder::new(start, DecoderConfig::default()).map(WalStreamDecoder::accept_unknown_prev_link) {
         Ok(d) => d,
         Err(e) => return Ended::Fatal(anyhow!("cannot decode WAL from {start}: {e}")),
     };
