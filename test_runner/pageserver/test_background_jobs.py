@@ -153,15 +153,19 @@ def test_scheduler_compacts_creates_images_and_collects_garbage(tmp_path, ps):
     assert metric(ps, "pageserver_background_job_bytes_written_total", job="image_creation") > 0
     assert metric(ps, "pageserver_background_job_failures_total") == 0
 
-    # The hot page: every transaction changed it, but no GetPage all along (of the hot page
-    # or any other, the compute's included) replayed more than 2000 records: fewer than
-    # `image_creation_threshold` flushes, the open layer and what the scheduler's lag adds
-    # (about 180 of the hot page's records per 128 KiB flush).
+    # The hot page: every transaction changed it, but GetPage requests all along (of the hot
+    # page or any other, the compute's included) replayed at most about 2000 records: fewer
+    # than `image_creation_threshold` flushes, the open layer and what the scheduler's lag
+    # adds (about 180 of the hot page's records per 128 KiB flush). Without images made
+    # while the writes went on, every read in the second half of the run would replay more
+    # (up to 5000). The scheduler's lag grows with a busy machine (a full run with other
+    # builds on the two cores saw 3 of 268 requests above 2000), so a few may go deeper; 95%
+    # may not.
     records = "pageserver_getpage_records_replayed"
     histogram = {le: metric(ps, f"{records}_bucket", le=le) for le in ["10", "100", "200", "500", "1000", "2000", "+Inf"]}
     print(f"hot page: {hot_updates} updates; GetPage requests replaying at most N records: {histogram}")
     assert histogram["+Inf"] >= len(l0_seen)
-    assert histogram["2000"] == histogram["+Inf"], histogram
+    assert histogram["2000"] >= 0.95 * histogram["+Inf"], histogram
     # Once caught up, a read at the newest LSN (as a primary's are) replays only what is
     # above the newest image.
     newest = lsn_int(tl.status()["last_record_lsn"])
