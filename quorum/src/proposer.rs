@@ -6,8 +6,10 @@
 //!
 //! Invariants: elected only with a majority of votes in its own term (asserted); the commit
 //! LSN only moves forward, never below the term's start, and is always a boundary LSN that
-//! a majority of acceptors acknowledged, each of which granted this term's vote (so a record
-//! boundary, and never resting on a learner); a sync commits and ends only at
+//! a majority of acceptors acknowledged, each of which it knew to be a voter (it granted
+//! this term's vote, or greeted as no learner: the crate's "Late voters"; so a record
+//! boundary, and never resting on a learner); once elected it asks for no vote (a learner
+//! may join a term whose vote request it saw); a sync commits and ends only at
 //! its start LSN (asserted); the peer horizon it sends is never above the boundary LSN any
 //! acceptor acknowledged in its term (asserted); once stopped (fenced or synced) it returns
 //! no action, ever.
@@ -458,7 +460,11 @@ impl Proposer {
     }
 
     /// The connection to acceptor `i` was lost and re-established: what was sent on it may
-    /// be lost, so it must join again (its `ElectedAck` says where it stands).
+    /// be lost, so it must join again (its `ElectedAck` says where it stands). The shell
+    /// calls it for every new connection, and drops what arrives on an older one: a new
+    /// incarnation of the acceptor (one that lost its disk) comes with a new connection.
+    /// While elected, the acceptor counts towards commits again once it answered the
+    /// greeting sent with the election as no learner (the crate's "Late voters").
     pub fn reconnected(&mut self, i: NodeId) -> Vec<ProposerAction> {
         let term = self.term;
         let msg = match &mut self.phase {

@@ -35,8 +35,11 @@
 //! action: every peer horizon sent is at most every acceptor's flush LSN; a compute is elected
 //! only at its own start; a fenced or synced proposer never acts again (it is still ticked,
 //! asked to elect and sent replies); fencing has a true reason; a commit ends a record; a
-//! sync ends at committed WAL, at a record boundary. At the end everything heals and one
-//! endpoint brings all acceptors to identical WAL that holds everything committed.
+//! sync ends at committed WAL, at a record boundary; an elected proposer asks for no vote.
+//! At the end everything heals (but one acceptor, until a proposer that writes is elected
+//! without it) and one endpoint brings all acceptors to identical WAL that holds everything
+//! committed; then another acceptor goes down and that leader must commit with the other
+//! two (the crate's "Late voters").
 //!
 //! `FJORD_SIM_SEEDS=N` sets how many seeds `many_seeds` runs (default 2000), from
 //! `FJORD_SIM_SEED_START` (default 0); `scripts/sim` runs many more in parallel shards.
