@@ -143,9 +143,9 @@ pub fn cached_size(r: &RelFork) -> Option<u32> {
         l.find(r).ok().map(|i| l.entries()[i].nblocks)
     };
     if found.is_some() {
-        s.counters.relsize_hits.fetch_add(1, Ordering::Relaxed);
+        s.counters.mine().relsize_hits.fetch_add(1, Ordering::Relaxed);
     } else {
-        s.counters.relsize_misses.fetch_add(1, Ordering::Relaxed);
+        s.counters.mine().relsize_misses.fetch_add(1, Ordering::Relaxed);
     }
     found
 }

@@ -259,7 +259,7 @@ fn drop_if_half_read(c: &mut Client) {
 fn dropped_prefetches(n: usize) {
     if n > 0 {
         if let Some(s) = shmem::shared() {
-            s.counters.prefetch_wasted.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            s.counters.mine().prefetch_wasted.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }

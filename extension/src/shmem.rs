@@ -20,6 +20,38 @@ use pgrx::prelude::*;
 
 use crate::guc;
 
+/// How many copies of each counter set exist (see [`PerProcess`]).
+pub const COUNTER_SHARDS: usize = 64;
+
+/// A value alone in its cache lines (PostgreSQL's `PG_CACHE_LINE_SIZE`, 128 bytes; shared
+/// memory allocations are aligned to it).
+#[repr(C, align(128))]
+pub struct Padded<T>(pub T);
+
+/// Counters that every backend bumps on its hot paths (each read, each `smgrnblocks`), kept
+/// in [`COUNTER_SHARDS`] copies, each in cache lines of its own: a process adds to the copy
+/// of its `PGPROC` number, so two backends on two cores do not pass the same cache line back
+/// and forth at every read (one shared atomic cost about as much as the file cache's index
+/// lookup). Readers add the copies up. All-zero bytes are the initial state.
+#[repr(C)]
+pub struct PerProcess<T> {
+    shards: [Padded<T>; COUNTER_SHARDS],
+}
+
+impl<T> PerProcess<T> {
+    /// This process's copy.
+    pub fn mine(&self) -> &T {
+        // SAFETY: MyProc is this process's PGPROC, or null before it has one (the postmaster).
+        let shard = unsafe { pg_sys::MyProc.as_ref() }.map_or(0, |p| p.pgprocno.unsigned_abs() as usize % COUNTER_SHARDS);
+        &self.shards[shard].0
+    }
+
+    /// The total of one counter over every process.
+    pub fn sum(&self, field: impl Fn(&T) -> &AtomicU64) -> u64 {
+        self.shards.iter().fold(0, |total, s| total.wrapping_add(field(&s.0).load(Ordering::Relaxed)))
+    }
+}
+
 /// Calls through fjord's storage manager since the server started, across all processes.
 #[derive(Default)]
 #[repr(C)]
@@ -143,7 +175,7 @@ pub const LWLSN_SLOTS: usize = 1 << 16;
 
 #[repr(C)]
 pub struct Shared {
-    pub counters: SmgrCounters,
+    pub counters: PerProcess<SmgrCounters>,
     pub lwlsn: [AtomicU64; LWLSN_SLOTS],
     pub relsize_lock: *mut pg_sys::LWLock,
     pub relsize_capacity: usize,
@@ -259,8 +291,13 @@ unsafe extern "C-unwind" fn shmem_startup() {
 
 pub fn count(field: impl Fn(&SmgrCounters) -> &AtomicU64) {
     if let Some(s) = shared() {
-        field(&s.counters).fetch_add(1, Ordering::Relaxed);
+        field(s.counters.mine()).fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// The total of one storage manager counter over every process (0 without shared memory).
+pub fn total(field: impl Fn(&SmgrCounters) -> &AtomicU64) -> u64 {
+    shared().map_or(0, |s| s.counters.sum(field))
 }
 
 impl WalProposerShared {

@@ -83,7 +83,7 @@ const _: () = assert!(BLCKSZ == proto::page::PAGE_SIZE_BYTES);
 static REMOTE: AtomicBool = AtomicBool::new(false);
 
 pub fn counters() -> Option<&'static SmgrCounters> {
-    shmem::shared().map(|s| &s.counters)
+    shmem::shared().map(|s| s.counters.mine())
 }
 
 pub fn is_remote() -> bool {

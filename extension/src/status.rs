@@ -39,11 +39,9 @@ fn storage_manager() -> TableIterator<
         name!(replay_skipped_blocks, i64),
     ),
 > {
-    let counters = smgr::counters();
-    let active = smgr::is_installed() && counters.is_some();
-    let get = |f: fn(&smgr::SmgrCounters) -> &std::sync::atomic::AtomicU64| -> i64 {
-        counters.map_or(0, |c| i64::try_from(f(c).load(Ordering::Relaxed)).unwrap_or(i64::MAX))
-    };
+    let active = smgr::is_installed() && crate::shmem::shared().is_some();
+    let get =
+        |f: fn(&smgr::SmgrCounters) -> &std::sync::atomic::AtomicU64| -> i64 { i64::try_from(crate::shmem::total(f)).unwrap_or(i64::MAX) };
     let mode = match (active, smgr::is_remote()) {
         (false, _) => "inactive",
         (true, false) => "passthrough",
@@ -219,19 +217,21 @@ fn file_cache_status() -> TableIterator<
     let Some((fc, enabled)) = crate::file_cache::status() else {
         return TableIterator::once((false, None, 0, 0, 0, 0, 0, 0, 0, 0, 0));
     };
-    let c = &fc.counters;
+    let c = |f: fn(&crate::file_cache::FileCacheCounters) -> &std::sync::atomic::AtomicU64| {
+        i64::try_from(fc.counters.sum(f)).unwrap_or(i64::MAX)
+    };
     TableIterator::once((
         enabled,
         (fc.slots > 0).then(|| crate::file_cache::cache_path().display().to_string()),
         i64::try_from(fc.slots * pg_sys::BLCKSZ as usize).unwrap_or(i64::MAX),
-        count(&fc.used),
-        count(&c.hits),
-        count(&c.misses),
-        count(&c.stores),
-        count(&c.evictions),
-        count(&c.invalidations),
-        count(&c.restored),
-        count(&c.checksum_failures),
+        count(&fc.used.0),
+        c(|c| &c.hits),
+        c(|c| &c.misses),
+        c(|c| &c.stores),
+        c(|c| &c.evictions),
+        c(|c| &c.invalidations),
+        c(|c| &c.restored),
+        c(|c| &c.checksum_failures),
     ))
 }
 
@@ -242,10 +242,8 @@ fn file_cache_status() -> TableIterator<
 /// counted.
 #[pg_extern]
 fn getpage_latency() -> TableIterator<'static, (name!(le_us, Option<i64>), name!(count, i64))> {
-    let counts: Vec<i64> = match smgr::counters() {
-        Some(c) => c.getpage_buckets.iter().map(|b| i64::try_from(b.load(Ordering::Relaxed)).unwrap_or(i64::MAX)).collect(),
-        None => vec![0; crate::shmem::GETPAGE_BUCKETS_US.len() + 1],
-    };
+    let counts = (0..=crate::shmem::GETPAGE_BUCKETS_US.len())
+        .map(|i| i64::try_from(crate::shmem::total(|c| &c.getpage_buckets[i])).unwrap_or(i64::MAX));
     let bounds = crate::shmem::GETPAGE_BUCKETS_US.iter().map(|&b| Some(b as i64)).chain(std::iter::once(None));
     TableIterator::new(bounds.zip(counts).collect::<Vec<_>>())
 }

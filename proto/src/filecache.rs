@@ -11,7 +11,7 @@
 //! valid-as-of LSN (`u64`), the entry count (`u64`), then the entries of 36 bytes each (spcnode, dbnode, relnode `u32`,
 //! fork `u8`, 3 zero bytes, block number `u32`, slot `u32`, the page's CRC-32C `u32`,
 //! dependency LSN `u64`), then a CRC-32C of everything before it (`u32`). The page CRC is
-//! checked on every read from the cache, so a damaged cache file is never served. Version 1
+//! checked when a reused page is first read, so a damaged cache file is never served. Version 1
 //! (`FJLFCIX1`, written before the valid-as-of LSN existed) has no such field and is read
 //! with it unknown (0).
 //!

@@ -6,6 +6,10 @@ compute's permanent relations live on a pageserver on the same machine, its WAL 
 three safekeepers (each commit waits for two of them to fsync it), as `fjord init` sets up,
 and its local file cache has the default size. After the runs the endpoint is restarted and
 select-only runs again with a progress line per second: a warm cache from the first second.
+Each timed run starts from a settled system: plain PostgreSQL after a CHECKPOINT, fjord after
+a CHECKPOINT, its pageserver's ingest of all WAL so far and a compaction pass (what its
+background jobs would otherwise do during the next run), so that a run is not charged for the
+deferred work of the one before on either side. The time each settle took is recorded.
 Prints a table, writes JSON and a markdown section.
 """
 
@@ -29,6 +33,7 @@ import psycopg  # noqa: E402
 
 from fixtures.compute import Endpoint, Timeline  # noqa: E402
 from fixtures.pageserver import Pageserver  # noqa: E402
+from fixtures.pagestream import lsn_int  # noqa: E402
 from fixtures.paths import pg_bin_dir  # noqa: E402
 from fixtures.pgbench import parse, pgbench  # noqa: E402
 from fixtures.postgres import PgServer  # noqa: E402
@@ -76,10 +81,10 @@ def init_phases(stderr: str) -> dict:
     return {k.strip(): float(v) for k, v in phases.items()}
 
 
-def run_suite(name: str, port: int, user: str, a, after_init=None, cpu=None) -> dict:
-    """pgbench -i, then read-write and select-only; `after_init` (if any) returns what to
-    record right after the load, `cpu` (if any) the CPU seconds used so far per component,
-    whose difference over each run is recorded per transaction."""
+def run_suite(name: str, port: int, user: str, a, settle, after_init=None, cpu=None) -> dict:
+    """pgbench -i, then read-write and select-only, each after `settle()`; `after_init` (if
+    any) returns what to record right after the load, `cpu` (if any) the CPU seconds used so
+    far per component, whose difference over each run is recorded per transaction."""
     res = {}
     t0 = time.monotonic()
     # Not the fixture's pgbench(): its phase breakdown goes to standard error.
@@ -91,9 +96,13 @@ def run_suite(name: str, port: int, user: str, a, after_init=None, cpu=None) -> 
     if after_init:
         res.update(after_init())
     for mode, extra in (("read-write", []), ("select-only", ["-S"])):
+        t0 = time.monotonic()
+        settle()
+        settle_s = round(time.monotonic() - t0, 1)
         before = cpu() if cpu else {}
         out = pgbench(port, user, "-n", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.duration), *extra)
         res[mode] = parse(out)
+        res[mode]["settle_s"] = settle_s
         if cpu:
             time.sleep(0.3)  # the postmaster reaps the backends that just ended
             after = cpu()
@@ -104,6 +113,27 @@ def run_suite(name: str, port: int, user: str, a, after_init=None, cpu=None) -> 
 
 
 SCAN_ROWS = 3_000_000
+
+
+def checkpoint(port: int, user: str) -> None:
+    with psycopg.connect(host="127.0.0.1", port=port, user=user, dbname="postgres", autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+
+
+def settle_fjord(ep: Endpoint, ps: Pageserver, tl: Timeline) -> None:
+    """CHECKPOINT on the compute, then wait until the pageserver has ingested all WAL so far
+    and run one compaction pass (image layers where the delta depth asks for them, L0
+    compaction): the deferred work its background jobs would otherwise do during the next run."""
+    checkpoint(ep.port, ep.user)
+    flushed = lsn_int(ep.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+    deadline = time.monotonic() + 300
+    while lsn_int(tl.status()["last_record_lsn"]) < flushed:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the pageserver did not ingest the WAL within 300 s")
+        time.sleep(0.1)
+    req = urllib.request.Request(f"http://127.0.0.1:{ps.http_port}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/compact",
+                                 method="POST", data=b"{}", headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=600).read()
 
 
 def drop_from_os_cache(root: Path) -> int:
@@ -222,7 +252,7 @@ def main() -> None:
         base = Path(tmp)
         plain = PgServer(base, "plain", settings).initdb().start()
         try:
-            plain_res = run_suite("plain", plain.port, plain.user, a,
+            plain_res = run_suite("plain", plain.port, plain.user, a, settle=lambda: checkpoint(plain.port, plain.user),
                                   cpu=lambda: {"postgres": cpu_seconds(postmaster_pid(plain.datadir))})
             create_scan_table(plain.port, plain.user)
             plain.stop("fast")
@@ -253,7 +283,8 @@ def main() -> None:
                     "pageserver": cpu_seconds(ps.proc.pid if ps.proc else None),
                 }
 
-            fjord_res = run_suite("fjord", ep.port, ep.user, a, after_init=throttled, cpu=fjord_cpu)
+            fjord_res = run_suite("fjord", ep.port, ep.user, a, settle=lambda: settle_fjord(ep, ps, tl), after_init=throttled,
+                                  cpu=fjord_cpu)
             smgr, lfc = status(ep, "storage_manager"), status(ep, "file_cache_status")
             restart = after_restart(ep, a)
             print(f"fjord: select-only after a restart: {restart}", flush=True)
@@ -298,7 +329,10 @@ def main() -> None:
     lines = [
         f"Measured {result['date']} on {result['machine']}, PostgreSQL {a.flavor} flavor, "
         f"pgbench scale {a.scale} (~{a.scale * 15} MB), {a.clients} clients, {a.duration} s per run, "
-        f"shared_buffers {a.shared_buffers} on both. Command: `{a.command}`.",
+        f"shared_buffers {a.shared_buffers} on both. Command: `{a.command}`. Before each run both sides settled "
+        f"(plain PostgreSQL: CHECKPOINT, {plain_res['read-write']['settle_s']} s and {plain_res['select-only']['settle_s']} s; "
+        f"fjord: CHECKPOINT, the pageserver's ingest of all WAL and a compaction pass, "
+        f"{fjord_res['read-write']['settle_s']} s and {fjord_res['select-only']['settle_s']} s).",
         "",
         "| workload | plain TPS | fjord TPS | fjord/plain TPS | plain latency ms | fjord latency ms |",
         "|---|---|---|---|---|---|",
