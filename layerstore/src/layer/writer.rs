@@ -127,7 +127,7 @@ impl LayerWriter {
         }
         let uncompressed_len = u32::try_from(self.block_buf.len()).context("block exceeds 4 GiB")?;
         ensure!(self.block_buf.len() <= format::BLOCK_SIZE_BYTES_MAX, "block of {} bytes is too large", self.block_buf.len());
-        let payload = zstd::bulk::compress(&self.block_buf, self.compression_level).context("compress block")?;
+        let payload = compress(&self.block_buf, self.compression_level).context("compress block")?;
         let frame = format::encode_block_frame(&payload, uncompressed_len);
         let file = self.file.as_mut().context("layer writer already finished")?;
         file.write_all(&frame).and_then(|()| file.write_all(&payload)).with_context(|| format!("write {}", self.tmp_path.display()))?;
@@ -196,4 +196,21 @@ impl Drop for LayerWriter {
             }
         }
     }
+}
+
+thread_local! {
+    /// One zstd compression context per thread and level, reused: creating one (tables sized
+    /// for the level) costs about as much as compressing a block, and the WAL receiver
+    /// compresses a block every `block_size_bytes` of values it flushes.
+    static COMPRESSOR: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { std::cell::RefCell::new(None) };
+}
+
+fn compress(block: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
+    COMPRESSOR.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.as_ref().is_none_or(|(l, _)| *l != level) {
+            *c = Some((level, zstd::bulk::Compressor::new(level)?));
+        }
+        c.as_mut().expect("set above").1.compress(block)
+    })
 }
