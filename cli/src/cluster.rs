@@ -349,6 +349,7 @@ pub fn stop(repo: &Repo, timeout: Duration) -> anyhow::Result<()> {
     let state = repo.load_state()?;
     for name in state.endpoints.keys() {
         if repo.endpoint(name).stop(libc::SIGTERM, timeout)? {
+            crate::endpoint::discard_pgdata(repo, name);
             println!("endpoint {name} stopped");
         }
     }
