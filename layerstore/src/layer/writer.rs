@@ -200,8 +200,8 @@ impl Drop for LayerWriter {
 
 thread_local! {
     /// One zstd compression context per thread and level, reused: creating one (tables sized
-    /// for the level) costs about as much as compressing a block, and the WAL receiver
-    /// compresses a block every `block_size_bytes` of values it flushes.
+    /// for the level) costs about as much as compressing a block, and a flush of the open
+    /// layer compresses one every `block_size_bytes` of values.
     static COMPRESSOR: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { std::cell::RefCell::new(None) };
 }
 
