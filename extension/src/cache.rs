@@ -15,7 +15,13 @@
 //! one LWLock. Entries are never evicted: a fork extended with a zero page the WAL has
 //! not yet described is longer here than on the pageserver, and this cache is the only
 //! place that knows. A full table is an ERROR naming the setting to raise. Entries are
-//! removed when the fork is unlinked.
+//! removed when the fork is unlinked. Each backend also keeps the sizes it looked up,
+//! valid while the table's generation (`Shared::relsize_generation`) is the one it read
+//! them at: every change of a size, and every removal, raises the generation under the
+//! exclusive lock, so a backend that learns of a change through any lock or
+//! through its own call sees the new generation and looks again. The planner asks for
+//! sizes at every query; with no size changing, that costs one atomic load, not a shared
+//! lock every backend takes.
 
 use std::sync::atomic::Ordering;
 
@@ -25,7 +31,7 @@ use pgrx::prelude::*;
 use crate::shmem::{self, relsize_entries, RelSizeEntry, Shared, LWLSN_SLOTS};
 
 /// A relation fork: (tablespace, database, relfilenode, fork).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RelFork {
     pub spcnode: u32,
     pub dbnode: u32,
@@ -135,13 +141,57 @@ impl Drop for Locked<'_> {
     }
 }
 
+/// Invalidates every backend's copies of sizes: called under the exclusive lock by whatever
+/// changes a cached size or removes a fork, so the raise is visible before the lock is
+/// released.
+fn new_generation(s: &Shared) {
+    s.relsize_generation.0.fetch_add(1, Ordering::Release);
+}
+
+/// The sizes this backend looked up, as of one generation of the table.
+struct LocalSizes {
+    generation: u64,
+    sizes: std::collections::HashMap<RelFork, u32>,
+}
+
+/// Forks a backend keeps at most; more starts the map over.
+const LOCAL_SIZES_MAX: usize = 1024;
+
+thread_local! {
+    static LOCAL_SIZES: std::cell::RefCell<LocalSizes> =
+        std::cell::RefCell::new(LocalSizes { generation: 0, sizes: std::collections::HashMap::new() });
+}
+
 /// The cached size of `r`, if known.
 pub fn cached_size(r: &RelFork) -> Option<u32> {
     let s = shmem::shared()?;
-    let found = {
-        let l = Locked::new(s, false);
-        l.find(r).ok().map(|i| l.entries()[i].nblocks)
-    };
+    let current = s.relsize_generation.0.load(Ordering::Acquire);
+    let local = LOCAL_SIZES.with(|l| {
+        let l = l.borrow();
+        if l.generation == current {
+            l.sizes.get(r).copied()
+        } else {
+            None
+        }
+    });
+    let found = local.or_else(|| {
+        let (found, generation) = {
+            let l = Locked::new(s, false);
+            // Stable while the lock is held: it changes only under the exclusive lock.
+            (l.find(r).ok().map(|i| l.entries()[i].nblocks), s.relsize_generation.0.load(Ordering::Relaxed))
+        };
+        if let Some(n) = found {
+            LOCAL_SIZES.with(|l| {
+                let mut l = l.borrow_mut();
+                if l.generation != generation || l.sizes.len() >= LOCAL_SIZES_MAX {
+                    l.sizes.clear();
+                    l.generation = generation;
+                }
+                l.sizes.insert(*r, n);
+            });
+        }
+        found
+    });
     if found.is_some() {
         s.counters.mine().relsize_hits.fetch_add(1, Ordering::Relaxed);
     } else {
@@ -171,8 +221,13 @@ pub fn update_size(r: &RelFork, u: SizeUpdate) -> Option<u32> {
     let slot = l.find(r);
     let entries = l.entries_mut();
     match (slot, u) {
-        (Ok(i), SizeUpdate::Set(n)) => entries[i].nblocks = n,
-        (Ok(i), SizeUpdate::AtLeast(n) | SizeUpdate::AtLeastIfCached(n)) => entries[i].nblocks = entries[i].nblocks.max(n),
+        (Ok(i), SizeUpdate::Set(n) | SizeUpdate::AtLeast(n) | SizeUpdate::AtLeastIfCached(n)) => {
+            let new = if matches!(u, SizeUpdate::Set(_)) { n } else { entries[i].nblocks.max(n) };
+            if new != entries[i].nblocks {
+                entries[i].nblocks = new;
+                new_generation(s);
+            }
+        }
         (Ok(_), SizeUpdate::IfAbsent(_)) => {}
         (Err(_), SizeUpdate::AtLeastIfCached(_)) => return None,
         (Err(free), SizeUpdate::Set(n) | SizeUpdate::AtLeast(n) | SizeUpdate::IfAbsent(n)) => {
@@ -210,6 +265,7 @@ pub fn forget_size(r: &RelFork) {
     let Some(s) = shmem::shared() else { return };
     let mut l = Locked::new(s, true);
     let Ok(mut hole) = l.find(r) else { return };
+    new_generation(s);
     let entries = l.entries_mut();
     let cap = entries.len();
     entries[hole].used = 0;

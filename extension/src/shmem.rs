@@ -181,6 +181,10 @@ pub struct Shared {
     pub relsize_capacity: usize,
     /// Slots in use; changed only under the lock.
     pub relsize_used: std::sync::atomic::AtomicUsize,
+    /// Raised (under the exclusive lock, before it is released) whenever a cached size
+    /// changes or a fork is forgotten: what lets each backend keep the sizes it looked up
+    /// without taking the lock again (`cache::cached_size`).
+    pub relsize_generation: Padded<AtomicU64>,
     pub walproposer: WalProposerShared,
 }
 
