@@ -65,6 +65,15 @@ def cpu_seconds(pid: int | None) -> float:
     return ticks / CLK_TCK
 
 
+def machine_cpu() -> dict:
+    """The whole machine's CPU seconds so far (`/proc/stat`): busy (every state but idle and
+    iowait) and stolen by the hypervisor, to tell a run slowed by something outside the
+    measured processes from one whose processes did more work."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return {"busy": (user + nice + system + irq + softirq + steal) / CLK_TCK, "steal": steal / CLK_TCK}
+
+
 def postmaster_pid(datadir: Path) -> int | None:
     try:
         return int((datadir / "postmaster.pid").read_text().split("\n")[0])
@@ -101,9 +110,13 @@ def run_suite(name: str, port: int, user: str, a, settle, after_init=None, cpu=N
         settle()
         settle_s = round(time.monotonic() - t0, 1)
         before = cpu() if cpu else {}
+        machine_before = machine_cpu()
         out = pgbench(port, user, "-n", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.duration), *extra)
         res[mode] = parse(out)
         res[mode]["settle_s"] = settle_s
+        machine_after = machine_cpu()
+        res[mode]["machine_busy_s"] = round(machine_after["busy"] - machine_before["busy"], 1)
+        res[mode]["machine_steal_s"] = round(machine_after["steal"] - machine_before["steal"], 1)
         if cpu:
             time.sleep(0.3)  # the postmaster reaps the backends that just ended
             after = cpu()
@@ -352,6 +365,14 @@ def main() -> None:
 
     lines += ["", "CPU time per transaction in ms (user + system, from `/proc`, pgbench itself not counted; every "
               "process shares the same cores): " + "; ".join(cpu(m) for m in ("read-write", "select-only")) + "."]
+
+    def machine(res: dict) -> str:
+        return ", ".join(f"{m} {res[m]['machine_busy_s']} s ({res[m]['machine_steal_s']} s stolen)" for m in ("read-write", "select-only"))
+
+    lines += ["", f"The whole machine's busy CPU time during each {a.duration} s run (of {a.duration * (os.cpu_count() or 1)} s "
+              f"on {os.cpu_count()} cores, "
+              f"everything counted, pgbench included; `/proc/stat`): plain PostgreSQL {machine(plain_res)}; "
+              f"fjord {machine(fjord_res)}."]
 
     def phases(res: dict) -> str:
         return ", ".join(f"{k} {res['init_phases_s'][k]}" for k in INIT_PHASES if k in res["init_phases_s"])
