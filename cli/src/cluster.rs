@@ -106,7 +106,7 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
     State::default().save(&dir.join("state.json"))?;
     // config.toml last: its presence is what makes the directory a repo.
     write_atomically(&Repo::config_path(dir), config.to_toml()?.as_bytes())?;
-    println!(
+    say!(
         "initialized fjord repo at {}: page service 127.0.0.1:{}, HTTP API {}, {} safekeeper(s) from port {}, endpoints from port {}, object storage {}, authentication {}",
         dir.display(),
         config.pageserver_pg_port(),
@@ -166,7 +166,7 @@ pub fn start(repo: &Repo) -> anyhow::Result<()> {
 fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
     let daemon = repo.pageserver();
     if let Some(pid) = daemon.running_pid()? {
-        println!("pageserver already running (pid {pid})");
+        say!("pageserver already running (pid {pid})");
         return Ok(());
     }
     let api = repo.api();
@@ -208,7 +208,7 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
     }
     tracing::info!("starting {}", conf.pageserver_bin().display());
     let child = spawn_and_wait(&daemon, &mut cmd, "the pageserver", &conf.pageserver_http_url(), || crate::repo::is_up(&api))?;
-    println!(
+    say!(
         "pageserver started (pid {}): page service {}, HTTP API {}, log {}",
         child.id(),
         conf.pageserver_pg_addr(),
@@ -278,7 +278,7 @@ pub fn start_safekeeper(repo: &Repo, id: u8) -> anyhow::Result<()> {
     let conf = &repo.config;
     let daemon = repo.safekeeper(id);
     if let Some(pid) = daemon.running_pid()? {
-        println!("safekeeper {id} already running (pid {pid})");
+        say!("safekeeper {id} already running (pid {pid})");
         return Ok(());
     }
     let url = conf.safekeeper_http_url(id);
@@ -298,12 +298,7 @@ pub fn start_safekeeper(repo: &Repo, id: u8) -> anyhow::Result<()> {
         cmd.env("RUST_LOG", "info");
     }
     let child = spawn_and_wait(&daemon, &mut cmd, &format!("safekeeper {id}"), &url, || http_up(&url))?;
-    println!(
-        "safekeeper {id} started (pid {}): {}, HTTP API {url}, log {}",
-        child.id(),
-        conf.safekeeper_addr(id),
-        daemon.log_file.display()
-    );
+    say!("safekeeper {id} started (pid {}): {}, HTTP API {url}, log {}", child.id(), conf.safekeeper_addr(id), daemon.log_file.display());
     Ok(())
 }
 
@@ -320,9 +315,9 @@ pub fn safekeeper_stop(repo: &Repo, id: u8, immediate: bool, timeout: Duration) 
     let _lock = repo.lock()?;
     let signal = if immediate { libc::SIGKILL } else { libc::SIGTERM };
     if repo.safekeeper(id).stop(signal, timeout)? {
-        println!("safekeeper {id} stopped");
+        say!("safekeeper {id} stopped");
     } else {
-        println!("safekeeper {id} was not running");
+        say!("safekeeper {id} was not running");
     }
     Ok(())
 }
@@ -330,15 +325,15 @@ pub fn safekeeper_stop(repo: &Repo, id: u8, immediate: bool, timeout: Duration) 
 fn print_safekeepers(repo: &Repo) -> anyhow::Result<()> {
     let conf = &repo.config;
     if conf.safekeepers == 0 {
-        println!("safekeepers none (computes stream WAL straight to the pageserver)");
+        say!("safekeepers none (computes stream WAL straight to the pageserver)");
     }
     for id in conf.safekeeper_ids() {
         let url = conf.safekeeper_http_url(id);
         match (repo.safekeeper(id).running_pid()?, http_up(&url)) {
-            (Some(pid), true) => println!("safekeeper {id} running (pid {pid}), {}, HTTP API {url}", conf.safekeeper_addr(id)),
-            (Some(pid), false) => println!("safekeeper {id} not answering (pid {pid}), HTTP API {url}"),
-            (None, true) => println!("safekeeper {id} answering on {url} but not started by this repo"),
-            (None, false) => println!("safekeeper {id} stopped"),
+            (Some(pid), true) => say!("safekeeper {id} running (pid {pid}), {}, HTTP API {url}", conf.safekeeper_addr(id)),
+            (Some(pid), false) => say!("safekeeper {id} not answering (pid {pid}), HTTP API {url}"),
+            (None, true) => say!("safekeeper {id} answering on {url} but not started by this repo"),
+            (None, false) => say!("safekeeper {id} stopped"),
         }
     }
     Ok(())
@@ -350,19 +345,19 @@ pub fn stop(repo: &Repo, timeout: Duration) -> anyhow::Result<()> {
     for name in state.endpoints.keys() {
         if repo.endpoint(name).stop(libc::SIGTERM, timeout)? {
             crate::endpoint::discard_pgdata(repo, name);
-            println!("endpoint {name} stopped");
+            say!("endpoint {name} stopped");
         }
     }
     // The pageserver before the safekeepers it reads WAL from: it then stops streaming on
     // its own, instead of failing over between safekeepers that are going away.
     if repo.pageserver().stop(libc::SIGTERM, timeout)? {
-        println!("pageserver stopped");
+        say!("pageserver stopped");
     } else {
-        println!("pageserver was not running");
+        say!("pageserver was not running");
     }
     for id in repo.config.safekeeper_ids() {
         if repo.safekeeper(id).stop(libc::SIGTERM, timeout)? {
-            println!("safekeeper {id} stopped");
+            say!("safekeeper {id} stopped");
         }
     }
     Ok(())
@@ -371,39 +366,39 @@ pub fn stop(repo: &Repo, timeout: Duration) -> anyhow::Result<()> {
 pub fn status(repo: &Repo) -> anyhow::Result<()> {
     let state = repo.load_state()?;
     let conf = &repo.config;
-    println!("repo        {}", repo.dir.display());
+    say!("repo        {}", repo.dir.display());
     let pid = repo.pageserver().running_pid()?;
     let api = repo.api();
     let up = crate::repo::is_up(&api);
     match (pid, up) {
         (Some(pid), true) => {
-            println!("pageserver  running (pid {pid}), page service {}, HTTP API {}", conf.pageserver_pg_addr(), conf.pageserver_http_url())
+            say!("pageserver  running (pid {pid}), page service {}, HTTP API {}", conf.pageserver_pg_addr(), conf.pageserver_http_url())
         }
-        (Some(pid), false) => println!("pageserver  not answering (pid {pid}), HTTP API {}", conf.pageserver_http_url()),
-        (None, true) => println!("pageserver  answering on {} but not started by this repo", conf.pageserver_http_url()),
-        (None, false) => println!("pageserver  stopped"),
+        (Some(pid), false) => say!("pageserver  not answering (pid {pid}), HTTP API {}", conf.pageserver_http_url()),
+        (None, true) => say!("pageserver  answering on {} but not started by this repo", conf.pageserver_http_url()),
+        (None, false) => say!("pageserver  stopped"),
     }
     print_safekeepers(repo)?;
-    println!();
+    say!();
     if up && pid.is_some() {
         let tenants = api.tenants()?;
         if tenants.is_empty() {
-            println!("no tenants: run `fjord tenant create`");
+            say!("no tenants: run `fjord tenant create`");
         }
         for tenant in &tenants {
             let default = if state.default_tenant == Some(*tenant) { " (default)" } else { "" };
-            println!("tenant {tenant}{default}");
+            say!("tenant {tenant}{default}");
             crate::tenant::print_branch_tree(&state, *tenant, &api.timelines(*tenant)?, "  ");
         }
     } else {
         for (tenant, t) in &state.tenants {
-            println!("tenant {tenant} (LSNs unknown while the pageserver is stopped)");
+            say!("tenant {tenant} (LSNs unknown while the pageserver is stopped)");
             for (name, timeline) in &t.branches {
-                println!("  {name:<12} {timeline}");
+                say!("  {name:<12} {timeline}");
             }
         }
     }
-    println!();
+    say!();
     crate::endpoint::print_table(repo, &state)?;
     Ok(())
 }

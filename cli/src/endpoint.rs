@@ -193,7 +193,7 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
         report["basebackup_ms"],
         report["total_ms"]
     );
-    println!("{}", connection_string(&crate::os_user_name()?, port));
+    say!("{}", connection_string(&crate::os_user_name()?, port));
     Ok(())
 }
 
@@ -274,9 +274,9 @@ pub fn stop(repo: &Repo, name: &str, mode: StopMode) -> anyhow::Result<()> {
     };
     if repo.endpoint(name).stop(signal, Duration::from_secs(60))? {
         discard_pgdata(repo, name);
-        println!("endpoint {name} stopped");
+        say!("endpoint {name} stopped");
     } else {
-        println!("endpoint {name} was not running");
+        say!("endpoint {name} was not running");
     }
     Ok(())
 }
@@ -301,10 +301,10 @@ pub fn list(repo: &Repo) -> anyhow::Result<()> {
 /// The endpoint table of `list` and `status`.
 pub fn print_table(repo: &Repo, state: &State) -> anyhow::Result<()> {
     if state.endpoints.is_empty() {
-        println!("no endpoints");
+        say!("no endpoints");
         return Ok(());
     }
-    println!("{:<16} {:<12} {:<6} {:<12} {:<24} TENANT", "ENDPOINT", "BRANCH", "PORT", "LSN", "STATUS");
+    say!("{:<16} {:<12} {:<6} {:<12} {:<24} TENANT", "ENDPOINT", "BRANCH", "PORT", "LSN", "STATUS");
     let api = repo.api();
     for (name, ep) in &state.endpoints {
         let running = repo.endpoint(name).running_pid()?;
@@ -318,7 +318,7 @@ pub fn print_table(repo: &Repo, state: &State) -> anyhow::Result<()> {
             None if ep.replica => "replica".into(),
             None => "latest".into(),
         };
-        println!("{name:<16} {:<12} {:<6} {lsn:<12} {status:<24} {}", ep.branch, ep.port, ep.tenant_id);
+        say!("{name:<16} {:<12} {:<6} {lsn:<12} {status:<24} {}", ep.branch, ep.port, ep.tenant_id);
     }
     Ok(())
 }
@@ -349,7 +349,7 @@ fn replica_lag(repo: &Repo, api: &pageserver_api::Client, name: &str, ep: &Endpo
 pub fn connstr(repo: &Repo, name: &str) -> anyhow::Result<()> {
     let state = repo.load_state()?;
     let ep = state.endpoints.get(name).with_context(|| format!("endpoint {name:?} does not exist"))?;
-    println!("{}", connection_string(&crate::os_user_name()?, ep.port));
+    say!("{}", connection_string(&crate::os_user_name()?, ep.port));
     Ok(())
 }
 

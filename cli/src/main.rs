@@ -5,6 +5,16 @@
 //! port (`config.rs`), so several repos run side by side. The CLI starts processes and keeps
 //! names; the pageserver remains the authority on tenants, timelines and LSNs.
 
+/// `println!` that does not panic when standard output is gone (`fjord stop | head -1`):
+/// a command that stops or starts processes must finish its work whoever reads its report,
+/// and `println!` panics on a broken pipe, which would leave a cluster half stopped.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 mod cluster;
 mod config;
 mod endpoint;
@@ -226,7 +236,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             match repo.token(&claims) {
                 Some(token) => {
-                    println!("{token}");
+                    say!("{token}");
                     Ok(())
                 }
                 None => anyhow::bail!("this repo runs without authentication (fjord init --no-auth): there are no tokens"),

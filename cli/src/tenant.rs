@@ -58,7 +58,7 @@ pub fn create(repo: &Repo, tenant_id: Option<TenantId>) -> anyhow::Result<()> {
         imported.import_lsn,
         if state.default_tenant == Some(tenant) { " (default tenant)" } else { "" }
     );
-    println!("{tenant}");
+    say!("{tenant}");
     Ok(())
 }
 
@@ -152,7 +152,7 @@ pub fn list(repo: &Repo) -> anyhow::Result<()> {
         state.tenants.keys().cloned().collect()
     };
     for t in tenants {
-        println!("{t}{}", if Some(&t) == default.as_ref() { " (default)" } else { "" });
+        say!("{t}{}", if Some(&t) == default.as_ref() { " (default)" } else { "" });
     }
     Ok(())
 }
@@ -179,7 +179,7 @@ pub fn branch_create(repo: &Repo, name: &str, from: &str, at: Option<Point>, ten
     state.add_branch(tenant, name, info.timeline_id);
     repo.save_state(&state)?;
     let at = info.ancestor_lsn.map_or_else(|| "?".to_string(), |lsn| lsn.to_string());
-    println!("branch {name} created from {from} at {at} (timeline {})", info.timeline_id);
+    say!("branch {name} created from {from} at {at} (timeline {})", info.timeline_id);
     Ok(())
 }
 
@@ -231,13 +231,13 @@ pub fn print_branch_tree(state: &State, tenant: TenantId, timelines: &[TimelineI
         if let Some(receiver) = &t.wal_receiver {
             line.push_str(&format!("  wal receiver {}", receiver.state.as_str()));
         }
-        println!("{line}");
+        say!("{line}");
         for c in children.get(&Some(t.timeline_id)).into_iter().flatten() {
             walk(c, depth + 1, children, name, indent, width);
         }
     }
     if timelines.is_empty() {
-        println!("{indent}no timelines");
+        say!("{indent}no timelines");
     }
     for root in roots {
         walk(root, 0, &children, &name, indent, width);
