@@ -23,6 +23,9 @@ use bytes::Bytes;
 use proto::Lsn;
 use std::collections::{BTreeMap, BTreeSet};
 
+mod leader;
+use leader::{piece_end, Leader, Peer};
+
 /// What the proposer is for; decides what ends it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ProposerMode {
@@ -156,115 +159,6 @@ struct VoteInfo {
     history: TermHistory,
     boundary_lsn: Lsn,
     peer_horizon_lsn: Lsn,
-}
-
-/// A joined acceptor, as the leader sees it.
-#[derive(Clone, Copy, Debug)]
-struct Peer {
-    /// Acknowledged durable end in this term.
-    flush: Lsn,
-    /// Acknowledged boundary LSN in this term (at most `flush`): what commits count.
-    boundary: Lsn,
-    /// The highest boundary sent to it since it last acknowledged one (or since a tick
-    /// found it lagging): a boundary learned later is sent even without new WAL.
-    boundary_sent: Lsn,
-    /// Sent up to here (at least `flush`).
-    sent: Lsn,
-    /// The commit LSN last sent, and last acknowledged.
-    commit_sent: Lsn,
-    commit_acked: Lsn,
-    /// `flush` at the previous tick, to notice a stalled stream.
-    flush_at_tick: Lsn,
-    /// The peer horizon and remote-consistent LSN last sent.
-    horizon_sent: Lsn,
-    remote_consistent_sent: Lsn,
-}
-
-#[derive(Clone, Debug)]
-struct Leader {
-    history: TermHistory,
-    /// Where an acceptor that shares nothing with `history` starts its log
-    /// (`ToAcceptor::Elected`).
-    log_begin: Lsn,
-    start_lsn: Lsn,
-    donor: NodeId,
-    /// The shell can read its own WAL in `[local_floor, end)` (from `start_lsn` until it
-    /// says some is gone: [`Proposer::wal_removed_below`]); WAL below, an acceptor gets
-    /// through `fetched`.
-    local_floor: Lsn,
-    end: Lsn,
-    /// WAL fetched from acceptors that the shell keeps for those that need it below
-    /// `local_floor`.
-    fetched: Fetched,
-    /// Record boundaries: those the shell gave to `append`, and below `start_lsn` the points
-    /// known to end a record in the elected log (its term switches, `start_lsn`, boundary
-    /// LSNs that acceptors acknowledged in this term). Each piece of WAL carries the highest
-    /// one at or below its end, which becomes the acceptor's boundary LSN (the crate's
-    /// "Record boundaries"). The history's switches are boundaries even when forgotten here.
-    boundaries: BTreeSet<Lsn>,
-    /// Per acceptor: the highest flush LSN it acknowledged in this term (0: none yet). Its
-    /// WAL does not end below that again in this term: a peer made again (after a
-    /// reconnect) streams from there.
-    acked_flush: Vec<Lsn>,
-    /// Per acceptor: the highest boundary LSN it acknowledged in this term (0: none yet).
-    /// Its boundary LSN does not go below that again in this term, so boundaries below every
-    /// one of them are not needed any more; and their minimum is the peer horizon (its
-    /// boundary LSN does not go below it in later terms either: see the crate's "WAL
-    /// removal").
-    acked_boundary: Vec<Lsn>,
-    peers: BTreeMap<NodeId, Peer>,
-    /// The acceptors known to be voters (not learners) on their current connection: they
-    /// granted this term's vote (in the election, or its reply came late), or answered a
-    /// greeting of `greeting_round` saying they are no learner. Only their acknowledgements
-    /// count towards commits (the crate's rule 5 and "Late voters"). A learner's are true,
-    /// but an earlier incarnation of it, before its disk was lost, may have voted in a
-    /// higher term whose election went without this WAL (see the crate's "Learners").
-    voters: BTreeSet<NodeId>,
-    /// Per acceptor: the round of the greeting it is sent on its current connection while
-    /// it is not in `voters` (a fresh one at the election and at every reconnect): a reply
-    /// to another round may come from an earlier connection, so from an earlier
-    /// incarnation.
-    greeting_round: Vec<u64>,
-    commit_lsn: Lsn,
-}
-
-impl Leader {
-    /// The lowest boundary LSN every acceptor acknowledged in this term (0 while one has not
-    /// acknowledged any: its entry in `acked_boundary` is 0), capped by the commit LSN (an
-    /// acceptor caps it by its own commit LSN anyway, which is never above ours).
-    fn peer_horizon(&self) -> Lsn {
-        self.acked_boundary.iter().copied().min().unwrap_or_default().min(self.commit_lsn)
-    }
-
-    /// The highest record boundary known at or below `lsn` (0 if none): a remembered one, or
-    /// a switch of the elected history (its start above all).
-    fn boundary_at(&self, lsn: Lsn) -> Lsn {
-        let remembered = self.boundaries.range(..=lsn).next_back().copied().unwrap_or_default();
-        let switch = self.history.0.iter().rev().map(|e| e.lsn).find(|&l| l <= lsn).unwrap_or_default();
-        remembered.max(switch)
-    }
-
-    /// How far WAL from `from` can be read in one go: its own WAL from `local_floor` on,
-    /// fetched WAL in its range (and on into its own WAL if the two meet). `None` if the
-    /// shell has no WAL at `from`.
-    fn readable_end(&self, from: Lsn) -> Option<Lsn> {
-        if from >= self.local_floor {
-            Some(self.end)
-        } else if self.fetched.contains(from) {
-            Some(if self.fetched.end >= self.local_floor { self.end } else { self.fetched.end })
-        } else {
-            None
-        }
-    }
-}
-
-/// Where the piece of WAL sent from `from` ends: `max` bytes on, or at the end of the WAL
-/// the shell has, and below the proposer's own start never beyond that start (WAL above it
-/// is another term's). Anywhere, inside a record too: what the acceptor takes as the end of
-/// its log is the boundary the piece carries.
-fn piece_end(start_lsn: Lsn, end: Lsn, from: Lsn, max: u64) -> Lsn {
-    let cap = if from < start_lsn { start_lsn } else { end };
-    Lsn((from.0 + max).min(cap.0))
 }
 
 #[derive(Clone, Debug)]
