@@ -745,6 +745,21 @@ impl Sim {
     }
 
     /// Safety invariants that must hold after every step.
+    /// One step of a final phase: proposer `p` ticks (one step in ten) or a random message
+    /// is delivered; every 16th step the invariants are checked.
+    fn tick_or_deliver(&mut self, p: usize, i: usize) -> Check {
+        if self.rng.gen_bool(0.1) {
+            let actions = self.proposers[p].core.tick();
+            self.proposer_actions(p, actions)?;
+        } else {
+            self.deliver_random()?;
+        }
+        if i.is_multiple_of(16) {
+            self.check()?;
+        }
+        Ok(())
+    }
+
     fn check(&mut self) -> Check {
         let end = committed_end(&self.committed);
         for a in 0..ACCEPTORS {
@@ -872,15 +887,7 @@ impl Sim {
         self.proposer_actions(p, actions)?;
         for i in 0..5000 {
             self.now += 1;
-            if self.rng.gen_bool(0.1) {
-                let actions = self.proposers[p].core.tick();
-                self.proposer_actions(p, actions)?;
-            } else {
-                self.deliver_random()?;
-            }
-            if i % 16 == 0 {
-                self.check()?;
-            }
+            self.tick_or_deliver(p, i)?;
             if self.proposers[p].core.commit_lsn().is_some_and(|c| c >= end) {
                 self.late_voter_commits += usize::from(away.is_some());
                 return self.check();
@@ -927,7 +934,7 @@ impl Sim {
         }
         // (proposer, term, end of the record it appended in that term)
         let mut appended: Option<(usize, Term, Lsn)> = None;
-        for i in 0..20_000 {
+        for i in 0..20_000usize {
             self.now += 1;
             let p = self.endpoints[e].current;
             if let Some(a) = away {
@@ -950,14 +957,11 @@ impl Sim {
                 // is fenced by its own new election, and the endpoint moves on). A learner
                 // that joined is catching up: not interrupted.
                 self.start_election(p)?;
-            } else if self.rng.gen_bool(0.1) {
-                let actions = self.proposers[p].core.tick();
-                self.proposer_actions(p, actions)?;
+                if i.is_multiple_of(16) {
+                    self.check()?;
+                }
             } else {
-                self.deliver_random()?;
-            }
-            if i % 16 == 0 {
-                self.check()?;
+                self.tick_or_deliver(p, i)?;
             }
             if i % 16 == 8 {
                 self.drop_own_wal(self.endpoints[e].current)?;
