@@ -20,8 +20,8 @@
 //! them at: every change of a size, and every removal, raises the generation under the
 //! exclusive lock, so a backend that learns of a change through any lock or
 //! through its own call sees the new generation and looks again. The planner asks for
-//! sizes at every query; with no size changing, that costs one atomic load, not a shared
-//! lock every backend takes.
+//! sizes at every query, and every write of a page asks to raise its fork's size; with no
+//! size changing, each costs one atomic load, not a lock every backend takes.
 
 use std::sync::atomic::Ordering;
 
@@ -162,19 +162,23 @@ thread_local! {
         std::cell::RefCell::new(LocalSizes { generation: 0, sizes: std::collections::HashMap::new() });
 }
 
-/// The cached size of `r`, if known.
-pub fn cached_size(r: &RelFork) -> Option<u32> {
-    let s = shmem::shared()?;
+/// This backend's copy of `r`'s size, if it has one of the table's current generation.
+fn local_size(s: &Shared, r: &RelFork) -> Option<u32> {
     let current = s.relsize_generation.0.load(Ordering::Acquire);
-    let local = LOCAL_SIZES.with(|l| {
+    LOCAL_SIZES.with(|l| {
         let l = l.borrow();
         if l.generation == current {
             l.sizes.get(r).copied()
         } else {
             None
         }
-    });
-    let found = local.or_else(|| {
+    })
+}
+
+/// The cached size of `r`, if known.
+pub fn cached_size(r: &RelFork) -> Option<u32> {
+    let s = shmem::shared()?;
+    let found = local_size(s, r).or_else(|| {
         let (found, generation) = {
             let l = Locked::new(s, false);
             // Stable while the lock is held: it changes only under the exclusive lock.
@@ -217,6 +221,13 @@ pub enum SizeUpdate {
 /// Applies `u` and returns the resulting size (`None` when nothing is cached).
 pub fn update_size(r: &RelFork, u: SizeUpdate) -> Option<u32> {
     let s = shmem::shared()?;
+    if let SizeUpdate::AtLeast(n) | SizeUpdate::AtLeastIfCached(n) = u {
+        // Nothing to raise (every write of a page inside the fork asks): a size only goes
+        // down through `Set` or a removal, and both raise the generation.
+        if let Some(have) = local_size(s, r).filter(|&have| have >= n) {
+            return Some(have);
+        }
+    }
     let mut l = Locked::new(s, true);
     let slot = l.find(r);
     let entries = l.entries_mut();
