@@ -238,17 +238,49 @@ def ps_image_layers(ps: Pageserver, tl: Timeline) -> float:
     return round(time.monotonic() - t0, 1)
 
 
-def cold_scan(base: Path, ps: Pageserver, tl: Timeline, sks: list, settings: dict, name: str) -> tuple[float, float, dict, int]:
+def ps_metrics(ps: Pageserver) -> dict:
+    """The pageserver's GetPage totals from /metrics: the count and the sums of the seconds,
+    layers visited and records replayed."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{ps.http_port}/metrics", timeout=30).read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"pageserver_getpage_(seconds|layers_visited|records_replayed)_(sum|count) ([0-9.e+-]+)$", line)
+        if m:
+            out[f"{m[1]}_{m[2]}"] = float(m[3])
+    return out
+
+
+def cold_scan(base: Path, ps: Pageserver, tl: Timeline, sks: list, settings: dict, name: str,
+              diagnostics: Path | None = None) -> tuple[float, float, dict, int]:
     """A new endpoint (an empty file cache) scans the table with the pageserver's files out of
-    the OS cache: the cold scan, then the same scan again (warm)."""
+    the OS cache: the cold scan, then the same scan again (warm). Adds to the storage
+    manager's counters what the cold scan cost the pageserver (`pageserver_*`, from /metrics)
+    and the compute's GetPage latency histogram; with `diagnostics`, a scan slower than 3 s
+    keeps both logs there."""
     ep = Endpoint(base, tl, name, settings={k: v for k, v in settings.items() if k != "fsync"}, safekeepers=sks)
     dropped = drop_from_os_cache(ps.workdir)
+    t0 = time.monotonic()
     ep.start()
+    start_s = time.monotonic() - t0
     try:
-        cold, warm = timed_scan(ep.port, ep.user), timed_scan(ep.port, ep.user)
+        before = ps_metrics(ps)
+        cold = timed_scan(ep.port, ep.user)
+        after = ps_metrics(ps)
+        warm = timed_scan(ep.port, ep.user)
         smgr = status(ep, "storage_manager")
+        with ep.connect() as conn:
+            smgr["getpage_latency"] = {str(le): n for le, n in conn.execute("SELECT * FROM fjord.getpage_latency()") if n}
     finally:
         ep.stop()
+    smgr["start_s"] = round(start_s, 3)
+    smgr.update({f"pageserver_{k}": round(after.get(k, 0) - before.get(k, 0), 3) for k in after})
+    if diagnostics and cold > 3:
+        diagnostics.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        shutil.copy(ps.logfile, diagnostics / f"{stamp}-{name}-pageserver.log")
+        for log in sorted(ep.dir.rglob("*.log")):
+            shutil.copy(log, diagnostics / f"{stamp}-{name}-{log.name}")
+        print(f"fjord: the {name} scan took {cold} s; logs kept in {diagnostics}", flush=True)
     return cold, warm, smgr, dropped
 
 
@@ -320,9 +352,13 @@ def main() -> None:
             fjord_res["image_layers_s"] = ps_image_layers(ps, tl)
             ps.stop()
             ps.start()
-            fjord_res["cold_scan_images_s"], _, images_smgr, dropped = cold_scan(base, ps, tl, sks, settings, "cold2")
+            fjord_res["cold_scan_images_s"], _, images_smgr, dropped = cold_scan(base, ps, tl, sks, settings, "cold2",
+                                                                                     Path(a.json).parent / "slow-scans")
             print(f"fjord: image layers made in {fjord_res['image_layers_s']} s; cold scan from them "
-                  f"{fjord_res['cold_scan_images_s']} s ({dropped >> 20} MB dropped from the OS cache)", flush=True)
+                  f"{fjord_res['cold_scan_images_s']} s ({dropped >> 20} MB dropped from the OS cache); endpoint start "
+                  f"{images_smgr['start_s']} s, {images_smgr['remote_requests']} GetPage requests, pageserver "
+                  f"{images_smgr.get('pageserver_seconds_count')} served in {images_smgr.get('pageserver_seconds_sum')} s",
+                  flush=True)
         finally:
             if ep:
                 ep.stop()
@@ -336,6 +372,7 @@ def main() -> None:
         "scale": a.scale, "duration_s": a.duration, "clients": a.clients, "shared_buffers": a.shared_buffers,
         "plain": plain_res, "fjord": fjord_res, "fjord_storage_manager": smgr, "fjord_file_cache": lfc,
         "fjord_after_restart": restart, "cold_scan_prefetch": {k: cold_smgr[k] for k in ("prefetch_requests", "prefetch_hits", "prefetch_wasted")},
+        "cold_scan_storage_manager": cold_smgr, "cold_scan_images_storage_manager": images_smgr,
     }
     Path(a.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
 
