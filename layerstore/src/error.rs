@@ -20,8 +20,8 @@ pub enum LayerError {
     Io { op: &'static str, path: PathBuf, error: io::Error },
     #[error("file {path} is corrupt at offset {offset}: {reason}")]
     Corrupt { path: PathBuf, offset: u64, reason: String },
-    #[error("file {path} has format version {version} (at offset {offset}), this build reads only version {supported}")]
-    UnsupportedVersion { path: PathBuf, offset: u64, version: u16, supported: u16 },
+    #[error("file {path} has format version {version} (at offset {offset}), this build reads {}", versions(supported))]
+    UnsupportedVersion { path: PathBuf, offset: u64, version: u16, supported: std::ops::RangeInclusive<u16> },
     /// A layer that is only in remote storage could not be brought back to local disk.
     #[error("could not download layer {path}: {reason}")]
     Download { path: PathBuf, reason: String },
@@ -39,6 +39,15 @@ impl LayerError {
     /// Whether the error says the stored bytes are wrong (as opposed to unreadable).
     pub fn is_corruption(&self) -> bool {
         matches!(self, LayerError::Corrupt { .. } | LayerError::UnsupportedVersion { .. })
+    }
+}
+
+/// "only version 1" or "versions 1 to 2": the format versions a build reads.
+fn versions(supported: &std::ops::RangeInclusive<u16>) -> String {
+    if supported.start() == supported.end() {
+        format!("only version {}", supported.start())
+    } else {
+        format!("versions {} to {}", supported.start(), supported.end())
     }
 }
 

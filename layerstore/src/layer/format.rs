@@ -1,7 +1,7 @@
 //! The byte layout of layer files, shared by the writer and the reader.
 //!
 //! ```text
-//! [header: 128 bytes][block][block]...[block][index: key_count * 38 bytes]
+//! [header: 128 bytes][block][block]...[block][index: key_count * 46 bytes]
 //! ```
 //! The header is at offset 0 and fixed-size; blocks follow back to back; the index ends
 //! the file. Every byte of the file is covered by exactly one checksum: the header's own
@@ -14,13 +14,19 @@
 //!
 //! The reader checks magic and version before the checksum, so that a file from a newer
 //! build is reported as such rather than as corrupt; everything else is checked after it.
+//! Version 1 files (index entries without the newest version's LSN) are still read;
+//! everything written is the current version.
 
 use proto::{Key, KeyRange, Lsn, KEY_SIZE_BYTES};
 
 use super::name::LayerKind;
 
 pub const MAGIC: [u8; 8] = *b"FJORDLYR";
-pub const FORMAT_VERSION: u16 = 1;
+/// Version 2 added the newest version's LSN to each index entry, so that a read looking for
+/// versions above some LSN skips a key with none without reading its blocks.
+pub const FORMAT_VERSION: u16 = 2;
+/// The oldest version this build reads.
+pub const FORMAT_VERSION_OLDEST: u16 = 1;
 pub const HEADER_SIZE_BYTES: usize = 128;
 /// Bytes of the header covered by its CRC (the CRC sits in the last four).
 const HEADER_CRC_OFFSET: usize = HEADER_SIZE_BYTES - 4;
@@ -37,8 +43,19 @@ pub const BLOCK_SIZE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 /// `key, lsn: u64, tag: u8, len: u32` before each value inside a decompressed block.
 pub const ENTRY_HEADER_SIZE_BYTES: usize = KEY_SIZE_BYTES + 8 + 1 + 4;
-/// `key, first_lsn: u64, block_offset: u64, value_count: u32` per index entry.
-pub const INDEX_ENTRY_SIZE_BYTES: usize = KEY_SIZE_BYTES + 8 + 8 + 4;
+/// `key, first_lsn: u64, last_lsn: u64, block_offset: u64, value_count: u32` per index entry.
+pub const INDEX_ENTRY_SIZE_BYTES: usize = KEY_SIZE_BYTES + 8 + 8 + 8 + 4;
+/// Version 1's index entry: no `last_lsn`.
+const INDEX_ENTRY_V1_SIZE_BYTES: usize = KEY_SIZE_BYTES + 8 + 8 + 4;
+
+/// The size of one index entry in a file of format `version`.
+pub fn index_entry_size(version: u16) -> usize {
+    if version == 1 {
+        INDEX_ENTRY_V1_SIZE_BYTES
+    } else {
+        INDEX_ENTRY_SIZE_BYTES
+    }
+}
 
 /// A failed check: where in the file, and why. The reader adds the file's path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +89,8 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// The file header. See `docs/layer-format.md` for the byte table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
+    /// The file's format version (the writer always writes `FORMAT_VERSION`).
+    pub version: u16,
     pub kind: LayerKind,
     pub key_range: KeyRange,
     pub lsn_start: Lsn,
@@ -88,7 +107,7 @@ impl Header {
     pub fn encode(&self) -> [u8; HEADER_SIZE_BYTES] {
         let mut b = [0u8; HEADER_SIZE_BYTES];
         b[0..8].copy_from_slice(&MAGIC);
-        b[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[8..10].copy_from_slice(&self.version.to_le_bytes());
         b[10] = match self.kind {
             LayerKind::Delta => KIND_DELTA,
             LayerKind::Image => KIND_IMAGE,
@@ -117,7 +136,7 @@ impl Header {
             return Err(FormatError::new(0, format!("bad magic {:02X?}", &b[0..8])));
         }
         let version = u16_at(b, 8);
-        if version != FORMAT_VERSION {
+        if !(FORMAT_VERSION_OLDEST..=FORMAT_VERSION).contains(&version) {
             return Err(FormatError { unsupported_version: Some(version), ..FormatError::new(8, "unsupported version") });
         }
         let crc = crc32c::crc32c(&b[..HEADER_CRC_OFFSET]);
@@ -140,6 +159,7 @@ impl Header {
         }
         let key = |at: usize| Key::from_bytes(&b[at..at + KEY_SIZE_BYTES]).map_err(|e| FormatError::new(at as u64, e.to_string()));
         let h = Header {
+            version,
             kind,
             key_range: KeyRange { start: key(16)?, end: key(34)? },
             lsn_start: Lsn(u64_at(b, 52)),
@@ -160,7 +180,7 @@ impl Header {
                 format!("index at {} with {} bytes does not end the {file_len}-byte file", h.index_offset, h.index_len),
             ));
         }
-        if h.index_len != u64::from(h.key_count) * INDEX_ENTRY_SIZE_BYTES as u64 {
+        if h.index_len != u64::from(h.key_count) * index_entry_size(version) as u64 {
             return Err(FormatError::new(76, format!("index of {} bytes cannot hold {} keys", h.index_len, h.key_count)));
         }
         Ok(h)
@@ -234,29 +254,35 @@ pub struct IndexEntry {
     pub key: Key,
     /// The oldest version's LSN: lets `keys_in_range` answer without reading blocks.
     pub first_lsn: Lsn,
+    /// The newest version's LSN: lets a read that wants versions above some LSN skip a key
+    /// with none. `None` only in version 1 files with more than one version of the key.
+    pub last_lsn: Option<Lsn>,
     /// File offset of the block frame holding the key's oldest version.
     pub block_offset: u64,
     pub value_count: u32,
 }
 
 impl IndexEntry {
+    /// Encodes the entry in the current format; `last_lsn` must be known.
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.key.to_bytes());
         out.extend_from_slice(&self.first_lsn.0.to_le_bytes());
+        out.extend_from_slice(&self.last_lsn.expect("a written index entry knows its newest LSN").0.to_le_bytes());
         out.extend_from_slice(&self.block_offset.to_le_bytes());
         out.extend_from_slice(&self.value_count.to_le_bytes());
     }
 
-    /// Decodes the entry in `b` (exactly `INDEX_ENTRY_SIZE_BYTES`); `offset` is its file
-    /// offset, for errors.
-    pub fn decode(b: &[u8], offset: u64) -> Result<IndexEntry, FormatError> {
+    /// Decodes the entry in `b` (exactly `index_entry_size(version)` bytes); `offset` is
+    /// its file offset, for errors.
+    pub fn decode(b: &[u8], version: u16, offset: u64) -> Result<IndexEntry, FormatError> {
         let key = Key::from_bytes(&b[..KEY_SIZE_BYTES]).map_err(|e| FormatError::new(offset, format!("index entry: {e}")))?;
-        Ok(IndexEntry {
-            key,
-            first_lsn: Lsn(u64_at(b, KEY_SIZE_BYTES)),
-            block_offset: u64_at(b, KEY_SIZE_BYTES + 8),
-            value_count: u32_at(b, KEY_SIZE_BYTES + 16),
-        })
+        let first_lsn = Lsn(u64_at(b, KEY_SIZE_BYTES));
+        let (last_lsn, rest) =
+            if version == 1 { (None, KEY_SIZE_BYTES + 8) } else { (Some(Lsn(u64_at(b, KEY_SIZE_BYTES + 8))), KEY_SIZE_BYTES + 16) };
+        let value_count = u32_at(b, rest + 8);
+        // A key with one version: its only version is also its newest, in any format.
+        let last_lsn = if value_count == 1 && last_lsn.is_none() { Some(first_lsn) } else { last_lsn };
+        Ok(IndexEntry { key, first_lsn, last_lsn, block_offset: u64_at(b, rest), value_count })
     }
 }
 
@@ -266,6 +292,7 @@ mod tests {
 
     fn header() -> Header {
         Header {
+            version: FORMAT_VERSION,
             kind: LayerKind::Delta,
             key_range: KeyRange::ALL,
             lsn_start: Lsn(1),
@@ -296,10 +323,26 @@ mod tests {
     #[test]
     fn newer_version_is_reported_as_such() {
         let mut bytes = header().encode();
-        bytes[8..10].copy_from_slice(&2u16.to_le_bytes());
+        bytes[8..10].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
         let err = Header::decode(&bytes, 200 + 2 * INDEX_ENTRY_SIZE_BYTES as u64).unwrap_err();
-        assert_eq!(err.unsupported_version, Some(2));
+        assert_eq!(err.unsupported_version, Some(FORMAT_VERSION + 1));
         assert_eq!(err.offset, 8);
+    }
+
+    #[test]
+    fn index_entries_round_trip_and_version_1_entries_still_decode() {
+        let e = IndexEntry { key: Key::MIN, first_lsn: Lsn(3), last_lsn: Some(Lsn(8)), block_offset: 128, value_count: 4 };
+        let mut b = Vec::new();
+        e.encode(&mut b);
+        assert_eq!(b.len(), index_entry_size(FORMAT_VERSION));
+        assert_eq!(IndexEntry::decode(&b, FORMAT_VERSION, 0).unwrap(), e);
+        // Version 1: the same entry without its newest LSN, unknown unless there is one version.
+        let v1: Vec<u8> = [&b[..KEY_SIZE_BYTES + 8], &b[KEY_SIZE_BYTES + 16..]].concat();
+        assert_eq!(v1.len(), index_entry_size(1));
+        assert_eq!(IndexEntry::decode(&v1, 1, 0).unwrap(), IndexEntry { last_lsn: None, ..e });
+        let mut one = v1.clone();
+        one[KEY_SIZE_BYTES + 16..].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(IndexEntry::decode(&one, 1, 0).unwrap(), IndexEntry { last_lsn: Some(Lsn(3)), value_count: 1, ..e });
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use proto::{Key, KeyRange, Lsn};
 
-use super::format::{self, FormatError, Header, IndexEntry, BLOCK_FRAME_SIZE_BYTES, HEADER_SIZE_BYTES, INDEX_ENTRY_SIZE_BYTES};
+use super::format::{self, FormatError, Header, IndexEntry, BLOCK_FRAME_SIZE_BYTES, HEADER_SIZE_BYTES};
 use super::name::{LayerDesc, LayerKind};
 use crate::error::LayerError;
 use crate::value::{ChangeCollector, Value, ValueCollector, TAG_IMAGE};
@@ -114,6 +114,11 @@ impl LayerReader {
         if entry.first_lsn >= lsn_range.end {
             return Ok(false);
         }
+        // A delta layer reaching above an image layer is searched only for the versions above
+        // the image: a key changed only below them needs none of its blocks read.
+        if self.desc.kind == LayerKind::Delta && entry.last_lsn.is_some_and(|last| last < lsn_range.start) {
+            return Ok(false);
+        }
         for (lsn, value) in self.read_versions(&entry)?.into_iter().rev() {
             if lsn_range.contains(&lsn) && collector.push(lsn, value) {
                 return Ok(true);
@@ -142,9 +147,10 @@ impl LayerReader {
     /// Offers `changes` the newest LSN in `lsn_range` of every key in `key_range` that has
     /// a version there, in key order, until it is over its limit.
     ///
-    /// The index answers for a key with one version (its first LSN is its only one) and for
-    /// a key whose first version is at or after the range's end; only the other keys' blocks
-    /// are read, each block once (index entries point at blocks in file order, so the last
+    /// The index answers for a key whose first version is at or after the range's end and
+    /// for one whose newest version is before it (in version 1 files, which lack the newest
+    /// LSN, only for a key with one version); only the other keys' blocks are read, each
+    /// block once (index entries point at blocks in file order, so the last
     /// block read is kept for the next key), and of each entry only its header is looked
     /// at: values are neither copied nor decoded. An image layer holds states, not changes,
     /// and offers nothing.
@@ -163,10 +169,10 @@ impl LayerReader {
             if entry.first_lsn >= lsn_range.end {
                 continue;
             }
-            let newest = if entry.value_count == 1 {
-                Some(entry.first_lsn).filter(|lsn| lsn_range.contains(lsn))
-            } else {
-                self.newest_version_in(entry, lsn_range, &mut cache)?
+            let newest = match entry.last_lsn {
+                // The newest version is below the range's end: the index answers.
+                Some(last) if last < lsn_range.end => Some(last).filter(|lsn| lsn_range.contains(lsn)),
+                _ => self.newest_version_in(entry, lsn_range, &mut cache)?,
             };
             if let Some(lsn) = newest {
                 if !changes.add(entry.key, lsn) {
@@ -249,15 +255,18 @@ impl LayerReader {
     pub fn verify(&self) -> Result<(), LayerError> {
         let mut iter = self.iter();
         let mut index = self.index.iter();
-        let mut current: Option<(IndexEntry, u32)> = None;
+        let mut current: Option<(IndexEntry, u32, Lsn)> = None;
         while let Some(item) = iter.next() {
             let (key, lsn, _) = item?;
             let block_offset = iter.current_block_offset();
             match &mut current {
-                Some((entry, seen)) if entry.key == key => *seen += 1,
+                Some((entry, seen, newest)) if entry.key == key => {
+                    *seen += 1;
+                    *newest = lsn;
+                }
                 _ => {
-                    if let Some((entry, seen)) = current {
-                        self.check_count(&entry, seen)?;
+                    if let Some((entry, seen, newest)) = current {
+                        self.check_count(&entry, seen, newest)?;
                     }
                     let Some(entry) = index.next().copied() else {
                         return Err(self.corrupt(self.header.index_offset, format!("key {key} is missing from the index")));
@@ -271,12 +280,12 @@ impl LayerReader {
                             ),
                         ));
                     }
-                    current = Some((entry, 1));
+                    current = Some((entry, 1, lsn));
                 }
             }
         }
-        if let Some((entry, seen)) = current {
-            self.check_count(&entry, seen)?;
+        if let Some((entry, seen, newest)) = current {
+            self.check_count(&entry, seen, newest)?;
         }
         if let Some(entry) = index.next() {
             return Err(self.corrupt(self.header.index_offset, format!("index lists key {} that no block holds", entry.key)));
@@ -284,11 +293,19 @@ impl LayerReader {
         Ok(())
     }
 
-    fn check_count(&self, entry: &IndexEntry, seen: u32) -> Result<(), LayerError> {
+    /// Checks what the scrub found of one key (`seen` versions, the newest at `newest`)
+    /// against its index entry.
+    fn check_count(&self, entry: &IndexEntry, seen: u32, newest: Lsn) -> Result<(), LayerError> {
         if seen != entry.value_count {
             return Err(
                 self.corrupt(entry.block_offset, format!("key {} has {seen} versions, the index says {}", entry.key, entry.value_count))
             );
+        }
+        if entry.last_lsn.is_some_and(|last| last != newest) {
+            return Err(self.corrupt(
+                entry.block_offset,
+                format!("key {}: the newest version is at LSN {newest}, the index says otherwise", entry.key),
+            ));
         }
         Ok(())
     }
@@ -370,6 +387,10 @@ impl LayerReader {
                 }
                 out.push((lsn, value));
                 if out.len() == entry.value_count as usize {
+                    if entry.last_lsn.is_some_and(|last| last != lsn) {
+                        return Err(self
+                            .corrupt(offset, format!("key {}: the newest version is at LSN {lsn}, the index says otherwise", entry.key)));
+                    }
                     break 'blocks;
                 }
             }
@@ -393,9 +414,12 @@ struct CachedBlock {
 /// Converts a format check failure into the error callers see.
 fn format_error(path: &Path, e: FormatError) -> LayerError {
     match e.unsupported_version {
-        Some(version) => {
-            LayerError::UnsupportedVersion { path: path.to_path_buf(), offset: e.offset, version, supported: format::FORMAT_VERSION }
-        }
+        Some(version) => LayerError::UnsupportedVersion {
+            path: path.to_path_buf(),
+            offset: e.offset,
+            version,
+            supported: format::FORMAT_VERSION_OLDEST..=format::FORMAT_VERSION,
+        },
         None => LayerError::corrupt(path, e.offset, e.reason),
     }
 }
@@ -404,9 +428,10 @@ fn format_error(path: &Path, e: FormatError) -> LayerError {
 fn decode_index(header: &Header, bytes: &[u8]) -> Result<Vec<IndexEntry>, FormatError> {
     let mut index: Vec<IndexEntry> = Vec::with_capacity(header.key_count as usize);
     let mut total: u64 = 0;
-    for (i, chunk) in bytes.chunks_exact(INDEX_ENTRY_SIZE_BYTES).enumerate() {
-        let offset = header.index_offset + (i * INDEX_ENTRY_SIZE_BYTES) as u64;
-        let e = IndexEntry::decode(chunk, offset)?;
+    let entry_size = format::index_entry_size(header.version);
+    for (i, chunk) in bytes.chunks_exact(entry_size).enumerate() {
+        let offset = header.index_offset + (i * entry_size) as u64;
+        let e = IndexEntry::decode(chunk, header.version, offset)?;
         let bad = |reason: String| Err(FormatError::new(offset, reason));
         if index.last().is_some_and(|prev| prev.key >= e.key || prev.block_offset > e.block_offset) {
             return bad(format!("index entry for {} out of order", e.key));
@@ -416,6 +441,15 @@ fn decode_index(header: &Header, bytes: &[u8]) -> Result<Vec<IndexEntry>, Format
         }
         if !(HEADER_SIZE_BYTES as u64..header.index_offset).contains(&e.block_offset) || e.value_count == 0 {
             return bad(format!("index entry {} points at block {} with {} versions", e.key, e.block_offset, e.value_count));
+        }
+        // The newest version: inside the layer, after the oldest if there are several, the
+        // oldest itself if there is one.
+        if e.last_lsn.is_some_and(|last| !(header.lsn_start..header.lsn_end).contains(&last) || (last > e.first_lsn) != (e.value_count > 1))
+        {
+            return bad(format!(
+                "index entry {} has versions from LSN {} to {:?}, {} of them",
+                e.key, e.first_lsn, e.last_lsn, e.value_count
+            ));
         }
         if header.kind == LayerKind::Image && e.value_count != 1 {
             return bad(format!("image layer has {} versions of {}", e.value_count, e.key));

@@ -95,8 +95,9 @@ impl LayerWriter {
         match self.index.last_mut() {
             Some(entry) if entry.key == key => {
                 entry.value_count = entry.value_count.checked_add(1).context("too many versions of one key")?;
+                entry.last_lsn = Some(lsn);
             }
-            _ => self.index.push(IndexEntry { key, first_lsn: lsn, block_offset: self.data_end, value_count: 1 }),
+            _ => self.index.push(IndexEntry { key, first_lsn: lsn, last_lsn: Some(lsn), block_offset: self.data_end, value_count: 1 }),
         }
         format::encode_entry(&mut self.block_buf, key, lsn, value.tag(), value.payload());
         self.last = Some((key, lsn));
@@ -158,6 +159,7 @@ impl LayerWriter {
             entry.encode(&mut index_bytes);
         }
         let header = Header {
+            version: format::FORMAT_VERSION,
             kind: self.kind,
             key_range,
             lsn_start: self.lsn_start,

@@ -73,7 +73,12 @@ impl TimelineMetadata {
         }
         let version = u16::from_le_bytes([bytes[8], bytes[9]]);
         if version != FORMAT_VERSION {
-            return Err(LayerError::UnsupportedVersion { path: path.to_path_buf(), offset: 8, version, supported: FORMAT_VERSION });
+            return Err(LayerError::UnsupportedVersion {
+                path: path.to_path_buf(),
+                offset: 8,
+                version,
+                supported: FORMAT_VERSION..=FORMAT_VERSION,
+            });
         }
         let crc = crc32c::crc32c(&bytes[..68]);
         let stored = u32::from_le_bytes([bytes[68], bytes[69], bytes[70], bytes[71]]);
