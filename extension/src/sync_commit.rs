@@ -6,10 +6,12 @@
 //!    proposer at once instead of at its next poll,
 //! 2. applies backpressure: while `fjord.max_pageserver_lag` is above 0 and this compute's
 //!    flushed WAL is more than that ahead of the pageserver's apply LSN (as the safekeepers
-//!    report it), the backend sleeps in short steps. Reads wait for the pageserver to reach
-//!    their LSN, so an unbounded lag would make reads of recently changed pages slow; slowing
-//!    the writers down is what keeps it bounded, and
-//! 3. waits for the release itself (the worker releases once a majority of safekeepers has
+//!    report it), the backend sleeps in short steps, waking the worker at each so that the
+//!    lag it looks at is current. Reads wait for the pageserver to reach their LSN, so an
+//!    unbounded lag would make reads of recently changed pages slow; slowing the writers
+//!    down is what keeps it bounded, and
+//! 3. waits for the release itself, at the same time as for the lag (a commit held back by
+//!    the lag is not also made to wait for the safekeepers after it) (the worker releases once a majority of safekeepers has
 //!    the WAL), so that it sees a cancel first: PostgreSQL's own loop would end the wait on
 //!    a query cancel (`pg_cancel_backend`, `statement_timeout`) and let COMMIT report
 //!    success with a WARNING, for a commit that may be on no safekeeper and so may vanish
@@ -21,8 +23,9 @@
 //!
 //! Invariants:
 //! - The hook never raises an ERROR or FATAL: the transaction has already committed locally,
-//!   and PostgreSQL holds interrupts here. It returns as soon as the backend is released,
-//!   or `ProcDiePending` is set (after turning a cancel into it), and leaves the rest to
+//!   and PostgreSQL holds interrupts here. It returns as soon as the backend is released
+//!   and not held back by the lag (a cancel ends the backpressure), or `ProcDiePending` is
+//!   set (after turning a cancel before the release into it), and leaves the rest to
 //!   `SyncRepWaitForLSN()`.
 //! - No success is reported for a wait that was not released: the hook returns before the
 //!   release only with `ProcDiePending` set and output to the client off.
@@ -77,10 +80,6 @@ fn cancel_pending() -> bool {
     unsafe { (&raw const pg_sys::QueryCancelPending).read_volatile() != 0 }
 }
 
-fn interrupt_pending() -> bool {
-    die_pending() || cancel_pending()
-}
-
 /// Whether the worker released this backend's wait (`SyncRepWakeQueue` sets the state, then
 /// the latch).
 fn released() -> bool {
@@ -109,23 +108,6 @@ fn sleep_on_latch(ms: std::ffi::c_long, wait_event: u32) -> bool {
     rc & pg_sys::WL_POSTMASTER_DEATH as i32 == 0
 }
 
-/// Waits until the worker releases this backend, or until an interrupt. A query cancel is
-/// turned into the end of the session (see the module's comment).
-fn wait_for_release(lsn: pg_sys::XLogRecPtr) {
-    loop {
-        if released() || die_pending() {
-            return;
-        }
-        if cancel_pending() {
-            end_session_on_cancel(lsn);
-            return;
-        }
-        if !sleep_on_latch(RELEASE_STEP_MS, pg_sys::WaitEventIPC::WAIT_EVENT_SYNC_REP) {
-            return;
-        }
-    }
-}
-
 /// The cancel of a wait whose WAL may be on no safekeeper: warn the client, then make the
 /// cancel a termination so that PostgreSQL's loop ends the wait without reporting success.
 fn end_session_on_cancel(lsn: pg_sys::XLogRecPtr) {
@@ -152,6 +134,14 @@ fn end_session_on_cancel(lsn: pg_sys::XLogRecPtr) {
 unsafe extern "C-unwind" fn fjord_syncrep_wait(lsn: pg_sys::XLogRecPtr, _commit: bool) {
     let Some(shared) = shmem::shared() else { return };
     let wp = &shared.walproposer;
+    wake_worker(wp);
+    wait(wp, lsn);
+}
+
+/// Sets the WAL proposer worker's latch, so that it hands new WAL to the proposer, and
+/// publishes the safekeepers' latest news of the pageserver, at once rather than at its
+/// next poll.
+fn wake_worker(wp: &shmem::WalProposerShared) {
     let latch = wp.worker_latch.load(Ordering::Acquire);
     if !latch.is_null() {
         // SAFETY: the worker's latch in its PGPROC (shared memory); setting a latch whose
@@ -159,26 +149,56 @@ unsafe extern "C-unwind" fn fjord_syncrep_wait(lsn: pg_sys::XLogRecPtr, _commit:
         // PostgreSQL tolerates).
         unsafe { pg_sys::SetLatch(latch) };
     }
-
-    throttle(wp);
-    wait_for_release(lsn);
 }
 
-/// Backpressure: sleeps while the pageserver lags more than `fjord.max_pageserver_lag`.
-fn throttle(wp: &shmem::WalProposerShared) {
+/// Whether the pageserver lags more than `fjord.max_pageserver_lag` (never while it is 0).
+fn lagging(wp: &shmem::WalProposerShared) -> bool {
     let limit = guc::max_pageserver_lag_bytes();
-    if limit == 0 {
-        return;
-    }
-    let mut started: Option<Instant> = None;
-    while pageserver_lag_bytes(wp).is_some_and(|lag| lag > limit) && !interrupt_pending() {
-        started.get_or_insert_with(Instant::now);
-        if !sleep_on_latch(THROTTLE_STEP_MS, pg_sys::PG_WAIT_EXTENSION) {
+    limit > 0 && pageserver_lag_bytes(wp).is_some_and(|lag| lag > limit)
+}
+
+/// Waits until the worker has released this backend and the pageserver is within
+/// `fjord.max_pageserver_lag` (backpressure), or until an interrupt. The two waits overlap:
+/// a commit held back by the lag is not also made to wait for the safekeepers afterwards.
+/// While the lag holds it back, the backend looks again every `THROTTLE_STEP_MS` and wakes
+/// the worker each time, so that the lag it compares against is current. A query cancel
+/// before the release is turned into the end of the session (see the module's comment);
+/// after it, it only ends the backpressure.
+fn wait(wp: &shmem::WalProposerShared, lsn: pg_sys::XLogRecPtr) {
+    let mut throttled_since: Option<Instant> = None;
+    let mut throttled = std::time::Duration::ZERO;
+    loop {
+        let done = released();
+        let behind = lagging(wp);
+        if behind {
+            throttled_since.get_or_insert_with(Instant::now);
+            wake_worker(wp);
+        } else if let Some(since) = throttled_since.take() {
+            throttled += since.elapsed();
+        }
+        if (done && !behind) || die_pending() {
+            break;
+        }
+        if cancel_pending() {
+            if !done {
+                end_session_on_cancel(lsn);
+            }
+            break;
+        }
+        let (step, event) = if behind {
+            (THROTTLE_STEP_MS, pg_sys::PG_WAIT_EXTENSION)
+        } else {
+            (RELEASE_STEP_MS, pg_sys::WaitEventIPC::WAIT_EVENT_SYNC_REP)
+        };
+        if !sleep_on_latch(step, event) {
             break;
         }
     }
-    if let Some(started) = started {
-        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    if let Some(since) = throttled_since {
+        throttled += since.elapsed();
+    }
+    if !throttled.is_zero() {
+        let us = u64::try_from(throttled.as_micros()).unwrap_or(u64::MAX);
         wp.throttled_us.fetch_add(us, Ordering::Relaxed);
         wp.throttled_waits.fetch_add(1, Ordering::Relaxed);
     }

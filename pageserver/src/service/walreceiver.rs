@@ -35,7 +35,11 @@
 //! then at once a status update with write = flush = the durable end and apply = the last
 //! record LSN (ingested). Only then is the batch decoded and ingested, so a synchronous
 //! commit waits for the network and one fsync, not for ingest or a layer flush. A
-//! keepalive that asks for a reply gets one after the batch's fsync. Status updates also
+//! keepalive that asks for a reply gets one after the batch's fsync. A batch of at least
+//! `APPLY_STATUS_BYTES` gets a second status update once it is ingested, so that the
+//! compute's backpressure (`fjord.max_pageserver_lag`, which compares against the apply
+//! position) sees a bulk load's progress as it happens, not up to `STATUS_INTERVAL` late;
+//! the small batches of OLTP traffic do not pay for a second message. Status updates also
 //! go out every `STATUS_INTERVAL`.
 //!
 //! **Start and restart.** Each streaming session (the first, after a reconnect or a switch
@@ -145,6 +149,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 const IDLE_FLUSH_AFTER: Duration = Duration::from_millis(500);
 /// At most this much WAL is drained from the socket per fsync.
 const BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// A batch at least this large is followed by a status update once it is ingested.
+const APPLY_STATUS_BYTES: usize = 256 * 1024;
 /// How long a read waits before the loop checks for a stop request and sends feedback.
 const READ_TIMEOUT: Duration = Duration::from_millis(20);
 
@@ -592,6 +598,12 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         }
         ctx.gate.set_last_record(ingest.last_record());
         drop(held);
+        if streaming && batch_bytes >= APPLY_STATUS_BYTES {
+            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut remote_consistent_sent) {
+                return Ended::Connection(e);
+            }
+            last_status = Instant::now();
+        }
         if let Some(wal_end) = server_end {
             set_status(status, |s| {
                 s.last_received_lsn = Some(decoder.next_feed_lsn());
