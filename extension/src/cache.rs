@@ -4,8 +4,14 @@
 //! WAL is. A later read must ask the pageserver for a version at least as new as the
 //! page's last change, and should not ask for more (the pageserver would wait for WAL it
 //! does not need). Each block hashes to one of `LWLSN_SLOTS` slots holding the highest
-//! LSN written by any block that hashes there: an over-estimate, never an under-estimate,
-//! so reads are always correct and at worst wait a little. A relation fork's size changes
+//! LSN written by any block that hashes there, and its fork to one of `LWLSN_FORK_SLOTS`
+//! slots holding the highest LSN written by any block of any fork that hashes there. Each
+//! is an over-estimate, never an under-estimate, and so is the smaller of the two, which
+//! is what a read uses: reads are always correct and at worst wait a little. The fork
+//! level is what keeps a bulk load from making other relations' reads wait: the load's
+//! pages fill a good part of the block slots with LSNs near the end of WAL, and a block of
+//! another relation that is not local (a catalog page ANALYZE reads, say) would otherwise
+//! ask the pageserver for a version it is still ingesting. A relation fork's size changes
 //! (extend, truncate, unlink) are tracked the same way under the block number
 //! `u32::MAX`. A slot never written reads as 0; callers raise it to a floor no older than
 //! the compute's start LSN (see `smgr::read_lsns`).
@@ -28,7 +34,7 @@ use std::sync::atomic::Ordering;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::shmem::{self, relsize_entries, RelSizeEntry, Shared, LWLSN_SLOTS};
+use crate::shmem::{self, relsize_entries, RelSizeEntry, Shared, LWLSN_FORK_SLOTS, LWLSN_SLOTS};
 
 /// A relation fork: (tablespace, database, relfilenode, fork).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -62,15 +68,22 @@ fn lwlsn_slot<'a>(s: &'a Shared, r: &RelFork, blkno: u32) -> &'a std::sync::atom
     &s.lwlsn[(h as usize) & (LWLSN_SLOTS - 1)]
 }
 
-/// Records that `blkno` of `r` was written at `lsn` (only ever raises the slot).
+fn lwlsn_fork_slot<'a>(s: &'a Shared, r: &RelFork) -> &'a std::sync::atomic::AtomicU64 {
+    &s.lwlsn_forks[(hash_fork(r) as usize) & (LWLSN_FORK_SLOTS - 1)]
+}
+
+/// Records that `blkno` of `r` was written at `lsn` (only ever raises the slots).
 pub fn set_last_written(r: &RelFork, blkno: u32, lsn: u64) {
     if let Some(s) = shmem::shared() {
+        lwlsn_fork_slot(s, r).fetch_max(lsn, Ordering::AcqRel);
         lwlsn_slot(s, r, blkno).fetch_max(lsn, Ordering::AcqRel);
     }
 }
 
+/// An LSN at or above the last write of `blkno` of `r` since the compute started (0: none
+/// that this cache knows of): the smaller of its block slot and its fork slot.
 pub fn last_written(r: &RelFork, blkno: u32) -> u64 {
-    shmem::shared().map_or(0, |s| lwlsn_slot(s, r, blkno).load(Ordering::Acquire))
+    shmem::shared().map_or(0, |s| lwlsn_slot(s, r, blkno).load(Ordering::Acquire).min(lwlsn_fork_slot(s, r).load(Ordering::Acquire)))
 }
 
 pub fn set_relation_changed(r: &RelFork, lsn: u64) {

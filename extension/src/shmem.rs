@@ -172,11 +172,15 @@ pub struct ReplicaInfo {
 /// Slots of the last-written LSN cache: a lossy map from block to the highest LSN at which
 /// any block hashing to the slot was last written. 2^16 slots, 512 KiB.
 pub const LWLSN_SLOTS: usize = 1 << 16;
+/// Slots of its per-fork level: the highest LSN at which any block of any fork hashing to
+/// the slot was written. 2^14 slots, 128 KiB.
+pub const LWLSN_FORK_SLOTS: usize = 1 << 14;
 
 #[repr(C)]
 pub struct Shared {
     pub counters: PerProcess<SmgrCounters>,
     pub lwlsn: [AtomicU64; LWLSN_SLOTS],
+    pub lwlsn_forks: [AtomicU64; LWLSN_FORK_SLOTS],
     pub relsize_lock: *mut pg_sys::LWLock,
     pub relsize_capacity: usize,
     /// Slots in use; changed only under the lock.
