@@ -11,7 +11,10 @@
 //! whatever buffer held it last wrote its newest version here (a clean buffer was never
 //! changed since it was read, and the read stored it). The paths around the buffer pool
 //! drop what they make stale: truncation drops the blocks past the new end, an unlink
-//! drops the fork, DROP DATABASE drops the database's blocks.
+//! drops the fork, DROP DATABASE drops the database's blocks. Valid entries are also
+//! counted per hash of their fork, so dropping a fork the cache holds nothing of (most
+//! forks a DROP TABLE unlinks: the visibility map or init fork that never existed, with
+//! no cached size to bound the drop) costs one load, not a walk over the whole index.
 //!
 //! **Layout.** One file of `fjord.file_cache_size` bytes (`fjord.file_cache_path`), cut
 //! into 8 KiB slots. The index is in shared memory, split into stripes: each stripe owns
@@ -69,6 +72,8 @@ const MAX_STRIPES: usize = 1024;
 /// A stripe holds at least this many slots (fewer stripes for a small cache).
 const MIN_SLOTS_PER_STRIPE: usize = 32;
 const TRANCHE: &std::ffi::CStr = c"fjord_file_cache";
+/// Slots of `FileCacheShared::fork_entries`.
+const FORK_COUNT_SLOTS: usize = 1 << 14;
 
 /// Counters since the server started.
 #[derive(Default)]
@@ -102,6 +107,10 @@ pub struct FileCacheShared {
     /// Set by the first eviction, which logs that the cache is full.
     full_logged: AtomicBool,
     pub counters: PerProcess<FileCacheCounters>,
+    /// Valid entries per hash of their fork (`fork_slot`): a sum over the forks hashing to
+    /// a slot, so a zero says that a fork has no entry at all, and dropping it needs no look
+    /// at the index. Changed under the entry's stripe lock, by any stripe.
+    fork_entries: [AtomicU32; FORK_COUNT_SLOTS],
 }
 
 /// One slot's index entry. Fields change only under the stripe's exclusive lock, except
@@ -360,6 +369,7 @@ fn restore(fc: &FileCacheShared, saved: SavedIndex) {
         entry.next.store(buckets(fc)[bucket].load(Ordering::Relaxed), Ordering::Relaxed);
         buckets(fc)[bucket].store(slot as u32, Ordering::Relaxed);
         entry.valid.store(1, Ordering::Relaxed);
+        fork_count(fc, &tag.rel).fetch_add(1, Ordering::AcqRel);
         stripes(fc)[stripe].used.fetch_add(1, Ordering::Relaxed);
         restored += 1;
     }
@@ -465,11 +475,25 @@ pub fn status() -> Option<(&'static FileCacheShared, bool)> {
     Some((fc, fc.enabled.load(Ordering::Relaxed)))
 }
 
-/// A stripe's clock hand and how many of its slots are in use; under the stripe's lock.
+/// A stripe's clock hand, how many of its slots are in use, and where to start looking for
+/// a free one; under the stripe's lock.
 #[repr(C)]
 struct StripeState {
     hand: AtomicU32,
     used: AtomicU32,
+    /// The slot (`k` of the stripe) after the last one a store took while the stripe was not
+    /// full: a filling stripe takes its slots in order, so looking from here finds a free
+    /// one at once instead of walking past every slot already taken.
+    free_hint: AtomicU32,
+}
+
+fn fork_count<'a>(fc: &'a FileCacheShared, rel: &RelFork) -> &'a AtomicU32 {
+    &fc.fork_entries[(hash_fork(rel) as usize) & (FORK_COUNT_SLOTS - 1)]
+}
+
+/// Whether the cache may hold a block of `rel` (false: certainly none).
+fn may_hold(fc: &FileCacheShared, rel: &RelFork) -> bool {
+    fork_count(fc, rel).load(Ordering::Acquire) != 0
 }
 
 fn stripes(fc: &FileCacheShared) -> &[StripeState] {
@@ -600,6 +624,7 @@ fn unlink(fc: &FileCacheShared, i: usize) {
     e.next.store(NONE, Ordering::Relaxed);
     e.valid.store(0, Ordering::Relaxed);
     e.verified.store(0, Ordering::Relaxed);
+    fork_count(fc, &e.tag().rel).fetch_sub(1, Ordering::AcqRel);
     fc.used.0.fetch_sub(1, Ordering::Relaxed);
     stripes(fc)[stripe_of(fc, i)].used.fetch_sub(1, Ordering::Relaxed);
 }
@@ -620,7 +645,12 @@ fn victim(fc: &FileCacheShared, stripe: usize) -> usize {
     let entries = entries(fc);
     let state = &stripes(fc)[stripe];
     let slot = if (state.used.load(Ordering::Relaxed) as usize) < fc.per_stripe {
-        (0..fc.per_stripe).map(|k| slot_of(fc, stripe, k)).find(|&i| entries[i].valid.load(Ordering::Relaxed) == 0)
+        let from = state.free_hint.load(Ordering::Relaxed) as usize % fc.per_stripe;
+        let k = (from..fc.per_stripe).chain(0..from).find(|&k| entries[slot_of(fc, stripe, k)].valid.load(Ordering::Relaxed) == 0);
+        if let Some(k) = k {
+            state.free_hint.store(((k + 1) % fc.per_stripe) as u32, Ordering::Relaxed);
+        }
+        k.map(|k| slot_of(fc, stripe, k))
     } else {
         None
     };
@@ -748,6 +778,7 @@ pub fn store(tag: &BlockTag, page: &[u8], dep_lsn: u64) {
             e.next.store(buckets(fc)[bucket].load(Ordering::Relaxed), Ordering::Relaxed);
             buckets(fc)[bucket].store(i as u32, Ordering::Relaxed);
             e.valid.store(1, Ordering::Relaxed);
+            fork_count(fc, &tag.rel).fetch_add(1, Ordering::AcqRel);
             fc.used.0.fetch_add(1, Ordering::Relaxed);
             i
         }
@@ -793,7 +824,7 @@ fn invalidate_where(fc: &FileCacheShared, pred: impl Fn(&BlockTag) -> bool) {
 /// Drops blocks `from..to` of `rel` (a truncation; an unlink with a known size).
 pub fn invalidate_blocks(rel: &RelFork, from: u32, to: u32) {
     let Some(fc) = shared() else { return };
-    if from >= to {
+    if from >= to || !may_hold(fc, rel) {
         return;
     }
     if (to - from) as usize > fc.slots {
@@ -807,7 +838,7 @@ pub fn invalidate_blocks(rel: &RelFork, from: u32, to: u32) {
 
 /// Drops every block of `rel` (an unlink whose size is not known).
 pub fn invalidate_fork(rel: &RelFork) {
-    if let Some(fc) = shared() {
+    if let Some(fc) = shared().filter(|fc| may_hold(fc, rel)) {
         invalidate_where(fc, |t| t.rel == *rel);
     }
 }

@@ -173,6 +173,30 @@ def test_the_cache_survives_a_restart(tmp_path, timeline, safekeepers):
     assert st2["checksum_failures"] == 0
 
 
+def test_a_drop_after_a_restart_drops_the_reused_pages(tmp_path, timeline, safekeepers):
+    """Pages reused from before a restart count toward their fork like stored ones: a
+    table dropped before anything read it again (no size cached) loses them all."""
+    ep = Endpoint(tmp_path, timeline, "ep", settings=CACHED, safekeepers=safekeepers).start()
+    with ep.connect() as conn:
+        conn.execute("CREATE TABLE keep (id int, v text)")
+        conn.execute("CREATE TABLE gone (id int, v text)")
+        for t in ("keep", "gone"):
+            conn.execute(f"INSERT INTO {t} SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
+        pages = conn.execute("SELECT pg_relation_size('gone') / 8192").fetchone()[0]
+    expected = table_sums(ep, ["keep"])
+    ep.stop()
+    ep.start()
+    st = lfc_status(ep)
+    assert st["restored"] >= 2 * pages, (pages, st)
+    with ep.connect() as conn:
+        conn.execute("DROP TABLE gone")
+    st2 = lfc_status(ep)
+    assert st2["invalidations"] - st["invalidations"] >= pages, (pages, st, st2)
+    # The DROP itself reads and stores a few catalog pages.
+    assert st2["used_pages"] <= st["used_pages"] - pages + 20, (pages, st, st2)
+    assert table_sums(ep, ["keep"]) == expected
+
+
 def test_writes_the_cache_did_not_see_are_never_served(tmp_path, timeline, safekeepers):
     """Another endpoint writes to the branch between two starts of the first: every block
     it changed, truncated or dropped must come from the pageserver, not the cache."""
