@@ -71,7 +71,9 @@ pub struct PageService {
     /// How long a request waits for its `not_modified_since` LSN to be ingested.
     wait_lsn_timeout: Duration,
     observer: Option<Arc<dyn ReadObserver>>,
-    /// Checks the `Hello`'s token when set; told the reason of every refusal.
+    /// Checks the `Hello`'s token when set; told the reason of every refusal. (Tokens are
+    /// part of the `server` feature; the fuzz targets build without it.)
+    #[cfg(feature = "server")]
     auth: Option<(Arc<auth::Verifier>, Arc<RefusalObserver>)>,
 }
 
@@ -108,10 +110,18 @@ enum ConnectionError {
 
 impl PageService {
     pub fn new(tenants: Arc<TenantRegistry>, reconstructor: Arc<dyn Reconstructor>, wait_lsn_timeout: Duration) -> PageService {
-        PageService { tenants, reconstructor, wait_lsn_timeout, observer: None, auth: None }
+        PageService {
+            tenants,
+            reconstructor,
+            wait_lsn_timeout,
+            observer: None,
+            #[cfg(feature = "server")]
+            auth: None,
+        }
     }
 
     /// Requires every `Hello` to carry a token that grants its timeline.
+    #[cfg(feature = "server")]
     pub fn with_auth(mut self, verifier: Arc<auth::Verifier>, on_refusal: Arc<RefusalObserver>) -> PageService {
         self.auth = Some((verifier, on_refusal));
         self
@@ -182,6 +192,9 @@ impl PageService {
             }
         };
         // Before the timeline is looked up: a client without a token learns nothing.
+        #[cfg(not(feature = "server"))]
+        let _ = token;
+        #[cfg(feature = "server")]
         if let Some((verifier, on_refusal)) = &self.auth {
             let access = auth::Access::Compute { tenant: tenant_id, timeline: Some(timeline_id) };
             if let Err(e) = verifier.authorize(Some(&token), access) {
