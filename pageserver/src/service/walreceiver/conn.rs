@@ -62,6 +62,18 @@ pub(super) struct Identity {
     pub xlogpos: Lsn,
 }
 
+/// A failed read or write: a reset (or a write to a closed socket) is the server closing
+/// the connection, as a server that stops does when a status update of ours is on its way,
+/// and is reported as such; anything else keeps its cause.
+fn io_error(e: std::io::Error, what: &'static str) -> anyhow::Error {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+    if matches!(e.kind(), ConnectionReset | ConnectionAborted | BrokenPipe) {
+        anyhow::anyhow!("the server closed the connection ({e})")
+    } else {
+        anyhow::Error::new(e).context(what)
+    }
+}
+
 impl Conn {
     /// Whether the server is a safekeeper that accepts the remote-consistent LSN message
     /// (it reported `fjord.safekeeper` of version 1 or later at startup).
@@ -75,7 +87,7 @@ impl Conn {
     }
 
     pub fn send(&mut self, out: &BytesMut) -> anyhow::Result<()> {
-        self.stream.write_all(out).context("write to the server")
+        self.stream.write_all(out).map_err(|e| io_error(e, "write to the server"))
     }
 
     /// A complete message from the buffer, if there is one.
@@ -105,7 +117,7 @@ impl Conn {
                 Ok(0) => bail!("the server closed the connection"),
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return Ok(None),
-                Err(e) => return Err(e).context("read from the server"),
+                Err(e) => return Err(io_error(e, "read from the server")),
             }
         }
     }
@@ -125,7 +137,7 @@ impl Conn {
                 return match e.kind() {
                     std::io::ErrorKind::WouldBlock => Ok(None),
                     std::io::ErrorKind::Interrupted => continue,
-                    _ => Err(e).context("read from the server"),
+                    _ => Err(io_error(e, "read from the server")),
                 };
             }
             if n == 0 {
@@ -336,6 +348,14 @@ mod tests {
     }
 
     const TIMEOUT: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn a_reset_is_the_server_closing_the_connection() {
+        let reset = io_error(std::io::Error::from(std::io::ErrorKind::ConnectionReset), "read from the server").to_string();
+        assert!(reset.starts_with("the server closed the connection ("), "{reset}");
+        let other = io_error(std::io::Error::from(std::io::ErrorKind::PermissionDenied), "read from the server").to_string();
+        assert_eq!(other, "read from the server");
+    }
 
     #[test]
     fn the_token_is_the_password_when_the_server_asks() {
