@@ -63,13 +63,20 @@ pub(crate) fn hash_fork(r: &RelFork) -> u64 {
     mix(mix(a) ^ b)
 }
 
+/// The slot of `r` in a per-fork array of `slots` entries (a power of two): the last-written
+/// LSN's fork level here, the file cache's per-fork entry counts.
+pub(crate) fn fork_slot(r: &RelFork, slots: usize) -> usize {
+    debug_assert!(slots.is_power_of_two());
+    (hash_fork(r) as usize) & (slots - 1)
+}
+
 fn lwlsn_slot<'a>(s: &'a Shared, r: &RelFork, blkno: u32) -> &'a std::sync::atomic::AtomicU64 {
     let h = mix(hash_fork(r) ^ u64::from(blkno));
     &s.lwlsn[(h as usize) & (LWLSN_SLOTS - 1)]
 }
 
 fn lwlsn_fork_slot<'a>(s: &'a Shared, r: &RelFork) -> &'a std::sync::atomic::AtomicU64 {
-    &s.lwlsn_forks[(hash_fork(r) as usize) & (LWLSN_FORK_SLOTS - 1)]
+    &s.lwlsn_forks[fork_slot(r, LWLSN_FORK_SLOTS)]
 }
 
 /// Records that `blkno` of `r` was written at `lsn` (only ever raises the slots).

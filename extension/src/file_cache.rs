@@ -62,7 +62,7 @@ use pgrx::prelude::*;
 use proto::filecache::{SavedEntry, SavedIndex};
 use proto::{Lsn, TenantId, TimelineId};
 
-use crate::cache::{hash_fork, mix, RelFork};
+use crate::cache::{fork_slot, hash_fork, mix, RelFork};
 use crate::guc;
 use crate::shmem::{Padded, PerProcess};
 
@@ -107,7 +107,7 @@ pub struct FileCacheShared {
     /// Set by the first eviction, which logs that the cache is full.
     full_logged: AtomicBool,
     pub counters: PerProcess<FileCacheCounters>,
-    /// Valid entries per hash of their fork (`fork_slot`): a sum over the forks hashing to
+    /// Valid entries per hash of their fork (`fork_count`): a sum over the forks hashing to
     /// a slot, so a zero says that a fork has no entry at all, and dropping it needs no look
     /// at the index. Changed under the entry's stripe lock, by any stripe.
     fork_entries: [AtomicU32; FORK_COUNT_SLOTS],
@@ -488,7 +488,7 @@ struct StripeState {
 }
 
 fn fork_count<'a>(fc: &'a FileCacheShared, rel: &RelFork) -> &'a AtomicU32 {
-    &fc.fork_entries[(hash_fork(rel) as usize) & (FORK_COUNT_SLOTS - 1)]
+    &fc.fork_entries[fork_slot(rel, FORK_COUNT_SLOTS)]
 }
 
 /// Whether the cache may hold a block of `rel` (false: certainly none).

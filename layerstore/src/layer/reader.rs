@@ -266,7 +266,7 @@ impl LayerReader {
                 }
                 _ => {
                     if let Some((entry, seen, newest)) = current {
-                        self.check_count(&entry, seen, newest)?;
+                        self.check_entry(&entry, seen, newest)?;
                     }
                     let Some(entry) = index.next().copied() else {
                         return Err(self.corrupt(self.header.index_offset, format!("key {key} is missing from the index")));
@@ -285,7 +285,7 @@ impl LayerReader {
             }
         }
         if let Some((entry, seen, newest)) = current {
-            self.check_count(&entry, seen, newest)?;
+            self.check_entry(&entry, seen, newest)?;
         }
         if let Some(entry) = index.next() {
             return Err(self.corrupt(self.header.index_offset, format!("index lists key {} that no block holds", entry.key)));
@@ -295,17 +295,19 @@ impl LayerReader {
 
     /// Checks what the scrub found of one key (`seen` versions, the newest at `newest`)
     /// against its index entry.
-    fn check_count(&self, entry: &IndexEntry, seen: u32, newest: Lsn) -> Result<(), LayerError> {
+    fn check_entry(&self, entry: &IndexEntry, seen: u32, newest: Lsn) -> Result<(), LayerError> {
         if seen != entry.value_count {
             return Err(
                 self.corrupt(entry.block_offset, format!("key {} has {seen} versions, the index says {}", entry.key, entry.value_count))
             );
         }
+        self.check_newest(entry, newest, entry.block_offset)
+    }
+
+    /// The index entry's newest LSN, when it has one, must be where the key's versions end.
+    fn check_newest(&self, entry: &IndexEntry, newest: Lsn, offset: u64) -> Result<(), LayerError> {
         if entry.last_lsn.is_some_and(|last| last != newest) {
-            return Err(self.corrupt(
-                entry.block_offset,
-                format!("key {}: the newest version is at LSN {newest}, the index says otherwise", entry.key),
-            ));
+            return Err(self.corrupt(offset, format!("key {}: the newest version is at LSN {newest}, the index says otherwise", entry.key)));
         }
         Ok(())
     }
@@ -387,10 +389,7 @@ impl LayerReader {
                 }
                 out.push((lsn, value));
                 if out.len() == entry.value_count as usize {
-                    if entry.last_lsn.is_some_and(|last| last != lsn) {
-                        return Err(self
-                            .corrupt(offset, format!("key {}: the newest version is at LSN {lsn}, the index says otherwise", entry.key)));
-                    }
+                    self.check_newest(entry, lsn, offset)?;
                     break 'blocks;
                 }
             }

@@ -388,12 +388,19 @@ fn now_pg_micros() -> i64 {
     i64::try_from(unix.as_micros()).unwrap_or(i64::MAX) - (PG_EPOCH_UNIX_SECONDS as i64) * 1_000_000
 }
 
+/// What a session last told the server: when it sent a status update, and (a safekeeper
+/// only) the remote-consistent LSN.
+struct StatusSent {
+    at: Instant,
+    remote_consistent: Lsn,
+}
+
 /// A standby status update: written = flushed = the local WAL's durable end, applied =
 /// ingested (the last record LSN). To a safekeeper (`Conn::accepts_remote_consistent_lsn`),
-/// also the timeline's remote-consistent LSN when it moved past `remote_consistent_sent`
+/// also the timeline's remote-consistent LSN when it moved past the one `sent` records
 /// (fjord's message: `P` and the LSN, big-endian): WAL below it is in object storage, and
 /// the safekeepers may remove it.
-fn send_status(conn: &mut Conn, timeline: &Timeline, durable: Lsn, remote_consistent_sent: &mut Lsn) -> anyhow::Result<()> {
+fn send_status(conn: &mut Conn, timeline: &Timeline, durable: Lsn, sent: &mut StatusSent) -> anyhow::Result<()> {
     let ingested = timeline.last_record_lsn();
     let mut payload = Vec::with_capacity(34);
     payload.push(b'r');
@@ -405,7 +412,7 @@ fn send_status(conn: &mut Conn, timeline: &Timeline, durable: Lsn, remote_consis
     let mut out = BytesMut::new();
     frontend::CopyData::new(&payload[..])?.write(&mut out);
     let remote_consistent = timeline.remote_consistent_lsn();
-    if conn.accepts_remote_consistent_lsn() && remote_consistent > *remote_consistent_sent {
+    if conn.accepts_remote_consistent_lsn() && remote_consistent > sent.remote_consistent {
         let mut payload = Vec::with_capacity(9);
         payload.push(REMOTE_CONSISTENT_LSN_TAG);
         payload.extend_from_slice(&remote_consistent.0.to_be_bytes());
@@ -413,7 +420,8 @@ fn send_status(conn: &mut Conn, timeline: &Timeline, durable: Lsn, remote_consis
         tracing::debug!("remote-consistent LSN {remote_consistent} sent");
     }
     conn.send(&out)?;
-    *remote_consistent_sent = (*remote_consistent_sent).max(remote_consistent);
+    sent.remote_consistent = sent.remote_consistent.max(remote_consistent);
+    sent.at = Instant::now();
     Ok(())
 }
 
@@ -492,9 +500,7 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
             src.last_error = None;
         }
     });
-    let mut last_status = Instant::now() - STATUS_INTERVAL;
-    // What this session told the server of the remote-consistent LSN (a safekeeper only).
-    let mut remote_consistent_sent = Lsn(0);
+    let mut sent = StatusSent { at: Instant::now() - STATUS_INTERVAL, remote_consistent: Lsn(0) };
     let mut local_wal_removed_below = Lsn(0);
     // For the idle flush only; `failover` keeps its own time of the last WAL for probing.
     let mut last_data = Instant::now();
@@ -573,10 +579,9 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         // newest LSN never falls between them (see `IngestGate`).
         let held = ctx.gate.hold();
         if streaming && (!batch.is_empty() || reply_requested) {
-            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut remote_consistent_sent) {
+            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut sent) {
                 return Ended::Connection(e);
             }
-            last_status = Instant::now();
         }
         for data in batch {
             decoder.feed_bytes(&data);
@@ -599,10 +604,9 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         ctx.gate.set_last_record(ingest.last_record());
         drop(held);
         if streaming && batch_bytes >= APPLY_STATUS_BYTES {
-            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut remote_consistent_sent) {
+            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut sent) {
                 return Ended::Connection(e);
             }
-            last_status = Instant::now();
         }
         if let Some(wal_end) = server_end {
             set_status(status, |s| {
@@ -629,11 +633,10 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
             }
             local_wal_removed_below = disk_consistent;
         }
-        if streaming && last_status.elapsed() >= STATUS_INTERVAL {
-            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut remote_consistent_sent) {
+        if streaming && sent.at.elapsed() >= STATUS_INTERVAL {
+            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut sent) {
                 return Ended::Connection(e);
             }
-            last_status = Instant::now();
         }
         if let Some(targets) = failover.probe_due(Instant::now()) {
             let results = probe_sources(ctx, &targets);
