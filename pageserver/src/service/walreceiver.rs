@@ -30,12 +30,20 @@
 //! **Durability and the fsync discipline.** Each turn of the loop waits (at most
 //! `READ_TIMEOUT`) for a message, then drains every message already readable from the
 //! socket without waiting (up to `BATCH_BYTES_MAX` of WAL), writing each `XLogData`
-//! payload into the local WAL segment files as it comes. Then, once per batch: one fsync
-//! of the segment files written (and of the `wal/` directory if a segment was created),
-//! then at once a status update with write = flush = the durable end and apply = the last
-//! record LSN (ingested). Only then is the batch decoded and ingested, so a synchronous
-//! commit waits for the network and one fsync, not for ingest or a layer flush. A
-//! keepalive that asks for a reply gets one after the batch's fsync. A batch of at least
+//! payload into the local WAL segment files as it comes. From a compute's walsender (the
+//! pageserver as a synchronous standby), once per batch: one fsync of the segment files
+//! written (and of the `wal/` directory if a segment was created), then at once a status
+//! update with write = flush = the durable end and apply = the last record LSN (ingested).
+//! Only then is the batch decoded and ingested, so a synchronous commit waits for the
+//! network and one fsync, not for ingest or a layer flush. From a safekeeper, whose WAL a
+//! quorum of safekeepers already holds and keeps until it is in object storage (the
+//! remote-consistent LSN below), no commit waits for the pageserver: the fsync and the
+//! status update come once per `STATUS_INTERVAL` instead of once per batch, which spares
+//! every small OLTP commit an fsync on the pageserver and a status message relayed through
+//! the safekeepers to the compute. WAL lost from the local WAL in a machine crash is
+//! received again: a restart streams from the last record ingested into layer files. A
+//! keepalive that asks for a reply gets one after the batch (after its fsync from a
+//! walsender). A batch of at least
 //! `APPLY_STATUS_BYTES` gets a second status update once it is ingested, so that the
 //! compute's backpressure (`fjord.max_pageserver_lag`, which compares against the apply
 //! position) sees a bulk load's progress as it happens, not up to `STATUS_INTERVAL` late;
@@ -425,6 +433,13 @@ fn send_status(conn: &mut Conn, timeline: &Timeline, durable: Lsn, sent: &mut St
     Ok(())
 }
 
+/// Fsyncs what was written to the local WAL and publishes the new durable end.
+fn sync_local_wal(wal: &mut LocalWal, status: &Mutex<WalReceiverStatus>) -> anyhow::Result<()> {
+    let durable = wal.sync().context("fsync the local WAL")?;
+    set_status(status, |s| s.durable_lsn = Some(durable));
+    Ok(())
+}
+
 /// Ingests the local WAL from the timeline's last record LSN to its end, then makes the
 /// local WAL ready for streaming from there (see the module documentation).
 fn replay_local_wal(timeline: &Timeline, ingest: &mut WalIngest, wal: &mut LocalWal) -> anyhow::Result<Lsn> {
@@ -484,6 +499,8 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         Ok(d) => d,
         Err(e) => return Ended::Fatal(anyhow!("cannot decode WAL from {start}: {e}")),
     };
+    // A safekeeper serves only WAL that a quorum of safekeepers holds (its commit LSN).
+    let from_quorum = conn.safekeeper().is_some();
     match conn.safekeeper() {
         Some(v) => tracing::info!(
             "streaming WAL from safekeeper {source} (protocol additions version {v}) at {start}, timeline {tli} (it has WAL up to {})",
@@ -569,16 +586,18 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         if !batch.is_empty() {
             last_data = Instant::now();
             failover.wal_received(last_data, wal.written_end());
-            let durable = match wal.sync() {
-                Ok(lsn) => lsn,
-                Err(e) => return Ended::Fatal(e.context("fsync the local WAL")),
-            };
-            set_status(status, |s| s.durable_lsn = Some(durable));
+            // From a safekeeper the WAL is already on a quorum: it is made durable here
+            // with the periodic status update below, not once per batch.
+            if !from_quorum {
+                if let Err(e) = sync_local_wal(wal, status) {
+                    return Ended::Fatal(e);
+                }
+            }
         }
         // Confirming and ingesting happen under the gate, so that a basebackup at the
         // newest LSN never falls between them (see `IngestGate`).
         let held = ctx.gate.hold();
-        if streaming && (!batch.is_empty() || reply_requested) {
+        if streaming && ((!batch.is_empty() && !from_quorum) || reply_requested) {
             if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut sent) {
                 return Ended::Connection(e);
             }
@@ -634,6 +653,11 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
             local_wal_removed_below = disk_consistent;
         }
         if streaming && sent.at.elapsed() >= STATUS_INTERVAL {
+            if from_quorum && wal.durable_end() < wal.written_end() {
+                if let Err(e) = sync_local_wal(wal, status) {
+                    return Ended::Fatal(e);
+                }
+            }
             if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut sent) {
                 return Ended::Connection(e);
             }
