@@ -27,7 +27,9 @@ pub static FILE_CACHE_PATH: GucSetting<Option<CString>> = GucSetting::<Option<CS
 pub static READAHEAD_BLOCKS: GucSetting<i32> = GucSetting::<i32>::new(32);
 /// In MB; see [`max_pageserver_lag_bytes`].
 pub static TESTING_FUNCTIONS: GucSetting<bool> = GucSetting::<bool>::new(false);
-pub static MAX_PAGESERVER_LAG_MB: GucSetting<i32> = GucSetting::<i32>::new(64);
+pub static MAX_PAGESERVER_LAG_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
+/// In ms; see [`max_pageserver_lag_time`].
+pub static MAX_PAGESERVER_LAG_TIME_MS: GucSetting<i32> = GucSetting::<i32>::new(2000);
 
 pub fn define() {
     GucRegistry::define_string_guc(
@@ -128,13 +130,23 @@ pub fn define() {
     );
     GucRegistry::define_int_guc(
         c"fjord.max_pageserver_lag",
-        c"How far the pageserver may fall behind this compute's WAL before commits are slowed down; 0 disables.",
-        c"The lag is this compute's flushed WAL minus the pageserver's apply LSN as the safekeepers report it. Reads wait for the pageserver to reach their LSN, so the lag bounds how long a read of a recently changed page can wait.",
+        c"How many bytes of WAL the pageserver may fall behind this compute's before commits are slowed down; 0 disables.",
+        c"The lag is this compute's flushed WAL minus the pageserver's apply LSN as the safekeepers report it. A hard cap beside fjord.max_pageserver_lag_time, which is what bounds how long reads wait.",
         &MAX_PAGESERVER_LAG_MB,
         0,
         1_048_576,
         GucContext::Sighup,
         GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"fjord.max_pageserver_lag_time",
+        c"How old the oldest WAL the pageserver has not applied may be before commits are slowed down; 0 disables.",
+        c"Reads of pages that are not local wait for the pageserver to apply WAL up to their LSN; this bounds that wait whatever the pageserver's ingest speed (bulk loads ingest at hundreds of MiB/s, small OLTP records at a few).",
+        &MAX_PAGESERVER_LAG_TIME_MS,
+        0,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
     );
 }
 
@@ -192,4 +204,10 @@ pub fn safekeepers() -> Result<Option<Vec<String>>, String> {
 /// wait for a commit (the setting can change on reload).
 pub fn max_pageserver_lag_bytes() -> u64 {
     u64::try_from(MAX_PAGESERVER_LAG_MB.get()).unwrap_or(0) << 20
+}
+
+/// `fjord.max_pageserver_lag_time` in microseconds; 0 when off. Read by backends as they wait
+/// for a commit (the setting can change on reload).
+pub fn max_pageserver_lag_time_us() -> u64 {
+    u64::try_from(MAX_PAGESERVER_LAG_TIME_MS.get()).unwrap_or(0) * 1000
 }

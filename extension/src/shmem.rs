@@ -118,6 +118,10 @@ pub struct WalProposerShared {
     pub flush_lsn: AtomicU64,
     pub pageserver_flush_lsn: AtomicU64,
     pub pageserver_apply_lsn: AtomicU64,
+    /// The age in microseconds of the oldest WAL flushed here that the pageserver has not
+    /// applied (`walproposer::lag`), as of the worker's last look; 0 while it has applied
+    /// everything or has not reported yet.
+    pub pageserver_lag_us: AtomicU64,
     /// Time backends spent in backpressure, and how many waits were delayed at all.
     pub throttled_us: AtomicU64,
     pub throttled_waits: AtomicU64,

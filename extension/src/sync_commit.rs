@@ -4,12 +4,16 @@
 //! wait for its commit record (after the record was flushed locally). The hook
 //! 1. sets the WAL proposer worker's latch, so that the worker hands the new WAL to the
 //!    proposer at once instead of at its next poll,
-//! 2. applies backpressure: while `fjord.max_pageserver_lag` is above 0 and this compute's
-//!    flushed WAL is more than that ahead of the pageserver's apply LSN (as the safekeepers
-//!    report it), the backend sleeps in short steps, waking the worker at each so that the
-//!    lag it looks at is current. Reads wait for the pageserver to reach their LSN, so an
+//! 2. applies backpressure: while the oldest WAL flushed here that the pageserver has not
+//!    applied (its apply LSN as the safekeepers report it) is older than
+//!    `fjord.max_pageserver_lag_time` (the worker measures that age: `walproposer::lag`),
+//!    or this compute's flushed WAL is more than `fjord.max_pageserver_lag` bytes ahead of
+//!    it, the backend sleeps in short steps, waking the worker at each so that the lag it
+//!    looks at is current. Reads wait for the pageserver to reach their LSN, so an
 //!    unbounded lag would make reads of recently changed pages slow; slowing the writers
-//!    down is what keeps it bounded, and
+//!    down is what keeps it bounded. The limit is in time because the wait a lag means
+//!    depends on what the WAL is: a bulk load's 100 MB ingest in well under a second, as
+//!    much OLTP WAL in many seconds. And
 //! 3. waits for the release itself, at the same time as for the lag (a commit held back by
 //!    the lag is not also made to wait for the safekeepers after it) (the worker releases once a majority of safekeepers has
 //!    the WAL), so that it sees a cancel first: PostgreSQL's own loop would end the wait on
@@ -151,8 +155,14 @@ fn wake_worker(wp: &shmem::WalProposerShared) {
     }
 }
 
-/// Whether the pageserver lags more than `fjord.max_pageserver_lag` (never while it is 0).
+/// Whether the pageserver lags more than `fjord.max_pageserver_lag_time` (the age of the
+/// oldest WAL it has not applied, as the worker last measured it) or more than
+/// `fjord.max_pageserver_lag` bytes; a limit set to 0 is off.
 fn lagging(wp: &shmem::WalProposerShared) -> bool {
+    let time_limit = guc::max_pageserver_lag_time_us();
+    if time_limit > 0 && wp.pageserver_lag_us.load(Ordering::Relaxed) > time_limit {
+        return true;
+    }
     let limit = guc::max_pageserver_lag_bytes();
     limit > 0 && pageserver_lag_bytes(wp).is_some_and(|lag| lag > limit)
 }

@@ -320,6 +320,7 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
     let mut last_status: Option<Status> = None;
     let mut released = Lsn(0);
     let mut horizon = crate::replica::ReplicaHorizon::default();
+    let mut apply_lag = walproposer::lag::ApplyLag::new();
 
     loop {
         if proposer.is_none() && wp.state.load(Ordering::Relaxed) != State::Fenced as u32 && Instant::now() >= next_start {
@@ -399,6 +400,16 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
                 let feedback = p.feedback();
                 wp.pageserver_flush_lsn.store(feedback.pageserver_flush_lsn.0, Ordering::Relaxed);
                 wp.pageserver_apply_lsn.store(feedback.pageserver_apply_lsn.0, Ordering::Relaxed);
+                // The age of the oldest WAL the pageserver has not applied (backpressure);
+                // unknown, and so 0, until it reports an apply position.
+                let now = Instant::now();
+                apply_lag.flushed(flushed, now);
+                let lag = if feedback.pageserver_apply_lsn.is_valid() {
+                    apply_lag.lag(feedback.pageserver_apply_lsn, now)
+                } else {
+                    Duration::ZERO
+                };
+                wp.pageserver_lag_us.store(u64::try_from(lag.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
                 // Read replicas (through the safekeepers): shown by fjord.replicas(), and
                 // their oldest xmin held back here as a walsender would.
                 horizon.update(&p.standbys());

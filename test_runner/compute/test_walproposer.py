@@ -199,9 +199,19 @@ def test_real_safekeepers_release_commits(pg_factory, safekeepers):
     assert unexpected_lines(pg.log_text()) == []
 
 
-def test_backpressure_when_the_pageserver_stops_following(tmp_path, pageserver, safekeepers):
+@pytest.mark.parametrize(
+    "limits",
+    [
+        # In bytes alone: the 3 MB statement is over the limit at its commit.
+        {"fjord.max_pageserver_lag": "1MB", "fjord.max_pageserver_lag_time": "0"},
+        # In time alone: the statement's WAL, never applied, is soon older than the limit.
+        {"fjord.max_pageserver_lag": "0", "fjord.max_pageserver_lag_time": "300ms"},
+    ],
+    ids=["bytes", "time"],
+)
+def test_backpressure_when_the_pageserver_stops_following(tmp_path, pageserver, safekeepers, limits):
     tl = Timeline(tmp_path, pageserver)
-    ep = Endpoint(tmp_path, tl, settings={"fjord.max_pageserver_lag": "1MB"}, safekeepers=safekeepers).start()
+    ep = Endpoint(tmp_path, tl, settings=limits, safekeepers=safekeepers).start()
     ep.sql("CREATE EXTENSION IF NOT EXISTS fjord")
     ep.sql("CREATE TABLE small (id int)")
     receiver = f"/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/wal_receiver"
@@ -211,10 +221,13 @@ def test_backpressure_when_the_pageserver_stops_following(tmp_path, pageserver, 
     throttled_before = ep.sql("SELECT (fjord.walproposer_status()).throttled_waits")[0][0]
     # The pageserver stops following the safekeepers: its apply LSN stands still.
     pageserver.http("DELETE", receiver)
+    # WAL the pageserver will not apply, older than the time limit by the next commit.
+    ep.sql("INSERT INTO small VALUES (1)")
+    time.sleep(0.5)
     stmt = BackgroundStatement(ep, "CREATE TABLE big AS SELECT g, repeat('x', 100) AS v FROM generate_series(1, 20000) g")
     wait_until("the commit to be throttled", lambda: wait_event(ep, stmt.pid) == ("Extension", "Extension"), timeout_s=30)
     time.sleep(1)
-    assert not stmt.done(), "a commit went through with the pageserver 3 MB behind a 1 MB limit"
+    assert not stmt.done(), f"a commit went through with the pageserver not following, over the limit {limits}"
     # It follows again: the lag shrinks and the commit returns by itself.
     pageserver.http("POST", receiver, {"sources": [{k: s[k] for k in ("host", "port", "user")} for s in sources]})
     wait_until("the throttled commit to return", stmt.done, timeout_s=60)

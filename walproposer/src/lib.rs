@@ -14,6 +14,7 @@
 
 mod conn;
 mod core;
+pub mod lag;
 mod safekeeper_list;
 mod walstore;
 
