@@ -137,6 +137,27 @@ pub struct WalProposerShared {
     replicas_len: std::sync::atomic::AtomicUsize,
     replicas_at_ms: AtomicU64,
     replicas: std::cell::UnsafeCell<[ReplicaSlot; REPLICAS_MAX]>,
+    /// The proposer's commit LSN as its thread last announced it (the `wake` callback), so
+    /// that a committing backend can release itself without waiting for the worker
+    /// (`sync_commit.rs`). Only rises.
+    pub proposer_commit_lsn: Padded<AtomicU64>,
+    /// Committing backends waiting for the safekeepers, by `PGPROC` number (backends whose
+    /// number is past the array wait for the worker's release alone).
+    pub commit_waiters: [CommitWaiter; COMMIT_WAITERS],
+    /// One past the highest `commit_waiters` slot ever used: how far the proposer's thread
+    /// looks.
+    pub commit_waiters_end: std::sync::atomic::AtomicUsize,
+}
+
+/// Slots of [`WalProposerShared::commit_waiters`].
+pub const COMMIT_WAITERS: usize = 1024;
+
+/// A committing backend waiting for WAL up to `lsn` (0: the slot is not waiting), and the
+/// latch to set when it may go. All-zero bytes are a free slot.
+#[repr(C)]
+pub struct CommitWaiter {
+    pub lsn: AtomicU64,
+    pub latch: AtomicPtr<pg_sys::Latch>,
 }
 
 /// Bytes of [`WalProposerShared::message`].

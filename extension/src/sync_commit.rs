@@ -138,8 +138,83 @@ fn end_session_on_cancel(lsn: pg_sys::XLogRecPtr) {
 unsafe extern "C-unwind" fn fjord_syncrep_wait(lsn: pg_sys::XLogRecPtr, _commit: bool) {
     let Some(shared) = shmem::shared() else { return };
     let wp = &shared.walproposer;
+    let slot = Waiting::register(wp, lsn);
     wake_worker(wp);
     wait(wp, lsn);
+    drop(slot);
+}
+
+/// This backend's entry in `commit_waiters` while it waits (none if its `PGPROC` number is
+/// past the array): what lets the proposer's thread wake it as soon as the commit LSN covers
+/// its WAL, rather than after the worker's turn. Cleared when dropped.
+struct Waiting(Option<&'static shmem::CommitWaiter>);
+
+impl Waiting {
+    fn register(wp: &'static shmem::WalProposerShared, lsn: pg_sys::XLogRecPtr) -> Waiting {
+        // SAFETY: MyProc is this backend's PGPROC, valid for its life; MyLatch its latch.
+        let (index, latch) = unsafe { ((*pg_sys::MyProc).pgprocno.unsigned_abs() as usize, pg_sys::MyLatch) };
+        let Some(slot) = wp.commit_waiters.get(index) else { return Waiting(None) };
+        slot.latch.store(latch, Ordering::SeqCst);
+        wp.commit_waiters_end.fetch_max(index + 1, Ordering::SeqCst);
+        // After the latch: the proposer's thread sets the latch of a slot whose LSN it sees.
+        slot.lsn.store(lsn.max(1), Ordering::SeqCst);
+        Waiting(Some(slot))
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(slot) = self.0 {
+            slot.lsn.store(0, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Called by the proposer's thread (through the worker's `wake` callback) with its commit
+/// LSN: publishes it and sets the latch of every backend waiting for WAL below it, which then
+/// releases itself (`release_self`). Calls no PostgreSQL function but `SetLatch` (see
+/// `wal_proposer::wake` for why that is safe from another thread).
+///
+/// No wake-up is lost: a backend stores its slot's LSN, then reads the commit LSN; this
+/// stores the commit LSN, then reads the slots (all sequentially consistent), so at least
+/// one of the two sees the other's store. The worker's own release stays as a fallback.
+pub fn wake_committed(commit: proto::Lsn) {
+    let Some(shared) = shmem::shared() else { return };
+    let wp = &shared.walproposer;
+    if commit.0 == 0 {
+        return;
+    }
+    wp.proposer_commit_lsn.0.fetch_max(commit.0, Ordering::SeqCst);
+    let end = wp.commit_waiters_end.load(Ordering::SeqCst).min(shmem::COMMIT_WAITERS);
+    for slot in &wp.commit_waiters[..end] {
+        let lsn = slot.lsn.load(Ordering::SeqCst);
+        if lsn != 0 && lsn <= commit.0 {
+            let latch = slot.latch.load(Ordering::SeqCst);
+            if !latch.is_null() {
+                // SAFETY: a backend's latch in its PGPROC (shared memory, never freed); setting
+                // one whose backend has moved on is a spurious wake-up, which every latch
+                // user tolerates.
+                unsafe { crate::wal_proposer::raw::SetLatch(latch) };
+            }
+        }
+    }
+}
+
+/// Releases the waiters up to the proposer's commit LSN if that covers `lsn` (this
+/// backend's WAL): the worker would do the same at its next turn. Never past what
+/// PostgreSQL flushed, as the worker does not.
+fn release_self(wp: &shmem::WalProposerShared, lsn: pg_sys::XLogRecPtr) {
+    let commit = wp.proposer_commit_lsn.0.load(Ordering::SeqCst);
+    if commit < lsn {
+        return;
+    }
+    // SAFETY: reads the flush position under its lock; patch 0008's release takes
+    // SyncRepLock and wakes the waiters it releases (this backend among them), from any
+    // process attached to shared memory.
+    unsafe {
+        let flushed = pg_sys::GetFlushRecPtr(std::ptr::null_mut());
+        pg_sys::SyncRepReleaseWaitersUpTo(commit.min(flushed));
+    }
 }
 
 /// Sets the WAL proposer worker's latch, so that it hands new WAL to the proposer, and
@@ -178,7 +253,11 @@ fn wait(wp: &shmem::WalProposerShared, lsn: pg_sys::XLogRecPtr) {
     let mut throttled_since: Option<Instant> = None;
     let mut throttled = std::time::Duration::ZERO;
     loop {
-        let done = released();
+        let mut done = released();
+        if !done {
+            release_self(wp, lsn);
+            done = released();
+        }
         let behind = lagging(wp);
         if behind {
             throttled_since.get_or_insert_with(Instant::now);

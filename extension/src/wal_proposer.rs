@@ -186,7 +186,7 @@ fn wp() -> &'static WalProposerShared {
 /// `SetLatch` declared by hand rather than through `pg_sys`: pgrx's bindings wrap every
 /// PostgreSQL function in its FFI guard, which may check that it is called from the thread
 /// that loaded the library, and `wake` runs on the proposer's threads.
-mod raw {
+pub(crate) mod raw {
     unsafe extern "C" {
         pub fn SetLatch(latch: *mut pgrx::pg_sys::Latch);
     }
@@ -312,7 +312,12 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
     );
 
     let latch_addr = latch as usize;
-    let wake_fn: Arc<dyn Fn() + Send + Sync> = Arc::new(move || wake(latch_addr));
+    let wake_fn: walproposer::Wake = Arc::new(move |commit| {
+        // Backends waiting for WAL below the new commit LSN go at once, without waiting for
+        // this worker's turn; the worker releases them too, as before (whichever is first).
+        crate::sync_commit::wake_committed(commit);
+        wake(latch_addr);
+    });
     let mut proposer: Option<WalProposer> = None;
     let mut next_start = Instant::now();
     let mut retry = START_RETRY_MIN;

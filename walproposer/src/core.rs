@@ -73,7 +73,7 @@ pub struct Core {
     pub proposer: Proposer,
     pub store: WalStore,
     pub shared: Arc<Shared>,
-    pub wake: Arc<dyn Fn() + Send + Sync>,
+    pub wake: crate::Wake,
     pub addrs: Vec<String>,
     pub reconnect_max: Duration,
     /// See [`crate::Config::whole_records`].
@@ -106,7 +106,7 @@ impl Core {
         proposer: Proposer,
         store: WalStore,
         shared: Arc<Shared>,
-        wake: Arc<dyn Fn() + Send + Sync>,
+        wake: crate::Wake,
         addrs: Vec<String>,
         reconnect_max: Duration,
         whole_records: bool,
@@ -294,7 +294,7 @@ impl Core {
                 ProposerAction::Commit { commit_lsn, .. } => {
                     self.commit_lsn = commit_lsn;
                     self.shared.commit_lsn.store(commit_lsn.0, Ordering::SeqCst);
-                    (self.wake)();
+                    (self.wake)(self.commit_lsn);
                 }
                 ProposerAction::SteppedDown { term, seen, by } => {
                     self.elected = None;
@@ -438,7 +438,7 @@ impl Core {
         if *s != status {
             *s = status;
             drop(s);
-            (self.wake)();
+            (self.wake)(self.commit_lsn);
         }
     }
 
@@ -496,7 +496,7 @@ impl Core {
         self.progress();
         self.done = true;
         self.shared.set_outcome(outcome);
-        (self.wake)();
+        (self.wake)(self.commit_lsn);
     }
 
     /// A one-line description of where the proposer stands, for a sync's timeout error.

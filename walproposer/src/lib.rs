@@ -36,6 +36,11 @@ use std::time::{Duration, Instant};
 use crate::core::{Core, Event};
 use crate::walstore::WalStore;
 
+/// The callback a proposer calls from its threads when the commit LSN or the status changes,
+/// with the commit LSN. It must not block: it runs on the thread that handles the
+/// safekeepers' answers.
+pub type Wake = Arc<dyn Fn(Lsn) + Send + Sync>;
+
 /// Where and what to propose. `Debug` leaves the token out.
 #[derive(Clone)]
 pub struct Config {
@@ -259,8 +264,9 @@ pub struct WalProposer {
 
 impl WalProposer {
     /// Connects to the safekeepers and starts the election in background threads. `wake` is
-    /// called (from those threads) whenever the commit LSN or the status changes.
-    pub fn start(config: Config, wake: Arc<dyn Fn() + Send + Sync>) -> anyhow::Result<WalProposer> {
+    /// called (from those threads) whenever the commit LSN or the status changes, with the
+    /// commit LSN (WAL below it is on a majority; 0 before the first commit).
+    pub fn start(config: Config, wake: Wake) -> anyhow::Result<WalProposer> {
         if !config.wal_start.is_valid() {
             anyhow::bail!("cannot start a WAL proposer without a start LSN (wal_start is 0)");
         }
@@ -270,13 +276,7 @@ impl WalProposer {
         Self::spawn(&config, ProposerMode::Compute, Some(dir), config.wal_start, wake)
     }
 
-    fn spawn(
-        config: &Config,
-        mode: ProposerMode,
-        dir: Option<PathBuf>,
-        wal_start: Lsn,
-        wake: Arc<dyn Fn() + Send + Sync>,
-    ) -> anyhow::Result<WalProposer> {
+    fn spawn(config: &Config, mode: ProposerMode, dir: Option<PathBuf>, wal_start: Lsn, wake: Wake) -> anyhow::Result<WalProposer> {
         validate(config)?;
         let n = config.safekeepers.len();
         let shared = Arc::new(Shared::new(n, wal_start));
@@ -441,7 +441,7 @@ fn validate(config: &Config) -> anyhow::Result<()> {
 /// least that high, so that they serve the WAL up to it to the pageserver.
 pub fn sync_safekeepers(config: &Config, timeout: Duration) -> anyhow::Result<Option<Lsn>> {
     let started = Instant::now();
-    let proposer = WalProposer::spawn(config, ProposerMode::Sync, None, Lsn(0), Arc::new(|| {}))?;
+    let proposer = WalProposer::spawn(config, ProposerMode::Sync, None, Lsn(0), Arc::new(|_| {}))?;
     let shared = Arc::clone(&proposer.shared);
     let mut outcome = lock(&shared.outcome);
     while outcome.is_none() {

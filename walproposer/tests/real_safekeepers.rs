@@ -87,7 +87,7 @@ fn streams_commits_and_syncs_with_real_safekeepers() {
         whole_records: false,
         auth_token: None,
     };
-    let p = WalProposer::start(config.clone(), Arc::new(|| {})).unwrap();
+    let p = WalProposer::start(config.clone(), Arc::new(|_| {})).unwrap();
     let end = Lsn(5 * SEGMENT_BYTES + 777);
     p.wal_flushed(end);
     wait_until("commit", Duration::from_secs(30), || p.commit_lsn() == end);

@@ -47,7 +47,7 @@ fn start(cfg: Config) -> (WalProposer, Arc<AtomicU64>) {
     let w = Arc::clone(&wakes);
     let p = WalProposer::start(
         cfg,
-        Arc::new(move || {
+        Arc::new(move |_| {
             w.fetch_add(1, Ordering::SeqCst);
         }),
     )
@@ -283,7 +283,7 @@ fn sync_times_out_naming_the_unreachable_safekeepers() {
 fn invalid_configs_are_refused() {
     let sks = safekeepers(1);
     let dir = temp_dir("invalid");
-    let err = |cfg: Config| WalProposer::start(cfg, Arc::new(|| {})).err().unwrap().to_string();
+    let err = |cfg: Config| WalProposer::start(cfg, Arc::new(|_| {})).err().unwrap().to_string();
     assert!(err(config(&sks, Lsn(0), Some(&dir))).contains("without a start LSN"));
     assert!(err(config(&sks, START, None)).contains("pg_wal"));
     assert!(err(Config { safekeepers: vec![], ..config(&sks, START, Some(&dir)) }).contains("empty"));
