@@ -118,7 +118,7 @@ pub struct WalProposerShared {
     pub flush_lsn: AtomicU64,
     pub pageserver_flush_lsn: AtomicU64,
     pub pageserver_apply_lsn: AtomicU64,
-    /// The age in microseconds of the oldest WAL flushed here that the pageserver has not
+    /// The age in microseconds of the oldest committed WAL that the pageserver has not
     /// applied (`walproposer::lag`), as of the worker's last look; 0 while it has applied
     /// everything or has not reported yet.
     pub pageserver_lag_us: AtomicU64,
@@ -147,6 +147,9 @@ pub struct WalProposerShared {
     /// One past the highest `commit_waiters` slot ever used: how far the proposer's thread
     /// looks.
     pub commit_waiters_end: std::sync::atomic::AtomicUsize,
+    /// Backends waiting without a `commit_waiters` slot: while there are any, the proposer's
+    /// thread wakes the worker at each new commit LSN, whose release they wait for.
+    pub unslotted_waiters: AtomicU32,
 }
 
 /// Slots of [`WalProposerShared::commit_waiters`].

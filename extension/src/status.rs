@@ -124,7 +124,11 @@ fn walproposer_status() -> TableIterator<
         term,
         lsn(&wp.wal_start_lsn),
         lsn(&wp.elected_start_lsn),
-        lsn(&wp.commit_lsn),
+        // The worker publishes the commit LSN at its turns; the proposer's thread announces
+        // each new one at once (`sync_commit::wake_committed`).
+        lsn(&std::sync::atomic::AtomicU64::new(
+            wp.commit_lsn.load(Ordering::Relaxed).max(wp.proposer_commit_lsn.0.load(Ordering::Relaxed)),
+        )),
         lsn(&wp.flush_lsn),
         lsn(&wp.pageserver_flush_lsn),
         lsn(&wp.pageserver_apply_lsn),

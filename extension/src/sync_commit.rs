@@ -4,8 +4,9 @@
 //! wait for its commit record (after the record was flushed locally). The hook
 //! 1. sets the WAL proposer worker's latch, so that the worker hands the new WAL to the
 //!    proposer at once instead of at its next poll,
-//! 2. applies backpressure: while the oldest WAL flushed here that the pageserver has not
-//!    applied (its apply LSN as the safekeepers report it) is older than
+//! 2. applies backpressure: while the oldest committed WAL (on a majority of safekeepers,
+//!    which is all the pageserver can have) that the pageserver has not applied (its apply
+//!    LSN as the safekeepers report it) was committed longer ago than
 //!    `fjord.max_pageserver_lag_time` (the worker measures that age: `walproposer::lag`),
 //!    or this compute's flushed WAL is more than `fjord.max_pageserver_lag` bytes ahead of
 //!    it, the backend sleeps in short steps, waking the worker at each so that the lag it
@@ -147,25 +148,31 @@ unsafe extern "C-unwind" fn fjord_syncrep_wait(lsn: pg_sys::XLogRecPtr, _commit:
 /// This backend's entry in `commit_waiters` while it waits (none if its `PGPROC` number is
 /// past the array): what lets the proposer's thread wake it as soon as the commit LSN covers
 /// its WAL, rather than after the worker's turn. Cleared when dropped.
-struct Waiting(Option<&'static shmem::CommitWaiter>);
+struct Waiting(Option<&'static shmem::CommitWaiter>, &'static shmem::WalProposerShared);
 
 impl Waiting {
     fn register(wp: &'static shmem::WalProposerShared, lsn: pg_sys::XLogRecPtr) -> Waiting {
         // SAFETY: MyProc is this backend's PGPROC, valid for its life; MyLatch its latch.
         let (index, latch) = unsafe { ((*pg_sys::MyProc).pgprocno.unsigned_abs() as usize, pg_sys::MyLatch) };
-        let Some(slot) = wp.commit_waiters.get(index) else { return Waiting(None) };
+        let Some(slot) = wp.commit_waiters.get(index) else {
+            wp.unslotted_waiters.fetch_add(1, Ordering::SeqCst);
+            return Waiting(None, wp);
+        };
         slot.latch.store(latch, Ordering::SeqCst);
         wp.commit_waiters_end.fetch_max(index + 1, Ordering::SeqCst);
         // After the latch: the proposer's thread sets the latch of a slot whose LSN it sees.
         slot.lsn.store(lsn.max(1), Ordering::SeqCst);
-        Waiting(Some(slot))
+        Waiting(Some(slot), wp)
     }
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        if let Some(slot) = self.0 {
-            slot.lsn.store(0, Ordering::SeqCst);
+        match self.0 {
+            Some(slot) => slot.lsn.store(0, Ordering::SeqCst),
+            None => {
+                self.1.unslotted_waiters.fetch_sub(1, Ordering::SeqCst);
+            }
         }
     }
 }
@@ -178,11 +185,14 @@ impl Drop for Waiting {
 /// No wake-up is lost: a backend stores its slot's LSN, then reads the commit LSN; this
 /// stores the commit LSN, then reads the slots (all sequentially consistent), so at least
 /// one of the two sees the other's store. The worker's own release stays as a fallback.
-pub fn wake_committed(commit: proto::Lsn) {
-    let Some(shared) = shmem::shared() else { return };
+///
+/// Returns whether the worker must still be woken for this commit LSN: when some backend
+/// waits without a slot (it waits for the worker's release).
+pub fn wake_committed(commit: proto::Lsn) -> bool {
+    let Some(shared) = shmem::shared() else { return true };
     let wp = &shared.walproposer;
     if commit.0 == 0 {
-        return;
+        return true;
     }
     wp.proposer_commit_lsn.0.fetch_max(commit.0, Ordering::SeqCst);
     let end = wp.commit_waiters_end.load(Ordering::SeqCst).min(shmem::COMMIT_WAITERS);
@@ -198,6 +208,7 @@ pub fn wake_committed(commit: proto::Lsn) {
             }
         }
     }
+    wp.unslotted_waiters.load(Ordering::SeqCst) > 0
 }
 
 /// Releases the waiters up to the proposer's commit LSN if that covers `lsn` (this
@@ -231,7 +242,7 @@ fn wake_worker(wp: &shmem::WalProposerShared) {
 }
 
 /// Whether the pageserver lags more than `fjord.max_pageserver_lag_time` (the age of the
-/// oldest WAL it has not applied, as the worker last measured it) or more than
+/// oldest committed WAL it has not applied, as the worker last measured it) or more than
 /// `fjord.max_pageserver_lag` bytes; a limit set to 0 is off.
 fn lagging(wp: &shmem::WalProposerShared) -> bool {
     let time_limit = guc::max_pageserver_lag_time_us();

@@ -14,12 +14,16 @@
 //!
 //! Commits wait because compute_ctl sets `synchronous_standby_names = 'walproposer'` and
 //! `synchronous_commit = on`: PostgreSQL queues every committing backend until a release
-//! covers its commit record, and only this worker releases (no standby is named
-//! `walproposer`).
+//! covers its commit record, and only fjord releases (no standby is named `walproposer`):
+//! this worker, and each waiting backend itself once the proposer's thread has announced a
+//! commit LSN that covers its WAL and set its latch (`sync_commit::wake_committed`), which
+//! spares every commit a turn of this worker between the safekeepers' answer and the
+//! backend. The worker is then woken by the proposer only for a change of status (or a
+//! backend waiting without a slot).
 //!
 //! Invariants:
 //! - The proposer's threads never call into PostgreSQL: their only way in is the `wake`
-//!   callback, which sets this worker's latch through a raw `SetLatch` (see [`wake`]).
+//!   callback, which sets latches (this worker's, waiting backends') through a raw `SetLatch` (see [`wake`]).
 //! - Waiters are released only up to the proposer's commit LSN, which never exceeds what
 //!   PostgreSQL reported flushed, so a released commit is on a majority of safekeepers.
 //! - A fenced compute (another proposer was elected, or the safekeepers' WAL does not
@@ -312,11 +316,18 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
     );
 
     let latch_addr = latch as usize;
+    let last_commit = std::sync::atomic::AtomicU64::new(0);
     let wake_fn: walproposer::Wake = Arc::new(move |commit| {
-        // Backends waiting for WAL below the new commit LSN go at once, without waiting for
-        // this worker's turn; the worker releases them too, as before (whichever is first).
-        crate::sync_commit::wake_committed(commit);
-        wake(latch_addr);
+        // Backends waiting for WAL below a new commit LSN go at once, each releasing itself,
+        // without waiting for this worker's turn (`sync_commit::wake_committed`). The worker
+        // is woken for what only it does: a change of status, and a new commit LSN that a
+        // backend without a slot waits for. Otherwise it sees the commit LSN at its next
+        // turn (a committing backend's wake-up, or POLL_INTERVAL) and releases what is left.
+        let advanced = commit.0 > last_commit.fetch_max(commit.0, Ordering::SeqCst);
+        let worker_needed = crate::sync_commit::wake_committed(commit);
+        if !advanced || worker_needed {
+            wake(latch_addr);
+        }
     });
     let mut proposer: Option<WalProposer> = None;
     let mut next_start = Instant::now();
@@ -393,6 +404,10 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
                 unsafe { libc::kill(postmaster_pid, libc::SIGINT) };
             } else {
                 let commit = p.commit_lsn();
+                // The age of the oldest committed WAL the pageserver has not applied
+                // (backpressure); unknown, and so 0, until it reports an apply position.
+                let now = Instant::now();
+                apply_lag.committed(commit, now);
                 // Never past what PostgreSQL flushed: the proposer must not know of more,
                 // and a bigger value would release commits that are not durable anywhere.
                 let commit = Lsn(commit.0.min(flushed.0));
@@ -405,10 +420,6 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
                 let feedback = p.feedback();
                 wp.pageserver_flush_lsn.store(feedback.pageserver_flush_lsn.0, Ordering::Relaxed);
                 wp.pageserver_apply_lsn.store(feedback.pageserver_apply_lsn.0, Ordering::Relaxed);
-                // The age of the oldest WAL the pageserver has not applied (backpressure);
-                // unknown, and so 0, until it reports an apply position.
-                let now = Instant::now();
-                apply_lag.flushed(flushed, now);
                 let lag = if feedback.pageserver_apply_lsn.is_valid() {
                     apply_lag.lag(feedback.pageserver_apply_lsn, now)
                 } else {

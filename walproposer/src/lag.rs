@@ -1,5 +1,6 @@
-//! How far behind the pageserver is, in time: the age of the oldest WAL this compute flushed
-//! that the pageserver has not applied yet.
+//! How far behind the pageserver is, in time: how long the oldest WAL that the pageserver
+//! could have (committed: on a majority of safekeepers, which serve nothing else) has waited
+//! for it to apply it.
 //!
 //! The compute's backpressure (`fjord.max_pageserver_lag_time`) compares against it. A
 //! read of a page that is not local waits for the pageserver to apply WAL up to the page's
@@ -9,11 +10,13 @@
 //! bulk loads that the pageserver would catch up on at once or lets an OLTP stream build
 //! up seconds of wait; a limit on this age fits both.
 //!
-//! [`ApplyLag`] keeps samples of (flushed LSN, when it was first seen), at most one per
+//! [`ApplyLag`] keeps samples of (commit LSN, when it was first seen), at most one per
 //! [`SAMPLE_SPACING`], and drops those the pageserver has applied. The lag is the time
 //! since the first sample beyond the apply LSN: about when the oldest WAL not yet applied
-//! was flushed (within `SAMPLE_SPACING`, as the caller saw the flushes). Like
-//! PostgreSQL's walsender lag tracker, it measures the past, not a forecast.
+//! was committed (within `SAMPLE_SPACING`, as the caller saw the commit LSN move). Like
+//! PostgreSQL's walsender lag tracker, it measures the past, not a forecast. WAL that is
+//! not committed does not count: the pageserver cannot have it, and while the safekeepers
+//! hold commits back, holding them back for the pageserver as well would change nothing.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -39,28 +42,28 @@ impl ApplyLag {
         ApplyLag::default()
     }
 
-    /// WAL was flushed up to `flushed` as of `now` (monotone in both; lower values are
+    /// WAL was committed up to `committed` as of `now` (monotone in both; lower values are
     /// ignored).
-    pub fn flushed(&mut self, flushed: Lsn, now: Instant) {
+    pub fn committed(&mut self, committed: Lsn, now: Instant) {
         match self.samples.back_mut() {
-            Some((lsn, _)) if flushed <= *lsn => {}
+            Some((lsn, _)) if committed <= *lsn => {}
             // Within the spacing the newest sample moves up: its time stays the first time
             // WAL past the sample before it was seen.
-            Some((lsn, at)) if now.saturating_duration_since(*at) < SAMPLE_SPACING => *lsn = flushed,
+            Some((lsn, at)) if now.saturating_duration_since(*at) < SAMPLE_SPACING => *lsn = committed,
             _ => {
                 if self.samples.len() == SAMPLES_MAX {
                     self.samples.pop_front();
                 }
-                self.samples.push_back((flushed, now));
+                self.samples.push_back((committed, now));
             }
         }
     }
 
-    /// The age at `now` of the oldest flushed WAL beyond `applied`; zero when the
-    /// pageserver has applied everything flushed.
+    /// The age at `now` of the oldest committed WAL beyond `applied`; zero when the
+    /// pageserver has applied everything committed.
     pub fn lag(&mut self, applied: Lsn, now: Instant) -> Duration {
         // A sample whose LSN the pageserver reached is of no further use, except the newest
-        // (it marks what was already flushed, so the next flush gets a sample of its own).
+        // (it marks what was already committed, so the next commit gets a sample of its own).
         while self.samples.len() > 1 && self.samples[0].0 <= applied {
             self.samples.pop_front();
         }
@@ -88,7 +91,7 @@ mod tests {
         let t0 = Instant::now();
         let mut l = ApplyLag::new();
         assert_eq!(l.lag(Lsn(0), t0), Duration::ZERO);
-        l.flushed(Lsn(100), t0);
+        l.committed(Lsn(100), t0);
         assert_eq!(l.lag(Lsn(100), t0 + ms(500)), Duration::ZERO);
         assert_eq!(l.lag(Lsn(200), t0 + ms(500)), Duration::ZERO);
     }
@@ -97,9 +100,9 @@ mod tests {
     fn the_lag_is_the_age_of_the_oldest_unapplied_flush() {
         let t0 = Instant::now();
         let mut l = ApplyLag::new();
-        l.flushed(Lsn(100), t0);
-        l.flushed(Lsn(200), t0 + ms(100));
-        l.flushed(Lsn(300), t0 + ms(200));
+        l.committed(Lsn(100), t0);
+        l.committed(Lsn(200), t0 + ms(100));
+        l.committed(Lsn(300), t0 + ms(200));
         // Nothing applied: WAL up to 100 was flushed at t0.
         assert_eq!(l.lag(Lsn(0), t0 + ms(1000)), ms(1000));
         // 100 applied: what is older than 200 was first seen at t0 + 100 ms.
@@ -108,17 +111,17 @@ mod tests {
         assert_eq!(l.lag(Lsn(150), t0 + ms(1000)), ms(900));
         assert_eq!(l.lag(Lsn(250), t0 + ms(1000)), ms(800));
         assert_eq!(l.lag(Lsn(300), t0 + ms(1000)), Duration::ZERO);
-        // New WAL after everything was applied: its age counts from its own flush.
-        l.flushed(Lsn(400), t0 + ms(1500));
+        // New WAL after everything was applied: its age counts from its own commit.
+        l.committed(Lsn(400), t0 + ms(1500));
         assert_eq!(l.lag(Lsn(300), t0 + ms(1600)), ms(100));
     }
 
     #[test]
-    fn flushes_within_the_spacing_share_a_sample() {
+    fn commits_within_the_spacing_share_a_sample() {
         let t0 = Instant::now();
         let mut l = ApplyLag::new();
         for i in 0..1000u64 {
-            l.flushed(Lsn(i + 1), t0 + Duration::from_micros(i));
+            l.committed(Lsn(i + 1), t0 + Duration::from_micros(i));
         }
         assert_eq!(l.samples.len(), 1);
         // The sample's time is the first flush, so the lag is never read short by more than
@@ -127,13 +130,13 @@ mod tests {
     }
 
     #[test]
-    fn samples_are_bounded_and_lower_flushes_ignored() {
+    fn samples_are_bounded_and_lower_commits_ignored() {
         let t0 = Instant::now();
         let mut l = ApplyLag::new();
         for i in 0..(SAMPLES_MAX as u64 + 100) {
-            l.flushed(Lsn(i + 1), t0 + SAMPLE_SPACING * (i as u32));
+            l.committed(Lsn(i + 1), t0 + SAMPLE_SPACING * (i as u32));
         }
-        l.flushed(Lsn(1), t0 + ms(100_000));
+        l.committed(Lsn(1), t0 + ms(100_000));
         assert_eq!(l.samples.len(), SAMPLES_MAX);
         let now = t0 + SAMPLE_SPACING * (SAMPLES_MAX as u32 + 200);
         // The oldest samples were dropped: the lag reads as the oldest kept one's age.
