@@ -147,6 +147,10 @@ pub struct WalProposerShared {
     /// One past the highest `commit_waiters` slot ever used: how far the proposer's thread
     /// looks.
     pub commit_waiters_end: std::sync::atomic::AtomicUsize,
+    /// How far committing backends saw PostgreSQL's WAL flushed (`GetFlushRecPtr` in the
+    /// commit hook), for the proposer's core thread, which they wake through the doorbell
+    /// (`sync_commit.rs`). Only rises.
+    pub backend_flush_lsn: Padded<AtomicU64>,
     /// Backends waiting without a `commit_waiters` slot: while there are any, the proposer's
     /// thread wakes the worker at each new commit LSN, whose release they wait for.
     pub unslotted_waiters: AtomicU32,

@@ -140,7 +140,7 @@ unsafe extern "C-unwind" fn fjord_syncrep_wait(lsn: pg_sys::XLogRecPtr, _commit:
     let Some(shared) = shmem::shared() else { return };
     let wp = &shared.walproposer;
     let slot = Waiting::register(wp, lsn);
-    wake_worker(wp);
+    ring_doorbell(wp);
     wait(wp, lsn);
     drop(slot);
 }
@@ -226,6 +226,23 @@ fn release_self(wp: &shmem::WalProposerShared, lsn: pg_sys::XLogRecPtr) {
         let flushed = pg_sys::GetFlushRecPtr(std::ptr::null_mut());
         pg_sys::SyncRepReleaseWaitersUpTo(commit.min(flushed));
     }
+}
+
+/// Tells the proposer's core thread that WAL is flushed up to PostgreSQL's flush LSN: raises
+/// `backend_flush_lsn` to it, then rings the doorbell (the eventfd the core thread sleeps on,
+/// `wal_proposer::doorbell_fd`), so that the WAL goes out without a turn of the worker. Without
+/// a doorbell (it could not be created), the worker is woken instead, as before.
+fn ring_doorbell(wp: &shmem::WalProposerShared) {
+    let Some(fd) = crate::wal_proposer::doorbell_fd() else {
+        wake_worker(wp);
+        return;
+    };
+    // SAFETY: reads the flush position under its spinlock. Not the hook's LSN: the core
+    // sends WAL up to this value from pg_wal, so it must be WAL PostgreSQL wrote, which the
+    // flush LSN is by definition (and it covers the hook's LSN, flushed before the wait).
+    let flushed = unsafe { pg_sys::GetFlushRecPtr(std::ptr::null_mut()) };
+    wp.backend_flush_lsn.0.fetch_max(flushed, Ordering::SeqCst);
+    walproposer::ring_fd(fd);
 }
 
 /// Sets the WAL proposer worker's latch, so that it hands new WAL to the proposer, and

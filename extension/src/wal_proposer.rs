@@ -180,7 +180,36 @@ pub fn install() {
         // the new proposer is elected again and resumes from the safekeepers' WAL.
         .set_restart_time(Some(Duration::from_secs(1)))
         .load();
+    create_doorbell();
     crate::sync_commit::install();
+}
+
+/// The eventfd committing backends ring to wake the proposer's core thread (`Doorbell`),
+/// created by the postmaster in `install` and inherited by every child; -1 if there is none.
+static DOORBELL_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// The doorbell's descriptor, if the postmaster created one.
+pub fn doorbell_fd() -> Option<std::os::fd::RawFd> {
+    Some(DOORBELL_FD.load(Ordering::Relaxed)).filter(|&fd| fd >= 0)
+}
+
+/// Creates the doorbell in the postmaster (children inherit the descriptor and this
+/// process's copy of `DOORBELL_FD`). Without one, commits wake the worker instead.
+fn create_doorbell() {
+    // SAFETY: eventfd(2) with valid flags; the result is checked. Close-on-exec: only
+    // children forked without exec (backends, the worker) may ring it.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        ereport!(
+            PgLogLevel::WARNING,
+            PgSqlErrorCode::ERRCODE_WARNING,
+            format!("fjord: could not create the WAL proposer's doorbell (eventfd): {e}"),
+            "Commits then wake the WAL proposer worker, which costs each commit a turn of that worker."
+        );
+        return;
+    }
+    DOORBELL_FD.store(fd, Ordering::Relaxed);
 }
 
 fn wp() -> &'static WalProposerShared {
@@ -340,7 +369,9 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
 
     loop {
         if proposer.is_none() && wp.state.load(Ordering::Relaxed) != State::Fenced as u32 && Instant::now() >= next_start {
-            match WalProposer::start(config.clone(), wake_fn.clone()) {
+            let doorbell = doorbell_fd()
+                .map(|fd| walproposer::Doorbell { fd, flushed: Arc::new(|| Lsn(self::wp().backend_flush_lsn.0.load(Ordering::SeqCst))) });
+            match WalProposer::start_with_doorbell(config.clone(), wake_fn.clone(), doorbell) {
                 Ok(p) => {
                     wp.starts.fetch_add(1, Ordering::Relaxed);
                     wp.state.store(State::Electing as u32, Ordering::Relaxed);

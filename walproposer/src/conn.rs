@@ -13,7 +13,6 @@ use quorum::wire::{AcceptorMessage, ProposerMessage, PROTOCOL_VERSION};
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,7 +38,7 @@ pub struct ConnCtx {
     pub hello: ProposerMessage,
     pub reconnect_max: Duration,
     pub shared: Arc<Shared>,
-    pub events: Sender<Event>,
+    pub events: crate::bell::EventSender,
 }
 
 pub fn run(ctx: ConnCtx) {

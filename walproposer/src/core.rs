@@ -28,7 +28,9 @@ use std::collections::VecDeque;
 use std::io::Write;
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, TryRecvError};
+
+use crate::bell::Bell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -135,7 +137,10 @@ impl Core {
         }
     }
 
-    pub fn run(mut self, events: Receiver<Event>) {
+    /// The thread's loop: sleeps on `bell` (rung by every event sent, and by other processes
+    /// through a [`crate::Doorbell`], whose `flushed` is `flush_hint`), then takes what the
+    /// channel holds.
+    pub fn run(mut self, events: Receiver<Event>, bell: Arc<Bell>, flush_hint: Option<Arc<dyn Fn() -> Lsn + Send + Sync>>) {
         self.progress();
         let mut next_tick = Instant::now() + TICK;
         while !self.done {
@@ -144,8 +149,19 @@ impl Core {
             if let Some(at) = self.retry_at {
                 wait = wait.min(at.saturating_duration_since(now));
             }
-            match events.recv_timeout(wait) {
-                Ok(Event::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+            let first = match events.try_recv() {
+                Err(TryRecvError::Empty) => {
+                    bell.wait(wait);
+                    events.try_recv()
+                }
+                other => other,
+            };
+            // Looked at every turn, rung or not: cheap, and a busy channel must not delay it.
+            if let Some(hint) = &flush_hint {
+                self.flushed_elsewhere(hint());
+            }
+            match first {
+                Ok(Event::Stop) | Err(TryRecvError::Disconnected) => break,
                 Ok(ev) => {
                     self.on_event(ev);
                     // Take what else is waiting before writing, so that writes coalesce.
@@ -160,7 +176,7 @@ impl Core {
                         }
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => {}
+                Err(TryRecvError::Empty) => {}
             }
             let now = Instant::now();
             if !self.done && now >= next_tick {
@@ -189,6 +205,15 @@ impl Core {
         self.shared.stop();
         for c in self.conns.iter().flatten() {
             let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Another process flushed WAL up to `lsn` (a compute's committing backend, through the
+    /// doorbell): the same as `wal_flushed`, without a trip through the channel.
+    fn flushed_elsewhere(&mut self, lsn: Lsn) {
+        let previous = self.shared.flushed.fetch_max(lsn.0, Ordering::SeqCst);
+        if lsn.0 > previous {
+            self.on_event(Event::Flushed);
         }
     }
 

@@ -12,12 +12,14 @@
 //!
 //! See README.md for the threads, what is read from where, and how failures are handled.
 
+mod bell;
 mod conn;
 mod core;
 pub mod lag;
 mod safekeeper_list;
 mod walstore;
 
+pub use bell::ring_fd;
 pub use quorum::majority;
 pub use quorum::wire::StandbyReport;
 pub use safekeeper_list::{parse_safekeeper_list, SafekeeperAddr, SafekeeperListError, SafekeeperListProblem, SAFEKEEPERS_MAX};
@@ -28,7 +30,7 @@ use quorum::wire::{PageserverFeedback, ProposerMessage, PROTOCOL_VERSION, TOKEN_
 use quorum::{Proposer, ProposerConfig, ProposerMode};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -40,6 +42,17 @@ use crate::walstore::WalStore;
 /// with the commit LSN. It must not block: it runs on the thread that handles the
 /// safekeepers' answers.
 pub type Wake = Arc<dyn Fn(Lsn) + Send + Sync>;
+
+/// How processes other than the proposer's own wake its core thread when they have flushed
+/// WAL (inside a compute: the committing backends), without a turn of the thread that calls
+/// [`WalProposer::wal_flushed`]: they raise what `flushed` returns (in shared memory), then
+/// ring `fd` ([`ring_fd`]), an eventfd (non-blocking) that stays open while the proposer
+/// runs. The core takes `flushed()` as flushed WAL at every wake-up.
+#[derive(Clone)]
+pub struct Doorbell {
+    pub fd: std::os::fd::RawFd,
+    pub flushed: Arc<dyn Fn() -> Lsn + Send + Sync>,
+}
 
 /// Where and what to propose. `Debug` leaves the token out.
 #[derive(Clone)]
@@ -257,7 +270,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// A running proposer (threads inside).
 pub struct WalProposer {
     shared: Arc<Shared>,
-    events: Sender<Event>,
+    events: bell::EventSender,
     threads: Vec<JoinHandle<()>>,
     addrs: Vec<String>,
 }
@@ -267,20 +280,40 @@ impl WalProposer {
     /// called (from those threads) whenever the commit LSN or the status changes, with the
     /// commit LSN (WAL below it is on a majority; 0 before the first commit).
     pub fn start(config: Config, wake: Wake) -> anyhow::Result<WalProposer> {
+        Self::start_with_doorbell(config, wake, None)
+    }
+
+    /// [`WalProposer::start`], with a [`Doorbell`] that other processes ring when they have
+    /// flushed WAL.
+    pub fn start_with_doorbell(config: Config, wake: Wake, doorbell: Option<Doorbell>) -> anyhow::Result<WalProposer> {
         if !config.wal_start.is_valid() {
             anyhow::bail!("cannot start a WAL proposer without a start LSN (wal_start is 0)");
         }
         let Some(dir) = config.wal_dir.clone() else {
             anyhow::bail!("cannot start a WAL proposer without a pg_wal directory (wal_dir)");
         };
-        Self::spawn(&config, ProposerMode::Compute, Some(dir), config.wal_start, wake)
+        Self::spawn(&config, ProposerMode::Compute, Some(dir), config.wal_start, wake, doorbell)
     }
 
-    fn spawn(config: &Config, mode: ProposerMode, dir: Option<PathBuf>, wal_start: Lsn, wake: Wake) -> anyhow::Result<WalProposer> {
+    fn spawn(
+        config: &Config,
+        mode: ProposerMode,
+        dir: Option<PathBuf>,
+        wal_start: Lsn,
+        wake: Wake,
+        doorbell: Option<Doorbell>,
+    ) -> anyhow::Result<WalProposer> {
         validate(config)?;
         let n = config.safekeepers.len();
         let shared = Arc::new(Shared::new(n, wal_start));
         let (tx, rx) = mpsc::channel();
+        let (bell, flush_hint) = match doorbell {
+            // SAFETY: the caller keeps the eventfd open while the proposer runs (Doorbell).
+            Some(d) => (unsafe { bell::Bell::borrowed(d.fd) }, Some(d.flushed)),
+            None => (bell::Bell::new().map_err(|e| anyhow::anyhow!("could not create the walproposer's eventfd: {e}"))?, None),
+        };
+        let bell = Arc::new(bell);
+        let tx = bell::EventSender::new(tx, Arc::clone(&bell));
         let segment_size = u64::from(config.wal_segment_size);
         let core = Core::new(
             Proposer::new(n, wal_start, ProposerConfig { mode, ..ProposerConfig::default() }).identified(proposer_id()),
@@ -306,7 +339,7 @@ impl WalProposer {
         let core_span = span.clone();
         let spawned = std::thread::Builder::new().name("walproposer".into()).spawn(move || {
             let _entered = core_span.enter();
-            core.run(rx)
+            core.run(rx, bell, flush_hint)
         });
         proposer.threads.push(spawned.map_err(|e| anyhow::anyhow!("could not start the walproposer thread: {e}"))?);
         for (node, addr) in config.safekeepers.iter().enumerate() {
@@ -441,7 +474,7 @@ fn validate(config: &Config) -> anyhow::Result<()> {
 /// least that high, so that they serve the WAL up to it to the pageserver.
 pub fn sync_safekeepers(config: &Config, timeout: Duration) -> anyhow::Result<Option<Lsn>> {
     let started = Instant::now();
-    let proposer = WalProposer::spawn(config, ProposerMode::Sync, None, Lsn(0), Arc::new(|_| {}))?;
+    let proposer = WalProposer::spawn(config, ProposerMode::Sync, None, Lsn(0), Arc::new(|_| {}), None)?;
     let shared = Arc::clone(&proposer.shared);
     let mut outcome = lock(&shared.outcome);
     while outcome.is_none() {

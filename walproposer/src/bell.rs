@@ -1,0 +1,133 @@
+//! What the core thread sleeps on: an `eventfd(2)` that every sender of an event rings
+//! after queueing it ([`EventSender`]), and that other processes may ring too.
+//!
+//! Why an eventfd and not only the channel: inside a compute, the committing backends are
+//! other processes. With [`crate::Doorbell`] they ring the core thread's bell directly
+//! (the extension creates the eventfd in the postmaster, so every backend inherits it), and
+//! the core reads how far they flushed from shared memory; without it, a commit's WAL went
+//! through the WAL proposer worker's turn (a latch, then the channel) before it was sent.
+//!
+//! Protocol: a sender queues its event, then rings. The core waits on the bell (which
+//! resets it), then drains the channel; an event queued after the drain rings again, so the
+//! next wait returns at once. No wake-up is lost, and a burst of rings is one wake-up.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::mpsc::{SendError, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::core::Event;
+
+/// An eventfd, owned (closed when dropped) or borrowed from the caller.
+pub struct Bell {
+    fd: RawFd,
+    _owned: Option<OwnedFd>,
+}
+
+impl Bell {
+    /// A new eventfd of this process.
+    pub fn new() -> std::io::Result<Bell> {
+        // SAFETY: eventfd(2) with valid flags; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor we just opened and nobody else owns.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Bell { fd: owned.as_raw_fd(), _owned: Some(owned) })
+    }
+
+    /// A bell on an eventfd the caller keeps open for as long as the proposer runs (never
+    /// closed here).
+    ///
+    /// # Safety
+    /// `fd` is a non-blocking eventfd that stays open while this bell exists.
+    pub unsafe fn borrowed(fd: RawFd) -> Bell {
+        Bell { fd, _owned: None }
+    }
+
+    /// Wakes the waiter (or makes its next wait return at once).
+    pub fn ring(&self) {
+        ring_fd(self.fd);
+    }
+
+    /// Sleeps until the bell rings or `timeout` passes, then resets it.
+    pub fn wait(&self, timeout: Duration) {
+        let ts = libc::timespec {
+            tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::try_from(timeout.subsec_nanos()).unwrap_or(0),
+        };
+        let mut pfd = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd, a valid timespec, no signal mask change. EINTR and errors
+        // only end the wait early; the caller's loop waits again.
+        let n = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+        if n > 0 {
+            let mut count = 0u64;
+            // SAFETY: reads the 8-byte counter into a u64 (non-blocking; EAGAIN if another
+            // reader took it, which is harmless).
+            unsafe { libc::read(self.fd, (&raw mut count).cast(), 8) };
+        }
+    }
+}
+
+/// Rings the eventfd `fd` (adds 1 to its counter). Safe to call from any thread or process
+/// holding the descriptor; never blocks (the counter cannot overflow in practice, and a full
+/// one is already ringing).
+pub fn ring_fd(fd: RawFd) {
+    let one = 1u64;
+    // SAFETY: writes 8 bytes from a valid u64 to a descriptor; errors are harmless here.
+    unsafe { libc::write(fd, (&raw const one).cast(), 8) };
+}
+
+/// The sending side of the core's channel: queues an event, then rings the bell.
+#[derive(Clone)]
+pub struct EventSender {
+    tx: Sender<Event>,
+    bell: Arc<Bell>,
+}
+
+impl EventSender {
+    pub fn new(tx: Sender<Event>, bell: Arc<Bell>) -> EventSender {
+        EventSender { tx, bell }
+    }
+
+    pub fn send(&self, ev: Event) -> Result<(), SendError<Event>> {
+        self.tx.send(ev)?;
+        self.bell.ring();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_ring_before_the_wait_ends_it_at_once_and_is_consumed() {
+        let bell = Bell::new().unwrap();
+        bell.ring();
+        bell.ring();
+        let t = Instant::now();
+        bell.wait(Duration::from_secs(10));
+        assert!(t.elapsed() < Duration::from_secs(5));
+        // Both rings were one wake-up: the next wait times out.
+        let t = Instant::now();
+        bell.wait(Duration::from_millis(50));
+        assert!(t.elapsed() >= Duration::from_millis(45));
+    }
+
+    #[test]
+    fn a_ring_from_another_thread_wakes_the_waiter() {
+        let bell = Arc::new(Bell::new().unwrap());
+        let b = Arc::clone(&bell);
+        let t = Instant::now();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            b.ring();
+        });
+        bell.wait(Duration::from_secs(10));
+        assert!(t.elapsed() < Duration::from_secs(5));
+        h.join().unwrap();
+    }
+}
