@@ -55,7 +55,7 @@ impl Bell {
     pub fn wait(&self, timeout: Duration) {
         let ts = libc::timespec {
             tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-            tv_nsec: libc::c_long::try_from(timeout.subsec_nanos()).unwrap_or(0),
+            tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
         };
         let mut pfd = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd, a valid timespec, no signal mask change. EINTR and errors
