@@ -25,8 +25,8 @@ pub static SAFEKEEPERS: GucSetting<Option<CString>> = GucSetting::<Option<CStrin
 pub static FILE_CACHE_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static FILE_CACHE_PATH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static READAHEAD_BLOCKS: GucSetting<i32> = GucSetting::<i32>::new(32);
-/// In MB; see [`max_pageserver_lag_bytes`].
 pub static TESTING_FUNCTIONS: GucSetting<bool> = GucSetting::<bool>::new(false);
+/// In MB; see [`max_pageserver_lag_bytes`].
 pub static MAX_PAGESERVER_LAG_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 /// In ms; see [`max_pageserver_lag_time`].
 pub static MAX_PAGESERVER_LAG_TIME_MS: GucSetting<i32> = GucSetting::<i32>::new(2000);

@@ -105,12 +105,8 @@ fn walproposer_status() -> TableIterator<
         return TableIterator::once(("off", None, None, None, None, None, None, None, None, 0, 0, 0, None));
     };
     let wp = &shared.walproposer;
-    let lsn = |a: &std::sync::atomic::AtomicU64| -> Option<String> {
-        match a.load(Ordering::Relaxed) {
-            0 => None,
-            v => Some(proto::Lsn(v).to_string()),
-        }
-    };
+    let lsn_value = |v: u64| -> Option<String> { (v != 0).then(|| proto::Lsn(v).to_string()) };
+    let lsn = |a: &std::sync::atomic::AtomicU64| lsn_value(a.load(Ordering::Relaxed));
     let count = |a: &std::sync::atomic::AtomicU64| i64::try_from(a.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
     let state = crate::wal_proposer::State::from_u32(wp.state.load(Ordering::Relaxed));
     let term = match wp.term.load(Ordering::Relaxed) {
@@ -126,9 +122,7 @@ fn walproposer_status() -> TableIterator<
         lsn(&wp.elected_start_lsn),
         // The worker publishes the commit LSN at its turns; the proposer's thread announces
         // each new one at once (`sync_commit::wake_committed`).
-        lsn(&std::sync::atomic::AtomicU64::new(
-            wp.commit_lsn.load(Ordering::Relaxed).max(wp.proposer_commit_lsn.0.load(Ordering::Relaxed)),
-        )),
+        lsn_value(wp.commit_lsn.load(Ordering::Relaxed).max(wp.proposer_commit_lsn.0.load(Ordering::Relaxed))),
         lsn(&wp.flush_lsn),
         lsn(&wp.pageserver_flush_lsn),
         lsn(&wp.pageserver_apply_lsn),

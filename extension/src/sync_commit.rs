@@ -2,8 +2,11 @@
 //!
 //! PostgreSQL calls the hook in `SyncRepWaitForLSN()` once the backend has queued itself to
 //! wait for its commit record (after the record was flushed locally). The hook
-//! 1. sets the WAL proposer worker's latch, so that the worker hands the new WAL to the
-//!    proposer at once instead of at its next poll,
+//! 1. rings the doorbell (an eventfd the proposer's core thread sleeps on) with
+//!    PostgreSQL's flush LSN in shared memory, so that the new WAL goes to the safekeepers at
+//!    once, without a turn of the WAL proposer worker, and takes a `commit_waiters` slot, so
+//!    that the proposer's thread wakes it when the commit LSN covers its WAL (it then
+//!    releases itself),
 //! 2. applies backpressure: while the oldest committed WAL (on a majority of safekeepers,
 //!    which is all the pageserver can have) that the pageserver has not applied (its apply
 //!    LSN as the safekeepers report it) was committed longer ago than

@@ -23,7 +23,8 @@
 //!
 //! Invariants:
 //! - The proposer's threads never call into PostgreSQL: their only way in is the `wake`
-//!   callback, which sets latches (this worker's, waiting backends') through a raw `SetLatch` (see [`wake`]).
+//!   callback, which sets latches (this worker's, waiting backends') through a raw
+//!   `SetLatch` (see [`wake`]).
 //! - Waiters are released only up to the proposer's commit LSN, which never exceeds what
 //!   PostgreSQL reported flushed, so a released commit is on a majority of safekeepers.
 //! - A fenced compute (another proposer was elected, or the safekeepers' WAL does not
@@ -196,20 +197,17 @@ pub fn doorbell_fd() -> Option<std::os::fd::RawFd> {
 /// Creates the doorbell in the postmaster (children inherit the descriptor and this
 /// process's copy of `DOORBELL_FD`). Without one, commits wake the worker instead.
 fn create_doorbell() {
-    // SAFETY: eventfd(2) with valid flags; the result is checked. Close-on-exec: only
-    // children forked without exec (backends, the worker) may ring it.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        ereport!(
+    use std::os::fd::IntoRawFd;
+    match walproposer::new_eventfd() {
+        // Kept open for the life of the postmaster and of every child.
+        Ok(fd) => DOORBELL_FD.store(fd.into_raw_fd(), Ordering::Relaxed),
+        Err(e) => ereport!(
             PgLogLevel::WARNING,
             PgSqlErrorCode::ERRCODE_WARNING,
             format!("fjord: could not create the WAL proposer's doorbell (eventfd): {e}"),
             "Commits then wake the WAL proposer worker, which costs each commit a turn of that worker."
-        );
-        return;
+        ),
     }
-    DOORBELL_FD.store(fd, Ordering::Relaxed);
 }
 
 fn wp() -> &'static WalProposerShared {

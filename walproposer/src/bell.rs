@@ -24,16 +24,23 @@ pub struct Bell {
     _owned: Option<OwnedFd>,
 }
 
+/// A new non-blocking, close-on-exec eventfd: what a [`Bell`] or a [`crate::Doorbell`] is
+/// made of (a compute's postmaster creates its doorbell with this, so that the children it
+/// forks inherit it; close-on-exec keeps it from programs they run).
+pub fn new_eventfd() -> std::io::Result<OwnedFd> {
+    // SAFETY: eventfd(2) with valid flags; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor we just opened and nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 impl Bell {
     /// A new eventfd of this process.
     pub fn new() -> std::io::Result<Bell> {
-        // SAFETY: eventfd(2) with valid flags; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a descriptor we just opened and nobody else owns.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let owned = new_eventfd()?;
         Ok(Bell { fd: owned.as_raw_fd(), _owned: Some(owned) })
     }
 

@@ -29,10 +29,10 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
-
-use crate::bell::Bell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crate::bell::Bell;
 
 /// How often the proposer is ticked (resends of unanswered messages, stalled streams).
 pub const TICK: Duration = Duration::from_millis(500);
@@ -140,7 +140,7 @@ impl Core {
     /// The thread's loop: sleeps on `bell` (rung by every event sent, and by other processes
     /// through a [`crate::Doorbell`], whose `flushed` is `flush_hint`), then takes what the
     /// channel holds.
-    pub fn run(mut self, events: Receiver<Event>, bell: Arc<Bell>, flush_hint: Option<Arc<dyn Fn() -> Lsn + Send + Sync>>) {
+    pub fn run(mut self, events: Receiver<Event>, bell: Arc<Bell>, flush_hint: Option<crate::FlushedElsewhere>) {
         self.progress();
         let mut next_tick = Instant::now() + TICK;
         while !self.done {

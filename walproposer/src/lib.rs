@@ -19,7 +19,7 @@ pub mod lag;
 mod safekeeper_list;
 mod walstore;
 
-pub use bell::ring_fd;
+pub use bell::{new_eventfd, ring_fd};
 pub use quorum::majority;
 pub use quorum::wire::StandbyReport;
 pub use safekeeper_list::{parse_safekeeper_list, SafekeeperAddr, SafekeeperListError, SafekeeperListProblem, SAFEKEEPERS_MAX};
@@ -51,8 +51,11 @@ pub type Wake = Arc<dyn Fn(Lsn) + Send + Sync>;
 #[derive(Clone)]
 pub struct Doorbell {
     pub fd: std::os::fd::RawFd,
-    pub flushed: Arc<dyn Fn() -> Lsn + Send + Sync>,
+    pub flushed: FlushedElsewhere,
 }
+
+/// [`Doorbell::flushed`]: how far other processes flushed WAL.
+pub type FlushedElsewhere = Arc<dyn Fn() -> Lsn + Send + Sync>;
 
 /// Where and what to propose. `Debug` leaves the token out.
 #[derive(Clone)]

@@ -45,8 +45,8 @@
 //! keepalive that asks for a reply gets one after the batch (after its fsync from a
 //! walsender). A batch of at least
 //! `APPLY_STATUS_BYTES` gets a second status update once it is ingested, so that the
-//! compute's backpressure (`fjord.max_pageserver_lag`, which compares against the apply
-//! position) sees a bulk load's progress as it happens, not up to `STATUS_INTERVAL` late;
+//! compute's backpressure (`fjord.max_pageserver_lag_time` and `fjord.max_pageserver_lag`,
+//! which compare against the apply position) sees a bulk load's progress as it happens, not up to `STATUS_INTERVAL` late;
 //! the small batches of OLTP traffic do not pay for a second message. Status updates also
 //! go out every `STATUS_INTERVAL`.
 //!
