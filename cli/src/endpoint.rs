@@ -21,6 +21,10 @@ use crate::state::{check_name, EndpointState, State};
 use crate::tenant::MAIN_BRANCH;
 use logtail::log_tail;
 
+/// How long `--at LSN` waits for the pageserver to ingest up to the LSN before it is called
+/// past the branch's end.
+const INGEST_WAIT: Duration = Duration::from_secs(2);
+
 #[derive(clap::Args, Debug)]
 pub struct StartArgs {
     /// Endpoint name.
@@ -102,7 +106,18 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
         None => None,
         Some(point) => {
             let lsn = crate::point::resolve(&api, tenant, timeline, &branch, point)?;
-            let last = api.timeline(tenant, timeline)?.last_record_lsn;
+            // WAL a compute has just committed reaches the pageserver a moment later (and
+            // later still right after the timeline's first compute started, while the WAL
+            // receiver waits out a round of sources that had no WAL yet): an LSN just read
+            // from a compute is given that moment before it is called past the end.
+            let deadline = Instant::now() + INGEST_WAIT;
+            let last = loop {
+                let last = api.timeline(tenant, timeline)?.last_record_lsn;
+                if lsn <= last || Instant::now() >= deadline {
+                    break last;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
             if lsn > last {
                 bail!("cannot start at {lsn}: branch {branch} ends at {last}");
             }
