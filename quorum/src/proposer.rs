@@ -63,6 +63,17 @@ pub struct ProposerConfig {
     /// and released behind it (`fetched.rs`).
     pub max_fetched: u64,
     pub mode: ProposerMode,
+    /// Whether a commit LSN that no WAL carries waits for the shell to ask for it
+    /// ([`Proposer::announce_commit`], or the next tick) instead of going out at once.
+    ///
+    /// Acceptors need the commit LSN only to serve WAL onwards (the pageserver and replicas
+    /// stream what is committed) and to remove it; no commit waits for them to learn it. Sent
+    /// as soon as it moves, it costs each acceptor a message, a wake-up and an answer per
+    /// commit when the next commit's WAL, coming a moment later under load, would carry it
+    /// anyway. The shell announces it after a short delay if no WAL took it along
+    /// (`walproposer`: [`Proposer::commit_unannounced`]). Ignored by a sync, whose whole
+    /// purpose is making a majority acknowledge the commit LSN.
+    pub defer_commit_lsn: bool,
 }
 
 impl Default for ProposerConfig {
@@ -74,8 +85,21 @@ impl Default for ProposerConfig {
             // The window and two fetches: a lagging acceptor's stream is never short of WAL.
             max_fetched: 10 * 1024 * 1024,
             mode: ProposerMode::Plain,
+            defer_commit_lsn: false,
         }
     }
+}
+
+/// What makes [`Proposer::stream`] look at what each acceptor should be sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Push {
+    /// Something changed (WAL, an acknowledgement, a peer): WAL, boundaries and (unless
+    /// deferred, [`ProposerConfig::defer_commit_lsn`]) the commit LSN go out.
+    Changes,
+    /// The timer: the commit LSN and the horizons too.
+    Tick,
+    /// The shell asks for the commit LSN ([`Proposer::announce_commit`]).
+    CommitLsn,
 }
 
 /// Why a compute proposer fenced itself.
@@ -350,7 +374,7 @@ impl Proposer {
             }
         }
         l.end = l.end.max(end);
-        self.stream(false)
+        self.stream(Push::Changes)
     }
 
     /// The connection to acceptor `i` was lost and re-established: what was sent on it may
@@ -397,6 +421,20 @@ impl Proposer {
             }
         };
         vec![ProposerAction::Send(i, msg)]
+    }
+
+    /// Whether some joined acceptor that can be sent to has not been sent the current
+    /// commit LSN: with [`ProposerConfig::defer_commit_lsn`], the shell then calls
+    /// [`Proposer::announce_commit`] a moment later, unless WAL carried it meanwhile.
+    pub fn commit_unannounced(&self) -> bool {
+        let Phase::Leader(l) = &self.phase else { return false };
+        l.peers.values().any(|p| l.commit_lsn > p.commit_sent && l.readable_end(p.sent.max(p.flush)).is_some())
+    }
+
+    /// Sends the commit LSN to every joined acceptor that has not been sent it (with
+    /// [`ProposerConfig::defer_commit_lsn`], nothing else does before the next tick).
+    pub fn announce_commit(&mut self) -> Vec<ProposerAction> {
+        self.stream(Push::CommitLsn)
     }
 
     /// Timer tick: resend whatever has not been answered.
@@ -457,7 +495,7 @@ impl Proposer {
                     }
                 }
                 l.fetched.tick();
-                out.extend(self.stream(true));
+                out.extend(self.stream(Push::Tick));
                 out
             }
         }
@@ -469,9 +507,11 @@ impl Proposer {
     /// and the remote-consistent LSN; on a `tick`, an acceptor that has nothing else coming
     /// gets an empty one when either moved since it was last sent (once per tick at most, not
     /// once per acknowledgement: they only matter for WAL removal, a segment at a time).
-    fn stream(&mut self, tick: bool) -> Vec<ProposerAction> {
+    fn stream(&mut self, why: Push) -> Vec<ProposerAction> {
         let term = self.term;
         let cfg = self.config;
+        let tick = why == Push::Tick;
+        let commit_due = why != Push::Changes || !cfg.defer_commit_lsn || cfg.mode == ProposerMode::Sync;
         let remote_consistent_lsn = self.remote_consistent_lsn;
         let Phase::Leader(l) = &mut self.phase else { return Vec::new() };
         let horizon = l.peer_horizon();
@@ -526,7 +566,7 @@ impl Proposer {
             // boundary LSN, and so commits, would wait for more WAL.
             let boundary = l.boundary_at(from);
             let news = horizon > p.horizon_sent || remote_consistent_lsn > p.remote_consistent_sent;
-            if !sent_any && (l.commit_lsn > p.commit_sent || boundary > boundary_sent.max(p.boundary) || (tick && news)) {
+            if !sent_any && ((commit_due && l.commit_lsn > p.commit_sent) || boundary > boundary_sent.max(p.boundary) || (tick && news)) {
                 // Nothing new to send, but the acceptor should learn the commit LSN or a
                 // boundary (or, at a tick, the horizons).
                 out.push(send(from, from, boundary));
@@ -596,7 +636,7 @@ impl Proposer {
         for p in l.peers.values_mut().filter(|p| p.flush < floor) {
             p.sent = p.flush;
         }
-        self.stream(false)
+        self.stream(Push::Changes)
     }
 
     /// While elected: the joined acceptors whose acknowledged flush LSN is below the oldest
@@ -639,7 +679,7 @@ impl Proposer {
                     }
                     if !learner && l.voters.insert(from) {
                         out.extend(self.update_commit());
-                        out.extend(self.stream(false));
+                        out.extend(self.stream(Push::Changes));
                         out.extend(self.check_synced());
                     }
                     return out;
@@ -678,7 +718,7 @@ impl Proposer {
                     // count towards commits too.
                     if granted && l.voters.insert(from) {
                         out.extend(self.update_commit());
-                        out.extend(self.stream(false));
+                        out.extend(self.stream(Push::Changes));
                         out.extend(self.check_synced());
                     }
                     return out;
@@ -737,7 +777,7 @@ impl Proposer {
                     remote_consistent_sent: Lsn(0),
                 });
                 out.extend(self.update_commit());
-                out.extend(self.stream(false));
+                out.extend(self.stream(Push::Changes));
                 out.extend(self.check_synced());
             }
             ToProposer::Wal { term, from: wal_from, data } => {
@@ -760,7 +800,7 @@ impl Proposer {
                     self.config.max_fetched
                 );
                 out.push(ProposerAction::StoreWal { from: wal_from, data });
-                out.extend(self.stream(false));
+                out.extend(self.stream(Push::Changes));
             }
             ToProposer::AppendAck { term, flush_lsn, boundary_lsn, commit_lsn } => {
                 if term != self.term {
@@ -791,7 +831,7 @@ impl Proposer {
                     l.boundaries = l.boundaries.split_off(&low);
                 }
                 out.extend(self.update_commit());
-                out.extend(self.stream(false));
+                out.extend(self.stream(Push::Changes));
                 out.extend(self.check_synced());
             }
             ToProposer::Rejected { term, acceptor_term } => {

@@ -779,3 +779,56 @@ fn a_learners_acknowledgement_does_not_count_towards_a_commit() {
     assert_eq!(c.committed, expected);
     assert_eq!(c.wal(1), &expected[..]);
 }
+
+/// With `defer_commit_lsn`, a commit LSN that no WAL carries waits for the shell: the
+/// acknowledgements that commit a record bring no empty `Append`s; `announce_commit` sends
+/// one to each acceptor, and the next record's pieces (or a tick) carry it otherwise.
+#[test]
+fn a_deferred_commit_lsn_goes_out_when_announced_or_with_the_next_wal() {
+    let mut c = Cluster::new();
+    let config = ProposerConfig { defer_commit_lsn: true, ..ProposerConfig::default() };
+    let mut p = proposer_in(ProposerMode::Plain, WAL_START, config);
+    c.elect(&mut p, &only(&[0, 1, 2]));
+    let sent = std::cell::RefCell::new(Vec::new());
+    let record_all = |to: usize, msg: ToAcceptor| {
+        if let ToAcceptor::Append { data, commit_lsn, .. } = &msg {
+            sent.borrow_mut().push((to, data.len(), *commit_lsn));
+        }
+        Some(msg)
+    };
+    // Whatever the election left to announce goes first.
+    if p.core.commit_unannounced() {
+        let a = p.core.announce_commit();
+        c.run(&mut p, a, &record_all);
+    }
+    sent.borrow_mut().clear();
+
+    let end = p.store.client_append(&record(1, 10));
+    let a = p.core.append(end, end);
+    c.run(&mut p, a, &record_all);
+    assert_eq!(p.core.commit_lsn(), Some(lsn(10)));
+    assert!(sent.borrow().iter().all(|&(_, len, _)| len == 10), "only the record went out: {:?}", sent.borrow());
+    assert!(p.core.commit_unannounced());
+
+    sent.borrow_mut().clear();
+    let a = p.core.announce_commit();
+    c.run(&mut p, a, &record_all);
+    let mut announced = sent.borrow().clone();
+    announced.sort();
+    assert_eq!(announced, vec![(0, 0, lsn(10)), (1, 0, lsn(10)), (2, 0, lsn(10))]);
+    assert!(!p.core.commit_unannounced());
+    assert!(p.core.announce_commit().is_empty(), "announced once");
+
+    // The next record's acknowledgements commit it; its pieces carried the commit before.
+    sent.borrow_mut().clear();
+    let end = p.store.client_append(&record(2, 10));
+    let a = p.core.append(end, end);
+    c.run(&mut p, a, &record_all);
+    assert!(sent.borrow().iter().all(|&(_, len, commit)| len == 10 && commit == lsn(10)), "{:?}", sent.borrow());
+    assert!(p.core.commit_unannounced());
+    // A tick announces it as well.
+    sent.borrow_mut().clear();
+    tick(&mut c, &mut p, &record_all);
+    assert!(sent.borrow().iter().filter(|&&(_, len, commit)| len == 0 && commit == lsn(20)).count() == 3, "{:?}", sent.borrow());
+    assert!(!p.core.commit_unannounced());
+}

@@ -196,6 +196,8 @@ impl Sim {
             max_fetch,
             // As little as one fetch: a lagging acceptor's catch-up then waits for each.
             max_fetched: max_fetch * rng.gen_range(1..4),
+            // walproposer defers commit-LSN-only appends; some runs send them at once.
+            defer_commit_lsn: rng.gen_bool(0.5),
             ..ProposerConfig::default()
         };
         let mut sim = Sim {
@@ -615,7 +617,13 @@ impl Sim {
                 if self.rng.gen_bool(0.6) {
                     self.drop_own_wal(p)?;
                 }
-                let actions = self.proposers[p].core.tick();
+                // walproposer's core announces a deferred commit LSN a moment after it moved,
+                // between its ticks.
+                let actions = if self.rng.gen_bool(0.5) && self.proposers[p].core.commit_unannounced() {
+                    self.proposers[p].core.announce_commit()
+                } else {
+                    self.proposers[p].core.tick()
+                };
                 self.proposer_actions(p, actions)?;
             }
             60..=61 => {

@@ -26,6 +26,11 @@ pub struct Metrics {
     pub peer_horizon_lsn: IntGaugeVec,
     pub fsyncs: IntCounter,
     pub fsync_seconds: Histogram,
+    /// Batches of proposer messages handled (each read of a proposer's socket that brought
+    /// whole messages: one lock of the timeline, at most one sync), and the messages in them.
+    /// Messages per batch is the group commit; batches per commit what a commit costs.
+    pub proposer_batches: IntCounter,
+    pub proposer_messages: IntCounter,
     /// Connections accepted, by kind (`proposer`, `replication`).
     pub connections: IntCounterVec,
     /// Open proposer connections.
@@ -69,6 +74,9 @@ impl Metrics {
             HistogramOpts::new("safekeeper_fsync_seconds", "time spent in fsync per batch")
                 .buckets(vec![0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0]),
         )?;
+        let proposer_batches =
+            IntCounter::new("safekeeper_proposer_batches_total", "batches of proposer messages handled (one sync at most each)")?;
+        let proposer_messages = IntCounter::new("safekeeper_proposer_messages_total", "proposer messages handled")?;
         let connections = IntCounterVec::new(Opts::new("safekeeper_connections_total", "connections accepted"), &["kind"])?;
         let proposer_connections_open = IntGauge::new("safekeeper_proposer_connections_open", "open proposer connections")?;
         let auth_failures = IntCounterVec::new(
@@ -96,6 +104,8 @@ impl Metrics {
         registry.register(Box::new(peer_horizon_lsn.clone()))?;
         registry.register(Box::new(fsyncs.clone()))?;
         registry.register(Box::new(fsync_seconds.clone()))?;
+        registry.register(Box::new(proposer_batches.clone()))?;
+        registry.register(Box::new(proposer_messages.clone()))?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(proposer_connections_open.clone()))?;
         registry.register(Box::new(auth_failures.clone()))?;
@@ -113,6 +123,8 @@ impl Metrics {
             peer_horizon_lsn,
             fsyncs,
             fsync_seconds,
+            proposer_batches,
+            proposer_messages,
             connections,
             proposer_connections_open,
             auth_failures,

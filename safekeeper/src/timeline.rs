@@ -477,6 +477,8 @@ impl Timeline {
         if let Some(b) = &inner.broken {
             return Err(self.unavailable(b));
         }
+        self.metrics.proposer_batches.inc();
+        self.metrics.proposer_messages.inc_by(msgs.len() as u64);
         let mut stats = SyncStats::default();
         let mut out = BatchOutcome::default();
         let mut appends = 0u64;

@@ -36,6 +36,12 @@ use crate::bell::Bell;
 
 /// How often the proposer is ticked (resends of unanswered messages, stalled streams).
 pub const TICK: Duration = Duration::from_millis(500);
+/// How long a commit LSN that no WAL carried waits before it is sent on its own
+/// (`quorum::ProposerConfig::defer_commit_lsn`): under load the next commit's WAL, a fraction
+/// of a millisecond later, takes it along, and each safekeeper is spared a message, a wake-up
+/// and an answer per commit. What waits for it is only what the safekeepers serve onwards
+/// (the pageserver's ingest, replicas), a millisecond later when the compute is idle.
+pub const COMMIT_ANNOUNCE_DELAY: Duration = Duration::from_millis(1);
 /// The first delay before an election is retried; doubles up to `reconnect_max`.
 const ELECTION_BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// The compute's WAL is decoded this much at a time; each step is given to the proposer
@@ -143,10 +149,11 @@ impl Core {
     pub fn run(mut self, events: Receiver<Event>, bell: Arc<Bell>, flush_hint: Option<crate::FlushedElsewhere>) {
         self.progress();
         let mut next_tick = Instant::now() + TICK;
+        let mut announce_at: Option<Instant> = None;
         while !self.done {
             let now = Instant::now();
             let mut wait = next_tick.saturating_duration_since(now);
-            if let Some(at) = self.retry_at {
+            for at in [self.retry_at, announce_at].into_iter().flatten() {
                 wait = wait.min(at.saturating_duration_since(now));
             }
             let first = match events.try_recv() {
@@ -194,9 +201,23 @@ impl Core {
                 let actions = self.proposer.start_election();
                 self.perform(actions);
             }
+            if !self.done && announce_at.is_some_and(|at| now >= at) {
+                let actions = self.proposer.announce_commit();
+                self.perform(actions);
+            }
+            // Armed when the commit LSN moved past what the safekeepers were sent, and kept
+            // (not pushed back) while more commits follow; disarmed once WAL carried it.
+            announce_at = if self.proposer.commit_unannounced() { Some(announce_at.unwrap_or(now + COMMIT_ANNOUNCE_DELAY)) } else { None };
             if !self.done {
                 self.report_catch_up();
             }
+            self.write_out();
+        }
+        // Stopped while leading: the safekeepers learn the last commit LSN now (the shutdown
+        // checkpoint's), not from the next compute's sync.
+        if self.proposer.commit_unannounced() {
+            let actions = self.proposer.announce_commit();
+            self.perform(actions);
             self.write_out();
         }
         // Done for good (stopped, synced, fenced or failed): the connection threads must see

@@ -443,6 +443,9 @@ fn a_sync_after_a_compute_died_inside_a_long_record_ends_at_a_boundary() {
     let (p, _) = start(cfg(first, Some(&dir)));
     p.wal_flushed(after);
     wait_until("the long record committed", WAIT, || p.commit_lsn() >= after);
+    // All three, not just the two that committed it: the last part below says where every
+    // safekeeper's log ends, and one left behind here would still end at `first` there.
+    wait_until("every safekeeper holds the long record whole", WAIT, || sks.iter().all(|s| s.boundary_lsn() >= after));
     p.stop();
     assert_eq!(sync_safekeepers(&cfg(Lsn(0), None), WAIT).unwrap(), Some(after));
     assert!(sks.iter().filter(|s| s.boundary_lsn() == after).count() >= 2, "a majority holds the long record whole");
