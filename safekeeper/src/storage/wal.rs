@@ -4,7 +4,8 @@
 //! WAL bytes live at their natural offsets in segment files named as PostgreSQL names them
 //! on timeline 1 (`000000010000000000000003`). A segment is created zero-filled to its full
 //! size (temporary file, fsync, rename, fsync of the directory), so creating one is atomic
-//! and its size never changes afterwards; appends overwrite zeros in place.
+//! and its size never changes afterwards; appends overwrite zeros in place. The zeros are
+//! allocated (`fallocate`), not written, where the file system can ([`allocate`]).
 //!
 //! # `wal.end`
 //! Two parts. The **header** (the first 40 bytes, rewritten in place with one `pwrite` inside
@@ -50,8 +51,9 @@
 //! WAL (their LSN is the end so far) and whose checksum holds are written into the segments,
 //! stopping at the first that does not (a record a crash cut short was never acknowledged,
 //! since its `fdatasync` had not returned, and no record follows it). Then the WAL is settled,
-//! so a replay never happens twice. A batch too big for the journal is synced the old way,
-//! by settling.
+//! so a replay never happens twice. A batch too big for the journal, or of at least
+//! [`SETTLE_BATCH_BYTES`] (a bulk load's), is synced the old way, by settling: its bytes are
+//! written once instead of twice, for a second `fdatasync`.
 //!
 //! Truncation writes `wal.end` first and cleans up afterwards (zeroes the tail of the end's
 //! segment, removes segments beyond the range), so a crash in between leaves stale bytes
@@ -102,6 +104,11 @@ pub const JOURNAL_OFFSET: u64 = 4096;
 /// The journal's size. Settled about once a second, it holds a second of appends (or
 /// forces a settle when full); a batch bigger than it is synced by settling.
 pub const JOURNAL_BYTES: u64 = 8 << 20;
+/// A batch of at least this many bytes is synced by settling (its segments' `fdatasync`,
+/// then the header's) rather than copied into the journal: two syncs instead of one, but
+/// the bytes are written once, not twice. Bulk loads send batches of hundreds of KiB to
+/// MiBs, where the copy costs more CPU than the second sync; commits of OLTP send a few KiB.
+pub const SETTLE_BATCH_BYTES: u64 = 256 << 10;
 /// A journal record's header: generation, LSN, length, boundary LSN (8 bytes each), then the
 /// bytes, then a crc32c of the header and the bytes. Format 3's had no boundary LSN.
 const RECORD_HEADER_BYTES: usize = 32;
@@ -109,6 +116,29 @@ const RECORD_HEADER_V3_BYTES: usize = 24;
 const RECORD_CRC_BYTES: usize = 4;
 /// Zero-filling and copying go in chunks of this size.
 const CHUNK_BYTES: usize = 1 << 20;
+
+/// Gives the new, empty file `f` its `size` bytes, reading as zeros, without writing them
+/// (`fallocate`): `false` where the file system cannot, and the caller writes the zeros.
+///
+/// Why not write them: a segment is 16 MiB, and the batch that needs a new one would wait
+/// for 16 MiB of zeros to be copied into the page cache (and later written to the device) by
+/// every safekeeper: as many bytes again as the WAL itself. The blocks are allocated either
+/// way, so appends never change the file's size or allocate; on ext4 the first write of a
+/// block marks its extent written, metadata that the segment's `fdatasync` (at settling, not
+/// per batch) writes out.
+fn allocate(f: &File, size: u64) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let len = libc::off_t::try_from(size).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: `f` is an open file; fallocate reads nothing from memory.
+    if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len) } == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Ok(false),
+        _ => Err(e),
+    }
+}
 
 /// PostgreSQL's file name for segment `segno` of [`PG_TIMELINE`] with segments of
 /// `segment_size` (`pgwal::segment` names segments for the whole tree).
@@ -503,12 +533,14 @@ impl WalStore {
         let path = self.segment_path(segno);
         let tmp = crashsafe::temp_path(&path);
         let f = File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
-        let zeros = vec![0u8; CHUNK_BYTES];
-        let mut off = 0;
-        while off < self.segment_size {
-            let n = (self.segment_size - off).min(CHUNK_BYTES as u64) as usize;
-            f.write_all_at(&zeros[..n], off).with_context(|| format!("zero-fill {}", tmp.display()))?;
-            off += n as u64;
+        if !allocate(&f, self.segment_size).with_context(|| format!("allocate {}", tmp.display()))? {
+            let zeros = vec![0u8; CHUNK_BYTES];
+            let mut off = 0;
+            while off < self.segment_size {
+                let n = (self.segment_size - off).min(CHUNK_BYTES as u64) as usize;
+                f.write_all_at(&zeros[..n], off).with_context(|| format!("zero-fill {}", tmp.display()))?;
+                off += n as u64;
+            }
         }
         stats.timed(|| f.sync_all()).with_context(|| format!("fsync {}", tmp.display()))?;
         drop(f);
@@ -568,7 +600,7 @@ impl WalStore {
         }
         let room = JOURNAL_OFFSET + JOURNAL_BYTES - self.journal_at;
         let need = (RECORD_HEADER_BYTES + self.pending.len() + RECORD_CRC_BYTES) as u64;
-        if need > room {
+        if need > room || self.pending.len() as u64 >= SETTLE_BATCH_BYTES {
             return self.settle(stats);
         }
         debug_assert_eq!(self.pending.len() as u64, self.written_end.0 - self.durable.end.0);
@@ -807,7 +839,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let first = vec![1u8; 3000];
         let second = vec![2u8; (SEG - 1000) as usize]; // into the next segment
-        let s = store_with(dir.path(), &[&first, &second]);
+        // In batches small enough for the journal (a bigger one is settled).
+        let batches: Vec<&[u8]> = std::iter::once(&first[..]).chain(second.chunks(SETTLE_BATCH_BYTES as usize - 1)).collect();
+        let s = store_with(dir.path(), &batches);
         let end = s.extent().end;
         assert_eq!(end, Lsn(SEG + 3000 + SEG - 1000));
         drop(s);
@@ -824,6 +858,22 @@ mod tests {
         let mut s = WalStore::open(dir.path(), SEG).unwrap();
         assert_eq!(s.extent().end, end);
         assert_eq!(&s.read(Lsn(SEG), Lsn(SEG + 3000)).unwrap()[..], &first[..]);
+    }
+
+    /// A batch of [`SETTLE_BATCH_BYTES`] or more is settled, not journaled: the header names
+    /// its end, and the journal holds nothing; a smaller one goes to the journal.
+    #[test]
+    fn a_big_batch_is_settled_and_a_small_one_journaled() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = vec![3u8; SETTLE_BATCH_BYTES as usize];
+        let s = store_with(dir.path(), &[&big]);
+        let end = Lsn(SEG + SETTLE_BATCH_BYTES);
+        assert_eq!((s.extent().end, s.journal_at), (end, JOURNAL_OFFSET));
+        let header = Header::decode(&std::fs::read(dir.path().join(WAL_END_FILE_NAME)).unwrap()).unwrap().0;
+        assert_eq!((header.extent.end, header.boundary), (end, end));
+        drop(s);
+        let s = store_with(dir.path(), &[&big[..100]]);
+        assert!(s.journal_at > JOURNAL_OFFSET);
     }
 
     /// A batch whose journal record did not become durable (a crash during its fdatasync, so
