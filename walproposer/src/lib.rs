@@ -319,7 +319,12 @@ impl WalProposer {
         let tx = bell::EventSender::new(tx, Arc::clone(&bell));
         let segment_size = u64::from(config.wal_segment_size);
         let core = Core::new(
-            Proposer::new(n, wal_start, ProposerConfig { mode, defer_commit_lsn: mode == ProposerMode::Compute, ..ProposerConfig::default() }).identified(proposer_id()),
+            Proposer::new(
+                n,
+                wal_start,
+                ProposerConfig { mode, defer_commit_lsn: mode == ProposerMode::Compute, ..ProposerConfig::default() },
+            )
+            .identified(proposer_id()),
             WalStore::new(dir, segment_size, wal_start),
             Arc::clone(&shared),
             wake,

@@ -839,7 +839,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let first = vec![1u8; 3000];
         let second = vec![2u8; (SEG - 1000) as usize]; // into the next segment
-        // In batches small enough for the journal (a bigger one is settled).
+                                                       // In batches small enough for the journal (a bigger one is settled).
         let batches: Vec<&[u8]> = std::iter::once(&first[..]).chain(second.chunks(SETTLE_BATCH_BYTES as usize - 1)).collect();
         let s = store_with(dir.path(), &batches);
         let end = s.extent().end;
