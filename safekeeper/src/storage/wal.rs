@@ -707,12 +707,14 @@ impl WalStore {
             let segno = lsn / self.segment_size;
             let off = lsn % self.segment_size;
             let n = ((to.0 - lsn) as usize).min((self.segment_size - off) as usize);
-            let name = segment_file_name(segno, self.segment_size);
-            if !self.segment_path(segno).exists() {
-                bail!("WAL segment {name} holding {} is missing", Lsn(lsn));
+            // An open segment exists (removal closes what it removes); only another is looked
+            // for, so that a read never creates one.
+            if !self.open.contains_key(&segno) && !self.segment_path(segno).exists() {
+                bail!("WAL segment {} holding {} is missing", segment_file_name(segno, self.segment_size), Lsn(lsn));
             }
             let f = self.segment(segno, &mut ignored)?;
-            f.read_exact_at(&mut out[done..done + n], off).with_context(|| format!("read WAL segment {name} at {}", Lsn(lsn)))?;
+            f.read_exact_at(&mut out[done..done + n], off)
+                .with_context(|| format!("read WAL segment {} at {}", segment_file_name(segno, self.segment_size), Lsn(lsn)))?;
             lsn += n as u64;
             done += n;
         }
