@@ -135,6 +135,16 @@ def checkpoint(port: int, user: str) -> None:
         conn.execute("CHECKPOINT")
 
 
+def wait_for_ingest(tl: Timeline, lsn: int) -> float:
+    """Waits until the pageserver has ingested the WAL up to `lsn`; returns the seconds."""
+    t0 = time.monotonic()
+    while lsn_int(tl.status()["last_record_lsn"]) < lsn:
+        if time.monotonic() > t0 + 300:
+            raise RuntimeError("the pageserver did not ingest the WAL within 300 s")
+        time.sleep(0.05)
+    return round(time.monotonic() - t0, 2)
+
+
 def settle_fjord(ep: Endpoint, ps: Pageserver, tl: Timeline) -> None:
     """CHECKPOINT on the compute, then wait until the pageserver has ingested all WAL so far
     and run compaction passes (image layers where the delta depth asks for them, L0
@@ -142,12 +152,7 @@ def settle_fjord(ep: Endpoint, ps: Pageserver, tl: Timeline) -> None:
     background jobs would otherwise do during the next run (one pass rebuilds at most
     `image_creation_ranges_per_run` ranges)."""
     checkpoint(ep.port, ep.user)
-    flushed = lsn_int(ep.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0])
-    deadline = time.monotonic() + 300
-    while lsn_int(tl.status()["last_record_lsn"]) < flushed:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the pageserver did not ingest the WAL within 300 s")
-        time.sleep(0.1)
+    wait_for_ingest(tl, lsn_int(ep.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0]))
     for _ in range(100):
         req = urllib.request.Request(f"http://127.0.0.1:{ps.http_port}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/compact",
                                      method="POST", data=b"{}", headers={"Content-Type": "application/json"})
@@ -344,17 +349,23 @@ def main() -> None:
             restart = after_restart(ep, a)
             print(f"fjord: select-only after a restart: {restart}", flush=True)
             create_scan_table(ep.port, ep.user)
+            loaded = lsn_int(ep.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0])
             ep.stop()
             # Right after the load: the table's pages exist on the pageserver only as WAL
-            # records (no image layer yet), and each is rebuilt by WAL redo.
+            # records (no image layer yet), and each is rebuilt by WAL redo. All of the load
+            # is ingested first, so that the flush below (and the image layers after the
+            # scan, made at the last flushed LSN) cover it whole.
+            fjord_res["scan_load_ingest_wait_s"] = wait_for_ingest(tl, loaded)
             ps_checkpoint(ps, tl)
             fjord_res["cold_scan_s"], fjord_res["warm_scan_s"], cold_smgr, dropped = cold_scan(base, ps, tl, sks, settings, "cold")
             print(f"fjord: cold scan of {SCAN_ROWS} rows right after the load {fjord_res['cold_scan_s']} s "
                   f"({dropped >> 20} MB dropped from the OS cache), warm {fjord_res['warm_scan_s']} s; prefetch "
-                  f"{cold_smgr['prefetch_hits']} used of {cold_smgr['prefetch_requests']}", flush=True)
+                  f"{cold_smgr['prefetch_hits']} used of {cold_smgr['prefetch_requests']}; the pageserver finished "
+                  f"ingesting the load {fjord_res['scan_load_ingest_wait_s']} s after the endpoint stopped", flush=True)
             # After the pageserver made its image layers (plain PostgreSQL's pages were written
             # by its shutdown checkpoint), restarted so that none of its in-memory caches
             # hold a page (plain PostgreSQL restarted too).
+            ps_checkpoint(ps, tl)
             fjord_res["image_layers_s"] = ps_image_layers(ps, tl)
             ps.stop()
             ps.start()
@@ -439,7 +450,8 @@ def main() -> None:
               "",
               f"`SELECT count(*)` over {SCAN_ROWS:,} rows with a cold OS cache (the table's files, or the pageserver's, "
               f"evicted with `POSIX_FADV_DONTNEED`; fjord on a new endpoint, its file cache empty): plain "
-              f"{plain_res['cold_scan_s']} s (after its shutdown checkpoint); fjord right after the load, every page "
+              f"{plain_res['cold_scan_s']} s (after its shutdown checkpoint); fjord right after the load (once the "
+              f"pageserver had ingested it, {fjord_res['scan_load_ingest_wait_s']} s after the endpoint stopped), every page "
               f"rebuilt from WAL, {fjord_res['cold_scan_s']} s "
               f"({fjord_res['cold_scan_s'] / plain_res['cold_scan_s']:.2f}x), and from image layers (made in "
               f"{fjord_res['image_layers_s']} s, pageserver restarted) {fjord_res['cold_scan_images_s']} s "
