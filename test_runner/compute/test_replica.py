@@ -98,6 +98,10 @@ def test_a_replica_follows_its_primary_and_refuses_writes(repo):
         start_s = time.monotonic() - started
         with connect(replica) as r:
             assert one(r, "SELECT pg_is_in_recovery()") is True
+            # A replica opens for reads once consistent, at the newest running-transactions
+            # record the pageserver has (here the branch's start), and replays what was
+            # committed since: the rows are there once it has replayed past their commit.
+            wait_replayed(r, str(one(p, "SELECT pg_current_wal_flush_lsn()")))
             assert one(r, "SELECT count(*) FROM t") == 1000
             # A row committed on the primary becomes visible on the replica.
             p.execute("INSERT INTO t VALUES (1001, 'new')")
