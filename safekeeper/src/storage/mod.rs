@@ -24,6 +24,7 @@
 //! segment size) with `pgwal`, and names the segment file and LSN of a bad one.
 
 pub mod control;
+mod journal_io;
 pub mod removal;
 pub mod wal;
 
