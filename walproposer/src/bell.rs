@@ -1,5 +1,6 @@
 //! What the core thread sleeps on: an `eventfd(2)` that every sender of an event rings
-//! after queueing it ([`EventSender`]), and that other processes may ring too.
+//! after queueing it ([`EventSender`]), and that other processes may ring too; the core
+//! waits on it together with the safekeepers' sockets ([`Bell::wait_with`]).
 //!
 //! Why an eventfd and not only the channel: inside a compute, the committing backends are
 //! other processes. With [`crate::Doorbell`] they ring the core thread's bell directly
@@ -58,21 +59,32 @@ impl Bell {
         ring_fd(self.fd);
     }
 
-    /// Sleeps until the bell rings or `timeout` passes, then resets it.
-    pub fn wait(&self, timeout: Duration) {
+    /// Sleeps until the bell rings, one of `others` is ready for its `events`, or `timeout`
+    /// passes; resets the bell if it rang and fills in each of `others`' `revents` (zero
+    /// after an error or a timeout).
+    pub fn wait_with(&self, others: &mut [libc::pollfd], timeout: Duration) {
         let ts = libc::timespec {
             tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
             tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
         };
-        let mut pfd = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd, a valid timespec, no signal mask change. EINTR and errors
-        // only end the wait early; the caller's loop waits again.
-        let n = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
-        if n > 0 {
+        let mut fds = Vec::with_capacity(1 + others.len());
+        fds.push(libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 });
+        fds.extend(others.iter().map(|p| libc::pollfd { revents: 0, ..*p }));
+        // SAFETY: `fds.len()` valid pollfds, a valid timespec, no signal mask change. EINTR
+        // and errors only end the wait early; the caller's loop waits again.
+        let n = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
+        if n <= 0 {
+            others.iter_mut().for_each(|p| p.revents = 0);
+            return;
+        }
+        if fds[0].revents != 0 {
             let mut count = 0u64;
             // SAFETY: reads the 8-byte counter into a u64 (non-blocking; EAGAIN if another
             // reader took it, which is harmless).
             unsafe { libc::read(self.fd, (&raw mut count).cast(), 8) };
+        }
+        for (p, f) in others.iter_mut().zip(&fds[1..]) {
+            p.revents = f.revents;
         }
     }
 }
@@ -116,11 +128,11 @@ mod tests {
         bell.ring();
         bell.ring();
         let t = Instant::now();
-        bell.wait(Duration::from_secs(10));
+        bell.wait_with(&mut [], Duration::from_secs(10));
         assert!(t.elapsed() < Duration::from_secs(5));
         // Both rings were one wake-up: the next wait times out.
         let t = Instant::now();
-        bell.wait(Duration::from_millis(50));
+        bell.wait_with(&mut [], Duration::from_millis(50));
         assert!(t.elapsed() >= Duration::from_millis(45));
     }
 
@@ -133,8 +145,29 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
             b.ring();
         });
-        bell.wait(Duration::from_secs(10));
+        bell.wait_with(&mut [], Duration::from_secs(10));
         assert!(t.elapsed() < Duration::from_secs(5));
         h.join().unwrap();
+    }
+
+    #[test]
+    fn a_readable_descriptor_ends_the_wait_and_is_reported() {
+        use std::io::Write;
+        use std::os::unix::net::UnixStream;
+        let bell = Bell::new().unwrap();
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let mut fds = [libc::pollfd { fd: b.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        bell.wait_with(&mut fds, Duration::from_millis(20));
+        assert_eq!(fds[0].revents, 0, "nothing to read yet");
+        a.write_all(b"x").unwrap();
+        let t = Instant::now();
+        bell.wait_with(&mut fds, Duration::from_secs(10));
+        assert!(t.elapsed() < Duration::from_secs(5));
+        assert_ne!(fds[0].revents & libc::POLLIN, 0);
+        // The bell did not ring: it still has nothing for the next wait.
+        fds[0].events = 0;
+        let t = Instant::now();
+        bell.wait_with(&mut fds, Duration::from_millis(50));
+        assert!(t.elapsed() >= Duration::from_millis(45));
     }
 }

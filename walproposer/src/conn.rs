@@ -1,11 +1,12 @@
-//! One thread per safekeeper: connect, greet (`Hello` → `HelloOk`), then read and decode
-//! every message into the core's channel until the connection breaks; then back off and
-//! connect again, until the proposer stops.
+//! One thread per safekeeper for connecting: connect, greet (`Hello` → `HelloOk`), then hand
+//! the socket to the core thread, which reads and writes it from then on
+//! ([`crate::core`]); wait until the core gives the connection up (it says why), then back
+//! off and connect again, until the proposer stops.
 //!
-//! The thread only reads. The core writes on a clone of the socket, and marks a connection
-//! down by shutting that socket down, which ends this thread's read with an error and makes
-//! it reconnect. Each connection has a generation number so that the core can ignore events
-//! of a connection it already gave up on.
+//! Why the core and not this thread reads: an acknowledgement read here went to the core
+//! through a channel and its eventfd, one more thread wake-up on every commit's path, with
+//! four threads sharing the compute's cores with its backends. Connecting stays here, where
+//! a safekeeper that does not answer blocks no one.
 
 use crate::core::Event;
 use bytes::BytesMut;
@@ -13,6 +14,7 @@ use quorum::wire::{AcceptorMessage, ProposerMessage, PROTOCOL_VERSION};
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,16 +24,18 @@ use crate::Shared;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long the safekeeper may take to answer `Hello`.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long one write may block (a full socket buffer of a stuck safekeeper).
+/// How long the core's writes to a safekeeper may make no progress (a full socket buffer of
+/// a stuck safekeeper) before it gives the connection up.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Reads wake up this often to notice that the proposer stops.
-const READ_POLL: Duration = Duration::from_millis(200);
+/// The wait for the core to give a connection up wakes this often to notice that the
+/// proposer stops.
+const STOP_POLL: Duration = Duration::from_millis(200);
 /// The first reconnect delay; it doubles up to `Config::reconnect_max`.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// A connection that lived this long resets the backoff.
 const HEALTHY_AFTER: Duration = Duration::from_secs(2);
 
-/// What a connection thread needs.
+/// What a connecting thread needs.
 pub struct ConnCtx {
     pub node: usize,
     pub addr: String,
@@ -43,7 +47,6 @@ pub struct ConnCtx {
 
 pub fn run(ctx: ConnCtx) {
     let mut backoff = BACKOFF_MIN;
-    let mut generation = 0u64;
     // The last state logged, so that a safekeeper that stays down is reported once.
     let mut last_logged: Option<String> = None;
     let mut log_once = |text: String, error: bool| {
@@ -59,29 +62,26 @@ pub fn run(ctx: ConnCtx) {
     while !ctx.shared.stopping.load(Ordering::SeqCst) {
         match connect(&ctx) {
             Ok((stream, node_id, leftover)) => {
-                generation += 1;
                 let connected_at = Instant::now();
                 log_once(format!("connected (safekeeper node id {node_id})"), false);
                 ctx.shared.set_node_state(ctx.node, None);
-                let writer = match stream.try_clone() {
-                    Ok(w) => w,
-                    Err(e) => {
-                        log_once(format!("could not clone socket: {e}"), true);
-                        continue;
-                    }
-                };
-                if ctx.events.send(Event::Connected { node: ctx.node, generation, writer }).is_err() {
+                let (ended, why) = mpsc::channel();
+                if ctx.events.send(Event::Connected { node: ctx.node, stream, leftover, ended }).is_err() {
                     return;
                 }
-                let reason = read_loop(&ctx, stream, generation, leftover);
+                let reason = loop {
+                    match why.recv_timeout(STOP_POLL) {
+                        Ok(reason) => break reason,
+                        Err(RecvTimeoutError::Timeout) if !ctx.shared.stopping.load(Ordering::SeqCst) => {}
+                        Err(RecvTimeoutError::Timeout) => return,
+                        Err(RecvTimeoutError::Disconnected) => break "the proposer dropped the connection".to_string(),
+                    }
+                };
                 if ctx.shared.stopping.load(Ordering::SeqCst) {
                     return;
                 }
                 log_once(format!("connection lost: {reason}"), true);
                 ctx.shared.set_node_state(ctx.node, Some(format!("connection lost: {reason}")));
-                if ctx.events.send(Event::Disconnected { node: ctx.node, generation }).is_err() {
-                    return;
-                }
                 if connected_at.elapsed() >= HEALTHY_AFTER {
                     backoff = BACKOFF_MIN;
                 }
@@ -96,7 +96,6 @@ pub fn run(ctx: ConnCtx) {
     }
 }
 
-/// Connects and greets; returns the stream and the safekeeper's node id.
 /// Connects and greets; returns the stream, the safekeeper's node id, and whatever it sent
 /// after `HelloOk` (it may send `Feedback` at once).
 fn connect(ctx: &ConnCtx) -> Result<(TcpStream, u64, BytesMut), String> {
@@ -116,7 +115,7 @@ fn connect(ctx: &ConnCtx) -> Result<(TcpStream, u64, BytesMut), String> {
     let io = |what: &str, e: std::io::Error| format!("could not {what}: {e}");
     // Appends are latency-bound: a commit waits for the acknowledgement of the last one.
     stream.set_nodelay(true).map_err(|e| io("set TCP_NODELAY", e))?;
-    stream.set_write_timeout(Some(WRITE_TIMEOUT)).map_err(|e| io("set a write timeout", e))?;
+    stream.set_write_timeout(Some(HELLO_TIMEOUT)).map_err(|e| io("set a write timeout", e))?;
     stream.set_read_timeout(Some(HELLO_TIMEOUT)).map_err(|e| io("set a read timeout", e))?;
     let mut buf = BytesMut::new();
     ctx.hello.encode(&mut buf);
@@ -143,48 +142,7 @@ fn connect(ctx: &ConnCtx) -> Result<(TcpStream, u64, BytesMut), String> {
         AcceptorMessage::Error { message } => return Err(format!("safekeeper refused the connection: {message}")),
         other => return Err(format!("protocol error: safekeeper answered Hello with {other:?}")),
     };
-    stream.set_read_timeout(Some(READ_POLL)).map_err(|e| io("set a read timeout", e))?;
+    // The core reads and writes with MSG_DONTWAIT; no timeouts are left on the socket.
+    stream.set_read_timeout(None).map_err(|e| io("clear the read timeout", e))?;
     Ok((stream, node_id, buf))
-}
-
-/// Reads messages until the connection breaks or the proposer stops; returns why it ended.
-fn read_loop(ctx: &ConnCtx, mut stream: TcpStream, generation: u64, mut buf: BytesMut) -> String {
-    buf.reserve(64 * 1024);
-    let mut chunk = vec![0u8; 256 * 1024];
-    loop {
-        loop {
-            match AcceptorMessage::decode(&mut buf) {
-                Ok(Some(AcceptorMessage::Consensus(msg))) => {
-                    if ctx.events.send(Event::Message { node: ctx.node, generation, msg }).is_err() {
-                        return "the proposer stopped".into();
-                    }
-                }
-                Ok(Some(AcceptorMessage::Feedback(f))) => ctx.shared.set_feedback(ctx.node, f),
-                Ok(Some(AcceptorMessage::Standbys(list))) => ctx.shared.set_standbys(ctx.node, list),
-                Ok(Some(AcceptorMessage::Error { message })) => {
-                    let _ = stream.shutdown(std::net::Shutdown::Both);
-                    return format!("safekeeper reported an error: {message}");
-                }
-                Ok(Some(other @ AcceptorMessage::HelloOk { .. })) => {
-                    let _ = stream.shutdown(std::net::Shutdown::Both);
-                    return format!("protocol error: unexpected {other:?}");
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    let _ = stream.shutdown(std::net::Shutdown::Both);
-                    return format!("protocol error from safekeeper: {e}");
-                }
-            }
-        }
-        if ctx.shared.stopping.load(Ordering::SeqCst) {
-            return "the proposer stopped".into();
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) => return "closed by the safekeeper (or by this proposer after a failed write)".into(),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e)
-                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => {}
-            Err(e) => return format!("read failed: {e}"),
-        }
-    }
 }

@@ -1,12 +1,18 @@
-//! The core thread: owns the [`quorum::Proposer`] and the [`WalStore`], takes events from
-//! the connection threads and from `wal_flushed`, ticks the proposer every [`TICK`], and
+//! The core thread: owns the [`quorum::Proposer`], the [`WalStore`] and the safekeepers'
+//! sockets once connected; reads and decodes what the safekeepers send, takes events from
+//! the connecting threads and from `wal_flushed`, ticks the proposer every [`TICK`], and
 //! carries out its actions.
 //!
-//! Writes are queued per connection while one batch of events is handled and written at
-//! the end of it (one `write_all` per safekeeper per batch, so appends coalesce). A failed
-//! write shuts that socket down; its reader thread then reconnects, and the proposer is told
-//! with `reconnected(i)`. Nothing here ever blocks on anything but the event channel and
-//! those writes (bounded by [`crate::conn::WRITE_TIMEOUT`]).
+//! It sleeps in one `ppoll` on its eventfd ([`Bell`]) and the sockets: an acknowledgement
+//! is read and handled by this thread, and a commit it completes releases its backend with
+//! no other thread woken in between. Sockets are read and written with `MSG_DONTWAIT`, so
+//! nothing here ever blocks but that `ppoll`: a safekeeper that stops reading cannot stall
+//! the others, nor the reading of its own answers. Writes are queued per connection while
+//! one turn's events and messages are handled, and written at the end of the turn (appends
+//! coalesce); what the socket does not take waits for it to be writable (the proposer's
+//! window bounds it). A connection whose socket fails, closes, sends something malformed,
+//! or takes no bytes for [`crate::conn::WRITE_TIMEOUT`] is shut down and its connecting
+//! thread told why; it reconnects, and the proposer is told with `reconnected(i)`.
 //!
 //! Policy is not decided here: `quorum::Proposer` in `Compute` or `Sync` mode says when this
 //! compute is fenced, when a sync is done, when an election is lost, and commits (and lets a
@@ -20,15 +26,15 @@
 
 use crate::walstore::{WalReadError, WalStore};
 use crate::{Outcome, Shared, Status};
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use proto::Lsn;
-use quorum::wire::ProposerMessage;
+use quorum::wire::{AcceptorMessage, ProposerMessage};
 use quorum::{FenceReason, NodeId, Proposer, ProposerAction, ProposerMode, Term, ToAcceptor, ToProposer};
 use std::collections::VecDeque;
-use std::io::Write;
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,21 +56,19 @@ const ELECTION_BACKOFF_MIN: Duration = Duration::from_millis(100);
 const RECORD_STEP_BYTES: u64 = 4 << 20;
 /// At most this many events are handled before queued writes go out.
 const BATCH_EVENTS_MAX: usize = 256;
+/// A socket is read in pieces of this size, and at most [`READ_TURN_BYTES`] of it per turn
+/// (so that one safekeeper sending fetched WAL does not hold up the others' answers).
+const READ_CHUNK_BYTES: usize = 256 * 1024;
+const READ_TURN_BYTES: usize = 4 << 20;
 
 pub enum Event {
+    /// A connecting thread greeted safekeeper `node` on `stream`; `leftover` is what it read
+    /// after `HelloOk`. When this core gives the connection up, it sends why on `ended`.
     Connected {
         node: NodeId,
-        generation: u64,
-        writer: TcpStream,
-    },
-    Disconnected {
-        node: NodeId,
-        generation: u64,
-    },
-    Message {
-        node: NodeId,
-        generation: u64,
-        msg: ToProposer,
+        stream: TcpStream,
+        leftover: BytesMut,
+        ended: Sender<String>,
     },
     /// `wal_flushed` raised `Shared::flushed` (coalesced: one event per burst).
     Flushed,
@@ -72,9 +76,14 @@ pub enum Event {
 }
 
 struct Conn {
-    generation: u64,
     stream: TcpStream,
+    /// Bytes read and not yet decoded into messages.
+    input: BytesMut,
+    /// Bytes queued and not yet taken by the socket.
     out: BytesMut,
+    /// Since when the socket has taken none of `out`.
+    stalled_since: Option<Instant>,
+    ended: Sender<String>,
 }
 
 pub struct Core {
@@ -107,6 +116,8 @@ pub struct Core {
     fetch_source: Option<NodeId>,
     /// The last segment found gone, for the error if that WAL is lost.
     gone: Option<String>,
+    /// Where reads land before they are appended to a connection's input.
+    chunk: Vec<u8>,
 }
 
 impl Core {
@@ -140,12 +151,13 @@ impl Core {
             retry_at: None,
             election_backoff: ELECTION_BACKOFF_MIN,
             done: false,
+            chunk: vec![0; READ_CHUNK_BYTES],
         }
     }
 
     /// The thread's loop: sleeps on `bell` (rung by every event sent, and by other processes
-    /// through a [`crate::Doorbell`], whose `flushed` is `flush_hint`), then takes what the
-    /// channel holds.
+    /// through a [`crate::Doorbell`], whose `flushed` is `flush_hint`) and the sockets, then
+    /// reads what the safekeepers sent and takes what the channel holds.
     pub fn run(mut self, events: Receiver<Event>, bell: Arc<Bell>, flush_hint: Option<crate::FlushedElsewhere>) {
         self.progress();
         let mut next_tick = Instant::now() + TICK;
@@ -156,16 +168,21 @@ impl Core {
             for at in [self.retry_at, announce_at].into_iter().flatten() {
                 wait = wait.min(at.saturating_duration_since(now));
             }
-            let first = match events.try_recv() {
-                Err(TryRecvError::Empty) => {
-                    bell.wait(wait);
-                    events.try_recv()
-                }
+            let first = events.try_recv();
+            let timeout = if matches!(first, Err(TryRecvError::Empty)) { wait } else { Duration::ZERO };
+            let readable = self.wait(&bell, timeout);
+            let first = match first {
+                Err(TryRecvError::Empty) => events.try_recv(),
                 other => other,
             };
             // Looked at every turn, rung or not: cheap, and a busy channel must not delay it.
             if let Some(hint) = &flush_hint {
                 self.flushed_elsewhere(hint());
+            }
+            for node in readable {
+                if !self.done {
+                    self.read_from(node);
+                }
             }
             match first {
                 Ok(Event::Stop) | Err(TryRecvError::Disconnected) => break,
@@ -220,9 +237,10 @@ impl Core {
             self.perform(actions);
             self.write_out();
         }
-        // Done for good (stopped, synced, fenced or failed): the connection threads must see
-        // the sockets closed below as the end, not as a connection lost to report and retry
-        // (a sync's callers saw a WARN for each safekeeper that closed first).
+        // Done for good (stopped, synced, fenced or failed): the connecting threads must see
+        // the end, not a connection lost to report and retry (a sync's callers saw a WARN
+        // for each safekeeper that closed first), so `stopping` is set before the sockets
+        // close and the connections (with their `ended` senders) are dropped.
         self.shared.stop();
         for c in self.conns.iter().flatten() {
             let _ = c.stream.shutdown(std::net::Shutdown::Both);
@@ -240,8 +258,11 @@ impl Core {
 
     fn on_event(&mut self, ev: Event) {
         match ev {
-            Event::Connected { node, generation, writer } => {
-                self.conns[node] = Some(Conn { generation, stream: writer, out: BytesMut::new() });
+            Event::Connected { node, stream, leftover, ended } => {
+                if let Some(old) = self.conns[node].take() {
+                    let _ = old.stream.shutdown(std::net::Shutdown::Both);
+                }
+                self.conns[node] = Some(Conn { stream, input: leftover, out: BytesMut::new(), stalled_since: None, ended });
                 let actions = if self.started {
                     self.proposer.reconnected(node)
                 } else {
@@ -250,22 +271,8 @@ impl Core {
                     self.proposer.start_election()
                 };
                 self.perform(actions);
-            }
-            Event::Disconnected { node, generation } => {
-                if self.conns[node].as_ref().is_some_and(|c| c.generation == generation) {
-                    self.conns[node] = None;
-                }
-            }
-            Event::Message { node, generation, msg } => {
-                if self.conns[node].as_ref().is_none_or(|c| c.generation != generation) {
-                    return;
-                }
-                let actions = self.proposer.handle(node, msg);
-                self.perform(actions);
-                if self.proposer.mode() == ProposerMode::Sync && (self.elected.is_some() || !self.proposer.learners().is_empty()) {
-                    // A sync's timeout error tells how far it got (or who would not vote).
-                    self.progress();
-                }
+                // What the safekeeper sent right after `HelloOk` (it may send `Feedback` at once).
+                self.decode_input(node);
             }
             Event::Flushed => {
                 self.shared.flush_pending.store(false, Ordering::SeqCst);
@@ -279,6 +286,98 @@ impl Core {
                 }
             }
             Event::Stop => self.done = true,
+        }
+    }
+
+    /// Sleeps until the bell rings, a connection's socket has something to read (or has
+    /// room for queued bytes), or `timeout` passes; returns the connections to read.
+    fn wait(&mut self, bell: &Bell, timeout: Duration) -> Vec<NodeId> {
+        let mut nodes = Vec::with_capacity(self.conns.len());
+        let mut fds = Vec::with_capacity(self.conns.len());
+        for (i, c) in self.conns.iter().enumerate() {
+            let Some(c) = c else { continue };
+            let events = if c.out.is_empty() { libc::POLLIN } else { libc::POLLIN | libc::POLLOUT };
+            nodes.push(i);
+            fds.push(libc::pollfd { fd: c.stream.as_raw_fd(), events, revents: 0 });
+        }
+        bell.wait_with(&mut fds, timeout);
+        // Readable, closed or failed: a read says which.
+        let ready = libc::POLLIN | libc::POLLHUP | libc::POLLERR;
+        nodes.into_iter().zip(fds).filter(|(_, f)| f.revents & ready != 0).map(|(i, _)| i).collect()
+    }
+
+    /// Reads what safekeeper `node`'s socket holds (up to [`READ_TURN_BYTES`]) and handles
+    /// the messages in it; gives the connection up if it closed or failed.
+    fn read_from(&mut self, node: NodeId) {
+        let Some(c) = self.conns[node].as_mut() else { return };
+        let fd = c.stream.as_raw_fd();
+        let mut total = 0;
+        let ended = loop {
+            // SAFETY: reads at most `chunk.len()` bytes into `chunk`, which lives across the
+            // call; MSG_DONTWAIT makes it return at once when nothing is there.
+            let n = unsafe { libc::recv(fd, self.chunk.as_mut_ptr().cast(), self.chunk.len(), libc::MSG_DONTWAIT) };
+            if n > 0 {
+                let n = n as usize;
+                c.input.extend_from_slice(&self.chunk[..n]);
+                total += n;
+                if n < self.chunk.len() || total >= READ_TURN_BYTES {
+                    break None;
+                }
+                continue;
+            }
+            if n == 0 {
+                break Some("closed by the safekeeper".to_string());
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => {}
+                std::io::ErrorKind::WouldBlock => break None,
+                _ => break Some(format!("read failed: {e}")),
+            }
+        };
+        // Messages that arrived before a close still count.
+        self.decode_input(node);
+        if let Some(reason) = ended {
+            self.drop_conn(node, reason);
+        }
+    }
+
+    /// Handles every whole message in safekeeper `node`'s input.
+    fn decode_input(&mut self, node: NodeId) {
+        while !self.done {
+            let Some(c) = self.conns[node].as_mut() else { return };
+            match AcceptorMessage::decode(&mut c.input) {
+                Ok(Some(AcceptorMessage::Consensus(msg))) => self.on_message(node, msg),
+                Ok(Some(AcceptorMessage::Feedback(f))) => self.shared.set_feedback(node, f),
+                Ok(Some(AcceptorMessage::Standbys(list))) => self.shared.set_standbys(node, list),
+                Ok(Some(AcceptorMessage::Error { message })) => {
+                    return self.drop_conn(node, format!("safekeeper reported an error: {message}"));
+                }
+                Ok(Some(other @ AcceptorMessage::HelloOk { .. })) => {
+                    return self.drop_conn(node, format!("protocol error: unexpected {other:?}"));
+                }
+                Ok(None) => return,
+                Err(e) => return self.drop_conn(node, format!("protocol error from safekeeper: {e}")),
+            }
+        }
+    }
+
+    fn on_message(&mut self, node: NodeId, msg: ToProposer) {
+        let actions = self.proposer.handle(node, msg);
+        self.perform(actions);
+        if self.proposer.mode() == ProposerMode::Sync && (self.elected.is_some() || !self.proposer.learners().is_empty()) {
+            // A sync's timeout error tells how far it got (or who would not vote).
+            self.progress();
+        }
+    }
+
+    /// Gives the connection to safekeeper `node` up: shuts its socket down and tells its
+    /// connecting thread why (which logs it and reconnects). What was queued for it is
+    /// dropped; the proposer resends what matters after `reconnected`.
+    fn drop_conn(&mut self, node: NodeId, reason: String) {
+        if let Some(c) = self.conns[node].take() {
+            let _ = c.stream.shutdown(std::net::Shutdown::Both);
+            let _ = c.ended.send(reason);
         }
     }
 
@@ -579,19 +678,46 @@ impl Core {
         }
     }
 
+    /// Gives each socket as much of its queued bytes as it takes without blocking.
     fn write_out(&mut self) {
-        for (i, slot) in self.conns.iter_mut().enumerate() {
-            let Some(c) = slot else { continue };
-            if c.out.is_empty() {
-                continue;
-            }
-            let result = c.stream.write_all(&c.out);
-            c.out.clear();
-            if let Err(e) = result {
-                // The reader thread sees the shutdown, reports the loss and reconnects.
-                tracing::debug!(safekeeper = %self.addrs[i], "write failed: {e}");
-                let _ = c.stream.shutdown(std::net::Shutdown::Both);
-                *slot = None;
+        for node in 0..self.conns.len() {
+            let Some(c) = self.conns[node].as_mut() else { continue };
+            let fd = c.stream.as_raw_fd();
+            let failed = loop {
+                if c.out.is_empty() {
+                    c.stalled_since = None;
+                    break None;
+                }
+                // SAFETY: sends from `out`'s initialised bytes; MSG_DONTWAIT returns at once
+                // when the socket is full, MSG_NOSIGNAL turns a closed peer into EPIPE.
+                let n = unsafe { libc::send(fd, c.out.as_ptr().cast(), c.out.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+                if n > 0 {
+                    c.out.advance(n as usize);
+                    c.stalled_since = None;
+                    continue;
+                }
+                if n == 0 {
+                    break None;
+                }
+                let e = std::io::Error::last_os_error();
+                match e.kind() {
+                    std::io::ErrorKind::Interrupted => {}
+                    std::io::ErrorKind::WouldBlock => {
+                        let since = *c.stalled_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= crate::conn::WRITE_TIMEOUT {
+                            break Some(format!(
+                                "the safekeeper took none of {} queued bytes for {:?}",
+                                c.out.len(),
+                                crate::conn::WRITE_TIMEOUT
+                            ));
+                        }
+                        break None;
+                    }
+                    _ => break Some(format!("write failed: {e}")),
+                }
+            };
+            if let Some(reason) = failed {
+                self.drop_conn(node, reason);
             }
         }
     }

@@ -154,7 +154,7 @@ pub(crate) enum Outcome {
     Failed(String),
 }
 
-/// State shared by the caller, the core thread and the connection threads.
+/// State shared by the caller, the core thread and the connecting threads.
 pub(crate) struct Shared {
     pub stopping: AtomicBool,
     pub commit_lsn: AtomicU64,
@@ -365,7 +365,7 @@ impl WalProposer {
                 conn::run(ctx)
             });
             // On failure, `proposer` drops here and stops the threads already running.
-            proposer.threads.push(spawned.map_err(|e| anyhow::anyhow!("could not start a walproposer connection thread: {e}"))?);
+            proposer.threads.push(spawned.map_err(|e| anyhow::anyhow!("could not start a walproposer connecting thread: {e}"))?);
         }
         Ok(proposer)
     }

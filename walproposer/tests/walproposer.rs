@@ -120,6 +120,32 @@ fn streams_and_commits_with_a_majority() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A safekeeper that keeps its connection open but stops reading it (stuck, or its disk
+/// hung) holds up neither the commits the other two make nor the reading of their answers:
+/// the proposer's sockets never block. Once it reads again it catches up.
+#[test]
+fn a_safekeeper_that_stops_reading_does_not_hold_up_the_others() {
+    let dir = temp_dir("stuck");
+    let end = Lsn(40 * SEGMENT_BYTES);
+    write_segments(&dir, START, end);
+    let sks = safekeepers(3);
+    let (p, _) = start(config(&sks, START, Some(&dir)));
+    wait_until("elected", WAIT, || matches!(p.status(), Status::Streaming { .. }));
+    sks[2].pause();
+    for step in 1..=400 {
+        p.wal_flushed(Lsn(START.0 + (end.0 - START.0) * step / 400));
+    }
+    // Before the core owned the sockets, its blocking write to the stuck one held every
+    // commit for its 5 s timeout, again after each reconnect: this wait ran out.
+    wait_until("commit reaches the end without the stuck safekeeper", WAIT, || p.commit_lsn() == end);
+    assert!(sks[2].flush_lsn() < end);
+    sks[2].resume();
+    wait_until("the stuck safekeeper catches up", WAIT, || sks[2].flush_lsn() == end);
+    assert_has_pattern(&sks[2], START, end);
+    p.stop();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn a_newer_compute_fences_the_older_and_a_stale_one_is_fenced() {
     let dir = temp_dir("fence");

@@ -66,6 +66,8 @@ pub struct TestSafekeeper {
     pub node: Arc<Mutex<Node>>,
     up: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
+    /// Connections stay open but nothing is read from them (a stuck safekeeper).
+    paused: Arc<AtomicBool>,
     conns: Arc<Mutex<Vec<TcpStream>>>,
 }
 
@@ -85,7 +87,8 @@ impl TestSafekeeper {
         let up = Arc::new(AtomicBool::new(true));
         let stop = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Mutex::new(Vec::new()));
-        let (n, u, s, c) = (Arc::clone(&node), Arc::clone(&up), Arc::clone(&stop), Arc::clone(&conns));
+        let paused = Arc::new(AtomicBool::new(false));
+        let (n, u, s, c, p) = (Arc::clone(&node), Arc::clone(&up), Arc::clone(&stop), Arc::clone(&conns), Arc::clone(&paused));
         std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 match listener.accept() {
@@ -96,14 +99,23 @@ impl TestSafekeeper {
                         }
                         stream.set_nonblocking(false).unwrap();
                         c.lock().unwrap().push(stream.try_clone().unwrap());
-                        let (n, u) = (Arc::clone(&n), Arc::clone(&u));
-                        std::thread::spawn(move || serve(stream, node_id, n, u));
+                        let (n, u, p) = (Arc::clone(&n), Arc::clone(&u), Arc::clone(&p));
+                        std::thread::spawn(move || serve(stream, node_id, n, u, p));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
             }
         });
-        TestSafekeeper { addr, node, up, stop, conns }
+        TestSafekeeper { addr, node, up, stop, paused, conns }
+    }
+
+    /// Stops reading its connections, which stay open; `resume` reads them again.
+    pub fn pause(&self) {
+        self.paused.store(true, Ordering::SeqCst);
+    }
+
+    pub fn resume(&self) {
+        self.paused.store(false, Ordering::SeqCst);
     }
 
     /// Closes every connection and refuses new ones (the state is kept, as after a restart).
@@ -139,7 +151,7 @@ impl Drop for TestSafekeeper {
     }
 }
 
-fn serve(mut stream: TcpStream, node_id: u64, node: Arc<Mutex<Node>>, up: Arc<AtomicBool>) {
+fn serve(mut stream: TcpStream, node_id: u64, node: Arc<Mutex<Node>>, up: Arc<AtomicBool>, paused: Arc<AtomicBool>) {
     stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
     let mut buf = BytesMut::new();
     let mut chunk = vec![0u8; 256 * 1024];
@@ -203,6 +215,9 @@ fn serve(mut stream: TcpStream, node_id: u64, node: Arc<Mutex<Node>>, up: Arc<At
         }
         if !out.is_empty() && stream.write_all(&out).is_err() {
             return;
+        }
+        while paused.load(Ordering::SeqCst) && up.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(10));
         }
         match stream.read(&mut chunk) {
             Ok(0) => return,
