@@ -21,8 +21,26 @@ fn ids() -> (TenantId, TimelineId) {
     (TenantId::from_bytes([0x11; 16]), TimelineId::from_bytes([0x22; 16]))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// `N` distinct loopback ports that nothing listens on and that this process has not handed
+/// out before: every listener is held until all `N` are chosen, and a set remembers the ports
+/// given to earlier callers (tests run on parallel threads), so two safekeepers started
+/// from here never race for one port.
+fn free_ports<const N: usize>() -> [u16; N] {
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap();
+    let mut held = Vec::new();
+    let mut ports = [0; N];
+    for p in &mut ports {
+        *p = loop {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            held.push(l);
+            if given.insert(port) {
+                break port;
+            }
+        };
+    }
+    ports
 }
 
 struct Node {
@@ -37,7 +55,7 @@ impl Node {
     }
 
     fn start_with(data_dir: &Path, extra_args: &[&str]) -> Node {
-        let (port, http_port) = (free_port(), free_port());
+        let [port, http_port] = free_ports();
         let child = Command::new(env!("CARGO_BIN_EXE_safekeeper"))
             .args(["--id", "7", "--data-dir"])
             .arg(data_dir)

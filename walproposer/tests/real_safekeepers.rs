@@ -11,32 +11,70 @@ use std::sync::Arc;
 use std::time::Duration;
 use walproposer::{sync_safekeepers, Config, Status, WalProposer};
 
-struct Proc(Child);
+/// A safekeeper process, killed when dropped, with the file its stderr goes to.
+struct Proc {
+    child: Child,
+    log: std::path::PathBuf,
+}
 impl Drop for Proc {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// `N` distinct loopback ports that nothing listens on and that this process has not handed
+/// out before: every listener is held until all `N` are chosen, and a set remembers the ports
+/// given to earlier callers (tests run on parallel threads), so two safekeepers started
+/// from here never race for one port.
+fn free_ports<const N: usize>() -> [u16; N] {
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap();
+    let mut held = Vec::new();
+    let mut ports = [0; N];
+    for p in &mut ports {
+        *p = loop {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            held.push(l);
+            if given.insert(port) {
+                break port;
+            }
+        };
+    }
+    ports
 }
 
 /// `POST /v1/tenant/{tenant}/timeline/{timeline}` on a safekeeper's HTTP port, retried
-/// until it answers (it may still be starting).
-fn create_timeline(http_port: u16, tenant: &str, timeline: &str, system_id: u64) {
+/// until it answers (it may still be starting). Fails with the safekeeper's log, and its
+/// exit status if it exited, when it does not answer 201 in time.
+fn create_timeline(sk: &mut Proc, http_port: u16, tenant: &str, timeline: &str, system_id: u64) {
     use std::io::{Read, Write};
     let body = format!(r#"{{"system_id": {system_id}, "wal_segment_size": {SEGMENT_BYTES}}}"#);
-    wait_until("the safekeeper creates the timeline", Duration::from_secs(20), || {
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", http_port)) else { return false };
-        let req = format!(
-            "POST /v1/tenant/{tenant}/timeline/{timeline} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        let mut resp = String::new();
-        s.write_all(req.as_bytes()).is_ok() && s.read_to_string(&mut resp).is_ok() && resp.starts_with("HTTP/1.1 201")
-    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let last = match std::net::TcpStream::connect(("127.0.0.1", http_port)) {
+            Ok(mut s) => {
+                let req = format!(
+                    "POST /v1/tenant/{tenant}/timeline/{timeline} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let mut resp = String::new();
+                match s.write_all(req.as_bytes()).and_then(|_| s.read_to_string(&mut resp)) {
+                    Ok(_) if resp.starts_with("HTTP/1.1 201") => return,
+                    Ok(_) => format!("answer: {resp}"),
+                    Err(e) => format!("request failed: {e}"),
+                }
+            }
+            Err(e) => format!("connect to 127.0.0.1:{http_port}: {e}"),
+        };
+        let exited = sk.child.try_wait().unwrap();
+        if exited.is_some() || std::time::Instant::now() > deadline {
+            let log = std::fs::read_to_string(&sk.log).unwrap_or_default();
+            panic!("the safekeeper did not create the timeline (exit status {exited:?}; last: {last}); its log:\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]
@@ -52,24 +90,27 @@ fn streams_commits_and_syncs_with_real_safekeepers() {
     let mut procs = Vec::new();
     let mut addrs = Vec::new();
     let mut https = Vec::new();
+    std::fs::create_dir_all(&root).unwrap();
+    let ports: [u16; 6] = free_ports();
     for id in 1..=3 {
-        let (port, http) = (free_port(), free_port());
+        let (port, http) = (ports[2 * id - 2], ports[2 * id - 1]);
+        let log = root.join(format!("sk{id}.log"));
         let child = Command::new(&bin)
             .args(["--id", &id.to_string(), "--listen", &format!("127.0.0.1:{port}"), "--http", &format!("127.0.0.1:{http}")])
             .arg("--data-dir")
             .arg(root.join(format!("sk{id}")))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        procs.push(Proc(child));
+        procs.push(Proc { child, log });
         addrs.push(format!("127.0.0.1:{port}"));
         https.push(http);
     }
     // The control plane creates the timeline on every safekeeper (one a proposer finds
     // unknown would be a learner, which does not vote).
-    for http in https {
-        create_timeline(http, "11111111111111111111111111111111", "22222222222222222222222222222222", 7);
+    for (sk, http) in procs.iter_mut().zip(https) {
+        create_timeline(sk, http, "11111111111111111111111111111111", "22222222222222222222222222222222", 7);
     }
     let dir = root.join("pg_wal");
     let start = Lsn(3 * SEGMENT_BYTES + 40);
