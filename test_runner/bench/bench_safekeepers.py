@@ -10,12 +10,19 @@ its own pg_wal is not fsynced (compute_ctl sets fsync=off with safekeepers: dura
 comes from them, and a compute never restarts on its data directory).
 Commit latency is pgbench with one client running a one-row INSERT; TPS is pgbench's
 TPC-B-like script. Prints a table, writes JSON and a markdown section.
+
+Two more rows take the storage device out, to tell the software's cost from the disk's:
+plain PostgreSQL with fsync=off, and fjord with its safekeepers' data directories on tmpfs
+(`/dev/shm`), where a write is durable at once and there is no device flush. Neither is a
+setup anyone should run (a crash loses commits); they show what each side spends waiting
+for and driving the one disk that, on a single machine, all of fjord's safekeepers share.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -47,6 +54,26 @@ def run_suite(name: str, port: int, user: str, a, script: Path) -> dict:
     print(f"{name}: pgbench TPC-B-like, {a.clients} clients: {res['tpcb']}", flush=True)
     return res
 
+
+
+def run_fjord(name: str, base: Path, sk_dir: Path, settings: dict, a, script: Path) -> dict:
+    """`run_suite` on a new fjord endpoint, pageserver and three safekeepers whose data
+    directories are under `sk_dir`."""
+    ps = Pageserver(base).start()
+    sks = [Safekeeper(sk_dir, i).start() for i in (1, 2, 3)]
+    ep = None
+    try:
+        tl = Timeline(base, ps)
+        # compute_ctl turns local fsync off on a compute with safekeepers (its pg_wal is
+        # not where durability comes from); the other settings are the same.
+        ep = Endpoint(base, tl, settings={k: v for k, v in settings.items() if k != "fsync"}, safekeepers=sks).start()
+        return run_suite(name, ep.port, ep.user, a, script)
+    finally:
+        if ep:
+            ep.stop()
+        for sk in sks:
+            sk.stop()
+        ps.stop()
 
 
 def main() -> None:
@@ -88,21 +115,19 @@ def main() -> None:
                 s.stop("immediate")
             primary.stop("fast")
 
-        ps = Pageserver(base).start()
-        sks = [Safekeeper(base / "safekeepers", i).start() for i in (1, 2, 3)]
-        ep = None
+        results["fjord"] = run_fjord("fjord (3 safekeepers)", base, base / "safekeepers", settings, a, script)
+
+        unsafe = {**settings, "fsync": "off"}
+        plain = PgServer(base, "plain-nofsync", unsafe).initdb().start()
         try:
-            tl = Timeline(base, ps)
-            # compute_ctl turns local fsync off on a compute with safekeepers (its pg_wal is
-            # not where durability comes from); the other settings are the same.
-            ep = Endpoint(base, tl, settings={k: v for k, v in settings.items() if k != "fsync"}, safekeepers=sks).start()
-            results["fjord"] = run_suite("fjord (3 safekeepers)", ep.port, ep.user, a, script)
+            results["plain_no_fsync"] = run_suite("plain, fsync=off", plain.port, plain.user, a, script)
         finally:
-            if ep:
-                ep.stop()
-            for sk in sks:
-                sk.stop()
-            ps.stop()
+            plain.stop("fast")
+        if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+            with tempfile.TemporaryDirectory(prefix="fjord-bench-sk-", dir="/dev/shm") as shm:
+                results["fjord_tmpfs"] = run_fjord("fjord, safekeepers on tmpfs", base / "tmpfs", Path(shm), settings, a, script)
+        else:
+            print("no writable /dev/shm: the row with safekeepers on tmpfs is left out", flush=True)
 
     result = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()), "command": a.command, "flavor": a.flavor,
@@ -113,17 +138,23 @@ def main() -> None:
     Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
     names = {"plain": "plain PostgreSQL, synchronous_commit=on",
              "plain_2_standbys": "plain PostgreSQL + 2 sync standbys (ANY 1)",
-             "fjord": "fjord, 3 safekeepers (commit on 2)"}
+             "fjord": "fjord, 3 safekeepers (commit on 2)",
+             "plain_no_fsync": "*no device flush:* plain PostgreSQL, fsync=off",
+             "fjord_tmpfs": "*no device flush:* fjord, safekeepers on tmpfs"}
     lines = [
         f"Measured {result['date']} on {result['machine']}, PostgreSQL {a.flavor} flavor, all on one machine over "
         f"loopback, fsync=on, shared_buffers {a.shared_buffers}; commit latency = pgbench, 1 client, a one-row INSERT "
         f"per transaction; TPS = pgbench TPC-B-like at scale {a.scale}, {a.clients} clients; {a.duration} s per run. "
         f"Command: `{a.command}`.",
+        "The last two rows are not setups to run (a crash loses commits): they take the disk out of both sides, to "
+        "show what is the software's cost and what is the device's.",
         "",
         "| setup | commit latency ms | commits/s (1 client) | TPC-B TPS | TPC-B latency ms |",
         "|---|---|---|---|---|",
     ]
     for key, label in names.items():
+        if key not in results:
+            continue
         r = results[key]
         lines.append(f"| {label} | {r['commit']['latency_ms']:.3f} | {r['commit']['tps']:.0f} | "
                      f"{r['tpcb']['tps']:.0f} | {r['tpcb']['latency_ms']:.2f} |")
