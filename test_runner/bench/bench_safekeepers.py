@@ -5,7 +5,8 @@ safekeepers gives), in one run.
 
 Run through scripts/bench-safekeepers (which explains the flags). All servers: same build,
 fsync=on, synchronous_commit=on, the same shared_buffers. The fjord compute's commits wait
-for 2 of 3 safekeepers to fsync (each safekeeper fsyncs WAL and its end marker per batch);
+for 2 of 3 safekeepers to make it durable (each writes a batch's WAL to its segment
+and appends it to the journal in `wal.end` with one direct O_DSYNC write);
 its own pg_wal is not fsynced (compute_ctl sets fsync=off with safekeepers: durability
 comes from them, and a compute never restarts on its data directory).
 Commit latency is pgbench with one client running a one-row INSERT; TPS is pgbench's
