@@ -22,6 +22,7 @@ for and driving the one disk that, on a single machine, all of fjord's safekeepe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -56,25 +57,21 @@ def run_suite(name: str, port: int, user: str, a, script: Path) -> dict:
     return res
 
 
-
 def run_fjord(name: str, base: Path, sk_dir: Path, settings: dict, a, script: Path) -> dict:
     """`run_suite` on a new fjord endpoint, pageserver and three safekeepers whose data
     directories are under `sk_dir`."""
-    ps = Pageserver(base).start()
-    sks = [Safekeeper(sk_dir, i).start() for i in (1, 2, 3)]
-    ep = None
-    try:
+    with contextlib.ExitStack() as stop_at_exit:  # stops run in reverse: endpoint, safekeepers, pageserver
+        ps = Pageserver(base).start()
+        stop_at_exit.callback(ps.stop)
+        sks = [Safekeeper(sk_dir, i).start() for i in (1, 2, 3)]
+        for sk in sks:
+            stop_at_exit.callback(sk.stop)
         tl = Timeline(base, ps)
         # compute_ctl turns local fsync off on a compute with safekeepers (its pg_wal is
         # not where durability comes from); the other settings are the same.
         ep = Endpoint(base, tl, settings={k: v for k, v in settings.items() if k != "fsync"}, safekeepers=sks).start()
+        stop_at_exit.callback(ep.stop)
         return run_suite(name, ep.port, ep.user, a, script)
-    finally:
-        if ep:
-            ep.stop()
-        for sk in sks:
-            sk.stop()
-        ps.stop()
 
 
 def main() -> None:

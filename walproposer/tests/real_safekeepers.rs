@@ -23,28 +23,6 @@ impl Drop for Proc {
     }
 }
 
-/// `N` distinct loopback ports that nothing listens on and that this process has not handed
-/// out before: every listener is held until all `N` are chosen, and a set remembers the ports
-/// given to earlier callers (tests run on parallel threads), so two safekeepers started
-/// from here never race for one port.
-fn free_ports<const N: usize>() -> [u16; N] {
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
-    let mut given = GIVEN.lock().unwrap();
-    let mut held = Vec::new();
-    let mut ports = [0; N];
-    for p in &mut ports {
-        *p = loop {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let port = l.local_addr().unwrap().port();
-            held.push(l);
-            if given.insert(port) {
-                break port;
-            }
-        };
-    }
-    ports
-}
-
 /// `POST /v1/tenant/{tenant}/timeline/{timeline}` on a safekeeper's HTTP port, retried
 /// until it answers (it may still be starting). Fails with the safekeeper's log, and its
 /// exit status if it exited, when it does not answer 201 in time.
@@ -91,7 +69,11 @@ fn streams_commits_and_syncs_with_real_safekeepers() {
     let mut addrs = Vec::new();
     let mut https = Vec::new();
     std::fs::create_dir_all(&root).unwrap();
-    let ports: [u16; 6] = free_ports();
+    // Six distinct free ports: each listener is held until all six are chosen (bind(0) may
+    // give a port again once its socket is closed, and two safekeepers would race for it).
+    let listeners: Vec<_> = (0..6).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().unwrap().port()).collect();
+    drop(listeners);
     for id in 1..=3 {
         let (port, http) = (ports[2 * id - 2], ports[2 * id - 1]);
         let log = root.join(format!("sk{id}.log"));
