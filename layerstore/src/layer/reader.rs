@@ -431,8 +431,8 @@ impl LayerReader {
             return Ok(Arc::clone(v));
         }
         let mut versions = Vec::with_capacity(entry.value_count as usize);
-        self.walk_versions(entry, |_, block, pos, raw| {
-            versions.push(VersionAt { lsn: raw.lsn, block, pos });
+        self.walk_versions(entry, |_, block_offset, pos, raw| {
+            versions.push(VersionAt { lsn: raw.lsn, block: block_offset, pos });
             Ok(())
         })?;
         let versions = Arc::new(versions);
