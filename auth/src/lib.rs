@@ -13,7 +13,10 @@
 //!   streams its WAL, and uses the few management calls a compute makes (start a WAL
 //!   receiver, lease an LSN, map a time to an LSN, list changed blocks). It may name a
 //!   timeline too, and then grants that timeline only.
-//! - `storage`: the pageserver's token for reading any tenant's WAL from the safekeepers.
+//! - `storage`: the pageserver's token for reading committed WAL from the safekeepers. It
+//!   may name a tenant, or a tenant and a timeline, and then reads that WAL only: the
+//!   token a pageserver's WAL receiver presents for one timeline is narrowed to it, so a
+//!   source that is given it learns nothing it could use elsewhere.
 //! - `admin`: everything, including the management APIs (create, configure, collect).
 //!
 //! A token may carry `exp` (seconds since the epoch); an expired token is refused. Tokens
@@ -61,8 +64,9 @@ impl std::fmt::Display for Scope {
     }
 }
 
-/// A token's claims. `tenant_id` is required for the `tenant` scope and refused for the
-/// others; `timeline_id` narrows a tenant token to one timeline.
+/// A token's claims. `tenant_id` is required for the `tenant` scope, optional for
+/// `storage` (it narrows the token to that tenant) and refused for `admin`; `timeline_id`
+/// narrows a tenant or storage token that names a tenant to one timeline.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claims {
     pub scope: Scope,
@@ -95,7 +99,12 @@ impl Claims {
         Claims::new(Scope::Tenant, Some(tenant))
     }
 
-    /// Narrows a tenant token to one timeline.
+    /// A storage token that reads the WAL of one tenant's timeline only.
+    pub fn storage_for(tenant: TenantId, timeline: TimelineId) -> Claims {
+        Claims::new(Scope::Storage, Some(tenant)).with_timeline(timeline)
+    }
+
+    /// Narrows a tenant (or tenant-narrowed storage) token to one timeline.
     pub fn with_timeline(mut self, timeline: TimelineId) -> Claims {
         self.timeline_id = Some(timeline);
         self
@@ -110,8 +119,11 @@ impl Claims {
     fn check_shape(&self) -> Result<(), AuthError> {
         match (self.scope, self.tenant_id, self.timeline_id) {
             (Scope::Tenant, None, _) => Err(AuthError::Malformed("a tenant token must name its tenant_id".into())),
-            (Scope::Admin | Scope::Storage, Some(_), _) | (Scope::Admin | Scope::Storage, _, Some(_)) => {
+            (Scope::Admin, Some(_), _) | (Scope::Admin, _, Some(_)) => {
                 Err(AuthError::Malformed(format!("a {} token names no tenant or timeline", self.scope)))
+            }
+            (Scope::Storage, None, Some(_)) => {
+                Err(AuthError::Malformed("a storage token that names a timeline must name its tenant_id".into()))
             }
             _ => Ok(()),
         }
@@ -271,7 +283,8 @@ pub fn check_access(claims: &Claims, access: Access) -> Result<(), AuthError> {
     let forbidden = || AuthError::Forbidden { scope: claims.scope, access: access.to_string() };
     let (tenant, timeline) = match (claims.scope, access) {
         (Scope::Admin, _) => return Ok(()),
-        (Scope::Storage, Access::ReadWal { .. }) => return Ok(()),
+        (Scope::Storage, Access::ReadWal { .. }) if claims.tenant_id.is_none() => return Ok(()),
+        (Scope::Storage, Access::ReadWal { tenant, timeline }) => (tenant, Some(timeline)),
         (Scope::Storage, _) | (Scope::Tenant, Access::Management) => return Err(forbidden()),
         (Scope::Tenant, Access::Compute { tenant, timeline }) => (tenant, timeline),
         (Scope::Tenant, Access::ReadWal { tenant, timeline }) => (tenant, Some(timeline)),

@@ -100,7 +100,9 @@ fn claims_of_the_wrong_shape_are_refused_even_when_signed() {
     no_tenant.tenant_id = None;
     let mut admin_with_tenant = Claims::admin();
     admin_with_tenant.tenant_id = Some(tid(1));
-    for claims in [no_tenant, admin_with_tenant] {
+    let mut storage_timeline_without_tenant = Claims::storage();
+    storage_timeline_without_tenant.timeline_id = Some(tlid(1));
+    for claims in [no_tenant, admin_with_tenant, storage_timeline_without_tenant] {
         assert!(matches!(k.verifier.verify(&k.signer.sign(&claims)), Err(AuthError::Malformed(_))));
     }
 }
@@ -118,6 +120,13 @@ fn who_may_do_what() {
     let storage = Claims::storage();
     assert!(ok(&storage, read));
     assert!(!ok(&storage, Access::Management) && !ok(&storage, compute(Some(l1))));
+
+    // A storage token narrowed to one timeline reads that timeline's WAL and nothing else.
+    let narrowed = Claims::storage_for(t1, l1);
+    assert!(ok(&narrowed, read));
+    assert_eq!(check_access(&narrowed, Access::ReadWal { tenant: t1, timeline: l2 }).unwrap_err().reason(), "wrong_timeline");
+    assert_eq!(check_access(&narrowed, Access::ReadWal { tenant: t2, timeline: l1 }).unwrap_err().reason(), "wrong_tenant");
+    assert!(!ok(&narrowed, Access::Management) && !ok(&narrowed, compute(Some(l1))));
 
     let tenant = Claims::tenant(t1);
     assert!(ok(&tenant, compute(None)) && ok(&tenant, compute(Some(l1))) && ok(&tenant, read));

@@ -12,6 +12,7 @@ use crate::process::Daemon;
 use crate::repo::Repo;
 use crate::state::{write_atomically, State};
 use logtail::log_tail;
+use proto::{TenantId, TimelineId};
 
 #[derive(clap::Args, Debug)]
 pub struct InitArgs {
@@ -160,6 +161,42 @@ pub fn start(repo: &Repo) -> anyhow::Result<()> {
     for id in repo.config.safekeeper_ids() {
         start_safekeeper(repo, id)?;
     }
+    resume_wal_receivers(repo)
+}
+
+/// Registers the safekeepers again as the WAL sources of every branch whose timeline the
+/// pageserver follows with no receiver: a pageserver rebuilt from object storage (its work
+/// directory lost) knows the timelines but not where their WAL comes from, which only the
+/// CLI knows; without this its reads would wait until each endpoint restarted.
+fn resume_wal_receivers(repo: &Repo) -> anyhow::Result<()> {
+    if repo.config.safekeepers == 0 {
+        return Ok(());
+    }
+    let api = repo.api();
+    let state = repo.load_state()?;
+    let mut resumed = 0;
+    for (tenant, t) in &state.tenants {
+        let Ok(tenant) = tenant.parse::<TenantId>() else { continue };
+        let timelines = match api.timelines(tenant) {
+            Ok(list) => list,
+            Err(e) => {
+                tracing::warn!(%tenant, "could not list the timelines of tenant {tenant}: {e}");
+                continue;
+            }
+        };
+        for id in t.branches.values() {
+            let Ok(timeline) = id.parse::<TimelineId>() else { continue };
+            let Some(info) = timelines.iter().find(|i| i.timeline_id == timeline) else { continue };
+            if info.wal_receiver.is_some() || !info.last_record_lsn.is_valid() {
+                continue;
+            }
+            crate::tenant::register_wal_sources(repo, &api, tenant, timeline)?;
+            resumed += 1;
+        }
+    }
+    if resumed > 0 {
+        say!("the pageserver follows the safekeepers again on {resumed} timeline(s)");
+    }
     Ok(())
 }
 
@@ -194,9 +231,11 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
     if let Some(budget) = conf.layer_disk_budget_bytes {
         cmd.arg("--layer-disk-budget-bytes").arg(budget.to_string());
     }
-    // It checks tokens with the public key, and reads WAL from the safekeepers with a
-    // storage token of its own.
-    with_auth(repo, &mut cmd, &auth::Claims::storage());
+    // It checks tokens with the public key. It has no token of its own: each timeline's
+    // WAL sources come with a storage token for that timeline (`register_wal_sources`).
+    if repo.token(&auth::Claims::admin()).is_some() {
+        cmd.arg("--auth-public-key").arg(repo.public_key_path());
+    }
     // Further pageserver settings (`pageserver --print-config` lists them) go in
     // pageserver.toml in the repo; the flags above win over it.
     let extra = repo.dir.join(PAGESERVER_TOML);

@@ -147,8 +147,13 @@ impl RepoConfig {
         self.base_port + 2 * u16::from(id) + 1
     }
 
+    /// The host every service of the repo listens on (and is reached at).
+    pub fn service_host(&self) -> &'static str {
+        "127.0.0.1"
+    }
+
     pub fn safekeeper_addr(&self, id: u8) -> String {
-        format!("127.0.0.1:{}", self.safekeeper_port(id))
+        format!("{}:{}", self.service_host(), self.safekeeper_port(id))
     }
 
     pub fn safekeeper_http_url(&self, id: u8) -> String {

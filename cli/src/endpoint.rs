@@ -11,6 +11,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use pageserver_api::models::{WalReceiverRequest, WalSource};
 use proto::TenantId;
 
 use crate::config::first_free_port;
@@ -136,6 +137,13 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     remove_file_if_exists(&status_file)?;
 
     let conf = &repo.config;
+    if conf.safekeepers == 0 && at.is_none() && !args.replica {
+        // Without safekeepers the pageserver follows the compute's own walsender. Sources
+        // are an admin's to set: compute_ctl's token may only restart registered ones.
+        let source = WalSource { host: conf.service_host().into(), port, user: crate::os_user_name()? };
+        api.start_wal_receiver(tenant, timeline, &WalReceiverRequest::Single(source))
+            .context("register the compute as the branch's WAL source on the pageserver")?;
+    }
     let mut cmd = Command::new(conf.compute_ctl_bin());
     cmd.arg("--pgdata")
         .arg(&pgdata)
@@ -154,8 +162,11 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     } else if conf.safekeepers > 0 {
         cmd.args(["--safekeepers", &conf.safekeepers_list()]);
     }
+    // The name goes with the compute's lease (a replica's or an --at compute's) and a
+    // replica's application_name.
+    cmd.args(["--name", name]);
     if args.replica {
-        cmd.arg("--replica").args(["--name", name]);
+        cmd.arg("--replica");
     }
     for s in &args.settings {
         cmd.arg("-c").arg(s);

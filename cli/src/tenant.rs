@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
-use pageserver_api::models::{ImportRequest, TenantCreateRequest, TimelineCreateRequest, TimelineInfo};
+use pageserver_api::models::{
+    ImportRequest, TenantCreateRequest, TimelineCreateRequest, TimelineInfo, WalReceiverRequest, WalSource, WalSourceList,
+    SAFEKEEPER_REPLICATION_USER,
+};
 use proto::{TenantId, TimelineId};
 
 use crate::point::Point;
@@ -51,6 +54,7 @@ pub fn create(repo: &Repo, tenant_id: Option<TenantId>) -> anyhow::Result<()> {
         .import(tenant, timeline_id, &ImportRequest { pgdata: scratch.0.clone() })
         .with_context(|| format!("import the new cluster (tenant {tenant} exists on the pageserver now, without a branch)"))?;
     create_on_safekeepers(repo, tenant, timeline_id, imported.system_identifier)?;
+    register_wal_sources(repo, &api, tenant, timeline_id)?;
     state.add_branch(tenant, MAIN_BRANCH, timeline_id);
     repo.save_state(&state)?;
     eprintln!(
@@ -59,6 +63,35 @@ pub fn create(repo: &Repo, tenant_id: Option<TenantId>) -> anyhow::Result<()> {
         if state.default_tenant == Some(tenant) { " (default tenant)" } else { "" }
     );
     say!("{tenant}");
+    Ok(())
+}
+
+/// Registers the repo's safekeepers as the timeline's WAL sources on the pageserver (an
+/// admin call: a compute may only restart registered sources, never name others), with a
+/// storage token narrowed to the timeline for the pageserver to present to them. Nothing to
+/// do without safekeepers: then `fjord endpoint start` registers the compute's walsender.
+pub fn register_wal_sources(
+    repo: &Repo,
+    api: &pageserver_api::client::Client,
+    tenant: TenantId,
+    timeline: TimelineId,
+) -> anyhow::Result<()> {
+    if repo.config.safekeepers == 0 {
+        return Ok(());
+    }
+    let sources = repo
+        .config
+        .safekeeper_ids()
+        .map(|id| WalSource {
+            host: repo.config.service_host().into(),
+            port: repo.config.safekeeper_port(id),
+            user: SAFEKEEPER_REPLICATION_USER.into(),
+        })
+        .collect();
+    let token = repo.token(&auth::Claims::storage_for(tenant, timeline));
+    api.start_wal_receiver(tenant, timeline, &WalReceiverRequest::Sources(WalSourceList { sources, token }))
+        .with_context(|| format!("register the safekeepers as timeline {timeline}'s WAL sources on the pageserver"))?;
+    tracing::info!("registered the safekeepers as timeline {timeline}'s WAL sources");
     Ok(())
 }
 
@@ -176,6 +209,7 @@ pub fn branch_create(repo: &Repo, name: &str, from: &str, at: Option<Point>, ten
         None => api.timeline(tenant, source)?.system_id.context("the branch's parent has no system identifier yet")?,
     };
     create_on_safekeepers(repo, tenant, info.timeline_id, system_id)?;
+    register_wal_sources(repo, &api, tenant, info.timeline_id)?;
     state.add_branch(tenant, name, info.timeline_id);
     repo.save_state(&state)?;
     let at = info.ancestor_lsn.map_or_else(|| "?".to_string(), |lsn| lsn.to_string());

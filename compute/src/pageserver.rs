@@ -15,12 +15,10 @@ use anyhow::{bail, Context};
 use pageserver_api::client::{Client, Error};
 use pageserver_api::models::{
     BasebackupQuery, ChangedBlocksQuery, WalReceiverRequest, WalSource, WalSourceList, CHANGED_BLOCKS_LIMIT_MAX, LSN_HEADER,
+    SAFEKEEPER_REPLICATION_USER,
 };
 use proto::lsn::WAL_SEGMENT_SIZE_BYTES;
 use proto::{Lsn, TenantId, TimelineId};
-
-/// The role the pageserver streams from safekeepers as.
-const SAFEKEEPER_USER: &str = "fjord";
 
 /// What a basebackup brought.
 #[derive(Debug)]
@@ -112,8 +110,9 @@ pub fn start_wal_receiver_from_safekeepers(
     timeline: TimelineId,
     safekeepers: &[(String, u16)],
 ) -> anyhow::Result<()> {
-    let sources = safekeepers.iter().map(|(host, port)| WalSource { host: host.clone(), port: *port, user: SAFEKEEPER_USER.into() });
-    let request = WalReceiverRequest::Sources(WalSourceList { sources: sources.collect() });
+    let sources =
+        safekeepers.iter().map(|(host, port)| WalSource { host: host.clone(), port: *port, user: SAFEKEEPER_REPLICATION_USER.into() });
+    let request = WalReceiverRequest::Sources(WalSourceList { sources: sources.collect(), token: None });
     client.start_wal_receiver(tenant, timeline, &request).map_err(refused("wal_receiver"))
 }
 

@@ -45,9 +45,25 @@ pub fn durable_rename(tmp: &Path, target: &Path) -> io::Result<()> {
 /// Writes `bytes` to `path` so that after a crash the file has either the old contents or
 /// the new ones, never a mix.
 pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_with_mode(path, bytes, 0o666)
+}
+
+/// [`write_file_atomic`] for a file that holds a secret (a token): created with mode 0600
+/// before it has any contents, so no other user can ever read it.
+pub fn write_private_file_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_with_mode(path, bytes, 0o600)
+}
+
+fn write_atomic_with_mode(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = temp_path(path);
     {
-        let mut file = File::create(&tmp)?;
+        // A leftover temporary file may have another mode; it is replaced, not reused.
+        match fs::remove_file(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let mut file = fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;
         file.write_all(bytes)?;
         file.sync_all()?;
     }
@@ -111,6 +127,19 @@ impl DataDirLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_private_file_is_never_readable_by_others() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        // A leftover temporary file readable by everyone is replaced, not written into.
+        fs::write(temp_path(&path), b"old").unwrap();
+        fs::set_permissions(temp_path(&path), fs::Permissions::from_mode(0o644)).unwrap();
+        write_private_file_atomic(&path, b"token").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"token");
+        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
 
     #[test]
     fn atomic_write_replaces_and_leaves_no_temp() {

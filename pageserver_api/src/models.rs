@@ -172,16 +172,36 @@ impl fmt::Display for WalSource {
     }
 }
 
-/// The list shape of a WAL receiver request, `{"sources": [...]}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The role a pageserver's WAL receiver names when it streams from a safekeeper (which
+/// takes any; the name shows in its logs).
+pub const SAFEKEEPER_REPLICATION_USER: &str = "fjord";
+
+/// The list shape of a WAL receiver request, `{"sources": [...], "token"?: "..."}`.
+///
+/// `token` (admin callers only) is what the receiver presents to a source that asks for a
+/// password: a storage token narrowed to the timeline (`auth::Claims::storage_for`), so
+/// that a source learns no credential for anything else. `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WalSourceList {
     pub sources: Vec<WalSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+impl fmt::Debug for WalSourceList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WalSourceList").field("sources", &self.sources).field("token", &self.token.as_ref().map(|_| "<redacted>")).finish()
+    }
 }
 
 /// `POST .../timeline/{timeline}/wal_receiver` (202): follow the timeline's WAL from these
 /// sources, one at a time with failover. Two shapes: a list (the timeline's safekeepers)
 /// or, as before lists existed, one source object (a compute's walsender).
+///
+/// With authentication on, only an admin token sets or changes a timeline's sources; a
+/// tenant token (a compute's) may only name sources already registered for the timeline,
+/// which (re)starts the receiver on the registered list (403 otherwise).
 ///
 /// The server validates the list where it parses it (1 to 16 sources, no port 0, no empty
 /// host or user, no duplicate host and port) and answers 400 with the reason; this type
@@ -752,7 +772,8 @@ mod tests {
         let one = WalSource { host: "127.0.0.1".into(), port: 5432, user: "fjord".into() };
         let single = WalReceiverRequest::Single(one.clone());
         assert_eq!(serde_json::to_string(&single).unwrap(), r#"{"host":"127.0.0.1","port":5432,"user":"fjord"}"#);
-        let list = WalReceiverRequest::Sources(WalSourceList { sources: vec![one.clone(), WalSource { host: "::1".into(), ..one }] });
+        let list =
+            WalReceiverRequest::Sources(WalSourceList { sources: vec![one.clone(), WalSource { host: "::1".into(), ..one }], token: None });
         let text = serde_json::to_string(&list).unwrap();
         assert_eq!(text, r#"{"sources":[{"host":"127.0.0.1","port":5432,"user":"fjord"},{"host":"::1","port":5432,"user":"fjord"}]}"#);
         assert_eq!(serde_json::from_str::<WalReceiverRequest>(&text).unwrap(), list);
@@ -1018,7 +1039,7 @@ mod tests {
             round_trip(&ImportRequest { pgdata: pgdata.into() })?;
             let sources: Vec<WalSource> = sources.into_iter().map(|(host, port, user)| WalSource { host, port, user }).collect();
             round_trip(&WalReceiverRequest::Single(sources[0].clone()))?;
-            round_trip(&WalReceiverRequest::Sources(WalSourceList { sources }))?;
+            round_trip(&WalReceiverRequest::Sources(WalSourceList { sources, token: None }))?;
             let query = BasebackupQuery { lsn, standby: lsn.is_some_and(|l| l.0 % 2 == 1) };
             prop_assert_eq!(BasebackupQuery::parse(query.to_query_string().trim_start_matches('?')).unwrap(), query);
         }

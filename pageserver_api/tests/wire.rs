@@ -155,7 +155,7 @@ fn requests_are_the_bodies_clients_always_sent() {
     let client2 = Client::new(&server2.url);
     let source = WalSource { host: "127.0.0.1".into(), port: 55432, user: "me".into() };
     client2.start_wal_receiver(tenant(), timeline(), &WalReceiverRequest::Single(source.clone())).unwrap();
-    let list = WalReceiverRequest::Sources(WalSourceList { sources: vec![WalSource { user: "fjord".into(), ..source }] });
+    let list = WalReceiverRequest::Sources(WalSourceList { sources: vec![WalSource { user: "fjord".into(), ..source }], token: None });
     client2.start_wal_receiver(tenant(), timeline(), &list).unwrap();
     let bodies: Vec<String> =
         server.requests.lock().unwrap().iter().chain(server2.requests.lock().unwrap().iter()).map(|r| r.1.clone()).collect();

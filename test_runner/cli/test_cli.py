@@ -189,7 +189,9 @@ def test_endpoint_mechanics_with_a_stand_in_pageserver(repo_factory, tmp_path):
         assert connstr.endswith(f"@127.0.0.1:{port}/postgres") and "endpoint ep running on branch main" in started.stderr
         with connect(connstr) as conn:
             conn.execute("CREATE TABLE local_only (x int)")
-        assert [r["port"] for r in standin.wal_receiver_requests] == [port]
+        # The CLI registers the compute as the WAL source (an admin's call), then compute_ctl
+        # asks for the same source once postgres runs.
+        assert [r["port"] for r in standin.wal_receiver_requests] == [port, port]
         assert re.search(rf"^ep\s+main\s+{port}\s+latest\s+running \(pid \d+\)", repo.run("endpoint", "list").stdout, re.M)
         assert "already running" in repo.fail("endpoint", "start", "ep")
         assert "already writes to branch main" in repo.fail("endpoint", "start", "other", *standalone)

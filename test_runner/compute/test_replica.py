@@ -384,3 +384,44 @@ def test_gc_keeps_what_a_replica_reads_and_a_replica_left_behind_gets_a_clear_er
                 os.kill(ctl, signal.SIGCONT)
     finally:
         repo.cleanup()
+
+
+def test_a_compute_at_a_past_lsn_holds_gc_back_while_it_runs(tmp_path):
+    """An `--at` compute reads every page at its LSN for as long as it runs: it leases that
+    LSN before its basebackup and renews it, so GC never passes it and a long query
+    started there reads the same rows from start to end."""
+    repo = FjordRepo(tmp_path / "repo", env={"FJORD_REPLICA_LEASE_TTL_SECS": "2"}).init()
+    (repo.path / "pageserver.toml").write_text("[storage]\ngc_horizon_bytes = 0\n")
+    try:
+        repo.run("start")
+        tenant = repo.run("tenant", "create").stdout.strip()
+        main = repo.state()["tenants"][tenant]["branches"]["main"]
+        timeline = f"/v1/tenant/{tenant}/timeline/{main}"
+
+        def gc() -> str:
+            repo.http_post(f"{timeline}/checkpoint", {})
+            repo.http_post(f"{timeline}/compact", {"force_l0": True, "force_image_layers": True})
+            return repo.http_post(f"{timeline}/gc", {"pitr_window": "0s"})["cutoff_lsn"]
+
+        primary = repo.run("endpoint", "start", "main").stdout.strip()
+        with connect(primary) as p:
+            p.execute("CREATE TABLE t (id int, x int) WITH (autovacuum_enabled = off)")
+            p.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 100000) g")
+            at = str(one(p, "SELECT pg_current_wal_flush_lsn()"))
+        old = repo.run("endpoint", "start", "old", "--at", at, "-c", "shared_buffers=1MB",
+                       "-c", "fjord.file_cache_size=0").stdout.strip()
+        leases = repo.http_post(f"{timeline}/lsn_lease", {"holder": "probe", "lsn": at, "ttl_secs": 1})["leases"]
+        assert any(lease["holder"].startswith("endpoint old at ") and lease["lsn"] == at for lease in leases), leases
+        with connect(primary) as p:
+            for _ in range(3):
+                p.execute("UPDATE t SET x = x + 1")
+        time.sleep(3)  # longer than the lease's TTL: only renewals keep it
+        cutoff = gc()
+        assert lsn_int(cutoff) <= lsn_int(at), f"GC passed the running --at compute's LSN: cutoff {cutoff}, compute at {at}"
+        with connect(old) as o:
+            assert one(o, "SELECT sum(x) FROM t") == 0
+        # Stopped, it holds nothing: GC goes past once the lease lapses.
+        repo.run("endpoint", "stop", "old")
+        wait_until("GC past the stopped compute's LSN", lambda: lsn_int(gc()) > lsn_int(at), timeout_s=60, interval_s=0.5)
+    finally:
+        repo.cleanup()

@@ -96,12 +96,12 @@ struct Args {
     #[arg(long, conflicts_with = "lsn")]
     replica: bool,
     /// The endpoint's name: a read replica streams under it as its `application_name` (what
-    /// the primary's `fjord.replicas()` and the safekeepers' status show) and leases its
-    /// replay position under it.
+    /// the primary's `fjord.replicas()` and the safekeepers' status show); a replica's and an
+    /// `--lsn` compute's lease on the LSN they read at is named after it.
     #[arg(long, value_name = "NAME", default_value = "fjord_replica")]
     name: String,
-    /// How long the pageserver keeps a replica's lease on its replay position (renewed
-    /// every second) after the last renewal, in seconds.
+    /// How long the pageserver keeps a replica's lease on its replay position, or an `--lsn`
+    /// compute's on its LSN (each renewed every second), after the last renewal, in seconds.
     #[arg(long, env = "FJORD_REPLICA_LEASE_TTL_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     replica_lease_ttl_secs: u64,
     /// How long the safekeeper sync may take, in seconds.
@@ -173,10 +173,11 @@ fn run(args: Args) -> anyhow::Result<i32> {
 
     let created = compute::prepare_pgdata(&pgdata)?;
     let client = Client::new(&args.pageserver_http).with_token(args.auth_token.clone());
-    let synced = match &safekeepers {
-        Some(list) if args.replica => follow_safekeepers(&client, &args, list).map(|()| None),
-        None => Ok(None),
-        Some(list) => sync_and_follow(&client, &args, list).map(Some),
+    let synced = match (&safekeepers, args.lsn) {
+        (Some(list), _) if args.replica => follow_safekeepers(&client, &args, list).map(|()| None),
+        (_, Some(lsn)) => lease_fixed_lsn(&client, &args, lsn).map(|()| None),
+        (None, None) => Ok(None),
+        (Some(list), None) => sync_and_follow(&client, &args, list).map(Some),
     };
     let fetched = synced.and_then(|synced| {
         let lsn = synced.as_ref().map_or(args.lsn, |s| s.lsn);
@@ -259,6 +260,8 @@ fn run(args: Args) -> anyhow::Result<i32> {
     let status_writes = Arc::new(Mutex::new(true));
     if args.replica {
         hold_replay_position(&args, &probe_host, &user, report.clone(), Arc::clone(&status_writes));
+    } else if let Some(lsn) = args.lsn {
+        keep_lease(&args, fixed_lsn_holder(&args, lsn), "the compute's LSN", move || Ok(lsn));
     }
 
     let status = postmaster.supervise()?;
@@ -322,41 +325,65 @@ const LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(1);
 /// on its replay position (the LSN it reads every page at). A refused lease (the replica
 /// fell behind the GC horizon, so its reads fail too) is logged as an error once.
 fn hold_replay_position(args: &Args, host: &str, user: &str, report: serde_json::Value, status_writes: Arc<Mutex<bool>>) {
-    let client = Client::new(&args.pageserver_http).with_token(args.auth_token.clone());
-    let ttl_secs = args.replica_lease_ttl_secs;
     let status_file = args.status_file.clone();
-    let (tenant, timeline, port) = (args.tenant, args.timeline, args.port);
+    let port = args.port;
     let (pg_bin_dir, host, user) = (args.pg_bin_dir.clone(), host.to_string(), user.to_string());
     let holder = format!("replica {} at {}:{port} pid {}", args.name, host, std::process::id());
+    keep_lease(args, holder, "the replay position", move || {
+        let text = postgres::query_value(&pg_bin_dir, &host, port, &user, "SELECT pg_last_wal_replay_lsn()")?;
+        let lsn = text.parse::<Lsn>().map_err(|e| anyhow::anyhow!("replay LSN {text:?}: {e}"))?;
+        // The status file shows where the replica is (`fjord endpoint list`).
+        let allowed = status_writes.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(path), true) = (&status_file, *allowed) {
+            let mut now = report.clone();
+            now["replay_lsn"] = lsn.to_string().into();
+            if let Err(e) = write_atomically(path, &now.to_string()) {
+                tracing::warn!("could not update the status file: {e:#}");
+            }
+        }
+        Ok(lsn)
+    });
+}
+
+/// The holder name of a compute at a fixed past LSN's lease.
+fn fixed_lsn_holder(args: &Args, lsn: Lsn) -> String {
+    format!("endpoint {} at {lsn} port {} pid {}", args.name, args.port, std::process::id())
+}
+
+/// A compute at a past LSN (`--lsn`) reads every page at that LSN for as long as it runs:
+/// the first lease on it is taken before the basebackup (so GC cannot move past it in
+/// between; refused below the GC horizon, with the pageserver's reason), and is renewed
+/// every second from then on (`keep_lease`), like a replica's.
+fn lease_fixed_lsn(client: &Client, args: &Args, lsn: Lsn) -> anyhow::Result<()> {
+    let request = LsnLeaseRequest { holder: fixed_lsn_holder(args, lsn), lsn, ttl_secs: args.replica_lease_ttl_secs };
+    client.lsn_lease(args.tenant, args.timeline, &request).with_context(|| format!("lease LSN {lsn} from the pageserver's GC"))?;
+    Ok(())
+}
+
+/// Renews the lease `holder` every `LEASE_RENEW_INTERVAL` on the LSN `lsn_now` gives, in a
+/// thread for the rest of the process; a failure is logged as an error once (until a
+/// renewal succeeds again).
+fn keep_lease(args: &Args, holder: String, what: &'static str, lsn_now: impl Fn() -> anyhow::Result<Lsn> + Send + 'static) {
+    let client = Client::new(&args.pageserver_http).with_token(args.auth_token.clone());
+    let ttl_secs = args.replica_lease_ttl_secs;
+    let (tenant, timeline) = (args.tenant, args.timeline);
     let spawned = std::thread::Builder::new().name("lease".into()).spawn(move || {
         let mut last_error: Option<String> = None;
         loop {
-            let result = postgres::query_value(&pg_bin_dir, &host, port, &user, "SELECT pg_last_wal_replay_lsn()")
-                .and_then(|text| text.parse::<Lsn>().map_err(|e| anyhow::anyhow!("replay LSN {text:?}: {e}")))
-                .and_then(|lsn| {
-                    // The status file shows where the replica is (`fjord endpoint list`).
-                    let allowed = status_writes.lock().unwrap_or_else(|e| e.into_inner());
-                    if let (Some(path), true) = (&status_file, *allowed) {
-                        let mut now = report.clone();
-                        now["replay_lsn"] = lsn.to_string().into();
-                        if let Err(e) = write_atomically(path, &now.to_string()) {
-                            tracing::warn!("could not update the status file: {e:#}");
-                        }
-                    }
-                    drop(allowed);
-                    let request = LsnLeaseRequest { holder: holder.clone(), lsn, ttl_secs };
-                    client.lsn_lease(tenant, timeline, &request).map_err(anyhow::Error::from)
-                });
+            let result = lsn_now().and_then(|lsn| {
+                let request = LsnLeaseRequest { holder: holder.clone(), lsn, ttl_secs };
+                client.lsn_lease(tenant, timeline, &request).map_err(anyhow::Error::from)
+            });
             match result {
                 Ok(_) if last_error.is_some() => {
-                    tracing::info!("lease on the replay position renewed again");
+                    tracing::info!("lease on {what} renewed again");
                     last_error = None;
                 }
                 Ok(_) => {}
                 Err(e) => {
                     let text = format!("{e:#}");
                     if last_error.as_deref() != Some(text.as_str()) {
-                        tracing::error!("could not lease the replay position from the pageserver's GC: {text}");
+                        tracing::error!("could not lease {what} from the pageserver's GC: {text}");
                     }
                     last_error = Some(text);
                 }
@@ -365,7 +392,7 @@ fn hold_replay_position(args: &Args, host: &str, user: &str, report: serde_json:
         }
     });
     if let Err(e) = spawned {
-        tracing::error!("could not start the lease thread: {e}; GC does not know this replica's position");
+        tracing::error!("could not start the lease thread: {e}; GC does not know this compute's LSN");
     }
 }
 

@@ -97,6 +97,9 @@ struct Lease {
     lsn: Lsn,
     /// `None`: until lifted.
     expires: Option<Instant>,
+    /// Whose it is: the fingerprint of the token that took it, `None` for an admin's (or
+    /// with authentication off). Only its owner or an admin renews or moves it.
+    owner: Option<u64>,
 }
 
 /// Why a lease was refused.
@@ -104,6 +107,8 @@ struct Lease {
 pub enum LeaseError {
     #[error("LSN {lsn} is below the garbage collection horizon {cutoff} of the timeline: pages there may already be gone")]
     BelowGcHorizon { lsn: Lsn, cutoff: Lsn },
+    #[error("the lease {holder:?} is held by another token until it lapses")]
+    HeldByAnother { holder: String },
 }
 
 impl Jobs {
@@ -129,22 +134,42 @@ impl Jobs {
         let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
         let held = leases.entry((tenant, timeline)).or_default();
         match floor {
-            Some(lsn) => held.insert(String::new(), Lease { lsn, expires: None }),
+            Some(lsn) => held.insert(String::new(), Lease { lsn, expires: None, owner: None }),
             None => held.remove(""),
         };
     }
 
     /// Grants or renews `holder`'s lease on `lsn` of `timeline` for `ttl` (replacing the
     /// holder's previous one, which may be lower or higher): GC keeps every LSN at or above
-    /// it readable until then. Refused below the timeline's GC cutoff.
-    pub fn renew_lsn_lease(&self, timeline: &Timeline, holder: &str, lsn: Lsn, ttl: Duration) -> Result<(), LeaseError> {
+    /// it readable until then. Refused below the timeline's GC cutoff, and when the holder's
+    /// lease in force belongs to another `owner` (a token's fingerprint; `None`, an admin,
+    /// may replace any): otherwise any compute of the timeline could move a replica's lease
+    /// up and let GC take the pages the replica reads.
+    pub fn renew_lsn_lease(
+        &self,
+        timeline: &Timeline,
+        holder: &str,
+        lsn: Lsn,
+        ttl: Duration,
+        owner: Option<u64>,
+    ) -> Result<(), LeaseError> {
         let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
         let cutoff = timeline.gc_cutoff_lsn();
         if lsn < cutoff {
             return Err(LeaseError::BelowGcHorizon { lsn, cutoff });
         }
         let key = (timeline.tenant_id(), timeline.timeline_id());
-        leases.entry(key).or_default().insert(holder.to_string(), Lease { lsn, expires: Some(Instant::now() + ttl) });
+        let now = Instant::now();
+        let held = leases.entry(key).or_default();
+        if let (Some(caller), Some(current)) = (owner, held.get(holder)) {
+            let live = current.expires.is_none_or(|e| e > now);
+            if live && current.owner != Some(caller) {
+                return Err(LeaseError::HeldByAnother { holder: holder.to_string() });
+            }
+        }
+        // A TTL is bounded by the caller; saturate rather than overflow the clock.
+        let expires = now.checked_add(ttl).unwrap_or(now + Duration::from_secs(3600));
+        held.insert(holder.to_string(), Lease { lsn, expires: Some(expires), owner });
         Ok(())
     }
 
@@ -515,22 +540,42 @@ mod tests {
         commit(&t, 0x200, 2 * hour, "b");
         commit(&t, 0x300, Duration::ZERO, "c");
         jobs.compact(&tenant, &t, true, true).unwrap();
-        jobs.renew_lsn_lease(&t, "r1", Lsn(0x180), Duration::from_secs(60)).unwrap();
-        jobs.renew_lsn_lease(&t, "r2", Lsn(0x250), Duration::from_millis(50)).unwrap();
+        jobs.renew_lsn_lease(&t, "r1", Lsn(0x180), Duration::from_secs(60), None).unwrap();
+        jobs.renew_lsn_lease(&t, "r2", Lsn(0x250), Duration::from_millis(50), None).unwrap();
         assert_eq!(jobs.lsn_leases(TENANT, MAIN), [("r1".to_string(), Lsn(0x180)), ("r2".to_string(), Lsn(0x250))]);
         let outcome = jobs.gc(&tenant, &t, Some(Duration::ZERO)).unwrap();
         assert_eq!(outcome.result.cutoff, Lsn(0x180), "the lowest lease holds GC back");
         // r1 moves on; r2's lease lapses.
-        jobs.renew_lsn_lease(&t, "r1", Lsn(0x280), Duration::from_secs(60)).unwrap();
+        jobs.renew_lsn_lease(&t, "r1", Lsn(0x280), Duration::from_secs(60), None).unwrap();
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(jobs.lsn_leases(TENANT, MAIN), [("r1".to_string(), Lsn(0x280))]);
         let outcome = jobs.gc(&tenant, &t, Some(Duration::ZERO)).unwrap();
         assert_eq!(outcome.result.cutoff, Lsn(0x280));
-        let refused = jobs.renew_lsn_lease(&t, "late", Lsn(0x200), Duration::from_secs(60)).unwrap_err();
+        let refused = jobs.renew_lsn_lease(&t, "late", Lsn(0x200), Duration::from_secs(60), None).unwrap_err();
         assert_eq!(
             refused.to_string(),
             "LSN 0/200 is below the garbage collection horizon 0/280 of the timeline: pages there may already be gone"
         );
+    }
+
+    #[test]
+    fn a_lease_is_renewed_only_by_its_owner_or_an_admin_until_it_lapses() {
+        let (_dir, jobs, _tenant, t) = setup();
+        commit(&t, 0x100, Duration::ZERO, "a");
+        let (mine, theirs) = (Some(1), Some(2));
+        jobs.renew_lsn_lease(&t, "replica r1", Lsn(0x100), Duration::from_millis(300), mine).unwrap();
+        jobs.renew_lsn_lease(&t, "replica r1", Lsn(0x100), Duration::from_millis(300), mine).unwrap();
+        let refused = jobs.renew_lsn_lease(&t, "replica r1", Lsn(0x900), Duration::from_secs(60), theirs).unwrap_err();
+        assert_eq!(refused.to_string(), "the lease \"replica r1\" is held by another token until it lapses");
+        assert_eq!(jobs.lsn_leases(TENANT, MAIN), [("replica r1".to_string(), Lsn(0x100))], "unchanged");
+        // An admin's lease is an admin's: a tenant token does not take it over either.
+        jobs.renew_lsn_lease(&t, "pinned", Lsn(0x100), Duration::from_secs(60), None).unwrap();
+        assert!(jobs.renew_lsn_lease(&t, "pinned", Lsn(0x900), Duration::from_secs(60), mine).is_err());
+        // Once lapsed, a holder's name is free again.
+        std::thread::sleep(Duration::from_millis(400));
+        jobs.renew_lsn_lease(&t, "replica r1", Lsn(0x100), Duration::from_secs(60), theirs).unwrap();
+        // A TTL past what the clock can add saturates instead of panicking.
+        jobs.renew_lsn_lease(&t, "long", Lsn(0x100), Duration::MAX, mine).unwrap();
     }
 
     #[test]

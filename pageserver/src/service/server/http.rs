@@ -9,14 +9,14 @@
 //! | POST | `/v1/tenant/{tenant}/timeline` | create: `{"timeline_id"?, "ancestor_timeline_id"?, "ancestor_lsn"?}` |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}` | one timeline's status (LSNs, layers, WAL receiver, `system_id`) |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/import` | `{"pgdata": "/path"}`: bootstrap from a shut-down data directory on this host |
-//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | `{"sources": [{"host", "port", "user"}, ...]}` (1 to 16, no duplicate host and port, no port 0) or one source `{"host", "port", "user"}`: follow the timeline's WAL over streaming replication from one source at a time, failing over to the next and switching to one with more WAL (application_name `fjord_pageserver`, database `<tenant>/<timeline>`); persisted, restarted when the pageserver starts; 400 with the reason for an invalid list |
-//! | DELETE | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | stop the receiver and forget its source (404 if there is none) |
+//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | `{"sources": [{"host", "port", "user"}, ...], "token"?}` (1 to 16, no duplicate host and port, no port 0) or one source `{"host", "port", "user"}`: follow the timeline's WAL over streaming replication from one source at a time, failing over to the next and switching to one with more WAL (application_name `fjord_pageserver`, database `<tenant>/<timeline>`), presenting `token` to a source that asks for a password; persisted, restarted when the pageserver starts; 400 with the reason for an invalid list. Only an admin sets or changes the sources: a tenant token may name only registered ones (then the registered list restarts), else 403 |
+//! | DELETE | `/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver` | admin only: stop the receiver and forget its source (404 if there is none) |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/basebackup[?lsn=X/X][&standby=true]` | `application/x-tar` data directory to start a compute at the LSN (default: the last record LSN; an explicit one is waited for; a hot standby's starts at the newest running-transactions record at or before it), header `X-Fjord-Lsn`; 400 below the GC horizon or branch point, 504 if the LSN is not ingested in time |
 //! | GET | `/v1/tenant/{tenant}/config` | the tenant's settings and its PITR window in force |
 //! | PUT | `/v1/tenant/{tenant}/config` | `{"pitr_window"?: "1s"}`: replace the tenant's settings (persisted; an absent field takes the pageserver's default) |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/checkpoint` | freeze the open in-memory layer and flush it: the layers written |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/compact` | `{"force_l0"?, "force_image_layers"?}`: image layers where the delta depth asks for them (or everywhere), then L0 compaction: what was written and removed |
-//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/lsn_lease` | `{"holder", "lsn", "ttl_secs"}`: GC keeps `lsn` and above readable for `ttl_secs` (a read replica renews its replay position); 400 below the GC cutoff; the leases in force |
+//! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/lsn_lease` | `{"holder", "lsn", "ttl_secs"}`: GC keeps `lsn` and above readable for `ttl_secs` (a read replica renews its replay position, a compute at a past LSN that LSN); 400 below the GC cutoff or a TTL outside 1..=3600; 403 when the holder's lease in force was taken with another tenant token (only its token or an admin renews it); the leases in force |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/gc` | `{"pitr_window"?}`: GC with the tenant's PITR window or this one: the cutoff and what was removed |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/get_lsn_by_timestamp?timestamp=<RFC 3339>` | `{"kind": "present"\|"future"\|"past"\|"nodata", "lsn"}`: the LSN that shows exactly the commits up to the time |
 //! | GET | `/v1/tenant/{tenant}/timeline/{timeline}/changed_blocks?from=X/X&to=X/X[&limit=N]` | `{"from", "to", "blocks": [[spc, db, rel, fork, blkno, "lsn"]], "relations": [[spc, db, rel, fork, nblocks\|null, "lsn"]], "databases": [[spc, db, "lsn"]]}`: what a compute's page cache valid as of LSNs from `from` on must drop to start at `to` (waited for; `pgdata::changes`); 400 bad query or `from` after `to`, 410 `from` below the GC horizon or the branch point, 409 more than `limit` (default 100000, at most 1000000) keys changed, 504 `to` not ingested in time |
@@ -27,7 +27,8 @@
 //! With `auth_public_key_path` set, every route but `/v1/status` and `/metrics` wants an
 //! `Authorization: Bearer <token>` header: an admin token, or for the calls a compute
 //! makes (a timeline's status, `wal_receiver`, `basebackup`, `lsn_lease`,
-//! `get_lsn_by_timestamp`, `changed_blocks`) a token for the path's tenant. A request
+//! `get_lsn_by_timestamp`, `changed_blocks`) a token for the path's tenant; `wal_receiver`
+//! then checks further who asks (above). A request
 //! without a valid token gets 401, one whose token does not grant it 403; both are logged
 //! and counted (`pageserver_auth_failures_total{service="http"}`) and change nothing.
 //!
@@ -43,7 +44,7 @@ use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use pageserver_api::models::{
     BasebackupQuery, ChangedBlock, ChangedBlocksQuery, ChangedBlocksResponse, ChangedRelation, CheckpointResponse, CompactRequest,
     CompactResponse, DroppedDatabase, ErrorResponse, EvictLayersResponse, GcRequest, GcResponse, ImportRequest, ImportResponse,
@@ -55,7 +56,7 @@ use pageserver_api::time::HumanDuration;
 use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
 use proto::{TenantId, TimelineId};
 
-use super::{ManagementError, Pageserver};
+use super::{ManagementError, Pageserver, SourcesCaller};
 
 mod auth_layer;
 use crate::pgdata::timestamp::LsnForTimestamp;
@@ -80,6 +81,7 @@ impl IntoResponse for ApiError {
             ManagementError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ManagementError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ManagementError::Gone(_) => StatusCode::GONE,
+            ManagementError::Forbidden(_) => StatusCode::FORBIDDEN,
             ManagementError::Internal(e) => {
                 tracing::error!("management request failed: {e:#}");
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -263,12 +265,14 @@ async fn import(
 async fn start_wal_receiver(
     State(ps): State<Arc<Pageserver>>,
     Path((tenant, timeline)): Path<(String, String)>,
+    Extension(caller): Extension<auth_layer::Caller>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
     let sources = crate::service::walreceiver::WalSources::from_json(&body)
         .map_err(|e| ApiError(ManagementError::BadRequest(format!("invalid request body: {e}"))))?;
-    blocking(move || ps.start_wal_receiver(tenant, timeline, sources)).await?;
+    let caller = if caller.is_admin() { SourcesCaller::Admin } else { SourcesCaller::Compute };
+    blocking(move || ps.start_wal_receiver(tenant, timeline, sources, caller)).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -296,7 +300,11 @@ async fn evict_layers(
 async fn stop_wal_receiver(
     State(ps): State<Arc<Pageserver>>,
     Path((tenant, timeline)): Path<(String, String)>,
+    Extension(caller): Extension<auth_layer::Caller>,
 ) -> Result<StatusCode, ApiError> {
+    if !caller.is_admin() {
+        return Err(ManagementError::Forbidden("only an admin token may stop a WAL receiver and forget its sources".into()).into());
+    }
     let (tenant, timeline): (TenantId, TimelineId) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
     if blocking(move || ps.stop_wal_receiver(tenant, timeline)).await? {
         Ok(StatusCode::OK)
@@ -376,11 +384,14 @@ async fn compact(
 async fn lsn_lease(
     State(ps): State<Arc<Pageserver>>,
     Path((tenant, timeline)): Path<(String, String)>,
+    Extension(caller): Extension<auth_layer::Caller>,
     body: Bytes,
 ) -> Result<Json<LsnLeaseResponse>, ApiError> {
     let (tenant, timeline) = (parse("tenant id", &tenant)?, parse("timeline id", &timeline)?);
     let req: LsnLeaseRequest = json_body(&body)?;
-    let leases = blocking(move || ps.lsn_lease(tenant, timeline, &req.holder, req.lsn, Duration::from_secs(req.ttl_secs))).await?;
+    let owner = if caller.is_admin() { None } else { caller.token_fingerprint };
+    let ttl = Duration::from_secs(req.ttl_secs);
+    let leases = blocking(move || ps.lsn_lease(tenant, timeline, &req.holder, req.lsn, ttl, owner)).await?;
     Ok(Json(LsnLeaseResponse { leases: leases.into_iter().map(|(holder, lsn)| LsnLease { holder, lsn }).collect() }))
 }
 

@@ -29,7 +29,7 @@ use crate::pgdata::import::{import_datadir, ImportSummary};
 use crate::pgdata::reconstruct::PgReconstructor;
 use crate::pgdata::timestamp::{lsn_for_timestamp, timestamptz_from_system_time, LsnForTimestamp};
 use crate::pgdata::walredo::{WalRedoConfig, WalRedoManager};
-use crate::service::background::{BackgroundJobs, CompactOutcome, GcOutcome, JobSettings, Jobs};
+use crate::service::background::{BackgroundJobs, CompactOutcome, GcOutcome, JobSettings, Jobs, LeaseError};
 use crate::service::eviction::{EvictionStats, LayerDiskBudget};
 use crate::service::ingest_gate::IngestGate;
 use crate::service::localwal::WAL_RECEIVER_SOURCE_FILE;
@@ -118,8 +118,21 @@ pub enum ManagementError {
     /// or that is the ancestor's).
     #[error("{0}")]
     Gone(String),
+    /// The caller's token is valid but does not let it do this (beyond the route's scope
+    /// check: e.g. a compute naming WAL sources an admin did not register).
+    #[error("{0}")]
+    Forbidden(String),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
+}
+
+/// Who asks to start a WAL receiver: what they may change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourcesCaller {
+    /// An admin token, or any caller with authentication off: sets the timeline's sources.
+    Admin,
+    /// A tenant token (a compute): may only restart the sources an admin registered.
+    Compute,
 }
 
 impl Pageserver {
@@ -469,7 +482,8 @@ impl Pageserver {
         Ok(self.jobs.compact(&*self.tenant(tenant)?, &t, force_l0, force_images)?)
     }
 
-    /// Grants or renews a lease on `lsn` (`Jobs::renew_lsn_lease`); the timeline's leases.
+    /// Grants or renews a lease on `lsn` for `owner` (`Jobs::renew_lsn_lease`); the
+    /// timeline's leases.
     pub fn lsn_lease(
         &self,
         tenant: TenantId,
@@ -477,6 +491,7 @@ impl Pageserver {
         holder: &str,
         lsn: Lsn,
         ttl: Duration,
+        owner: Option<u64>,
     ) -> Result<Vec<(String, Lsn)>, ManagementError> {
         let t = self.timeline(tenant, timeline)?;
         if holder.is_empty() || holder.len() > 200 {
@@ -485,7 +500,10 @@ impl Pageserver {
         if ttl.is_zero() || ttl > Duration::from_secs(3600) {
             return Err(ManagementError::BadRequest(format!("ttl_secs {} out of range: 1 to 3600", ttl.as_secs())));
         }
-        self.jobs.renew_lsn_lease(&t, holder, lsn, ttl).map_err(|e| ManagementError::BadRequest(e.to_string()))?;
+        self.jobs.renew_lsn_lease(&t, holder, lsn, ttl, owner).map_err(|e| match e {
+            LeaseError::HeldByAnother { .. } => ManagementError::Forbidden(e.to_string()),
+            LeaseError::BelowGcHorizon { .. } => ManagementError::BadRequest(e.to_string()),
+        })?;
         Ok(self.jobs.lsn_leases(tenant, timeline))
     }
 
@@ -548,9 +566,21 @@ impl Pageserver {
     /// timeline, replacing any receiver it had, except one that streams from the same list
     /// now (`WalReceiver::is_streaming_from`: every compute start asks again, and a restart
     /// would make its basebackup wait for a new session). The list is persisted in the
-    /// timeline directory (`WAL_RECEIVER_SOURCE_FILE`, written atomically) so that the
+    /// timeline directory (`WAL_RECEIVER_SOURCE_FILE`, written atomically, readable by the
+    /// pageserver's user only: it holds the token presented to the sources) so that the
     /// receiver is started again when the pageserver starts.
-    pub fn start_wal_receiver(&self, tenant: TenantId, timeline: TimelineId, sources: WalSources) -> Result<(), ManagementError> {
+    ///
+    /// Only an admin sets the sources. A compute ([`SourcesCaller::Compute`]) may name only
+    /// sources already registered for the timeline, and then the registered list (with its
+    /// token) is what starts: a tenant token can never point the receiver, and the token
+    /// it presents, at a server of its choosing.
+    pub fn start_wal_receiver(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+        sources: WalSources,
+        caller: SourcesCaller,
+    ) -> Result<(), ManagementError> {
         let t = self.timeline(tenant, timeline)?;
         if !t.last_record_lsn().is_valid() {
             return Err(ManagementError::Conflict(format!(
@@ -558,19 +588,39 @@ impl Pageserver {
             )));
         }
         let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
-        let json = sources.to_json();
-        if std::fs::read(&path).is_ok_and(|persisted| persisted == json)
-            && self
-                .receivers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&(tenant, timeline))
-                .is_some_and(|r| r.is_streaming_from(&sources))
-        {
+        let registered = read_wal_sources(&path)?;
+        let sources = match caller {
+            SourcesCaller::Admin => sources,
+            SourcesCaller::Compute => {
+                if sources.token().is_some() {
+                    return Err(ManagementError::Forbidden("only an admin token may give the WAL receiver a token".into()));
+                }
+                let Some(registered) = registered.clone() else {
+                    return Err(ManagementError::Forbidden(format!(
+                        "timeline {timeline} has no registered WAL sources; an admin registers them (fjord branch create, fjord start)"
+                    )));
+                };
+                if let Some(stranger) = registered.first_not_among(&sources) {
+                    return Err(ManagementError::Forbidden(format!(
+                        "{stranger} is not one of timeline {timeline}'s registered WAL sources ({registered}); only an admin token may change them"
+                    )));
+                }
+                registered
+            }
+        };
+        let streaming = self
+            .receivers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(tenant, timeline))
+            .is_some_and(|r| r.is_streaming_from(&sources));
+        if registered.as_ref() == Some(&sources) && streaming {
             tracing::debug!(%tenant, %timeline, "the WAL receiver already streams from {sources}; kept");
             return Ok(());
         }
-        crashsafe::write_file_atomic(&path, &json).with_context(|| format!("write {}", path.display()))?;
+        if registered.as_ref() != Some(&sources) {
+            crashsafe::write_private_file_atomic(&path, &sources.to_json()).with_context(|| format!("write {}", path.display()))?;
+        }
         self.spawn_wal_receiver(t, sources);
         Ok(())
     }
@@ -582,13 +632,7 @@ impl Pageserver {
             let Some(tenant) = self.tenants.get(id) else { continue };
             for t in tenant.timelines() {
                 let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
-                let bytes = match std::fs::read(&path) {
-                    Ok(b) => b,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
-                };
-                // Both the list and the single-source shape written before lists existed.
-                let sources = WalSources::from_json(&bytes).map_err(|e| anyhow::anyhow!("parse {}: {e}", path.display()))?;
+                let Some(sources) = read_wal_sources(&path)? else { continue };
                 tracing::info!(tenant = %id, timeline = %t.timeline_id(), "restarting the WAL receiver from {sources}");
                 self.spawn_wal_receiver(t, sources);
                 started += 1;
@@ -626,7 +670,14 @@ impl Pageserver {
             old.stop();
         }
         let gate = self.ingest_gate(tenant, timeline);
-        receivers.insert((tenant, timeline), WalReceiver::start(t, gate, Arc::clone(&self.reconstructor), sources));
+        let receiver = match sources.token() {
+            Some(token) => {
+                let token = Some(token.to_string());
+                WalReceiver::start_with_token(t, gate, Arc::clone(&self.reconstructor), sources, token)
+            }
+            None => WalReceiver::start(t, gate, Arc::clone(&self.reconstructor), sources),
+        };
+        receivers.insert((tenant, timeline), receiver);
     }
 
     fn ingest_gate(&self, tenant: TenantId, timeline: TimelineId) -> Arc<IngestGate> {
@@ -692,6 +743,17 @@ impl Pageserver {
             r.stop();
         }
     }
+}
+
+/// A timeline's persisted WAL sources (`WAL_RECEIVER_SOURCE_FILE`), if it has any: the list
+/// shape or the single-source shape written before lists existed.
+fn read_wal_sources(path: &std::path::Path) -> anyhow::Result<Option<WalSources>> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
+    };
+    WalSources::from_json(&bytes).map(Some).map_err(|e| anyhow::anyhow!("parse {}: {e}", path.display()))
 }
 
 #[cfg(test)]

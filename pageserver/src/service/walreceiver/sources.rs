@@ -5,7 +5,11 @@
 //! source `{"host", "port", "user"}` (a compute's walsender) and `{"sources": [...]}` (the
 //! timeline's safekeepers, or any list of walsenders serving the same WAL). Both become a
 //! [`WalSources`]; it is always written back in the list shape, and reading accepts both, so
-//! files written before lists existed still load.
+//! files written before lists existed still load. The list shape may carry a `token`, which
+//! the receiver presents to a source that asks for a password.
+//!
+//! Who may set them is the server's rule (`Pageserver::start_wal_receiver`): an admin sets
+//! and changes a timeline's sources; a compute may only restart the registered ones.
 //!
 //! Invariant: a `WalSources` holds 1..=`SOURCES_MAX` sources, no port 0, no empty host or
 //! user, and no two with the same host and port. Validation happens here, when bytes
@@ -24,10 +28,20 @@ pub const SOURCES_MAX: usize = 16;
 /// what the receiver connects to.
 pub use pageserver_api::models::WalSource;
 
-/// A validated, non-empty list of sources, in the order the receiver tries them.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// A validated, non-empty list of sources, in the order the receiver tries them, and the
+/// token the receiver presents to them (if the admin who registered them gave one).
+#[derive(Clone, PartialEq, Eq, Serialize)]
 pub struct WalSources {
     sources: Vec<WalSource>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token: Option<String>,
+}
+
+/// Never shows the token.
+impl fmt::Debug for WalSources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WalSources").field("sources", &self.sources).field("token", &self.token.as_ref().map(|_| "<redacted>")).finish()
+    }
 }
 
 impl WalSources {
@@ -52,7 +66,23 @@ impl WalSources {
                 return Err(format!("duplicate source {s}: sources {j} and {i}"));
             }
         }
-        Ok(WalSources { sources })
+        Ok(WalSources { sources, token: None })
+    }
+
+    /// The same list with the token the receiver presents to its sources.
+    pub fn with_token(mut self, token: Option<String>) -> WalSources {
+        self.token = token.map(|t| t.trim().to_string()).filter(|t| !t.is_empty());
+        self
+    }
+
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    /// The first source in `other` that is not one of these (same host, port and user), if
+    /// any: what a caller who may not change a timeline's sources named beyond them.
+    pub fn first_not_among<'a>(&self, other: &'a WalSources) -> Option<&'a WalSource> {
+        other.sources.iter().find(|o| !self.sources.contains(o))
     }
 
     /// Parses either JSON shape (see the module documentation) and validates the list.
@@ -68,15 +98,17 @@ impl WalSources {
                 return Err(format!("source {i} is not a JSON object: {v}"));
             }
         }
-        let sources = if is_list {
-            serde_json::from_value::<WalSourceList>(value).map_err(|e| e.to_string())?.sources
+        let (sources, token) = if is_list {
+            let list = serde_json::from_value::<WalSourceList>(value).map_err(|e| e.to_string())?;
+            (list.sources, list.token)
         } else {
-            vec![serde_json::from_value::<WalSource>(value).map_err(|e| e.to_string())?]
+            (vec![serde_json::from_value::<WalSource>(value).map_err(|e| e.to_string())?], None)
         };
-        WalSources::new(sources)
+        Ok(WalSources::new(sources)?.with_token(token))
     }
 
-    /// The list shape, which `from_json` reads back.
+    /// The list shape, which `from_json` reads back (with the token: the file that holds it
+    /// is private to the pageserver's user).
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec_pretty(self).expect("a list of strings and numbers encodes")
     }
@@ -170,6 +202,13 @@ mod tests {
         let list = WalSources::new(vec![src("a", 1), src("::1", 2)]).unwrap();
         assert_eq!(list.to_string(), "a:1, [::1]:2");
         assert_eq!(WalSources::from_json(&list.to_json()).unwrap(), list);
+        let with_token = list.clone().with_token(Some("t0k3n".into()));
+        assert_eq!(WalSources::from_json(&with_token.to_json()).unwrap(), with_token);
+        assert_eq!(with_token.token(), Some("t0k3n"));
+        assert!(!format!("{with_token:?}").contains("t0k3n"), "Debug shows no token");
+        assert_eq!(list.first_not_among(&with_token), None);
+        let other = WalSources::new(vec![src("a", 1), src("c", 3)]).unwrap();
+        assert_eq!(list.first_not_among(&other), Some(&src("c", 3)));
         // What `wal_receiver.json` held before lists existed.
         let old = serde_json::to_vec_pretty(&src("127.0.0.1", 5432)).unwrap();
         assert_eq!(WalSources::from_json(&old).unwrap(), WalSources::from(src("127.0.0.1", 5432)));

@@ -1,6 +1,7 @@
 //! The management API's token checks (with `auth_public_key_path` set): route layers that
 //! let a request through, or answer it 401 or 403 (see `http.rs` for which routes take
-//! which token).
+//! which token). A request let through carries its token's claims as a request extension
+//! ([`Caller`]) for the handlers whose answer depends on who asks.
 
 use std::sync::Arc;
 
@@ -14,11 +15,33 @@ use proto::{TenantId, TimelineId};
 
 use super::super::Pageserver;
 
-pub(super) async fn management(State(ps): State<Arc<Pageserver>>, req: Request, next: Next) -> Response {
-    match refusal(&ps, &req, auth::Access::Management) {
-        None => next.run(req).await,
-        Some(refusal) => refusal,
+/// Who a request let through comes from: the token's claims (`None` with authentication
+/// off: then anyone may do anything, as an admin may) and a fingerprint of the token itself,
+/// which tells two holders of tokens with the same claims apart (an LSN lease's owner).
+#[derive(Clone, Debug)]
+pub(super) struct Caller {
+    pub claims: Option<auth::Claims>,
+    pub token_fingerprint: Option<u64>,
+}
+
+impl Caller {
+    /// An admin token, or authentication off.
+    pub fn is_admin(&self) -> bool {
+        self.claims.as_ref().is_none_or(|c| c.scope == auth::Scope::Admin)
     }
+}
+
+/// A keyed hash of a token: the same token gives the same value for the life of the
+/// process, and no client can predict it (the key is random per process), so none can make
+/// another token collide with it.
+fn fingerprint(token: &str) -> u64 {
+    use std::hash::BuildHasher;
+    static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> = std::sync::OnceLock::new();
+    KEY.get_or_init(std::collections::hash_map::RandomState::new).hash_one(token)
+}
+
+pub(super) async fn management(State(ps): State<Arc<Pageserver>>, req: Request, next: Next) -> Response {
+    check(&ps, req, next, auth::Access::Management).await
 }
 
 pub(super) async fn compute(State(ps): State<Arc<Pageserver>>, params: RawPathParams, req: Request, next: Next) -> Response {
@@ -30,17 +53,24 @@ pub(super) async fn compute(State(ps): State<Arc<Pageserver>>, params: RawPathPa
         (Some(tenant), Some(timeline)) => auth::Access::Compute { tenant, timeline: Some(timeline) },
         _ => auth::Access::Management,
     };
-    match refusal(&ps, &req, access) {
-        None => next.run(req).await,
-        Some(refusal) => refusal,
+    check(&ps, req, next, access).await
+}
+
+async fn check(ps: &Pageserver, mut req: Request, next: Next, access: auth::Access) -> Response {
+    match authorize(ps, &req, access) {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(refusal) => *refusal,
     }
 }
 
-/// The answer to a request whose `Authorization: Bearer` token does not grant `access`
-/// (`None`: it does, or authentication is off): logged, counted, and 401 (no valid token)
-/// or 403 (a valid token that does not grant it).
-fn refusal(ps: &Pageserver, req: &Request, access: auth::Access) -> Option<Response> {
-    let verifier = ps.auth.as_ref()?;
+/// Who sent a request whose `Authorization: Bearer` token grants `access` (anyone when
+/// authentication is off), or the answer to one whose token does not: logged, counted, and
+/// 401 (no valid token) or 403 (a valid token that does not grant it).
+fn authorize(ps: &Pageserver, req: &Request, access: auth::Access) -> Result<Caller, Box<Response>> {
+    let Some(verifier) = ps.auth.as_ref() else { return Ok(Caller { claims: None, token_fingerprint: None }) };
     let token = match req.headers().get(header::AUTHORIZATION) {
         None => Ok(None),
         Some(value) => value
@@ -49,7 +79,10 @@ fn refusal(ps: &Pageserver, req: &Request, access: auth::Access) -> Option<Respo
             .and_then(auth::bearer)
             .map(Some),
     };
-    let e = token.and_then(|token| verifier.authorize(token, access)).err()?;
+    let e = match token.and_then(|token| verifier.authorize(token, access).map(|claims| (claims, token))) {
+        Ok((claims, token)) => return Ok(Caller { claims: Some(claims), token_fingerprint: token.map(fingerprint) }),
+        Err(e) => e,
+    };
     ps.metrics.auth_refused("http", e.reason());
     tracing::warn!(method = %req.method(), path = req.uri().path(), reason = e.reason(), "management API refused a request: {e}");
     let forbidden = !e.is_unauthenticated();
@@ -58,5 +91,5 @@ fn refusal(ps: &Pageserver, req: &Request, access: auth::Access) -> Option<Respo
     if !forbidden {
         resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
     }
-    Some(resp)
+    Err(Box::new(resp))
 }
