@@ -157,10 +157,11 @@ fn canonical(path: &Path, flag: &str) -> anyhow::Result<PathBuf> {
 pub fn start(repo: &Repo) -> anyhow::Result<()> {
     crate::refuse_root("start the pageserver")?;
     let _lock = repo.lock()?;
-    start_pageserver(repo)?;
+    // The safekeepers first: the pageserver's WAL receivers connect to them as it starts.
     for id in repo.config.safekeeper_ids() {
         start_safekeeper(repo, id)?;
     }
+    start_pageserver(repo)?;
     resume_wal_receivers(repo)
 }
 

@@ -55,7 +55,7 @@ struct Cli {
 enum Command {
     /// Create a repo: config.toml (ports, binaries) and an empty pageserver directory.
     Init(cluster::InitArgs),
-    /// Start the pageserver and the safekeepers in the background.
+    /// Start the safekeepers and the pageserver in the background.
     Start,
     /// Stop every running endpoint, then the pageserver and the safekeepers.
     Stop {

@@ -223,6 +223,9 @@ pub enum WalReceiverState {
     Streaming,
     /// A session failed; the next goes to the next source.
     Reconnecting,
+    /// No source has committed WAL past the timeline's last record yet (a branch whose
+    /// first compute has not started): nothing to stream; it asks again.
+    Waiting,
     /// Another source has more WAL; the next session goes there.
     Switching,
     /// Stopped by a decoding, ingest or local WAL error; `last_error` says which.
@@ -237,6 +240,7 @@ impl WalReceiverState {
             WalReceiverState::Starting => "starting",
             WalReceiverState::Streaming => "streaming",
             WalReceiverState::Reconnecting => "reconnecting",
+            WalReceiverState::Waiting => "waiting",
             WalReceiverState::Switching => "switching",
             WalReceiverState::Failed => "failed",
             WalReceiverState::Stopped => "stopped",
@@ -915,6 +919,7 @@ mod tests {
             Just(WalReceiverState::Starting),
             Just(WalReceiverState::Streaming),
             Just(WalReceiverState::Reconnecting),
+            Just(WalReceiverState::Waiting),
             Just(WalReceiverState::Switching),
             Just(WalReceiverState::Failed),
             Just(WalReceiverState::Stopped),
@@ -927,6 +932,7 @@ mod tests {
             WalReceiverState::Starting,
             WalReceiverState::Streaming,
             WalReceiverState::Reconnecting,
+            WalReceiverState::Waiting,
             WalReceiverState::Switching,
             WalReceiverState::Failed,
             WalReceiverState::Stopped,

@@ -102,7 +102,9 @@ def test_init_start_tenant_branch_status_stop(repo_factory):
     status = repo.run("status").stdout
     assert "pageserver  running" in status
     assert f"tenant {tenant} (default)" in status and f"tenant {'ab' * 16}" in status
-    assert re.search(rf"^  main\s+{main}  LSN {re.escape(lsn)}$", status, re.M), status
+    # The pageserver follows every branch's safekeepers from its creation; before a compute
+    # wrote to it there is nothing to stream.
+    assert re.search(rf"^  main\s+{main}  LSN {re.escape(lsn)}  wal receiver (starting|waiting)$", status, re.M), status
     assert "└ dev" in status
 
     assert "does not exist" in repo.fail("endpoint", "connstr", "nope")

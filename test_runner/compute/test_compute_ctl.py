@@ -102,6 +102,8 @@ def test_compute_ctl_at_lsn_is_read_only_and_not_followed(fake_pageserver, tmp_p
             with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
                 conn.execute("CREATE TABLE t (x int)")
         assert fake_pageserver.wal_receiver_requests == []
+        # It leases its LSN from the pageserver's GC before its basebackup, and keeps it.
+        assert fake_pageserver.lease_requests and all(r["lsn"] == LSN for r in fake_pageserver.lease_requests)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)

@@ -247,6 +247,10 @@ enum Ended {
     Stopped,
     /// The connection failed, or what the source sent does not decode; try the next source.
     Connection(anyhow::Error),
+    /// The source (a safekeeper) has no committed WAL past where the timeline is: not a
+    /// failure (a branch before its first compute), so it is not logged above debug; the
+    /// next source is asked, with the same backoff as after failures.
+    NoWalYet(String),
     /// Another source has WAL the current one did not send: stream from it (`Failover`
     /// already made it the current source).
     Switch(Switch),
@@ -322,6 +326,22 @@ fn run(
                     s.connected = false;
                     s.lag_switches += 1;
                 });
+            }
+            Ended::NoWalYet(message) => {
+                let Retry { backoff, .. } = failover.session_failed(Instant::now(), &message);
+                tracing::debug!("no WAL to stream yet: {message}");
+                set_status(&status, |s| {
+                    s.state = WalReceiverState::Waiting;
+                    s.connected = false;
+                    s.last_error = None;
+                });
+                set_source_status(&status, current, |s| s.last_error = None);
+                if let Some(b) = backoff {
+                    let until = Instant::now() + b;
+                    while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
             }
             Ended::Connection(e) => {
                 let message = format!("{e:#}");
@@ -482,6 +502,9 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         Err(e) => return Ended::Connection(e),
     };
     set_source_status(status, ctx.current, |s| s.end_lsn = Some(ident.xlogpos));
+    if conn.safekeeper().is_some() && ident.xlogpos < start {
+        return Ended::NoWalYet(format!("{source} has committed WAL up to {}, before {start}", ident.xlogpos));
+    }
     let tli = ident.tli;
     let mut out = BytesMut::new();
     if let Err(e) = frontend::query(&format!("START_REPLICATION PHYSICAL {start} TIMELINE {tli}"), &mut out)

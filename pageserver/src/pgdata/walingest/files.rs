@@ -93,7 +93,13 @@ impl WalIngest {
             }
         };
         let end_lsn = self.timeline.last_record_lsn().max(start);
-        tracing::info!("ingested {records} WAL records from {start} to {end_lsn}; stopped: {stopped_by}");
+        // Every streaming session starts with this replay; one that found nothing (a
+        // receiver waiting for a new branch's first WAL asks every few seconds) is no news.
+        if records > 0 {
+            tracing::info!("ingested {records} WAL records from {start} to {end_lsn}; stopped: {stopped_by}");
+        } else {
+            tracing::debug!("ingested no WAL records from {start}; stopped: {stopped_by}");
+        }
         Ok(WalFilesIngested { start_lsn: start, end_lsn, records, stopped_by })
     }
 }
