@@ -19,11 +19,16 @@ fn object(i: usize, round: usize) -> Bytes {
 fn every_acknowledged_put_survives_a_power_loss() {
     let dir = tempfile::tempdir().unwrap();
     let fs = VolatileMount::mount(dir.path()).unwrap();
-    // The store's own directory is created by the first open, as `fjord init` leaves it.
+    // Directories that an earlier process created without syncing them (the store's own
+    // directory among them): a put into them must make their entries durable too.
+    std::fs::create_dir_all(fs.path().join("remote/tenants/old/timelines")).unwrap();
     let url = format!("file://{}/remote", fs.path().display());
     let storage = RemoteStorage::from_url(&url).unwrap();
 
     let mut acknowledged = BTreeMap::new();
+    let key = "tenants/old/timelines/layer".to_string();
+    storage.put(&key, object(300, 0)).unwrap();
+    acknowledged.insert(key, object(300, 0));
     // New directories at every depth, as a tenant's first uploads make them.
     for i in 0..12 {
         let key = format!("tenants/t{}/timelines/tl{}/layer-{i:02}", i % 3, i % 2);
