@@ -53,7 +53,11 @@ fn write(t: &Timeline, rounds: u64) -> u64 {
 
 /// Every key at every 3rd LSN up to `last`.
 fn snapshot(t: &Timeline, last: u64) -> Vec<Option<Bytes>> {
-    (20..=last).step_by(3).flat_map(|lsn| (0..20).map(move |blk| (blk, lsn))).map(|(blk, lsn)| t.get(key(blk), Lsn(lsn), &ModelReconstructor).unwrap()).collect()
+    (20..=last)
+        .step_by(3)
+        .flat_map(|lsn| (0..20).map(move |blk| (blk, lsn)))
+        .map(|(blk, lsn)| t.get(key(blk), Lsn(lsn), &ModelReconstructor).unwrap())
+        .collect()
 }
 
 fn timeline_prefix() -> String {
@@ -114,7 +118,9 @@ fn what_the_remote_consistent_lsn_promised_survives_a_power_loss() {
 
     let remote = RemoteStorage::from_url(&url).unwrap();
     let tenant = Tenant::load_with_remote(&local, TENANT, conf(), &[], Some(&remote), None).unwrap();
-    let main = tenant.get_timeline(MAIN).unwrap_or_else(|| panic!("timeline {MAIN} lost in the power loss: its remote-consistent LSN was {promised}"));
+    let main = tenant
+        .get_timeline(MAIN)
+        .unwrap_or_else(|| panic!("timeline {MAIN} lost in the power loss: its remote-consistent LSN was {promised}"));
     assert!(main.disk_consistent_lsn() >= promised, "the store holds up to {}, {promised} was promised", main.disk_consistent_lsn());
     assert_eq!(snapshot(&main, last), want);
     assert_index_holds(&remote);

@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use futures::TryStreamExt;
+use local::LocalDirs;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::prefix::PrefixStore;
-use local::LocalDirs;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig};
 
 /// How long one operation may take before it counts as failed. Layer files are at most a

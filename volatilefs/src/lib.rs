@@ -32,9 +32,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    AccessFlags, BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyOpen, ReplyStatfs, ReplyWrite, Request, WriteFlags,
+    AccessFlags, BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
+    MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, WriteFlags,
 };
 
 /// The kernel keeps no entry or attribute: after a power loss it must ask again.
@@ -489,7 +489,10 @@ impl VolatileMount {
         config.mount_options = vec![MountOption::FSName("volatilefs".into()), MountOption::Subtype("volatilefs".into())];
         let fs = VolatileFs { state: Arc::clone(&state) };
         let session = fuser::spawn_mount(fs, mountpoint, &config).map_err(|e| {
-            io::Error::new(e.kind(), format!("mount volatilefs on {} (needs /dev/fuse, and root or fusermount3): {e}", mountpoint.display()))
+            io::Error::new(
+                e.kind(),
+                format!("mount volatilefs on {} (needs /dev/fuse, and root or fusermount3): {e}", mountpoint.display()),
+            )
         })?;
         Ok(VolatileMount { state, session: Some(session), mountpoint: mountpoint.to_path_buf() })
     }
