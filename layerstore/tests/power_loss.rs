@@ -5,10 +5,10 @@
 //! The remote-consistent LSN is what the safekeepers remove WAL below, and what makes local
 //! layer copies evictable: every version at or below it must be readable from remote
 //! storage alone afterwards. The first test puts the store on `volatilefs` (a FUSE
-//! filesystem that keeps only what was fsynced; needs `/dev/fuse` and root or
-//! `fusermount3`), loses power, and rebuilds the tenant from the store. The second leaves
-//! the store as a power loss under a store that did not sync left it (the index there,
-//! layer objects missing or empty) and attaches with the local copies still on disk.
+//! filesystem that keeps only what was fsynced; needs `/dev/fuse` and root), loses power,
+//! and rebuilds the tenant from the store. The second leaves the store as a power loss
+//! under a store that did not sync left it (the index there, layer objects missing or
+//! empty) and attaches with the local copies still on disk.
 
 use std::path::Path;
 use std::time::Duration;

@@ -2,8 +2,8 @@
 //! on `volatilefs`, a FUSE filesystem that keeps only what was fsynced (see its crate docs),
 //! and after the simulated power loss every acknowledged object is there, whole.
 //!
-//! Needs `/dev/fuse` and root (or `fusermount3`); `./scripts/setup` installs Debian's
-//! `fuse3` and `./scripts/test` runs the Rust tests as root.
+//! Needs `/dev/fuse` and root, as `./scripts/test` runs the Rust tests (see
+//! `volatilefs/README.md`).
 
 use std::collections::BTreeMap;
 

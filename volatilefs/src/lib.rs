@@ -20,9 +20,10 @@
 //! The kernel caches nothing of it: entries and attributes have a zero TTL and files are
 //! opened with `FOPEN_DIRECT_IO`, so after a power loss every read comes here.
 //!
-//! Mounting needs `/dev/fuse` and either root (a direct `mount(2)`) or the setuid helper
-//! `fusermount3` (Debian's `fuse3` package); the filesystem is served by a thread of the
-//! test process and unmounted when the [`VolatileMount`] is dropped.
+//! Mounting needs `/dev/fuse` and root (a direct `mount(2)`; `fuser` falls back to the
+//! setuid helper `fusermount3` only where `/dev/fuse` is open to everyone); the filesystem
+//! is served by a thread of the test process and unmounted when the [`VolatileMount`] is
+//! dropped.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::{OsStr, OsString};
