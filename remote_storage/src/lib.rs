@@ -15,6 +15,9 @@
 //!   backends put atomically).
 //! - `put_if_absent` never replaces an existing object: the local backend creates the file
 //!   exclusively, the S3 backend sends `If-None-Match: *` (MinIO and AWS S3 honour it).
+//! - A put that returned is durable: it survives an OS crash or power loss. S3 acknowledges
+//!   only what it stored; the local backend fsyncs the object's bytes before it is renamed
+//!   into place, then its directory, and every directory above it once (`local.rs`).
 //! - Credentials are never logged or shown: `Display` names the bucket, prefix and
 //!   endpoint only.
 
@@ -26,8 +29,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use futures::TryStreamExt;
+use local::LocalDirs;
 use object_store::aws::AmazonS3Builder;
-use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::prefix::PrefixStore;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig};
@@ -72,6 +75,8 @@ pub struct RemoteStorage {
 
 struct Inner {
     store: Arc<dyn ObjectStore>,
+    /// The local-directory backend's durable directories (`local.rs`); `None` for S3.
+    local: Option<LocalDirs>,
     description: String,
     runtime: tokio::runtime::Runtime,
 }
@@ -96,6 +101,7 @@ impl RemoteStorage {
     ///   the rest of the standard `AWS_*` environment variables).
     pub fn from_url(url: &str) -> anyhow::Result<RemoteStorage> {
         let parsed = url::Url::parse(url).with_context(|| format!("invalid remote storage URL {url:?}"))?;
+        let mut local = None;
         let (store, description): (Arc<dyn ObjectStore>, String) = match parsed.scheme() {
             "file" => {
                 if parsed.query().is_some() || parsed.host_str().is_some_and(|h| !h.is_empty()) {
@@ -103,10 +109,9 @@ impl RemoteStorage {
                 }
                 let dir =
                     parsed.to_file_path().map_err(|()| anyhow::anyhow!("invalid remote storage URL {url:?}: not an absolute path"))?;
-                std::fs::create_dir_all(&dir).with_context(|| format!("create remote storage directory {}", dir.display()))?;
-                let fs =
-                    LocalFileSystem::new_with_prefix(&dir).with_context(|| format!("open remote storage directory {}", dir.display()))?;
-                (Arc::new(fs), format!("directory {}", dir.display()))
+                let (dirs, fs) = LocalDirs::open(&dir).with_context(|| format!("open remote storage directory {}", dir.display()))?;
+                local = Some(dirs);
+                (fs, format!("directory {}", dir.display()))
             }
             "s3" => {
                 let bucket = parsed
@@ -150,7 +155,7 @@ impl RemoteStorage {
             .enable_all()
             .build()
             .context("start the remote storage runtime")?;
-        Ok(RemoteStorage { inner: Arc::new(Inner { store, description, runtime }) })
+        Ok(RemoteStorage { inner: Arc::new(Inner { store, local, description, runtime }) })
     }
 
     /// Runs one operation to completion with the timeout. Safe to call from a thread that
@@ -180,17 +185,31 @@ impl RemoteStorage {
     }
 
     /// Writes `bytes` as the object `key`, replacing any object there.
+    /// Durable when it returns: the local backend fsyncs the object and its directories
+    /// (`local.rs`), S3 acknowledges only what it stored.
     pub fn put(&self, key: &str, bytes: Bytes) -> Result<(), RemoteError> {
         let path = ObjectPath::from(key);
-        self.run("upload", key, async { self.inner.store.put(&path, PutPayload::from(bytes)).await.map(|_| ()) })
+        self.run("upload", key, async {
+            self.prepare(&path)?;
+            self.inner.store.put(&path, PutPayload::from(bytes)).await.map(|_| ())
+        })
+    }
+
+    /// Before a put to the local backend: the directories above the object exist durably.
+    fn prepare(&self, path: &ObjectPath) -> object_store::Result<()> {
+        self.inner.local.as_ref().map_or(Ok(()), |local| local.prepare(path))
     }
 
     /// Writes `bytes` as the object `key` unless an object is there already; returns whether
-    /// it did.
+    /// it did. Durable when it returns, as `put`.
     pub fn put_if_absent(&self, key: &str, bytes: Bytes) -> Result<bool, RemoteError> {
         let path = ObjectPath::from(key);
         let opts = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
-        match self.run("upload", key, async { self.inner.store.put_opts(&path, PutPayload::from(bytes), opts).await.map(|_| ()) }) {
+        let put = async {
+            self.prepare(&path)?;
+            self.inner.store.put_opts(&path, PutPayload::from(bytes), opts).await.map(|_| ())
+        };
+        match self.run("upload", key, put) {
             Ok(()) => Ok(true),
             Err(RemoteError::AlreadyExists { .. }) => Ok(false),
             // S3 answers a failed precondition with 412, which object_store reports as such.
@@ -296,6 +315,8 @@ pub fn retry<T>(
         }
     }
 }
+
+mod local;
 
 #[cfg(test)]
 mod tests;

@@ -29,6 +29,7 @@
 //! The remote-consistent LSN is the disk-consistent LSN of the last index uploaded: every
 //! version at or below it is in remote storage.
 
+mod check;
 pub mod index;
 
 use std::collections::VecDeque;

@@ -406,9 +406,12 @@ impl Timeline {
 
     /// Connects the timeline to its upload queue, reconciling local disk with what remote
     /// storage holds (`existing`, the newest index of an earlier attachment): local layers
-    /// the index names may be evicted from now on; layers only the index names become
-    /// evicted layers, downloaded when a read needs them; local layers it does not name are
-    /// uploaded; and an index for this attachment is scheduled.
+    /// the index names may be evicted from now on, if remote storage has their objects at
+    /// the size the index says (one listing; a local copy whose object is missing or of
+    /// another size is uploaded again instead, and counts as remote only once that is
+    /// done); layers only the index names become evicted layers, downloaded when a read
+    /// needs them; local layers it does not name are uploaded; and an index for this
+    /// attachment is scheduled.
     pub fn attach_remote(&self, client: Arc<RemoteTimelineClient>, existing: Option<&IndexPart>) -> anyhow::Result<()> {
         let _entered = self.span.enter();
         let disk_consistent_lsn = self.disk_consistent_lsn();
@@ -416,10 +419,19 @@ impl Timeline {
         let mut to_upload = Vec::new();
         let mut evicted = Vec::new();
         let remote_layers = existing.map(|i| i.layers.clone()).unwrap_or_default();
+        let missing = match existing {
+            Some(index) => client.layers_missing_from_remote(index).context("check remote storage against its index")?,
+            None => Default::default(),
+        };
         for file in &map.files {
-            match remote_layers.get(&file.desc().file_name()) {
-                Some(entry) => file.set_remote(client.remote_copy(*entry)),
-                None => to_upload.push(Arc::clone(file)),
+            let name = file.desc().file_name();
+            match (remote_layers.get(&name), missing.get(&name)) {
+                (Some(entry), None) => file.set_remote(client.remote_copy(*entry)),
+                (Some(_), Some(reason)) => {
+                    tracing::warn!("{reason}: uploading the local copy of layer {name} again");
+                    to_upload.push(Arc::clone(file));
+                }
+                (None, _) => to_upload.push(Arc::clone(file)),
             }
         }
         for (name, entry) in &remote_layers {
@@ -429,6 +441,9 @@ impl Timeline {
             }
             if desc.lsn_range.end.0 > disk_consistent_lsn.0 + 1 {
                 bail!("remote index names layer {name} above the local disk-consistent LSN {disk_consistent_lsn}");
+            }
+            if let Some(reason) = missing.get(name) {
+                tracing::error!("{reason}, and there is no local copy of layer {name}: reads that need it will fail");
             }
             evicted.push(Arc::new(LayerFile::evicted(self.path.join(name), desc, entry.size_bytes, client.remote_copy(*entry))));
         }
