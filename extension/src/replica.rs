@@ -18,6 +18,15 @@
 //! the filter ran sees the bookkeeping. Pages are thus never older than the replay
 //! position, nor newer: the request LSN is the replay position, not the pageserver's
 //! latest.
+//!
+//! Some redo changes a page that is not a block of its record, which the filter never sees:
+//! heap redo clears visibility-map bits (`visibilitymap_pin()` reads the map page into a
+//! buffer through the storage manager, `visibilitymap_clear()` changes it there and leaves
+//! its LSN). Such a change is always made in a buffer, and what keeps it is the storage
+//! manager's write: a page whose LSN may predate its content (map pages, new pages, heap
+//! pages with `PD_ALL_VISIBLE`) leaves the pool with the end of the record being replayed as
+//! its last-written LSN (`smgr::current_lsn`), never the insert position, which stands at 0
+//! on a standby. See the extension README's "Read replicas".
 
 use pgrx::pg_guard;
 use pgrx::pg_sys;

@@ -20,10 +20,12 @@
 //!   [`needs_image`]): pages never WAL-logged (LSN 0 or GiST's build LSN 1: unlogged index
 //!   builds of GIN, GiST and SP-GiST), heap pages holding tuples of running
 //!   transactions (the cmin/cmax fix, below), and sequence pages (`nextval()` WAL-logs
-//!   only every 32nd value; rebuilt from WAL a sequence would jump ahead). Visibility-map pages use the current insert
-//!   position: heap records clear their bits without touching the map page's LSN; so do
-//!   heap pages with `PD_ALL_VISIBLE`, which `visibilitymap_set()` sets without stamping
-//!   the heap page's LSN unless hint bits are WAL-logged. No image is written during the
+//!   only every 32nd value; rebuilt from WAL a sequence would jump ahead). Visibility-map
+//!   pages use the current position (`current_lsn`: the insert position, on a hot standby
+//!   the end of the record being replayed): heap records and their redo clear map bits
+//!   without touching the map page's LSN; so do new pages and heap pages with
+//!   `PD_ALL_VISIBLE`, which `visibilitymap_set()` sets without stamping the heap page's
+//!   LSN unless hint bits are WAL-logged. No image is written during the
 //!   shutdown checkpoint, which PostgreSQL requires to be WAL-silent (compute_ctl runs a
 //!   `CHECKPOINT` just before a fast shutdown so that sequences lose nothing).
 //! - **extend, truncate, nblocks, exists, create, unlink** go through the shared
@@ -206,6 +208,24 @@ fn describe(r: &RelFork) -> String {
 fn insert_lsn() -> u64 {
     // SAFETY: plain reads of WAL positions under their own locks.
     unsafe { pg_sys::GetXLogInsertRecPtr() }
+}
+
+/// The newest WAL position the pages of this compute can reflect, for a write whose page
+/// LSN may be older than the changes it holds: on a primary the insert position; on a hot
+/// standby the end of the record being replayed, or of the last one replayed when none is.
+/// A standby inserts no WAL (its insert position stands at 0), and replay changes a page
+/// in a buffer only while it replays a record, so no buffer holds a change past this LSN.
+/// Visibility-map bits cleared by heap redo (`visibilitymap_clear()`, on a map page that
+/// is not a block of the record and keeps its LSN) are such changes.
+fn current_lsn() -> u64 {
+    // SAFETY: plain reads of WAL positions under their own spinlocks.
+    unsafe {
+        if pg_sys::RecoveryInProgress() {
+            pg_sys::GetCurrentReplayRecPtr(std::ptr::null_mut())
+        } else {
+            pg_sys::GetXLogInsertRecPtr()
+        }
+    }
 }
 
 /// The LSNs of a read whose object was last changed at `last_written` (0: not since the
@@ -448,7 +468,7 @@ unsafe fn written_lsn(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::T
     if forknum == VM_FORKNUM || page_is_new(page) || lsn <= MAX_FAKE_LSN || heap_page_all_visible(forknum, page) {
         // Map bits cleared by heap records, or a zero page the WAL has not described yet:
         // everything up to now is the safe answer.
-        lsn.max(insert_lsn())
+        lsn.max(current_lsn())
     } else {
         lsn
     }
@@ -540,7 +560,7 @@ unsafe extern "C-unwind" fn fjord_unlink(rnode: pg_sys::RelFileNodeBackend, fork
             None => file_cache::invalidate_fork(&r),
         }
         cache::forget_size(&r);
-        cache::set_relation_changed(&r, insert_lsn());
+        cache::set_relation_changed(&r, current_lsn());
     }
 }
 
@@ -559,7 +579,7 @@ unsafe extern "C-unwind" fn fjord_extend(
         }
         let r = reln_fork(reln, forknum);
         let lsn = written_lsn(reln, forknum, blocknum, page_slice(buffer));
-        file_cache::store(&BlockTag { rel: r, blkno: blocknum }, page_slice(buffer), insert_lsn());
+        file_cache::store(&BlockTag { rel: r, blkno: blocknum }, page_slice(buffer), current_lsn());
         cache::set_last_written(&r, blocknum, lsn);
         cache::set_relation_changed(&r, lsn);
         cache::update_size(&r, SizeUpdate::AtLeast(blocknum + 1));
@@ -707,7 +727,7 @@ unsafe extern "C-unwind" fn fjord_read(
         if let Some(page) = client::take_prefetched(rel, blkno, |lsns| prefetch_still_valid(&r, blocknum, lsns)) {
             out.copy_from_slice(&page);
             restore_build_lsn(&r, out);
-            file_cache::store(&tag, out, insert_lsn());
+            file_cache::store(&tag, out, current_lsn());
             return;
         }
         let lsns = read_lsns(cache::last_written(&r, blocknum));
@@ -721,7 +741,7 @@ unsafe extern "C-unwind" fn fjord_read(
             Ok(Response::Page { page, .. }) if page.len() == BLCKSZ => {
                 out.copy_from_slice(&page);
                 restore_build_lsn(&r, out);
-                file_cache::store(&tag, out, insert_lsn());
+                file_cache::store(&tag, out, current_lsn());
             }
             Ok(other) => unexpected(&what(), other),
             Err(e) if e.code == ErrorCode::NoSuchBlock && cache::cached_size(&r).is_some_and(|n| blocknum < n) => {
@@ -748,7 +768,7 @@ unsafe extern "C-unwind" fn fjord_write(
         }
         let r = reln_fork(reln, forknum);
         let lsn = written_lsn(reln, forknum, blocknum, page_slice(buffer));
-        file_cache::store(&BlockTag { rel: r, blkno: blocknum }, page_slice(buffer), insert_lsn());
+        file_cache::store(&BlockTag { rel: r, blkno: blocknum }, page_slice(buffer), current_lsn());
         cache::set_last_written(&r, blocknum, lsn);
         // md.c lets a write land past the end (CREATE DATABASE copies that way).
         cache::update_size(&r, SizeUpdate::AtLeastIfCached(blocknum + 1));
@@ -797,7 +817,7 @@ unsafe extern "C-unwind" fn fjord_truncate(
         let end = old_blocks.max(cache::cached_size(&r).unwrap_or(0));
         file_cache::invalidate_blocks(&r, nblocks, end);
         cache::update_size(&r, SizeUpdate::Set(nblocks));
-        cache::set_relation_changed(&r, insert_lsn());
+        cache::set_relation_changed(&r, current_lsn());
     }
 }
 
@@ -841,7 +861,7 @@ unsafe extern "C-unwind" fn fjord_database_size(db_oid: pg_sys::Oid) -> i64 {
     if !is_remote() {
         return -1;
     }
-    let lsns = read_lsns(insert_lsn());
+    let lsns = read_lsns(current_lsn());
     let dbnode: u32 = db_oid.into();
     let what = || format!("getting the size of database {dbnode}");
     match client::request(&what, &|id| Request::DbSize { id, lsns, spcnode: 1663, dbnode }) {

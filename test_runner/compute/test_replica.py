@@ -222,6 +222,90 @@ def test_a_replica_survives_a_primary_restart_a_safekeeper_failure_and_a_pageser
         assert one(r, "SELECT count(*) FROM t") == 400
 
 
+@pytest.fixture
+def repo_without_auth(tmp_path: Path):
+    # The WAL receiver that a POST restarts in a cluster with authentication finds no
+    # token for the safekeepers; without authentication it needs none.
+    r = FjordRepo(tmp_path / "repo").init("--no-auth")
+    r.run("start")
+    r.tenant = r.run("tenant", "create").stdout.strip()
+    yield r
+    r.cleanup()
+
+
+def test_a_replica_keeps_visibility_map_clears_of_pages_it_evicted(repo_without_auth):
+    """Heap redo clears visibility-map bits on a map page that is not a block of the record
+    (`visibilitymap_pin`/`visibilitymap_clear` read it into a buffer and change it there,
+    without stamping its LSN). Once that buffer and its file cache entry are gone, the
+    replica must read the map page back at a version that includes the clear, even while
+    the pageserver's ingest is behind: an index-only scan trusts the map and would count
+    deleted rows."""
+    repo = repo_without_auth
+    # The primary keeps committing while the pageserver does not follow (no backpressure).
+    primary = repo.run("endpoint", "start", "main", "-c", "fjord.max_pageserver_lag_time=0").stdout.strip()
+    main = repo.state()["tenants"][repo.tenant]["branches"]["main"]
+    timeline = f"/v1/tenant/{repo.tenant}/timeline/{main}"
+
+    def ingested() -> int:
+        return lsn_int(repo.http_json(timeline)["last_record_lsn"])
+
+    def index_only(r: psycopg.Connection) -> None:
+        for setting in ("enable_seqscan", "enable_bitmapscan"):
+            r.execute(f"SET {setting} = off")
+        r.execute("SET max_parallel_workers_per_gather = 0")
+
+    with connect(primary) as p:
+        for extension in ("fjord", "pg_prewarm", "pg_buffercache"):
+            p.execute(f"CREATE EXTENSION {extension}")
+        p.execute("CREATE TABLE t (id int PRIMARY KEY) WITH (autovacuum_enabled = off)")
+        p.execute("INSERT INTO t SELECT generate_series(1, 20000)")
+        # Four times the replica's shared_buffers and file cache together.
+        p.execute("CREATE TABLE filler (id int, pad text) WITH (autovacuum_enabled = off)")
+        p.execute("INSERT INTO filler SELECT g, repeat('x', 400) FROM generate_series(1, 16000) g")
+        p.execute("VACUUM t")
+        # The replica starts after all of this (at the checkpoint's running-transactions
+        # record), so that none of it is replayed in its buffers: heap pages evicted there
+        # with PD_ALL_VISIBLE after ingest stops would be read back only after it resumes.
+        p.execute("CHECKPOINT")
+        loaded = str(one(p, "SELECT pg_current_wal_flush_lsn()"))
+    wait_until("ingest of the load", lambda: ingested() >= lsn_int(loaded), timeout_s=60)
+    replica = repo.run("endpoint", "start", "r1", "--replica", "-c", "shared_buffers=1MB", "-c", "fjord.file_cache_size=1").stdout.strip()
+    with connect(replica) as r:
+        wait_replayed(r, loaded)
+        index_only(r)
+        plan = one(r, "EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM t")[0]["Plan"]["Plans"][0]
+        assert plan["Node Type"] == "Index Only Scan" and plan["Heap Fetches"] == 0, plan
+
+    # Hold the pageserver's ingest back: its WAL receiver stops following the safekeepers.
+    sources = [{k: s[k] for k in ("host", "port", "user")} for s in repo.http_json(timeline)["wal_receiver"]["sources"]]
+    repo.http_delete(f"{timeline}/wal_receiver")
+    resumer = threading.Thread(target=lambda: (time.sleep(2), repo.http_post(f"{timeline}/wal_receiver", {"sources": sources})))
+    try:
+        held_at = ingested()
+        with connect(primary) as p:
+            # Every page of t was all-visible: the first delete on each clears its map bit.
+            p.execute("DELETE FROM t WHERE id % 2 = 0")
+            deleted = str(one(p, "SELECT pg_current_wal_flush_lsn()"))
+        with connect(replica) as r:
+            wait_replayed(r, deleted)
+            # The map page leaves the buffer pool (written out), then the file cache.
+            evictions = one(r, "SELECT evictions FROM fjord.file_cache_status()")
+            r.execute("SELECT pg_prewarm('filler')")
+            assert one(r, "SELECT evictions FROM fjord.file_cache_status()") - evictions > 256
+            assert one(r, "SELECT count(*) FROM pg_buffercache WHERE relfilenode = pg_relation_filenode('t') AND relforknumber = 2") == 0
+            assert ingested() == held_at < lsn_int(deleted), "the pageserver ingested WAL while its receiver was stopped"
+            # The count may wait for the pageserver to ingest the DELETE: it resumes in 2 s.
+            resumer.start()
+            index_only(r)
+            counted = one(r, "SELECT count(*) FROM t")
+            assert counted == 10000, f"the replica counted {counted} rows where 10000 are left"
+    finally:
+        if resumer.ident is not None:
+            resumer.join()
+        else:
+            repo.http_post(f"{timeline}/wal_receiver", {"sources": sources})
+
+
 def test_endpoint_and_branch_at_a_time(repo):
     primary = repo.run("endpoint", "start", "main").stdout.strip()
     marks = []
