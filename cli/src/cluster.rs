@@ -161,15 +161,18 @@ pub fn start(repo: &Repo) -> anyhow::Result<()> {
     for id in repo.config.safekeeper_ids() {
         start_safekeeper(repo, id)?;
     }
-    start_pageserver(repo)?;
-    resume_wal_receivers(repo)
+    let started = start_pageserver(repo)?;
+    resume_wal_receivers(repo, started)
 }
 
 /// Registers the safekeepers again as the WAL sources of every branch whose timeline the
-/// pageserver follows with no receiver: a pageserver rebuilt from object storage (its work
-/// directory lost) knows the timelines but not where their WAL comes from, which only the
-/// CLI knows; without this its reads would wait until each endpoint restarted.
-fn resume_wal_receivers(repo: &Repo) -> anyhow::Result<()> {
+/// pageserver follows with no receiver (or of every branch, `all`, when this command just
+/// started the pageserver): a pageserver rebuilt from object storage (its work directory
+/// lost) knows the timelines but not where their WAL comes from, which only the CLI knows;
+/// without this its reads would wait until each endpoint restarted. Registering again
+/// right after a start also hands a receiver persisted without a token (by a version that
+/// gave the pageserver a token of its own, which it no longer gets) the timeline's token.
+fn resume_wal_receivers(repo: &Repo, all: bool) -> anyhow::Result<()> {
     if repo.config.safekeepers == 0 {
         return Ok(());
     }
@@ -188,7 +191,7 @@ fn resume_wal_receivers(repo: &Repo) -> anyhow::Result<()> {
         for id in t.branches.values() {
             let Ok(timeline) = id.parse::<TimelineId>() else { continue };
             let Some(info) = timelines.iter().find(|i| i.timeline_id == timeline) else { continue };
-            if info.wal_receiver.is_some() || !info.last_record_lsn.is_valid() {
+            if (info.wal_receiver.is_some() && !all) || !info.last_record_lsn.is_valid() {
                 continue;
             }
             crate::tenant::register_wal_sources(repo, &api, tenant, timeline)?;
@@ -201,11 +204,12 @@ fn resume_wal_receivers(repo: &Repo) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
+/// Starts the pageserver unless it runs; whether this call started it.
+fn start_pageserver(repo: &Repo) -> anyhow::Result<bool> {
     let daemon = repo.pageserver();
     if let Some(pid) = daemon.running_pid()? {
         say!("pageserver already running (pid {pid})");
-        return Ok(());
+        return Ok(false);
     }
     let api = repo.api();
     if crate::repo::is_up(&api) {
@@ -255,7 +259,7 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<()> {
         conf.pageserver_http_url(),
         daemon.log_file.display()
     );
-    Ok(())
+    Ok(true)
 }
 
 /// With authentication on: `--auth-public-key` and a token with `claims` in
