@@ -369,3 +369,19 @@ def test_a_repo_without_authentication_says_so(repo_factory):
     assert "authentication OFF" in out, out
     assert not (repo.path / "auth_private_key.pem").exists()
     assert "runs without authentication" in repo.fail("auth", "token", "--admin")
+
+
+def test_the_pageserver_does_not_inherit_a_token_from_the_callers_environment(repo_factory):
+    """Review finding: `fjord start` gives the pageserver no token of its own, but the
+    pageserver inherits the caller's environment, and its WAL receiver presents the
+    process's `FJORD_AUTH_TOKEN` to any source registered without a token (without
+    safekeepers: the compute's own walsender, which the compute's superuser controls). An
+    operator who exported a token from `fjord auth token` (to use curl, psql or compute_ctl)
+    and then ran `fjord start` hands that token to every such source."""
+    repo = repo_factory().init("--safekeepers", "0")
+    repo.env = {"FJORD_AUTH_TOKEN": repo.admin_token()}
+    repo.run("start")
+    pid = int((repo.path / "pageserver.pid").read_text())
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    inherited = [e.split(b"=", 1)[0].decode() for e in environ if e.startswith(b"FJORD_AUTH_TOKEN=")]
+    assert not inherited, "the pageserver started by `fjord start` holds the caller's FJORD_AUTH_TOKEN"

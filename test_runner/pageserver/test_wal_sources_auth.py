@@ -170,3 +170,26 @@ def test_registered_sources_get_the_narrowed_token_and_a_compute_restarts_only_t
         time.sleep(0.05)
     assert set(stranger.passwords) == {narrowed}
     ps.http("DELETE", path)
+
+
+def test_a_source_registered_without_a_token_is_not_given_the_process_token(cluster):
+    """Review finding: the receiver still falls back to the process's `FJORD_AUTH_TOKEN`
+    for a source registered without a token. Without safekeepers, `fjord endpoint start`
+    registers exactly such a source: the compute's own walsender, a server the compute's SQL
+    superuser controls (it can write pg_hba.conf with COPY, reload, and terminate the
+    walsender so the receiver reconnects and answers a cleartext password request). A
+    pageserver that has a token in its environment (started by hand as the walreceiver's
+    documentation says, or by `fjord start` from a shell that exported one, which the
+    pageserver inherits) then hands that token, which reads every tenant's WAL, to the
+    compute. Expected: a token-less source gets no token at all, or one narrowed to the
+    timeline."""
+    ps, keys, tenant, timeline, (walsender, _) = cluster
+    path = f"/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver"
+    # What `fjord endpoint start` sends with `--safekeepers 0` (an admin call, no token).
+    ps.http("POST", path, source(walsender))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not walsender.passwords:
+        time.sleep(0.05)
+    given = [jwt.decode(p, options={"verify_signature": False}) for p in walsender.passwords]
+    wide = [c for c in given if not (c.get("tenant_id") == tenant and c.get("timeline_id") == timeline)]
+    assert not wide, f"a source registered without a token (a compute's walsender) was given the pageserver's own token: {wide}"
