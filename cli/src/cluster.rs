@@ -238,6 +238,8 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<bool> {
     }
     // It checks tokens with the public key. It has no token of its own: each timeline's
     // WAL sources come with a storage token for that timeline (`register_wal_sources`).
+    // Nor one inherited from the caller's environment (an operator's admin token for curl).
+    cmd.env_remove(auth::TOKEN_ENV);
     if repo.token(&auth::Claims::admin()).is_some() {
         cmd.arg("--auth-public-key").arg(repo.public_key_path());
     }

@@ -372,12 +372,10 @@ def test_a_repo_without_authentication_says_so(repo_factory):
 
 
 def test_the_pageserver_does_not_inherit_a_token_from_the_callers_environment(repo_factory):
-    """Review finding: `fjord start` gives the pageserver no token of its own, but the
-    pageserver inherits the caller's environment, and its WAL receiver presents the
-    process's `FJORD_AUTH_TOKEN` to any source registered without a token (without
-    safekeepers: the compute's own walsender, which the compute's superuser controls). An
-    operator who exported a token from `fjord auth token` (to use curl, psql or compute_ctl)
-    and then ran `fjord start` hands that token to every such source."""
+    """`fjord start` gives the pageserver no token of its own and removes one the caller
+    exported (an operator's admin token for curl or psql): a token in the pageserver's
+    environment is one a source registered without a token could be handed (without
+    safekeepers: the compute's own walsender, which the compute's superuser controls)."""
     repo = repo_factory().init("--safekeepers", "0")
     repo.env = {"FJORD_AUTH_TOKEN": repo.admin_token()}
     repo.run("start")

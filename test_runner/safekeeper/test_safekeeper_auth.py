@@ -231,32 +231,37 @@ def test_a_proposer_needs_a_token_for_its_timeline(sk, keys, other_keys, ids):
 
 
 def test_the_pageserver_reads_wal_with_its_token(tmp_path, sk, keys, monkeypatch):
-    """The WAL receiver answers the safekeeper's request for a password with its process's
-    FJORD_AUTH_TOKEN; without one it fails saying to set it."""
-    monkeypatch.delenv("FJORD_AUTH_TOKEN", raising=False)
+    """The WAL receiver answers the safekeeper's request for a password with the token
+    registered with the timeline's sources, never with one of its process; without one it
+    fails saying how to register one."""
+    # A token in the pageserver's environment is not presented.
+    monkeypatch.setenv("FJORD_AUTH_TOKEN", keys.storage())
     ps = Pageserver(tmp_path).start()
     try:
         tl = Timeline(tmp_path, ps)
         sk.create_timeline(tl.tenant, tl.timeline, int(tl.status()["system_id"]), token=keys.admin())
         before = sk.auth_failures()
-        ps.http("POST", f"{tl.path}/wal_receiver", {"sources": [{"host": "127.0.0.1", "port": sk.port, "user": "fjord"}]})
+        sources = [{"host": "127.0.0.1", "port": sk.port, "user": "fjord"}]
+        ps.http("POST", f"{tl.path}/wal_receiver", {"sources": sources})
 
-        def receiver_error():
-            return (tl.status().get("wal_receiver") or {}).get("last_error")
-        error = wait_until("the receiver to fail", receiver_error)
-        assert "the safekeeper requires a token: set FJORD_AUTH_TOKEN for the pageserver" in error, error
+        def receiver():
+            return tl.status().get("wal_receiver") or {}
+        error = wait_until("the receiver to fail", lambda: receiver().get("last_error"))
+        assert "the safekeeper requires a token: register the timeline's WAL sources with one" in error, error
         # The safekeeper saw a client that closed at the request for a password.
         wait_until("the refusal to be counted", lambda: sk.auth_failures()["missing"] > before["missing"])
 
-        # With a storage token the receiver gets in: the stream starts, and what stops it
-        # now is only that this safekeeper has no WAL yet beyond the pageserver's.
-        ps.stop()
-        monkeypatch.setenv("FJORD_AUTH_TOKEN", keys.storage())
-        ps.start()
+        # Registered with a storage token for this timeline, the receiver gets in: what
+        # keeps it from streaming now is only that this safekeeper has no WAL yet.
         before = sk.auth_failures()
-        error = wait_until("the receiver to get past authentication",
-                           lambda: (e := receiver_error()) and "ahead of the WAL flush position" in e and e)
-        assert "FJORD_AUTH_TOKEN" not in error, error
+        token = keys.token("storage", tl.tenant, tl.timeline)
+        ps.http("POST", f"{tl.path}/wal_receiver", {"sources": sources, "token": token})
+        wait_until("the receiver to get past authentication", lambda: receiver().get("state") == "waiting")
         assert sk.auth_failures() == before
+        # A storage token for another timeline is refused by the safekeeper.
+        other = keys.token("storage", tl.tenant, "ab" * 16)
+        ps.http("POST", f"{tl.path}/wal_receiver", {"sources": sources, "token": other})
+        wait_until("the refusal of another timeline's token",
+                   lambda: sum(sk.auth_failures().values()) > sum(before.values()))
     finally:
         ps.stop()

@@ -75,11 +75,12 @@
 //! end the connection on an unknown message.
 //!
 //! **Authentication.** A source that asks for a cleartext password (a safekeeper started
-//! with `--auth-public-key`) is given the pageserver's token: the process's
-//! `FJORD_AUTH_TOKEN` (a storage token, which may read every tenant's WAL), read when the
-//! receiver starts. Without one the session fails with "the safekeeper requires a token:
-//! set FJORD_AUTH_TOKEN for the pageserver", and the receiver goes on trying (the status
-//! says why). MD5 and SCRAM are refused with a clear error (`conn.rs`).
+//! with `--auth-public-key`) is given the token registered with the sources (a storage
+//! token narrowed to the timeline), and nothing else: never a token of the process, which
+//! would reach whatever source an admin registered without one (a compute's walsender, a
+//! server its superuser controls). Without one the session fails with "the safekeeper
+//! requires a token: ...", and the receiver goes on trying (the status says why). MD5 and
+//! SCRAM are refused with a clear error (`conn.rs`).
 //!
 //! **WAL that does not decode.** A record that fails to decode (its CRC, a malformed header
 //! or block reference) ends the session like a connection failure, and the next one goes to
@@ -126,13 +127,6 @@ pub use sources::{WalSource, WalSources, SOURCES_MAX};
 /// `synchronous_standby_names` to wait for the pageserver.
 pub const APPLICATION_NAME: &str = "fjord_pageserver";
 
-/// The token the pageserver gives a safekeeper that asks for one (a storage token): the
-/// process's `FJORD_AUTH_TOKEN` (`auth::TOKEN_ENV`, where every client process of the
-/// storage services finds its token); `None` if unset or empty.
-fn token_from_env() -> Option<String> {
-    std::env::var(auth::TOKEN_ENV).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
-}
-
 /// The receiver's status is a type of the management API, which `GET .../timeline`
 /// returns as it is.
 pub use pageserver_api::models::{WalReceiverState, WalReceiverStatus, WalSourceStatus as SourceStatus};
@@ -164,18 +158,19 @@ const READ_TIMEOUT: Duration = Duration::from_millis(20);
 
 impl WalReceiver {
     /// Starts following `sources` into `timeline`, holding `gate` from confirming each batch
-    /// of WAL until it is ingested. A source that asks for a password gets the token in
-    /// `FJORD_AUTH_TOKEN`, read here.
+    /// of WAL until it is ingested. A source that asks for a password gets the token
+    /// registered with the sources, if any.
     pub fn start(
         timeline: Arc<Timeline>,
         gate: Arc<IngestGate>,
         reconstructor: Arc<dyn Reconstructor>,
         sources: WalSources,
     ) -> WalReceiver {
-        Self::start_with_token(timeline, gate, reconstructor, sources, token_from_env())
+        let token = sources.token().map(str::to_string);
+        Self::start_with_token(timeline, gate, reconstructor, sources, token)
     }
 
-    /// [`WalReceiver::start`] with the token given rather than read from the environment.
+    /// [`WalReceiver::start`] with the token given rather than the sources' own.
     pub fn start_with_token(
         timeline: Arc<Timeline>,
         gate: Arc<IngestGate>,

@@ -53,6 +53,11 @@ pub struct Pageserver {
     reconstructor: Arc<dyn Reconstructor>,
     create_lock: Mutex<()>,
     receivers: Mutex<HashMap<(TenantId, TimelineId), WalReceiver>>,
+    /// Held across reading a timeline's persisted WAL sources, deciding and starting or
+    /// stopping its receiver, so that a compute's restart of the registered sources never
+    /// interleaves with an admin's change or removal of them (and brings back what the
+    /// admin just replaced).
+    wal_sources_change: Mutex<()>,
     /// Each timeline's ingest gate, shared by its WAL receiver and basebackups; created on
     /// first use.
     ingest_gates: Mutex<HashMap<(TenantId, TimelineId), Arc<IngestGate>>>,
@@ -238,6 +243,7 @@ impl Pageserver {
             reconstructor: Arc::new(PgReconstructor::new(redo)),
             create_lock: Mutex::new(()),
             receivers: Mutex::new(HashMap::new()),
+            wal_sources_change: Mutex::new(()),
             ingest_gates: Mutex::new(HashMap::new()),
             basebackup_stats: BasebackupStats::default(),
             remote,
@@ -587,6 +593,7 @@ impl Pageserver {
                 "timeline {timeline} has no data yet; import or branch it before streaming WAL into it"
             )));
         }
+        let _changing = self.wal_sources_change.lock().unwrap_or_else(|p| p.into_inner());
         let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
         let registered = read_wal_sources(&path)?;
         let sources = match caller {
@@ -644,6 +651,7 @@ impl Pageserver {
     /// Stops a timeline's receiver and forgets its source; `false` if it had none.
     pub fn stop_wal_receiver(&self, tenant: TenantId, timeline: TimelineId) -> Result<bool, ManagementError> {
         let t = self.timeline(tenant, timeline)?;
+        let _changing = self.wal_sources_change.lock().unwrap_or_else(|p| p.into_inner());
         let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
         let had_file = match std::fs::remove_file(&path) {
             Ok(()) => {
@@ -670,14 +678,7 @@ impl Pageserver {
             old.stop();
         }
         let gate = self.ingest_gate(tenant, timeline);
-        let receiver = match sources.token() {
-            Some(token) => {
-                let token = Some(token.to_string());
-                WalReceiver::start_with_token(t, gate, Arc::clone(&self.reconstructor), sources, token)
-            }
-            None => WalReceiver::start(t, gate, Arc::clone(&self.reconstructor), sources),
-        };
-        receivers.insert((tenant, timeline), receiver);
+        receivers.insert((tenant, timeline), WalReceiver::start(t, gate, Arc::clone(&self.reconstructor), sources));
     }
 
     fn ingest_gate(&self, tenant: TenantId, timeline: TimelineId) -> Arc<IngestGate> {

@@ -16,9 +16,8 @@
 //! LSN), which a compute's walsender would refuse.
 //!
 //! Authentication: a server that asks for a cleartext password (a safekeeper started with
-//! `--auth-public-key`) gets the pageserver's token, the process's `FJORD_AUTH_TOKEN` (a
-//! storage token: it may read every tenant's WAL), read by `WalReceiver::start`. Without
-//! one the connection fails saying so. MD5 and SCRAM are not supported: the token is a
+//! `--auth-public-key`) gets the token registered with the timeline's sources (a storage
+//! token narrowed to the timeline). Without one the connection fails saying so. MD5 and SCRAM are not supported: the token is a
 //! bearer token the server must see whole, and no fjord server asks for them.
 
 use std::io::{Read, Write};
@@ -197,12 +196,13 @@ pub(super) fn error_text(body: &backend::ErrorResponseBody) -> String {
 /// What a receiver sends a server that asks for a password.
 #[derive(Clone, Copy)]
 pub(super) struct Credentials<'a> {
-    /// The pageserver's token (`FJORD_AUTH_TOKEN`), if it has one.
+    /// The token registered with the sources, if any.
     pub token: Option<&'a str>,
 }
 
 /// The error when a server asks for a password and the pageserver has no token.
-pub(super) const NO_TOKEN_ERROR: &str = "the safekeeper requires a token: set FJORD_AUTH_TOKEN for the pageserver";
+pub(super) const NO_TOKEN_ERROR: &str =
+    "the safekeeper requires a token: register the timeline's WAL sources with one (POST .../wal_receiver with \"token\", as fjord start does)";
 
 /// Opens a replication connection to `source`, giving up after `timeout` (connecting and
 /// authenticating together). `database` is `<tenant id>/<timeline id>`.
@@ -376,7 +376,7 @@ mod tests {
         let (source, server) = fake_server(Asks::Cleartext("storage-token"));
         let e = connect(&source, "t/tl", Credentials { token: None }, TIMEOUT).err().unwrap().to_string();
         assert_eq!(e, NO_TOKEN_ERROR);
-        assert!(e.contains("set FJORD_AUTH_TOKEN for the pageserver"));
+        assert!(e.contains("register the timeline's WAL sources with one"));
         assert_eq!(server.join().unwrap(), None, "nothing was sent as a password");
     }
 
