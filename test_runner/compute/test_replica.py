@@ -409,9 +409,13 @@ def test_the_primary_sees_its_replicas_and_keeps_what_their_snapshots_read(repo)
                    timeout_s=30)
 
 
-def test_gc_keeps_what_a_replica_reads_and_a_replica_left_behind_gets_a_clear_error(tmp_path):
+@pytest.fixture
+def gc_repo(tmp_path: Path):
+    """A repo whose GC may collect right up to the last record (no PITR window, no byte
+    horizon) and whose computes' leases lapse 2 s after their last renewal, with a tenant:
+    (repo, the main timeline's API path, gc), where gc() checkpoints, compacts and collects
+    and returns the new cutoff."""
     repo = FjordRepo(tmp_path / "repo", env={"FJORD_REPLICA_LEASE_TTL_SECS": "2"}).init()
-    # GC may then collect right up to the last record (no PITR window, no byte horizon).
     (repo.path / "pageserver.toml").write_text("[storage]\ngc_horizon_bytes = 0\n")
     try:
         repo.run("start")
@@ -423,89 +427,79 @@ def test_gc_keeps_what_a_replica_reads_and_a_replica_left_behind_gets_a_clear_er
             repo.http_post(f"{timeline}/checkpoint", {})
             repo.http_post(f"{timeline}/compact", {"force_l0": True, "force_image_layers": True})
             return repo.http_post(f"{timeline}/gc", {"pitr_window": "0s"})["cutoff_lsn"]
-
-        primary = repo.run("endpoint", "start", "main").stdout.strip()
-        with connect(primary) as p:
-            p.execute("CREATE TABLE t (id int, x int) WITH (autovacuum_enabled = off)")
-            p.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 100000) g")
-        # A tiny buffer pool and no local file cache: the replica reads from the pageserver.
-        # Replay waits for the replica's queries instead of cancelling them (the primary
-        # holds back what the replica's snapshot reads once its hot standby feedback has
-        # arrived; this covers the moment before).
-        replica = repo.run("endpoint", "start", "r1", "--replica", "-c", "shared_buffers=1MB", "-c", "fjord.file_cache_size=0",
-                           "-c", "max_standby_streaming_delay=-1").stdout.strip()
-        with connect(primary) as p, connect(replica) as r:
-            wait_replayed(r, str(one(p, "SELECT pg_current_wal_flush_lsn()")))
-            r.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-            assert one(r, "SELECT sum(x) FROM t") == 0
-            for _ in range(3):
-                p.execute("UPDATE t SET x = x + 1")
-            end = str(one(p, "SELECT pg_current_wal_flush_lsn()"))
-            time.sleep(2)
-            cutoff = gc()
-            # GC did not pass the replica's replay position (its lease), and the replica's
-            # old snapshot reads its rows as before.
-            assert lsn_int(cutoff) <= lsn_int(replay_lsn(r)), (cutoff, replay_lsn(r))
-            assert one(r, "SELECT sum(x) FROM t") == 0
-            r.execute("COMMIT")
-            wait_replayed(r, end)
-            assert one(r, "SELECT sum(x) FROM t") == 3 * 100000
-            # Freeze the replica and stop its compute_ctl (no more lease renewals): once the
-            # lease lapses, GC passes it, and its reads fail with a clear error.
-            r.execute("SELECT pg_wal_replay_pause()")
-            wait_until("replay paused", lambda: one(r, "SELECT pg_get_wal_replay_pause_state()") == "paused")
-            behind = replay_lsn(r)
-            ctl = int((repo.path / "endpoints" / "r1" / "compute_ctl.pid").read_text())
-            os.kill(ctl, signal.SIGSTOP)
-            try:
-                time.sleep(3)
-                p.execute("UPDATE t SET x = x + 1")
-                p.execute("UPDATE t SET x = x + 1")
-                wait_until("GC past the replica", lambda: lsn_int(gc()) > lsn_int(behind), timeout_s=60, interval_s=0.5)
-                with pytest.raises(psycopg.Error, match="garbage collection horizon"):
-                    r.execute("SELECT sum(x) FROM t").fetchone()
-            finally:
-                os.kill(ctl, signal.SIGCONT)
+        yield repo, timeline, gc
     finally:
         repo.cleanup()
 
 
-def test_a_compute_at_a_past_lsn_holds_gc_back_while_it_runs(tmp_path):
+def test_gc_keeps_what_a_replica_reads_and_a_replica_left_behind_gets_a_clear_error(gc_repo):
+    repo, timeline, gc = gc_repo
+    primary = repo.run("endpoint", "start", "main").stdout.strip()
+    with connect(primary) as p:
+        p.execute("CREATE TABLE t (id int, x int) WITH (autovacuum_enabled = off)")
+        p.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 100000) g")
+    # A tiny buffer pool and no local file cache: the replica reads from the pageserver.
+    # Replay waits for the replica's queries instead of cancelling them (the primary
+    # holds back what the replica's snapshot reads once its hot standby feedback has
+    # arrived; this covers the moment before).
+    replica = repo.run("endpoint", "start", "r1", "--replica", "-c", "shared_buffers=1MB", "-c", "fjord.file_cache_size=0",
+                       "-c", "max_standby_streaming_delay=-1").stdout.strip()
+    with connect(primary) as p, connect(replica) as r:
+        wait_replayed(r, str(one(p, "SELECT pg_current_wal_flush_lsn()")))
+        r.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        assert one(r, "SELECT sum(x) FROM t") == 0
+        for _ in range(3):
+            p.execute("UPDATE t SET x = x + 1")
+        end = str(one(p, "SELECT pg_current_wal_flush_lsn()"))
+        time.sleep(2)
+        cutoff = gc()
+        # GC did not pass the replica's replay position (its lease), and the replica's
+        # old snapshot reads its rows as before.
+        assert lsn_int(cutoff) <= lsn_int(replay_lsn(r)), (cutoff, replay_lsn(r))
+        assert one(r, "SELECT sum(x) FROM t") == 0
+        r.execute("COMMIT")
+        wait_replayed(r, end)
+        assert one(r, "SELECT sum(x) FROM t") == 3 * 100000
+        # Freeze the replica and stop its compute_ctl (no more lease renewals): once the
+        # lease lapses, GC passes it, and its reads fail with a clear error.
+        r.execute("SELECT pg_wal_replay_pause()")
+        wait_until("replay paused", lambda: one(r, "SELECT pg_get_wal_replay_pause_state()") == "paused")
+        behind = replay_lsn(r)
+        ctl = int((repo.path / "endpoints" / "r1" / "compute_ctl.pid").read_text())
+        os.kill(ctl, signal.SIGSTOP)
+        try:
+            time.sleep(3)
+            p.execute("UPDATE t SET x = x + 1")
+            p.execute("UPDATE t SET x = x + 1")
+            wait_until("GC past the replica", lambda: lsn_int(gc()) > lsn_int(behind), timeout_s=60, interval_s=0.5)
+            with pytest.raises(psycopg.Error, match="garbage collection horizon"):
+                r.execute("SELECT sum(x) FROM t").fetchone()
+        finally:
+            os.kill(ctl, signal.SIGCONT)
+
+
+def test_a_compute_at_a_past_lsn_holds_gc_back_while_it_runs(gc_repo):
     """An `--at` compute reads every page at its LSN for as long as it runs: it leases that
     LSN before its basebackup and renews it, so GC never passes it and a long query
     started there reads the same rows from start to end."""
-    repo = FjordRepo(tmp_path / "repo", env={"FJORD_REPLICA_LEASE_TTL_SECS": "2"}).init()
-    (repo.path / "pageserver.toml").write_text("[storage]\ngc_horizon_bytes = 0\n")
-    try:
-        repo.run("start")
-        tenant = repo.run("tenant", "create").stdout.strip()
-        main = repo.state()["tenants"][tenant]["branches"]["main"]
-        timeline = f"/v1/tenant/{tenant}/timeline/{main}"
-
-        def gc() -> str:
-            repo.http_post(f"{timeline}/checkpoint", {})
-            repo.http_post(f"{timeline}/compact", {"force_l0": True, "force_image_layers": True})
-            return repo.http_post(f"{timeline}/gc", {"pitr_window": "0s"})["cutoff_lsn"]
-
-        primary = repo.run("endpoint", "start", "main").stdout.strip()
-        with connect(primary) as p:
-            p.execute("CREATE TABLE t (id int, x int) WITH (autovacuum_enabled = off)")
-            p.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 100000) g")
-            at = str(one(p, "SELECT pg_current_wal_flush_lsn()"))
-        old = repo.run("endpoint", "start", "old", "--at", at, "-c", "shared_buffers=1MB",
-                       "-c", "fjord.file_cache_size=0").stdout.strip()
-        leases = repo.http_post(f"{timeline}/lsn_lease", {"holder": "probe", "lsn": at, "ttl_secs": 1})["leases"]
-        assert any(lease["holder"].startswith("endpoint old at ") and lease["lsn"] == at for lease in leases), leases
-        with connect(primary) as p:
-            for _ in range(3):
-                p.execute("UPDATE t SET x = x + 1")
-        time.sleep(3)  # longer than the lease's TTL: only renewals keep it
-        cutoff = gc()
-        assert lsn_int(cutoff) <= lsn_int(at), f"GC passed the running --at compute's LSN: cutoff {cutoff}, compute at {at}"
-        with connect(old) as o:
-            assert one(o, "SELECT sum(x) FROM t") == 0
-        # Stopped, it holds nothing: GC goes past once the lease lapses.
-        repo.run("endpoint", "stop", "old")
-        wait_until("GC past the stopped compute's LSN", lambda: lsn_int(gc()) > lsn_int(at), timeout_s=60, interval_s=0.5)
-    finally:
-        repo.cleanup()
+    repo, timeline, gc = gc_repo
+    primary = repo.run("endpoint", "start", "main").stdout.strip()
+    with connect(primary) as p:
+        p.execute("CREATE TABLE t (id int, x int) WITH (autovacuum_enabled = off)")
+        p.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 100000) g")
+        at = str(one(p, "SELECT pg_current_wal_flush_lsn()"))
+    old = repo.run("endpoint", "start", "old", "--at", at, "-c", "shared_buffers=1MB",
+                   "-c", "fjord.file_cache_size=0").stdout.strip()
+    leases = repo.http_post(f"{timeline}/lsn_lease", {"holder": "probe", "lsn": at, "ttl_secs": 1})["leases"]
+    assert any(lease["holder"].startswith("endpoint old at ") and lease["lsn"] == at for lease in leases), leases
+    with connect(primary) as p:
+        for _ in range(3):
+            p.execute("UPDATE t SET x = x + 1")
+    time.sleep(3)  # longer than the lease's TTL: only renewals keep it
+    cutoff = gc()
+    assert lsn_int(cutoff) <= lsn_int(at), f"GC passed the running --at compute's LSN: cutoff {cutoff}, compute at {at}"
+    with connect(old) as o:
+        assert one(o, "SELECT sum(x) FROM t") == 0
+    # Stopped, it holds nothing: GC goes past once the lease lapses.
+    repo.run("endpoint", "stop", "old")
+    wait_until("GC past the stopped compute's LSN", lambda: lsn_int(gc()) > lsn_int(at), timeout_s=60, interval_s=0.5)
