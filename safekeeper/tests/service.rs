@@ -487,6 +487,56 @@ fn wal_below_the_horizon_is_removed_unless_turned_off() {
     }
 }
 
+/// A proposer holds only a tenant token (a compute's), so the remote-consistent LSN its
+/// `Append`s carry is whatever the compute chose to send: it never moves the removal
+/// horizon (only the pageserver's own report on a replication connection does).
+#[test]
+fn a_proposer_cannot_move_the_removal_horizon() {
+    let (dir, keys) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (public, signer) = key_pair(keys.path());
+    let node = Node::start_with(dir.path(), &["--auth-public-key", public.to_str().unwrap()]);
+    let admin = signer.sign(&auth::Claims::admin());
+    assert_eq!(node.create_timeline_with(&admin).0, 201);
+    let (t, tl) = ids();
+    let mut conn = node.connect();
+    assert!(matches!(conn.hello_with_token(SYSID, &signer.sign(&auth::Claims::tenant(t).with_timeline(tl))), AcceptorMessage::HelloOk { .. }));
+    let start = Lsn(3 * SEG as u64 + 0x28);
+    let mut shell = Shell::new(conn, start);
+    shell.elect();
+    let end = shell.append(&synthetic(4 * SEG as usize + 1000, 4));
+    let all = segment_files(dir.path());
+    // A remote-consistent LSN far ahead of anything uploaded, relayed with the next appends.
+    shell.p.set_remote_consistent_lsn(Lsn(end.0 + (1 << 40)));
+    let a = shell.p.tick();
+    shell.drive(a);
+    shell.append(&synthetic(1000, 5));
+    let status = || {
+        let (code, _, body) = http_request_with(
+            node.http_port,
+            "GET",
+            &format!("/v1/tenant/{t}/timeline/{tl}"),
+            None,
+            Some(&format!("Bearer {admin}")),
+        )
+        .unwrap();
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status()["peer_horizon_lsn"] == "0/0" {
+        assert!(Instant::now() < deadline, "the peer horizon never arrived: {:#}", status());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Lazy writes and removal run about once a second.
+    std::thread::sleep(Duration::from_millis(2500));
+    let st = status();
+    assert_eq!(st["remote_consistent_lsn"], "0/0", "a proposer moved the removal horizon: {st:#}");
+    assert_eq!(st["wal_removal_horizon_lsn"], "0/0", "{st:#}");
+    assert_eq!(segment_files(dir.path()), all, "WAL was removed on a proposer's word");
+    drop(shell);
+    node.stop();
+}
+
 /// State of the timeline that malformed input must not change.
 fn snapshot(node: &Node) -> serde_json::Value {
     node.timeline().1

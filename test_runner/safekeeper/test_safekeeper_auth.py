@@ -265,3 +265,27 @@ def test_the_pageserver_reads_wal_with_its_token(tmp_path, sk, keys, monkeypatch
                    lambda: sum(sk.auth_failures().values()) > sum(before.values()))
     finally:
         ps.stop()
+
+
+def test_only_the_pageserver_moves_the_removal_horizon(sk, keys, ids):
+    """The remote-consistent LSN (fjord's `P` message on a replication connection) lets a
+    safekeeper remove WAL: only a storage token (the pageserver's) may report it. A tenant's
+    token, which a compute holds and which may read the timeline's WAL, reports a position
+    far ahead: it is ignored (logged), and the horizon stays where it was."""
+    tenant, timeline = ids
+    sk.create_timeline(tenant, timeline, SYSTEM_ID, token=keys.admin())
+    path = f"/v1/tenant/{tenant}/timeline/{timeline}"
+
+    def reported() -> str:
+        return sk.http("GET", path, token=keys.admin())["remote_consistent_lsn"]
+
+    far = 0xFF << 32
+    for token in [keys.tenant(tenant), keys.tenant(tenant, timeline), keys.admin()]:
+        sk.report_remote_consistent_lsn(tenant, timeline, far, token=token)
+        assert reported() == "0/0", "a token that is not the pageserver's moved the removal horizon"
+        sk.report_remote_consistent_lsn(tenant, timeline, far, token=token, generation=7)
+        assert reported() == "0/0", "a token that is not the pageserver's moved the removal horizon"
+    assert sk.log_text().count("not a storage token") >= 6, sk.log_tail()
+    # The pageserver's storage token does.
+    sk.report_remote_consistent_lsn(tenant, timeline, 0x1000, token=keys.storage(), generation=1)
+    assert reported() == "0/1000"

@@ -262,6 +262,72 @@ fn a_superseded_attachment_never_deletes() {
     let _ = Arc::clone(&main2);
 }
 
+/// Two attachments of one tenant in one store: (store dir, storage, first's dir, second's dir).
+fn two_homes() -> (tempfile::TempDir, RemoteStorage, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let remote = storage(dir.path());
+    let (local1, local2) = (dir.path().join("one"), dir.path().join("two"));
+    std::fs::create_dir(&local1).unwrap();
+    std::fs::create_dir(&local2).unwrap();
+    (dir, remote, local1, local2)
+}
+
+/// The index object `generation` wrote for `timeline`, if any.
+fn index_of(remote: &RemoteStorage, timeline: TimelineId, generation: u32) -> Option<IndexPart> {
+    let key = format!("tenants/{TENANT}/timelines/{timeline}/index_part.json-{generation:08x}");
+    remote.get(&key).ok().map(|b| IndexPart::decode(&b, &key).unwrap())
+}
+
+/// What a process that claimed `generation` and died at once leaves: the claim, no index.
+fn dead_claim(remote: &RemoteStorage, generation: u32) {
+    let key = format!("tenants/{TENANT}/generations/{generation:08x}");
+    assert!(remote.put_if_absent(&key, Bytes::from_static(b"{\"pid\": 4000000}\n")).unwrap());
+}
+
+#[test]
+fn a_superseded_attachment_stops_uploading_its_index_and_its_position_stays() {
+    let (_dir, remote, local1, local2) = two_homes();
+    let first = Tenant::create_with_remote(&local1, TENANT, conf(), &[], Some(&remote), None).unwrap();
+    let main = first.create_timeline(MAIN).unwrap();
+    let last = write(&main, 0, 2);
+    assert!(main.wait_for_uploads(WAIT));
+    let position = main.remote_consistent_lsn();
+    assert_eq!(position, Lsn(last));
+    // A second attachment becomes active: it uploads an index of its own at once.
+    let second = Tenant::load_with_remote(&local2, TENANT, conf(), &[], Some(&remote), None).unwrap();
+    let main2 = second.get_timeline(MAIN).unwrap();
+    assert!(main2.wait_for_uploads(WAIT));
+    assert!(index_of(&remote, MAIN, 2).is_some());
+    let before = index_of(&remote, MAIN, 1).unwrap();
+    // The first flushes more (no deletion is scheduled): its index upload finds generation 2.
+    write(&main, last, 1);
+    assert!(!main.wait_for_uploads(Duration::from_secs(5)) || main.remote_status().unwrap().superseded_by.is_some());
+    let status = main.remote_status().unwrap();
+    assert_eq!(status.superseded_by, Some(2), "{status:?}");
+    assert_eq!(index_of(&remote, MAIN, 1), Some(before), "a superseded attachment uploaded its index");
+    assert_eq!(main.remote_consistent_lsn(), position, "a superseded attachment moved its remote-consistent LSN");
+    first.shutdown_remote();
+    second.shutdown_remote();
+}
+
+#[test]
+fn a_claim_that_never_became_active_does_not_stop_the_live_attachment() {
+    let (_dir, remote, local1, _) = two_homes();
+    let first = Tenant::create_with_remote(&local1, TENANT, conf(), &[], Some(&remote), None).unwrap();
+    let main = first.create_timeline(MAIN).unwrap();
+    let last = write(&main, 0, 3);
+    assert!(main.wait_for_uploads(WAIT));
+    dead_claim(&remote, 2);
+    // Flushes and an L0 compaction (which deletes the L0 layers) go on.
+    let last = write(&main, last, 2);
+    main.compact_level0(true).unwrap();
+    let _ = main.wait_for_uploads(Duration::from_secs(3));
+    let status = main.remote_status().unwrap();
+    assert_eq!(status.superseded_by, None, "a claim with no index of its own superseded the live attachment: {status:?}");
+    assert_eq!(index_of(&remote, MAIN, 1).unwrap().disk_consistent_lsn, Lsn(last), "its index uploads go on");
+    first.shutdown_remote();
+}
+
 /// What a `DiskBudget` was told, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum BudgetCall {
