@@ -40,6 +40,11 @@ pub struct StorageConfig {
     /// number of delta layer files a read of a key there may search above the newest
     /// image layer. Bounds how many layers (and so how many records) a read walks.
     pub image_creation_threshold: usize,
+    /// How long a newer generation of a tenant may stay claimed without becoming active (an
+    /// attach uploads an index of its own at once) before the live attachment takes the
+    /// claim for dead and claims the next generation itself (`remote` module). Meanwhile its
+    /// deletions wait and its remote-consistent LSN holds. Longer than an attach takes.
+    pub generation_claim_grace_ms: u64,
 }
 
 impl Default for StorageConfig {
@@ -54,6 +59,7 @@ impl Default for StorageConfig {
             image_layer_target_size_bytes: 128 * 1024 * 1024,
             gc_horizon_bytes: 64 * 1024 * 1024,
             image_creation_threshold: 3,
+            generation_claim_grace_ms: 10_000,
         }
     }
 }

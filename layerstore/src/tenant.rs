@@ -118,7 +118,10 @@ impl Tenant {
         let timelines_dir = path.join(TIMELINES_DIR);
         let remote = match remote {
             None => None,
-            Some(storage) => Some(TenantRemote::attach(storage.clone(), tenant_id)?.with_disk_budget(disk_budget)),
+            Some(storage) => {
+                let grace = std::time::Duration::from_millis(conf.generation_claim_grace_ms);
+                Some(TenantRemote::attach(storage.clone(), tenant_id, grace)?.with_disk_budget(disk_budget))
+            }
         };
         let mut indexes: BTreeMap<TimelineId, IndexPart> = BTreeMap::new();
         if let Some(remote) = &remote {

@@ -43,6 +43,9 @@ pub struct Metrics {
     /// client, where each ended a stream with `FATAL` XX001, or to a proposer fetching WAL
     /// for a lagging safekeeper (`FetchWal`), left unanswered.
     pub wal_corruption: IntCounterVec,
+    /// Remote-consistent LSNs ignored, by reason: `not_storage` (a client that is not the
+    /// pageserver), `superseded` (an older attachment generation than the newest heard).
+    pub remote_consistent_lsn_ignored: IntCounterVec,
 }
 
 impl Metrics {
@@ -65,8 +68,13 @@ impl Metrics {
             ),
             tl,
         )?;
-        let remote_consistent_lsn =
-            IntGaugeVec::new(Opts::new("safekeeper_remote_consistent_lsn", "the pageserver's remote-consistent LSN as heard"), tl)?;
+        let remote_consistent_lsn = IntGaugeVec::new(
+            Opts::new(
+                "safekeeper_remote_consistent_lsn",
+                "the pageserver's remote-consistent LSN as heard (of the newest attachment generation)",
+            ),
+            tl,
+        )?;
         let peer_horizon_lsn =
             IntGaugeVec::new(Opts::new("safekeeper_peer_horizon_lsn", "the peer horizon: WAL below it is on every safekeeper"), tl)?;
         let fsyncs = IntCounter::new("safekeeper_fsyncs_total", "fsync and fdatasync calls")?;
@@ -93,6 +101,16 @@ impl Metrics {
         for reason in auth::AuthError::REASONS {
             auth_failures.with_label_values(&[reason]);
         }
+        let remote_consistent_lsn_ignored = IntCounterVec::new(
+            Opts::new(
+                "safekeeper_remote_consistent_lsn_ignored_total",
+                "remote-consistent LSNs ignored: from a client that is not the pageserver, or from a superseded attachment generation",
+            ),
+            &["reason"],
+        )?;
+        for reason in ["not_storage", "superseded"] {
+            remote_consistent_lsn_ignored.with_label_values(&[reason]);
+        }
         registry.register(Box::new(flush_lsn.clone()))?;
         registry.register(Box::new(commit_lsn.clone()))?;
         registry.register(Box::new(appends.clone()))?;
@@ -110,6 +128,7 @@ impl Metrics {
         registry.register(Box::new(proposer_connections_open.clone()))?;
         registry.register(Box::new(auth_failures.clone()))?;
         registry.register(Box::new(wal_corruption.clone()))?;
+        registry.register(Box::new(remote_consistent_lsn_ignored.clone()))?;
         Ok(Metrics {
             registry,
             flush_lsn,
@@ -129,6 +148,7 @@ impl Metrics {
             proposer_connections_open,
             auth_failures,
             wal_corruption,
+            remote_consistent_lsn_ignored,
         })
     }
 

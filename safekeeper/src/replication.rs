@@ -43,9 +43,10 @@
 //!    `fjord.safekeeper` is how a client tells a safekeeper from a PostgreSQL walsender: no
 //!    PostgreSQL server reports that parameter (clients ignore parameters they do not know,
 //!    as libpq and `pg_receivewal` do). Its value is the version of fjord's additions to the
-//!    protocol the server accepts: 1 is the remote-consistent LSN message below. The
-//!    pageserver sends that message only to a server that reported the parameter; a
-//!    PostgreSQL walsender would end the connection on it.
+//!    protocol the server accepts: 1 is the remote-consistent LSN message below; 2 adds the
+//!    attachment generation to it and the `FJORD_REMOTE_CONSISTENT_LSN` command. The
+//!    pageserver sends them only to a server that reported the parameter; a PostgreSQL
+//!    walsender would end the connection on them.
 //! 2. Simple queries, one command each (keywords case-insensitive, optional `;`):
 //!    - `IDENTIFY_SYSTEM`: one row `systemid` (text), `timeline` (int4, always 1), `xlogpos`
 //!      (text, the commit LSN) and `dbname` (NULL).
@@ -54,6 +55,11 @@
 //!    - `START_REPLICATION [SLOT name] [PHYSICAL] X/X [TIMELINE 1]`: streams WAL from `X/X`.
 //!      Slots are not kept: a slot name is accepted and ignored, and what is streamed is
 //!      decided only by the requested LSN.
+//!    - `FJORD_REMOTE_CONSISTENT_LSN <generation> X/X` (fjord's): the pageserver's
+//!      remote-consistent LSN and its attachment generation, as the `P` message below, for
+//!      the safekeepers it does not stream from. `CommandComplete` when it was handled
+//!      (taken, or ignored as a superseded generation's); an `ERROR` (SQLSTATE 42501) for a
+//!      client that may not report it.
 //!
 //!    Other replication commands (`TIMELINE_HISTORY`, `BASE_BACKUP`, slot commands, logical
 //!    replication) and SQL get an `ERROR` and the connection stays usable.
@@ -71,10 +77,23 @@
 //!    status and relayed to proposers), hot standby feedback (`h`) with
 //!    [`WalSource::set_hot_standby_feedback`] (relayed to proposers, which hold the
 //!    primary's horizon for it; the end of streaming releases it); the
-//!    pageserver's remote-consistent LSN (fjord's own CopyData message: `P` and the LSN as
-//!    a big-endian `u64`, 9 bytes in all: WAL below it is in object storage) is recorded
-//!    with [`WalSource::set_remote_consistent_lsn`]; the client's `CopyDone` ends streaming
+//!    pageserver's remote-consistent LSN (fjord's own CopyData message: `P`, the attachment
+//!    generation as a big-endian `u32` and the LSN as a big-endian `u64`, 13 bytes in all;
+//!    or version 1's 9 bytes without the generation, taken as generation 0: WAL below it is
+//!    in object storage) is recorded with [`WalSource::set_remote_consistent_lsn`]; the
+//!    client's `CopyDone` ends streaming
 //!    (`CopyDone`, `CommandComplete`, `ReadyForQuery`); `Terminate` closes.
+//!
+//! # Who may move the removal horizon
+//! The remote-consistent LSN lets the safekeepers remove WAL, so only the pageserver may
+//! report it: with authentication on, only a client whose token has the `storage` scope
+//! (a tenant's token may read its WAL, as a read replica does, but a compute holds one, and
+//! an admin token is the operator's, not the pageserver's). Another client's report is
+//! ignored in the stream, refused (`ERROR`) as a command, logged at warn and counted in
+//! `safekeeper_remote_consistent_lsn_ignored_total{reason="not_storage"}`. Without
+//! authentication every client is trusted, as for everything else. Among the pageserver's
+//! reports the newest attachment generation's count (see `Timeline::set_remote_consistent_lsn`);
+//! an older one's are logged and counted (`reason="superseded"`).
 //!
 //! # Invariants
 //! - Only committed WAL is sent: never beyond the commit LSN read from the timeline's watch.
@@ -165,8 +184,9 @@ pub trait WalSource: Send + Sync + 'static {
     fn set_hot_standby_feedback(&self, _client: &str, _xmin: u64, _catalog_xmin: u64) {}
     /// The client's streaming ended: it holds nothing back any more.
     fn standby_disconnected(&self, _client: &str) {}
-    /// Records the remote-consistent LSN the pageserver reported (fjord's `P` message).
-    fn set_remote_consistent_lsn(&self, lsn: Lsn);
+    /// Records the remote-consistent LSN the pageserver of attachment `generation` reported
+    /// (fjord's `P` message or command): taken, or ignored as an older generation's.
+    fn set_remote_consistent_lsn(&self, generation: u32, lsn: Lsn) -> crate::timeline::RemoteReport;
 }
 
 /// Committed WAL at least this big goes out without lingering ([`Config::linger`]).
@@ -197,6 +217,9 @@ pub struct Config {
     /// Counts WAL that failed verification before it was sent, by tenant and timeline
     /// (`safekeeper_wal_corruption_total`); `None`: not counted.
     pub wal_corruption: Option<prometheus::IntCounterVec>,
+    /// Counts remote-consistent LSNs ignored, by reason
+    /// (`safekeeper_remote_consistent_lsn_ignored_total`); `None`: not counted.
+    pub remote_ignored: Option<prometheus::IntCounterVec>,
 }
 
 impl Default for Config {
@@ -209,6 +232,7 @@ impl Default for Config {
             startup_timeout: Duration::from_secs(60),
             auth: None,
             wal_corruption: None,
+            remote_ignored: None,
         }
     }
 }
@@ -227,7 +251,7 @@ pub const TIMELINE_OPTION: &str = "fjord.timeline";
 /// the version of fjord's additions to the protocol it accepts (see the module
 /// documentation).
 pub const SAFEKEEPER_PARAMETER: &str = "fjord.safekeeper";
-pub const SAFEKEEPER_PROTOCOL_VERSION: &str = "1";
+pub const SAFEKEEPER_PROTOCOL_VERSION: &str = "2";
 /// The tag of fjord's CopyData message carrying the pageserver's remote-consistent LSN.
 pub const REMOTE_CONSISTENT_LSN_TAG: u8 = b'P';
 
@@ -237,7 +261,12 @@ const MESSAGE_BYTES_MAX: usize = 1 << 20;
 
 /// Serves one replication connection handed over by the safekeeper's listener.
 pub async fn serve(stream: TcpStream, sk: Arc<crate::Safekeeper>) -> anyhow::Result<()> {
-    let config = Config { auth: sk.auth.clone(), wal_corruption: Some(sk.metrics.wal_corruption.clone()), ..Config::default() };
+    let config = Config {
+        auth: sk.auth.clone(),
+        wal_corruption: Some(sk.metrics.wal_corruption.clone()),
+        remote_ignored: Some(sk.metrics.remote_consistent_lsn_ignored.clone()),
+        ..Config::default()
+    };
     serve_with_config(stream, move |tenant, timeline| lookup_timeline(&sk, tenant, timeline), config).await
 }
 
@@ -283,8 +312,8 @@ impl WalSource for crate::Timeline {
     fn standby_disconnected(&self, client: &str) {
         crate::Timeline::standby_disconnected(self, client)
     }
-    fn set_remote_consistent_lsn(&self, lsn: Lsn) {
-        crate::Timeline::set_remote_consistent_lsn(self, lsn)
+    fn set_remote_consistent_lsn(&self, generation: u32, lsn: Lsn) -> crate::timeline::RemoteReport {
+        crate::Timeline::set_remote_consistent_lsn(self, generation, lsn)
     }
 }
 
@@ -307,8 +336,18 @@ where
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "unknown peer".into());
     let _ = stream.set_nodelay(true);
     let (read, write) = stream.into_split();
-    let mut conn =
-        Conn { client: format!("@{peer}"), peer: peer.clone(), read: Some(read), write, out: BytesMut::new(), config, timeline: None };
+    // Without authentication every client is trusted, the pageserver's reports included.
+    let may_report = config.auth.is_none();
+    let mut conn = Conn {
+        client: format!("@{peer}"),
+        peer: peer.clone(),
+        read: Some(read),
+        write,
+        out: BytesMut::new(),
+        config,
+        timeline: None,
+        may_report,
+    };
     let span = tracing::info_span!("replication", peer = %peer);
     let result = tracing::Instrument::instrument(run(&mut conn, lookup), span.clone()).await;
     match &result {
@@ -331,9 +370,43 @@ struct Conn {
     config: Config,
     /// The timeline, once it is found: the labels of its metrics.
     timeline: Option<(TenantId, TimelineId)>,
+    /// Whether this client may report the remote-consistent LSN: its token has the
+    /// `storage` scope (the pageserver's), or authentication is off.
+    may_report: bool,
 }
 
 impl Conn {
+    /// Records a remote-consistent LSN the client reported, if it may report one (see the
+    /// module documentation); `false` if it may not.
+    fn report_remote_consistent_lsn<S: WalSource + ?Sized>(&self, source: &S, generation: u32, lsn: Lsn) -> bool {
+        let count = |reason: &str| {
+            if let Some(c) = &self.config.remote_ignored {
+                c.with_label_values(&[reason]).inc();
+            }
+        };
+        if !self.may_report {
+            tracing::warn!(
+                client = %self.client,
+                "ignored the remote-consistent LSN {lsn} (generation {generation}): the client's token is not a storage token, and only the pageserver may move the removal horizon"
+            );
+            count("not_storage");
+            return false;
+        }
+        match source.set_remote_consistent_lsn(generation, lsn) {
+            crate::timeline::RemoteReport::Taken => {
+                tracing::debug!("the pageserver's remote-consistent LSN is {lsn} (generation {generation})")
+            }
+            crate::timeline::RemoteReport::Superseded { newest } => {
+                tracing::info!(
+                    client = %self.client,
+                    "ignored the remote-consistent LSN {lsn} of attachment generation {generation}: generation {newest} is newer"
+                );
+                count("superseded");
+            }
+        }
+        true
+    }
+
     /// Writes everything queued, giving up after the sender timeout.
     async fn flush(&mut self) -> anyhow::Result<()> {
         tokio::time::timeout(self.config.sender_timeout, self.write.write_all(&self.out))
@@ -461,8 +534,9 @@ where
     let startup_and_auth = async {
         let Some(s) = startup(conn).await? else { return Ok::<_, PgError>(Begun::Gone) };
         if let Some(auth) = conn.config.auth.clone() {
-            if let Err(refusal) = authenticate(conn, &auth, &s).await? {
-                return Ok(Begun::Refused(refusal));
+            match authenticate(conn, &auth, &s).await? {
+                Err(refusal) => return Ok(Begun::Refused(refusal)),
+                Ok(claims) => conn.may_report = claims.scope == auth::Scope::Storage,
             }
         }
         Ok(Begun::Ready(s))
@@ -625,6 +699,19 @@ async fn query<S: WalSource + ?Sized>(
             ready_for_query(&mut conn.out);
             conn.flush().await?;
         }
+        Command::RemoteConsistentLsn { generation, lsn } => {
+            if conn.report_remote_consistent_lsn(&**source, generation, lsn) {
+                command_complete(&mut conn.out, "FJORD_REMOTE_CONSISTENT_LSN");
+                ready_for_query(&mut conn.out);
+                conn.flush().await?;
+            } else {
+                let e = PgError::error(
+                    sqlstate::INSUFFICIENT_PRIVILEGE,
+                    "only the pageserver (a storage token) may report the remote-consistent LSN",
+                );
+                conn.report(&e).await?;
+            }
+        }
         Command::Show(name) => match show_value(&name, source.wal_segment_size()) {
             Some(value) => {
                 row_description(&mut conn.out, &[(name.as_str(), TEXT_OID)]);
@@ -769,14 +856,15 @@ async fn streaming_message<S: WalSource + ?Sized>(
                     source.set_hot_standby_feedback(&conn.client, xmin, catalog_xmin);
                 }
                 Some(REMOTE_CONSISTENT_LSN_TAG) => {
-                    if body.len() != 9 {
-                        let m = format!("invalid remote-consistent LSN message: {} bytes, expected 9", body.len());
+                    if body.len() != 9 && body.len() != 13 {
+                        let m =
+                            format!("invalid remote-consistent LSN message: {} bytes, expected 13 (or 9 without a generation)", body.len());
                         return Err(conn.fatal(sqlstate::PROTOCOL_VIOLATION, m).await);
                     }
                     body.advance(1);
+                    let generation = if body.len() == 12 { body.get_u32() } else { 0 };
                     let lsn = Lsn(body.get_u64());
-                    tracing::debug!("the pageserver's remote-consistent LSN is {lsn}");
-                    source.set_remote_consistent_lsn(lsn);
+                    conn.report_remote_consistent_lsn(&**source, generation, lsn);
                 }
                 Some(t) => {
                     let m = format!("unexpected standby message type {:?} in CopyData (expected 'r', 'h' or 'P')", t as char);

@@ -1,13 +1,15 @@
 //! One timeline on this safekeeper: its [`quorum::Acceptor`], its storage, and the values
 //! other tasks watch (commit LSN, flush LSN, pageserver feedback).
 //!
-//! WAL removal: the pageserver's remote-consistent LSN arrives from the replication
-//! connection ([`Timeline::set_remote_consistent_lsn`]) or relayed in a proposer's `Append`;
-//! the peer horizon in `Append`s (kept by the acceptor). Both are written to the control
-//! file lazily with the commit LSN ([`Timeline::persist_lazy`]), and
-//! [`Timeline::remove_wal`] removes segments below the horizon of the durable values (the
-//! rule: [`crate::storage::removal`]). The highest remote-consistent LSN known goes back to
-//! proposers in `Feedback`, so that they relay it to the other safekeepers.
+//! WAL removal: the pageserver's remote-consistent LSN arrives, with its attachment
+//! generation, only from the pageserver itself on a replication connection with a storage
+//! token ([`Timeline::set_remote_consistent_lsn`]; the newest generation's position counts);
+//! the one a proposer's `Append` relays is ignored (a compute holds only a tenant token, so
+//! it could say anything). The peer horizon comes in `Append`s (kept by the acceptor). Both
+//! are written to the control file lazily with the commit LSN ([`Timeline::persist_lazy`]),
+//! and [`Timeline::remove_wal`] removes segments below the horizon of the durable values
+//! (the rule: [`crate::storage::removal`]). The remote-consistent LSN goes to proposers in
+//! `Feedback`, for their status.
 //!
 //! All proposer connections of a timeline (an old and a new compute may both be connected)
 //! go through one lock: a batch of messages is handled under it, its `Persist` actions are
@@ -29,7 +31,6 @@ use quorum::wire::{PageserverFeedback, StandbyReport, STANDBYS_MAX, WAL_BYTES_MA
 use quorum::{Acceptor, AcceptorAction, Persist, ToAcceptor, ToProposer};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -91,6 +92,24 @@ struct Standby {
     connected: bool,
 }
 
+/// The pageserver's position as a safekeeper holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemotePosition {
+    /// The attachment generation of the pageserver that reported it.
+    pub generation: u32,
+    pub lsn: Lsn,
+}
+
+/// What became of a reported remote-consistent LSN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteReport {
+    Taken,
+    /// From an attachment older than the newest one heard: ignored.
+    Superseded {
+        newest: u32,
+    },
+}
+
 pub struct Timeline {
     pub tenant: TenantId,
     pub timeline: TimelineId,
@@ -100,10 +119,11 @@ pub struct Timeline {
     commit_tx: watch::Sender<Lsn>,
     flush_tx: watch::Sender<Lsn>,
     feedback_tx: watch::Sender<PageserverFeedback>,
-    /// The highest remote-consistent LSN heard, from the pageserver or relayed by a
-    /// proposer (durable once `persist_lazy` wrote it). Outside the lock: the replication
-    /// connection raises it without waiting for a batch's fsyncs.
-    remote_consistent_lsn: AtomicU64,
+    /// The pageserver's position: the newest attachment generation heard and the highest
+    /// remote-consistent LSN it reported (durable once `persist_lazy` wrote it). Outside the
+    /// timeline's lock: the replication connection sets it without waiting for a batch's
+    /// fsyncs.
+    remote_position: Mutex<RemotePosition>,
     /// What the other streaming clients (read replicas, `pg_receivewal`) last reported, by
     /// `application_name@peer`: shown in the status; the connected ones are sent to
     /// proposers (`standbys_tx`), so that the primary sees its replicas and holds back what
@@ -170,8 +190,11 @@ pub struct TimelineStatus {
     pub boundary_lsn: String,
     pub commit_lsn: String,
     pub wal_begin_lsn: String,
-    /// The pageserver's remote-consistent LSN (the highest heard; 0/0: never).
+    /// The pageserver's remote-consistent LSN (the highest the newest attachment generation
+    /// reported; 0/0: never).
     pub remote_consistent_lsn: String,
+    /// The attachment generation of the pageserver that reported it (0: none known).
+    pub remote_consistent_generation: u32,
     /// The highest peer horizon a proposer sent.
     pub peer_horizon_lsn: String,
     /// WAL below this may be removed: the lowest of the three in the control file (which
@@ -239,7 +262,7 @@ impl Timeline {
             commit_tx,
             flush_tx,
             feedback_tx,
-            remote_consistent_lsn: AtomicU64::new(c.remote_consistent_lsn.0),
+            remote_position: Mutex::new(RemotePosition { generation: c.remote_consistent_generation, lsn: c.remote_consistent_lsn }),
             standbys: Mutex::new(BTreeMap::new()),
             standbys_tx: watch::channel(Vec::new()).0,
             series: Series::new(&metrics, c.tenant, c.timeline),
@@ -403,34 +426,55 @@ impl Timeline {
         self.standbys_tx.subscribe()
     }
 
-    /// The pageserver reported its remote-consistent LSN (WAL below it is in object
-    /// storage). Only the highest counts; it reaches the control file with the next lazy
-    /// write, proposers in `Feedback`.
-    pub fn set_remote_consistent_lsn(&self, lsn: Lsn) {
-        if self.remote_consistent_lsn.fetch_max(lsn.0, Ordering::SeqCst) < lsn.0 {
-            self.feedback_tx.send_if_modified(|cur| {
-                let raise = cur.remote_consistent_lsn < lsn;
-                if raise {
-                    cur.remote_consistent_lsn = lsn;
-                }
-                raise
-            });
-        }
+    /// The pageserver of attachment `generation` reported its remote-consistent LSN (WAL
+    /// below it is in object storage; generation 0: a pageserver without object storage, or
+    /// one that does not say). A newer generation's position replaces the one held even if
+    /// it is lower, since only the newest attachment's needs count; the same generation's
+    /// only raises it; an older generation's (a superseded attachment still running) is
+    /// ignored. It reaches the control file with the next lazy write, proposers in
+    /// `Feedback`. Only the pageserver may call this: see `replication.rs`.
+    pub fn set_remote_consistent_lsn(&self, generation: u32, lsn: Lsn) -> RemoteReport {
+        let mut pos = self.remote_position.lock().unwrap_or_else(|e| e.into_inner());
+        let outcome = if generation > pos.generation {
+            if pos.generation != 0 || pos.lsn.is_valid() {
+                tracing::info!(
+                    tenant_id = %self.tenant,
+                    timeline_id = %self.timeline,
+                    "the pageserver's attachment generation {generation} replaces generation {} (remote-consistent LSN {lsn}, was {})",
+                    pos.generation,
+                    pos.lsn
+                );
+            }
+            *pos = RemotePosition { generation, lsn };
+            RemoteReport::Taken
+        } else if generation == pos.generation {
+            pos.lsn = pos.lsn.max(lsn);
+            RemoteReport::Taken
+        } else {
+            return RemoteReport::Superseded { newest: pos.generation };
+        };
+        let now = pos.lsn;
+        drop(pos);
+        self.feedback_tx.send_if_modified(|cur| std::mem::replace(&mut cur.remote_consistent_lsn, now) != now);
+        outcome
     }
 
-    /// The highest remote-consistent LSN heard (0: none yet).
+    /// The remote-consistent LSN held (0: none yet).
     pub fn remote_consistent_lsn(&self) -> Lsn {
-        Lsn(self.remote_consistent_lsn.load(Ordering::SeqCst))
+        self.remote_position().lsn
     }
 
-    /// The lazily persisted values as they are in memory.
-    fn lazy_state(&self, inner: &Inner) -> RemovalInputs {
+    /// The generation and remote-consistent LSN held.
+    pub fn remote_position(&self) -> RemotePosition {
+        *self.remote_position.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The lazily persisted values as they are in memory, and the generation of the
+    /// remote-consistent LSN among them (read together with it).
+    fn lazy_state(&self, inner: &Inner) -> (RemovalInputs, u32) {
         let s = inner.acceptor.state();
-        RemovalInputs {
-            remote_consistent_lsn: self.remote_consistent_lsn(),
-            peer_horizon_lsn: s.peer_horizon_lsn,
-            commit_lsn: s.commit_lsn,
-        }
+        let pos = self.remote_position();
+        (RemovalInputs { remote_consistent_lsn: pos.lsn, peer_horizon_lsn: s.peer_horizon_lsn, commit_lsn: s.commit_lsn }, pos.generation)
     }
 
     pub fn pageserver_feedback(&self) -> PageserverFeedback {
@@ -483,7 +527,6 @@ impl Timeline {
         let mut out = BatchOutcome::default();
         let mut appends = 0u64;
         let mut bytes = 0u64;
-        let mut relayed = Lsn(0);
         let was_learner = inner.acceptor.state().learner;
         let result = (|| -> anyhow::Result<()> {
             'msgs: for msg in msgs {
@@ -504,7 +547,9 @@ impl Timeline {
                         }
                         // Persisted lazily by `persist_lazy`.
                         AcceptorAction::CommitLsn(_) | AcceptorAction::PeerHorizon(_) => {}
-                        AcceptorAction::RemoteConsistentLsn(lsn) => relayed = relayed.max(lsn),
+                        // A proposer holds a tenant token: what it relays is no evidence of
+                        // what the pageserver uploaded, and never moves the removal horizon.
+                        AcceptorAction::RemoteConsistentLsn(_) => {}
                         AcceptorAction::SendWal { term, from, to } => {
                             let to = Lsn(to.0.min(from.0.saturating_add(WAL_BYTES_MAX as u64)));
                             match self.check_fetched_wal(&mut inner, from, to) {
@@ -554,7 +599,6 @@ impl Timeline {
                 "caught up with the log of the term it joined: this safekeeper votes again for this timeline"
             );
         }
-        self.set_remote_consistent_lsn(relayed);
         self.update_gauges(&inner);
         drop(inner);
         self.flush_tx.send_if_modified(|f| std::mem::replace(f, flush) != flush);
@@ -647,9 +691,9 @@ impl Timeline {
         if inner.broken.is_some() {
             return Ok(());
         }
-        let lazy = self.lazy_state(&inner);
+        let (lazy, generation) = self.lazy_state(&inner);
         let mut stats = SyncStats::default();
-        let r = inner.storage.persist_lazy(lazy, &mut stats);
+        let r = inner.storage.persist_lazy_at(lazy, generation, &mut stats);
         self.metrics.fsyncs.inc_by(stats.fsyncs);
         self.update_gauges(&inner);
         r.map(|_| ())
@@ -718,6 +762,7 @@ impl Timeline {
             commit_lsn: state.commit_lsn.to_string(),
             wal_begin_lsn: inner.storage.wal_extent().begin.to_string(),
             remote_consistent_lsn: self.remote_consistent_lsn().to_string(),
+            remote_consistent_generation: self.remote_position().generation,
             peer_horizon_lsn: state.peer_horizon_lsn.to_string(),
             wal_removal_horizon_lsn: inner.storage.removal_inputs().horizon().to_string(),
             wal_disk_bytes: inner.storage.wal_disk_bytes(),

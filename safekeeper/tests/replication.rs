@@ -60,7 +60,7 @@ struct MemWal {
     feedback: Mutex<Vec<PageserverFeedback>>,
     /// WAL below this was removed (the beginning moves up to it).
     removed_below: Mutex<Lsn>,
-    remote_consistent: Mutex<Vec<Lsn>>,
+    remote_consistent: Mutex<Vec<(u32, Lsn)>>,
     /// Hot standby feedback (xmin, catalog xmin) as recorded, and disconnections, by client.
     hot_standby: Mutex<Vec<(String, u64, u64)>>,
     disconnected: Mutex<Vec<String>>,
@@ -127,8 +127,9 @@ impl WalSource for MemWal {
     fn set_standby_feedback(&self, _client: &str, feedback: PageserverFeedback) {
         self.feedback.lock().unwrap().push(feedback);
     }
-    fn set_remote_consistent_lsn(&self, lsn: Lsn) {
-        self.remote_consistent.lock().unwrap().push(lsn);
+    fn set_remote_consistent_lsn(&self, generation: u32, lsn: Lsn) -> safekeeper::timeline::RemoteReport {
+        self.remote_consistent.lock().unwrap().push((generation, lsn));
+        safekeeper::timeline::RemoteReport::Taken
     }
     fn set_hot_standby_feedback(&self, client: &str, xmin: u64, catalog_xmin: u64) {
         self.hot_standby.lock().unwrap().push((client.to_string(), xmin, catalog_xmin));
@@ -262,7 +263,7 @@ impl Client {
         assert_eq!(params["integer_datetimes"], "on");
         assert_eq!(params["server_encoding"], "UTF8");
         // How a pageserver tells a safekeeper from a PostgreSQL walsender.
-        assert_eq!(params["fjord.safekeeper"], "1");
+        assert_eq!(params["fjord.safekeeper"], "2");
         assert!(msgs.iter().any(|m| matches!(m, Msg::Backend(backend::Message::BackendKeyData(_)))));
         c
     }
@@ -353,9 +354,13 @@ impl Client {
         }
     }
 
-    /// fjord's remote-consistent LSN message, as the pageserver sends it.
-    async fn remote_consistent_lsn(&mut self, lsn: Lsn) {
+    /// fjord's remote-consistent LSN message, as the pageserver sends it: with its
+    /// attachment generation, or (`None`) in version 1's form without one.
+    async fn remote_consistent_lsn(&mut self, generation: Option<u32>, lsn: Lsn) {
         let mut p = vec![b'P'];
+        if let Some(g) = generation {
+            p.extend_from_slice(&g.to_be_bytes());
+        }
         p.extend_from_slice(&lsn.0.to_be_bytes());
         self.send(|b| frontend::CopyData::new(&p[..]).unwrap().write(b)).await;
     }
@@ -477,9 +482,11 @@ async fn streams_committed_wal_and_follows_the_commit_lsn() {
     assert_eq!((xmin, catalog_xmin), ((2 << 32) | 1234, 0));
 
     // So is its remote-consistent LSN, in fjord's own message.
-    c.remote_consistent_lsn(Lsn(f.start.0 + 4096)).await;
-    wait_for("the remote-consistent LSN", || !src.remote_consistent.lock().unwrap().is_empty()).await;
-    assert_eq!(*src.remote_consistent.lock().unwrap(), vec![Lsn(f.start.0 + 4096)]);
+    // With its attachment generation, or without one (generation 0).
+    c.remote_consistent_lsn(Some(3), Lsn(f.start.0 + 4096)).await;
+    c.remote_consistent_lsn(None, Lsn(f.start.0 + 8192)).await;
+    wait_for("the remote-consistent LSN", || src.remote_consistent.lock().unwrap().len() == 2).await;
+    assert_eq!(*src.remote_consistent.lock().unwrap(), vec![(3, Lsn(f.start.0 + 4096)), (0, Lsn(f.start.0 + 8192))]);
 
     // Nothing beyond the commit LSN is sent until it moves; then all of it, across the
     // segment boundary.
@@ -793,7 +800,7 @@ async fn wal_removed_under_a_streaming_client_ends_the_stream_with_a_clear_error
         }
     };
     assert_eq!(e.code, "08P01", "{e:?}");
-    assert_eq!(e.message, "invalid remote-consistent LSN message: 5 bytes, expected 9");
+    assert_eq!(e.message, "invalid remote-consistent LSN message: 5 bytes, expected 13 (or 9 without a generation)");
     assert!(src.remote_consistent.lock().unwrap().is_empty());
 }
 

@@ -1,7 +1,7 @@
 //! The `safekeeper` binary as a real process on loopback, driven over TCP by
 //! `quorum::Proposer` speaking the wire protocol: election, appends, commit, restart;
 //! malformed messages; a wrong system id; the HTTP API; the data directory lock; WAL
-//! removal (and `--no-wal-removal`); authentication (`--auth-public-key`) of proposers and
+//! removal (and `--no-wal-removal`), and who may move its horizon; authentication (`--auth-public-key`) of proposers and
 //! of the HTTP API.
 
 use bytes::{Bytes, BytesMut};
@@ -401,6 +401,67 @@ fn segment_files(data_dir: &Path) -> Vec<String> {
 }
 
 /// Polls the timeline's HTTP status until `done` holds (at most 20 s).
+/// What the pageserver does for a safekeeper it does not stream from: a replication
+/// connection (the token as password if one is asked for) and fjord's
+/// `FJORD_REMOTE_CONSISTENT_LSN <generation> X/X`. `Err` with the server's message for an
+/// error.
+fn report_remote_consistent_lsn(node: &Node, token: Option<&str>, generation: u32, lsn: Lsn) -> Result<(), String> {
+    let (t, tl) = ids();
+    let mut s = TcpStream::connect(("127.0.0.1", node.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut startup = 196608u32.to_be_bytes().to_vec();
+    for (k, v) in [("user", "fjord".to_string()), ("replication", "true".into()), ("database", format!("{t}/{tl}"))] {
+        startup.extend_from_slice(k.as_bytes());
+        startup.push(0);
+        startup.extend_from_slice(v.as_bytes());
+        startup.push(0);
+    }
+    startup.push(0);
+    let mut out = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(&startup);
+    s.write_all(&out).unwrap();
+    let message = |tag: u8, body: &[u8]| {
+        let mut m = vec![tag];
+        m.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    };
+    let mut buf = Vec::new();
+    let mut next = |s: &mut TcpStream| -> (u8, Vec<u8>) {
+        loop {
+            if buf.len() >= 5 {
+                let n = u32::from_be_bytes(buf[1..5].try_into().unwrap()) as usize;
+                if buf.len() > n {
+                    let m: Vec<u8> = buf.drain(..1 + n).collect();
+                    return (m[0], m[5..].to_vec());
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0, "the safekeeper closed the connection");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    let mut error = None;
+    let mut query = Some(format!("FJORD_REMOTE_CONSISTENT_LSN {generation} {lsn}\0"));
+    loop {
+        match next(&mut s) {
+            (b'R', body) if body == 3u32.to_be_bytes() => {
+                let mut p = token.unwrap_or("").as_bytes().to_vec();
+                p.push(0);
+                s.write_all(&message(b'p', &p)).unwrap();
+            }
+            (b'E', body) => error = Some(String::from_utf8_lossy(&body).into_owned()),
+            (b'Z', _) => match query.take() {
+                Some(q) => s.write_all(&message(b'Q', q.as_bytes())).unwrap(),
+                None => break,
+            },
+            _ => {}
+        }
+    }
+    error.map_or(Ok(()), Err)
+}
+
 fn wait_status(node: &Node, what: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -441,11 +502,9 @@ fn wal_below_the_horizon_is_removed_unless_turned_off() {
         assert_eq!(st["remote_consistent_lsn"], "0/0");
         std::thread::sleep(Duration::from_millis(1500));
         assert_eq!(segment_files(dir.path()), all, "removed before a pageserver reported");
-        // The pageserver's remote-consistent LSN, relayed by the proposer.
+        // The pageserver's remote-consistent LSN, as the pageserver reports it.
         let rcl = Lsn(6 * SEG as u64 + 10);
-        shell.p.set_remote_consistent_lsn(rcl);
-        let a = shell.p.tick();
-        shell.drive(a);
+        report_remote_consistent_lsn(&node, None, 1, rcl).unwrap();
         let st = wait_status(&node, "the removal horizon", |st| st["wal_removal_horizon_lsn"] == rcl.to_string());
         assert_eq!(st["remote_consistent_lsn"], rcl.to_string());
         if removal {
@@ -479,6 +538,7 @@ fn wal_below_the_horizon_is_removed_unless_turned_off() {
         let node = if removal { Node::start(dir.path()) } else { Node::start_with(dir.path(), &["--no-wal-removal"]) };
         let (_, st) = node.timeline();
         assert_eq!(st["remote_consistent_lsn"], rcl.to_string(), "persisted");
+        assert_eq!(st["remote_consistent_generation"], 1, "persisted");
         assert_eq!(st["peer_horizon_lsn"], end2.to_string(), "persisted (the commit-only append after the last one carried it)");
         assert_eq!(st["flush_lsn"], end2.to_string());
         let begin = if removal { Lsn(6 * SEG as u64) } else { start };
@@ -499,7 +559,10 @@ fn a_proposer_cannot_move_the_removal_horizon() {
     assert_eq!(node.create_timeline_with(&admin).0, 201);
     let (t, tl) = ids();
     let mut conn = node.connect();
-    assert!(matches!(conn.hello_with_token(SYSID, &signer.sign(&auth::Claims::tenant(t).with_timeline(tl))), AcceptorMessage::HelloOk { .. }));
+    assert!(matches!(
+        conn.hello_with_token(SYSID, &signer.sign(&auth::Claims::tenant(t).with_timeline(tl))),
+        AcceptorMessage::HelloOk { .. }
+    ));
     let start = Lsn(3 * SEG as u64 + 0x28);
     let mut shell = Shell::new(conn, start);
     shell.elect();
@@ -511,14 +574,9 @@ fn a_proposer_cannot_move_the_removal_horizon() {
     shell.drive(a);
     shell.append(&synthetic(1000, 5));
     let status = || {
-        let (code, _, body) = http_request_with(
-            node.http_port,
-            "GET",
-            &format!("/v1/tenant/{t}/timeline/{tl}"),
-            None,
-            Some(&format!("Bearer {admin}")),
-        )
-        .unwrap();
+        let (code, _, body) =
+            http_request_with(node.http_port, "GET", &format!("/v1/tenant/{t}/timeline/{tl}"), None, Some(&format!("Bearer {admin}")))
+                .unwrap();
         assert_eq!(code, 200, "{body}");
         serde_json::from_str::<serde_json::Value>(&body).unwrap()
     };
@@ -533,6 +591,32 @@ fn a_proposer_cannot_move_the_removal_horizon() {
     assert_eq!(st["remote_consistent_lsn"], "0/0", "a proposer moved the removal horizon: {st:#}");
     assert_eq!(st["wal_removal_horizon_lsn"], "0/0", "{st:#}");
     assert_eq!(segment_files(dir.path()), all, "WAL was removed on a proposer's word");
+
+    // Nor does a compute's (or an admin's) token on a replication connection: only the
+    // pageserver's storage token.
+    let far = Lsn(end.0 + (1 << 40));
+    for token in [signer.sign(&auth::Claims::tenant(t)), signer.sign(&auth::Claims::tenant(t).with_timeline(tl)), admin.clone()] {
+        let e = report_remote_consistent_lsn(&node, Some(&token), 1, far).unwrap_err();
+        assert!(e.contains("42501") && e.contains("only the pageserver (a storage token) may report the remote-consistent LSN"), "{e}");
+    }
+    assert_eq!(status()["remote_consistent_lsn"], "0/0");
+    let storage = signer.sign(&auth::Claims::storage());
+    let rcl = Lsn(5 * SEG as u64 + 10);
+    report_remote_consistent_lsn(&node, Some(&storage), 2, rcl).unwrap();
+    // An older attachment generation's position is ignored; a newer one's replaces it.
+    report_remote_consistent_lsn(&node, Some(&storage), 1, Lsn(rcl.0 + SEG as u64)).unwrap();
+    let st = status();
+    assert_eq!((st["remote_consistent_lsn"].as_str(), st["remote_consistent_generation"].as_u64()), (Some(&*rcl.to_string()), Some(2)));
+    report_remote_consistent_lsn(&node, Some(&storage), 3, Lsn(4 * SEG as u64)).unwrap();
+    let st = status();
+    assert_eq!((st["remote_consistent_lsn"].as_str(), st["remote_consistent_generation"].as_u64()), (Some("0/400000"), Some(3)));
+    let (_, metrics) = http_get(node.http_port, "/metrics").unwrap();
+    for line in [
+        "safekeeper_remote_consistent_lsn_ignored_total{reason=\"not_storage\"} 3",
+        "safekeeper_remote_consistent_lsn_ignored_total{reason=\"superseded\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "no line {line:?} in:\n{metrics}");
+    }
     drop(shell);
     node.stop();
 }
@@ -736,16 +820,24 @@ fn pageserver_feedback_reaches_proposers() {
     tl.set_pageserver_feedback(f);
     assert_eq!(conn.recv(), Some(AcceptorMessage::Feedback(f)));
     assert_eq!(tl.pageserver_feedback(), f);
-    // The remote-consistent LSN too (for the proposer to relay to the other safekeepers);
-    // status updates do not reset it, and it never goes back.
-    tl.set_remote_consistent_lsn(Lsn(150));
+    // The remote-consistent LSN too (for the proposer's status); status updates do not
+    // reset it, and it never goes back within an attachment generation.
+    use safekeeper::timeline::RemoteReport;
+    assert_eq!(tl.set_remote_consistent_lsn(1, Lsn(150)), RemoteReport::Taken);
     let f = quorum::wire::PageserverFeedback { remote_consistent_lsn: Lsn(150), ..f };
     assert_eq!(conn.recv(), Some(AcceptorMessage::Feedback(f)));
-    tl.set_remote_consistent_lsn(Lsn(120));
+    assert_eq!(tl.set_remote_consistent_lsn(1, Lsn(120)), RemoteReport::Taken);
     let g = quorum::wire::PageserverFeedback { write_lsn: Lsn(400), ..f };
     tl.set_pageserver_feedback(quorum::wire::PageserverFeedback { remote_consistent_lsn: Lsn(0), ..g });
     assert_eq!(conn.recv(), Some(AcceptorMessage::Feedback(g)));
     assert_eq!(tl.remote_consistent_lsn(), Lsn(150));
+    // A newer attachment generation's position replaces it, even lower; an older one's is
+    // ignored.
+    assert_eq!(tl.set_remote_consistent_lsn(2, Lsn(130)), RemoteReport::Taken);
+    let h = quorum::wire::PageserverFeedback { remote_consistent_lsn: Lsn(130), ..g };
+    assert_eq!(conn.recv(), Some(AcceptorMessage::Feedback(h)));
+    assert_eq!(tl.set_remote_consistent_lsn(1, Lsn(500)), RemoteReport::Superseded { newest: 2 });
+    assert_eq!(tl.remote_position(), safekeeper::timeline::RemotePosition { generation: 2, lsn: Lsn(130) });
     let _ = stop_tx.send(());
     rt.block_on(server).unwrap().unwrap();
 }

@@ -154,6 +154,11 @@ def test_a_claim_that_never_became_active_does_not_wedge_the_live_attachment(tmp
         mine = uploaded_to(ps, tl, end, timeout_s=90)
         st = timeline_status(ps, tl)["remote_storage"]
         assert st["superseded_by"] is None, st
+        # It took the dead claim for dead and went on as generation 3, deletions included.
+        st = wait_until("the deletions held back to run", lambda: (s := timeline_status(ps, tl)["remote_storage"])["objects_deleted"] > 0 and s,
+                        timeout_s=30)
+        assert st["generation"] == 3, st
+        assert "taken for dead, this attachment goes on as generation 00000003" in ps.log_text()
         # The safekeepers take its position and remove the WAL below it.
         wait_until("the safekeepers to take the live attachment's position",
                    lambda: all(lsn_int(sk_status(sk, tl)["remote_consistent_lsn"]) >= mine for sk in safekeepers), timeout_s=60)

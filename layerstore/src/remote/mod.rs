@@ -14,9 +14,31 @@
 //! (`put_if_absent` of the next number, so two processes never hold the same one) and
 //! writes only objects whose keys carry it: it never overwrites an object of another
 //! attachment, in particular not another's index. Loading picks the index of the highest
-//! generation below its own. Before deleting anything, the queue checks that no newer
-//! generation was claimed; a superseded attachment stops uploading and never deletes, so
-//! two processes attached to one tenant by mistake cannot destroy each other's data.
+//! generation below its own. An attachment uploads an index of its own for every timeline
+//! at once (before any layer), which makes its generation *active*.
+//!
+//! **Supersession** is checked before every index upload and every deletion
+//! (`TenantRemote::check_claims`, shared by the tenant's timelines):
+//! - a newer generation that is active (it wrote an index for a timeline of the tenant)
+//!   supersedes this attachment for good: it uploads no index, deletes nothing, and its
+//!   remote-consistent LSN stays where it was, so two processes attached to one tenant by
+//!   mistake cannot destroy each other's data or move the safekeepers' removal horizon;
+//! - a newer generation that is claimed but not active (its process may be loading, or may
+//!   have died right after its claim) is *pending*: uploads go on, deletions wait (that
+//!   process may have loaded an index naming the layers), and the remote-consistent LSN
+//!   does not move (that process may have loaded an older index and resume from there). A
+//!   claim still pending after `StorageConfig::generation_claim_grace_ms` is taken for dead:
+//!   this attachment claims the next generation itself and goes on under it, deletions
+//!   included. Should the dead claim's process come back after all, its generation is older
+//!   than the re-claimed one, which is active: that process is the superseded one, and no
+//!   loader ever picks its index.
+//!
+//! **The remote-consistent LSN** (with the generation it belongs to, `remote_position`) is
+//! the disk-consistent LSN of the last index uploaded *and confirmed*: after the upload no
+//! newer generation was claimed (a second check). An attachment that claims later reads
+//! the indexes after its claim, so it saw that index or a newer one: every position ever
+//! published is one the newest attachment has in remote storage, and the safekeepers may
+//! remove the WAL below it.
 //!
 //! **The upload queue** (`RemoteTimelineClient`) runs operations in the order they were
 //! scheduled, one at a time, on its own thread, each retried with backoff until it
@@ -26,8 +48,7 @@
 //! under one lock, so an index never names a layer that is not uploaded before it, and a
 //! layer is deleted only after an index without it is uploaded.
 //!
-//! The remote-consistent LSN is the disk-consistent LSN of the last index uploaded: every
-//! version at or below it is in remote storage.
+//! Every version at or below the remote-consistent LSN is in remote storage.
 
 mod check;
 pub mod index;
@@ -38,7 +59,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
@@ -68,14 +89,39 @@ impl Generation {
     }
 }
 
-/// One tenant in remote storage, as this attachment sees it.
+/// One tenant in remote storage, as this attachment sees it. Clones share the claim state
+/// (the tenant's timelines each have one).
 #[derive(Clone, Debug)]
 pub struct TenantRemote {
     storage: RemoteStorage,
     tenant_id: TenantId,
-    generation: Generation,
+    claims: Arc<Mutex<Claims>>,
+    /// How long a newer claim may stay inactive before this attachment takes it for dead.
+    claim_grace: Duration,
     /// Consulted before each download of an evicted layer (`DiskBudget`), if set.
     disk_budget: Option<Arc<dyn DiskBudget>>,
+}
+
+/// This attachment's generation and what it knows of newer ones.
+#[derive(Debug)]
+struct Claims {
+    generation: Generation,
+    /// An active newer generation: this attachment stopped for good.
+    superseded_by: Option<Generation>,
+    /// The newest claimed generation, newer than ours and not active, and when this
+    /// attachment first saw it.
+    pending: Option<(Generation, Instant)>,
+}
+
+/// What `TenantRemote::check_claims` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ClaimCheck {
+    /// No generation newer than ours is claimed.
+    Clear,
+    /// A newer generation is claimed but not active (yet).
+    Pending(Generation),
+    /// A newer generation is active.
+    Superseded(Generation),
 }
 
 use crate::lock;
@@ -92,20 +138,13 @@ impl TenantRemote {
         names.iter().map(|n| n.parse().with_context(|| format!("unexpected entry tenants/{n} in {storage}"))).collect()
     }
 
-    /// Attaches `tenant_id`: claims the next generation.
-    pub fn attach(storage: RemoteStorage, tenant_id: TenantId) -> anyhow::Result<TenantRemote> {
-        let prefix = format!("tenants/{tenant_id}/generations");
-        let claimed = storage.list(&prefix)?;
-        let mut next = claimed.iter().filter_map(|o| o.key.rsplit('/').next().and_then(Generation::parse)).max().map_or(1, |g| g.0 + 1);
-        loop {
-            let key = format!("{prefix}/{}", Generation(next));
-            let who = format!("{{\"pid\": {}, \"claimed_at_unix_s\": {}}}\n", std::process::id(), unix_now_s());
-            if storage.put_if_absent(&key, Bytes::from(who))? {
-                tracing::info!(tenant_id = %tenant_id, "attached to remote storage {storage} as generation {}", Generation(next));
-                return Ok(TenantRemote { storage, tenant_id, generation: Generation(next), disk_budget: None });
-            }
-            next += 1;
-        }
+    /// Attaches `tenant_id`: claims the next generation. A newer claim that stays inactive
+    /// for `claim_grace` is taken for dead (see the module documentation).
+    pub fn attach(storage: RemoteStorage, tenant_id: TenantId, claim_grace: Duration) -> anyhow::Result<TenantRemote> {
+        let generation = claim_next(&storage, tenant_id)?;
+        tracing::info!(tenant_id = %tenant_id, "attached to remote storage {storage} as generation {generation}");
+        let claims = Arc::new(Mutex::new(Claims { generation, superseded_by: None, pending: None }));
+        Ok(TenantRemote { storage, tenant_id, claims, claim_grace, disk_budget: None })
     }
 
     /// Downloads of this tenant's evicted layers make room under `budget` first.
@@ -113,8 +152,14 @@ impl TenantRemote {
         TenantRemote { disk_budget: budget, ..self }
     }
 
+    /// This attachment's generation (it changes only when a dead claim is overtaken).
     pub fn generation(&self) -> Generation {
-        self.generation
+        lock(&self.claims).generation
+    }
+
+    /// The active newer generation that superseded this attachment, if any.
+    pub fn superseded_by(&self) -> Option<Generation> {
+        lock(&self.claims).superseded_by
     }
 
     pub fn storage(&self) -> &RemoteStorage {
@@ -149,7 +194,7 @@ impl TenantRemote {
             .filter_map(|o| {
                 o.key.rsplit('/').next().and_then(|n| n.strip_prefix(INDEX_PREFIX)).and_then(Generation::parse).map(|g| (g, o.key))
             })
-            .filter(|(g, _)| *g < self.generation)
+            .filter(|(g, _)| *g < self.generation())
             .max();
         let Some((_, key)) = newest else { return Ok(None) };
         let bytes = self.storage.get(&key)?;
@@ -160,10 +205,103 @@ impl TenantRemote {
         Ok(Some(index))
     }
 
-    /// The newest generation claimed for this tenant, if newer than ours.
-    fn superseded_by(&self) -> Result<Option<Generation>, RemoteError> {
+    fn index_key(&self, timeline_id: TimelineId, generation: Generation) -> String {
+        format!("{}/{INDEX_PREFIX}{generation}", self.timeline_prefix(timeline_id))
+    }
+
+    /// Whether `generation` wrote an index for any timeline of the tenant (`first`'s is
+    /// looked at first: an attachment writes every timeline's at once).
+    fn is_active(&self, generation: Generation, first: TimelineId) -> Result<bool, RemoteError> {
+        let others = self.storage.list_dirs(&self.timelines_prefix())?;
+        let others = others.iter().filter_map(|n| n.parse::<TimelineId>().ok()).filter(|t| *t != first);
+        for timeline_id in std::iter::once(first).chain(others) {
+            match self.storage.get(&self.index_key(timeline_id, generation)) {
+                Ok(_) => return Ok(true),
+                Err(RemoteError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Looks for generations claimed after ours (see the module documentation). With
+    /// `may_reclaim`, a claim pending for longer than the grace time is overtaken: this
+    /// attachment claims the next generation and the answer is `Clear`.
+    fn check_claims(&self, timeline_id: TimelineId, may_reclaim: bool) -> Result<ClaimCheck, RemoteError> {
+        let ours = self.generation();
+        if let Some(g) = self.superseded_by() {
+            return Ok(ClaimCheck::Superseded(g));
+        }
         let claimed = self.storage.list(&format!("tenants/{}/generations", self.tenant_id))?;
-        Ok(claimed.iter().filter_map(|o| o.key.rsplit('/').next().and_then(Generation::parse)).max().filter(|g| *g > self.generation))
+        let mut newer: Vec<Generation> =
+            claimed.iter().filter_map(|o| o.key.rsplit('/').next().and_then(Generation::parse)).filter(|g| *g > ours).collect();
+        newer.sort_unstable_by(|a, b| b.cmp(a));
+        let Some(&newest) = newer.first() else {
+            let mut claims = lock(&self.claims);
+            if claims.generation == ours {
+                claims.pending = None;
+            }
+            return Ok(ClaimCheck::Clear);
+        };
+        for &g in &newer {
+            if self.is_active(g, timeline_id)? {
+                let mut claims = lock(&self.claims);
+                if claims.generation == ours && claims.superseded_by.is_none() {
+                    tracing::error!(
+                        "generation {g} of this tenant is active in another attachment; this one ({ours}) stops uploading, never deletes, and its remote-consistent LSN stays"
+                    );
+                    claims.superseded_by = Some(g);
+                }
+                return Ok(ClaimCheck::Superseded(claims.superseded_by.unwrap_or(g)));
+            }
+        }
+        let mut claims = lock(&self.claims);
+        if claims.generation != ours {
+            // Another timeline of the tenant overtook the claim meanwhile.
+            return Ok(ClaimCheck::Clear);
+        }
+        let since = match claims.pending {
+            Some((g, since)) if g == newest => since,
+            _ => {
+                tracing::warn!(
+                    "generation {newest} of this tenant was claimed by another attachment that is not active yet: deletions wait and the remote-consistent LSN holds until it is, or for {:?} at most",
+                    self.claim_grace
+                );
+                claims.pending = Some((newest, Instant::now()));
+                Instant::now()
+            }
+        };
+        if !may_reclaim || since.elapsed() < self.claim_grace {
+            return Ok(ClaimCheck::Pending(newest));
+        }
+        let generation = claim_next(&self.storage, self.tenant_id)?;
+        tracing::warn!(
+            "generation {newest} stayed inactive for {:?}: taken for dead, this attachment goes on as generation {generation} (was {ours})",
+            self.claim_grace
+        );
+        claims.generation = generation;
+        claims.pending = None;
+        Ok(ClaimCheck::Clear)
+    }
+
+    /// When the pending claim, if any, may be overtaken.
+    fn pending_deadline(&self) -> Option<Instant> {
+        lock(&self.claims).pending.map(|(_, since)| since + self.claim_grace)
+    }
+}
+
+/// Claims the next generation of `tenant_id` (the lowest number above every claim).
+fn claim_next(storage: &RemoteStorage, tenant_id: TenantId) -> Result<Generation, RemoteError> {
+    let prefix = format!("tenants/{tenant_id}/generations");
+    let claimed = storage.list(&prefix)?;
+    let mut next = claimed.iter().filter_map(|o| o.key.rsplit('/').next().and_then(Generation::parse)).max().map_or(1, |g| g.0 + 1);
+    loop {
+        let key = format!("{prefix}/{}", Generation(next));
+        let who = format!("{{\"pid\": {}, \"claimed_at_unix_s\": {}}}\n", std::process::id(), unix_now_s());
+        if storage.put_if_absent(&key, Bytes::from(who))? {
+            return Ok(Generation(next));
+        }
+        next += 1;
     }
 }
 
@@ -214,8 +352,13 @@ pub struct RemoteStatus {
     pub last_error: Option<String>,
     /// Seconds since the Unix epoch when the current operation started failing.
     pub failing_since_unix_s: Option<u64>,
-    /// Set when another attachment claimed a newer generation: this one stopped.
+    /// Set when another attachment's newer generation became active: this one stopped.
     pub superseded_by: Option<u32>,
+    /// A newer generation claimed but not active yet: deletions wait, the remote-consistent
+    /// LSN holds (see the module documentation).
+    pub pending_claim: Option<u32>,
+    /// Deletions waiting for a pending claim to resolve.
+    pub deferred_deletions: usize,
     pub layers_uploaded: u64,
     pub bytes_uploaded: u64,
     pub indexes_uploaded: u64,
@@ -224,7 +367,8 @@ pub struct RemoteStatus {
 }
 
 enum Op {
-    UploadLayer(Arc<LayerFile>),
+    /// The layer and the generation it is uploaded under (its key and index entry).
+    UploadLayer(Arc<LayerFile>, Generation),
     UploadIndex(IndexPart),
     Delete(Vec<String>),
 }
@@ -234,6 +378,11 @@ struct QueueState {
     projected: IndexPart,
     ops: VecDeque<Op>,
     status: RemoteStatus,
+    /// Object keys whose deletion waits for a pending claim to resolve.
+    deferred_deletions: Vec<String>,
+    /// The disk-consistent LSN of the last index uploaded but not confirmed (a newer claim
+    /// was seen after it): published once an index upload is confirmed.
+    unconfirmed: Option<Lsn>,
 }
 
 /// The upload queue of one timeline; see the module documentation.
@@ -268,19 +417,21 @@ impl RemoteTimelineClient {
         let projected = existing.unwrap_or(IndexPart {
             format_version: INDEX_FORMAT_VERSION,
             timeline_id,
-            generation: remote.generation,
+            generation: remote.generation(),
             disk_consistent_lsn: Lsn::INVALID,
             ancestor_timeline_id: ancestor.map(|a| a.0),
             ancestor_lsn: ancestor.map(|a| a.1),
             gc_cutoff_lsn: Lsn::INVALID,
             layers: Default::default(),
         });
-        let status = RemoteStatus { generation: remote.generation.0, remote_consistent_lsn, ..Default::default() };
+        let generation = remote.generation();
+        let projected = IndexPart { generation, ..projected };
+        let status = RemoteStatus { generation: generation.0, remote_consistent_lsn, ..Default::default() };
         let span = tracing::info_span!("remote", tenant_id = %remote.tenant_id, timeline_id = %timeline_id);
         let client = Arc::new(RemoteTimelineClient {
             remote,
             timeline_id,
-            state: Mutex::new(QueueState { projected, ops: VecDeque::new(), status }),
+            state: Mutex::new(QueueState { projected, ops: VecDeque::new(), status, deferred_deletions: Vec::new(), unconfirmed: None }),
             changed: Condvar::new(),
             shutdown: AtomicBool::new(false),
             worker: Mutex::new(None),
@@ -319,11 +470,20 @@ impl RemoteTimelineClient {
         lock(&self.state).status.remote_consistent_lsn
     }
 
+    /// The remote-consistent LSN and the generation that published it, read together: what
+    /// the safekeepers are told (they honour only the newest generation's position).
+    pub fn remote_position(&self) -> (Generation, Lsn) {
+        let state = lock(&self.state);
+        (Generation(state.status.generation), state.status.remote_consistent_lsn)
+    }
+
     pub fn status(&self) -> RemoteStatus {
         let state = lock(&self.state);
         let mut status = state.status.clone();
         status.queued_operations = state.ops.len();
         status.layers_downloaded = self.downloads.load(Ordering::Relaxed);
+        status.superseded_by = self.remote.superseded_by().map(|g| g.0);
+        status.deferred_deletions = state.deferred_deletions.len();
         status
     }
 
@@ -331,17 +491,15 @@ impl RemoteTimelineClient {
     /// values, an index upload, and then deletion of the removed layers' objects.
     pub fn schedule(&self, added: &[Arc<LayerFile>], removed: &[LayerDesc], disk_consistent_lsn: Lsn, gc_cutoff_lsn: Lsn) {
         let mut state = lock(&self.state);
-        if state.status.superseded_by.is_some() {
+        if self.remote.superseded_by().is_some() {
             return;
         }
+        let generation = self.remote.generation();
         for layer in added {
             // The size and checksum are filled in when the upload reads the file; the
             // index that names it is built after that (it is queued behind it).
-            state
-                .projected
-                .layers
-                .insert(layer.desc().file_name(), IndexLayer { size_bytes: 0, crc32c: 0, generation: self.remote.generation });
-            state.ops.push_back(Op::UploadLayer(Arc::clone(layer)));
+            state.projected.layers.insert(layer.desc().file_name(), IndexLayer { size_bytes: 0, crc32c: 0, generation });
+            state.ops.push_back(Op::UploadLayer(Arc::clone(layer), generation));
         }
         let mut deletions = Vec::new();
         for desc in removed {
@@ -352,7 +510,7 @@ impl RemoteTimelineClient {
         }
         state.projected.disk_consistent_lsn = state.projected.disk_consistent_lsn.max(disk_consistent_lsn);
         state.projected.gc_cutoff_lsn = state.projected.gc_cutoff_lsn.max(gc_cutoff_lsn);
-        state.projected.generation = self.remote.generation;
+        state.projected.generation = generation;
         let index = state.projected.clone();
         state.ops.push_back(Op::UploadIndex(index));
         if !deletions.is_empty() {
@@ -367,7 +525,7 @@ impl RemoteTimelineClient {
         let state = lock(&self.state);
         let (state, _) = self
             .changed
-            .wait_timeout_while(state, timeout, |s| !s.ops.is_empty() && s.status.superseded_by.is_none())
+            .wait_timeout_while(state, timeout, |s| !s.ops.is_empty() && self.remote.superseded_by().is_none())
             .unwrap_or_else(|e| e.into_inner());
         state.ops.is_empty()
     }
@@ -394,9 +552,23 @@ impl RemoteTimelineClient {
             let _entered = this.span.clone().entered();
             let op = {
                 let state = lock(&this.state);
-                let idle = |s: &mut QueueState| s.ops.is_empty() || s.status.superseded_by.is_some();
-                let (state, _) = this.changed.wait_timeout_while(state, Duration::from_secs(1), idle).unwrap_or_else(|e| e.into_inner());
-                if state.status.superseded_by.is_some() {
+                let idle = |s: &mut QueueState| s.ops.is_empty() || this.remote.superseded_by().is_some();
+                let (mut state, _) =
+                    this.changed.wait_timeout_while(state, Duration::from_secs(1), idle).unwrap_or_else(|e| e.into_inner());
+                // An idle queue with work held back by a pending claim uploads the index
+                // again (and runs the deletions that wait) once the claim may be overtaken or
+                // has been (by another timeline of the tenant), so that what was held back
+                // goes on without waiting for the next flush.
+                let held_back = state.unconfirmed.is_some() || !state.deferred_deletions.is_empty();
+                let due = this.remote.pending_deadline().is_none_or(|d| Instant::now() >= d);
+                if state.ops.is_empty() && held_back && due && this.remote.superseded_by().is_none() {
+                    let index = state.projected.clone();
+                    state.ops.push_back(Op::UploadIndex(index));
+                    if !state.deferred_deletions.is_empty() {
+                        state.ops.push_back(Op::Delete(Vec::new()));
+                    }
+                }
+                if this.remote.superseded_by().is_some() {
                     None
                 } else {
                     state.ops.front().map(clone_op)
@@ -431,7 +603,7 @@ impl RemoteTimelineClient {
                     }
                     state.status.failing_since_unix_s.get_or_insert_with(unix_now_s);
                     state.status.last_error = Some(message);
-                    if state.status.superseded_by.is_some() {
+                    if self.remote.superseded_by().is_some() {
                         return;
                     }
                     let delay = backoff.next_delay();
@@ -444,14 +616,28 @@ impl RemoteTimelineClient {
         }
     }
 
+    /// Records a claim check in the status; an error for a superseded attachment (the
+    /// worker then stops).
+    fn note_claims(&self, check: ClaimCheck) -> anyhow::Result<ClaimCheck> {
+        let mut state = lock(&self.state);
+        state.status.pending_claim = match check {
+            ClaimCheck::Pending(g) => Some(g.0),
+            _ => None,
+        };
+        if let ClaimCheck::Superseded(g) = check {
+            bail!("superseded by generation {g}");
+        }
+        Ok(check)
+    }
+
     fn execute(&self, op: &Op) -> anyhow::Result<()> {
         match op {
-            Op::UploadLayer(layer) => {
+            Op::UploadLayer(layer, generation) => {
                 let reader = layer.reader()?;
                 let bytes = Bytes::from(reader.read_all()?);
                 let crc = crc32c::crc32c(&bytes);
                 let name = layer.desc().file_name();
-                let entry = IndexLayer { size_bytes: bytes.len() as u64, crc32c: crc, generation: self.remote.generation };
+                let entry = IndexLayer { size_bytes: bytes.len() as u64, crc32c: crc, generation: *generation };
                 let key = self.remote.layer_key(self.timeline_id, &name, entry.generation);
                 self.remote.storage.put(&key, bytes)?;
                 layer.set_remote(self.remote_copy(entry));
@@ -475,31 +661,48 @@ impl RemoteTimelineClient {
                 Ok(())
             }
             Op::UploadIndex(_) => {
+                // Before: never an index of a superseded attachment (this may overtake a
+                // dead claim, and so change the generation the index goes under).
+                self.note_claims(self.remote.check_claims(self.timeline_id, true)?)?;
                 // The queued copy has the checksums filled in by the uploads before it.
-                let index = match lock(&self.state).ops.front() {
+                let mut index = match lock(&self.state).ops.front() {
                     Some(Op::UploadIndex(index)) => index.clone(),
                     _ => bail!("the upload queue lost its index operation"),
                 };
-                let key = format!("{}/{INDEX_PREFIX}{}", self.remote.timeline_prefix(self.timeline_id), self.remote.generation);
-                self.remote.storage.put(&key, Bytes::from(index.encode()))?;
+                let generation = self.remote.generation();
+                index.generation = generation;
+                self.remote.storage.put(&self.remote.index_key(self.timeline_id, generation), Bytes::from(index.encode()))?;
+                // After: the position is published only if no newer generation was claimed
+                // meanwhile (a later claimant reads the indexes after its claim, so it has
+                // this one or a newer one).
+                let after = self.note_claims(self.remote.check_claims(self.timeline_id, false)?)?;
                 let mut state = lock(&self.state);
                 state.status.indexes_uploaded += 1;
-                state.status.remote_consistent_lsn = state.status.remote_consistent_lsn.max(index.disk_consistent_lsn);
+                if after == ClaimCheck::Clear && self.remote.generation() == generation {
+                    let lsn = state.status.remote_consistent_lsn.max(index.disk_consistent_lsn);
+                    state.status.remote_consistent_lsn = lsn;
+                    state.status.generation = generation.0;
+                    state.unconfirmed = None;
+                } else {
+                    state.unconfirmed = Some(index.disk_consistent_lsn);
+                }
                 Ok(())
             }
             Op::Delete(keys) => {
-                if let Some(newer) = self.remote.superseded_by()? {
-                    tracing::error!(
-                        "generation {} of this tenant was claimed by another attachment; this one ({}) stops uploading and never deletes",
-                        newer,
-                        self.remote.generation
-                    );
-                    lock(&self.state).status.superseded_by = Some(newer.0);
-                    bail!("superseded by generation {newer}");
+                let check = self.note_claims(self.remote.check_claims(self.timeline_id, true)?)?;
+                if check != ClaimCheck::Clear {
+                    // The claimant may have loaded an index that names these objects.
+                    let mut state = lock(&self.state);
+                    tracing::info!("{} deletions wait for the claim of a newer generation to resolve", keys.len());
+                    state.deferred_deletions.extend(keys.iter().cloned());
+                    return Ok(());
                 }
-                for key in keys {
+                let deferred = lock(&self.state).deferred_deletions.clone();
+                for key in deferred.iter().chain(keys) {
                     self.remote.storage.delete(key)?;
-                    lock(&self.state).status.objects_deleted += 1;
+                    let mut state = lock(&self.state);
+                    state.deferred_deletions.retain(|k| k != key);
+                    state.status.objects_deleted += 1;
                 }
                 Ok(())
             }
@@ -509,7 +712,7 @@ impl RemoteTimelineClient {
 
 fn clone_op(op: &Op) -> Op {
     match op {
-        Op::UploadLayer(l) => Op::UploadLayer(Arc::clone(l)),
+        Op::UploadLayer(l, g) => Op::UploadLayer(Arc::clone(l), *g),
         Op::UploadIndex(i) => Op::UploadIndex(i.clone()),
         Op::Delete(k) => Op::Delete(k.clone()),
     }

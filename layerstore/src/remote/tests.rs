@@ -20,13 +20,20 @@ const TENANT: TenantId = TenantId([0x22; 16]);
 const MAIN: TimelineId = TimelineId([0xAA; 16]);
 const BRANCH: TimelineId = TimelineId([0xBB; 16]);
 const WAIT: Duration = Duration::from_secs(30);
+const CLAIM_GRACE: Duration = Duration::from_secs(3);
 
 fn key(blk: u32) -> Key {
     Key::rel_block(RelTag { spcnode: 1663, dbnode: 5, relnode: 16384, forknum: ForkNumber::Main }, BlockNumber(blk))
 }
 
 fn conf() -> StorageConfig {
-    StorageConfig { block_size_bytes: 64, compaction_l0_threshold: 2, compaction_target_size_bytes: 300, ..StorageConfig::default() }
+    StorageConfig {
+        block_size_bytes: 64,
+        compaction_l0_threshold: 2,
+        compaction_target_size_bytes: 300,
+        generation_claim_grace_ms: CLAIM_GRACE.as_millis() as u64,
+        ..StorageConfig::default()
+    }
 }
 
 fn storage(dir: &Path) -> RemoteStorage {
@@ -317,14 +324,87 @@ fn a_claim_that_never_became_active_does_not_stop_the_live_attachment() {
     let main = first.create_timeline(MAIN).unwrap();
     let last = write(&main, 0, 3);
     assert!(main.wait_for_uploads(WAIT));
+    let position = main.remote_consistent_lsn();
+    assert_eq!(main.remote_position(), (1, position));
+    let (first_last, want) = (last, snapshot(&main, 1, last));
     dead_claim(&remote, 2);
     // Flushes and an L0 compaction (which deletes the L0 layers) go on.
     let last = write(&main, last, 2);
     main.compact_level0(true).unwrap();
-    let _ = main.wait_for_uploads(Duration::from_secs(3));
+    assert!(main.wait_for_uploads(WAIT), "the queue is not wedged");
     let status = main.remote_status().unwrap();
     assert_eq!(status.superseded_by, None, "a claim with no index of its own superseded the live attachment: {status:?}");
     assert_eq!(index_of(&remote, MAIN, 1).unwrap().disk_consistent_lsn, Lsn(last), "its index uploads go on");
+    // While the claim is pending: nothing is deleted (the claimant may have loaded an index
+    // naming those layers), and the position holds (it may resume from an older index).
+    assert_eq!((status.pending_claim, status.objects_deleted), (Some(2), 0), "{status:?}");
+    assert!(status.deferred_deletions > 0, "{status:?}");
+    assert_eq!(main.remote_position(), (1, position));
+    // After the grace time the claim is taken for dead: the live attachment claims
+    // generation 3, and everything held back goes on, the idle queue included.
+    let deadline = std::time::Instant::now() + WAIT;
+    while main.remote_position() != (3, Lsn(last)) {
+        assert!(std::time::Instant::now() < deadline, "held back for good: {:?}", main.remote_status());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(main.wait_for_uploads(WAIT));
+    let status = main.remote_status().unwrap();
+    assert_eq!(
+        (status.generation, status.pending_claim, status.deferred_deletions, status.superseded_by),
+        (3, None, 0, None),
+        "{status:?}"
+    );
+    assert!(status.objects_deleted > 0, "{status:?}");
+    assert_eq!(first.remote().unwrap().generation().0, 3);
+    assert_eq!(index_of(&remote, MAIN, 3).unwrap().disk_consistent_lsn, Lsn(last));
+    assert_index_names_only_existing_objects(&remote, MAIN);
+    // Should the dead claim's process come back and upload an index after all, it is the
+    // older attachment: the live one goes on.
+    let zombie = IndexPart { generation: super::Generation(2), ..index_of(&remote, MAIN, 1).unwrap() };
+    let key = format!("tenants/{TENANT}/timelines/{MAIN}/index_part.json-00000002");
+    remote.put(&key, Bytes::from(zombie.encode())).unwrap();
+    let more = write(&main, last, 1);
+    assert!(main.wait_for_uploads(WAIT));
+    assert_eq!(main.remote_position(), (3, Lsn(more)));
+    first.shutdown_remote();
+    drop((main, first));
+    // A later attachment loads the live one's index, and reads what it wrote.
+    let local3 = tempfile::tempdir().unwrap();
+    let third = Tenant::load_with_remote(local3.path(), TENANT, conf(), &[], Some(&remote), None).unwrap();
+    assert_eq!(third.remote().unwrap().generation().0, 4);
+    let main3 = third.get_timeline(MAIN).unwrap();
+    assert_eq!(main3.disk_consistent_lsn(), Lsn(more));
+    assert_eq!(snapshot(&main3, 1, first_last), want);
+    third.shutdown_remote();
+}
+
+#[test]
+fn a_pending_claim_that_becomes_active_supersedes_the_live_attachment() {
+    let (_dir, remote, local1, local2) = two_homes();
+    let first = Tenant::create_with_remote(&local1, TENANT, conf(), &[], Some(&remote), None).unwrap();
+    let main = first.create_timeline(MAIN).unwrap();
+    let last = write(&main, 0, 2);
+    assert!(main.wait_for_uploads(WAIT));
+    let position = main.remote_consistent_lsn();
+    // A slow attach: generation 2 is claimed (here, by hand: its process has not uploaded
+    // its index yet) while the first flushes.
+    dead_claim(&remote, 2);
+    write(&main, last, 1);
+    assert!(main.wait_for_uploads(WAIT));
+    assert_eq!(main.remote_status().unwrap().pending_claim, Some(2));
+    // It becomes active (an index of its own), before the grace time ran out.
+    let index = IndexPart { generation: super::Generation(2), ..index_of(&remote, MAIN, 1).unwrap() };
+    let key = format!("tenants/{TENANT}/timelines/{MAIN}/index_part.json-00000002");
+    remote.put(&key, Bytes::from(index.encode())).unwrap();
+    main.compact_level0(true).unwrap();
+    let _ = main.wait_for_uploads(Duration::from_secs(5));
+    let status = main.remote_status().unwrap();
+    assert_eq!((status.superseded_by, status.objects_deleted), (Some(2), 0), "{status:?}");
+    assert_eq!(main.remote_position(), (1, position), "the position held since the claim");
+    // A third attachment (generation 3) supersedes the second as well, never the first back.
+    let second = Tenant::load_with_remote(&local2, TENANT, conf(), &[], Some(&remote), None).unwrap();
+    assert_eq!(second.remote().unwrap().generation().0, 3);
+    second.shutdown_remote();
     first.shutdown_remote();
 }
 

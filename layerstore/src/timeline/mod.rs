@@ -460,6 +460,10 @@ impl Timeline {
                 m.insert_file(layer);
             }
         });
+        // An index of this generation at once, naming only what remote storage holds: the
+        // attachment is active from here on (older attachments stop; see `remote`), however
+        // long the uploads after it take.
+        client.schedule(&[], &[], Lsn::INVALID, Lsn::INVALID);
         client.schedule(&to_upload, &[], disk_consistent_lsn, self.gc_cutoff_lsn());
         self.remote.set(client).map_err(|_| anyhow::anyhow!("timeline already has an upload queue"))?;
         Ok(())
@@ -471,6 +475,19 @@ impl Timeline {
         match self.remote.get() {
             Some(remote) => remote.remote_consistent_lsn(),
             None => self.disk_consistent_lsn(),
+        }
+    }
+
+    /// The remote-consistent LSN and the generation of the attachment that published it
+    /// (without remote storage: generation 0 and the disk-consistent LSN). The safekeepers
+    /// honour only the newest generation's position.
+    pub fn remote_position(&self) -> (u32, Lsn) {
+        match self.remote.get() {
+            Some(remote) => {
+                let (generation, lsn) = remote.remote_position();
+                (generation.0, lsn)
+            }
+            None => (0, self.disk_consistent_lsn()),
         }
     }
 

@@ -65,14 +65,24 @@
 //! ingested record) and when WAL pauses (`IDLE_FLUSH_AFTER`); whenever the disk-consistent
 //! LSN has moved, local segments wholly below it are deleted.
 //!
-//! **The remote-consistent LSN.** To a safekeeper (one that reported `fjord.safekeeper` at
-//! startup, see `conn.rs`), each status update is followed by fjord's own CopyData message
-//! (`P`, then the LSN as a big-endian `u64`) whenever the timeline's remote-consistent LSN
-//! (`Timeline::remote_consistent_lsn`: WAL below it is in layers in remote storage, or
-//! without remote storage in local layer files) moved since the session last sent it, the
-//! first time at the session's first status update. The safekeepers remove WAL below it
-//! (and below what every safekeeper has). A compute's walsender is never sent it: it would
-//! end the connection on an unknown message.
+//! **The remote-consistent LSN.** The safekeepers remove WAL below it (and below what every
+//! safekeeper has), and they take it only from the pageserver, with the attachment
+//! generation it belongs to (`Timeline::remote_position`: WAL below the LSN is in layers in
+//! remote storage, as the attachment of that generation confirmed, or without remote
+//! storage in local layer files, generation 0); they honour only the newest generation's.
+//! So the receiver tells every safekeeper of the list itself, not only the one it streams
+//! from (a compute's proposer cannot relay it: it holds only a tenant token):
+//! - to the safekeeper it streams from (one that reported `fjord.safekeeper` at startup,
+//!   see `conn.rs`), each status update is followed by fjord's own CopyData message (`P`,
+//!   the generation as a big-endian `u32` and the LSN as a big-endian `u64`; to a version 1
+//!   safekeeper the LSN alone) whenever the position changed since the session last sent
+//!   it, the first time at the session's first status update;
+//! - a reporter thread tells every source, about once a second when the position changed
+//!   since it last told that source, over a short connection (`FJORD_REMOTE_CONSISTENT_LSN
+//!   <generation> X/X`, `conn::report_position`); a source that is down is told when it is
+//!   back, one that is not a safekeeper of version 2 or later is skipped.
+//!
+//! A compute's walsender is never sent either: it would end the connection on them.
 //!
 //! **Authentication.** A source that asks for a cleartext password (a safekeeper started
 //! with `--auth-public-key`) is given the token registered with the sources (a storage
@@ -117,7 +127,7 @@ use proto::Lsn;
 use crate::pgdata::walingest::WalIngest;
 use crate::service::ingest_gate::IngestGate;
 use crate::service::localwal::{LocalWal, LOCAL_WAL_TLI};
-use conn::{connect, error_text, probe, Conn, Credentials, Msg, REMOTE_CONSISTENT_LSN_TAG};
+use conn::{connect, error_text, probe, report_position, Conn, Credentials, Msg, REMOTE_CONSISTENT_LSN_TAG};
 use failover::{Failover, LogLevel, Retry, Switch};
 use layerstore::timeline::Timeline;
 use layerstore::value::Reconstructor;
@@ -136,6 +146,9 @@ pub struct WalReceiver {
     stop: Arc<AtomicBool>,
     status: Arc<Mutex<WalReceiverStatus>>,
     thread: Option<JoinHandle<()>>,
+    /// Tells every source the timeline's remote-consistent LSN (see the module
+    /// documentation).
+    reporter: Option<JoinHandle<()>>,
 }
 
 // The failover policy's own timings (`BACKOFF_MIN`, `BACKOFF_MAX`, `HEALTHY_SESSION_AFTER`,
@@ -155,6 +168,10 @@ const BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
 const APPLY_STATUS_BYTES: usize = 256 * 1024;
 /// How long a read waits before the loop checks for a stop request and sends feedback.
 const READ_TIMEOUT: Duration = Duration::from_millis(20);
+/// How often the reporter looks whether the remote-consistent LSN changed.
+const REPORT_INTERVAL: Duration = Duration::from_secs(1);
+/// A report's connection and command, together.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl WalReceiver {
     /// Starts following `sources` into `timeline`, holding `gate` from confirming each batch
@@ -188,12 +205,17 @@ impl WalReceiver {
                 .collect(),
             ..Default::default()
         }));
+        let (stop2, sources2, token2, timeline2) = (Arc::clone(&stop), sources.clone(), auth_token.clone(), Arc::clone(&timeline));
+        let reporter = std::thread::Builder::new()
+            .name("walreceiver-report".into())
+            .spawn(move || report_positions(timeline2, sources2, token2, stop2))
+            .expect("spawn the wal receiver's reporter thread");
         let (stop2, status2, sources2) = (Arc::clone(&stop), Arc::clone(&status), sources.clone());
         let thread = std::thread::Builder::new()
             .name("walreceiver".into())
             .spawn(move || run(timeline, gate, reconstructor, sources2, auth_token, stop2, status2))
             .expect("spawn the wal receiver thread");
-        WalReceiver { sources, stop, status, thread: Some(thread) }
+        WalReceiver { sources, stop, status, thread: Some(thread), reporter: Some(reporter) }
     }
 
     /// Whether this receiver follows exactly `sources` and is streaming from one of them
@@ -213,7 +235,7 @@ impl WalReceiver {
 
     pub fn stop(mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
+        for t in [self.thread.take(), self.reporter.take()].into_iter().flatten() {
             let _ = t.join();
         }
     }
@@ -222,6 +244,42 @@ impl WalReceiver {
 impl Drop for WalReceiver {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The reporter thread: tells every source the timeline's remote-consistent LSN and its
+/// attachment generation when they changed since that source was last told.
+fn report_positions(timeline: Arc<Timeline>, sources: WalSources, auth_token: Option<String>, stop: Arc<AtomicBool>) {
+    let span = tracing::info_span!("walreceiver", tenant_id = %timeline.tenant_id(), timeline_id = %timeline.timeline_id());
+    let _entered = span.enter();
+    let database = format!("{}/{}", timeline.tenant_id(), timeline.timeline_id());
+    // What each source was last told (`None`: nothing yet), and the sources that do not
+    // take it (a compute's walsender, an older safekeeper), which are not asked again.
+    let mut told: Vec<Option<(u32, Lsn)>> = vec![None; sources.len()];
+    let mut skip = vec![false; sources.len()];
+    while !stop.load(Ordering::SeqCst) {
+        let position = timeline.remote_position();
+        if position.1.is_valid() {
+            for (i, source) in sources.as_slice().iter().enumerate() {
+                if skip[i] || told[i] == Some(position) || stop.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let credentials = Credentials { token: auth_token.as_deref() };
+                match report_position(source, &database, credentials, position, REPORT_TIMEOUT) {
+                    Ok(true) => {
+                        tracing::debug!("told {source} the remote-consistent LSN {} of generation {}", position.1, position.0);
+                        told[i] = Some(position);
+                    }
+                    Ok(false) => skip[i] = true,
+                    // Routine while a source is down; the streaming sessions log failures.
+                    Err(e) => tracing::debug!("could not tell {source} the remote-consistent LSN: {e:#}"),
+                }
+            }
+        }
+        let until = Instant::now() + REPORT_INTERVAL;
+        while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
@@ -412,17 +470,18 @@ fn now_pg_micros() -> i64 {
 }
 
 /// What a session last told the server: when it sent a status update, and (a safekeeper
-/// only) the remote-consistent LSN.
+/// only) the remote-consistent LSN with its attachment generation.
 struct StatusSent {
     at: Instant,
-    remote_consistent: Lsn,
+    position: Option<(u32, Lsn)>,
 }
 
 /// A standby status update: written = flushed = the local WAL's durable end, applied =
 /// ingested (the last record LSN). To a safekeeper (`Conn::accepts_remote_consistent_lsn`),
-/// also the timeline's remote-consistent LSN when it moved past the one `sent` records
-/// (fjord's message: `P` and the LSN, big-endian): WAL below it is in object storage, and
-/// the safekeepers may remove it.
+/// also the timeline's remote-consistent LSN and its generation when they changed from
+/// what `sent` records (fjord's message: `P`, the generation and the LSN, big-endian; the
+/// LSN alone to a version 1 safekeeper): WAL below it is in object storage, and the
+/// safekeepers may remove it.
 fn send_status(conn: &mut Conn, timeline: &Timeline, durable: Lsn, sent: &mut StatusSent) -> anyhow::Result<()> {
     let ingested = timeline.last_record_lsn();
     let mut payload = Vec::with_capacity(34);
@@ -434,16 +493,23 @@ fn send_status(conn: &mut Conn, timeline: &Timeline, durable: Lsn, sent: &mut St
     payload.push(0);
     let mut out = BytesMut::new();
     frontend::CopyData::new(&payload[..])?.write(&mut out);
-    let remote_consistent = timeline.remote_consistent_lsn();
-    if conn.accepts_remote_consistent_lsn() && remote_consistent > sent.remote_consistent {
-        let mut payload = Vec::with_capacity(9);
+    let position = timeline.remote_position();
+    let (generation, remote_consistent) = position;
+    let changed = sent.position != Some(position) && remote_consistent.is_valid();
+    if conn.accepts_remote_consistent_lsn() && changed {
+        let mut payload = Vec::with_capacity(13);
         payload.push(REMOTE_CONSISTENT_LSN_TAG);
+        if conn.accepts_generation() {
+            payload.extend_from_slice(&generation.to_be_bytes());
+        }
         payload.extend_from_slice(&remote_consistent.0.to_be_bytes());
         frontend::CopyData::new(&payload[..])?.write(&mut out);
-        tracing::debug!("remote-consistent LSN {remote_consistent} sent");
+        tracing::debug!("remote-consistent LSN {remote_consistent} of generation {generation} sent");
     }
     conn.send(&out)?;
-    sent.remote_consistent = sent.remote_consistent.max(remote_consistent);
+    if changed {
+        sent.position = Some(position);
+    }
     sent.at = Instant::now();
     Ok(())
 }
@@ -535,7 +601,7 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
             src.last_error = None;
         }
     });
-    let mut sent = StatusSent { at: Instant::now() - STATUS_INTERVAL, remote_consistent: Lsn(0) };
+    let mut sent = StatusSent { at: Instant::now() - STATUS_INTERVAL, position: None };
     let mut local_wal_removed_below = Lsn(0);
     // For the idle flush only; `failover` keeps its own time of the last WAL for probing.
     let mut last_data = Instant::now();

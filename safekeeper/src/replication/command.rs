@@ -102,7 +102,15 @@ pub(super) fn tokenize(s: &str) -> Result<Vec<Token>, String> {
 pub(super) enum Command {
     IdentifySystem,
     Show(String),
-    StartReplication { start: Lsn, timeline: Option<u64> },
+    StartReplication {
+        start: Lsn,
+        timeline: Option<u64>,
+    },
+    /// fjord's: the pageserver's remote-consistent LSN and its attachment generation.
+    RemoteConsistentLsn {
+        generation: u32,
+        lsn: Lsn,
+    },
 }
 
 pub(super) fn syntax_error(command: &str, what: String) -> PgError {
@@ -184,6 +192,21 @@ pub(super) fn parse_command(tokens: &[Token]) -> Result<Command, PgError> {
             }
             expect_end(C, rest)?;
             Ok(Command::StartReplication { start, timeline })
+        }
+        Some("fjord_remote_consistent_lsn") => {
+            const C: &str = "FJORD_REMOTE_CONSISTENT_LSN";
+            let generation = match rest.first() {
+                Some(Token::Number(n)) => u32::try_from(*n).map_err(|_| syntax_error(C, format!("generation {n} is out of range")))?,
+                Some(t) => return Err(syntax_error(C, format!("expected a generation number, found \"{t}\""))),
+                None => return Err(syntax_error(C, "expected a generation number and an LSN".into())),
+            };
+            let lsn = match rest.get(1) {
+                Some(Token::Lsn(l)) => *l,
+                Some(t) => return Err(syntax_error(C, format!("expected an LSN such as 0/16B3748, found \"{t}\""))),
+                None => return Err(syntax_error(C, "expected an LSN such as 0/16B3748 after the generation".into())),
+            };
+            expect_end(C, &rest[2..])?;
+            Ok(Command::RemoteConsistentLsn { generation, lsn })
         }
         Some(
             w @ ("timeline_history"
@@ -272,6 +295,19 @@ mod tests {
             parse("START_REPLICATION SLOT s PHYSICAL 0/3000000 TIMELINE 1").unwrap(),
             Command::StartReplication { start: Lsn(0x300_0000), timeline: Some(1) }
         );
+        assert_eq!(
+            parse("FJORD_REMOTE_CONSISTENT_LSN 3 1/16B3748").unwrap(),
+            Command::RemoteConsistentLsn { generation: 3, lsn: Lsn(0x1_016B_3748) }
+        );
+        for bad in [
+            "FJORD_REMOTE_CONSISTENT_LSN",
+            "FJORD_REMOTE_CONSISTENT_LSN 3",
+            "FJORD_REMOTE_CONSISTENT_LSN 0/1 3",
+            "FJORD_REMOTE_CONSISTENT_LSN 4294967296 0/1",
+            "FJORD_REMOTE_CONSISTENT_LSN 3 0/1 x",
+        ] {
+            assert_eq!(parse(bad).unwrap_err().code, sqlstate::SYNTAX_ERROR, "{bad}");
+        }
         for bad in
             ["IDENTIFY_SYSTEM now", "START_REPLICATION", "START_REPLICATION PHYSICAL", "START_REPLICATION 0/1 TIMELINE", "SHOW", "SHOW 1"]
         {

@@ -17,6 +17,7 @@ pub(super) mod sqlstate {
     pub const CHARACTER_NOT_IN_REPERTOIRE: &str = "22021";
     pub const INVALID_AUTHORIZATION: &str = "28000";
     pub const INVALID_PASSWORD: &str = "28P01";
+    pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
     pub const INVALID_CATALOG_NAME: &str = "3D000";
     pub const SYNTAX_ERROR: &str = "42601";
     pub const UNDEFINED_OBJECT: &str = "42704";

@@ -231,7 +231,11 @@ const AUTH_REQ_PASSWORD: u32 = 3;
 /// WAL (see the module documentation of `replication`). `Ok(Err(refusal))`: the `FATAL`
 /// error to send, already logged and counted by the check; `Err`: the exchange itself
 /// failed (a protocol violation, a broken connection).
-pub(super) async fn authenticate(conn: &mut Conn, auth: &Authenticator, startup: &Startup) -> Result<Result<(), PgError>, PgError> {
+pub(super) async fn authenticate(
+    conn: &mut Conn,
+    auth: &Authenticator,
+    startup: &Startup,
+) -> Result<Result<auth::Claims, PgError>, PgError> {
     let access = auth::Access::ReadWal { tenant: startup.tenant, timeline: startup.timeline };
     let request = "replication connection";
     let refuse = |e: auth::AuthError| {
@@ -255,7 +259,7 @@ pub(super) async fn authenticate(conn: &mut Conn, auth: &Authenticator, startup:
             return Ok(Err(refuse(e)));
         }
     };
-    Ok(auth.check(Some(&password), access, &conn.peer, request).map(|_| ()).map_err(refuse))
+    Ok(auth.check(Some(&password), access, &conn.peer, request).map_err(refuse))
 }
 
 enum Password {

@@ -6,7 +6,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 4 | magic `FJSK` |
-//! | 4 | format version (3; 1 and 2 are read too) |
+//! | 4 | format version (4; 1 to 3 are read too) |
 //! | 16 | tenant id |
 //! | 16 | timeline id |
 //! | 8 | PostgreSQL system identifier of the WAL |
@@ -19,12 +19,14 @@
 //! | 8 | peer horizon (version 2) |
 //! | 8 | the pageserver's remote-consistent LSN (version 2) |
 //! | 4 | flags (version 3): bit 0, a *learner* (`quorum`'s "Learners"); others must be 0 |
+//! | 4 | the attachment generation of the pageserver that reported the remote-consistent LSN (version 4; 0: none known) |
 //! | 4 | crc32c |
 //!
 //! Version 1 had neither of the two LSNs of version 2: such a file is read with both 0
 //! (nothing may be removed until they are learnt again). Versions 1 and 2 had no flags: a
-//! voter (they knew no learners). The next write makes either version 3. A safekeeper does
-//! not read versions after its own: downgrading is not supported.
+//! voter (they knew no learners). Versions before 4 had no generation: 0, which any
+//! pageserver's next report replaces. The next write makes any of them version 4. A
+//! safekeeper does not read versions after its own: downgrading is not supported.
 //!
 //! The file is replaced atomically (write a temporary file, fsync it, rename it over the
 //! old one, fsync the directory), so a crash leaves either the old or the new contents.
@@ -38,7 +40,7 @@ use std::path::Path;
 
 pub const CONTROL_FILE_NAME: &str = "safekeeper.control";
 const MAGIC: [u8; 4] = *b"FJSK";
-const FORMAT_VERSION: u32 = 3;
+const FORMAT_VERSION: u32 = 4;
 /// Flags (version 3): the acceptor is a learner.
 const FLAG_LEARNER: u32 = 1;
 /// The oldest format version this safekeeper still reads.
@@ -60,9 +62,13 @@ pub struct ControlFile {
     /// The highest peer horizon received (see `quorum`'s "WAL removal"); WAL may be
     /// removed only below it.
     pub peer_horizon_lsn: Lsn,
-    /// The highest remote-consistent LSN the pageserver reported (directly or relayed by a
-    /// proposer): WAL below it is in object storage. 0: never reported.
+    /// The remote-consistent LSN the pageserver of the newest attachment generation
+    /// reported (the highest it reported): WAL below it is in object storage. 0: never
+    /// reported.
     pub remote_consistent_lsn: Lsn,
+    /// The attachment generation that reported `remote_consistent_lsn` (version 4; 0: none
+    /// known, as from a pageserver without object storage).
+    pub remote_consistent_generation: u32,
     /// Created without a record of the timeline: no vote until it caught up (`quorum`'s
     /// "Learners").
     pub learner: bool,
@@ -104,6 +110,7 @@ impl ControlFile {
         b.extend_from_slice(&self.remote_consistent_lsn.0.to_le_bytes());
         let flags = if self.learner { FLAG_LEARNER } else { 0 };
         b.extend_from_slice(&flags.to_le_bytes());
+        b.extend_from_slice(&self.remote_consistent_generation.to_le_bytes());
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
         b
@@ -155,6 +162,7 @@ impl ControlFile {
         if flags & !FLAG_LEARNER != 0 {
             return Err(ControlFileError::Malformed(format!("unknown flags {flags:#x}")));
         }
+        let remote_consistent_generation = if version >= 4 { r.u32()? } else { 0 };
         if !r.0.is_empty() {
             return Err(ControlFileError::Malformed(format!("{} trailing bytes", r.0.len())));
         }
@@ -172,6 +180,7 @@ impl ControlFile {
             wal_begin,
             peer_horizon_lsn,
             remote_consistent_lsn,
+            remote_consistent_generation,
             learner: flags & FLAG_LEARNER != 0,
         })
     }
@@ -223,6 +232,7 @@ mod tests {
             wal_begin: Lsn(100),
             peer_horizon_lsn: Lsn(120),
             remote_consistent_lsn: Lsn(110),
+            remote_consistent_generation: 5,
             learner: true,
         }
     }
@@ -249,8 +259,8 @@ mod tests {
         b
     }
 
-    /// A file as version 1 or 2 wrote it: version 1 without the peer horizon and the
-    /// remote-consistent LSN, neither with flags.
+    /// A file as version 1, 2 or 3 wrote it: version 1 without the peer horizon and the
+    /// remote-consistent LSN, 1 and 2 without flags, none with the generation.
     fn encode_old(c: &ControlFile, version: u32) -> Vec<u8> {
         let mut b = encode_v1(c);
         b.truncate(b.len() - 4);
@@ -259,24 +269,38 @@ mod tests {
             b.extend_from_slice(&c.peer_horizon_lsn.0.to_le_bytes());
             b.extend_from_slice(&c.remote_consistent_lsn.0.to_le_bytes());
         }
+        if version >= 3 {
+            b.extend_from_slice(&u32::from(c.learner).to_le_bytes());
+        }
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
         b
     }
 
     #[test]
-    fn versions_1_and_2_are_read_and_rewritten_as_version_3() {
+    fn versions_1_to_3_are_read_and_rewritten_as_version_4() {
         let v1 = encode_v1(&sample());
         assert_eq!(encode_old(&sample(), 1), v1);
         let c = ControlFile::decode(&v1).unwrap();
         // Everything version 1 had, nothing learnt yet of what may be removed, a voter.
-        assert_eq!(c, ControlFile { peer_horizon_lsn: Lsn(0), remote_consistent_lsn: Lsn(0), learner: false, ..sample() });
-        let v3 = c.encode();
-        assert_eq!(u32::from_le_bytes(v3[4..8].try_into().unwrap()), 3);
-        assert_eq!(v3.len(), v1.len() + 20);
-        assert_eq!(ControlFile::decode(&v3), Ok(c));
+        let nothing = ControlFile {
+            peer_horizon_lsn: Lsn(0),
+            remote_consistent_lsn: Lsn(0),
+            remote_consistent_generation: 0,
+            learner: false,
+            ..sample()
+        };
+        assert_eq!(c, nothing);
+        let v4 = c.encode();
+        assert_eq!(u32::from_le_bytes(v4[4..8].try_into().unwrap()), 4);
+        assert_eq!(v4.len(), v1.len() + 24);
+        assert_eq!(ControlFile::decode(&v4), Ok(c));
         let v2 = encode_old(&sample(), 2);
-        assert_eq!(ControlFile::decode(&v2), Ok(ControlFile { learner: false, ..sample() }));
+        assert_eq!(ControlFile::decode(&v2), Ok(ControlFile { learner: false, remote_consistent_generation: 0, ..sample() }));
+        // Version 3: no generation (0, which any pageserver's report replaces).
+        let v3 = encode_old(&sample(), 3);
+        assert_eq!(ControlFile::decode(&v3), Ok(ControlFile { remote_consistent_generation: 0, ..sample() }));
+        assert_eq!(sample().encode().len(), v3.len() + 4);
         // A version-1 file with version 2's fields, or a version-2 file without them, is
         // malformed (the checksums are right).
         let mut long = v1[..v1.len() - 4].to_vec();
@@ -287,19 +311,24 @@ mod tests {
         short[4..8].copy_from_slice(&2u32.to_le_bytes());
         short.extend_from_slice(&crc32c::crc32c(&short).to_le_bytes());
         assert_eq!(ControlFile::decode(&short), Err(ControlFileError::Malformed("truncated".into())));
-        // Versions before 1 and after 3 are refused, naming what is read.
-        for v in [0u32, 4] {
-            let mut b = v3[..v3.len() - 4].to_vec();
+        // A version-4 file without the generation is malformed too.
+        let mut short = v3[..v3.len() - 4].to_vec();
+        short[4..8].copy_from_slice(&4u32.to_le_bytes());
+        short.extend_from_slice(&crc32c::crc32c(&short).to_le_bytes());
+        assert_eq!(ControlFile::decode(&short), Err(ControlFileError::Malformed("truncated".into())));
+        // Versions before 1 and after 4 are refused, naming what is read.
+        for v in [0u32, 5] {
+            let mut b = v4[..v4.len() - 4].to_vec();
             b[4..8].copy_from_slice(&v.to_le_bytes());
             b.extend_from_slice(&crc32c::crc32c(&b).to_le_bytes());
             let e = ControlFile::decode(&b).unwrap_err();
             assert_eq!(e, ControlFileError::Version(v));
-            assert_eq!(e.to_string(), format!("control file has format version {v}, this safekeeper reads versions 1 to 3"));
+            assert_eq!(e.to_string(), format!("control file has format version {v}, this safekeeper reads versions 1 to 4"));
         }
         // Unknown flags are refused.
-        let mut b = v3[..v3.len() - 4].to_vec();
-        let at = b.len() - 4;
-        b[at..].copy_from_slice(&2u32.to_le_bytes());
+        let mut b = v4[..v4.len() - 4].to_vec();
+        let at = b.len() - 8;
+        b[at..at + 4].copy_from_slice(&2u32.to_le_bytes());
         b.extend_from_slice(&crc32c::crc32c(&b).to_le_bytes());
         assert_eq!(ControlFile::decode(&b), Err(ControlFileError::Malformed("unknown flags 0x2".into())));
     }

@@ -77,6 +77,7 @@ impl TimelineStorage {
             wal_begin: Lsn(0),
             peer_horizon_lsn: Lsn(0),
             remote_consistent_lsn: Lsn(0),
+            remote_consistent_generation: 0,
             learner,
         };
         write_atomic(&tmp, CONTROL_FILE_NAME, &control.encode())?;
@@ -183,22 +184,34 @@ impl TimelineStorage {
     }
 
     /// Writes the commit LSN, peer horizon and remote-consistent LSN into the control file
-    /// if any of them moved forward (the lazy path); none of them ever goes back. Returns
-    /// whether it wrote.
+    /// if any of them moved forward (the lazy path); none of them ever goes back. The
+    /// remote-consistent LSN is taken as of the generation in the control file (see
+    /// [`TimelineStorage::persist_lazy_at`]). Returns whether it wrote.
     pub fn persist_lazy(&mut self, lazy: RemovalInputs, stats: &mut SyncStats) -> anyhow::Result<bool> {
+        let generation = self.control.remote_consistent_generation;
+        self.persist_lazy_at(lazy, generation, stats)
+    }
+
+    /// [`TimelineStorage::persist_lazy`] with the remote-consistent LSN reported by the
+    /// pageserver of attachment `generation`: a newer generation's position replaces the
+    /// one in the control file even if it is lower (only the newest attachment's counts), a
+    /// position of the same generation only raises it, an older generation's is ignored.
+    pub fn persist_lazy_at(&mut self, lazy: RemovalInputs, generation: u32, stats: &mut SyncStats) -> anyhow::Result<bool> {
         self.settle(stats)?;
         let c = &self.control;
-        if lazy.commit_lsn <= c.commit_lsn
-            && lazy.peer_horizon_lsn <= c.peer_horizon_lsn
-            && lazy.remote_consistent_lsn <= c.remote_consistent_lsn
-        {
+        let position_moves = generation > c.remote_consistent_generation
+            || (generation == c.remote_consistent_generation && lazy.remote_consistent_lsn > c.remote_consistent_lsn);
+        if lazy.commit_lsn <= c.commit_lsn && lazy.peer_horizon_lsn <= c.peer_horizon_lsn && !position_moves {
             return Ok(false);
         }
         self.sync(stats)?;
         let mut c = self.control.clone();
         c.commit_lsn = c.commit_lsn.max(lazy.commit_lsn);
         c.peer_horizon_lsn = c.peer_horizon_lsn.max(lazy.peer_horizon_lsn);
-        c.remote_consistent_lsn = c.remote_consistent_lsn.max(lazy.remote_consistent_lsn);
+        if position_moves {
+            c.remote_consistent_generation = generation;
+            c.remote_consistent_lsn = lazy.remote_consistent_lsn;
+        }
         self.write_control(c, stats)?;
         Ok(true)
     }

@@ -13,7 +13,8 @@
 //! `fjord.safekeeper` (the version of fjord's additions to the protocol it accepts) among
 //! its `ParameterStatus` messages, which no PostgreSQL server does ([`Conn::safekeeper`]).
 //! Only then does the receiver send fjord's own CopyData messages (the remote-consistent
-//! LSN), which a compute's walsender would refuse.
+//! LSN) and commands (`FJORD_REMOTE_CONSISTENT_LSN`, [`report_position`]), which a
+//! compute's walsender would refuse.
 //!
 //! Authentication: a server that asks for a cleartext password (a safekeeper started with
 //! `--auth-public-key`) gets the token registered with the timeline's sources (a storage
@@ -41,10 +42,12 @@ pub(super) struct Conn {
     safekeeper: Option<String>,
 }
 
-/// The `ParameterStatus` a safekeeper reports, and the version of fjord's additions to the
-/// protocol that has the remote-consistent LSN message (`safekeeper/src/replication.rs`).
+/// The `ParameterStatus` a safekeeper reports, and the versions of fjord's additions to the
+/// protocol (`safekeeper/src/replication.rs`): 1 has the remote-consistent LSN message, 2
+/// the attachment generation in it and the `FJORD_REMOTE_CONSISTENT_LSN` command.
 pub(super) const SAFEKEEPER_PARAMETER: &str = "fjord.safekeeper";
 const SAFEKEEPER_REMOTE_CONSISTENT_LSN_VERSION: u32 = 1;
+const SAFEKEEPER_GENERATION_VERSION: u32 = 2;
 /// The tag of fjord's CopyData message with the remote-consistent LSN.
 pub(super) const REMOTE_CONSISTENT_LSN_TAG: u8 = b'P';
 
@@ -77,7 +80,17 @@ impl Conn {
     /// Whether the server is a safekeeper that accepts the remote-consistent LSN message
     /// (it reported `fjord.safekeeper` of version 1 or later at startup).
     pub fn accepts_remote_consistent_lsn(&self) -> bool {
-        self.safekeeper.as_deref().and_then(|v| v.parse::<u32>().ok()).is_some_and(|v| v >= SAFEKEEPER_REMOTE_CONSISTENT_LSN_VERSION)
+        self.safekeeper_version().is_some_and(|v| v >= SAFEKEEPER_REMOTE_CONSISTENT_LSN_VERSION)
+    }
+
+    /// Whether the server is a safekeeper that takes the attachment generation with the
+    /// remote-consistent LSN (version 2 or later).
+    pub fn accepts_generation(&self) -> bool {
+        self.safekeeper_version().is_some_and(|v| v >= SAFEKEEPER_GENERATION_VERSION)
+    }
+
+    fn safekeeper_version(&self) -> Option<u32> {
+        self.safekeeper.as_deref().and_then(|v| v.parse::<u32>().ok())
     }
 
     /// The server's `fjord.safekeeper` parameter, if it reported one.
@@ -266,6 +279,29 @@ pub(super) fn connect(source: &WalSource, database: &str, credentials: Credentia
             Some(_) => {}
         }
     }
+}
+
+/// A short connection that tells a safekeeper the timeline's remote-consistent LSN and the
+/// attachment generation it belongs to (`FJORD_REMOTE_CONSISTENT_LSN`). `Ok(false)`: the
+/// source is not a safekeeper that takes it (a compute's walsender, or a safekeeper before
+/// version 2), nothing was sent.
+pub(super) fn report_position(
+    source: &WalSource,
+    database: &str,
+    credentials: Credentials<'_>,
+    (generation, lsn): (u32, Lsn),
+    timeout: Duration,
+) -> anyhow::Result<bool> {
+    let deadline = Instant::now() + timeout;
+    let mut conn = connect(source, database, credentials, timeout)?;
+    let takes_it = conn.accepts_generation();
+    if takes_it {
+        conn.simple_query(&format!("FJORD_REMOTE_CONSISTENT_LSN {generation} {lsn}"), deadline)?;
+    }
+    let mut out = BytesMut::new();
+    frontend::terminate(&mut out);
+    let _ = conn.send(&out);
+    Ok(takes_it)
 }
 
 /// A short connection that asks a source for its WAL end and closes.
