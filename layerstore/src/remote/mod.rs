@@ -22,7 +22,7 @@
 //! - a newer generation that is active (it wrote an index for a timeline of the tenant)
 //!   supersedes this attachment for good: it uploads no index, deletes nothing, and its
 //!   remote-consistent LSN stays where it was, so two processes attached to one tenant by
-//!   mistake cannot destroy each other's data or move the safekeepers' removal horizon;
+//!   mistake cannot destroy each other's data or let the log the newer one needs be dropped;
 //! - a newer generation that is claimed but not active (its process may be loading, or may
 //!   have died right after its claim) is *pending*: uploads go on, deletions wait (that
 //!   process may have loaded an index naming the layers), and the remote-consistent LSN
@@ -37,8 +37,8 @@
 //! the disk-consistent LSN of the last index uploaded *and confirmed*: after the upload no
 //! newer generation was claimed (a second check). An attachment that claims later reads
 //! the indexes after its claim, so it saw that index or a newer one: every position ever
-//! published is one the newest attachment has in remote storage, and the safekeepers may
-//! remove the WAL below it.
+//! published is one the newest attachment has in remote storage, and the log below it may
+//! be dropped (by whoever honours only the newest generation's position).
 //!
 //! **The upload queue** (`RemoteTimelineClient`) runs operations in the order they were
 //! scheduled, one at a time, on its own thread, each retried with backoff until it
@@ -471,7 +471,7 @@ impl RemoteTimelineClient {
     }
 
     /// The remote-consistent LSN and the generation that published it, read together: what
-    /// the safekeepers are told (they honour only the newest generation's position).
+    /// the caller publishes as how far remote storage goes.
     pub fn remote_position(&self) -> (Generation, Lsn) {
         let state = lock(&self.state);
         (Generation(state.status.generation), state.status.remote_consistent_lsn)

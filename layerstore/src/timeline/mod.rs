@@ -479,8 +479,8 @@ impl Timeline {
     }
 
     /// The remote-consistent LSN and the generation of the attachment that published it
-    /// (without remote storage: generation 0 and the disk-consistent LSN). The safekeepers
-    /// honour only the newest generation's position.
+    /// (without remote storage: generation 0 and the disk-consistent LSN). Whoever drops its
+    /// log below this position should honour only the newest generation's.
     pub fn remote_position(&self) -> (u32, Lsn) {
         match self.remote.get() {
             Some(remote) => {
