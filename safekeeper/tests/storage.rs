@@ -38,6 +38,34 @@ fn start_and_append(s: &mut TimelineStorage, begin: Lsn, data: &[u8]) {
     assert!(st.fsyncs > 0);
 }
 
+/// The remote-consistent LSN in the control file is the newest attachment generation's: a
+/// newer generation's replaces it even if lower, the same generation's only raises it, an
+/// older one's is ignored; the generation survives a restart.
+#[test]
+fn the_remote_consistent_lsn_of_the_newest_generation_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let begin = Lsn(SEG64 + 0x28);
+    let mut s = create(dir.path());
+    start_and_append(&mut s, begin, &pattern(1000, 3));
+    let st = &mut SyncStats::default();
+    let at = |lsn: u64| RemovalInputs { commit_lsn: Lsn(0), peer_horizon_lsn: Lsn(0), remote_consistent_lsn: Lsn(begin.0 + lsn) };
+    let kept = |s: &TimelineStorage| (s.control().remote_consistent_generation, s.control().remote_consistent_lsn.0 - begin.0);
+    assert!(s.persist_lazy_at(at(500), 2, st).unwrap());
+    assert_eq!(kept(&s), (2, 500));
+    assert!(!s.persist_lazy_at(at(400), 2, st).unwrap(), "the same generation never goes back");
+    assert!(!s.persist_lazy_at(at(900), 1, st).unwrap(), "an older generation is ignored");
+    assert!(s.persist_lazy_at(at(600), 2, st).unwrap());
+    assert!(s.persist_lazy_at(at(300), 3, st).unwrap(), "a newer generation replaces it, lower");
+    assert_eq!(kept(&s), (3, 300));
+    // `persist_lazy` takes the position as of the generation in the control file.
+    assert!(s.persist_lazy(at(350), st).unwrap());
+    assert_eq!(kept(&s), (3, 350));
+    assert_eq!(s.removal_inputs().remote_consistent_lsn, Lsn(begin.0 + 350));
+    let dir2 = s.dir().to_path_buf();
+    drop(s);
+    assert_eq!(kept(&TimelineStorage::open(&dir2).unwrap()), (3, 350));
+}
+
 #[test]
 fn restart_keeps_flush_term_history_and_bytes() {
     let dir = tempfile::tempdir().unwrap();
