@@ -699,7 +699,7 @@ async fn query<S: WalSource + ?Sized>(
             ready_for_query(&mut conn.out);
             conn.flush().await?;
         }
-        Command::RemoteConsistentLsn { generation, lsn } => {
+        Command::FjordRemoteConsistentLsn { generation, lsn } => {
             if conn.report_remote_consistent_lsn(&**source, generation, lsn) {
                 command_complete(&mut conn.out, "FJORD_REMOTE_CONSISTENT_LSN");
                 ready_for_query(&mut conn.out);

@@ -452,6 +452,17 @@ def replication_outcome(sk: Safekeeper, tenant: str, timeline: str, row: matrix.
         if c.until(b"Z") is None:
             return "no ReadyForQuery", ""
         op = row.operation
+        if op.startswith("FJORD_REMOTE_CONSISTENT_LSN"):
+            relayed = reported.next()
+            c.send(b"Q", f"FJORD_REMOTE_CONSISTENT_LSN 1 {lsn_text(relayed)}\0".encode())
+            m = c.until(b"C")
+            if m is not None and m[0] == b"E":
+                code, message = Replication.error(m[1])
+                unmoved = moved(sk, tenant, timeline, relayed)[0] == "ignored"
+                return (code if unmoved else f"{code}, yet moved"), message
+            if m is None:
+                return "no CommandComplete", ""
+            return moved(sk, tenant, timeline, relayed)
         if op in ("IDENTIFY_SYSTEM", "SHOW wal_segment_size"):
             c.send(b"Q", op.encode() + b"\0")
             m = c.until(b"D")
@@ -469,7 +480,7 @@ def replication_outcome(sk: Safekeeper, tenant: str, timeline: str, row: matrix.
             c.send(b"d", b"h" + struct.pack(">qIIII", 0, 0, 0, 0, 0))
         elif op.startswith("CopyData 'P'"):
             relayed = reported.next()
-            c.send(b"d", b"P" + struct.pack(">Q", relayed))
+            c.send(b"d", b"P" + struct.pack(">IQ", 1, relayed))
         # CopyDone: the safekeeper answers it once it has handled what came before.
         c.send(b"c", b"")
         m = c.until(b"c")

@@ -107,7 +107,7 @@ pub(super) enum Command {
         timeline: Option<u64>,
     },
     /// fjord's: the pageserver's remote-consistent LSN and its attachment generation.
-    RemoteConsistentLsn {
+    FjordRemoteConsistentLsn {
         generation: u32,
         lsn: Lsn,
     },
@@ -206,7 +206,7 @@ pub(super) fn parse_command(tokens: &[Token]) -> Result<Command, PgError> {
                 None => return Err(syntax_error(C, "expected an LSN such as 0/16B3748 after the generation".into())),
             };
             expect_end(C, &rest[2..])?;
-            Ok(Command::RemoteConsistentLsn { generation, lsn })
+            Ok(Command::FjordRemoteConsistentLsn { generation, lsn })
         }
         Some(
             w @ ("timeline_history"
@@ -297,7 +297,7 @@ mod tests {
         );
         assert_eq!(
             parse("FJORD_REMOTE_CONSISTENT_LSN 3 1/16B3748").unwrap(),
-            Command::RemoteConsistentLsn { generation: 3, lsn: Lsn(0x1_016B_3748) }
+            Command::FjordRemoteConsistentLsn { generation: 3, lsn: Lsn(0x1_016B_3748) }
         );
         for bad in [
             "FJORD_REMOTE_CONSISTENT_LSN",
