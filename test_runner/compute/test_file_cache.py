@@ -246,12 +246,15 @@ def test_a_cache_saved_past_the_durable_wal_misses_no_write_of_another_endpoint(
         # fillfactor 50: every update stays on its row's page (HOT), ~90 rows a page.
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text) WITH (fillfactor = 50, autovacuum_enabled = off)")
         conn.execute("INSERT INTO t SELECT g, 'old' FROM generate_series(1, 5000) g")
-        conn.execute("CREATE TABLE bulk (id int, v text) WITH (autovacuum_enabled = off)")
         pages = conn.execute("SELECT pg_relation_size('t') / 8192").fetchone()[0]
         assert conn.execute("SELECT count(*) FROM t WHERE v = 'old'").fetchone() == (5000,)  # hint bits set
-        conn.execute("CHECKPOINT")  # every page of t in the cache, as of durable WAL
-        conn.execute("SELECT pg_current_xact_id()")  # a commit: durable past their LSNs
-    durable = ep1.sql("SELECT commit_lsn FROM fjord.walproposer_status()")[0][0]
+        conn.execute("CHECKPOINT")  # every page of t in the cache
+        conn.execute("CREATE TABLE bulk (id int, v text) WITH (autovacuum_enabled = off)")
+        # The LSN the cache's index will be saved with as durable covers t's pages.
+        flushed = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+        wait_until("the WAL proposer's commit LSN to pass the checkpoint", lambda: conn.execute(
+            "SELECT commit_lsn::pg_lsn >= %s FROM fjord.walproposer_status()", (flushed,)).fetchone()[0])
+        durable = conn.execute("SELECT commit_lsn FROM fjord.walproposer_status()").fetchone()[0]
 
     # Two of three safekeepers down: ep1's WAL from here on never reaches a majority.
     sk2.stop()
