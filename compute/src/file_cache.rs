@@ -58,11 +58,15 @@ pub fn filter(saved: &SavedIndex, start: Lsn, changes: &Changes) -> Kept {
 }
 
 /// Where the pageserver must start looking for changes: the oldest LSN any entry that may be
-/// kept depends on, or the index's valid-as-of LSN if that is later (every entry is its
-/// block's version as of it; `proto::filecache`). `None` when no entry can be kept.
+/// kept depends on, or, if later, the LSN as of which every entry is known to be its
+/// block's version in the history the compute starts from. That is the index's valid-as-of
+/// LSN (its shutdown checkpoint) only up to its durable LSN: every later history holds this
+/// compute's WAL up to the durable LSN, but past it the branch may have gone on with
+/// another compute's WAL, over the same LSNs and beyond the valid-as-of LSN
+/// (`proto::filecache`). `None` when no entry can be kept.
 pub fn changes_since(saved: &SavedIndex, start: Lsn) -> Option<Lsn> {
     let oldest = saved.entries.iter().map(|e| e.dep_lsn).filter(|&d| d <= saved.durable_lsn && d <= start).min()?;
-    Some(oldest.max(saved.valid_lsn))
+    Some(oldest.max(saved.valid_lsn.min(saved.durable_lsn)))
 }
 
 pub fn saved_index_path(cache: &Path) -> PathBuf {
@@ -86,8 +90,9 @@ pub enum Outcome {
     NothingSaved,
     /// The saved cache was discarded whole, and why.
     Discarded(String),
-    /// `reused` of `saved` entries are handed to the extension.
-    Reused { saved: usize, reused: usize, not_durable: usize, changed: usize },
+    /// `reused` of `saved` entries are handed to the extension; `asked_from` is where the
+    /// question to the pageserver started (`None`: nothing needed asking).
+    Reused { saved: usize, reused: usize, not_durable: usize, changed: usize, asked_from: Option<Lsn> },
 }
 
 /// Turns a saved index into a ready one for a compute of `tenant`/`timeline` that starts at
@@ -120,17 +125,22 @@ pub fn prepare(
         // unless they lost data. Trust nothing.
         return discard(&saved_path, format!("its durable LSN {} is past the start LSN {start}", saved.durable_lsn));
     }
-    let changed = match changes_since(&saved, start) {
-        None => Changes::default(),
-        Some(from) if from >= start => Changes::default(),
+    let (changed, asked_from) = match changes_since(&saved, start) {
+        None => (Changes::default(), None),
+        Some(from) if from >= start => (Changes::default(), None),
         Some(from) => match changes(from, start, saved.entries.len()) {
-            Ok(c) => c,
+            Ok(c) => (c, Some(from)),
             Err(e) => return discard(&saved_path, format!("the pageserver cannot say what changed between {from} and {start}: {e:#}")),
         },
     };
     let kept = filter(&saved, start, &changed);
-    let outcome =
-        Outcome::Reused { saved: saved.entries.len(), reused: kept.entries.len(), not_durable: kept.not_durable, changed: kept.changed };
+    let outcome = Outcome::Reused {
+        saved: saved.entries.len(),
+        reused: kept.entries.len(),
+        not_durable: kept.not_durable,
+        changed: kept.changed,
+        asked_from,
+    };
     let ready = SavedIndex { entries: kept.entries, ..saved };
     if let Err(e) = crashsafe::write_file_atomic(&ready_path, &ready.encode()) {
         return discard(&saved_path, format!("cannot write {}: {e}", ready_path.display()));
@@ -190,30 +200,47 @@ mod tests {
     }
 
     #[test]
-    fn the_valid_lsn_narrows_the_question_to_what_changed_after_it() {
-        // Saved at a shutdown checkpoint at 1200: every entry is its block's version then.
+    fn the_valid_lsn_narrows_the_question_only_up_to_the_durable_lsn() {
+        // Saved at a shutdown checkpoint at 900 with WAL durable up to 1000: every later
+        // history holds this compute's WAL up to 1000, so every entry is its block's version
+        // at 900 there too, and only (900, S] is asked.
+        let s = SavedIndex { valid_lsn: Lsn(900), ..saved(vec![entry(10, 0, 0, 100), entry(10, 1, 1, 800)]) };
+        assert_eq!(changes_since(&s, Lsn(2000)), Some(Lsn(900)));
+
+        // The shutdown checkpoint at 1200 is past the durable LSN 1000 (a sync before the
+        // stop that timed out, a fenced compute's shutdown): the branch may go on from 1000
+        // with another compute's WAL, below 1200 and past it, so (1000, S] is asked, also
+        // for a start below the checkpoint.
         let s = SavedIndex { valid_lsn: Lsn(1200), ..saved(vec![entry(10, 0, 0, 100), entry(10, 1, 1, 900), entry(13, 0, 2, 1001)]) };
-        // Another compute wrote after it: only (1200, 2000] is asked.
-        assert_eq!(changes_since(&s, Lsn(2000)), Some(Lsn(1200)));
-        // The safekeepers' end is below the checkpoint (its WAL was not all durable): nothing
-        // to ask; the entries past the durable LSN are still dropped.
-        assert_eq!(changes_since(&s, Lsn(1100)), Some(Lsn(1200)));
+        assert_eq!(changes_since(&s, Lsn(2000)), Some(Lsn(1000)));
+        assert_eq!(changes_since(&s, Lsn(1100)), Some(Lsn(1000)));
         let kept = filter(&s, Lsn(1100), &Changes::default());
         assert_eq!((kept.entries.len(), kept.not_durable), (2, 1));
 
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join("file_cache");
+        let another_compute_wrote_at = |lsn: u64| {
+            move |from: Lsn, to: Lsn, _| {
+                assert_eq!(from, Lsn(1000), "asked from {from} to {to}");
+                let mut c = Changes::default();
+                c.blocks.insert((1663, 5, 10, 0, 1), Lsn(lsn));
+                Ok(c)
+            }
+        };
+        // Another compute's change at 1050, below this compute's checkpoint and below the
+        // start: found, the entry goes.
         std::fs::write(saved_index_path(&cache), s.encode()).unwrap();
-        let outcome = prepare(&cache, s.tenant, s.timeline, Lsn(1100), |_, _, _| unreachable!("nothing to ask"));
-        assert_eq!(outcome, Outcome::Reused { saved: 3, reused: 2, not_durable: 1, changed: 0 });
+        let outcome = prepare(&cache, s.tenant, s.timeline, Lsn(1100), another_compute_wrote_at(1050));
+        assert_eq!(outcome, Outcome::Reused { saved: 3, reused: 1, not_durable: 1, changed: 1, asked_from: Some(Lsn(1000)) });
+        // Its change at 1050 with the start past the checkpoint: found as well.
         std::fs::write(saved_index_path(&cache), s.encode()).unwrap();
-        let outcome = prepare(&cache, s.tenant, s.timeline, Lsn(2000), |from, to, _| {
-            assert_eq!((from, to), (Lsn(1200), Lsn(2000)));
-            let mut c = Changes::default();
-            c.blocks.insert((1663, 5, 10, 0, 1), Lsn(1500));
-            Ok(c)
-        });
-        assert_eq!(outcome, Outcome::Reused { saved: 3, reused: 1, not_durable: 1, changed: 1 });
+        let outcome = prepare(&cache, s.tenant, s.timeline, Lsn(2000), another_compute_wrote_at(1050));
+        assert_eq!(outcome, Outcome::Reused { saved: 3, reused: 1, not_durable: 1, changed: 1, asked_from: Some(Lsn(1000)) });
+        // A start at the durable LSN (a clean stop: the safekeepers had all this compute's
+        // WAL that matters): the branch is this compute's history up to it, nothing to ask.
+        std::fs::write(saved_index_path(&cache), s.encode()).unwrap();
+        let outcome = prepare(&cache, s.tenant, s.timeline, Lsn(1000), |_, _, _| unreachable!("nothing to ask"));
+        assert_eq!(outcome, Outcome::Reused { saved: 3, reused: 2, not_durable: 1, changed: 0, asked_from: None });
     }
 
     #[test]
@@ -244,7 +271,7 @@ mod tests {
             c.blocks.insert((1663, 5, 10, 0, 1), Lsn(1500));
             Ok(c)
         });
-        assert_eq!(outcome, Outcome::Reused { saved: 2, reused: 1, not_durable: 0, changed: 1 });
+        assert_eq!(outcome, Outcome::Reused { saved: 2, reused: 1, not_durable: 0, changed: 1, asked_from: Some(Lsn(100)) });
         assert!(!saved_index_path(&cache).exists());
         let ready = SavedIndex::decode(&std::fs::read(ready_index_path(&cache)).unwrap()).unwrap();
         assert_eq!(ready.entries, vec![entry(10, 0, 0, 100)]);

@@ -30,16 +30,23 @@
 //!   never below the durable LSN). It is kept only if the pageserver says the block did not
 //!   change in `(D, S]`: no record for it, its fork was not truncated below it, dropped or
 //!   created, its database not dropped.
-//! - The valid-as-of LSN `V` narrows that question. A primary writes its index after its
-//!   shutdown checkpoint, and `V` is that checkpoint's LSN: every change this compute made
-//!   to a page is before it. Every page this compute wrote or read from the pageserver was
-//!   stored in the cache as the newest version it had (a write always replaces the entry;
-//!   a truncation or a drop removes entries), and the shutdown checkpoint wrote every dirty
-//!   buffer; this compute was the timeline's only writer. So each entry is also the block's
-//!   version at `V` in this compute's history: no change in `(D, V]`. The next history
-//!   equals this one up to `S` (WAL up to `S` is what this compute wrote and a majority
-//!   holds), so for `S <= V` the entry is the version at `S` without asking anything, and
-//!   for `S > V` (another compute wrote after this one stopped) only `(V, S]` needs asking.
+//! - The valid-as-of LSN `V` narrows that question, but only up to the durable LSN. A
+//!   primary writes its index after its shutdown checkpoint, and `V` is that checkpoint's
+//!   LSN: every change this compute made to a page is before it. Every page this compute
+//!   wrote or read from the pageserver was stored in the cache as the newest version it had
+//!   (a write always replaces the entry; a truncation or a drop removes entries), and the
+//!   shutdown checkpoint wrote every dirty buffer; this compute was its history's only
+//!   writer. So each entry is also the block's version at `V` in this compute's history: no
+//!   change in `(D, V]` there. The history the next compute starts from holds this
+//!   compute's WAL up to the durable LSN `L` and may differ from it anywhere past `L`: `V`
+//!   can be far above `L` (the sync before the stop timed out, or a fenced compute shut
+//!   down: its WAL past `L` never reached a majority), and the branch can have gone on
+//!   from `L` with another compute's commits, at LSNs below `V` and past it. So an entry
+//!   is its block's version in the next history as of `min(V, L)`, no later: the question
+//!   is `(max(D, min(V, L)), S]`. Nothing is asked only when that range is empty, which
+//!   needs `S` = `L` (a clean stop whose last WAL a majority acknowledged); a start past
+//!   `L` asks what changed after `L`, a few records after such a stop. A start below `V`
+//!   says nothing about which history it is in: its `S` is never compared with `V`.
 //!   Without `V` (0: a version 1 index) the question starts at the oldest kept `D`, which
 //!   for a long-lived cache is the timeline's first LSN: a scan of all its WAL at every
 //!   start.
@@ -80,8 +87,9 @@ pub struct SavedIndex {
     pub slots: u64,
     /// WAL up to here was on a majority of safekeepers when the compute stopped.
     pub durable_lsn: Lsn,
-    /// Every entry is its block's version as of this LSN too (the shutdown checkpoint's);
-    /// 0 when unknown. See the module doc.
+    /// Every entry is its block's version as of this LSN too (the shutdown checkpoint's) in
+    /// this compute's history, which the next history is known to share only up to
+    /// `durable_lsn`; 0 when unknown. See the module doc.
     pub valid_lsn: Lsn,
     pub entries: Vec<SavedEntry>,
 }

@@ -233,6 +233,66 @@ def test_writes_the_cache_did_not_see_are_never_served(tmp_path, timeline, safek
     assert amcheck_all(ep1) >= 0
 
 
+def test_a_cache_saved_past_the_durable_wal_misses_no_write_of_another_endpoint(tmp_path, timeline, safekeepers):
+    """ep1 stops with WAL that no majority of safekeepers has (its shutdown checkpoint far
+    past the durable LSN); the branch continues from the durable WAL with ep2's commits.
+    The cached pages are current only as of the WAL the branch and ep1 share: every change
+    ep2 made to them must be asked for, or ep1 serves its old pages and its next change to
+    such a page logs a full-page image that erases ep2's committed update."""
+    sk1, sk2, sk3 = safekeepers
+    ep1 = Endpoint(tmp_path, timeline, "ep1", settings=CACHED, safekeepers=safekeepers).start()
+    with ep1.connect() as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS fjord")
+        # fillfactor 50: every update stays on its row's page (HOT), ~90 rows a page.
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text) WITH (fillfactor = 50, autovacuum_enabled = off)")
+        conn.execute("INSERT INTO t SELECT g, 'old' FROM generate_series(1, 5000) g")
+        pages = conn.execute("SELECT pg_relation_size('t') / 8192").fetchone()[0]
+        assert conn.execute("SELECT count(*) FROM t WHERE v = 'old'").fetchone() == (5000,)  # hint bits set
+        conn.execute("CHECKPOINT")  # every page of t in the cache
+        conn.execute("CREATE TABLE bulk (id int, v text) WITH (autovacuum_enabled = off)")
+        # The LSN the cache's index will be saved with as durable covers t's pages.
+        flushed = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+        wait_until("the WAL proposer's commit LSN to pass the checkpoint", lambda: conn.execute(
+            "SELECT commit_lsn::pg_lsn >= %s FROM fjord.walproposer_status()", (flushed,)).fetchone()[0])
+        durable = conn.execute("SELECT commit_lsn FROM fjord.walproposer_status()").fetchone()[0]
+
+    # Two of three safekeepers down: ep1's WAL from here on never reaches a majority.
+    sk2.stop()
+    sk3.stop()
+    with ep1.connect() as conn:
+        conn.execute("SET synchronous_commit = off")
+        conn.execute("INSERT INTO bulk SELECT g, md5(g::text) FROM generate_series(1, 60000) g")
+    ep1.stop()  # nothing it wrote since reaches a majority; the shutdown is clean all the same
+    assert "saved the local file cache's index for the next start" in ep1.pg_log_text()
+
+    # The branch goes on from the durable WAL without ep1's tail (sk1, which has some of
+    # it, is down: the majority of sk2 and sk3 elects ep2), and ep2 updates t.
+    sk1.stop()
+    sk2.start()
+    sk3.start()
+    ep2 = Endpoint(tmp_path, timeline, "ep2", settings=CACHED, safekeepers=safekeepers).start()
+    with ep2.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM bulk").fetchone() == (0,)
+        conn.execute("UPDATE t SET v = 'ep2' WHERE id % 50 = 0")
+    ep2.stop()
+    sk1.start()
+
+    ep1.start()
+    log = compute_ctl_log(ep1)
+    assert "reusing" in log, log[-3000:]
+    with ep1.connect() as conn:
+        seen_by_ep1 = conn.execute("SELECT count(*) FROM t WHERE v = 'ep2'").fetchone()[0]
+        # A change to every page of t: each logs a full-page image of what ep1 holds.
+        conn.execute("UPDATE t SET v = 'ep1' WHERE id % 50 = 1")
+    ep1.stop()
+    fresh = Endpoint(tmp_path, timeline, "fresh", settings=CACHED, safekeepers=safekeepers).start()
+    with fresh.connect() as conn:
+        committed = conn.execute("SELECT count(*) FILTER (WHERE v = 'ep2'), count(*) FILTER (WHERE v = 'ep1') FROM t").fetchone()
+    assert (seen_by_ep1, committed) == (100, (100, 100)), (
+        f"ep1 saw {seen_by_ep1} of ep2's 100 updated rows; after ep1's update the branch has {committed} "
+        f"(ep2's, ep1's) of (100, 100); t has {pages} pages, ep1 was durable up to {durable}\n{log[-2000:]}")
+
+
 def test_a_damaged_or_foreign_cache_is_never_served(tmp_path, timeline, safekeepers):
     ep = Endpoint(tmp_path, timeline, "ep", settings=CACHED, safekeepers=safekeepers).start()
     with ep.connect() as conn:

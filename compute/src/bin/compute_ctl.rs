@@ -435,9 +435,13 @@ fn reuse_file_cache(client: &Client, args: &Args, cache: &Path, start: Option<Ls
     match &outcome {
         file_cache::Outcome::NothingSaved => tracing::info!("local file cache {}: starts empty (nothing saved)", cache.display()),
         file_cache::Outcome::Discarded(why) => tracing::warn!("local file cache {}: starts empty, the saved one is discarded: {why}", cache.display()),
-        file_cache::Outcome::Reused { saved, reused, not_durable, changed } => tracing::info!(
-            "local file cache {}: reusing {reused} of {saved} saved pages ({not_durable} depend on WAL that was not durable, {changed} changed since)",
-            cache.display()
+        file_cache::Outcome::Reused { saved, reused, not_durable, changed, asked_from } => tracing::info!(
+            "local file cache {}: reusing {reused} of {saved} saved pages ({not_durable} depend on WAL that was not durable, {changed} changed since; {})",
+            cache.display(),
+            match (asked_from, start) {
+                (Some(from), Some(start)) => format!("asked the pageserver what changed in ({from}, {start}]"),
+                _ => "nothing to ask: the start LSN is where the saved pages are known current".to_string(),
+            }
         ),
     }
     outcome
