@@ -407,7 +407,14 @@ fn save() -> Result<String, String> {
         return Err("a compute at a past LSN does not keep it".into());
     }
     let (tenant, timeline) = timeline_ids().ok_or("no valid fjord.tenant_id / fjord.timeline_id")?;
-    let durable = crate::shmem::shared().map_or(0, |s| s.walproposer.commit_lsn.load(Ordering::Acquire));
+    // What a majority of safekeepers acknowledged: the worker publishes `commit_lsn` on its
+    // poll only, while the proposer's thread announces each new commit LSN at once
+    // (`proposer_commit_lsn`); at shutdown the worker's copy can lag the last commits, and
+    // a lower durable LSN throws away pages for nothing.
+    let durable = crate::shmem::shared().map_or(0, |s| {
+        let wp = &s.walproposer;
+        wp.commit_lsn.load(Ordering::Acquire).max(wp.proposer_commit_lsn.0.load(Ordering::Acquire))
+    });
     if durable == 0 {
         return Err("no WAL is known to be on a majority of safekeepers (without fjord.safekeepers nothing is kept)".into());
     }
