@@ -408,6 +408,53 @@ fn a_pending_claim_that_becomes_active_supersedes_the_live_attachment() {
     first.shutdown_remote();
 }
 
+/// Reproduces a review finding (fails on this code): a `Delete` whose claim check is the
+/// first after the grace time overtakes the pending claim and deletes at once, before the
+/// re-claimed generation has an index of its own (only an `UploadIndex` makes it active).
+/// In the real queue this is the `Delete` right after an `UploadIndex` whose check ran just
+/// before the deadline; the test runs that op by hand on a queue without its worker, since
+/// the deadline cannot be placed between two ops from outside. The slow claimant, which
+/// loaded an index naming the deleted layer, sees generation 3 only claimed (pending) and
+/// uploads its index; if the re-claiming process stops before its index upload (detached
+/// by a migration), the newest index of the tenant names an object that is gone.
+#[test]
+fn a_reclaim_deletes_nothing_before_its_generation_is_active() {
+    let (_dir, remote, local1, _) = two_homes();
+    let first = Tenant::create_with_remote(&local1, TENANT, conf(), &[], Some(&remote), None).unwrap();
+    let main = first.create_timeline(MAIN).unwrap();
+    write(&main, 0, 3);
+    assert!(main.wait_for_uploads(WAIT));
+    main.shutdown_remote();
+    let loaded = index_of(&remote, MAIN, 1).unwrap();
+    // A slow attachment claims generation 2 and loads this index.
+    dead_claim(&remote, 2);
+    // The live attachment's queue, driven by hand: a layer it removed from its index waits
+    // for the pending claim.
+    let client = super::RemoteTimelineClient::start(first.remote().unwrap().clone(), MAIN, None, Some(loaded.clone()));
+    client.shutdown();
+    let (name, layer) = loaded.layers.iter().next().map(|(n, l)| (n.clone(), *l)).unwrap();
+    let key = format!("tenants/{TENANT}/timelines/{MAIN}/{name}-{}", layer.generation);
+    client.execute(&super::Op::Delete(vec![key.clone()])).unwrap();
+    assert!(remote.get(&key).is_ok(), "deleted while a newer claim is pending");
+    assert_eq!(client.status().deferred_deletions, 1);
+    // The grace time passes; the next op to check the claims is a deletion.
+    std::thread::sleep(CLAIM_GRACE + Duration::from_millis(300));
+    client.execute(&super::Op::Delete(Vec::new())).unwrap();
+    assert_eq!(first.remote().unwrap().generation().0, 3, "the dead claim was overtaken");
+    let deleted = remote.get(&key).is_err();
+    // The slow claimant uploads its index: generation 3 is claimed but not active, so its
+    // claim check says pending, and pending uploads go on. The live attachment is detached
+    // before its next index upload.
+    let zombie = IndexPart { generation: super::Generation(2), ..loaded.clone() };
+    remote.put(&format!("tenants/{TENANT}/timelines/{MAIN}/index_part.json-00000002"), Bytes::from(zombie.encode())).unwrap();
+    assert!(
+        !deleted || index_of(&remote, MAIN, 3).is_some(),
+        "deleted {key} under re-claimed generation 3 before generation 3 was active (it has no index): the newest index, the slow claimant's, names it"
+    );
+    assert_index_names_only_existing_objects(&remote, MAIN);
+    first.shutdown_remote();
+}
+
 /// What a `DiskBudget` was told, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum BudgetCall {
