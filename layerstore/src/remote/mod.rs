@@ -383,6 +383,12 @@ struct QueueState {
     /// The disk-consistent LSN of the last index uploaded but not confirmed (a newer claim
     /// was seen after it): published once an index upload is confirmed.
     unconfirmed: Option<Lsn>,
+    /// The generation this timeline's last index went under. Deletions run only when it is
+    /// the attachment's generation now: after a re-claim, the newest index of the timeline
+    /// may be a slow claimant's that names the objects (a loader picks the highest
+    /// generation below its own), until this attachment's index under the new generation
+    /// is uploaded.
+    index_generation: Option<Generation>,
 }
 
 /// The upload queue of one timeline; see the module documentation.
@@ -431,7 +437,14 @@ impl RemoteTimelineClient {
         let client = Arc::new(RemoteTimelineClient {
             remote,
             timeline_id,
-            state: Mutex::new(QueueState { projected, ops: VecDeque::new(), status, deferred_deletions: Vec::new(), unconfirmed: None }),
+            state: Mutex::new(QueueState {
+                projected,
+                ops: VecDeque::new(),
+                status,
+                deferred_deletions: Vec::new(),
+                unconfirmed: None,
+                index_generation: None,
+            }),
             changed: Condvar::new(),
             shutdown: AtomicBool::new(false),
             worker: Mutex::new(None),
@@ -678,6 +691,7 @@ impl RemoteTimelineClient {
                 let after = self.note_claims(self.remote.check_claims(self.timeline_id, false)?)?;
                 let mut state = lock(&self.state);
                 state.status.indexes_uploaded += 1;
+                state.index_generation = Some(generation);
                 if after == ClaimCheck::Clear && self.remote.generation() == generation {
                     let lsn = state.status.remote_consistent_lsn.max(index.disk_consistent_lsn);
                     state.status.remote_consistent_lsn = lsn;
@@ -689,11 +703,16 @@ impl RemoteTimelineClient {
                 Ok(())
             }
             Op::Delete(keys) => {
-                let check = self.note_claims(self.remote.check_claims(self.timeline_id, true)?)?;
-                if check != ClaimCheck::Clear {
-                    // The claimant may have loaded an index that names these objects.
+                // Never overtakes a claim itself: a re-claim here would delete before the new
+                // generation has an index of this timeline (the idle queue's index upload
+                // overtakes it, then the deletions follow).
+                let check = self.note_claims(self.remote.check_claims(self.timeline_id, false)?)?;
+                let indexed = lock(&self.state).index_generation == Some(self.remote.generation());
+                if check != ClaimCheck::Clear || !indexed {
+                    // A claimant may have loaded an index that names these objects, or the
+                    // newest index of the timeline may still be another attachment's.
                     let mut state = lock(&self.state);
-                    tracing::info!("{} deletions wait for the claim of a newer generation to resolve", keys.len());
+                    tracing::info!("{} deletions wait until this attachment's generation has the newest index", keys.len());
                     state.deferred_deletions.extend(keys.iter().cloned());
                     return Ok(());
                 }

@@ -408,15 +408,13 @@ fn a_pending_claim_that_becomes_active_supersedes_the_live_attachment() {
     first.shutdown_remote();
 }
 
-/// Reproduces a review finding (fails on this code): a `Delete` whose claim check is the
-/// first after the grace time overtakes the pending claim and deletes at once, before the
-/// re-claimed generation has an index of its own (only an `UploadIndex` makes it active).
-/// In the real queue this is the `Delete` right after an `UploadIndex` whose check ran just
-/// before the deadline; the test runs that op by hand on a queue without its worker, since
-/// the deadline cannot be placed between two ops from outside. The slow claimant, which
-/// loaded an index naming the deleted layer, sees generation 3 only claimed (pending) and
-/// uploads its index; if the re-claiming process stops before its index upload (detached
-/// by a migration), the newest index of the tenant names an object that is gone.
+/// A deletion never overtakes a pending claim itself, and after a re-claim it waits until
+/// this timeline's index went under the new generation: a `Delete` that re-claimed and
+/// deleted at once would leave the slow claimant's index (which loaded the deleted layer,
+/// and whose claim check saw the new generation only claimed) the newest one if the
+/// re-claiming process stopped before its next index upload. The test runs the queue's
+/// operations by hand on a queue without its worker, since the grace deadline cannot be
+/// placed between two operations from outside.
 #[test]
 fn a_reclaim_deletes_nothing_before_its_generation_is_active() {
     let (_dir, remote, local1, _) = two_homes();
@@ -437,20 +435,28 @@ fn a_reclaim_deletes_nothing_before_its_generation_is_active() {
     client.execute(&super::Op::Delete(vec![key.clone()])).unwrap();
     assert!(remote.get(&key).is_ok(), "deleted while a newer claim is pending");
     assert_eq!(client.status().deferred_deletions, 1);
-    // The grace time passes; the next op to check the claims is a deletion.
+    // The grace time passes; the next op to check the claims is a deletion. It does not
+    // overtake the claim: that would delete before the new generation has an index.
     std::thread::sleep(CLAIM_GRACE + Duration::from_millis(300));
     client.execute(&super::Op::Delete(Vec::new())).unwrap();
-    assert_eq!(first.remote().unwrap().generation().0, 3, "the dead claim was overtaken");
-    let deleted = remote.get(&key).is_err();
-    // The slow claimant uploads its index: generation 3 is claimed but not active, so its
-    // claim check says pending, and pending uploads go on. The live attachment is detached
-    // before its next index upload.
+    assert_eq!(first.remote().unwrap().generation().0, 1, "a deletion overtook the claim");
+    assert!(remote.get(&key).is_ok(), "deleted while the newest index of the timeline is another attachment's");
+    // The index upload that the idle queue schedules overtakes the claim (generation 3 is
+    // claimed and gets this timeline's index at once), and only then do the deletions run.
+    let mut without = loaded.clone();
+    without.layers.remove(&name);
+    let upload = super::Op::UploadIndex(without);
+    crate::lock(&client.state).ops.push_back(super::clone_op(&upload));
+    client.execute(&upload).unwrap();
+    crate::lock(&client.state).ops.pop_front();
+    assert_eq!(first.remote().unwrap().generation().0, 3, "the index upload overtook the dead claim");
+    assert!(index_of(&remote, MAIN, 3).is_some());
+    client.execute(&super::Op::Delete(Vec::new())).unwrap();
+    assert!(remote.get(&key).is_err(), "the deferred deletion ran once generation 3 had the newest index");
+    // The slow claimant, which checked the claims before generation 3 had an index, uploads
+    // its index (generation 2, naming the layer): the newest index is still generation 3's.
     let zombie = IndexPart { generation: super::Generation(2), ..loaded.clone() };
     remote.put(&format!("tenants/{TENANT}/timelines/{MAIN}/index_part.json-00000002"), Bytes::from(zombie.encode())).unwrap();
-    assert!(
-        !deleted || index_of(&remote, MAIN, 3).is_some(),
-        "deleted {key} under re-claimed generation 3 before generation 3 was active (it has no index): the newest index, the slow claimant's, names it"
-    );
     assert_index_names_only_existing_objects(&remote, MAIN);
     first.shutdown_remote();
 }
