@@ -204,6 +204,44 @@ def test_pageserver_restart_under_load(tmp_path, timeline, pageserver):
     assert smgr_status(ep)["remote_reconnects"] >= 2
 
 
+# The database's permanent relations in its default tablespace, every fork the pageserver
+# stores (main, visibility map, init): what pg_database_size() counts on a compute.
+REMOTE_RELATIONS_SIZE = (
+    "SELECT coalesce(sum(pg_relation_size(c.oid, 'main') + pg_relation_size(c.oid, 'vm') "
+    "+ pg_relation_size(c.oid, 'init')), 0)::bigint FROM pg_class c "
+    "WHERE c.relpersistence = 'p' AND NOT c.relisshared AND c.reltablespace = 0 "
+    "AND pg_relation_filenode(c.oid) IS NOT NULL"
+)
+
+
+def test_database_size_comes_from_the_pageserver(tmp_path, timeline, pageserver):
+    """pg_database_size() on a compute (patch 0007's hook) is the pageserver's count of the
+    database's stored forks: it agrees with the sum of pg_relation_size over the database's
+    permanent relations (free space maps are local files, counted by neither), and it grows
+    by a bulk insert's size."""
+    ep = Endpoint(tmp_path, timeline, settings=TINY).start()
+
+    def sizes() -> tuple[int, int]:
+        with ep.connect() as conn:
+            conn.execute("CHECKPOINT")
+            return conn.execute(f"SELECT pg_database_size(current_database()), ({REMOTE_RELATIONS_SIZE})").fetchone()
+
+    db, rels = sizes()
+    # initdb's catalogs: several megabytes, none of them local files on a compute.
+    assert db > 4 * 1024 * 1024, db
+    assert abs(db - rels) <= 256 * 1024, (db, rels)
+
+    ep.sql("CREATE TABLE bulk (id int, pad text)")
+    ep.sql("INSERT INTO bulk SELECT g, repeat('b', 200) FROM generate_series(1, 40000) g")
+    ep.sql("VACUUM bulk")
+    table = ep.sql("SELECT pg_relation_size('bulk')")[0][0]
+    assert table > 8 * 1024 * 1024, table
+    db2, rels2 = sizes()
+    assert abs(db2 - rels2) <= 256 * 1024, (db2, rels2)
+    assert db2 - db >= table, (db, db2, table)
+    print(f"pg_database_size {db} -> {db2}, relations {rels} -> {rels2}, bulk {table}")
+
+
 def test_unreachable_pageserver_is_a_clear_error(tmp_path, timeline, pageserver):
     ep = Endpoint(tmp_path, timeline, settings={**TINY, "fjord.pageserver_timeout": "2s"}).start()
     ep.sql("CREATE TABLE big AS SELECT g, repeat('z', 500) AS pad FROM generate_series(1, 5000) g")
