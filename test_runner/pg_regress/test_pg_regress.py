@@ -10,6 +10,7 @@ expected_failures_compute.txt (compute) with its reason; the goal is empty lists
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -47,18 +48,75 @@ def run_pg_regress(pg, outdir: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
 
 
-def failed_tests(stdout: str) -> set[str]:
-    failed = set()
+def scheduled_tests(schedule: Path) -> list[str]:
+    """The names on the schedule's `test:` lines, in order."""
+    names = []
+    for line in schedule.read_text().splitlines():
+        if line.startswith("test:"):
+            names.extend(line[len("test:"):].split())
+    return names
+
+
+# PostgreSQL 15's pg_regress prints one line per test, "test NAME ... ok   12 ms" alone or
+# "     NAME ... FAILED   12 ms" inside a parallel group (a test on the schedule's `ignore:`
+# line that differs says "failed (ignored)"; a test whose process failed has the exit code
+# before the time), then a summary between lines of "=".
+RESULT = re.compile(r"^(?:test +| +)(\S+) +\.\.\. +(?:\S+ +)*?(ok|FAILED|failed \(ignored\))(?: .*)? +\d+ ms$")
+SUMMARY = re.compile(
+    r"^ (?:All (?P<all>\d+) tests passed"
+    r"|(?P<p_ok>\d+) of (?P<p_total>\d+) tests passed, \d+ failed test\(s\) ignored"
+    r"|(?P<f_failed>\d+) of (?P<f_total>\d+) tests failed(?:, (?P<f_ignored>\d+) of these failures ignored)?)\. $"
+)
+
+
+def results(stdout: str) -> dict[str, str]:
+    """Test name -> "ok", "FAILED" or "failed (ignored)", from pg_regress's output."""
+    out = {}
     for line in stdout.splitlines():
-        # "not ok 12    + boolean    30 ms" or "test boolean ... FAILED" depending on version
-        parts = line.replace("+", " ").split()
-        if "FAILED" in parts and parts[0] == "test":
-            failed.add(parts[1])
-        elif line.lstrip().startswith("not ok") and len(parts) > 3:
-            failed.add(parts[3])
-        elif "FAILED" in parts and len(parts) > 1:
-            failed.add(parts[0])
-    return failed
+        m = RESULT.match(line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def summary(stdout: str) -> tuple[int, int] | None:
+    """(tests run, tests failed and not ignored) from pg_regress's summary line; None if it
+    printed none (it stopped before the end)."""
+    for line in stdout.splitlines():
+        m = SUMMARY.match(line)
+        if not m:
+            continue
+        if m.group("all"):
+            return int(m.group("all")), 0
+        if m.group("p_total"):
+            return int(m.group("p_total")), 0
+        ignored = int(m.group("f_ignored") or 0)
+        return int(m.group("f_total")), int(m.group("f_failed")) - ignored
+    return None
+
+
+def check_run(result: subprocess.CompletedProcess, schedule: Path, expected: set[str], detail: str) -> None:
+    """Every test of the schedule ran and has a result line, the summary agrees, no failure
+    outside `expected`, and the exit status is the one those results give (0, or 1 with
+    failures): a pg_regress that stops early, errors out (status 2) or skips tests fails."""
+    got = results(result.stdout)
+    failed = {name for name, status in got.items() if status == "FAILED"}
+    unexpected = failed - expected
+    assert not unexpected, f"regression tests failed: {sorted(unexpected)}\n{detail}"
+    totals = summary(result.stdout)
+    assert totals is not None, f"pg_regress printed no summary (exit status {result.returncode})\n{detail}"
+    scheduled = scheduled_tests(schedule)
+    missing = [name for name in scheduled if name not in got]
+    assert not missing, f"{len(missing)} of {len(scheduled)} scheduled tests have no result: {missing[:20]}\n{detail}"
+    assert totals == (len(got), len(failed)), (totals, len(got), sorted(failed))
+    assert len(got) >= len(scheduled) >= 200, (len(got), len(scheduled))
+    assert result.returncode == (1 if failed else 0), f"pg_regress exited with {result.returncode}\n{detail}"
+
+
+def failure_detail(result: subprocess.CompletedProcess, tmp_path: Path) -> str:
+    diffs = tmp_path / "regress" / "regression.diffs"
+    text = diffs.read_text(errors="replace")[:20000] if diffs.exists() else ""
+    return f"{text}\n--- stdout (end) ---\n{result.stdout[-3000:]}\n--- stderr (end) ---\n{result.stderr[-3000:]}"
 
 
 def test_pg_regress_parallel_schedule(fjord_pg, tmp_path):
@@ -68,12 +126,7 @@ def test_pg_regress_parallel_schedule(fjord_pg, tmp_path):
 
     result = run_pg_regress(fjord_pg, tmp_path / "regress")
     print(result.stdout[-4000:])
-    failed = failed_tests(result.stdout)
-    unexpected = failed - expected_failures()
-    diffs = tmp_path / "regress" / "regression.diffs"
-    detail = diffs.read_text(errors="replace")[:20000] if diffs.exists() else result.stderr[-4000:]
-    assert not unexpected, f"regression tests failed: {sorted(unexpected)}\n{detail}"
-    assert result.returncode == 0 or failed <= expected_failures(), detail
+    check_run(result, pg_regress_dir() / "parallel_schedule", expected_failures(), failure_detail(result, tmp_path))
 
     # The suite ran through the hook: it created, extended and wrote relations.
     after = fjord_pg.sql("SELECT active, reads, writes, extends FROM fjord.storage_manager()")[0]
@@ -90,13 +143,8 @@ def test_pg_regress_on_a_compute(tmp_path, pageserver):
 
     result = run_pg_regress(ep, tmp_path / "regress")
     print(result.stdout[-4000:])
-    failed = failed_tests(result.stdout)
     expected = expected_failures("expected_failures_compute.txt")
-    unexpected = failed - expected
-    diffs = tmp_path / "regress" / "regression.diffs"
-    detail = diffs.read_text(errors="replace")[:20000] if diffs.exists() else result.stderr[-4000:]
-    assert not unexpected, f"regression tests failed on the compute: {sorted(unexpected)}\n{detail}"
-    assert result.returncode == 0 or failed <= expected, detail
+    check_run(result, pg_regress_dir() / "parallel_schedule", expected, failure_detail(result, tmp_path))
     reads = ep.sql("SELECT remote_requests FROM fjord.storage_manager()")[0][0]
     assert reads > 10000, reads
     hits, evictions = ep.sql("SELECT hits, evictions FROM fjord.file_cache_status()")[0]

@@ -11,13 +11,13 @@ basebackup LSN is one the pageserver reaches), with every committed row.
 from __future__ import annotations
 
 import threading
+import time
 
 import psycopg
 import pytest
 
 from fixtures.compute import Endpoint, Timeline
 from fixtures.pagestream import lsn_int
-from fixtures.postgres import wait_until
 
 
 @pytest.fixture
@@ -34,6 +34,43 @@ def sk_lsns(sk, tl) -> tuple[int, int, int]:
     return lsn_int(s["flush_lsn"]), lsn_int(s["boundary_lsn"]), lsn_int(s["commit_lsn"])
 
 
+def seen_partial_during_long_record(conn, safekeepers, tl, start: int, seen: list) -> bool:
+    """Inserts a 300 MiB record starting at `start` on `conn` while one thread per safekeeper
+    polls it; True (with `seen` holding safekeeper, flush, boundary, start) as soon as a
+    safekeeper holds WAL past `start` and its boundary is at or before `start`, False if the
+    insertion finished first. The insertion goes on in the background when True: the caller
+    kills the compute."""
+    done = threading.Event()
+    found = threading.Event()
+
+    def emit():
+        try:
+            conn.execute("SELECT pg_logical_emit_message(false, 'p', repeat('y', 300 * 1024 * 1024))")
+        except psycopg.Error:
+            pass  # the compute was killed under it
+        finally:
+            done.set()
+
+    def poll(sk):
+        while not done.is_set() and not found.is_set():
+            flush, boundary, _ = sk_lsns(sk, tl)
+            if boundary <= start < flush:
+                seen.append((sk.addr, flush, boundary, start))
+                found.set()
+                return
+            time.sleep(0.002)
+
+    pollers = [threading.Thread(target=poll, args=(sk,), daemon=True) for sk in safekeepers]
+    for p in pollers:
+        p.start()
+    threading.Thread(target=emit, daemon=True).start()
+    while not found.is_set() and not done.is_set():
+        found.wait(0.01)
+    for p in pollers:
+        p.join(timeout=30)
+    return bool(seen)
+
+
 def test_a_compute_killed_inside_a_long_record_leaves_a_timeline_that_starts(tmp_path, timeline, safekeepers):
     ep = endpoint(tmp_path, timeline, safekeepers)
     ep.sql("CREATE TABLE t (id int)")
@@ -45,36 +82,24 @@ def test_a_compute_killed_inside_a_long_record_leaves_a_timeline_that_starts(tmp
         flush, boundary, commit = sk_lsns(sk, timeline)
         assert commit <= boundary <= flush
 
-    # A 300 MiB record the compute dies inside: it is killed as soon as a safekeeper holds
-    # WAL past its last whole record (PostgreSQL flushes the record in pieces while it is
-    # being inserted), or after a few seconds if that was never seen.
+    # A 300 MiB record the compute dies inside. PostgreSQL flushes it in pieces while it is
+    # being inserted (at every WAL segment it fills, and whenever the WAL writer wakes), so
+    # for a second or more the safekeepers hold part of it: their WAL ends past the record's
+    # start while their boundary is still at or before it. One poller per safekeeper watches
+    # for that state and the compute is killed the moment it is seen. An insertion can still
+    # finish before a poller looks (a fast machine, a stalled poller): then the next record
+    # is tried, a few times at most, and the test fails if the state was never seen.
     conn = ep.connect()
-    errors: list[str] = []
-
-    def emit():
-        try:
-            conn.execute("SELECT pg_logical_emit_message(false, 'p', repeat('y', 300 * 1024 * 1024))")
-        except psycopg.Error as e:
-            errors.append(str(e))
-
-    writer = threading.Thread(target=emit, daemon=True)
-    writer.start()
-    seen_partial = []
-
-    def partial():
-        for sk in safekeepers:
-            flush, boundary, _ = sk_lsns(sk, timeline)
-            if flush > boundary:
-                seen_partial.append((sk.addr, flush, boundary))
-                return True
-        return False
-
-    try:
-        wait_until("a safekeeper to hold part of the long record", partial, timeout_s=20, interval_s=0.01)
-    except TimeoutError:
-        pass
+    seen_partial: list[tuple[str, int, int, int]] = []
+    for attempt in range(4):
+        start = lsn_int(ep.sql("SELECT pg_current_wal_insert_lsn()")[0][0])
+        if seen_partial_during_long_record(conn, safekeepers, timeline, start, seen_partial):
+            break
+        print(f"attempt {attempt}: the record at {start:X} was inserted before a poller saw part of it")
+    assert seen_partial, "no safekeeper was seen holding part of a long record"
+    sk_addr, flush, boundary, start = seen_partial[0]
+    assert boundary <= start < flush, seen_partial[0]
     ep.kill()
-    writer.join(timeout=60)
 
     # The next compute's sync ends at a record boundary, its basebackup at an LSN the
     # pageserver reaches; every committed row is there, and it commits.
@@ -85,4 +110,4 @@ def test_a_compute_killed_inside_a_long_record_leaves_a_timeline_that_starts(tmp
     for sk in safekeepers:
         flush, boundary, commit = sk_lsns(sk, timeline)
         assert commit <= boundary <= flush
-    print(f"partial record seen on a safekeeper before the kill: {seen_partial[:1]}")
+    print(f"partial record seen on a safekeeper before the kill: {seen_partial[0]}")
