@@ -173,16 +173,12 @@ def test_registered_sources_get_the_narrowed_token_and_a_compute_restarts_only_t
 
 
 def test_a_source_registered_without_a_token_is_not_given_the_process_token(cluster):
-    """Review finding: the receiver still falls back to the process's `FJORD_AUTH_TOKEN`
-    for a source registered without a token. Without safekeepers, `fjord endpoint start`
-    registers exactly such a source: the compute's own walsender, a server the compute's SQL
-    superuser controls (it can write pg_hba.conf with COPY, reload, and terminate the
-    walsender so the receiver reconnects and answers a cleartext password request). A
-    pageserver that has a token in its environment (started by hand as the walreceiver's
-    documentation says, or by `fjord start` from a shell that exported one, which the
-    pageserver inherits) then hands that token, which reads every tenant's WAL, to the
-    compute. Expected: a token-less source gets no token at all, or one narrowed to the
-    timeline."""
+    """A source registered without a token is given none, never a token of the pageserver's
+    process. Without safekeepers, `fjord endpoint start` registers exactly such a source:
+    the compute's own walsender, a server the compute's SQL superuser controls (it can
+    write pg_hba.conf with COPY, reload, and terminate the walsender so that the receiver
+    reconnects and answers a cleartext password request). The fixture's pageserver has a
+    storage token in its environment, which reads every tenant's WAL."""
     ps, keys, tenant, timeline, (walsender, _) = cluster
     path = f"/v1/tenant/{tenant}/timeline/{timeline}/wal_receiver"
     # What `fjord endpoint start` sends with `--safekeepers 0` (an admin call, no token).
