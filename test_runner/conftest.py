@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fixtures import compute
+from fixtures.auth import KeyPair
 from fixtures.minio import MinioServer
 from fixtures.pageserver import Pageserver
 from fixtures.paths import pg_bin_dir
@@ -29,6 +30,18 @@ def _no_compute_outlives_its_test():
     a test leaves running, pass or fail, is killed before the next one starts."""
     yield
     compute.kill_all()
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> KeyPair:
+    """The cluster's key pair, for tests of authentication (fixtures/auth.py)."""
+    return KeyPair(tmp_path / "keys")
+
+
+@pytest.fixture
+def other_keys(tmp_path: Path) -> KeyPair:
+    """Another cluster's key pair: its tokens must be refused."""
+    return KeyPair(tmp_path / "other-keys")
 
 
 @pytest.fixture

@@ -35,17 +35,6 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-@pytest.fixture
-def keys(tmp_path) -> KeyPair:
-    return KeyPair(tmp_path / "keys")
-
-
-@pytest.fixture
-def other_keys(tmp_path) -> KeyPair:
-    """Another cluster's key pair."""
-    return KeyPair(tmp_path / "other-keys")
-
-
 def check_rows(rows: list[matrix.Row], observe: Callable[[matrix.Row, str], tuple[str, str]]) -> None:
     """Runs every cell of `rows` through `observe(row, column) -> (outcome, detail)` and
     fails with all the cells whose outcome is not the table's."""

@@ -78,6 +78,16 @@ fn write(t: &Timeline, first_lsn: u64, rounds: u64) -> u64 {
     lsn
 }
 
+/// A tenant attached at `local` (generation 1) whose main timeline has `rounds` flushed
+/// layers, all uploaded: the live attachment of the generation tests. The last LSN.
+fn uploaded_tenant(local: &Path, remote: &RemoteStorage, rounds: u64) -> (Tenant, Arc<Timeline>, u64) {
+    let tenant = Tenant::create_with_remote(local, TENANT, conf(), &[], Some(remote), None).unwrap();
+    let main = tenant.create_timeline(MAIN).unwrap();
+    let last = write(&main, 0, rounds);
+    assert!(main.wait_for_uploads(WAIT));
+    (tenant, main, last)
+}
+
 /// Every key at every 7th LSN from `first` up to `last`, as the timeline answers.
 fn snapshot(t: &Timeline, first: u64, last: u64) -> Vec<Option<String>> {
     (first..=last).step_by(7).flat_map(|lsn| (0..20).map(move |blk| (blk, lsn))).map(|(blk, lsn)| get(t, key(blk), lsn)).collect()
@@ -241,15 +251,9 @@ fn a_truncated_object_is_detected_and_never_served() {
 
 #[test]
 fn a_superseded_attachment_never_deletes() {
-    let dir = tempfile::tempdir().unwrap();
-    let remote = storage(dir.path());
-    let (local1, local2) = (dir.path().join("one"), dir.path().join("two"));
-    std::fs::create_dir(&local1).unwrap();
-    std::fs::create_dir(&local2).unwrap();
-    let first = Tenant::create_with_remote(&local1, TENANT, conf(), &[], Some(&remote), None).unwrap();
-    let main = first.create_timeline(MAIN).unwrap();
-    let last = write(&main, 0, 3);
-    assert!(main.wait_for_uploads(WAIT));
+    // The first attachment keeps the tenant (and its upload queue) alive to the end.
+    let (_dir, remote, local1, local2) = two_homes();
+    let (_first, main, last) = uploaded_tenant(&local1, &remote, 3);
     let want = snapshot(&main, 1, last);
     // A second pageserver attaches the same tenant by mistake.
     let second = Tenant::load_with_remote(&local2, TENANT, conf(), &[], Some(&remote), None).unwrap();
@@ -294,10 +298,7 @@ fn dead_claim(remote: &RemoteStorage, generation: u32) {
 #[test]
 fn a_superseded_attachment_stops_uploading_its_index_and_its_position_stays() {
     let (_dir, remote, local1, local2) = two_homes();
-    let first = Tenant::create_with_remote(&local1, TENANT, conf(), &[], Some(&remote), None).unwrap();
-    let main = first.create_timeline(MAIN).unwrap();
-    let last = write(&main, 0, 2);
-    assert!(main.wait_for_uploads(WAIT));
+    let (first, main, last) = uploaded_tenant(&local1, &remote, 2);
     let position = main.remote_consistent_lsn();
     assert_eq!(position, Lsn(last));
     // A second attachment becomes active: it uploads an index of its own at once.
@@ -320,10 +321,7 @@ fn a_superseded_attachment_stops_uploading_its_index_and_its_position_stays() {
 #[test]
 fn a_claim_that_never_became_active_does_not_stop_the_live_attachment() {
     let (_dir, remote, local1, _) = two_homes();
-    let first = Tenant::create_with_remote(&local1, TENANT, conf(), &[], Some(&remote), None).unwrap();
-    let main = first.create_timeline(MAIN).unwrap();
-    let last = write(&main, 0, 3);
-    assert!(main.wait_for_uploads(WAIT));
+    let (first, main, last) = uploaded_tenant(&local1, &remote, 3);
     let position = main.remote_consistent_lsn();
     assert_eq!(main.remote_position(), (1, position));
     let (first_last, want) = (last, snapshot(&main, 1, last));
@@ -381,10 +379,7 @@ fn a_claim_that_never_became_active_does_not_stop_the_live_attachment() {
 #[test]
 fn a_pending_claim_that_becomes_active_supersedes_the_live_attachment() {
     let (_dir, remote, local1, local2) = two_homes();
-    let first = Tenant::create_with_remote(&local1, TENANT, conf(), &[], Some(&remote), None).unwrap();
-    let main = first.create_timeline(MAIN).unwrap();
-    let last = write(&main, 0, 2);
-    assert!(main.wait_for_uploads(WAIT));
+    let (first, main, last) = uploaded_tenant(&local1, &remote, 2);
     let position = main.remote_consistent_lsn();
     // A slow attach: generation 2 is claimed (here, by hand: its process has not uploaded
     // its index yet) while the first flushes.
@@ -418,10 +413,7 @@ fn a_pending_claim_that_becomes_active_supersedes_the_live_attachment() {
 #[test]
 fn a_reclaim_deletes_nothing_before_its_generation_is_active() {
     let (_dir, remote, local1, _) = two_homes();
-    let first = Tenant::create_with_remote(&local1, TENANT, conf(), &[], Some(&remote), None).unwrap();
-    let main = first.create_timeline(MAIN).unwrap();
-    write(&main, 0, 3);
-    assert!(main.wait_for_uploads(WAIT));
+    let (first, main, _) = uploaded_tenant(&local1, &remote, 3);
     main.shutdown_remote();
     let loaded = index_of(&remote, MAIN, 1).unwrap();
     // A slow attachment claims generation 2 and loads this index.
