@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures import compute
+from fixtures import services
 from fixtures.auth import KeyPair
 from fixtures.minio import MinioServer
 from fixtures.pageserver import Pageserver
@@ -24,12 +24,54 @@ def pytest_sessionstart(session):
         pytest.exit(f"no PostgreSQL build at {pg_bin_dir()}; run ./scripts/setup first", returncode=2)
 
 
-@pytest.fixture(autouse=True)
-def _no_compute_outlives_its_test():
-    """Computes are started by the tests themselves (fixtures.compute.Endpoint); whatever
-    a test leaves running, pass or fail, is killed before the next one starts."""
-    yield
-    compute.kill_all()
+pytest_plugins = ["pytester"]
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "allowed_errors(*regexes): log lines matching any of these are expected in this "
+                   "test's service logs (fixtures/services.py)")
+
+
+# Every service a test starts is registered with the test's registry (fixtures/services.py).
+# When the test body ends, pass or fail, the registry ends what still runs, then checks how
+# every process ended and scans every log; a problem fails the test (in its call phase, so
+# that its directory and logs are kept). Services started or left over outside the call
+# phase (a fixture whose setup failed) are checked after the teardown.
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item):
+    allowed = [regex for mark in item.iter_markers("allowed_errors") for regex in mark.args]
+    services.begin(allowed)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_call(item):
+    try:
+        result = yield
+    except BaseException:
+        reg = services.current()
+        problems = reg.finish() if reg is not None else []
+        if problems:
+            item.add_report_section("call", "services", "\n\n".join(problems))
+        raise
+    reg = services.current()
+    problems = reg.finish() if reg is not None else []
+    if problems:
+        pytest.fail("how the services ended, or their logs, say something went wrong:\n\n"
+                    + "\n\n".join(problems), pytrace=False)
+    return result
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    problems = services.end()
+    if problems:
+        pytest.fail("services started outside the test body ended badly or logged errors:\n\n"
+                    + "\n\n".join(problems), pytrace=False)
+    return result
 
 
 @pytest.fixture
