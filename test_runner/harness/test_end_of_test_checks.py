@@ -36,6 +36,7 @@ def test_a_safekeeper_killed_and_restarted_by_the_test(tmp_path):
     sk.kill()
     sk.start()
     sk.proc.kill()
+    sk.proc.wait()
     sk.start()
 
 
