@@ -174,6 +174,8 @@ def test_clear_errors(repo_factory, tmp_path):
     repo.run("stop")
 
 
+# Expected: the endpoint the test starts with a bad setting.
+@pytest.mark.allowed_errors(r'FATAL:  configuration file ".*/endpoints/bad/pgdata/postgresql.conf" contains errors')
 def test_endpoint_mechanics_with_a_stand_in_pageserver(repo_factory, tmp_path):
     """Endpoint start/stop/list/connstr against the stand-in basebackup server: the CLI's
     process handling, whatever the state of the real basebackup. The stand-in's basebackup
@@ -292,6 +294,8 @@ def test_endpoint_lifecycle(started_repo):
     assert "running" not in repo.run("endpoint", "list").stdout
 
 
+# Expected: the test's write on the read-only endpoint.
+@pytest.mark.allowed_errors(r"ERROR:  cannot execute CREATE TABLE in a read-only transaction")
 def test_endpoint_at_past_lsn_is_read_only(started_repo):
     repo = started_repo
     tenant = repo.run("tenant", "create").stdout.strip()
@@ -312,6 +316,9 @@ def test_endpoint_at_past_lsn_is_read_only(started_repo):
     repo.run("stop")
 
 
+# Expected: the refusals the test provokes.
+@pytest.mark.allowed_errors(r"(management API|page service) refused a (request|client)",
+                            r"safekeeper::access: refused")
 def test_authentication_is_on_by_default(started_repo, tmp_path):
     """`fjord init` makes a key pair and every process gets a token of its own: a compute
     (page service, safekeepers, the pageserver's API), a read replica (its WAL from the

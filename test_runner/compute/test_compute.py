@@ -242,6 +242,8 @@ def test_database_size_comes_from_the_pageserver(tmp_path, timeline, pageserver)
     print(f"pg_database_size {db} -> {db2}, relations {rels} -> {rels2}, bulk {table}")
 
 
+# Expected: the error the test provokes.
+@pytest.mark.allowed_errors(r"FATAL:  fjord: could not reach the pageserver")
 def test_unreachable_pageserver_is_a_clear_error(tmp_path, timeline, pageserver):
     ep = Endpoint(tmp_path, timeline, settings={**TINY, "fjord.pageserver_timeout": "2s"}).start()
     ep.sql("CREATE TABLE big AS SELECT g, repeat('z', 500) AS pad FROM generate_series(1, 5000) g")

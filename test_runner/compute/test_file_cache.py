@@ -233,6 +233,10 @@ def test_writes_the_cache_did_not_see_are_never_served(tmp_path, timeline, safek
     assert amcheck_all(ep1) >= 0
 
 
+# Expected: ep1 stops with two of three safekeepers down: its shutdown checkpoint cannot be
+# acknowledged and times out.
+@pytest.mark.allowed_errors(r"checkpoint before shutdown failed",
+                            r"ERROR:  canceling statement due to statement timeout")
 def test_a_cache_saved_past_the_durable_wal_misses_no_write_of_another_endpoint(tmp_path, timeline, safekeepers):
     """ep1 stops with WAL that no majority of safekeepers has (its shutdown checkpoint far
     past the durable LSN); the branch continues from the durable WAL with ep2's commits.
@@ -293,6 +297,9 @@ def test_a_cache_saved_past_the_durable_wal_misses_no_write_of_another_endpoint(
         f"(ep2's, ep1's) of (100, 100); t has {pages} pages, ep1 was durable up to {durable}\n{log[-2000:]}")
 
 
+# Expected: the damaged and foreign caches the test makes.
+@pytest.mark.allowed_errors(r"local file cache .* starts empty, the saved one is discarded",
+                            r"WARNING:  fjord: page in slot \d+ of the local file cache .* fails its check")
 def test_a_damaged_or_foreign_cache_is_never_served(tmp_path, timeline, safekeepers):
     ep = Endpoint(tmp_path, timeline, "ep", settings=CACHED, safekeepers=safekeepers).start()
     with ep.connect() as conn:

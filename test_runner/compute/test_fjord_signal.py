@@ -22,6 +22,10 @@ import pytest
 from fixtures.logs import unexpected_lines
 from fixtures.postgres import PgServer
 
+# Expected in these tests' logs: the malformed, misplaced and missing signals and checkpoints
+# the tests make.
+pytestmark = pytest.mark.allowed_errors(r'FATAL:  (invalid contents of file|file) "fjord.signal"', r"PANIC:  could not locate a valid checkpoint record", r"LOG:  startup process \(PID \d+\) was terminated by signal 6: Aborted")
+
 XLOG_BLCKSZ = 8192
 XLOG_PAGE_MAGIC = 0xD110  # PostgreSQL 15
 XLP_LONG_HEADER = 0x0002

@@ -107,6 +107,8 @@ def wait_event(pg, pid: int) -> tuple:
         ).fetchone()
 
 
+# Expected: the waits the test cancels.
+@pytest.mark.allowed_errors(r"WARNING:  canceling the wait for (the safekeepers|synchronous replication) and terminating")
 def test_dead_safekeepers_commit_waits_until_canceled(pg_factory):
     pg = pg_factory("dead", proposer_settings(DEAD_SAFEKEEPER)).initdb().start()
     create_extension(pg)
@@ -237,6 +239,8 @@ def test_backpressure_when_the_pageserver_stops_following(tmp_path, pageserver, 
     assert ep.sql("SELECT (fjord.walproposer_status()).throttled_waits")[0][0] > throttled_before
 
 
+# Expected: the warning the test asks for.
+@pytest.mark.allowed_errors(r"WARNING:  fjord.safekeepers is set but commits will not wait")
 def test_safekeepers_without_synchronous_standby_names_is_a_warning(pg_factory):
     pg = pg_factory("nosync", proposer_settings(DEAD_SAFEKEEPER, synchronous_standby_names="''")).initdb().start()
     assert "WARNING:  fjord.safekeepers is set but commits will not wait for the safekeepers" in pg.log_text()
@@ -267,6 +271,8 @@ def test_without_safekeepers_nothing_changes(fjord_pg):
         ({"fjord.timeline_id": "'xyz'"}, 'fjord.timeline_id "xyz" is not a timeline id'),
     ],
 )
+# Expected: the invalid settings the test gives.
+@pytest.mark.allowed_errors(r"FATAL:  fjord\.(safekeepers|timeline_id|tenant_id) ")
 def test_invalid_settings_refuse_to_start(pg_factory, settings, message):
     pg = pg_factory("bad", {**proposer_settings("a:1,b:2,c:3"), **settings}).initdb()
     with pytest.raises(Exception):
@@ -275,6 +281,8 @@ def test_invalid_settings_refuse_to_start(pg_factory, settings, message):
     assert f"FATAL:  {message}" in log or (message in log and "FATAL" in log), log
 
 
+# Expected: the warning the test asks for.
+@pytest.mark.allowed_errors(r"WARNING:  fjord.safekeepers names an even number of safekeepers")
 def test_even_number_of_safekeepers_is_a_warning(pg_factory):
     pg = pg_factory("even", proposer_settings("[::1]:1,127.0.0.1:1")).initdb().start()
     assert "WARNING:  fjord.safekeepers names an even number of safekeepers (2)" in pg.log_text()
