@@ -28,6 +28,15 @@ from fixtures.pagestream import ERROR_CODES, PROTOCOL_VERSION, RelTag, frame, ls
 from fixtures.postgres import free_port
 from fixtures.safekeeper import Safekeeper
 
+# Expected in these tests' logs: the refusals every cell of the matrix provokes.
+pytestmark = pytest.mark.allowed_errors(
+    r"safekeeper::access: refused", r"(management API|page service) refused a (request|client)",
+    # the page service requests the matrix sends before a Hello, and the positions it reports
+    # with tokens that may not move the removal horizon
+    r"page service connection ended: protocol violation: expected Hello as the first message",
+    r"safekeeper::replication: ignored the remote-consistent LSN",
+)
+
 SYSTEM_ID = 7_000_000_000_000_000_077
 
 

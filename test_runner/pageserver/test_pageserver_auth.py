@@ -12,6 +12,9 @@ from fixtures.auth import KeyPair, bad_tokens
 from fixtures.pageserver import HttpError, Pageserver
 from fixtures.pagestream import PageServiceClient, PageServiceError
 
+# Expected in these tests' logs: the refusals the tests provoke.
+pytestmark = pytest.mark.allowed_errors(r"(management API|page service) refused a (request|client)")
+
 
 def new_id() -> str:
     return uuid.uuid4().hex

@@ -172,6 +172,8 @@ def test_registered_sources_get_the_narrowed_token_and_a_compute_restarts_only_t
     ps.http("DELETE", path)
 
 
+# Expected: the refusal the test checks.
+@pytest.mark.allowed_errors(r"could not stream WAL from \S+: the safekeeper requires a token")
 def test_a_source_registered_without_a_token_is_not_given_the_process_token(cluster):
     """A source registered without a token is given none, never a token of the pageserver's
     process. Without safekeepers, `fjord endpoint start` registers exactly such a source:

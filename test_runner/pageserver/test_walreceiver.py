@@ -9,6 +9,8 @@ of the server.
 
 from __future__ import annotations
 
+import pytest
+
 from fixtures.logs import unexpected_lines
 from fixtures.pagestream import PageServiceClient, RelTag, lsn_int
 from fixtures.postgres import wait_until
@@ -60,6 +62,9 @@ def compare_relation(ps, pg, relname: str, lsn: int, items_fn: str) -> int:
     return nblocks
 
 
+# Expected: the source server the test restarts.
+@pytest.mark.allowed_errors(r"FATAL:  the database system is starting up",
+                            r"could not stream WAL from \S+: the server refused the connection: the database system is starting up")
 def test_streams_a_live_servers_wal(pageserver, pg_factory):
     pg = pg_factory("primary", {"autovacuum": "off"}).initdb()
     pageserver.http("POST", "/v1/tenant", {"tenant_id": TENANT})

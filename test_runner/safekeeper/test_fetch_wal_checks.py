@@ -62,6 +62,8 @@ def wal_bytes(sk, tl, start: int, end: int) -> bytes:
     return bytes(out)
 
 
+# Expected: the record the test damages on the donor, refused to the proposer.
+@pytest.mark.allowed_errors(r"failed verification and is not served to the proposer")
 def test_a_record_damaged_on_the_donor_is_never_copied_to_a_lagging_safekeeper(tmp_path, timeline, safekeepers, pageserver):
     """Safekeeper 3 misses WAL that only safekeepers 1 and 2 have; a byte of a record in it is
     flipped on safekeeper 2 (page headers intact). The next compute, elected by 1 and 2 with 2

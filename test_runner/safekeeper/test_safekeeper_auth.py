@@ -32,6 +32,9 @@ from fixtures.pageserver import Pageserver
 from fixtures.postgres import wait_until
 from fixtures.safekeeper import Safekeeper
 
+# Expected in these tests' logs: the refusals the tests provoke.
+pytestmark = pytest.mark.allowed_errors(r"safekeeper::access: refused", r"(management API|page service) refused a (request|client)", r"could not stream WAL from \S+: (the safekeeper requires a token|the server refused the connection: the token)")
+
 SYSTEM_ID = 7_000_000_000_000_000_001
 REASONS = ["missing", "malformed", "bad_signature", "expired", "forbidden", "wrong_tenant", "wrong_timeline"]
 # What the safekeeper says for each reason (the auth crate's messages).
@@ -190,6 +193,8 @@ def greet(sk: Safekeeper, tenant: str, timeline: str, token: str) -> tuple[bytes
         return data[:1], data[5:5 + struct.unpack(">I", data[1:5])[0]]
 
 
+# Expected: the timeline the test's proposer writes without creating it.
+@pytest.mark.allowed_errors(r"a proposer writes to a timeline this safekeeper has no record of")
 def test_a_proposer_needs_a_token_for_its_timeline(sk, keys, other_keys, ids):
     tenant, timeline = ids
     cases = [("no token", "", "missing")] + [
@@ -260,6 +265,8 @@ def test_the_pageserver_reads_wal_with_its_token(tmp_path, sk, keys, monkeypatch
         ps.stop()
 
 
+# Expected: the positions the test reports on the pageserver's behalf.
+@pytest.mark.allowed_errors(r"safekeeper::replication: ignored the remote-consistent LSN")
 def test_only_the_pageserver_moves_the_removal_horizon(sk, keys, ids):
     """The remote-consistent LSN (fjord's `P` message on a replication connection) lets a
     safekeeper remove WAL: only a storage token (the pageserver's) may report it. A tenant's

@@ -156,11 +156,14 @@ def test_commits_wait_without_a_majority(tmp_path, timeline, safekeepers):
     assert ep.sql("SELECT count(*) FROM t")[0][0] == 2
 
 
+# Expected: the fencing the test causes.
+@pytest.mark.allowed_errors(r"WARNING:  fjord: this compute was fenced")
 def test_second_compute_fences_the_first(tmp_path, timeline, safekeepers):
     ep1 = endpoint(tmp_path, timeline, safekeepers, name="ep1")
     ep1.sql("CREATE TABLE t (who text)")
     ep1.sql("INSERT INTO t VALUES ('first')")
     conn1 = ep1.connect()
+    ep1.proc.expect_exit()
     ep2 = endpoint(tmp_path, timeline, safekeepers, name="ep2")
     assert ep2.sql("SELECT who FROM t") == [("first",)]
     # The first compute's next commit cannot be acknowledged: it is told why and stops.
@@ -192,6 +195,9 @@ def test_lagging_safekeeper_catches_up(tmp_path, timeline, safekeepers):
     assert ep.sql("SELECT count(*) FROM t")[0][0] == 40001
 
 
+# Expected: the control file the test corrupts.
+@pytest.mark.allowed_errors(r"cannot load timeline: .*safekeeper.control is corrupt",
+                            r"timeline \S+ is (unavailable|not available on this safekeeper)")
 def test_corrupt_control_file_is_detected_not_served(tmp_path, timeline, safekeepers):
     sk1 = safekeepers[0]
     ep = endpoint(tmp_path, timeline, safekeepers)
@@ -212,6 +218,8 @@ def test_corrupt_control_file_is_detected_not_served(tmp_path, timeline, safekee
     assert "control" in sk1.log_text().lower()
 
 
+# Expected: the segment the test corrupts.
+@pytest.mark.allowed_errors(r"could not send WAL \S+: WAL segment")
 def test_corrupt_wal_segment_is_detected_not_served(tmp_path, timeline, safekeepers):
     sk1 = safekeepers[0]
     # The segments smashed and streamed below must not be removed once the pageserver has
@@ -256,6 +264,8 @@ def test_corrupt_wal_segment_is_detected_not_served(tmp_path, timeline, safekeep
     assert b"\xde\xad\xbe\xef" not in got
 
 
+# Expected: the malformed messages the test sends.
+@pytest.mark.allowed_errors(r"connection ended with an error: (malformed greeting|a safekeeper serves only physical replication connections)")
 def test_malformed_protocol_messages_get_clear_errors(tmp_path, timeline, safekeepers):
     sk = safekeepers[0]
     ep = endpoint(tmp_path, timeline, safekeepers)
@@ -296,6 +306,9 @@ def recv_all(s: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
+# Expected: the safekeeper whose data the test removes.
+@pytest.mark.allowed_errors(r"a proposer writes to a timeline this safekeeper has no record of",
+                            r"timeline \S+ is not available on this safekeeper")
 def test_a_safekeeper_that_lost_its_disk_does_not_vote(tmp_path, timeline, safekeepers):
     """The reproduction of the blank-acceptor hole, with processes: rows acknowledged by
     safekeepers 1 and 2 while 3 is down; 1 loses its data directory; with 1 and 3 up and 2
@@ -350,6 +363,11 @@ def test_a_safekeeper_that_lost_its_disk_does_not_vote(tmp_path, timeline, safek
     assert ep4.sql("SELECT count(*) FROM t")[0][0] == 62
 
 
+# Expected: the record the test damages, and the compute stopped while the pageserver is down.
+@pytest.mark.allowed_errors(r"START_REPLICATION failed: WAL at \S+ is corrupt on this safekeeper",
+                            r"failed verification and is not sent",
+                            r"checkpoint before shutdown failed",
+                            r"FATAL:  canceling authentication due to timeout")
 def test_a_record_damaged_on_one_safekeeper_is_never_served(tmp_path, timeline, safekeepers, pageserver):
     """A byte flipped inside a WAL record in one of safekeeper 1's segment files, where the
     page headers are intact (so its storage's page checks pass): safekeeper 1 checks every
