@@ -14,8 +14,20 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from fixtures.compute import Endpoint, Timeline
 from fixtures.paths import pg_bin_dir, pg_regress_dir
+
+# Expected in these tests' logs: the errors PostgreSQL's regression suite provokes on purpose,
+# in its sessions and their parallel workers, and the subscription worker it stops (its
+# expected output is the judge of them). PANIC lines, crashed processes and panics are not
+# allowed.
+pytestmark = [
+    pytest.mark.allowed_errors(r"\] (\S+@regression )?(ERROR|WARNING):  ",
+                               r"\] \S+@regression FATAL:  ",
+                               r"FATAL:  terminating logical replication worker due to administrator command"),
+]
 
 HERE = Path(__file__).parent
 

@@ -136,6 +136,8 @@ def test_a_pageserver_that_lost_its_disk_is_rebuilt_from_object_storage(repos, s
     assert unexpected_lines(repo.log("pageserver.log"), allowed) == []
 
 
+# Expected: the MinIO the test stops.
+@pytest.mark.allowed_errors(r"remote storage operation failed, retrying: could not upload")
 def test_uploads_retry_while_minio_is_down_and_nothing_is_lost(repos, minio):
     repo = repos("--remote-storage", minio.url("fjord"), env=minio.env())
     tenant = repo.run("tenant", "create").stdout.strip()
@@ -171,6 +173,8 @@ def test_uploads_retry_while_minio_is_down_and_nothing_is_lost(repos, minio):
     balances(main)
 
 
+# Expected: the safekeeper WAL torn by the kill the test sends.
+@pytest.mark.allowed_errors(r"failed verification and is not served to the proposer")
 def test_kill_9_during_uploads_loses_no_commit(repos):
     repo = repos()
     root = repo.path / "remote_storage"
@@ -210,6 +214,8 @@ def test_kill_9_during_uploads_loses_no_commit(repos):
     assert balances(main) == want_balances
 
 
+# Expected: the budget the test sets below what reads need.
+@pytest.mark.allowed_errors(r"downloading layer \S+ \(\d+ bytes\) with \d+ bytes of layer files on local disk")
 def test_local_disk_stays_under_its_budget(repos):
     # Each batch ends with a clean pageserver restart, which flushes it into a layer of its
     # own (about 4 MiB); the budget holds one or two of them.
