@@ -27,6 +27,9 @@ pytestmark = [
     pytest.mark.allowed_errors(r"\] (\S+@regression )?(ERROR|WARNING):  ",
                                r"\] \S+@regression FATAL:  ",
                                r"FATAL:  terminating logical replication worker due to administrator command"),
+    # The two heaviest loads of the suite (each runs PostgreSQL's parallel schedule, 20
+    # sessions at a time): never at the same time, on one worker.
+    pytest.mark.xdist_group("pg_regress"),
 ]
 
 HERE = Path(__file__).parent
