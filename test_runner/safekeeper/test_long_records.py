@@ -71,8 +71,6 @@ def seen_partial_during_long_record(conn, safekeepers, tl, start: int, seen: lis
     return bool(seen)
 
 
-# Expected: the sessions of the compute the test kills.
-@pytest.mark.allowed_errors(r"FATAL:  terminating connection due to unexpected postmaster exit")
 def test_a_compute_killed_inside_a_long_record_leaves_a_timeline_that_starts(tmp_path, timeline, safekeepers):
     ep = endpoint(tmp_path, timeline, safekeepers)
     ep.sql("CREATE TABLE t (id int)")
