@@ -353,13 +353,11 @@ fn patch(text: &str) -> Vec<CommentLine> {
     out
 }
 
-static ISSUE: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?i)\bissues?\s+(#)?\d+(?:'s)?(?:\s+(\w+))?").expect("a valid pattern"));
+static ISSUE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)\bissues?\s+(#)?\d+(?:'s)?(?:\s+(\w+))?").expect("a valid pattern"));
 static HOLE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)\bholes?\s+\d+\b").expect("a valid pattern"));
 static TICKET: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?:^|[\s(\[])(#\d+)\b").expect("a valid pattern"));
-static DATE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"\b(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])\b").expect("a valid pattern")
-});
+static DATE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\b(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])\b").expect("a valid pattern"));
 
 /// Dates that name an epoch, a fact of a format rather than a moment of this project.
 const EPOCHS: &[&str] = &["1970-01-01", "2000-01-01"];
