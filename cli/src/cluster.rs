@@ -170,8 +170,8 @@ pub fn start(repo: &Repo) -> anyhow::Result<()> {
 /// started the pageserver): a pageserver rebuilt from object storage (its work directory
 /// lost) knows the timelines but not where their WAL comes from, which only the CLI knows;
 /// without this its reads would wait until each endpoint restarted. Registering again
-/// right after a start also hands a receiver persisted without a token (by a version that
-/// gave the pageserver a token of its own, which it no longer gets) the timeline's token.
+/// right after a start also hands a receiver persisted without a token the timeline's
+/// token (the pageserver holds no token of its own, so such a receiver could not stream).
 fn resume_wal_receivers(repo: &Repo, all: bool) -> anyhow::Result<()> {
     if repo.config.safekeepers == 0 {
         return Ok(());

@@ -12,7 +12,8 @@ use crate::smgr;
 /// `active` is true when this backend routes relations through fjord's storage manager and
 /// its shared counters exist, which is only the case when the library was preloaded.
 /// `mode` says where pages of permanent relations come from: `pageserver`, or
-/// `passthrough` (md.c, local files) when no pageserver is configured. The counters are totals across all processes since the server started.
+/// `pass-through` (md.c, local files) when no pageserver is configured (the storage
+/// manager's two modes, `docs/glossary.md`). The counters are totals across all processes since the server started.
 #[pg_extern]
 #[expect(clippy::type_complexity, reason = "pgrx takes a set-returning function's columns as one tuple of `name!` types")]
 fn storage_manager() -> TableIterator<
@@ -28,8 +29,8 @@ fn storage_manager() -> TableIterator<
         name!(nblocks_calls, i64),
         name!(creates, i64),
         name!(unlinks, i64),
-        name!(remote_requests, i64),
-        name!(remote_reconnects, i64),
+        name!(pageserver_requests, i64),
+        name!(pageserver_reconnects, i64),
         name!(eviction_images, i64),
         name!(relsize_cache_hits, i64),
         name!(relsize_cache_misses, i64),
@@ -44,7 +45,7 @@ fn storage_manager() -> TableIterator<
         |f: fn(&smgr::SmgrCounters) -> &std::sync::atomic::AtomicU64| -> i64 { i64::try_from(crate::shmem::total(f)).unwrap_or(i64::MAX) };
     let mode = match (active, smgr::is_remote()) {
         (false, _) => "inactive",
-        (true, false) => "passthrough",
+        (true, false) => "pass-through",
         (true, true) => "pageserver",
     };
     TableIterator::once((

@@ -1,4 +1,4 @@
-//! The WAL proposer background worker ("fjord walproposer"): runs the `walproposer` crate's
+//! The WAL proposer worker (the background worker "fjord walproposer"): runs the `walproposer` crate's
 //! [`WalProposer`] inside the compute and makes PostgreSQL's synchronous commit wait for it.
 //!
 //! Registered in `_PG_init` when `fjord.safekeepers` is set. The worker builds the
@@ -211,7 +211,7 @@ fn create_doorbell() {
 }
 
 fn wp() -> &'static WalProposerShared {
-    &shmem::shared().expect("the fjord walproposer worker runs with shared memory").walproposer
+    &shmem::shared().expect("the WAL proposer worker runs with shared memory").walproposer
 }
 
 /// `SetLatch` declared by hand rather than through `pg_sys`: pgrx's bindings wrap every

@@ -30,7 +30,7 @@
 //! random (up to its commit LSN, as a compute's `pg_wal` loses segments), so a lagging
 //! acceptor's catch-up goes through WAL fetched mid-term, never more than `max_fetched` of
 //! it held. A pageserver's remote-consistent LSN rises at
-//! random up to the committed end; proposers learn it at their ticks, as walproposer's core
+//! random up to the committed end; proposers learn it at their ticks, as the `walproposer` core thread
 //! does, and every value an acceptor receives must be one the pageserver reported. On every
 //! action: every peer horizon sent is at most every acceptor's flush LSN; a compute is elected
 //! only at its own start; a fenced or synced proposer never acts again (it is still ticked,
@@ -90,7 +90,7 @@ struct ProposerNode {
     wal_start: Lsn,
     /// Lost an election or stepped down: its shell starts another one at this time.
     retry_at: Option<u64>,
-    /// The shell's election backoff: doubles on every lost election, as walproposer's does,
+    /// The shell's election backoff: doubles on every lost election, as `walproposer`'s does,
     /// so that two endpoints' proposers stop dueling.
     backoff: u64,
     /// The rest of the record the client is writing: a compute flushes WAL that ends inside
@@ -570,7 +570,7 @@ impl Sim {
     /// Acceptor `a` loses its disk: it restarts blank, a learner, as a safekeeper whose
     /// timeline is created again by a proposer's hello. A restarted process has new
     /// connections: what was on its way to or from it is lost, and every proposer's shell
-    /// reconnects (as walproposer's does when a connection fails).
+    /// reconnects (as `walproposer`'s does when a connection fails).
     fn wipe(&mut self, a: NodeId) -> Check {
         if tracing() {
             eprintln!("t={} acceptor {a} loses its disk: {:?}", self.now, self.disks[a].state);
@@ -608,7 +608,7 @@ impl Sim {
             0..=39 => self.deliver_random()?,
             40..=59 => {
                 let p = self.some_proposer();
-                // walproposer's core passes the highest remote-consistent LSN of the
+                // the `walproposer` core thread passes the highest remote-consistent LSN of the
                 // acceptors' feedback to the proposer before each tick.
                 if self.rng.gen_bool(0.5) {
                     let lsn = self.remote_consistent_lsn;
@@ -617,7 +617,7 @@ impl Sim {
                 if self.rng.gen_bool(0.6) {
                     self.drop_own_wal(p)?;
                 }
-                // walproposer's core announces a deferred commit LSN a moment after it moved,
+                // the `walproposer` core thread announces a deferred commit LSN a moment after it moved,
                 // between its ticks.
                 let actions = if self.rng.gen_bool(0.5) && self.proposers[p].core.commit_unannounced() {
                     self.proposers[p].core.announce_commit()

@@ -373,7 +373,7 @@ def main() -> None:
                                                                                      Path(a.json).parent / "slow-scans")
             print(f"fjord: image layers made in {fjord_res['image_layers_s']} s; cold scan from them "
                   f"{fjord_res['cold_scan_images_s']} s ({dropped >> 20} MB dropped from the OS cache); endpoint start "
-                  f"{images_smgr['start_s']} s, {images_smgr['remote_requests']} GetPage requests, pageserver "
+                  f"{images_smgr['start_s']} s, {images_smgr['pageserver_requests']} GetPage requests, pageserver "
                   f"{images_smgr.get('pageserver_seconds_count')} served in {images_smgr.get('pageserver_seconds_sum')} s",
                   flush=True)
         finally:
@@ -435,7 +435,7 @@ def main() -> None:
               f"({phases(fjord_res)}; seconds, pgbench's own breakdown; commits held back by backpressure "
               f"while the pageserver's ingest was behind: {fjord_res['init_throttled_ms']} ms in "
               f"{fjord_res['init_throttled_waits']} waits). "
-              f"Page service requests during the fjord run: {smgr.get('remote_requests')}, "
+              f"Page service requests during the fjord run: {smgr.get('pageserver_requests')}, "
               f"full-page images written at eviction: {smgr.get('eviction_images')}. "
               f"Local file cache: {lfc['hits']} hits, {lfc['misses']} misses, {lfc['used_pages']} pages used of "
               f"{lfc['size_bytes'] // 8192}.",

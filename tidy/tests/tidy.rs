@@ -10,15 +10,17 @@
 //! - Modules form no cycles in any crate (`module_graph` says what an edge is and how parents
 //!   and children count), and the pageserver's PostgreSQL data path (`pgdata`) never calls
 //!   its service layer.
+//! - Comments state rules in the present tense: no issue numbers, no dates (`comments`).
 //! - The docs list what the tree holds: every workspace crate has a README and appears in
 //!   ARCHITECTURE.md's code map and README.md's layout table; every script is named in both.
+
+mod comments;
+mod module_graph;
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-
-mod module_graph;
 
 /// The repository root, from cargo at run time (a test binary reused from another
 /// checkout's build must not look at that checkout).
@@ -262,4 +264,46 @@ fn the_postgres_data_path_never_calls_the_service() {
         .map(|((from, to), w)| format!("{} -> {}: {w}", module_graph::name(&from), module_graph::name(&to)))
         .collect();
     assert!(up.is_empty(), "the data path must not call the service:\n{}", up.join("\n"));
+}
+
+/// Every file under `dir` whose comments are checked, with its language. Build output
+/// (`target`), hidden directories (but `.ci`), caches and fuzzing's own directories are
+/// skipped, and so are symbolic links (`target/...` links into the cache).
+fn commented_files(dir: &Path, out: &mut Vec<(PathBuf, comments::Language)>) {
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("list {}: {e}", dir.display())) {
+        let entry = entry.expect("read a directory entry");
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().to_string();
+        let kind = entry.file_type().expect("a file type");
+        if kind.is_symlink() {
+            continue;
+        }
+        if kind.is_dir() {
+            let skipped = ["target", "__pycache__", "node_modules", "corpus", "artifacts", "seeds"].contains(&name.as_str())
+                || (name.starts_with('.') && name != ".ci");
+            if !skipped {
+                commented_files(&path, out);
+            }
+        } else if let Some(lang) = comments::language(path.strip_prefix(root()).expect("under the root")) {
+            out.push((path, lang));
+        }
+    }
+}
+
+#[test]
+fn comments_state_rules_without_issue_numbers_or_dates() {
+    let mut files = Vec::new();
+    commented_files(&root(), &mut files);
+    assert!(files.len() >= 100, "found only {} files with comments", files.len());
+    let mut found = Vec::new();
+    for (path, lang) in files {
+        for (line, what, text) in comments::narrating(&comments::comments(lang, &read(&path))) {
+            found.push(format!("{}:{line}: {what:?}: {text}", path.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "comments narrate history (state the rule and its reason instead; a decision that was not obvious goes to docs/decisions/):\n{}",
+        found.join("\n")
+    );
 }

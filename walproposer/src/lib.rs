@@ -170,7 +170,7 @@ impl WalProposer {
         let (bell, flush_hint) = match doorbell {
             // SAFETY: the caller keeps the eventfd open while the proposer runs (Doorbell).
             Some(d) => (unsafe { bell::Bell::borrowed(d.fd) }, Some(d.flushed)),
-            None => (bell::Bell::new().map_err(|e| anyhow::anyhow!("could not create the walproposer's eventfd: {e}"))?, None),
+            None => (bell::Bell::new().map_err(|e| anyhow::anyhow!("could not create the proposer's eventfd: {e}"))?, None),
         };
         let bell = Arc::new(bell);
         let tx = bell::EventSender::new(tx, Arc::clone(&bell));
@@ -206,7 +206,7 @@ impl WalProposer {
             let _entered = core_span.enter();
             core.run(rx, bell, flush_hint)
         });
-        proposer.threads.push(spawned.map_err(|e| anyhow::anyhow!("could not start the walproposer thread: {e}"))?);
+        proposer.threads.push(spawned.map_err(|e| anyhow::anyhow!("could not start the proposer's core thread: {e}"))?);
         for (node, addr) in config.safekeepers.iter().enumerate() {
             let ctx = conn::ConnCtx {
                 node,
@@ -222,7 +222,7 @@ impl WalProposer {
                 conn::run(ctx)
             });
             // On failure, `proposer` drops here and stops the threads already running.
-            proposer.threads.push(spawned.map_err(|e| anyhow::anyhow!("could not start a walproposer connecting thread: {e}"))?);
+            proposer.threads.push(spawned.map_err(|e| anyhow::anyhow!("could not start a proposer's connecting thread: {e}"))?);
         }
         Ok(proposer)
     }

@@ -38,9 +38,9 @@
 //! one record to the journal with a direct, synchronous write (`O_DIRECT | O_DSYNC`,
 //! [`super::journal_io`]; through the page cache and an `fdatasync` where the file system has
 //! no direct I/O), and only then acknowledge: **one device flush per batch**, whatever its size, and the server drains every message already received
-//! before it syncs (group commit). It used to be two, the segments' and then `wal.end`'s, in
-//! that order; with three safekeepers on one disk that was six device cache flushes per
-//! commit, which the device serialises, and the commit waited for the fourth or so.
+//! before it syncs (group commit). Not two (the segments', then `wal.end`'s): with three
+//! safekeepers on one disk that is six device cache flushes per commit, which the device
+//! serialises (`docs/decisions/0005-wal-end-journal.md`).
 //!
 //! **Settling** (about once a second from the periodic task, at shutdown, before a
 //! truncation or a removal, and when the journal is full): `fdatasync` every segment
