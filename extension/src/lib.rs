@@ -18,6 +18,7 @@ use pgrx::prelude::*;
 
 mod cache;
 mod client;
+mod doorbell;
 mod file_cache;
 mod guc;
 mod replica;

@@ -193,10 +193,6 @@ const MODULE_CYCLES_ALLOWED: &[(&str, &[&str])] = &[
     // the shared-memory setup all reach the caches' state and each other; the caches in a
     // crate of their own without pgrx, below the extension, end this cycle.
     ("extension", &["crate::cache", "crate::client", "crate::file_cache", "crate::shmem", "crate::smgr"]),
-    // The WAL proposer worker installs the synchronous-commit hook (`sync_commit::install`),
-    // and the hook rings the worker's doorbell (`wal_proposer::doorbell_fd`); the doorbell
-    // in a leaf module that both use ends this cycle.
-    ("extension", &["crate::sync_commit", "crate::wal_proposer"]),
 ];
 
 /// The crate roots of every workspace member, each read into its module tree, by member:
