@@ -88,6 +88,13 @@ const LEAF_CRATES: &[(&str, &[&str], &[&str])] = &[
         &["proto", "bytes", "thiserror"],
         &["std::fs", "std::net", "tokio", "std::process", "std::thread", "Instant", "SystemTime", "rand::"],
     ),
+    // The compute's caches: the extension's shared-memory data structures without pgrx; the
+    // extension does the I/O and provides the memory and the locks.
+    (
+        "compute_caches",
+        &["crc32c"],
+        &["std::fs", "std::net", "tokio", "std::process", "std::os::unix::net", "std::thread", "std::io::stdin", "Instant", "SystemTime", "pgrx"],
+    ),
 ];
 
 #[test]
