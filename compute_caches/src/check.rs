@@ -402,9 +402,19 @@ fn page(tag: &BlockTag, version: u32) -> [u8; PAGE] {
     p
 }
 
+/// A region holding a file-cache index, torn down on drop.
+struct IndexRegion(Region);
+
+impl Drop for IndexRegion {
+    fn drop(&mut self) {
+        // SAFETY: `FileCacheCheck::fresh` set the index up; nothing uses it after this.
+        unsafe { FileCacheIndex::<CheckedLocks>::drop_in_place(self.0.ptr()) }
+    }
+}
+
 struct FileCacheCheck {
     slots: usize,
-    region: Region,
+    region: IndexRegion,
     file: Vec<[u8; PAGE]>,
     /// Every cached block's version.
     model: BTreeMap<BlockTag, u32>,
@@ -434,17 +444,17 @@ impl FileCacheCheck {
         }
     }
 
-    fn fresh(slots: usize) -> Region {
+    fn fresh(slots: usize) -> IndexRegion {
         let region = Region::new(file_cache::region_size::<CheckedLocks>(slots), file_cache::region_align::<CheckedLocks>());
         // SAFETY: the region has the size and alignment `init` needs and nothing else uses it.
         let index = unsafe { FileCacheIndex::init(region.ptr(), slots, CheckedLocks::default()) };
         index.header().enable();
-        region
+        IndexRegion(region)
     }
 
     fn index(&self) -> FileCacheIndex<'_, CheckedLocks> {
         // SAFETY: `fresh` set the region up; it lives as long as `self`.
-        unsafe { FileCacheIndex::attach(self.region.ptr(), 0) }
+        unsafe { FileCacheIndex::attach(self.region.0.ptr(), 0) }
     }
 
     fn io(&self) -> Result<(), IoFailed> {

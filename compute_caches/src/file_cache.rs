@@ -202,8 +202,7 @@ struct Offsets {
     end: usize,
 }
 
-fn offsets<L>(slots: usize) -> Offsets {
-    let (stripes, per_stripe) = geometry(slots);
+fn offsets<L>(stripes: usize, per_stripe: usize) -> Offsets {
     let n = stripes * per_stripe;
     let stripes_at = size_of::<FileCacheHeader<L>>();
     let buckets = stripes_at + stripes * size_of::<StripeState>();
@@ -214,7 +213,8 @@ fn offsets<L>(slots: usize) -> Offsets {
 
 /// The bytes of the region of an index for a cache of `slots` pages.
 pub fn region_size<L>(slots: usize) -> usize {
-    offsets::<L>(slots).end
+    let (stripes, per_stripe) = geometry(slots);
+    offsets::<L>(stripes, per_stripe).end
 }
 
 /// The alignment the region needs (the header's cache lines).
@@ -302,6 +302,18 @@ impl<'a, L: Locks> FileCacheIndex<'a, L> {
         }
     }
 
+    /// Drops what [`init`](Self::init) moved into `region` (its locks), before ordinary
+    /// memory holding an index is freed; shared memory lives as long as the server and is
+    /// never torn down.
+    ///
+    /// # Safety
+    /// `region` is a region that `init` set up, and is not used afterwards.
+    pub unsafe fn drop_in_place(region: *mut u8) {
+        // SAFETY: the caller's promise: the header's locks were written by `init` and are
+        // dropped once.
+        unsafe { std::ptr::drop_in_place(&raw mut (*region.cast::<FileCacheHeader<L>>()).locks) }
+    }
+
     /// The index [`init`](Self::init) made in `region`, counting into process `process`'s
     /// copy of the counters.
     ///
@@ -310,10 +322,10 @@ impl<'a, L: Locks> FileCacheIndex<'a, L> {
     #[inline]
     pub unsafe fn attach(region: *mut u8, process: usize) -> Self {
         // SAFETY: the caller's promise; the parts lie where `offsets` puts them for the
-        // header's slot count.
+        // header's geometry.
         unsafe {
             let header = &*region.cast::<FileCacheHeader<L>>();
-            let o = offsets::<L>(header.slots);
+            let o = offsets::<L>(header.stripes, header.per_stripe);
             FileCacheIndex {
                 header,
                 stripe_states: std::slice::from_raw_parts(region.add(o.stripes).cast::<StripeState>(), header.stripes),

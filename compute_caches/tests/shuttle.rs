@@ -218,6 +218,13 @@ struct Stripe {
 
 const SLOTS: usize = 4;
 
+impl Drop for Stripe {
+    fn drop(&mut self) {
+        // SAFETY: set up by `new`; nothing uses it after this.
+        unsafe { FileCacheIndex::<ShuttleLocks>::drop_in_place(self.region.ptr()) }
+    }
+}
+
 impl Stripe {
     fn new(exclusive_is_shared: bool) -> Arc<Self> {
         let region = Region::new(file_cache::region_size::<ShuttleLocks>(SLOTS), file_cache::region_align::<ShuttleLocks>());

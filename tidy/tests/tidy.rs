@@ -93,7 +93,18 @@ const LEAF_CRATES: &[(&str, &[&str], &[&str])] = &[
     (
         "compute_caches",
         &["crc32c"],
-        &["std::fs", "std::net", "tokio", "std::process", "std::os::unix::net", "std::thread", "std::io::stdin", "Instant", "SystemTime", "pgrx"],
+        &[
+            "std::fs",
+            "std::net",
+            "tokio",
+            "std::process",
+            "std::os::unix::net",
+            "std::thread",
+            "std::io::stdin",
+            "Instant",
+            "SystemTime",
+            "pgrx",
+        ],
     ),
 ];
 

@@ -1,17 +1,26 @@
 use super::*;
 use crate::check::{CheckedLocks, Region};
 
-fn index_with(slots: usize) -> Region {
+struct IndexRegion(Region);
+
+impl Drop for IndexRegion {
+    fn drop(&mut self) {
+        // SAFETY: set up by `index_with`, not used after this.
+        unsafe { FileCacheIndex::<CheckedLocks>::drop_in_place(self.0.ptr()) }
+    }
+}
+
+fn index_with(slots: usize) -> IndexRegion {
     let region = Region::new(region_size::<CheckedLocks>(slots), region_align::<CheckedLocks>());
     // SAFETY: size and alignment as `init` needs.
     let index = unsafe { FileCacheIndex::init(region.ptr(), slots, CheckedLocks::default()) };
     index.header().enable();
-    region
+    IndexRegion(region)
 }
 
-fn index(region: &Region) -> FileCacheIndex<'_, CheckedLocks> {
+fn index(region: &IndexRegion) -> FileCacheIndex<'_, CheckedLocks> {
     // SAFETY: set up by `index_with`.
-    unsafe { FileCacheIndex::attach(region.ptr(), 0) }
+    unsafe { FileCacheIndex::attach(region.0.ptr(), 0) }
 }
 
 fn tag(blkno: u32) -> BlockTag {
