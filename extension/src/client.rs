@@ -29,7 +29,7 @@ use proto::pagestream::{frame_len, ErrorCode, PagestreamError, ReadLsns, Request
 use proto::{BlockNumber, RelTag, TenantId, TimelineId};
 
 use crate::guc;
-use crate::shmem;
+use crate::shmem::{self, Mine};
 
 /// How long one blocking socket read may last before we look at interrupts and the deadline.
 const POLL: Duration = Duration::from_millis(100);

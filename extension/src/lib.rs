@@ -26,6 +26,7 @@ mod smgr;
 mod status;
 mod sync_commit;
 mod testing;
+mod wakeup;
 mod wal_proposer;
 mod walredo;
 

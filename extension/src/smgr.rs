@@ -72,7 +72,7 @@ use crate::cache::{self, RelFork, SizeUpdate};
 use crate::client::{self, ServerError};
 use crate::file_cache::{self, BlockTag};
 use crate::guc;
-use crate::shmem::{self, count};
+use crate::shmem::{self, count, Mine};
 
 pub use crate::shmem::SmgrCounters;
 
@@ -116,6 +116,9 @@ static FJORD_SMGR: pg_sys::f_smgr = pg_sys::f_smgr {
 pub fn install() {
     REMOTE.store(guc::pageserver_address().is_some(), Ordering::Relaxed);
     shmem::install_hooks();
+    if is_remote() {
+        file_cache::install_hooks();
+    }
     // SAFETY: single-threaded postmaster start-up.
     unsafe {
         pg_sys::smgr_select_hook = Some(fjord_smgr_select);

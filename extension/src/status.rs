@@ -211,18 +211,17 @@ fn file_cache_status() -> TableIterator<
         name!(checksum_failures, i64),
     ),
 > {
-    let count = |a: &std::sync::atomic::AtomicU64| i64::try_from(a.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
-    let Some((fc, enabled)) = crate::file_cache::status() else {
+    let Some(fc) = crate::file_cache::status() else {
         return TableIterator::once((false, None, 0, 0, 0, 0, 0, 0, 0, 0, 0));
     };
     let c = |f: fn(&crate::file_cache::FileCacheCounters) -> &std::sync::atomic::AtomicU64| {
         i64::try_from(fc.counters.sum(f)).unwrap_or(i64::MAX)
     };
     TableIterator::once((
-        enabled,
-        (fc.slots > 0).then(|| crate::file_cache::cache_path().display().to_string()),
-        i64::try_from(fc.slots * pg_sys::BLCKSZ as usize).unwrap_or(i64::MAX),
-        count(&fc.used.0),
+        fc.enabled(),
+        (fc.slots() > 0).then(|| crate::file_cache::cache_path().display().to_string()),
+        i64::try_from(fc.slots() * pg_sys::BLCKSZ as usize).unwrap_or(i64::MAX),
+        i64::try_from(fc.used()).unwrap_or(i64::MAX),
         c(|c| &c.hits),
         c(|c| &c.misses),
         c(|c| &c.stores),
