@@ -47,7 +47,7 @@ pub const MAX_STRIPES: usize = 1024;
 /// A stripe holds at least this many slots (fewer stripes for a small cache).
 pub const MIN_SLOTS_PER_STRIPE: usize = 32;
 /// Slots of the per-fork entry counts.
-const FORK_COUNT_SLOTS: usize = 1 << 14;
+pub const FORK_COUNT_SLOTS: usize = 1 << 14;
 
 /// Counters since the server started.
 #[derive(Default)]
