@@ -2,6 +2,11 @@
 //! (a schedule point at every lock taken or released, at every shuttle atomic, and at each
 //! `yield_now`), and prints the schedule of a failure for replay.
 //!
+//! The caches' atomics are std's, which shuttle does not schedule around; the locks here add
+//! a schedule point right after every release, so that another thread can run between a
+//! release and the unlocked reads that follow it (the generation a backend keeps its copy
+//! at, for one).
+//!
 //! - The relation-size generation: a backend that learns of a change (here through an
 //!   atomic flag set after it) never answers from a copy it kept before, whatever it read
 //!   and kept meanwhile; concurrent raises end at the highest.
@@ -75,6 +80,11 @@ unsafe impl Locks for ShuttleLocks {
         if s.0 == 0 {
             l.changed.notify_all();
         }
+        drop(s);
+        // The caches' own atomics are std's, which shuttle does not schedule around: a
+        // schedule point right after the release lets another thread run between it and
+        // whatever the releasing thread reads next without a lock.
+        thread::yield_now();
     }
     unsafe fn unlock_exclusive(&self, i: usize) {
         if self.exclusive_is_shared {
@@ -85,6 +95,8 @@ unsafe impl Locks for ShuttleLocks {
         let mut s = l.state.lock().unwrap();
         s.1 = false;
         l.changed.notify_all();
+        drop(s);
+        thread::yield_now();
     }
 }
 
