@@ -43,7 +43,7 @@ fn storage_manager() -> TableIterator<
     let active = smgr::is_installed() && crate::shmem::shared().is_some();
     let get =
         |f: fn(&smgr::SmgrCounters) -> &std::sync::atomic::AtomicU64| -> i64 { i64::try_from(crate::shmem::total(f)).unwrap_or(i64::MAX) };
-    let mode = match (active, smgr::is_remote()) {
+    let mode = match (active, smgr::in_pageserver_mode()) {
         (false, _) => "inactive",
         (true, false) => "pass-through",
         (true, true) => "pageserver",
@@ -59,8 +59,8 @@ fn storage_manager() -> TableIterator<
         get(|c| &c.nblocks),
         get(|c| &c.creates),
         get(|c| &c.unlinks),
-        get(|c| &c.remote_requests),
-        get(|c| &c.remote_reconnects),
+        get(|c| &c.pageserver_requests),
+        get(|c| &c.pageserver_reconnects),
         get(|c| &c.eviction_fpis),
         get(|c| &c.relsize_hits),
         get(|c| &c.relsize_misses),
@@ -189,7 +189,7 @@ fn replicas() -> TableIterator<
 
 /// One row describing the local file cache (`file_cache.rs`): whether it is on, its file,
 /// its size and pages in use, and counters since the server started: `hits` and `misses`
-/// (reads of remote pages that found it or not), `stores` (pages written into it, from
+/// (reads of pages on the pageserver that found it or not), `stores` (pages written into it, from
 /// pageserver reads and from pages leaving shared_buffers), `evictions`, `invalidations`
 /// (truncations, drops), `restored` (entries reused from before the last restart) and
 /// `checksum_failures` (cached pages that failed their CRC and were read from the
@@ -212,18 +212,17 @@ fn file_cache_status() -> TableIterator<
         name!(checksum_failures, i64),
     ),
 > {
-    let count = |a: &std::sync::atomic::AtomicU64| i64::try_from(a.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
-    let Some((fc, enabled)) = crate::file_cache::status() else {
+    let Some(fc) = crate::file_cache::status() else {
         return TableIterator::once((false, None, 0, 0, 0, 0, 0, 0, 0, 0, 0));
     };
     let c = |f: fn(&crate::file_cache::FileCacheCounters) -> &std::sync::atomic::AtomicU64| {
         i64::try_from(fc.counters.sum(f)).unwrap_or(i64::MAX)
     };
     TableIterator::once((
-        enabled,
-        (fc.slots > 0).then(|| crate::file_cache::cache_path().display().to_string()),
-        i64::try_from(fc.slots * pg_sys::BLCKSZ as usize).unwrap_or(i64::MAX),
-        count(&fc.used.0),
+        fc.enabled(),
+        (fc.slots() > 0).then(|| crate::file_cache::cache_path().display().to_string()),
+        i64::try_from(fc.slots() * pg_sys::BLCKSZ as usize).unwrap_or(i64::MAX),
+        i64::try_from(fc.used()).unwrap_or(i64::MAX),
         c(|c| &c.hits),
         c(|c| &c.misses),
         c(|c| &c.stores),

@@ -1,4 +1,4 @@
-//! The WAL proposer worker (the background worker "fjord walproposer"): runs the `walproposer` crate's
+//! The WAL proposer background worker ("fjord walproposer"): runs the `walproposer` crate's
 //! [`WalProposer`] inside the compute and makes PostgreSQL's synchronous commit wait for it.
 //!
 //! Registered in `_PG_init` when `fjord.safekeepers` is set. The worker builds the
@@ -181,12 +181,12 @@ pub fn install() {
         // the new proposer is elected again and resumes from the safekeepers' WAL.
         .set_restart_time(Some(Duration::from_secs(1)))
         .load();
-    crate::doorbell::create();
+    crate::wakeup::create_doorbell();
     crate::sync_commit::install();
 }
 
 fn wp() -> &'static WalProposerShared {
-    &shmem::shared().expect("the WAL proposer worker runs with shared memory").walproposer
+    &shmem::shared().expect("the fjord walproposer worker runs with shared memory").walproposer
 }
 
 /// The proposer's `wake` callback: sets the worker's latch from one of the proposer's threads.
@@ -203,7 +203,7 @@ fn wp() -> &'static WalProposerShared {
 /// still set and [`POLL_INTERVAL`] bounds the delay.
 fn wake(latch: usize) {
     // SAFETY: see above; `latch` is MyLatch of the worker process, valid for its lifetime.
-    unsafe { crate::doorbell::raw::SetLatch(latch as *mut pg_sys::Latch) }
+    unsafe { crate::wakeup::raw::SetLatch(latch as *mut pg_sys::Latch) }
 }
 
 /// Where this compute's own WAL begins: the LSN in `fjord.signal.done` (patch 0006; the
@@ -333,7 +333,7 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
 
     loop {
         if proposer.is_none() && wp.state.load(Ordering::Relaxed) != State::Fenced as u32 && Instant::now() >= next_start {
-            let doorbell = crate::doorbell::fd()
+            let doorbell = crate::wakeup::doorbell_fd()
                 .map(|fd| walproposer::Doorbell { fd, flushed: Arc::new(|| Lsn(self::wp().backend_flush_lsn.0.load(Ordering::SeqCst))) });
             match WalProposer::start_with_doorbell(config.clone(), wake_fn.clone(), doorbell) {
                 Ok(p) => {
