@@ -24,6 +24,18 @@ def pytest_sessionstart(session):
         pytest.exit(f"no PostgreSQL build at {pg_bin_dir()}; run ./scripts/setup first", returncode=2)
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Names, pass or fail, the seeds tests drew for this run (`record_property` with a name
+    ending in "seed"; the reports carry them from pytest-xdist's workers too)."""
+    lines = [f"{r.nodeid}: {name} {value}" for reports in terminalreporter.stats.values() for r in reports
+             if getattr(r, "when", None) == "call" for name, value in getattr(r, "user_properties", ())
+             if name.endswith("seed")]
+    if lines:
+        terminalreporter.section("seeds drawn in this run")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 pytest_plugins = ["pytester"]
 
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::config::{RepoConfig, DEFAULT_BASE_PORT};
-use crate::process::Daemon;
+use crate::process::{http_up, refuse_root, Daemon};
 use crate::repo::Repo;
 use crate::state::{write_atomically, State};
 use logtail::log_tail;
@@ -155,7 +155,7 @@ fn canonical(path: &Path, flag: &str) -> anyhow::Result<PathBuf> {
 
 /// `fjord start`: the pageserver, then every safekeeper.
 pub fn start(repo: &Repo) -> anyhow::Result<()> {
-    crate::refuse_root("start the pageserver")?;
+    refuse_root("start the pageserver")?;
     let _lock = repo.lock()?;
     // The safekeepers first: the pageserver's WAL receivers connect to them as it starts.
     for id in repo.config.safekeeper_ids() {
@@ -170,8 +170,8 @@ pub fn start(repo: &Repo) -> anyhow::Result<()> {
 /// started the pageserver): a pageserver rebuilt from object storage (its work directory
 /// lost) knows the timelines but not where their WAL comes from, which only the CLI knows;
 /// without this its reads would wait until each endpoint restarted. Registering again
-/// right after a start also hands a receiver persisted without a token (by a version that
-/// gave the pageserver a token of its own, which it no longer gets) the timeline's token.
+/// right after a start also hands a receiver persisted without a token the timeline's
+/// token (the pageserver holds no token of its own, so such a receiver could not stream).
 fn resume_wal_receivers(repo: &Repo, all: bool) -> anyhow::Result<()> {
     if repo.config.safekeepers == 0 {
         return Ok(());
@@ -305,12 +305,6 @@ fn spawn_and_wait(
     }
 }
 
-/// Whether something answers `GET {url}/v1/status` with 200.
-pub fn http_up(url: &str) -> bool {
-    let agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(2))).build().new_agent();
-    agent.get(format!("{url}/v1/status")).call().is_ok()
-}
-
 fn check_safekeeper_id(repo: &Repo, id: u8) -> anyhow::Result<()> {
     if !repo.config.safekeeper_ids().contains(&id) {
         bail!("no safekeeper {id}: this repo has {} (ids 1..={0})", repo.config.safekeepers);
@@ -350,7 +344,7 @@ pub fn start_safekeeper(repo: &Repo, id: u8) -> anyhow::Result<()> {
 
 /// `fjord safekeeper start ID`.
 pub fn safekeeper_start(repo: &Repo, id: u8) -> anyhow::Result<()> {
-    crate::refuse_root("start a safekeeper")?;
+    refuse_root("start a safekeeper")?;
     let _lock = repo.lock()?;
     start_safekeeper(repo, id)
 }

@@ -71,7 +71,7 @@ pub fn connection_string(user: &str, port: u16) -> String {
 
 pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     check_name("endpoint", &args.name)?;
-    crate::refuse_root("start an endpoint")?;
+    crate::process::refuse_root("start an endpoint")?;
     let api = repo.running_api()?;
     let _lock = repo.lock()?;
     let mut state = repo.load_state()?;
@@ -140,7 +140,7 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     if conf.safekeepers == 0 && at.is_none() && !args.replica {
         // Without safekeepers the pageserver follows the compute's own walsender. Sources
         // are an admin's to set: compute_ctl's token may only restart registered ones.
-        let source = WalSource { host: conf.service_host().into(), port, user: crate::os_user_name()? };
+        let source = WalSource { host: conf.service_host().into(), port, user: crate::process::os_user_name()? };
         api.start_wal_receiver(tenant, timeline, &WalReceiverRequest::Single(source))
             .context("register the compute as the branch's WAL source on the pageserver")?;
     }
@@ -219,7 +219,7 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
         report["basebackup_ms"],
         report["total_ms"]
     );
-    say!("{}", connection_string(&crate::os_user_name()?, port));
+    say!("{}", connection_string(&crate::process::os_user_name()?, port));
     Ok(())
 }
 
@@ -375,7 +375,7 @@ fn replica_lag(repo: &Repo, api: &pageserver_api::Client, name: &str, ep: &Endpo
 pub fn connstr(repo: &Repo, name: &str) -> anyhow::Result<()> {
     let state = repo.load_state()?;
     let ep = state.endpoints.get(name).with_context(|| format!("endpoint {name:?} does not exist"))?;
-    say!("{}", connection_string(&crate::os_user_name()?, ep.port));
+    say!("{}", connection_string(&crate::process::os_user_name()?, ep.port));
     Ok(())
 }
 

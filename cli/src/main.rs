@@ -244,28 +244,3 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
 }
-
-/// Refuses to go on as root: postgres (initdb, computes, the pageserver's WAL redo) does.
-fn refuse_root(what: &str) -> anyhow::Result<()> {
-    // SAFETY: a plain libc call.
-    if unsafe { libc::geteuid() } == 0 {
-        anyhow::bail!("cannot {what} as root: PostgreSQL refuses to run as root; run fjord as an unprivileged user");
-    }
-    Ok(())
-}
-
-/// The name of the user running fjord: the superuser of the clusters it creates.
-fn os_user_name() -> anyhow::Result<String> {
-    // SAFETY: getpwuid_r with a buffer we own; the result points into that buffer.
-    unsafe {
-        let uid = libc::geteuid();
-        let mut pwd: libc::passwd = std::mem::zeroed();
-        let mut buf = vec![0 as libc::c_char; 16 * 1024];
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result);
-        if rc != 0 || result.is_null() {
-            anyhow::bail!("cannot find the name of user id {uid} in the password database");
-        }
-        Ok(std::ffi::CStr::from_ptr(pwd.pw_name).to_string_lossy().into_owned())
-    }
-}

@@ -1,5 +1,5 @@
 //! Background processes the CLI starts (the pageserver, compute_ctl) and finds again later
-//! through pid files.
+//! through pid files; the user they run as (never root); whether a started service answers.
 //!
 //! A process is started in a session of its own (`setsid`), so that it outlives the `fjord`
 //! command and a Ctrl-C in the user's terminal does not reach it; its stdout and stderr go to
@@ -126,6 +126,37 @@ pub fn remove_file_if_exists(path: &Path) -> anyhow::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_context(|| format!("remove {}", path.display())),
         _ => Ok(()),
+    }
+}
+
+/// Refuses to go on as root: postgres (initdb, computes, the pageserver's WAL redo) does.
+pub fn refuse_root(what: &str) -> anyhow::Result<()> {
+    // SAFETY: a plain libc call.
+    if unsafe { libc::geteuid() } == 0 {
+        anyhow::bail!("cannot {what} as root: PostgreSQL refuses to run as root; run fjord as an unprivileged user");
+    }
+    Ok(())
+}
+
+/// Whether something answers `GET {url}/v1/status` with 200.
+pub fn http_up(url: &str) -> bool {
+    let agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(2))).build().new_agent();
+    agent.get(format!("{url}/v1/status")).call().is_ok()
+}
+
+/// The name of the user running fjord: the superuser of the clusters it creates.
+pub fn os_user_name() -> anyhow::Result<String> {
+    // SAFETY: getpwuid_r with a buffer we own; the result points into that buffer.
+    unsafe {
+        let uid = libc::geteuid();
+        let mut pwd: libc::passwd = std::mem::zeroed();
+        let mut buf = vec![0 as libc::c_char; 16 * 1024];
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result);
+        if rc != 0 || result.is_null() {
+            anyhow::bail!("cannot find the name of user id {uid} in the password database");
+        }
+        Ok(std::ffi::CStr::from_ptr(pwd.pw_name).to_string_lossy().into_owned())
     }
 }
 

@@ -33,11 +33,11 @@ impl Drop for ScratchDir {
 }
 
 pub fn create(repo: &Repo, tenant_id: Option<TenantId>) -> anyhow::Result<()> {
-    crate::refuse_root("create a tenant")?;
+    crate::process::refuse_root("create a tenant")?;
     let api = repo.running_api()?;
     let _lock = repo.lock()?;
     let mut state = repo.load_state()?;
-    let user = crate::os_user_name()?;
+    let user = crate::process::os_user_name()?;
 
     // initdb makes the cluster; the pageserver imports it and the files are thrown away.
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
@@ -102,7 +102,7 @@ fn check_safekeepers_up(repo: &Repo) -> anyhow::Result<()> {
     let down: Vec<String> = repo
         .config
         .safekeeper_ids()
-        .filter(|&id| !crate::cluster::http_up(&repo.config.safekeeper_http_url(id)))
+        .filter(|&id| !crate::process::http_up(&repo.config.safekeeper_http_url(id)))
         .map(|id| id.to_string())
         .collect();
     if !down.is_empty() {

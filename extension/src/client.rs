@@ -29,7 +29,7 @@ use proto::pagestream::{frame_len, ErrorCode, PagestreamError, ReadLsns, Request
 use proto::{BlockNumber, RelTag, TenantId, TimelineId};
 
 use crate::guc;
-use crate::shmem;
+use crate::shmem::{self, Mine};
 
 /// How long one blocking socket read may last before we look at interrupts and the deadline.
 const POLL: Duration = Duration::from_millis(100);
@@ -199,7 +199,7 @@ pub fn request(what: &dyn Fn() -> String, make: &dyn Fn(u64) -> Request) -> Resu
             let mut c = c.borrow_mut();
             drop_if_half_read(&mut c);
             if c.conn.is_none() {
-                shmem::count(|s| &s.remote_reconnects);
+                shmem::count(|s| &s.pageserver_reconnects);
                 c.conn = Some(Conn::connect(t, deadline)?);
                 if c.outage_logged {
                     log!("fjord: reconnected to pageserver at {}", t.address);
@@ -208,7 +208,7 @@ pub fn request(what: &dyn Fn() -> String, make: &dyn Fn(u64) -> Request) -> Resu
             }
             let id = c.next_id;
             c.next_id += 1;
-            shmem::count(|s| &s.remote_requests);
+            shmem::count(|s| &s.pageserver_requests);
             let conn = c.conn.as_mut().expect("connected above");
             // An answer that is not this request's (another id, another kind, a short page)
             // means the connection is out of step: never used, the connection dropped.
@@ -296,7 +296,7 @@ pub fn prefetch(rel: RelTag, blkno: BlockNumber, lsns: ReadLsns) -> bool {
         match conn.send(Request::GetPage { id, lsns, rel, blkno }) {
             Ok(()) => {
                 shmem::count(|s| &s.prefetch_requests);
-                shmem::count(|s| &s.remote_requests);
+                shmem::count(|s| &s.pageserver_requests);
                 true
             }
             Err(_) => {

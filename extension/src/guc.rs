@@ -123,7 +123,7 @@ pub fn define() {
     GucRegistry::define_string_guc(
         c"fjord.safekeepers",
         c"host:port of every safekeeper, comma-separated (1 to 7, an odd number); empty: no WAL proposer.",
-        c"When set, the WAL proposer background worker streams WAL to the safekeepers and a commit returns once a majority has flushed it (with synchronous_standby_names = 'walproposer').",
+        c"When set, the WAL proposer worker streams WAL to the safekeepers and a commit returns once a majority has flushed it (with synchronous_standby_names = 'walproposer').",
         &SAFEKEEPERS,
         GucContext::Postmaster,
         GucFlags::default(),

@@ -26,6 +26,7 @@ mod smgr;
 mod status;
 mod sync_commit;
 mod testing;
+mod wakeup;
 mod wal_proposer;
 mod walredo;
 
@@ -40,7 +41,7 @@ pub extern "C-unwind" fn _PG_init() {
     }
     guc::define();
     smgr::install();
-    if smgr::is_remote() {
+    if smgr::in_pageserver_mode() {
         replica::install();
     }
     wal_proposer::install();

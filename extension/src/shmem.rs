@@ -1,12 +1,13 @@
 //! The extension's shared memory: storage manager counters, the last-written LSN cache,
 //! the relation-size cache and the WAL proposer's published state, in one segment
-//! requested at preload time.
+//! requested at preload time. The caches' data structures and rules are `compute_caches`;
+//! this module lays them out and provides their locks ([`LwLocks`]).
 //!
-//! Layout: [`Shared`] (counters, the last-written LSN slots, the WAL proposer's state), then
-//! `fjord.relsize_cache_entries` [`RelSizeEntry`] slots. The relation-size cache is guarded
-//! by LWLock 0 of the named tranche `fjord`, the WAL proposer's message and its list of read
-//! replicas by LWLock 1;
-//! everything else is atomics.
+//! Layout: [`Shared`] (counters, the last-written LSN slots, the relation-size table's
+//! header, the WAL proposer's state), then `fjord.relsize_cache_entries` relation-size
+//! slots. The relation-size cache is guarded by LWLock 0 of the named tranche `fjord`, the
+//! WAL proposer's message and its list of read replicas by LWLock 1; everything else is
+//! atomics.
 //!
 //! Invariant: a process that has no shared memory (a standalone backend, the WAL-redo
 //! process) sees `None` from [`shared`] and must not use the remote storage manager.
@@ -14,41 +15,81 @@
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
+use compute_caches::lwlsn::LastWrittenLsn;
+use compute_caches::relsize::{self, RelSizeCache, RelSizeHeader, RelSizeSlot};
+use compute_caches::Locks;
 use pgrx::pg_sys;
 use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
 use pgrx::prelude::*;
 
 use crate::guc;
 
-/// How many copies of each counter set exist (see [`PerProcess`]).
-pub const COUNTER_SHARDS: usize = 64;
+pub use compute_caches::{Padded, PerProcess};
 
-/// A value alone in its cache lines (PostgreSQL's `PG_CACHE_LINE_SIZE`, 128 bytes; shared
-/// memory allocations are aligned to it).
-#[repr(C, align(128))]
-pub struct Padded<T>(pub T);
-
-/// Counters that every backend bumps on its hot paths (each read, each `smgrnblocks`), kept
-/// in [`COUNTER_SHARDS`] copies, each in cache lines of its own: a process adds to the copy
-/// of its `PGPROC` number, so two backends on two cores do not pass the same cache line back
-/// and forth at every read (one shared atomic cost about as much as the file cache's index
-/// lookup). Readers add the copies up. All-zero bytes are the initial state.
-#[repr(C)]
-pub struct PerProcess<T> {
-    shards: [Padded<T>; COUNTER_SHARDS],
+/// This process's number for [`PerProcess`] counters: its `PGPROC` number, or 0 before it
+/// has one (the postmaster).
+pub fn process_number() -> usize {
+    // SAFETY: MyProc is this process's PGPROC, or null before it has one.
+    unsafe { pg_sys::MyProc.as_ref() }.map_or(0, |p| p.pgprocno.unsigned_abs() as usize)
 }
 
-impl<T> PerProcess<T> {
-    /// This process's copy.
-    pub fn mine(&self) -> &T {
-        // SAFETY: MyProc is this process's PGPROC, or null before it has one (the postmaster).
-        let shard = unsafe { pg_sys::MyProc.as_ref() }.map_or(0, |p| p.pgprocno.unsigned_abs() as usize % COUNTER_SHARDS);
-        &self.shards[shard].0
+/// This process's copy of per-process counters.
+pub trait Mine<T> {
+    fn mine(&self) -> &T;
+}
+
+impl<T> Mine<T> for PerProcess<T> {
+    fn mine(&self) -> &T {
+        self.get(process_number())
+    }
+}
+
+/// A named LWLock tranche as the caches' [`Locks`]: lock `i` is the tranche's `i`-th.
+pub struct LwLocks(*mut pg_sys::LWLockPadded);
+
+impl LwLocks {
+    /// The locks of the tranche that `GetNamedLWLockTranche` returned.
+    pub fn new(tranche: *mut pg_sys::LWLockPadded) -> Self {
+        LwLocks(tranche)
     }
 
-    /// The total of one counter over every process.
-    pub fn sum(&self, field: impl Fn(&T) -> &AtomicU64) -> u64 {
-        self.shards.iter().fold(0, |total, s| total.wrapping_add(field(&s.0).load(Ordering::Relaxed)))
+    fn lock(&self, i: usize) -> *mut pg_sys::LWLock {
+        // SAFETY: the tranche has at least `i + 1` locks (the caches use lock 0, or one per
+        // stripe of a tranche requested with that many) and lives as long as the server.
+        unsafe { &raw mut (*self.0.add(i)).lock }
+    }
+
+    fn acquire(&self, i: usize, mode: pg_sys::LWLockMode::Type) {
+        // SAFETY: a valid lock (see `lock`). PostgreSQL's error cleanup (LWLockReleaseAll)
+        // releases it if an ERROR unwinds through the holder.
+        unsafe { pg_sys::LWLockAcquire(self.lock(i), mode) };
+    }
+
+    fn release(&self, i: usize) {
+        // SAFETY: the caller holds it; during an unwind PostgreSQL may already have released
+        // all LWLocks, and LWLockHeldByMe makes this idempotent.
+        unsafe {
+            if pg_sys::LWLockHeldByMe(self.lock(i)) {
+                pg_sys::LWLockRelease(self.lock(i));
+            }
+        }
+    }
+}
+
+// SAFETY: LWLocks exclude as `Locks` requires, across processes, with the memory barriers
+// of acquire and release.
+unsafe impl Locks for LwLocks {
+    fn lock_shared(&self, i: usize) {
+        self.acquire(i, pg_sys::LWLockMode::LW_SHARED);
+    }
+    fn lock_exclusive(&self, i: usize) {
+        self.acquire(i, pg_sys::LWLockMode::LW_EXCLUSIVE);
+    }
+    unsafe fn unlock_shared(&self, i: usize) {
+        self.release(i);
+    }
+    unsafe fn unlock_exclusive(&self, i: usize) {
+        self.release(i);
     }
 }
 
@@ -65,8 +106,8 @@ pub struct SmgrCounters {
     pub creates: AtomicU64,
     pub unlinks: AtomicU64,
     /// Page service requests sent and reconnects made.
-    pub remote_requests: AtomicU64,
-    pub remote_reconnects: AtomicU64,
+    pub pageserver_requests: AtomicU64,
+    pub pageserver_reconnects: AtomicU64,
     /// Full-page images written at eviction (see `smgr.rs`).
     pub eviction_fpis: AtomicU64,
     pub relsize_hits: AtomicU64,
@@ -211,34 +252,11 @@ pub const LWLSN_FORK_SLOTS: usize = 1 << 14;
 #[repr(C)]
 pub struct Shared {
     pub counters: PerProcess<SmgrCounters>,
-    pub lwlsn: [AtomicU64; LWLSN_SLOTS],
-    pub lwlsn_forks: [AtomicU64; LWLSN_FORK_SLOTS],
-    pub relsize_lock: *mut pg_sys::LWLock,
-    pub relsize_capacity: usize,
-    /// Slots in use; changed only under the lock.
-    pub relsize_used: std::sync::atomic::AtomicUsize,
-    /// Raised (under the exclusive lock, before it is released) whenever a cached size
-    /// changes or a fork is forgotten: what lets each backend keep the sizes it looked up
-    /// without taking the lock again (`cache::cached_size`).
-    pub relsize_generation: Padded<AtomicU64>,
+    pub lwlsn: LastWrittenLsn<LWLSN_SLOTS, LWLSN_FORK_SLOTS>,
+    /// The relation-size table's header (its lock is LWLock 0 of the tranche); its slots
+    /// follow `Shared`.
+    pub relsize: RelSizeHeader<LwLocks>,
     pub walproposer: WalProposerShared,
-}
-
-/// One relation fork's size. `used == 0` marks a free slot.
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub struct RelSizeEntry {
-    pub spcnode: u32,
-    pub dbnode: u32,
-    pub relnode: u32,
-    pub forknum: i32,
-    pub nblocks: u32,
-    pub used: u32,
-    /// For an index under an unlogged build (see `smgr::needs_image`): the fake LSN its
-    /// pages carry during the build, and the newest full-page image written for one of
-    /// them at eviction. 0 when not in a build.
-    pub build_fake_lsn: u64,
-    pub build_max_image_lsn: u64,
 }
 
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(ptr::null_mut());
@@ -253,7 +271,7 @@ fn relsize_capacity() -> usize {
 }
 
 fn total_size() -> usize {
-    size_of::<Shared>() + relsize_capacity() * size_of::<RelSizeEntry>()
+    size_of::<Shared>() + relsize::slots_size(relsize_capacity())
 }
 
 pub fn shared() -> Option<&'static Shared> {
@@ -261,19 +279,12 @@ pub fn shared() -> Option<&'static Shared> {
     unsafe { SHARED.load(Ordering::Acquire).as_ref() }
 }
 
-/// The relation-size slots that follow `Shared`.
-///
-/// # Safety
-/// The caller holds the relation-size lock (shared to read, exclusive to write).
-#[expect(
-    clippy::mut_from_ref,
-    reason = "the slots live in shared memory past `Shared`, not in it; the relation-size lock, not the borrow, keeps writers exclusive"
-)]
-pub unsafe fn relsize_entries(s: &Shared) -> &mut [RelSizeEntry] {
-    unsafe {
-        let base = (s as *const Shared).add(1).cast::<RelSizeEntry>().cast_mut();
-        std::slice::from_raw_parts_mut(base, s.relsize_capacity)
-    }
+/// The relation-size table: the header in `s`, the slots that follow `Shared`.
+pub fn relsize(s: &'static Shared) -> RelSizeCache<'static, LwLocks> {
+    // SAFETY: `total_size` counts the slots after `Shared` (whose size is a multiple of its
+    // 128-byte alignment), zeroed when the segment was made and used only through this
+    // header.
+    unsafe { RelSizeCache::from_raw(&s.relsize, (s as *const Shared).add(1).cast::<RelSizeSlot>()) }
 }
 
 pub fn install_hooks() {
@@ -295,11 +306,13 @@ unsafe extern "C-unwind" fn shmem_request() {
         pg_sys::RequestAddinShmemSpace(total_size());
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 2);
     }
-    crate::file_cache::request_shmem();
 }
 
 /// `AddinShmemInitLock`, a C macro for slot 21 of the main LWLock array (lwlocknames.txt).
-unsafe fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
+///
+/// # Safety
+/// Called in a process attached to the main LWLock array.
+pub unsafe fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
     const ADDIN_SHMEM_INIT_LOCK_SLOT: usize = 21;
     unsafe { &raw mut (*pg_sys::MainLWLockArray.add(ADDIN_SHMEM_INIT_LOCK_SLOT)).lock }
 }
@@ -319,12 +332,10 @@ unsafe extern "C-unwind" fn shmem_startup() {
             // LSN 0 in every slot, free relation-size slots.
             ptr::write_bytes(p.cast::<u8>(), 0, size);
             let locks = pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr());
-            (*p).relsize_lock = &raw mut (*locks).lock;
+            (&raw mut (*p).relsize).write(RelSizeHeader::new(LwLocks::new(locks), relsize_capacity()));
             (*p).walproposer.message_lock = &raw mut (*locks.add(1)).lock;
-            (*p).relsize_capacity = relsize_capacity();
         }
         SHARED.store(p, Ordering::Release);
-        crate::file_cache::startup();
         pg_sys::LWLockRelease(addin_shmem_init_lock());
     }
 }

@@ -3,11 +3,11 @@
 //! Two modes, fixed at server start:
 //! - **pass-through** (`fjord.pageserver_address` empty): every call goes to md.c after
 //!   being counted; how the hook path is tested on a plain server.
-//! - **remote**: permanent relations live on the pageserver. Temporary relations never
+//! - **pageserver mode**: permanent relations live on the pageserver. Temporary relations never
 //!   reach us (the select hook gives them md.c); unlogged relations and every relation's
 //!   free space map stay on local disk through md.c (below, "local").
 //!
-//! Remote relations:
+//! Relations on the pageserver (permanent ones, in pageserver mode):
 //! - **read** is GetPage@LSN: `not_modified_since` is the block's last-written LSN from the
 //!   shared cache (`cache.rs`), never below the last checkpoint's redo pointer (which is
 //!   never below the LSN the compute started at, so a block untouched since the start asks
@@ -72,7 +72,7 @@ use crate::cache::{self, RelFork, SizeUpdate};
 use crate::client::{self, ServerError};
 use crate::file_cache::{self, BlockTag};
 use crate::guc;
-use crate::shmem::{self, count};
+use crate::shmem::{self, count, Mine};
 
 pub use crate::shmem::SmgrCounters;
 
@@ -82,14 +82,14 @@ const _: () = assert!(BLCKSZ == proto::page::PAGE_SIZE_BYTES);
 
 /// Whether permanent relations live on a pageserver (decided in the postmaster at preload,
 /// inherited by every child).
-static REMOTE: AtomicBool = AtomicBool::new(false);
+static PAGESERVER_MODE: AtomicBool = AtomicBool::new(false);
 
 pub fn counters() -> Option<&'static SmgrCounters> {
     shmem::shared().map(|s| s.counters.mine())
 }
 
-pub fn is_remote() -> bool {
-    REMOTE.load(Ordering::Relaxed)
+pub fn in_pageserver_mode() -> bool {
+    PAGESERVER_MODE.load(Ordering::Relaxed)
 }
 
 /// The table PostgreSQL calls through for every relation we claim.
@@ -114,8 +114,11 @@ static FJORD_SMGR: pg_sys::f_smgr = pg_sys::f_smgr {
 /// Installs the shared-memory hooks and the storage manager hook. Called from `_PG_init`
 /// while shared_preload_libraries is being processed in the postmaster.
 pub fn install() {
-    REMOTE.store(guc::pageserver_address().is_some(), Ordering::Relaxed);
+    PAGESERVER_MODE.store(guc::pageserver_address().is_some(), Ordering::Relaxed);
     shmem::install_hooks();
+    if in_pageserver_mode() {
+        file_cache::install_hooks();
+    }
     // SAFETY: single-threaded postmaster start-up.
     unsafe {
         pg_sys::smgr_select_hook = Some(fjord_smgr_select);
@@ -137,7 +140,7 @@ pub fn is_installed() -> bool {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn fjord_smgr_select(rnode: pg_sys::RelFileNodeBackend) -> *const pg_sys::f_smgr {
-    if is_remote() && rnode.backend != pg_sys::InvalidBackendId {
+    if in_pageserver_mode() && rnode.backend != pg_sys::InvalidBackendId {
         // Temporary relations are backend-local files, always.
         return std::ptr::null();
     }
@@ -169,7 +172,7 @@ const INIT_FORKNUM: pg_sys::ForkNumber::Type = pg_sys::ForkNumber::INIT_FORKNUM;
 
 /// Whether this fork of this relation is kept in local files rather than on the pageserver.
 unsafe fn is_local(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type) -> bool {
-    if !is_remote() || forknum == FSM_FORKNUM {
+    if !in_pageserver_mode() || forknum == FSM_FORKNUM {
         return true;
     }
     unsafe {
@@ -274,8 +277,8 @@ fn unexpected(what: &str, resp: Response) -> ! {
     error!("fjord: pageserver answered {what} with an unexpected message: {resp:?}")
 }
 
-/// The size of a remote fork, from the cache or else the pageserver.
-fn remote_nblocks(r: &RelFork) -> u32 {
+/// The size of a fork on the pageserver, from the cache or else the pageserver.
+fn pageserver_nblocks(r: &RelFork) -> u32 {
     if let Some(n) = cache::cached_size(r) {
         return n;
     }
@@ -289,7 +292,7 @@ fn remote_nblocks(r: &RelFork) -> u32 {
     }
 }
 
-fn remote_exists(r: &RelFork) -> bool {
+fn pageserver_exists(r: &RelFork) -> bool {
     if cache::cached_size(r).is_some() {
         return true;
     }
@@ -319,7 +322,7 @@ fn u32_at(page: &[u8], off: usize) -> u32 {
 /// at or below it was never WAL-logged.
 const MAX_FAKE_LSN: u64 = 1;
 
-/// Whether a page of a remote fork must be WAL-logged as a full-page image before it
+/// Whether a page of a fork on the pageserver must be WAL-logged as a full-page image before it
 /// leaves the pool, because the WAL does not describe its content. See the module doc.
 fn needs_image(forknum: pg_sys::ForkNumber::Type, page: &[u8]) -> bool {
     if page_is_new(page) || forknum == VM_FORKNUM {
@@ -503,9 +506,9 @@ unsafe extern "C-unwind" fn fjord_close(reln: pg_sys::SMgrRelation, forknum: pg_
 unsafe extern "C-unwind" fn fjord_create(reln: pg_sys::SMgrRelation, forknum: pg_sys::ForkNumber::Type, is_redo: bool) {
     count(|c| &c.creates);
     unsafe {
-        if is_remote() && forknum == INIT_FORKNUM && (*reln).smgr_relpersistence as u8 != b'u' {
+        if in_pageserver_mode() && forknum == INIT_FORKNUM && (*reln).smgr_relpersistence as u8 != b'u' {
             // Only unlogged relations have an init fork: whatever we assumed, this
-            // relation is local. Its main fork may already have been created remotely.
+            // relation is local. Its main fork may already have been created on the pageserver.
             (*reln).smgr_relpersistence = b'u' as c_char;
             let main = reln_fork(reln, pg_sys::ForkNumber::MAIN_FORKNUM);
             cache::forget_size(&main);
@@ -517,7 +520,7 @@ unsafe extern "C-unwind" fn fjord_create(reln: pg_sys::SMgrRelation, forknum: pg
             return md_call!(smgr_create(reln, forknum, is_redo));
         }
         let r = reln_fork(reln, forknum);
-        if cache::cached_size(&r).is_none() && !remote_exists(&r) {
+        if cache::cached_size(&r).is_none() && !pageserver_exists(&r) {
             cache::update_size(&r, SizeUpdate::IfAbsent(0));
         }
     }
@@ -529,7 +532,7 @@ unsafe extern "C-unwind" fn fjord_exists(reln: pg_sys::SMgrRelation, forknum: pg
         if is_local(reln, forknum) {
             return md_call!(smgr_exists(reln, forknum));
         }
-        remote_exists(&reln_fork(reln, forknum))
+        pageserver_exists(&reln_fork(reln, forknum))
     }
 }
 
@@ -541,10 +544,10 @@ unsafe extern "C-unwind" fn fjord_exists(reln: pg_sys::SMgrRelation, forknum: pg
 /// Temporary and unlogged relations have local files, which that check already sees.
 #[pg_guard]
 unsafe extern "C-unwind" fn fjord_relfilenode_in_use(rnode: pg_sys::RelFileNodeBackend) -> bool {
-    if !is_remote() || rnode.backend != pg_sys::InvalidBackendId {
+    if !in_pageserver_mode() || rnode.backend != pg_sys::InvalidBackendId {
         return false;
     }
-    remote_exists(&rel_fork(&rnode.node, pg_sys::ForkNumber::MAIN_FORKNUM))
+    pageserver_exists(&rel_fork(&rnode.node, pg_sys::ForkNumber::MAIN_FORKNUM))
 }
 
 #[pg_guard]
@@ -553,7 +556,7 @@ unsafe extern "C-unwind" fn fjord_unlink(rnode: pg_sys::RelFileNodeBackend, fork
     // Local files may exist for any relation (its FSM, or all of it if unlogged); md.c
     // ignores the ones that do not.
     md_call!(smgr_unlink(rnode, forknum, is_redo));
-    if is_remote() {
+    if in_pageserver_mode() {
         let r = rel_fork(&rnode.node, forknum);
         match cache::cached_size(&r) {
             Some(n) => file_cache::invalidate_blocks(&r, 0, n),
@@ -796,7 +799,7 @@ unsafe extern "C-unwind" fn fjord_nblocks(reln: pg_sys::SMgrRelation, forknum: p
         if is_local(reln, forknum) {
             return md_call!(smgr_nblocks(reln, forknum));
         }
-        remote_nblocks(&reln_fork(reln, forknum))
+        pageserver_nblocks(&reln_fork(reln, forknum))
     }
 }
 
@@ -827,18 +830,18 @@ unsafe extern "C-unwind" fn fjord_immedsync(reln: pg_sys::SMgrRelation, forknum:
         if is_local(reln, forknum) {
             md_call!(smgr_immedsync(reln, forknum))
         }
-        // Remote forks are durable through the WAL.
+        // Forks on the pageserver are durable through the WAL.
     }
 }
 
-/// `pg_relation_size` and friends (patch 0007): remote forks have no local files to stat.
+/// `pg_relation_size` and friends (patch 0007): forks on the pageserver have no local files to stat.
 #[pg_guard]
 unsafe extern "C-unwind" fn fjord_relation_size(
     rnode: pg_sys::RelFileNode,
     backend: pg_sys::BackendId,
     forknum: pg_sys::ForkNumber::Type,
 ) -> i64 {
-    if !is_remote() || backend != pg_sys::InvalidBackendId {
+    if !in_pageserver_mode() || backend != pg_sys::InvalidBackendId {
         return -1;
     }
     unsafe {
@@ -847,10 +850,10 @@ unsafe extern "C-unwind" fn fjord_relation_size(
             return -1;
         }
         let r = reln_fork(reln, forknum);
-        if !remote_exists(&r) {
+        if !pageserver_exists(&r) {
             return 0;
         }
-        i64::from(remote_nblocks(&r)) * BLCKSZ as i64
+        i64::from(pageserver_nblocks(&r)) * BLCKSZ as i64
     }
 }
 
@@ -858,7 +861,7 @@ unsafe extern "C-unwind" fn fjord_relation_size(
 /// relation forks. Local files (free space maps, unlogged relations) are not included.
 #[pg_guard]
 unsafe extern "C-unwind" fn fjord_database_size(db_oid: pg_sys::Oid) -> i64 {
-    if !is_remote() {
+    if !in_pageserver_mode() {
         return -1;
     }
     let lsns = read_lsns(current_lsn());
@@ -888,7 +891,7 @@ unsafe extern "C-unwind" fn fjord_object_access(
             pg_guard_ffi_boundary(|| prev(access, class_id, object_id, sub_id, arg));
         }
     }
-    if is_remote() && access == pg_sys::ObjectAccessType::OAT_DROP && class_id == pg_sys::DatabaseRelationId {
+    if in_pageserver_mode() && access == pg_sys::ObjectAccessType::OAT_DROP && class_id == pg_sys::DatabaseRelationId {
         cache::forget_database(object_id.into());
         file_cache::invalidate_database(object_id.into());
     }

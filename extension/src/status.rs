@@ -12,7 +12,8 @@ use crate::smgr;
 /// `active` is true when this backend routes relations through fjord's storage manager and
 /// its shared counters exist, which is only the case when the library was preloaded.
 /// `mode` says where pages of permanent relations come from: `pageserver`, or
-/// `passthrough` (md.c, local files) when no pageserver is configured. The counters are totals across all processes since the server started.
+/// `pass-through` (md.c, local files) when no pageserver is configured (the storage
+/// manager's two modes, `docs/glossary.md`). The counters are totals across all processes since the server started.
 #[pg_extern]
 #[expect(clippy::type_complexity, reason = "pgrx takes a set-returning function's columns as one tuple of `name!` types")]
 fn storage_manager() -> TableIterator<
@@ -28,8 +29,8 @@ fn storage_manager() -> TableIterator<
         name!(nblocks_calls, i64),
         name!(creates, i64),
         name!(unlinks, i64),
-        name!(remote_requests, i64),
-        name!(remote_reconnects, i64),
+        name!(pageserver_requests, i64),
+        name!(pageserver_reconnects, i64),
         name!(eviction_images, i64),
         name!(relsize_cache_hits, i64),
         name!(relsize_cache_misses, i64),
@@ -42,9 +43,9 @@ fn storage_manager() -> TableIterator<
     let active = smgr::is_installed() && crate::shmem::shared().is_some();
     let get =
         |f: fn(&smgr::SmgrCounters) -> &std::sync::atomic::AtomicU64| -> i64 { i64::try_from(crate::shmem::total(f)).unwrap_or(i64::MAX) };
-    let mode = match (active, smgr::is_remote()) {
+    let mode = match (active, smgr::in_pageserver_mode()) {
         (false, _) => "inactive",
-        (true, false) => "passthrough",
+        (true, false) => "pass-through",
         (true, true) => "pageserver",
     };
     TableIterator::once((
@@ -58,8 +59,8 @@ fn storage_manager() -> TableIterator<
         get(|c| &c.nblocks),
         get(|c| &c.creates),
         get(|c| &c.unlinks),
-        get(|c| &c.remote_requests),
-        get(|c| &c.remote_reconnects),
+        get(|c| &c.pageserver_requests),
+        get(|c| &c.pageserver_reconnects),
         get(|c| &c.eviction_fpis),
         get(|c| &c.relsize_hits),
         get(|c| &c.relsize_misses),
@@ -188,7 +189,7 @@ fn replicas() -> TableIterator<
 
 /// One row describing the local file cache (`file_cache.rs`): whether it is on, its file,
 /// its size and pages in use, and counters since the server started: `hits` and `misses`
-/// (reads of remote pages that found it or not), `stores` (pages written into it, from
+/// (reads of pages on the pageserver that found it or not), `stores` (pages written into it, from
 /// pageserver reads and from pages leaving shared_buffers), `evictions`, `invalidations`
 /// (truncations, drops), `restored` (entries reused from before the last restart) and
 /// `checksum_failures` (cached pages that failed their CRC and were read from the
@@ -211,18 +212,17 @@ fn file_cache_status() -> TableIterator<
         name!(checksum_failures, i64),
     ),
 > {
-    let count = |a: &std::sync::atomic::AtomicU64| i64::try_from(a.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
-    let Some((fc, enabled)) = crate::file_cache::status() else {
+    let Some(fc) = crate::file_cache::status() else {
         return TableIterator::once((false, None, 0, 0, 0, 0, 0, 0, 0, 0, 0));
     };
     let c = |f: fn(&crate::file_cache::FileCacheCounters) -> &std::sync::atomic::AtomicU64| {
         i64::try_from(fc.counters.sum(f)).unwrap_or(i64::MAX)
     };
     TableIterator::once((
-        enabled,
-        (fc.slots > 0).then(|| crate::file_cache::cache_path().display().to_string()),
-        i64::try_from(fc.slots * pg_sys::BLCKSZ as usize).unwrap_or(i64::MAX),
-        count(&fc.used.0),
+        fc.enabled(),
+        (fc.slots() > 0).then(|| crate::file_cache::cache_path().display().to_string()),
+        i64::try_from(fc.slots() * pg_sys::BLCKSZ as usize).unwrap_or(i64::MAX),
+        i64::try_from(fc.used()).unwrap_or(i64::MAX),
         c(|c| &c.hits),
         c(|c| &c.misses),
         c(|c| &c.stores),

@@ -207,7 +207,7 @@ pub fn wake_committed(commit: proto::Lsn) -> bool {
                 // SAFETY: a backend's latch in its PGPROC (shared memory, never freed); setting
                 // one whose backend has moved on is a spurious wake-up, which every latch
                 // user tolerates.
-                unsafe { crate::wal_proposer::raw::SetLatch(latch) };
+                unsafe { crate::wakeup::raw::SetLatch(latch) };
             }
         }
     }
@@ -233,10 +233,10 @@ fn release_self(wp: &shmem::WalProposerShared, lsn: pg_sys::XLogRecPtr) {
 
 /// Tells the proposer's core thread that WAL is flushed up to PostgreSQL's flush LSN: raises
 /// `backend_flush_lsn` to it, then rings the doorbell (the eventfd the core thread sleeps on,
-/// `wal_proposer::doorbell_fd`), so that the WAL goes out without a turn of the worker. Without
+/// `wakeup::doorbell_fd`), so that the WAL goes out without a turn of the worker. Without
 /// a doorbell (it could not be created), the worker is woken instead, as before.
 fn ring_doorbell(wp: &shmem::WalProposerShared) {
-    let Some(fd) = crate::wal_proposer::doorbell_fd() else {
+    let Some(fd) = crate::wakeup::doorbell_fd() else {
         wake_worker(wp);
         return;
     };

@@ -181,46 +181,12 @@ pub fn install() {
         // the new proposer is elected again and resumes from the safekeepers' WAL.
         .set_restart_time(Some(Duration::from_secs(1)))
         .load();
-    create_doorbell();
+    crate::wakeup::create_doorbell();
     crate::sync_commit::install();
-}
-
-/// The eventfd committing backends ring to wake the proposer's core thread (`Doorbell`),
-/// created by the postmaster in `install` and inherited by every child; -1 if there is none.
-static DOORBELL_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
-
-/// The doorbell's descriptor, if the postmaster created one.
-pub fn doorbell_fd() -> Option<std::os::fd::RawFd> {
-    Some(DOORBELL_FD.load(Ordering::Relaxed)).filter(|&fd| fd >= 0)
-}
-
-/// Creates the doorbell in the postmaster (children inherit the descriptor and this
-/// process's copy of `DOORBELL_FD`). Without one, commits wake the worker instead.
-fn create_doorbell() {
-    use std::os::fd::IntoRawFd;
-    match walproposer::new_eventfd() {
-        // Kept open for the life of the postmaster and of every child.
-        Ok(fd) => DOORBELL_FD.store(fd.into_raw_fd(), Ordering::Relaxed),
-        Err(e) => ereport!(
-            PgLogLevel::WARNING,
-            PgSqlErrorCode::ERRCODE_WARNING,
-            format!("fjord: could not create the WAL proposer's doorbell (eventfd): {e}"),
-            "Commits then wake the WAL proposer worker, which costs each commit a turn of that worker."
-        ),
-    }
 }
 
 fn wp() -> &'static WalProposerShared {
     &shmem::shared().expect("the fjord walproposer worker runs with shared memory").walproposer
-}
-
-/// `SetLatch` declared by hand rather than through `pg_sys`: pgrx's bindings wrap every
-/// PostgreSQL function in its FFI guard, which may check that it is called from the thread
-/// that loaded the library, and `wake` runs on the proposer's threads.
-pub(crate) mod raw {
-    unsafe extern "C" {
-        pub fn SetLatch(latch: *mut pgrx::pg_sys::Latch);
-    }
 }
 
 /// The proposer's `wake` callback: sets the worker's latch from one of the proposer's threads.
@@ -237,7 +203,7 @@ pub(crate) mod raw {
 /// still set and [`POLL_INTERVAL`] bounds the delay.
 fn wake(latch: usize) {
     // SAFETY: see above; `latch` is MyLatch of the worker process, valid for its lifetime.
-    unsafe { raw::SetLatch(latch as *mut pg_sys::Latch) }
+    unsafe { crate::wakeup::raw::SetLatch(latch as *mut pg_sys::Latch) }
 }
 
 /// Where this compute's own WAL begins: the LSN in `fjord.signal.done` (patch 0006; the
@@ -367,7 +333,7 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
 
     loop {
         if proposer.is_none() && wp.state.load(Ordering::Relaxed) != State::Fenced as u32 && Instant::now() >= next_start {
-            let doorbell = doorbell_fd()
+            let doorbell = crate::wakeup::doorbell_fd()
                 .map(|fd| walproposer::Doorbell { fd, flushed: Arc::new(|| Lsn(self::wp().backend_flush_lsn.0.load(Ordering::SeqCst))) });
             match WalProposer::start_with_doorbell(config.clone(), wake_fn.clone(), doorbell) {
                 Ok(p) => {

@@ -21,7 +21,11 @@
 //! (the model's own puts of the timeline between two LSNs, newest per key) at pairs of
 //! LSNs around the horizon, the branch point and the last record, with tight limits, and
 //! with the refusals the model predicts. At the end of a case,
-//! every layer file is scrubbed. `PROPTEST_CASES` sets the number of cases (default 24).
+//! every layer file is scrubbed. `PROPTEST_CASES` sets the number of cases (default 24) of
+//! each of the two tests: `store_agrees_with_model_fixed_seed` runs the same cases in every
+//! run, `store_agrees_with_model_random_seed` new ones from a seed drawn at random and
+//! printed (`PROPTEST_RNG_SEED=S` runs that seed's cases again). A failure panics with the
+//! seed, the shrunk case and the command that replays it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -445,21 +449,49 @@ fn cases() -> u32 {
     std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(24)
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig {
+/// The seed of the fixed cases, the same in every run.
+const FIXED_SEED: u64 = 0;
+
+/// Runs `cases()` cases from `seed` (shrinking a failing one), and panics with the seed and
+/// the command that runs the same cases again.
+fn run_cases(seed: u64, test: &str) {
+    let mut runner = prop::test_runner::TestRunner::new(ProptestConfig {
         cases: cases(),
         max_shrink_iters: 2000,
+        rng_seed: prop::test_runner::RngSeed::Fixed(seed),
         failure_persistence: Some(Box::new(prop::test_runner::FileFailurePersistence::WithSource("regressions"))),
+        source_file: Some(file!()),
         ..ProptestConfig::default()
-    })]
-
-    #[test]
-    fn store_agrees_with_model(ops in prop::collection::vec(op_strategy(), 1..120)) {
+    });
+    let result = runner.run(&prop::collection::vec(op_strategy(), 1..120), |ops| {
         let mut h = Harness::new();
         for (step, op) in ops.iter().enumerate() {
             h.apply(op);
             h.check(step, op);
         }
         h.verify_files();
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!(
+            "the model test failed with seed {seed}: {e}\nreplay: PROPTEST_RNG_SEED={seed} cargo test -p layerstore --test model {test}"
+        );
     }
+}
+
+#[test]
+fn store_agrees_with_model_fixed_seed() {
+    run_cases(FIXED_SEED, "store_agrees_with_model_fixed_seed");
+}
+
+/// New cases in every run: the seed is drawn at random unless `PROPTEST_RNG_SEED` gives it,
+/// and printed.
+#[test]
+fn store_agrees_with_model_random_seed() {
+    let seed = match std::env::var("PROPTEST_RNG_SEED") {
+        Ok(value) => value.parse().unwrap_or_else(|_| panic!("PROPTEST_RNG_SEED must be a whole number, got {value:?}")),
+        Err(_) => rand::random(),
+    };
+    eprintln!("model test seed: {seed} (PROPTEST_RNG_SEED={seed} runs the same cases again)");
+    run_cases(seed, "store_agrees_with_model_random_seed");
 }

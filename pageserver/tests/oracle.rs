@@ -435,13 +435,12 @@ fn pageserver_matches_postgres_at_every_checkpoint_of_a_mixed_workload() {
 
 /// BRIN revmap pages through WAL redo, on their own and quickly.
 ///
-/// `brin_xlog_insert_update` used to take the block number of the regular page it inserted
-/// into from that page's buffer (`BufferGetBlockNumber`), also when it replays the record
-/// for the revmap page only. Patch 0003's filter hands the skipped regular page no buffer,
-/// so the assert-enabled redo process trapped (`BufferIsPinned(buffer)`); without
-/// assertions it would have read a buffer descriptor out of bounds and could have written
-/// a wrong TID into the revmap. Patch 0004 takes the number from the record instead; this
-/// test found the bug and keeps it fixed.
+/// Unpatched, `brin_xlog_insert_update` takes the block number of the regular page it
+/// inserted into from that page's buffer (`BufferGetBlockNumber`), also when it replays the
+/// record for the revmap page only. Patch 0003's filter hands the skipped regular page no
+/// buffer, so the assert-enabled redo process traps (`BufferIsPinned(buffer)`); without
+/// assertions it reads a buffer descriptor out of bounds and may write a wrong TID into the
+/// revmap. Patch 0004 takes the number from the record instead; this test fails without it.
 #[test]
 fn brin_revmap_pages_through_wal_redo() {
     let mut pg = PgCluster::initdb();

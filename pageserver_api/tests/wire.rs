@@ -143,8 +143,7 @@ fn import_sends_the_path_and_decodes_the_summary() {
     );
 }
 
-/// The request bodies the CLI and compute_ctl sent before the client existed, which the
-/// stand-in pageserver of the pytest suite compares as JSON.
+/// The request bodies the CLI and compute_ctl sent before the client existed.
 #[test]
 fn requests_are_the_bodies_clients_always_sent() {
     let server = serve(201, "", r#"{"tenant_id":"11111111111111111111111111111111"}"#);

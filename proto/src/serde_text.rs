@@ -2,9 +2,8 @@
 //! and a `TenantId` or `TimelineId` 32 lowercase hex digits, exactly what `Display` prints
 //! and `FromStr` parses.
 //!
-//! This is the form every JSON API of fjord has always used (the pageserver's management
-//! API built these strings by hand before), so a type that derives `Serialize` with an
-//! `Lsn` field puts the same bytes on the wire as the hand-made strings did. Deserializing
+//! This is the form every JSON API of fjord uses, so a type that derives `Serialize` with an
+//! `Lsn` field puts the same bytes on the wire as a client that formats the text itself. Deserializing
 //! validates through `FromStr`, so a malformed value is refused when the text becomes the
 //! type, with `FromStr`'s message.
 

@@ -1,5 +1,5 @@
 //! The WAL a leader fetches from acceptors for those that lag behind what its shell can read
-//! itself (issue 14, hole 8): below its start LSN (the donor's log, which a compute never had)
+//! itself: below its start LSN (the donor's log, which a compute never had)
 //! and, in a term that runs long, below the *local floor* (the oldest WAL the compute's
 //! `pg_wal` still holds: PostgreSQL removes segments at checkpoints, whatever a lagging
 //! safekeeper still needs).

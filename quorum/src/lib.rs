@@ -138,9 +138,9 @@
 //! greeting's round is the same for one connection and fresh at each reconnect, so an
 //! answer from an earlier connection (perhaps an earlier incarnation) is ignored; a
 //! reconnect makes the leader forget what it knew; an answer with a higher term makes it
-//! step down, as a rejection does. Before this, such an acceptor counted only from the next
-//! election: a compute that started while one safekeeper was down stopped committing when
-//! another failed later.
+//! step down, as a rejection does. Counted only from the next election, such an acceptor
+//! would leave a compute that started while one safekeeper was down unable to commit once
+//! another fails (`docs/decisions/0004-late-voters-by-greeting.md`).
 //!
 //! Why its acknowledgements are as good as those of an acceptor that voted on time: what
 //! the commit argument needs of each acceptor of a commit quorum in term T is that it

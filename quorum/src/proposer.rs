@@ -102,7 +102,7 @@ enum Push {
     CommitLsn,
 }
 
-/// Why a compute proposer fenced itself.
+/// Why a WAL proposer (`ProposerMode::Compute`) fenced itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FenceReason {
     /// The acceptors' log ends at `start_lsn`, not where this compute's WAL starts: another
@@ -244,7 +244,7 @@ impl Proposer {
             config.max_fetched
         );
         match config.mode {
-            ProposerMode::Compute => assert!(wal_start.is_valid(), "a compute proposer needs its WAL start"),
+            ProposerMode::Compute => assert!(wal_start.is_valid(), "a WAL proposer needs its WAL start"),
             ProposerMode::Sync => assert_eq!(wal_start, Lsn(0), "a sync writes no WAL of its own"),
             ProposerMode::Plain => {}
         }

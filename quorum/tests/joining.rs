@@ -1,9 +1,9 @@
-//! Scripted scenarios of acceptors that join a term after its election (issue 14): an
-//! acceptor unreachable during the whole election, one whose vote was lost, a learner that
+//! Scripted scenarios of acceptors that join a term after its election: an acceptor
+//! unreachable during the whole election, one whose vote was lost, a learner that
 //! reconnects, a learner that graduates. Which of them count towards the term's commits is
-//! the crate's rule 5 and "Late voters" (`lib.rs`); before it, an acceptor that did not vote
-//! in time never counted until the next election, so a compute that started while one
-//! safekeeper was down stopped committing when another one failed later.
+//! the crate's rule 5 and "Late voters" (`lib.rs`). If an acceptor that did not vote in
+//! time counted only from the next election, a compute that started while one safekeeper
+//! was down would stop committing when another one failed later: these tests fail then.
 
 mod support;
 
@@ -13,10 +13,9 @@ use std::cell::RefCell;
 use support::cluster::{append, lsn, only, proposer, proposer_in, tick, wipe, Cluster};
 use support::WAL_START;
 
-/// The issue's schedule: a compute starts while acceptor 2 is down (elected by 0 and 1), 2
-/// comes back (its connection too) and catches up, then 0 goes down: 1 and 2 commit on.
-/// Before, 2 counted only from the next election and commits stopped until the compute
-/// restarted.
+/// A compute starts while acceptor 2 is down (elected by 0 and 1), 2 comes back (its
+/// connection too) and catches up, then 0 goes down: 1 and 2 commit on. Were 2 counted only
+/// from the next election, commits would stop until the compute restarted.
 #[test]
 fn an_acceptor_away_during_the_election_counts_once_it_is_back() {
     let mut c = Cluster::new();
@@ -110,7 +109,7 @@ fn a_learner_that_reconnects_to_a_leader_stays_out_and_does_not_count() {
 
 /// A learner that joined the election it saw begin, caught up and graduated in the term
 /// (every acceptor acknowledged the term's start) is a voter: its next greeting says so,
-/// and it counts from then on. Before, it counted only from the next election.
+/// and it counts from then on, not only from the next election.
 #[test]
 fn a_learner_that_graduates_in_the_term_counts_once_greeted() {
     let mut c = Cluster::new();

@@ -133,11 +133,11 @@ fn lagging_acceptor_catches_up_from_a_donor() {
     assert_eq!(c.nodes[2].acceptor.state().commit_lsn, lsn(50));
 }
 
-/// Issue 14, hole 8: an acceptor away while the leader's own WAL loses its oldest bytes (a
-/// compute's `pg_wal` loses segments at checkpoints) catches up in the same term, with that
-/// WAL fetched from another acceptor a little at a time (never more than `max_fetched` held),
-/// and then from the leader's own WAL again. Before, the leader could only send what its own
-/// WAL still had, and the acceptor waited for the next election.
+/// An acceptor away while the leader's own WAL loses its oldest bytes (a compute's `pg_wal`
+/// loses segments at checkpoints) catches up in the same term, with that WAL fetched from
+/// another acceptor a little at a time (never more than `max_fetched` held), and then from
+/// the leader's own WAL again. A leader that sent only what its own WAL still had would
+/// leave the acceptor waiting for the next election (`docs/decisions/0002-fetched-wal.md`).
 #[test]
 fn an_acceptor_behind_the_leaders_own_wal_catches_up_in_the_same_term() {
     let mut c = Cluster::new();
@@ -277,7 +277,7 @@ fn pieces_are_cut_anywhere_and_carry_the_last_boundary() {
     assert_eq!(p.core.commit_lsn(), Some(end));
 }
 
-/// The issue's hole 3, in the core: a compute streams a record far longer than a message
+/// Records of any size, in the core: a compute streams a record far longer than a message
 /// (20 MiB; `wire::WAL_BYTES_MAX` is 16 MiB) and dies with acceptor 0 holding part of it
 /// and acceptor 1 none. The sync elected by 0 and 1 ends at the last whole record, not
 /// inside the long one, drops 0's partial record, and the next compute starts there and
@@ -723,7 +723,7 @@ fn a_learner_whose_log_lies_below_the_horizon_starts_it_again() {
     assert_eq!(c.committed.len(), 30);
 }
 
-/// Found by the simulation at scale (seed 408,152, issue 14): a learner's acknowledgement
+/// Found by the simulation at scale (seed 408,152): a learner's acknowledgement
 /// must not count towards a commit. Acceptor 0 votes in term 2, whose leader is elected by
 /// 0 and 2 with no WAL; then 0 loses its disk. Term 1's proposer, still collecting votes,
 /// reconnects to it: the learner refuses the vote request (and so may join term 1), and

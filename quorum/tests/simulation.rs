@@ -30,7 +30,7 @@
 //! random (up to its commit LSN, as a compute's `pg_wal` loses segments), so a lagging
 //! acceptor's catch-up goes through WAL fetched mid-term, never more than `max_fetched` of
 //! it held. A pageserver's remote-consistent LSN rises at
-//! random up to the committed end; proposers learn it at their ticks, as walproposer's core
+//! random up to the committed end; proposers learn it at their ticks, as the `walproposer` core thread
 //! does, and every value an acceptor receives must be one the pageserver reported. On every
 //! action: every peer horizon sent is at most every acceptor's flush LSN; a compute is elected
 //! only at its own start; a fenced or synced proposer never acts again (it is still ticked,
@@ -41,10 +41,16 @@
 //! committed; then another acceptor goes down and that leader must commit with the other
 //! two (the crate's "Late voters").
 //!
-//! `FJORD_SIM_SEEDS=N` sets how many seeds `many_seeds` runs (default 2000), from
-//! `FJORD_SIM_SEED_START` (default 0); `scripts/sim` runs many more in parallel shards.
-//! `FJORD_SIM_SEED=S` replays one seed in `replay_seed`; with `FJORD_SIM_TRACE=1` it prints
-//! the events that shape elections and commits, to trace how a failing seed's state arose.
+//! `many_seeds` runs a fixed block of seeds, the same in every run, and a block that starts
+//! at a random seed, new in every run, so that CI also explores seeds no run saw before.
+//! `FJORD_SIM_SEEDS=N` sets the fixed block's size (default 2000) and `FJORD_SIM_SEED_START`
+//! its first seed (default 0); `FJORD_SIM_RANDOM_SEEDS=N` sets the random block's size
+//! (default 1000, 0 for none) and `FJORD_SIM_RANDOM_START=S` its first seed (default: drawn
+//! at random from 2,000,000 up, above what `scripts/sim` runs by default, and printed).
+//! `scripts/sim` runs many more fixed seeds in parallel shards. A failing seed panics with
+//! the command that replays it: `FJORD_SIM_SEED=S` replays one seed in `replay_seed`; with
+//! `FJORD_SIM_TRACE=1` it prints the events that shape elections and commits, to trace how
+//! a failing seed's state arose.
 
 mod support;
 
@@ -90,7 +96,7 @@ struct ProposerNode {
     wal_start: Lsn,
     /// Lost an election or stepped down: its shell starts another one at this time.
     retry_at: Option<u64>,
-    /// The shell's election backoff: doubles on every lost election, as walproposer's does,
+    /// The shell's election backoff: doubles on every lost election, as `walproposer`'s does,
     /// so that two endpoints' proposers stop dueling.
     backoff: u64,
     /// The rest of the record the client is writing: a compute flushes WAL that ends inside
@@ -570,7 +576,7 @@ impl Sim {
     /// Acceptor `a` loses its disk: it restarts blank, a learner, as a safekeeper whose
     /// timeline is created again by a proposer's hello. A restarted process has new
     /// connections: what was on its way to or from it is lost, and every proposer's shell
-    /// reconnects (as walproposer's does when a connection fails).
+    /// reconnects (as `walproposer`'s does when a connection fails).
     fn wipe(&mut self, a: NodeId) -> Check {
         if tracing() {
             eprintln!("t={} acceptor {a} loses its disk: {:?}", self.now, self.disks[a].state);
@@ -608,7 +614,7 @@ impl Sim {
             0..=39 => self.deliver_random()?,
             40..=59 => {
                 let p = self.some_proposer();
-                // walproposer's core passes the highest remote-consistent LSN of the
+                // the `walproposer` core thread passes the highest remote-consistent LSN of the
                 // acceptors' feedback to the proposer before each tick.
                 if self.rng.gen_bool(0.5) {
                     let lsn = self.remote_consistent_lsn;
@@ -617,7 +623,7 @@ impl Sim {
                 if self.rng.gen_bool(0.6) {
                     self.drop_own_wal(p)?;
                 }
-                // walproposer's core announces a deferred commit LSN a moment after it moved,
+                // the `walproposer` core thread announces a deferred commit LSN a moment after it moved,
                 // between its ticks.
                 let actions = if self.rng.gen_bool(0.5) && self.proposers[p].core.commit_unannounced() {
                     self.proposers[p].core.announce_commit()
@@ -1092,14 +1098,31 @@ fn run_seed_or_panic(seed: u64) -> Outcome {
     }
 }
 
+/// The first seed a random block may start at: above the seeds `scripts/sim` runs by default.
+const RANDOM_START_MIN: u64 = 2_000_000;
+
+fn env_u64(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    Some(value.parse().unwrap_or_else(|_| panic!("{name} must be a whole number, got {value:?}")))
+}
+
 #[test]
 fn many_seeds() {
-    let n: u64 = std::env::var("FJORD_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let first: u64 = std::env::var("FJORD_SIM_SEED_START").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let fixed_n = env_u64("FJORD_SIM_SEEDS").unwrap_or(2000);
+    let fixed_first = env_u64("FJORD_SIM_SEED_START").unwrap_or(0);
+    let random_n = env_u64("FJORD_SIM_RANDOM_SEEDS").unwrap_or(1000);
+    let random_first = env_u64("FJORD_SIM_RANDOM_START").unwrap_or_else(|| rand::thread_rng().gen_range(RANDOM_START_MIN..1 << 48));
+    if random_n > 0 {
+        // Printed first, so that the output of a run that dies names the block too.
+        eprintln!(
+            "random seeds: {random_n} from {random_first} (FJORD_SIM_RANDOM_START={random_first} \
+             cargo test -p quorum --test simulation many_seeds runs them again)"
+        );
+    }
     let (mut commits, mut bytes, mut terms, mut fenced_stale, mut fenced_later, mut synced) = (0, 0, 0, 0, 0, 0);
     let (mut removals, mut removed_bytes, mut wipes, mut partial_ends) = (0, 0, 0, 0);
     let (mut mid_term_fetched, mut mid_term_seeds, mut late_voter_commits) = (0, 0, 0);
-    for seed in first..first + n {
+    for seed in (fixed_first..fixed_first + fixed_n).chain(random_first..random_first + random_n) {
         let o = run_seed_or_panic(seed);
         mid_term_fetched += o.fetched_above_start;
         mid_term_seeds += usize::from(o.fetched_above_start > 0);
@@ -1115,8 +1138,9 @@ fn many_seeds() {
         fenced_later += o.fenced_later;
         synced += o.synced;
     }
+    let random = if random_n > 0 { format!(" and {random_n} from {random_first}") } else { String::new() };
     eprintln!(
-        "{n} seeds from {first}: {commits} commit advances, {bytes} bytes committed, {terms} terms elected, {synced} syncs done, \
+        "{fixed_n} seeds from {fixed_first}{random}: {commits} commit advances, {bytes} bytes committed, {terms} terms elected, {synced} syncs done, \
          {fenced_stale} computes fenced at election, {fenced_later} after it, {removals} WAL removals \
          ({removed_bytes} bytes below the highest removal point, summed over seeds), {wipes} disks lost, \
          {partial_ends} acceptor states seen with WAL past the last whole record, \
@@ -1125,7 +1149,7 @@ fn many_seeds() {
     );
     // The simulation must exercise something: commits, elections, fencing, syncs, removal,
     // lost disks, and logs that end inside a record.
-    let n = n as usize;
+    let n = (fixed_n + random_n) as usize;
     assert!(
         n == 0
             || commits > n

@@ -24,6 +24,7 @@ pub mod replication;
 pub mod server;
 pub mod storage;
 pub mod timeline;
+pub mod verify;
 
 use anyhow::Context;
 use proto::{TenantId, TimelineId};

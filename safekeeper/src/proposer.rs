@@ -67,11 +67,12 @@ fn handle_batch_here(tl: &Arc<Timeline>, msgs: Vec<ToAcceptor>) -> anyhow::Resul
 /// runtime that serves only this connection, and waits for it to end.
 ///
 /// Why not a task on the shared runtime: every batch blocks (a write and an `fdatasync`),
-/// and a commit waits for it. On the shared runtime that meant `block_in_place`, which hands
+/// and a commit waits for it. On the shared runtime that means `block_in_place`, which hands
 /// the worker's other tasks to another thread for each batch and takes them back after:
-/// with three safekeepers on the 2-core benchmark machine, a profile of pgbench read-write
-/// showed their thread switching as most of the safekeepers' CPU (2026-11-25). Here the
-/// thread that wakes up for the socket handles the batch and answers: one wake-up per batch.
+/// with three safekeepers on a 2-core machine, that thread switching is most of the
+/// safekeepers' CPU under pgbench read-write (`docs/decisions/0006-a-thread-per-proposer-connection.md`).
+/// Here the thread that wakes up for the socket handles the batch and answers: one wake-up
+/// per batch.
 /// The feedback and standby lists still arrive through the timeline's watch channels, which
 /// work across runtimes.
 async fn session_on_own_thread(

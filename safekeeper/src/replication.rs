@@ -120,7 +120,8 @@
 //! Code map: this file has the connection, the frontend message reader, the command loop and
 //! streaming; `startup` the startup packet and its parameters; `command` the tokenizer and
 //! parser of replication commands; `messages` the backend messages, errors and SQLSTATEs;
-//! `verify` the record checks of the WAL being sent (no I/O).
+//! `crate::verify` the record checks of the WAL being sent (no I/O), which the proposer's
+//! `FetchWal` shares.
 //! Frontend messages are decoded here (the `postgres-protocol` crate parses only backend
 //! messages), and backend messages encoded here (it encodes only frontend ones). Its frontend
 //! encoder and backend parser drive the tests (`tests/replication.rs`), together with
@@ -145,15 +146,14 @@ use tokio::time::Instant;
 mod command;
 mod messages;
 mod startup;
-pub mod verify;
 
+use crate::verify::{self, VerifiedStream};
 use command::{parse_command, query_text, show_value, tokenize, Command};
 use messages::{
     command_complete, data_row, error_response, keepalive, message, parameter_status, pg_now, ready_for_query, row_description, sqlstate,
     PgError, INT4_OID, TEXT_OID,
 };
 use startup::{authenticate, startup, Startup};
-use verify::VerifiedStream;
 
 /// What a replication connection needs from a timeline. The safekeeper's timeline
 /// implements it; the tests use an in-memory one.

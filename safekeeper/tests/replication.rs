@@ -1147,7 +1147,7 @@ async fn a_first_record_with_an_unknown_prev_link_is_not_corruption() {
 #[test]
 #[ignore]
 fn verification_throughput() {
-    use safekeeper::replication::verify::{DecodeStart, VerifiedStream};
+    use safekeeper::verify::{DecodeStart, VerifiedStream};
 
     fn run(name: &str, start: Lsn, wal: &Bytes, config: DecoderConfig, repeat: usize) {
         let began = std::time::Instant::now();

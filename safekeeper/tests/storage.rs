@@ -193,7 +193,7 @@ fn removal_deletes_whole_segments_below_the_horizon() {
     assert_eq!(s.wal_disk_bytes(), 6 * SEG64);
     assert_eq!(s.remove_wal(&mut st).unwrap(), Some(1..3));
     assert_eq!(segment_files(&tl_dir), names(3..=6));
-    assert_eq!(s.wal_extent(), safekeeper::storage::wal::WalExtent { begin: at(3.0), end });
+    assert_eq!(s.wal_extent(), safekeeper::storage::extent::WalExtent { begin: at(3.0), end });
     assert_eq!(s.wal_disk_bytes(), 4 * SEG64);
     assert_eq!(s.remove_wal(&mut st).unwrap(), None, "nothing more below the same horizon");
     let err = format!("{:#}", s.read_wal(at(2.9), at(3.1)).unwrap_err());
@@ -241,7 +241,7 @@ fn removal_up_to_an_end_at_a_segment_boundary_keeps_an_empty_wal_there() {
     assert_eq!(segment_files(&tl_dir), names(3..=3));
     drop(s);
     let mut s = TimelineStorage::open(&tl_dir).unwrap();
-    assert_eq!(s.wal_extent(), safekeeper::storage::wal::WalExtent { begin: end, end });
+    assert_eq!(s.wal_extent(), safekeeper::storage::extent::WalExtent { begin: end, end });
     let more = pattern(100, 8);
     s.persist(&Persist::Append { begin: end, data: Bytes::copy_from_slice(&more), boundary: Lsn(end.0 + 100) }, &mut st).unwrap();
     s.sync(&mut st).unwrap();

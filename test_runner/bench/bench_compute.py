@@ -127,6 +127,7 @@ def run_suite(name: str, port: int, user: str, a, settle, after_init=None, cpu=N
     return res
 
 
+# The cold scans' table: 3,000,000 rows unless `--scan-rows` says otherwise.
 SCAN_ROWS = 3_000_000
 
 
@@ -205,8 +206,14 @@ def status(ep: Endpoint, function: str) -> dict:
         return dict(zip([d.name for d in cur.description], cur.fetchone()))
 
 
+def restart_seconds(a) -> int:
+    """How long select-only runs after the endpoint's restart: 10 s, or --duration if shorter."""
+    return min(10, a.duration)
+
+
 def after_restart(ep: Endpoint, a) -> dict:
-    """Restarts the endpoint and runs select-only for 10 s, one progress line per second."""
+    """Restarts the endpoint and runs select-only for `restart_seconds`, one progress line per
+    second."""
     ep.stop()
     # `fjord endpoint stop` removes the stopped compute's data directory (the next start
     # fetches a new one); the fixture would remove it at start, inside the time measured.
@@ -219,7 +226,7 @@ def after_restart(ep: Endpoint, a) -> dict:
     first_query_ms = round((time.monotonic() - t0) * 1000)
     report = json.loads((ep.dir / "status.json").read_text())
     r = subprocess.run([str(pg_bin_dir() / "pgbench"), "-h", "127.0.0.1", "-p", str(ep.port), "-U", ep.user, "-n", "-S",
-                        "-c", str(a.clients), "-j", str(a.clients), "-T", "10", "-P", "1", "postgres"],
+                        "-c", str(a.clients), "-j", str(a.clients), "-T", str(restart_seconds(a)), "-P", "1", "postgres"],
                        capture_output=True, text=True, check=True)
     out = r.stdout
     # pgbench prints its progress lines on stderr.
@@ -296,16 +303,19 @@ def cold_scan(base: Path, ps: Pageserver, tl: Timeline, sks: list, settings: dic
 
 
 def main() -> None:
+    global SCAN_ROWS
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--scale", type=int, default=10)
     p.add_argument("--duration", type=int, default=30)
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--shared-buffers", default="16MB")
+    p.add_argument("--scan-rows", type=int, default=SCAN_ROWS)
     p.add_argument("--json", required=True)
     p.add_argument("--markdown", required=True)
     p.add_argument("--command", required=True)
     p.add_argument("--flavor", required=True)
     a = p.parse_args()
+    SCAN_ROWS = a.scan_rows
 
     settings = {"shared_buffers": a.shared_buffers, "synchronous_commit": "on", "fsync": "on", "max_connections": "50"}
     with tempfile.TemporaryDirectory(prefix="fjord-bench-") as tmp:
@@ -373,7 +383,7 @@ def main() -> None:
                                                                                      Path(a.json).parent / "slow-scans")
             print(f"fjord: image layers made in {fjord_res['image_layers_s']} s; cold scan from them "
                   f"{fjord_res['cold_scan_images_s']} s ({dropped >> 20} MB dropped from the OS cache); endpoint start "
-                  f"{images_smgr['start_s']} s, {images_smgr['remote_requests']} GetPage requests, pageserver "
+                  f"{images_smgr['start_s']} s, {images_smgr['pageserver_requests']} GetPage requests, pageserver "
                   f"{images_smgr.get('pageserver_seconds_count')} served in {images_smgr.get('pageserver_seconds_sum')} s",
                   flush=True)
         finally:
@@ -435,13 +445,13 @@ def main() -> None:
               f"({phases(fjord_res)}; seconds, pgbench's own breakdown; commits held back by backpressure "
               f"while the pageserver's ingest was behind: {fjord_res['init_throttled_ms']} ms in "
               f"{fjord_res['init_throttled_waits']} waits). "
-              f"Page service requests during the fjord run: {smgr.get('remote_requests')}, "
+              f"Page service requests during the fjord run: {smgr.get('pageserver_requests')}, "
               f"full-page images written at eviction: {smgr.get('eviction_images')}. "
               f"Local file cache: {lfc['hits']} hits, {lfc['misses']} misses, {lfc['used_pages']} pages used of "
               f"{lfc['size_bytes'] // 8192}.",
               "",
               f"Select-only right after a restart of the endpoint (stopped, started again in {restart['restart_s']} s, "
-              f"{restart['restored_pages']} cached pages reused): {restart['tps']:.0f} TPS over 10 s; per second: "
+              f"{restart['restored_pages']} cached pages reused): {restart['tps']:.0f} TPS over {restart_seconds(a)} s; per second: "
               + ", ".join(f"{x:.0f}" for x in restart["tps_per_second"]) + ". "
               f"From the start command to the first query's answer: {restart['first_query_ms']} ms (compute_ctl: "
               f"safekeeper sync {restart['compute_ctl_ms']['sync_ms']} ms, basebackup by "

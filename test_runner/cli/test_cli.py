@@ -1,14 +1,11 @@
 """The `fjord` CLI for real: repos, the pageserver process, tenants, branches, endpoints.
 
 Every test runs the release binaries (`fjord`, `pageserver`, `compute_ctl`) on a repo in its
-own directory with its own base port. The endpoint tests need the pageserver's basebackup
-route and the extension's remote storage manager; they skip, saying so, only while the
-pageserver answers that route with 404.
+own directory with its own base port.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import urllib.error
 import urllib.request
@@ -22,7 +19,6 @@ from fixtures.logs import unexpected_lines
 from fixtures.pagestream import lsn_int
 from fixtures.paths import pg_bin_dir
 from fixtures.postgres import wait_until
-from fixtures.standin_pageserver import TENANT, TIMELINE, StandInPageserver, initdb_source
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
@@ -175,62 +171,52 @@ def test_clear_errors(repo_factory, tmp_path):
 
 
 # Expected: the endpoint the test starts with a bad setting.
-@pytest.mark.allowed_errors(r'FATAL:  configuration file ".*/endpoints/bad/pgdata/postgresql.conf" contains errors')
-def test_endpoint_mechanics_with_a_stand_in_pageserver(repo_factory, tmp_path):
-    """Endpoint start/stop/list/connstr against the stand-in basebackup server: the CLI's
-    process handling, whatever the state of the real basebackup. The stand-in's basebackup
-    holds relation files, so the computes run without the fjord library (and without
-    safekeepers: the stand-in serves no timeline status to sync against)."""
+@pytest.mark.allowed_errors(r'FATAL:  (configuration file ".*/endpoints/bad/pgdata/postgresql.conf" contains errors|invalid value for parameter "shared_buffers")')
+def test_endpoint_mechanics_without_safekeepers(repo_factory):
+    """Endpoint start/stop/list/connstr on a repo without safekeepers, whose computes stream
+    WAL straight to the pageserver: the CLI's process handling, its refusals, a failed start,
+    and `stop` stopping the endpoints before the pageserver."""
     repo = repo_factory().init("--safekeepers", "0")
-    (repo.path / "state.json").write_text(json.dumps(
-        {"default_tenant": TENANT, "tenants": {TENANT: {"branches": {"main": TIMELINE}}}, "endpoints": {}}))
-    standin = StandInPageserver(initdb_source(tmp_path / "source"), port=repo.http_port)
-    standalone = ["-c", "shared_preload_libraries=", "-c", "synchronous_standby_names="]
-    try:
-        port = repo.base_port + 10
-        started = repo.run("endpoint", "start", "ep", *standalone)
-        connstr = started.stdout.strip()
-        assert connstr.endswith(f"@127.0.0.1:{port}/postgres") and "endpoint ep running on branch main" in started.stderr
-        with connect(connstr) as conn:
-            conn.execute("CREATE TABLE local_only (x int)")
-        # The CLI registers the compute as the WAL source (an admin's call), then compute_ctl
-        # asks for the same source once postgres runs.
-        assert [r["port"] for r in standin.wal_receiver_requests] == [port, port]
-        assert re.search(rf"^ep\s+main\s+{port}\s+latest\s+running \(pid \d+\)", repo.run("endpoint", "list").stdout, re.M)
-        assert "already running" in repo.fail("endpoint", "start", "ep")
-        assert "already writes to branch main" in repo.fail("endpoint", "start", "other", *standalone)
-        assert 'branch "nope" does not exist' in repo.fail("endpoint", "start", "other", "--branch", "nope")
-
-        # Stateless: the restart refetches the data directory, so the table is gone; the port stays.
-        assert "endpoint ep stopped" in repo.run("endpoint", "stop", "ep").stdout
-        assert "endpoint ep was not running" in repo.run("endpoint", "stop", "ep").stdout
-        # A failed start shows why and leaves no endpoint behind.
-        err = repo.fail("endpoint", "start", "bad", "--branch", "main", "--port", str(port + 5), "-c", "shared_buffers=lots")
-        assert "postgres exited during startup" in err and "shared_buffers" in err, err
-        assert "bad" not in repo.state()["endpoints"]
-
-        assert repo.run("endpoint", "start", "ep", *standalone).stdout.strip() == connstr
-        with connect(connstr) as conn:
-            assert conn.execute("SELECT to_regclass('local_only')").fetchone()[0] is None
-        assert "received fast shutdown request" in repo.log("endpoints/ep/postgres.log")
-
-        out = repo.run("stop").stdout
-        assert "endpoint ep stopped" in out and "pageserver was not running" in out
-        assert "stopped" in repo.run("endpoint", "list").stdout
-        log = repo.log("endpoints/ep/postgres.log")
-        assert log.count("received fast shutdown request") == 2 and "received immediate shutdown request" not in log
-    finally:
-        standin.close()
-
-
-# --- endpoints: need the basebackup route --------------------------------------------------
-
-def require_basebackup(repo: FjordRepo, tenant: str) -> None:
+    repo.run("start")
+    tenant = repo.run("tenant", "create").stdout.strip()
     timeline = repo.state()["tenants"][tenant]["branches"]["main"]
-    if repo.http_status(f"/v1/tenant/{tenant}/timeline/{timeline}/basebackup") == 404:
-        pytest.skip("the pageserver has no basebackup route yet (GET .../basebackup answers 404); "
-                    "this test runs for real once it does")
+    port = repo.base_port + 10
+    started = repo.run("endpoint", "start", "ep")
+    connstr = started.stdout.strip()
+    assert connstr.endswith(f"@127.0.0.1:{port}/postgres") and "endpoint ep running on branch main" in started.stderr
+    with connect(connstr) as conn:
+        conn.execute("CREATE TABLE kept (x int)")
+    # The CLI registers the compute as the pageserver's WAL source (an admin's call), and
+    # compute_ctl asks for the same source once postgres runs.
+    sources = repo.http_json(f"/v1/tenant/{tenant}/timeline/{timeline}")["wal_receiver"]["sources"]
+    assert [(s["host"], s["port"]) for s in sources] == [("127.0.0.1", port)], sources
+    assert re.search(rf"^ep\s+main\s+{port}\s+latest\s+running \(pid \d+\)", repo.run("endpoint", "list").stdout, re.M)
+    assert "already running" in repo.fail("endpoint", "start", "ep")
+    assert "already writes to branch main" in repo.fail("endpoint", "start", "other")
+    assert 'branch "nope" does not exist' in repo.fail("endpoint", "start", "other", "--branch", "nope")
 
+    assert "endpoint ep stopped" in repo.run("endpoint", "stop", "ep").stdout
+    assert "endpoint ep was not running" in repo.run("endpoint", "stop", "ep").stdout
+    # A failed start shows why and leaves no endpoint behind.
+    err = repo.fail("endpoint", "start", "bad", "--branch", "main", "--port", str(port + 5), "-c", "shared_buffers=lots")
+    assert "postgres exited during startup" in err and "shared_buffers" in err, err
+    assert "bad" not in repo.state()["endpoints"]
+
+    # Stateless: the restart refetches the data directory from the pageserver, which has the
+    # table; the port stays.
+    assert repo.run("endpoint", "start", "ep").stdout.strip() == connstr
+    with connect(connstr) as conn:
+        assert conn.execute("SELECT to_regclass('kept')::text").fetchone()[0] == "kept"
+    assert "received fast shutdown request" in repo.log("endpoints/ep/postgres.log")
+
+    out = repo.run("stop").stdout
+    assert "endpoint ep stopped" in out and "pageserver stopped" in out
+    assert "stopped" in repo.run("endpoint", "list").stdout
+    log = repo.log("endpoints/ep/postgres.log")
+    assert log.count("received fast shutdown request") == 2 and "received immediate shutdown request" not in log
+
+
+# --- endpoints ------------------------------------------------------------------------------
 
 def connect(connstr: str) -> psycopg.Connection:
     return psycopg.connect(connstr, autocommit=True)
@@ -239,7 +225,6 @@ def connect(connstr: str) -> psycopg.Connection:
 def test_endpoint_lifecycle(started_repo):
     repo = started_repo
     tenant = repo.run("tenant", "create").stdout.strip()
-    require_basebackup(repo, tenant)
 
     connstr = repo.run("endpoint", "start", "main").stdout.strip()
     port = repo.base_port + 10
@@ -299,7 +284,6 @@ def test_endpoint_lifecycle(started_repo):
 def test_endpoint_at_past_lsn_is_read_only(started_repo):
     repo = started_repo
     tenant = repo.run("tenant", "create").stdout.strip()
-    require_basebackup(repo, tenant)
     connstr = repo.run("endpoint", "start", "main").stdout.strip()
     with connect(connstr) as conn:
         before = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]

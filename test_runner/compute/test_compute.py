@@ -84,7 +84,7 @@ def test_sql_on_a_stateless_compute(tmp_path, timeline):
         assert conn.execute("SELECT (SELECT count(*) FROM u) + (SELECT count(*) FROM tmp)").fetchone() == (10000,)
         ufile = conn.execute("SELECT pg_relation_filepath('u')").fetchone()[0]
     assert (ep.pgdata / ufile).exists()
-    assert smgr_status(ep)["remote_requests"] > 0
+    assert smgr_status(ep)["pageserver_requests"] > 0
     assert amcheck_all(ep) > 0
 
     # A new compute on the same timeline sees everything committed.
@@ -201,7 +201,7 @@ def test_pageserver_restart_under_load(tmp_path, timeline, pageserver):
         assert accounts == history
         after = conn.execute("SELECT count(*) FROM pgbench_history WHERE mtime > %s", (restarted_at,)).fetchone()[0]
         assert after > 0, "pgbench committed nothing after the pageserver's restart"
-    assert smgr_status(ep)["remote_reconnects"] >= 2
+    assert smgr_status(ep)["pageserver_reconnects"] >= 2
 
 
 # The database's permanent relations in its default tablespace, every fork the pageserver

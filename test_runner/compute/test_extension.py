@@ -21,7 +21,7 @@ def test_create_extension_and_status(fjord_pg):
     assert fjord_pg.sql("SELECT fjord.version()") == [("0.1.0",)]
     status = smgr_status(fjord_pg)
     assert status["active"] is True, status
-    assert status["mode"] == "passthrough"
+    assert status["mode"] == "pass-through"
     # Starting the server and connecting opened catalog relations through the hook.
     assert status["relations_opened"] > 0
     assert status["nblocks_calls"] > 0

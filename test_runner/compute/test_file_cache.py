@@ -48,7 +48,7 @@ def test_cached_pages_are_read_without_the_pageserver(tmp_path, timeline):
     # Three scans of a table 25 times larger than shared_buffers: every page from the
     # cache, none from the pageserver.
     assert after_lfc["hits"] - before_lfc["hits"] >= 3 * pages * 0.9, (pages, before_lfc, after_lfc)
-    assert after_smgr["remote_requests"] - before_smgr["remote_requests"] < 10, (before_smgr, after_smgr)
+    assert after_smgr["pageserver_requests"] - before_smgr["pageserver_requests"] < 10, (before_smgr, after_smgr)
     assert after_lfc["used_pages"] >= pages
     rows = ep.sql("SELECT le_us, count FROM fjord.getpage_latency()")
     assert len(rows) == 18 and rows[-1][0] is None and sum(c for _, c in rows) > 0, rows
@@ -168,7 +168,7 @@ def test_the_cache_survives_a_restart(tmp_path, timeline, safekeepers):
     assert table_sums(ep, ["t"]) == expected
     after, st2 = smgr_status(ep), lfc_status(ep)
     # Served from the cache from the first query: no page of t from the pageserver.
-    assert after["remote_requests"] - before["remote_requests"] < 20, (before, after)
+    assert after["pageserver_requests"] - before["pageserver_requests"] < 20, (before, after)
     assert st2["hits"] - st["hits"] >= 2 * pages, (st, st2)
     assert st2["checksum_failures"] == 0
 

@@ -259,10 +259,10 @@ def test_pageserver_cut_from_its_safekeeper_fails_over(tmp_path, cluster):
     wait_until("the pageserver to ingest the compute's WAL",
                lambda: lsn_int(c.tl.status()["last_record_lsn"]) >= flushed, timeout_s=60)
     assert c.wal_receiver()["current_source_address"] != source
-    requests_before = ep.sql("SELECT remote_requests FROM fjord.storage_manager()")[0][0]
+    requests_before = ep.sql("SELECT pageserver_requests FROM fjord.storage_manager()")[0][0]
     rows = dict(ep.sql("SELECT batch, count(*) FROM t GROUP BY batch"))
     assert rows == {0: 2000, -1: 100, **{b: 100 for b in batches[1:]}}, rows
-    requests = ep.sql("SELECT remote_requests FROM fjord.storage_manager()")[0][0] - requests_before
+    requests = ep.sql("SELECT pageserver_requests FROM fjord.storage_manager()")[0][0] - requests_before
     assert requests > 0, "the scan read nothing from the pageserver"
     print(f"pageserver cut from {source}: moved to {after['current_source_address']} after {len(batches) - 1} "
           f"batches; the scan made {requests} page requests")

@@ -7,9 +7,13 @@ one transaction; a transfer whose COMMIT returned is *acknowledged*. At the end,
 compute: every acknowledged transfer is there, the balances still sum to what they started
 at, and each account's balance is what the recorded transfers made of it.
 
-`./scripts/test` runs a short schedule (`FJORD_FAULTS`, default 8 faults); `scripts/faults`
-runs a long one and writes its numbers (`FJORD_FAULT_RESULTS`). `FJORD_FAULT_SEED` picks the
-schedule (the faults and the pauses between them; the timing of the workload is real).
+A seed picks the schedule (the faults and the pauses between them; the timing of the
+workload is real). `./scripts/test` runs two short schedules (`FJORD_FAULTS`, default 8
+faults each): `[fixed-seed]`, seed 1 in every run, and `[random-seed]`, a seed drawn in each
+run. The seed is printed (a line at the start of the test's output, and the run's summary
+names it: `fault schedule seed`); a failure ends with the command that replays it:
+`FJORD_FAULT_SEED=S` makes `[random-seed]` run seed S. `scripts/faults` runs one long
+schedule that way and writes its numbers (`FJORD_FAULT_RESULTS`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from fixtures.compute import Endpoint, Timeline
 ACCOUNTS = 20
 START_BALANCE = 1000
 WORKERS = 3
+FIXED_SEED = 1
+TEST = "faults/test_random_faults.py::test_random_faults_lose_no_acknowledged_transfer"
 
 
 class Bank(threading.Thread):
@@ -89,9 +95,28 @@ def check_bank(ep: Endpoint, acked: set[int]) -> int:
 
 # Expected: two transfers that lock the same accounts in opposite order (the workers retry).
 @pytest.mark.allowed_errors(r"ERROR:  deadlock detected")
-def test_random_faults_lose_no_acknowledged_transfer(tmp_path: Path, pageserver, safekeepers):
+@pytest.mark.parametrize("schedule", ["fixed-seed", "random-seed"])
+def test_random_faults_lose_no_acknowledged_transfer(tmp_path: Path, pageserver, safekeepers, schedule: str,
+                                                     record_property):
     faults = int(os.environ.get("FJORD_FAULTS", "8"))
-    seed = int(os.environ.get("FJORD_FAULT_SEED", "1"))
+    if schedule == "fixed-seed":
+        seed = FIXED_SEED
+    elif "FJORD_FAULT_SEED" in os.environ:
+        seed = int(os.environ["FJORD_FAULT_SEED"])
+    else:
+        seed = random.SystemRandom().randrange(2, 2**31)
+    replay = (f"./scripts/test '{TEST}[fixed-seed]'" if schedule == "fixed-seed"
+              else f"FJORD_FAULT_SEED={seed} ./scripts/test '{TEST}[random-seed]'")
+    print(f"fault schedule seed {seed}, {faults} faults (replay: {replay})", flush=True)
+    record_property("fault schedule seed", f"{seed} (replay: {replay})")
+    try:
+        run_schedule(tmp_path, pageserver, safekeepers, faults, seed)
+    except BaseException as e:
+        e.add_note(f"fault schedule seed {seed}; replay: {replay}")
+        raise
+
+
+def run_schedule(tmp_path: Path, pageserver, safekeepers, faults: int, seed: int) -> None:
     rng = random.Random(seed)
     tl = Timeline(tmp_path, pageserver)
     ep = Endpoint(tmp_path, tl, "ep0", safekeepers=safekeepers).start()

@@ -160,7 +160,7 @@ def test_pg_regress_on_a_compute(tmp_path, pageserver):
     print(result.stdout[-4000:])
     expected = expected_failures("expected_failures_compute.txt")
     check_run(result, pg_regress_dir() / "parallel_schedule", expected, failure_detail(result, tmp_path))
-    reads = ep.sql("SELECT remote_requests FROM fjord.storage_manager()")[0][0]
+    reads = ep.sql("SELECT pageserver_requests FROM fjord.storage_manager()")[0][0]
     assert reads > 10000, reads
     hits, evictions = ep.sql("SELECT hits, evictions FROM fjord.file_cache_status()")[0]
     assert hits > 1000 and evictions > 1000, (hits, evictions)

@@ -1,5 +1,5 @@
 """A safekeeper that lags behind the WAL the compute keeps is caught up by the same compute
-(issue 14, hole 8), with real processes.
+in the same term, with real processes.
 
 One safekeeper is stopped while the compute writes far more WAL than its pg_wal keeps
 (`wal_keep_size = 48MB` and a small `max_wal_size` for this endpoint instead of compute_ctl's
@@ -10,8 +10,8 @@ bounded memory) and streams from pg_wal once the safekeeper is past the oldest s
 left, all in the same term, while the compute keeps committing. It then reaches the others'
 commit LSN and is a full member: with one of the others stopped, commits go on.
 
-Before the fix, the proposer closed the lagging safekeeper's connection and left it behind
-until the next compute's election.
+A proposer that closed the lagging safekeeper's connection, leaving it behind until the
+next compute's election, fails this test.
 """
 
 from __future__ import annotations

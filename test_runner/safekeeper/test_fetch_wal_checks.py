@@ -1,5 +1,5 @@
 """Record checks on the WAL a safekeeper serves a compute's WAL proposer (`FetchWal`) for a
-safekeeper that lags behind (issue 14), with real processes: a record damaged on the donor's
+safekeeper that lags behind, with real processes: a record damaged on the donor's
 disk is never copied to the lagging safekeeper.
 
 Which safekeeper is the donor is the election's choice: the voter with the most advanced log,

@@ -1,5 +1,5 @@
 """WAL records longer than a message (`quorum::wire::WAL_BYTES_MAX`, 16 MiB) through a real
-compute, three safekeepers and a pageserver (issue 14's hole 3).
+compute, three safekeepers and a pageserver.
 
 A compute streams a record to the safekeepers in pieces as PostgreSQL flushes it, so a
 safekeeper's WAL may end inside a record; elections, commits and syncs see only its boundary

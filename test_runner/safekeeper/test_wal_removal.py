@@ -101,7 +101,7 @@ def test_safekeepers_remove_wal_nobody_needs(tmp_path, pageserver, timeline, saf
     wait_all_have(safekeepers, tl, end)
     assert end // SEGMENT >= 6, f"only {end:X} of WAL written"
     # The pageserver flushes its layers when WAL pauses and tells its safekeeper how far they
-    # go; the compute's proposer relays that and the peer horizon to all three, which then
+    # go; the WAL proposer relays that and the peer horizon to all three, which then
     # remove everything but the last few segments.
     wait_removed_down_to_bound(safekeepers, tl)
     for sk in safekeepers:

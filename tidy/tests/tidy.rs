@@ -7,13 +7,20 @@
 //!   fuzzed and simulated in isolation; I/O there would leak into all of them.
 //! - The storage engine (`layerstore`) knows nothing of PostgreSQL: no dependency on a crate
 //!   that does, and no source line that names WAL, PostgreSQL or the services above it.
-//! - Modules form no cycles in the engine and the pageserver, and the pageserver's PostgreSQL
-//!   data path (`pgdata`) never calls its service layer.
+//! - Modules form no cycles in any crate (`module_graph` says what an edge is and how parents
+//!   and children count), and the pageserver's PostgreSQL data path (`pgdata`) never calls
+//!   its service layer.
+//! - Comments state rules in the present tense: no issue numbers, no dates (`comments`).
 //! - The docs list what the tree holds: every workspace crate has a README and appears in
 //!   ARCHITECTURE.md's code map and README.md's layout table; every script is named in both.
 
+mod comments;
+mod module_graph;
+
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// The repository root, from cargo at run time (a test binary reused from another
 /// checkout's build must not look at that checkout).
@@ -87,6 +94,24 @@ const LEAF_CRATES: &[(&str, &[&str], &[&str])] = &[
         "quorum",
         &["proto", "bytes", "thiserror"],
         &["std::fs", "std::net", "tokio", "std::process", "std::thread", "Instant", "SystemTime", "rand::"],
+    ),
+    // The compute's caches: the extension's shared-memory data structures without pgrx; the
+    // extension does the I/O and provides the memory and the locks.
+    (
+        "compute_caches",
+        &["crc32c"],
+        &[
+            "std::fs",
+            "std::net",
+            "tokio",
+            "std::process",
+            "std::os::unix::net",
+            "std::thread",
+            "std::io::stdin",
+            "Instant",
+            "SystemTime",
+            "pgrx",
+        ],
     ),
 ];
 
@@ -178,115 +203,116 @@ fn every_script_is_named_in_the_docs() {
     }
 }
 
-/// The module a source file of `krate/src` belongs to, for the dependency graph: the first
-/// path component, or the first two under one of `layers` (the pageserver's `pgdata` and
-/// `service`). `None` for the crate root and binaries, which may use anything.
-fn module_of(rel: &Path, layers: &[&str]) -> Option<String> {
-    let parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string()).collect();
-    match parts.as_slice() {
-        [first, ..] if first == "lib" || first == "main" || first == "bin" => None,
-        [layer, module, ..] if layers.contains(&layer.as_str()) && module != "mod" => Some(format!("{layer}::{module}")),
-        [layer, ..] if layers.contains(&layer.as_str()) => None,
-        [first, ..] => Some(first.clone()),
-        [] => None,
-    }
+/// Module cycles that are still allowed, each as its crate and the exact set of modules
+/// that reach each other. Every other crate has none, a cycle that grows or is new fails,
+/// and an entry that matches no cycle any more fails too, so that it is removed.
+const MODULE_CYCLES_ALLOWED: &[(&str, &[&str])] = &[];
+
+/// The crate roots of every workspace member, each read into its module tree, by member:
+/// read once for all the checks that use them.
+fn member_crates() -> &'static BTreeMap<String, Vec<(PathBuf, module_graph::Crate)>> {
+    static CRATES: OnceLock<BTreeMap<String, Vec<(PathBuf, module_graph::Crate)>>> = OnceLock::new();
+    CRATES.get_or_init(|| {
+        workspace_members()
+            .into_iter()
+            .map(|member| {
+                let roots = module_graph::crate_roots(&root().join(&member).join("src"));
+                assert!(!roots.is_empty(), "{member}/src has no lib.rs, main.rs or bin/");
+                let crates = roots.into_iter().map(|r| (r.clone(), module_graph::Crate::load(&module_graph::Disk, &r, &root()))).collect();
+                (member, crates)
+            })
+            .collect()
+    })
 }
 
-/// Edges `module -> module` of `krate` from `crate::` paths in non-test code: a file named
-/// `tests.rs` is skipped, and so is everything after a `#[cfg(test)]` line (tests sit at
-/// the end of a file here), because a test may use the whole crate.
-fn module_graph(krate: &str, layers: &[&str]) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
-    let src = root().join(krate).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    let mut graph: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
-    for path in files {
-        let rel = path.strip_prefix(&src).expect("under src");
-        if rel.file_name().is_some_and(|n| n == "tests.rs") {
-            continue;
-        }
-        let Some(from) = module_of(rel, layers) else { continue };
-        for line in read(&path).lines().take_while(|l| l.trim() != "#[cfg(test)]") {
-            let code = line.split("//").next().unwrap_or("");
-            for (i, _) in code.match_indices("crate::") {
-                let rest: Vec<&str> = code[i + "crate::".len()..].split("::").take(2).collect();
-                let word = |s: &str| s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect::<String>();
-                let first = word(rest[0]);
-                let to = if layers.contains(&first.as_str()) {
-                    match rest.get(1).map(|s| word(s)) {
-                        Some(m) if !m.is_empty() => format!("{first}::{m}"),
-                        _ => continue,
-                    }
-                } else {
-                    first
-                };
-                if to != from && !to.is_empty() {
-                    graph.entry(from.clone()).or_default().insert(to);
+/// The library of a workspace member.
+fn library(member: &str) -> &'static module_graph::Crate {
+    let crates = &member_crates()[member];
+    &crates.iter().find(|(file, _)| file.ends_with("src/lib.rs")).unwrap_or_else(|| panic!("{member} has no src/lib.rs")).1
+}
+
+#[test]
+fn no_crate_has_a_module_cycle() {
+    let mut cycles = Vec::new();
+    let mut allowed_seen = vec![false; MODULE_CYCLES_ALLOWED.len()];
+    for (member, crates) in member_crates() {
+        for (file, krate) in crates {
+            for (tangle, report) in module_graph::tangles_of(krate) {
+                let allowed = MODULE_CYCLES_ALLOWED
+                    .iter()
+                    .position(|(k, set)| *k == member && set.len() == tangle.len() && set.iter().all(|m| tangle.contains(*m)));
+                match allowed {
+                    Some(i) => allowed_seen[i] = true,
+                    None => cycles.push(format!("{}: {report}", file.strip_prefix(root()).unwrap_or(file).display())),
                 }
             }
         }
     }
-    graph
-}
-
-/// A cycle in `graph`, if it has one.
-fn find_cycle(graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>) -> Option<Vec<String>> {
-    fn visit(
-        node: &str,
-        graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
-        path: &mut Vec<String>,
-        done: &mut std::collections::BTreeSet<String>,
-    ) -> Option<Vec<String>> {
-        if let Some(i) = path.iter().position(|n| n == node) {
-            let mut cycle = path[i..].to_vec();
-            cycle.push(node.to_string());
-            return Some(cycle);
+    for ((krate, set), seen) in MODULE_CYCLES_ALLOWED.iter().zip(allowed_seen) {
+        if !seen {
+            cycles.push(format!("{krate} no longer has the module cycle {set:?}: remove it from MODULE_CYCLES_ALLOWED"));
         }
-        if done.contains(node) {
-            return None;
-        }
-        path.push(node.to_string());
-        for next in graph.get(node).into_iter().flatten() {
-            if let Some(c) = visit(next, graph, path, done) {
-                return Some(c);
-            }
-        }
-        path.pop();
-        done.insert(node.to_string());
-        None
     }
-    let mut done = Default::default();
-    graph.keys().find_map(|n| visit(n, graph, &mut Vec::new(), &mut done))
+    assert!(cycles.is_empty(), "module cycles (move what both sides use into a leaf module):\n{}", cycles.join("\n"));
 }
 
 #[test]
-fn the_storage_engine_and_the_pageserver_have_no_module_cycles() {
-    for (krate, layers) in [("layerstore", &[][..]), ("pageserver", &["pgdata", "service"][..])] {
-        let graph = module_graph(krate, layers);
-        assert!(graph.len() >= 4, "{krate}: found too few modules: {graph:?}");
-        if let Some(cycle) = find_cycle(&graph) {
-            panic!("{krate} has a module cycle: {}", cycle.join(" -> "));
-        }
+fn the_module_graph_sees_the_engine_and_the_pageserver() {
+    for member in ["layerstore", "pageserver"] {
+        let edges = library(member).edges();
+        assert!(edges.len() >= 10, "{member}: found too few edges: {:?}", edges.keys().collect::<Vec<_>>());
     }
 }
 
 #[test]
 fn the_postgres_data_path_never_calls_the_service() {
-    let graph = module_graph("pageserver", &["pgdata", "service"]);
-    for (from, tos) in &graph {
-        if from.starts_with("pgdata::") {
-            let up: Vec<_> = tos.iter().filter(|t| t.starts_with("service::")).collect();
-            assert!(up.is_empty(), "{from} uses {up:?}: the data path must not call the service");
+    let up: Vec<String> = library("pageserver")
+        .edges()
+        .into_iter()
+        .filter(|((from, to), _)| from.first().is_some_and(|m| m == "pgdata") && to.first().is_some_and(|m| m == "service"))
+        .map(|((from, to), w)| format!("{} -> {}: {w}", module_graph::name(&from), module_graph::name(&to)))
+        .collect();
+    assert!(up.is_empty(), "the data path must not call the service:\n{}", up.join("\n"));
+}
+
+/// Every file under `dir` whose comments are checked, with its language. Build output
+/// (`target`), hidden directories (but `.ci`), caches and fuzzing's own directories are
+/// skipped, and so are symbolic links (`target/...` links into the cache).
+fn commented_files(dir: &Path, out: &mut Vec<(PathBuf, comments::Language)>) {
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("list {}: {e}", dir.display())) {
+        let entry = entry.expect("read a directory entry");
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().to_string();
+        let kind = entry.file_type().expect("a file type");
+        if kind.is_symlink() {
+            continue;
+        }
+        if kind.is_dir() {
+            let skipped = ["target", "__pycache__", "node_modules", "corpus", "artifacts", "seeds"].contains(&name.as_str())
+                || (name.starts_with('.') && name != ".ci");
+            if !skipped {
+                commented_files(&path, out);
+            }
+        } else if let Some(lang) = comments::language(path.strip_prefix(root()).expect("under the root")) {
+            out.push((path, lang));
         }
     }
 }
 
 #[test]
-fn the_cycle_finder_finds_cycles() {
-    let mut g: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
-    g.entry("a".into()).or_default().insert("b".into());
-    g.entry("b".into()).or_default().insert("c".into());
-    assert_eq!(find_cycle(&g), None);
-    g.entry("c".into()).or_default().insert("a".into());
-    assert_eq!(find_cycle(&g), Some(vec!["a".to_string(), "b".into(), "c".into(), "a".into()]));
+fn comments_state_rules_without_issue_numbers_or_dates() {
+    let mut files = Vec::new();
+    commented_files(&root(), &mut files);
+    assert!(files.len() >= 100, "found only {} files with comments", files.len());
+    let mut found = Vec::new();
+    for (path, lang) in files {
+        for (line, what, text) in comments::narrating(&comments::comments(lang, &read(&path))) {
+            found.push(format!("{}:{line}: {what:?}: {text}", path.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "comments narrate history (state the rule and its reason instead; a decision that was not obvious goes to docs/decisions/):\n{}",
+        found.join("\n")
+    );
 }

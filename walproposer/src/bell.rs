@@ -17,7 +17,7 @@ use std::sync::mpsc::{SendError, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::core::Event;
+use crate::shared::Event;
 
 /// An eventfd, owned (closed when dropped) or borrowed from the caller.
 pub struct Bell {

@@ -8,7 +8,7 @@
 //! four threads sharing the compute's cores with its backends. Connecting stays here, where
 //! a safekeeper that does not answer blocks no one.
 
-use crate::core::Event;
+use crate::shared::Event;
 use bytes::BytesMut;
 use quorum::wire::{AcceptorMessage, ProposerMessage, PROTOCOL_VERSION};
 use std::io::{Read, Write};
@@ -18,15 +18,12 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::Shared;
+use crate::shared::Shared;
 
 /// How long a TCP connect may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long the safekeeper may take to answer `Hello`.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long the core's writes to a safekeeper may make no progress (a full socket buffer of
-/// a stuck safekeeper) before it gives the connection up.
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The wait for the core to give a connection up wakes this often to notice that the
 /// proposer stops.
 const STOP_POLL: Duration = Duration::from_millis(200);

@@ -11,7 +11,7 @@
 //! one turn's events and messages are handled, and written at the end of the turn (appends
 //! coalesce); what the socket does not take waits for it to be writable (the proposer's
 //! window bounds it). A connection whose socket fails, closes, sends something malformed,
-//! or takes no bytes for [`crate::conn::WRITE_TIMEOUT`] is shut down and its connecting
+//! or takes no bytes for [`WRITE_TIMEOUT`] is shut down and its connecting
 //! thread told why; it reconnects, and the proposer is told with `reconnected(i)`.
 //!
 //! Policy is not decided here: `quorum::Proposer` in `Compute` or `Sync` mode says when this
@@ -24,8 +24,8 @@
 //! does this thread). Bytes at or beyond the LSN PostgreSQL reported flushed are never sent
 //! (the WAL store refuses them).
 
+use crate::shared::{Event, FlushedElsewhere, Outcome, Shared, Status, Wake};
 use crate::walstore::{WalReadError, WalStore};
-use crate::{Outcome, Shared, Status};
 use bytes::{Buf, BytesMut};
 use proto::Lsn;
 use quorum::wire::{AcceptorMessage, ProposerMessage};
@@ -40,6 +40,9 @@ use std::time::{Duration, Instant};
 
 use crate::bell::Bell;
 
+/// How long the core's writes to a safekeeper may make no progress (a full socket buffer of
+/// a stuck safekeeper) before it gives the connection up.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the proposer is ticked (resends of unanswered messages, stalled streams).
 pub const TICK: Duration = Duration::from_millis(500);
 /// How long a commit LSN that no WAL carried waits before it is sent on its own
@@ -61,20 +64,6 @@ const BATCH_EVENTS_MAX: usize = 256;
 const READ_CHUNK_BYTES: usize = 256 * 1024;
 const READ_TURN_BYTES: usize = 4 << 20;
 
-pub enum Event {
-    /// A connecting thread greeted safekeeper `node` on `stream`; `leftover` is what it read
-    /// after `HelloOk`. When this core gives the connection up, it sends why on `ended`.
-    Connected {
-        node: NodeId,
-        stream: TcpStream,
-        leftover: BytesMut,
-        ended: Sender<String>,
-    },
-    /// `wal_flushed` raised `Shared::flushed` (coalesced: one event per burst).
-    Flushed,
-    Stop,
-}
-
 struct Conn {
     stream: TcpStream,
     /// Bytes read and not yet decoded into messages.
@@ -90,7 +79,7 @@ pub struct Core {
     pub proposer: Proposer,
     pub store: WalStore,
     pub shared: Arc<Shared>,
-    pub wake: crate::Wake,
+    pub wake: Wake,
     pub addrs: Vec<String>,
     pub reconnect_max: Duration,
     /// See [`crate::Config::whole_records`].
@@ -125,7 +114,7 @@ impl Core {
         proposer: Proposer,
         store: WalStore,
         shared: Arc<Shared>,
-        wake: crate::Wake,
+        wake: Wake,
         addrs: Vec<String>,
         reconnect_max: Duration,
         whole_records: bool,
@@ -158,7 +147,7 @@ impl Core {
     /// The thread's loop: sleeps on `bell` (rung by every event sent, and by other processes
     /// through a [`crate::Doorbell`], whose `flushed` is `flush_hint`) and the sockets, then
     /// reads what the safekeepers sent and takes what the channel holds.
-    pub fn run(mut self, events: Receiver<Event>, bell: Arc<Bell>, flush_hint: Option<crate::FlushedElsewhere>) {
+    pub fn run(mut self, events: Receiver<Event>, bell: Arc<Bell>, flush_hint: Option<FlushedElsewhere>) {
         self.progress();
         let mut next_tick = Instant::now() + TICK;
         let mut announce_at: Option<Instant> = None;
@@ -704,12 +693,8 @@ impl Core {
                     std::io::ErrorKind::Interrupted => {}
                     std::io::ErrorKind::WouldBlock => {
                         let since = *c.stalled_since.get_or_insert_with(Instant::now);
-                        if since.elapsed() >= crate::conn::WRITE_TIMEOUT {
-                            break Some(format!(
-                                "the safekeeper took none of {} queued bytes for {:?}",
-                                c.out.len(),
-                                crate::conn::WRITE_TIMEOUT
-                            ));
+                        if since.elapsed() >= WRITE_TIMEOUT {
+                            break Some(format!("the safekeeper took none of {} queued bytes for {:?}", c.out.len(), WRITE_TIMEOUT));
                         }
                         break None;
                     }

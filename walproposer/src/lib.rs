@@ -17,31 +17,29 @@ mod conn;
 mod core;
 pub mod lag;
 mod safekeeper_list;
+mod shared;
 mod walstore;
 
 pub use bell::{new_eventfd, ring_fd};
 pub use quorum::majority;
 pub use quorum::wire::StandbyReport;
 pub use safekeeper_list::{parse_safekeeper_list, SafekeeperAddr, SafekeeperListError, SafekeeperListProblem, SAFEKEEPERS_MAX};
+pub use shared::{FlushedElsewhere, Status, Wake};
 pub use walstore::WalReadError;
 
 use proto::{Lsn, TenantId, TimelineId};
-use quorum::wire::{PageserverFeedback, ProposerMessage, PROTOCOL_VERSION, TOKEN_BYTES_MAX};
+use quorum::wire::{ProposerMessage, PROTOCOL_VERSION, TOKEN_BYTES_MAX};
 use quorum::{Proposer, ProposerConfig, ProposerMode};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::core::{Core, Event};
+use crate::core::Core;
+use crate::shared::{lock, Event, Outcome, Shared};
 use crate::walstore::WalStore;
-
-/// The callback a proposer calls from its threads when the commit LSN or the status changes,
-/// with the commit LSN. It must not block: it runs on the thread that handles the
-/// safekeepers' answers.
-pub type Wake = Arc<dyn Fn(Lsn) + Send + Sync>;
 
 /// How processes other than the proposer's own wake its core thread when they have flushed
 /// WAL (inside a compute: the committing backends), without a turn of the thread that calls
@@ -53,9 +51,6 @@ pub struct Doorbell {
     pub fd: std::os::fd::RawFd,
     pub flushed: FlushedElsewhere,
 }
-
-/// [`Doorbell::flushed`]: how far other processes flushed WAL.
-pub type FlushedElsewhere = Arc<dyn Fn() -> Lsn + Send + Sync>;
 
 /// Where and what to propose. `Debug` leaves the token out.
 #[derive(Clone)]
@@ -123,21 +118,6 @@ impl std::fmt::Debug for Config {
     }
 }
 
-/// The proposer's state, for logs, status functions and decisions.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Status {
-    /// Connecting and running the election.
-    Electing,
-    /// Elected in `term`; WAL from `start_lsn` on is this proposer's.
-    Streaming { term: u64, start_lsn: Lsn },
-    /// Another proposer took over (a higher term) or the safekeepers' WAL does not continue
-    /// where this compute started: this compute must never commit again. `reason` says why.
-    Fenced { reason: String },
-    /// The proposer cannot go on for a reason of its own (e.g. a WAL segment a safekeeper
-    /// needs was already removed from `pg_wal`). Fatal for the compute, as `Fenced` is.
-    Failed { reason: String },
-}
-
 /// The pageserver's progress, as the safekeepers report it (the highest over them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Feedback {
@@ -145,129 +125,6 @@ pub struct Feedback {
     pub pageserver_apply_lsn: Lsn,
     /// WAL below it is in object storage (what the safekeepers may remove below).
     pub pageserver_remote_consistent_lsn: Lsn,
-}
-
-/// How a proposer ended (sync: its result).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    Synced(Option<Lsn>),
-    Failed(String),
-}
-
-/// State shared by the caller, the core thread and the connecting threads.
-pub(crate) struct Shared {
-    pub stopping: AtomicBool,
-    pub commit_lsn: AtomicU64,
-    /// The highest LSN `wal_flushed` reported.
-    pub flushed: AtomicU64,
-    /// An `Event::Flushed` is on its way to the core: later calls only raise `flushed`.
-    pub flush_pending: AtomicBool,
-    pub status: Mutex<Status>,
-    /// Per safekeeper: the last feedback it sent.
-    feedback: Mutex<Vec<PageserverFeedback>>,
-    /// Per safekeeper: the read replicas streaming from it, as it last listed them, and
-    /// when that list arrived.
-    standbys: Mutex<Vec<(Vec<StandbyReport>, Instant)>>,
-    /// Per safekeeper: `None` while connected, else why not.
-    nodes: Mutex<Vec<Option<String>>>,
-    /// Fetched WAL held in memory now, and the most held at once.
-    pub fetched_bytes: AtomicU64,
-    pub fetched_peak_bytes: AtomicU64,
-    /// Lines for the caller's log (the extension has no `tracing` subscriber: these threads
-    /// may not call PostgreSQL's), oldest first, at most [`NOTICES_MAX`].
-    notices: Mutex<std::collections::VecDeque<String>>,
-    /// The core's one-line account of where it stands.
-    pub progress: Mutex<String>,
-    outcome: Mutex<Option<Outcome>>,
-    outcome_cv: Condvar,
-    stop_lock: Mutex<()>,
-    stop_cv: Condvar,
-}
-
-impl Shared {
-    fn new(n: usize, wal_start: Lsn) -> Shared {
-        Shared {
-            stopping: AtomicBool::new(false),
-            commit_lsn: AtomicU64::new(0),
-            flushed: AtomicU64::new(wal_start.0),
-            flush_pending: AtomicBool::new(false),
-            status: Mutex::new(Status::Electing),
-            feedback: Mutex::new(vec![PageserverFeedback::default(); n]),
-            standbys: Mutex::new(vec![(Vec::new(), Instant::now()); n]),
-            nodes: Mutex::new(vec![Some("not connected yet".to_string()); n]),
-            fetched_bytes: AtomicU64::new(0),
-            fetched_peak_bytes: AtomicU64::new(0),
-            notices: Mutex::new(std::collections::VecDeque::new()),
-            progress: Mutex::new(String::new()),
-            outcome: Mutex::new(None),
-            outcome_cv: Condvar::new(),
-            stop_lock: Mutex::new(()),
-            stop_cv: Condvar::new(),
-        }
-    }
-
-    pub fn set_feedback(&self, node: usize, f: PageserverFeedback) {
-        lock(&self.feedback)[node] = f;
-    }
-
-    /// The highest remote-consistent LSN any safekeeper reported.
-    pub fn remote_consistent_lsn(&self) -> Lsn {
-        lock(&self.feedback).iter().map(|f| f.remote_consistent_lsn).max().unwrap_or_default()
-    }
-
-    pub fn set_standbys(&self, node: usize, list: Vec<StandbyReport>) {
-        lock(&self.standbys)[node] = (list, Instant::now());
-    }
-
-    pub fn set_node_state(&self, node: usize, down_because: Option<String>) {
-        if down_because.is_some() {
-            // What a safekeeper we cannot hear from listed is not known to be true any more.
-            lock(&self.standbys)[node].0.clear();
-        }
-        lock(&self.nodes)[node] = down_because;
-    }
-
-    /// A line for the caller's log (also logged through `tracing` by the caller of this).
-    /// The oldest is dropped when the caller does not take them.
-    pub fn notice(&self, line: String) {
-        let mut n = lock(&self.notices);
-        if n.len() == NOTICES_MAX {
-            n.pop_front();
-        }
-        n.push_back(line);
-    }
-
-    pub fn set_outcome(&self, outcome: Outcome) {
-        let mut o = lock(&self.outcome);
-        if o.is_none() {
-            *o = Some(outcome);
-        }
-        self.outcome_cv.notify_all();
-    }
-
-    /// Sleeps for `d`, or less if the proposer stops meanwhile.
-    pub fn sleep_unless_stopping(&self, d: Duration) {
-        let guard = lock(&self.stop_lock);
-        if self.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        let _ = self.stop_cv.wait_timeout(guard, d);
-    }
-
-    fn stop(&self) {
-        let _guard = lock(&self.stop_lock);
-        self.stopping.store(true, Ordering::SeqCst);
-        self.stop_cv.notify_all();
-    }
-}
-
-/// At most this many lines wait for [`WalProposer::take_notices`].
-const NOTICES_MAX: usize = 64;
-
-/// A poisoned lock only means another thread panicked while holding it; the data (plain
-/// values replaced whole) is still consistent.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A running proposer (threads inside).
@@ -313,7 +170,7 @@ impl WalProposer {
         let (bell, flush_hint) = match doorbell {
             // SAFETY: the caller keeps the eventfd open while the proposer runs (Doorbell).
             Some(d) => (unsafe { bell::Bell::borrowed(d.fd) }, Some(d.flushed)),
-            None => (bell::Bell::new().map_err(|e| anyhow::anyhow!("could not create the walproposer's eventfd: {e}"))?, None),
+            None => (bell::Bell::new().map_err(|e| anyhow::anyhow!("could not create the proposer's eventfd: {e}"))?, None),
         };
         let bell = Arc::new(bell);
         let tx = bell::EventSender::new(tx, Arc::clone(&bell));
@@ -349,7 +206,7 @@ impl WalProposer {
             let _entered = core_span.enter();
             core.run(rx, bell, flush_hint)
         });
-        proposer.threads.push(spawned.map_err(|e| anyhow::anyhow!("could not start the walproposer thread: {e}"))?);
+        proposer.threads.push(spawned.map_err(|e| anyhow::anyhow!("could not start the proposer's core thread: {e}"))?);
         for (node, addr) in config.safekeepers.iter().enumerate() {
             let ctx = conn::ConnCtx {
                 node,
@@ -365,7 +222,7 @@ impl WalProposer {
                 conn::run(ctx)
             });
             // On failure, `proposer` drops here and stops the threads already running.
-            proposer.threads.push(spawned.map_err(|e| anyhow::anyhow!("could not start a walproposer connecting thread: {e}"))?);
+            proposer.threads.push(spawned.map_err(|e| anyhow::anyhow!("could not start a proposer's connecting thread: {e}"))?);
         }
         Ok(proposer)
     }

@@ -201,12 +201,12 @@ fn a_missing_segment_fails_the_proposer() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Issue 14, hole 8: a safekeeper that was away while the compute wrote more WAL than its
+/// A safekeeper that was away while the compute wrote more WAL than its
 /// `pg_wal` keeps, and whose segments were removed, is caught up by the same compute, without
 /// a new election: the WAL it lacks is fetched from the other safekeepers a little at a time
 /// (never more than `max_fetched` plus one fetch in memory), then it streams from `pg_wal`
-/// again, and it is a full member (commits go on with it and one other). Before, it was left
-/// behind until the next compute's election.
+/// again, and it is a full member (commits go on with it and one other), not left behind
+/// until the next compute's election.
 #[test]
 fn a_safekeeper_behind_the_wal_the_compute_keeps_catches_up_from_the_others() {
     let dir = temp_dir("behind");
@@ -429,7 +429,7 @@ impl PgWal {
     }
 }
 
-/// The issue's hole 3 through the proposer's shell: a compute's record far longer than a
+/// Records of any size through the proposer's shell: a compute's record far longer than a
 /// message (20 MiB; `quorum::wire::WAL_BYTES_MAX` is 16 MiB) streams to the safekeepers in
 /// pieces as PostgreSQL flushes it, but nothing past the last whole record is committed or
 /// counted as their log's end. The compute dies inside the record; the sync ends at the

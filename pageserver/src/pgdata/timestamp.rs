@@ -225,7 +225,7 @@ mod tests {
         let pg_epoch = UNIX_EPOCH + Duration::from_secs(PG_EPOCH_UNIX_SECONDS);
         assert_eq!(timestamptz_from_system_time(pg_epoch), 0);
         assert_eq!(timestamptz_from_system_time(UNIX_EPOCH), -946_684_800_000_000);
-        // 2026-11-24 00:00:00 UTC, as PostgreSQL's `extract(epoch ...)` arithmetic gives it.
+        // A midnight UTC, in seconds as PostgreSQL's `extract(epoch ...)` gives it.
         let t = UNIX_EPOCH + Duration::from_secs(1_795_478_400);
         assert_eq!(timestamptz_from_system_time(t), (1_795_478_400 - 946_684_800) * 1_000_000);
         for ts in [0, 1, -1, 123_456_789_012, -987_654_321] {

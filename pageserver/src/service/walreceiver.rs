@@ -71,7 +71,7 @@
 //! remote storage, as the attachment of that generation confirmed, or without remote
 //! storage in local layer files, generation 0); they honour only the newest generation's.
 //! So the receiver tells every safekeeper of the list itself, not only the one it streams
-//! from (a compute's proposer cannot relay it: it holds only a tenant token):
+//! from (a WAL proposer cannot relay it: it holds only a tenant token):
 //! - to the safekeeper it streams from (one that reported `fjord.safekeeper` at startup,
 //!   see `conn.rs`), each status update is followed by fjord's own CopyData message (`P`,
 //!   the generation as a big-endian `u32` and the LSN as a big-endian `u64`; to a version 1

@@ -27,7 +27,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
-use super::wal::SyncStats;
+use super::sync_stats::SyncStats;
 
 /// The unit of a direct write: offsets, lengths and memory are aligned to it. 4 KiB covers
 /// devices with 512-byte and 4 KiB logical blocks alike.

@@ -24,8 +24,10 @@
 //! segment size) with `pgwal`, and names the segment file and LSN of a bad one.
 
 pub mod control;
+pub mod extent;
 mod journal_io;
 pub mod removal;
+pub mod sync_stats;
 pub mod wal;
 
 use anyhow::{bail, Context};
@@ -35,10 +37,11 @@ use quorum::{AcceptorState, Persist, TermHistory};
 use std::path::{Path, PathBuf};
 
 use control::{write_atomic, ControlFile, CONTROL_FILE_NAME};
+use extent::WalExtent;
 use pgwal::consts::{SIZE_OF_XLOG_LONG_PHD, SIZE_OF_XLOG_SHORT_PHD};
 pub use removal::RemovalInputs;
-pub use wal::SyncStats;
-use wal::{segment_file_name, WalExtent, WalStore, PG_TIMELINE};
+pub use sync_stats::SyncStats;
+use wal::{segment_file_name, WalStore, PG_TIMELINE};
 
 /// A timeline's control file and WAL. The timeline's lock serialises access.
 pub struct TimelineStorage {

@@ -21,7 +21,7 @@
 use proto::Lsn;
 use std::ops::Range;
 
-use super::wal::WalExtent;
+use super::extent::WalExtent;
 
 /// The durable LSNs that bound WAL removal.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

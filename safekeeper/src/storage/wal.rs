@@ -38,9 +38,9 @@
 //! one record to the journal with a direct, synchronous write (`O_DIRECT | O_DSYNC`,
 //! [`super::journal_io`]; through the page cache and an `fdatasync` where the file system has
 //! no direct I/O), and only then acknowledge: **one device flush per batch**, whatever its size, and the server drains every message already received
-//! before it syncs (group commit). It used to be two, the segments' and then `wal.end`'s, in
-//! that order; with three safekeepers on one disk that was six device cache flushes per
-//! commit, which the device serialises, and the commit waited for the fourth or so.
+//! before it syncs (group commit). Not two (the segments', then `wal.end`'s): with three
+//! safekeepers on one disk that is six device cache flushes per commit, which the device
+//! serialises (`docs/decisions/0005-wal-end-journal.md`).
 //!
 //! **Settling** (about once a second from the periodic task, at shutdown, before a
 //! truncation or a removal, and when the journal is full): `fdatasync` every segment
@@ -84,7 +84,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::control::fsync_dir;
+use super::extent::WalExtent;
 use super::journal_io::JournalWriter;
+use super::sync_stats::SyncStats;
 
 pub const WAL_END_FILE_NAME: &str = "wal.end";
 /// The PostgreSQL timeline segments are named for and pages are checked against: fjord's
@@ -156,13 +158,6 @@ pub fn segment_file_name(segno: u64, segment_size: u64) -> String {
 /// (a segment of [`PG_TIMELINE`]).
 pub fn parse_segment_file_name(name: &str, segment_size: u64) -> Option<u64> {
     pgwal::segment::parse_segment_file_name(name, segment_size).and_then(|(tli, segno)| (tli == PG_TIMELINE).then_some(segno))
-}
-
-/// The durable extent of the WAL as recorded in `wal.end`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WalExtent {
-    pub begin: Lsn,
-    pub end: Lsn,
 }
 
 /// How `wal.end` is laid out: the format its header says, which its journal records follow.
@@ -301,23 +296,6 @@ fn write_journal_area(f: &File) -> std::io::Result<()> {
         off += n as u64;
     }
     Ok(())
-}
-
-/// What one sync did, for metrics.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SyncStats {
-    pub fsyncs: u64,
-    pub fsync_seconds: f64,
-}
-
-impl SyncStats {
-    pub(super) fn timed<T>(&mut self, f: impl FnOnce() -> std::io::Result<T>) -> std::io::Result<T> {
-        let t = std::time::Instant::now();
-        let r = f();
-        self.fsyncs += 1;
-        self.fsync_seconds += t.elapsed().as_secs_f64();
-        r
-    }
 }
 
 /// A timeline's WAL: segment files plus `wal.end`. Not thread-safe; the timeline's lock

@@ -1,7 +1,7 @@
 //! Record checks on the WAL a safekeeper serves a proposer through `FetchWal`: before a
 //! piece goes out, every record that overlaps it must have passed `pgwal`'s decoder (header,
 //! CRC32C, the page headers on the way), the check replication already makes
-//! (`crate::replication::verify`, whose [`RecordChecker`] and [`decode_start`] this reuses).
+//! (`crate::verify`, whose [`RecordChecker`] and [`decode_start`] this reuses).
 //!
 //! Why: a proposer fetches WAL below its own start, or below what its `pg_wal` still holds,
 //! from a safekeeper that has it (the election's donor first) and sends it on to a
@@ -46,7 +46,7 @@ use bytes::Bytes;
 use pgwal::DecoderConfig;
 use proto::Lsn;
 
-use crate::replication::verify::{decode_start, RecordChecker};
+use crate::verify::{decode_start, RecordChecker};
 
 /// Bytes read per step of a check (and never across a segment boundary).
 /// Small enough that a remembered failure's extent (which ends with the read that found

@@ -84,7 +84,7 @@ fn responses_are_byte_for_byte_what_clients_expect() {
             format!(r#"{{"error":"tenant {TENANT} already exists"}}"#),
         ),
         // Ids in a body are checked as the body is decoded, so the message is the
-        // decoder's (it said "invalid tenant id: invalid tenant id: ..." before).
+        // decoder's, said once (not "invalid tenant id: invalid tenant id: ...").
         (
             "POST",
             "/v1/tenant".into(),
