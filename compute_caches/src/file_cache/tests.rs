@@ -181,3 +181,23 @@ fn a_write_that_unwinds_leaves_no_entry_naming_the_slot() {
     assert_eq!(i.read(&tag(3), &mut out, |s, o| file.read(s, o)), Read::Miss, "block 3 was served a torn page {out:?}");
     assert_eq!(i.header().used(), 0);
 }
+
+#[test]
+fn placement_is_what_saved_indexes_were_written_with() {
+    // A saved index is reused slot for slot: these values are those of the index before it
+    // moved into this crate, and never change.
+    let tags = [((1663, 5, 16384, 0), 0), ((1663, 16385, 24576, 1), 7), ((1664, 1, 1259, 2), u32::MAX)];
+    let expected = [
+        (0x0139_d7a8_5e57_946c, [(0, 28), (1012, 32409)]),
+        (0xeca3_fd97_e66f_d953, [(1, 41), (875, 28001)]),
+        (0xa298_12bf_deae_dc2c, [(2, 93), (767, 24554)]),
+    ];
+    let regions = [index_with(100), index_with(1 << 15)];
+    for (((spcnode, dbnode, relnode, forknum), blkno), (hash, places)) in tags.into_iter().zip(expected) {
+        let t = BlockTag { rel: RelFork { spcnode, dbnode, relnode, forknum }, blkno };
+        assert_eq!(crate::hash_fork(&t.rel), hash, "{t:?}");
+        for (region, place) in regions.iter().zip(places) {
+            assert_eq!(index(region).place(&t), place, "{t:?}");
+        }
+    }
+}
