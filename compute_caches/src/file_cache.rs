@@ -532,7 +532,7 @@ impl<'a, L: Locks> FileCacheIndex<'a, L> {
     /// Stores `page` as the newest version of `tag`, which depends on no WAL past `dep_lsn`:
     /// into the slot the block has, or a free one of its stripe, or the clock's victim;
     /// `write_slot(slot, page)` writes it there under the stripe's exclusive lock. If the
-    /// write fails the block is no longer cached.
+    /// write fails, or `write_slot` unwinds, the block is no longer cached.
     pub fn store<E>(
         &self,
         tag: &BlockTag,
@@ -550,10 +550,14 @@ impl<'a, L: Locks> FileCacheIndex<'a, L> {
                 (i, evicted)
             }
         };
+        // Until the write is done the slot may hold another block's page (with the CRC
+        // its entry kept) or part of this one: if the write fails or unwinds (a panic of
+        // the caller's closure), the entry goes before the lock is released.
+        let pending = Unlink { index: self, slot: i };
         if let Err(error) = write_slot(i, page) {
-            self.unlink(i);
             return Err(StoreFailed { slot: i, error });
         }
+        std::mem::forget(pending);
         let e = &self.entries[i];
         e.crc.store(crc32c::crc32c(page), Ordering::Relaxed);
         e.verified.store(1, Ordering::Relaxed);
@@ -663,6 +667,19 @@ impl<'a, L: Locks> FileCacheIndex<'a, L> {
     /// Entries in use in `stripe` (as its lock last left them).
     pub fn stripe_used(&self, stripe: usize) -> usize {
         self.stripe_states[stripe].used.load(Ordering::Relaxed) as usize
+    }
+}
+
+/// Unlinks a slot when dropped (a store's write that did not finish); holds nothing that
+/// needs dropping, so `forget` disarms it.
+struct Unlink<'i, 'a, L: Locks> {
+    index: &'i FileCacheIndex<'a, L>,
+    slot: usize,
+}
+
+impl<L: Locks> Drop for Unlink<'_, '_, L> {
+    fn drop(&mut self) {
+        self.index.unlink(self.slot);
     }
 }
 

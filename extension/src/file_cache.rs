@@ -44,7 +44,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use compute_caches::file_cache::{self, FileCacheHeader, FileCacheIndex, Read, SavedSlot, StoreFailed};
@@ -66,6 +66,11 @@ const TRANCHE: &std::ffi::CStr = c"fjord_file_cache";
 
 /// The index's region in shared memory (null until the startup hook ran).
 static REGION: AtomicPtr<u8> = AtomicPtr::new(ptr::null_mut());
+
+/// The size in pages the request hook asked shared memory and a lock per stripe for: the
+/// startup hook lays the index out for exactly that (it runs again after a crash, without
+/// the request hook), since an automatic size depends on the free disk, which changes.
+static REQUESTED_SLOTS: AtomicUsize = AtomicUsize::new(0);
 
 /// The configured size in pages (0: no cache). `fjord.file_cache_size` is in MB; -1 picks
 /// an eighth of the machine's memory, at most 4 GiB and a quarter of the free disk (the
@@ -135,6 +140,7 @@ unsafe extern "C-unwind" fn shmem_request() {
         }
     }
     let slots = configured_slots();
+    REQUESTED_SLOTS.store(slots, Ordering::Relaxed);
     let (stripes, _) = file_cache::geometry(slots);
     // SAFETY: called from the shmem request hook in the postmaster. ShmemAlloc aligns every
     // allocation to a cache line, the alignment the region needs.
@@ -161,7 +167,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
 /// # Safety
 /// Called from the shmem startup hook with `AddinShmemInitLock` held.
 unsafe fn startup() {
-    let slots = configured_slots();
+    let slots = REQUESTED_SLOTS.load(Ordering::Relaxed);
     let size = file_cache::region_size::<LwLocks>(slots);
     unsafe {
         let mut found = false;

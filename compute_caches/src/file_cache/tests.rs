@@ -131,3 +131,73 @@ fn dropping_a_fork_the_cache_holds_nothing_of_looks_at_no_stripe() {
     assert_eq!(i.invalidate_blocks(&tag(0).rel, 0, 1000), 1);
     assert!(!i.may_hold(&tag(0).rel));
 }
+
+/// A cache file of `slots` pages of 8 bytes, with the closures `store` and `read` take.
+struct File(std::cell::RefCell<Vec<[u8; 8]>>);
+
+impl File {
+    fn new(slots: usize) -> File {
+        File(std::cell::RefCell::new(vec![[0; 8]; slots]))
+    }
+
+    fn write(&self, slot: usize, page: &[u8]) -> Result<(), ()> {
+        self.0.borrow_mut()[slot].copy_from_slice(page);
+        Ok(())
+    }
+
+    fn read(&self, slot: usize, out: &mut [u8]) -> Result<(), ()> {
+        out.copy_from_slice(&self.0.borrow()[slot]);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_write_that_unwinds_leaves_no_entry_naming_the_slot() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let region = index_with(1);
+    let i = index(&region);
+    let file = File::new(1);
+    i.store(&tag(1), &[1; 8], 0, |s, p| file.write(s, p)).unwrap();
+    // Block 2 takes the only slot (block 1 is evicted), and its write unwinds before a
+    // byte is written: the slot still holds block 1's page, which matches the CRC its
+    // entry kept.
+    let unwound = catch_unwind(AssertUnwindSafe(|| i.store(&tag(2), &[2; 8], 0, |_, _| -> Result<(), ()> { panic!("the write unwinds") })));
+    assert!(unwound.is_err());
+    let mut out = [0u8; 8];
+    assert_eq!(i.read(&tag(2), &mut out, |s, o| file.read(s, o)), Read::Miss, "block 2 was served block 1's page {out:?}");
+    assert_eq!(i.header().used(), 0);
+    assert!(!i.may_hold(&tag(2).rel));
+
+    // A new version of a cached block whose write unwinds half way: the slot holds neither
+    // version.
+    i.store(&tag(3), &[3; 8], 0, |s, p| file.write(s, p)).unwrap();
+    let unwound = catch_unwind(AssertUnwindSafe(|| {
+        i.store(&tag(3), &[4; 8], 0, |s, p| -> Result<(), ()> {
+            file.0.borrow_mut()[s][..4].copy_from_slice(&p[..4]);
+            panic!("the write unwinds")
+        })
+    }));
+    assert!(unwound.is_err());
+    assert_eq!(i.read(&tag(3), &mut out, |s, o| file.read(s, o)), Read::Miss, "block 3 was served a torn page {out:?}");
+    assert_eq!(i.header().used(), 0);
+}
+
+#[test]
+fn placement_is_what_saved_indexes_were_written_with() {
+    // A saved index is reused slot for slot: these values are those of the index before it
+    // moved into this crate, and never change.
+    let tags = [((1663, 5, 16384, 0), 0), ((1663, 16385, 24576, 1), 7), ((1664, 1, 1259, 2), u32::MAX)];
+    let expected = [
+        (0x0139_d7a8_5e57_946c, [(0, 28), (1012, 32409)]),
+        (0xeca3_fd97_e66f_d953, [(1, 41), (875, 28001)]),
+        (0xa298_12bf_deae_dc2c, [(2, 93), (767, 24554)]),
+    ];
+    let regions = [index_with(100), index_with(1 << 15)];
+    for (((spcnode, dbnode, relnode, forknum), blkno), (hash, places)) in tags.into_iter().zip(expected) {
+        let t = BlockTag { rel: RelFork { spcnode, dbnode, relnode, forknum }, blkno };
+        assert_eq!(crate::hash_fork(&t.rel), hash, "{t:?}");
+        for (region, place) in regions.iter().zip(places) {
+            assert_eq!(index(region).place(&t), place, "{t:?}");
+        }
+    }
+}
