@@ -80,17 +80,11 @@ pub fn set_mode_0700(pgdata: &Path) -> anyhow::Result<()> {
 /// The name of the user this process runs as: postgres runs as it, and a basebackup of a
 /// tenant created by `fjord tenant create` has it as superuser.
 pub fn os_user_name() -> anyhow::Result<String> {
-    // SAFETY: getpwuid_r with a buffer we own; the result points into that buffer.
-    unsafe {
-        let uid = libc::geteuid();
-        let mut pwd: libc::passwd = std::mem::zeroed();
-        let mut buf = vec![0 as libc::c_char; 16 * 1024];
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result);
-        if rc != 0 || result.is_null() {
-            bail!("cannot find the name of user id {uid} in the password database");
-        }
-        Ok(std::ffi::CStr::from_ptr(pwd.pw_name).to_string_lossy().into_owned())
+    let uid = nix::unistd::geteuid();
+    match nix::unistd::User::from_uid(uid) {
+        Ok(Some(user)) => Ok(user.name),
+        Ok(None) => bail!("user id {uid} is not in the password database"),
+        Err(e) => bail!("cannot look up user id {uid} in the password database: {e}"),
     }
 }
 
