@@ -19,6 +19,7 @@
 pub mod access;
 pub mod http;
 pub mod metrics;
+pub mod peer;
 pub mod proposer;
 pub mod replication;
 pub mod server;

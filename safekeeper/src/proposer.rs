@@ -168,6 +168,7 @@ pub async fn serve(mut stream: TcpStream, sk: Arc<Safekeeper>) -> anyhow::Result
         sk.metrics.proposer_connections_open.dec();
         match &r {
             Ok(()) => tracing::info!("proposer disconnected"),
+            Err(e) if crate::peer::went_away(e) => tracing::info!("proposer connection closed: {e:#}"),
             Err(e) => tracing::warn!("proposer connection closed: {e:#}"),
         }
         r

@@ -31,8 +31,10 @@ pub async fn accept_loop(listener: TcpListener, sk: Arc<Safekeeper>) -> anyhow::
         let _ = stream.set_nodelay(true);
         let sk = sk.clone();
         tokio::spawn(async move {
-            if let Err(e) = dispatch(stream, sk).await {
-                tracing::warn!(%peer, "connection ended with an error: {e:#}");
+            match dispatch(stream, sk).await {
+                Ok(()) => {}
+                Err(e) if crate::peer::went_away(&e) => tracing::info!(%peer, "connection ended: {e:#}"),
+                Err(e) => tracing::warn!(%peer, "connection ended with an error: {e:#}"),
             }
         });
     }

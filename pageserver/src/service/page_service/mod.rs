@@ -108,6 +108,15 @@ enum ConnectionError {
     Protocol(String),
 }
 
+impl ConnectionError {
+    /// The client closed or reset the connection (a backend that exits with read-ahead
+    /// answers unread, a compute stopped or killed): routine, logged at INFO, not WARN.
+    fn client_went_away(&self) -> bool {
+        use std::io::ErrorKind::*;
+        matches!(self, ConnectionError::Io(e) if matches!(e.kind(), ConnectionReset | BrokenPipe | ConnectionAborted | UnexpectedEof))
+    }
+}
+
 impl PageService {
     pub fn new(tenants: Arc<TenantRegistry>, reconstructor: Arc<dyn Reconstructor>, wait_lsn_timeout: Duration) -> PageService {
         PageService {
@@ -154,11 +163,12 @@ impl PageService {
                 };
                 let service = Arc::clone(&self);
                 let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                let spawned = std::thread::Builder::new().name("page-service-conn".into()).spawn(move || {
-                    if let Err(e) = service.handle_connection(stream) {
-                        tracing::warn!(peer, "page service connection ended: {e}");
-                    }
-                });
+                let spawned =
+                    std::thread::Builder::new().name("page-service-conn".into()).spawn(move || match service.handle_connection(stream) {
+                        Ok(()) => {}
+                        Err(e) if e.client_went_away() => tracing::info!(peer, "page service connection ended: {e}"),
+                        Err(e) => tracing::warn!(peer, "page service connection ended: {e}"),
+                    });
                 if let Err(e) = spawned {
                     tracing::error!("could not start a thread for a page service connection: {e}");
                 }

@@ -129,6 +129,9 @@ impl Conn {
                 Ok(0) => bail!("the server closed the connection"),
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return Ok(None),
+                // A read with a timeout is not restarted after a signal (SIGCONT after a
+                // stop, say): read again.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(io_error(e, "read from the server")),
             }
         }
