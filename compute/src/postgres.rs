@@ -17,7 +17,7 @@ use std::fs::File;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -25,6 +25,15 @@ use logtail::log_tail;
 
 /// The last shutdown signal received and not yet forwarded; 0 for none.
 static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// Set once postgres has been asked to shut down: what talks to it from then on (the lease
+/// thread asking for the replay position) stops instead of reporting it unreachable.
+static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
+
+/// Whether postgres has been asked to shut down.
+pub fn shutting_down() -> bool {
+    SHUTTING_DOWN.load(Ordering::SeqCst)
+}
 
 extern "C" fn on_signal(signum: libc::c_int) {
     // Only an atomic store: the one thing a signal handler may safely do here.
@@ -212,6 +221,7 @@ impl Postmaster {
     pub fn shutdown(&mut self, received: i32) -> anyhow::Result<()> {
         let (send, mode) = if received == libc::SIGQUIT { (libc::SIGQUIT, "immediate") } else { (libc::SIGINT, "fast") };
         tracing::info!("got signal {received}, asking postgres for a {mode} shutdown");
+        SHUTTING_DOWN.store(true, Ordering::SeqCst);
         if send == libc::SIGINT {
             self.run_checkpoint();
         }

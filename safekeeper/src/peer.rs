@@ -6,14 +6,12 @@ use std::io::ErrorKind;
 
 /// Whether `e` (or an error it wraps) says the peer closed or reset the connection.
 pub fn went_away(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>().is_some_and(|io| {
-            matches!(
-                io.kind(),
-                ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::ConnectionAborted | ErrorKind::UnexpectedEof
-            )
-        })
-    })
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(went_away_io))
+}
+
+/// Whether an I/O error on a connection says the peer closed or reset it.
+pub fn went_away_io(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::ConnectionAborted | ErrorKind::UnexpectedEof)
 }
 
 #[cfg(test)]

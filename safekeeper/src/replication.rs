@@ -464,7 +464,10 @@ async fn read_messages(mut read: OwnedReadHalf, tx: mpsc::Sender<Result<Frontend
         let mut head = [0u8; 5];
         match read.read_exact(&mut head[..1]).await {
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break ReadEnd::Closed,
+            // Closed or reset between messages (a pageserver that moves to another
+            // safekeeper, a process killed): the client is gone, which ends the connection
+            // without an error.
+            Err(e) if crate::peer::went_away_io(&e) => break ReadEnd::Closed,
             Err(e) => break ReadEnd::Broken(PgError::fatal(sqlstate::CONNECTION_FAILURE, format!("read from the client: {e}"))),
         }
         let tag = head[0];

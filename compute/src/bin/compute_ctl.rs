@@ -361,8 +361,8 @@ fn lease_fixed_lsn(client: &Client, args: &Args, lsn: Lsn) -> anyhow::Result<()>
 }
 
 /// Renews the lease `holder` every `LEASE_RENEW_INTERVAL` on the LSN `lsn_now` gives, in a
-/// thread for the rest of the process; a failure is logged as an error once (until a
-/// renewal succeeds again).
+/// thread until postgres is asked to shut down; a failure is logged as an error once (until
+/// a renewal succeeds again).
 fn keep_lease(args: &Args, holder: String, what: &'static str, lsn_now: impl Fn() -> anyhow::Result<Lsn> + Send + 'static) {
     let client = Client::new(&args.pageserver_http).with_token(args.auth_token.clone());
     let ttl_secs = args.replica_lease_ttl_secs;
@@ -380,6 +380,9 @@ fn keep_lease(args: &Args, holder: String, what: &'static str, lsn_now: impl Fn(
                     last_error = None;
                 }
                 Ok(_) => {}
+                // Postgres is shutting down (so the replay position cannot be read any
+                // more): the lease lapses with the compute, nothing to report.
+                Err(_) if compute::postgres::shutting_down() => return,
                 Err(e) => {
                     let text = format!("{e:#}");
                     if last_error.as_deref() != Some(text.as_str()) {
