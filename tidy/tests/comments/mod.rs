@@ -363,8 +363,8 @@ static DATE: LazyLock<Regex> =
 const EPOCHS: &[&str] = &["1970-01-01", "2000-01-01"];
 
 /// What in `text` narrates history: an issue or "hole" number, a `#12`-style reference, a
-/// date. An "issue" followed by a number and then a word other than "and", "or" or
-/// "hole" is the verb ("we issue 3 requests") and passes.
+/// date. "issue" used as a verb passes: a number followed by any word other than "and",
+/// "or" or "hole", as in "we issue 3 requests".
 pub fn narration(text: &str) -> Vec<String> {
     let mut found = Vec::new();
     for m in ISSUE.captures_iter(text) {
