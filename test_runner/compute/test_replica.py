@@ -437,12 +437,9 @@ def gc_repo(tmp_path: Path):
         repo.cleanup()
 
 
-# Expected: the reads below the GC horizon of the replica the test leaves behind (a parallel
-# worker whose leader has already failed on one cannot map its shared memory, or attach to
-# its dynamic shared area, depending on how far the leader got), its compute_ctl's lease
-# refused for them, and its shutdown.
+# Expected: the reads below the GC horizon of the replica the test leaves behind, its
+# compute_ctl's lease refused for them, and its shutdown.
 @pytest.mark.allowed_errors(r"requested LSN \S+ is below the garbage collection horizon",
-                            r"ERROR:  could not (map dynamic shared memory segment|attach to dynamic shared area)",
                             r"could not lease the replay position from the pageserver's GC",
                             r"FATAL:  the database system is shutting down")
 def test_gc_keeps_what_a_replica_reads_and_a_replica_left_behind_gets_a_clear_error(gc_repo):
@@ -454,9 +451,10 @@ def test_gc_keeps_what_a_replica_reads_and_a_replica_left_behind_gets_a_clear_er
     # A tiny buffer pool and no local file cache: the replica reads from the pageserver.
     # Replay waits for the replica's queries instead of cancelling them (the primary
     # holds back what the replica's snapshot reads once its hot standby feedback has
-    # arrived; this covers the moment before).
+    # arrived; this covers the moment before). No parallel query: a failed read in the
+    # leader ends its workers in ways (cannot attach, terminated) that vary run to run.
     replica = repo.run("endpoint", "start", "r1", "--replica", "-c", "shared_buffers=1MB", "-c", "fjord.file_cache_size=0",
-                       "-c", "max_standby_streaming_delay=-1").stdout.strip()
+                       "-c", "max_standby_streaming_delay=-1", "-c", "max_parallel_workers_per_gather=0").stdout.strip()
     with connect(primary) as p, connect(replica) as r:
         wait_replayed(r, str(one(p, "SELECT pg_current_wal_flush_lsn()")))
         r.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
