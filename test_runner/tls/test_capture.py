@@ -224,6 +224,7 @@ def test_a_cluster_sends_no_token_page_or_wal_record_in_cleartext(tmp_path, tls,
         missing = [what for what, found in secrets_found.items() if not found]
         assert not missing, f"not found in the cleartext capture: {missing}"
     else:
+        secrets_found["the marker, anywhere"] = capture.find(marker)
         leaked = {what: found for what, found in secrets_found.items() if found}
         assert not leaked, f"found in cleartext on the wire: {leaked}"
         plain = [c for c in conns if not speaks_tls(c)]
