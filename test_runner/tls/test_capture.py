@@ -41,14 +41,19 @@ from fixtures.safekeeper import Safekeeper
 # The TLS-on half needs the services' TLS (fixtures/tls.py comes with it).
 HAVE_TLS = importlib.util.find_spec("fixtures.tls") is not None
 
-# PostgreSQL's SSLRequest: length 8, code 80877103.
+# PostgreSQL's SSLRequest (length 8, code 80877103) and GSSENCRequest (code 80877104),
+# which libpq may try first and the server refuses with `N`.
 SSL_REQUEST = bytes.fromhex("0000000804d2162f")
+GSSENC_REQUEST = bytes.fromhex("0000000804d21630")
 
 
 def speaks_tls(c: TcpConnection) -> bool:
     """Whether the connection's bytes are TLS records from the start both ways: a
-    handshake record (0x16, version 3.x) first, possibly after SSLRequest and `S`."""
+    handshake record (0x16, version 3.x) first, possibly after SSLRequest and `S` (and a
+    refused GSSENCRequest before them)."""
     sent, received = c.sent, c.received
+    if sent.startswith(GSSENC_REQUEST) and received.startswith(b"N"):
+        sent, received = sent[len(GSSENC_REQUEST):], received[1:]
     if sent.startswith(SSL_REQUEST):
         if not received.startswith(b"S"):
             return False
