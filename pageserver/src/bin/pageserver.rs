@@ -46,10 +46,6 @@ struct Args {
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
-    /// TLS: this pageserver's certificate and key (its HTTP API is then https only) and the
-    /// cluster CA, or --no-tls.
-    #[command(flatten)]
-    tls: tls::args::ServerClientArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -94,11 +90,6 @@ fn main() -> anyhow::Result<()> {
         anyhow::bail!("cannot run the pageserver as root: its WAL redo processes are postgres, which refuses root");
     }
 
-    let (server_tls, _client_tls) = args.tls.load().context("load the TLS certificate, key and CA")?;
-    if let Some(tls) = &server_tls {
-        tls.start_reloader();
-    }
-
     layerstore::layer::block_cache::set_capacity_bytes(conf.block_cache_bytes);
     let ps = Arc::new(Pageserver::open(conf).context("start the pageserver")?);
     let page_service = ps.start_page_service()?;
@@ -115,9 +106,9 @@ fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(ps.conf.listen_http_addr)
             .await
             .with_context(|| format!("listen for HTTP on {}", ps.conf.listen_http_addr))?;
-        let scheme = if server_tls.is_some() { "https" } else { "http" };
+        let https = ps.conf.tls.server.as_ref().map(|tls| tls::http::Https { config: tls.config(), on_refusal: Arc::new(|_reason: &'static str| {}) });
+        let scheme = if https.is_some() { "https" } else { "http" };
         tracing::info!("management API listening on {scheme}://{}", ps.conf.listen_http_addr);
-        let https = server_tls.as_ref().map(|tls| tls::http::Https { config: tls.config(), on_refusal: Arc::new(|_reason: &'static str| {}) });
         tls::http::serve(listener, http::router(Arc::clone(&ps)), https, shutdown_signal()).await;
         anyhow::Ok(())
     })?;

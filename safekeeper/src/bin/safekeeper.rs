@@ -38,10 +38,6 @@ struct Args {
     /// anyone who reaches the ports may do anything.
     #[arg(long, value_name = "PATH")]
     auth_public_key: Option<PathBuf>,
-    /// TLS: this safekeeper's certificate and key (both ports then require TLS: --listen
-    /// after PostgreSQL's SSLRequest, --http as https), or --no-tls.
-    #[command(flatten)]
-    tls: tls::args::ServerArgs,
 }
 
 fn main() -> std::process::ExitCode {
@@ -69,16 +65,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         Some(path) => Some(auth::Verifier::load(path).context("load the public key of --auth-public-key")?),
         None => None,
     };
-    let server_tls = args.tls.load().context("load the TLS certificate and key")?;
-    if let Some(tls) = &server_tls {
-        tls.start_reloader();
-    }
-    let config = safekeeper::SafekeeperConfig {
-        wal_removal: !args.no_wal_removal,
-        auth,
-        tls: server_tls.as_ref().map(tls::ServerTls::config),
-        ..Default::default()
-    };
+    let config = safekeeper::SafekeeperConfig { wal_removal: !args.no_wal_removal, auth, ..Default::default() };
     let sk = safekeeper::Safekeeper::open_with_config(args.id, &args.data_dir, config)?;
     let rt = tokio::runtime::Runtime::new().context("start the async runtime")?;
     rt.block_on(async {
