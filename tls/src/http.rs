@@ -167,3 +167,124 @@ async fn refuse_plaintext(tcp: TcpStream) {
         Err(_) => tracing::debug!("a plaintext HTTP client did not finish its request in {HANDSHAKE_TIMEOUT:?}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::path::Path;
+    use std::sync::Mutex;
+
+    use axum::routing::get;
+
+    use super::*;
+    use crate::ca::{Ca, SERVICE_VALIDITY};
+    use crate::{ClientTls, ConnectError, ServerTls};
+
+    /// A router that answers `/v1/status` with "ok" and `/peer` with the peer's address.
+    fn router() -> Router {
+        Router::new()
+            .route("/v1/status", get(|| async { "ok" }))
+            .route("/peer", get(|ConnectInfo(peer): ConnectInfo<SocketAddr>| async move { peer.to_string() }))
+    }
+
+    /// `router()` served on an ephemeral loopback port by a runtime of its own, until the
+    /// test process exits; with `config`, https only, each refusal's reason kept.
+    fn serve_router(config: Option<Arc<rustls::ServerConfig>>) -> (SocketAddr, Arc<Mutex<Vec<&'static str>>>) {
+        let refusals = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&refusals);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let listener = TcpListener::from_std(listener).unwrap();
+                let on_refusal: Arc<RefusalObserver> = Arc::new(move |reason| seen.lock().unwrap().push(reason));
+                let https = config.map(|config| Https { config, on_refusal });
+                serve(listener, router(), https, std::future::pending()).await;
+            });
+        });
+        (addr, refusals)
+    }
+
+    /// A CA and a server certificate for localhost and 127.0.0.1, as files in `dir`.
+    fn server_tls(dir: &Path) -> (ServerTls, ClientTls) {
+        let ca = Ca::create(&dir.join("ca")).unwrap();
+        let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
+        ca.issue_to_files("server", &["localhost".to_string(), "127.0.0.1".to_string()], SERVICE_VALIDITY, &cert, &key).unwrap();
+        (ServerTls::load(&cert, &key).unwrap(), ClientTls::load(&dir.join("ca").join("ca.crt")).unwrap())
+    }
+
+    /// One GET over `stream` (`Connection: close`): the status and the body.
+    fn get_over(mut stream: impl Read + Write, path: &str) -> (u16, String) {
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").unwrap();
+        stream.flush().unwrap();
+        let mut answer = Vec::new();
+        // A TLS peer that closes without close_notify is an error at the end; what was
+        // read until then is the answer.
+        let _ = stream.read_to_end(&mut answer);
+        let answer = String::from_utf8_lossy(&answer).to_string();
+        let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        (status, body)
+    }
+
+    fn https_get(client: &ClientTls, addr: SocketAddr, host: &str, path: &str) -> Result<(u16, String), ConnectError> {
+        let stream = client.connect(TcpStream::connect(addr).unwrap(), host)?;
+        Ok(get_over(stream, path))
+    }
+
+    #[test]
+    fn https_requests_are_served_with_the_peer_address() {
+        let dir = tempfile::tempdir().unwrap();
+        let (server, client) = server_tls(dir.path());
+        let (addr, refusals) = serve_router(Some(server.config()));
+        assert_eq!(https_get(&client, addr, "127.0.0.1", "/v1/status").unwrap(), (200, "ok".to_string()));
+        let (status, peer) = https_get(&client, addr, "localhost", "/peer").unwrap();
+        assert_eq!(status, 200);
+        assert!(peer.starts_with("127.0.0.1:"), "{peer}");
+        assert!(refusals.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_plaintext_request_gets_a_400_saying_https_is_required_and_the_server_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let (server, client) = server_tls(dir.path());
+        let (addr, refusals) = serve_router(Some(server.config()));
+        let (status, body) = get_over(TcpStream::connect(addr).unwrap(), "/v1/status");
+        assert_eq!(status, 400);
+        assert_eq!(body, format!("{{\"error\":\"{HTTPS_REQUIRED}\"}}"));
+        assert!(body.contains("requires https"), "{body}");
+        assert_eq!(*refusals.lock().unwrap(), ["plaintext"]);
+        assert_eq!(https_get(&client, addr, "127.0.0.1", "/v1/status").unwrap(), (200, "ok".to_string()));
+    }
+
+    #[test]
+    fn clients_of_another_ca_or_dialling_another_name_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (server, client) = server_tls(dir.path());
+        let (addr, refusals) = serve_router(Some(server.config()));
+        let other_dir = tempfile::tempdir().unwrap();
+        let (_, other_client) = server_tls(other_dir.path());
+        let err = https_get(&other_client, addr, "127.0.0.1", "/v1/status").unwrap_err();
+        assert!(matches!(err, ConnectError::UnknownCa { .. }), "{err}");
+        // 127.0.0.2 is loopback too, but the certificate does not name it.
+        let err = https_get(&client, addr, "127.0.0.2", "/v1/status").unwrap_err();
+        assert!(matches!(err, ConnectError::WrongHost { .. }), "{err}");
+        assert!(err.to_string().contains("not 127.0.0.2"), "{err}");
+        // Both clients abort their handshakes; the server counts them once they are seen.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while refusals.lock().unwrap().len() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(*refusals.lock().unwrap(), ["handshake", "handshake"]);
+        assert_eq!(https_get(&client, addr, "localhost", "/v1/status").unwrap(), (200, "ok".to_string()));
+    }
+
+    #[test]
+    fn without_tls_it_serves_plain_http() {
+        let (addr, _) = serve_router(None);
+        assert_eq!(get_over(TcpStream::connect(addr).unwrap(), "/v1/status"), (200, "ok".to_string()));
+    }
+}
