@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg  # noqa: E402
 
+from fixtures import https  # noqa: E402
 from fixtures.compute import Endpoint, Timeline  # noqa: E402
 from fixtures.pageserver import Pageserver  # noqa: E402
 from fixtures.pagestream import lsn_int  # noqa: E402
@@ -155,9 +156,9 @@ def settle_fjord(ep: Endpoint, ps: Pageserver, tl: Timeline) -> None:
     checkpoint(ep.port, ep.user)
     wait_for_ingest(tl, lsn_int(ep.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0]))
     for _ in range(100):
-        req = urllib.request.Request(f"http://127.0.0.1:{ps.http_port}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/compact",
+        req = urllib.request.Request(f"{ps.http_url}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/compact",
                                      method="POST", data=b"{}", headers={"Content-Type": "application/json"})
-        if json.loads(urllib.request.urlopen(req, timeout=600).read())["image_ranges_deferred"] == 0:
+        if json.loads(https.urlopen(req, ps.tls_ca, timeout=600).read())["image_ranges_deferred"] == 0:
             return
     raise RuntimeError("the pageserver still had deep key ranges to rebuild after 100 compaction passes")
 
@@ -239,9 +240,9 @@ def after_restart(ep: Endpoint, a) -> dict:
 
 def ps_checkpoint(ps: Pageserver, tl: Timeline) -> None:
     """Flushes the pageserver's in-memory layer to a file, so that the scan reads files."""
-    req = urllib.request.Request(f"http://127.0.0.1:{ps.http_port}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/checkpoint",
+    req = urllib.request.Request(f"{ps.http_url}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/checkpoint",
                                  method="POST", data=b"")
-    urllib.request.urlopen(req, timeout=300).read()
+    https.urlopen(req, ps.tls_ca, timeout=300).read()
 
 
 def ps_image_layers(ps: Pageserver, tl: Timeline) -> float:
@@ -249,17 +250,17 @@ def ps_image_layers(ps: Pageserver, tl: Timeline) -> float:
     walk deep): the pageserver's counterpart of the shutdown checkpoint that wrote plain
     PostgreSQL's pages before its cold scan. Returns the seconds it took."""
     t0 = time.monotonic()
-    req = urllib.request.Request(f"http://127.0.0.1:{ps.http_port}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/compact",
+    req = urllib.request.Request(f"{ps.http_url}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/compact",
                                  method="POST", data=json.dumps({"force_image_layers": True}).encode(),
                                  headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=600).read()
+    https.urlopen(req, ps.tls_ca, timeout=600).read()
     return round(time.monotonic() - t0, 1)
 
 
 def ps_metrics(ps: Pageserver) -> dict:
     """The pageserver's GetPage totals from /metrics: the count and the sums of the seconds,
     layers visited and records replayed."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{ps.http_port}/metrics", timeout=30).read().decode()
+    text = https.urlopen(f"{ps.http_url}/metrics", ps.tls_ca, timeout=30).read().decode()
     out = {}
     for line in text.splitlines():
         m = re.match(r"pageserver_getpage_(seconds|layers_visited|records_replayed)_(sum|count) ([0-9.e+-]+)$", line)
