@@ -21,6 +21,7 @@ from typing import Callable
 import pytest
 
 from fixtures import auth_matrix as matrix
+from fixtures import https
 from fixtures.auth import KeyPair
 from fixtures.compute import Timeline
 from fixtures.pageserver import Pageserver
@@ -71,15 +72,17 @@ def test_the_matrix_lists_every_route_and_message():
 # ---------------------------------------------------------------------------------------
 # HTTP
 
-def http_call(port: int, method: str, path: str, body: dict | None, token: str) -> tuple[int, str, str | None]:
-    """(status, body text, WWW-Authenticate) of a request, error statuses included."""
+def http_call(service: Pageserver | Safekeeper, method: str, path: str, body: dict | None,
+              token: str) -> tuple[int, str, str | None]:
+    """(status, body text, WWW-Authenticate) of a request to the service's API (https with
+    TLS on), error statuses included."""
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"} if data is not None else {}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method, headers=headers)
+    req = urllib.request.Request(f"{service.http_url}{path}", data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
+        with https.urlopen(req, service.tls_ca, timeout=60, opener=service.urlopen) as resp:
             return resp.status, resp.read().decode(errors="replace"), None
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace"), e.headers.get("WWW-Authenticate")
@@ -89,9 +92,9 @@ def http_call(port: int, method: str, path: str, body: dict | None, token: str) 
 Request = tuple[str, str, "dict | None", set[int]]
 
 
-def http_outcome(port: int, request: Request, token: str) -> tuple[str, str]:
+def http_outcome(service: Pageserver | Safekeeper, request: Request, token: str) -> tuple[str, str]:
     method, path, body, usual = request
-    status, text, challenge = http_call(port, method, path, body, token)
+    status, text, challenge = http_call(service, method, path, body, token)
     detail = f"{method} {path}: {status} {text[:300]}"
     if status == 401:
         return ("401" if challenge == "Bearer" else "401 without WWW-Authenticate: Bearer"), detail
@@ -268,7 +271,7 @@ def test_pageserver(tmp_path, keys, other_keys):
 
         def observe(row: matrix.Row, column: str) -> tuple[str, str]:
             if row.interface == "http":
-                return http_outcome(ps.http_port, requests[row.operation](column), tokens[column])
+                return http_outcome(ps, requests[row.operation](column), tokens[column])
             return pagestream_outcome(ps, tl, row, tokens[column], lsn_int(lsn))
 
         check_rows(rows, observe)
@@ -521,7 +524,7 @@ def test_safekeeper(tmp_path, keys, other_keys):
         def observe(row: matrix.Row, column: str) -> tuple[str, str]:
             token = tokens[column]
             if row.interface == "http":
-                return http_outcome(sk.http_port, requests[row.operation], token)
+                return http_outcome(sk, requests[row.operation], token)
             if row.interface == "proposer":
                 return proposer_outcome(sk, tenant, timeline, row, token, terms, reported)
             return replication_outcome(sk, tenant, timeline, row, token, reported)

@@ -30,12 +30,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg  # noqa: E402
 
+from fixtures import https  # noqa: E402
 from fixtures.compute import Endpoint, Timeline  # noqa: E402
 from fixtures.pageserver import Pageserver  # noqa: E402
 from fixtures.pagestream import lsn_int  # noqa: E402
@@ -158,7 +160,9 @@ def settle_fjord(ep: Endpoint, ps: Pageserver, tl: Timeline) -> None:
     checkpoint(ep.port, ep.user)
     wait_for_ingest(tl, lsn_int(ep.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0]))
     for _ in range(100):
-        if ps.http("POST", f"{tl.path}/compact", {})["image_ranges_deferred"] == 0:
+        req = urllib.request.Request(f"{ps.http_url}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/compact",
+                                     method="POST", data=b"{}", headers={"Content-Type": "application/json"})
+        if json.loads(https.urlopen(req, ps.tls_ca, timeout=600).read())["image_ranges_deferred"] == 0:
             return
     raise RuntimeError("the pageserver still had deep key ranges to rebuild after 100 compaction passes")
 
@@ -240,7 +244,9 @@ def after_restart(ep: Endpoint, a) -> dict:
 
 def ps_checkpoint(ps: Pageserver, tl: Timeline) -> None:
     """Flushes the pageserver's in-memory layer to a file, so that the scan reads files."""
-    ps.http("POST", f"{tl.path}/checkpoint")
+    req = urllib.request.Request(f"{ps.http_url}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/checkpoint",
+                                 method="POST", data=b"")
+    https.urlopen(req, ps.tls_ca, timeout=300).read()
 
 
 def ps_image_layers(ps: Pageserver, tl: Timeline) -> float:
@@ -248,14 +254,17 @@ def ps_image_layers(ps: Pageserver, tl: Timeline) -> float:
     walk deep): the pageserver's counterpart of the shutdown checkpoint that wrote plain
     PostgreSQL's pages before its cold scan. Returns the seconds it took."""
     t0 = time.monotonic()
-    ps.http("POST", f"{tl.path}/compact", {"force_image_layers": True})
+    req = urllib.request.Request(f"{ps.http_url}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/compact",
+                                 method="POST", data=json.dumps({"force_image_layers": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    https.urlopen(req, ps.tls_ca, timeout=600).read()
     return round(time.monotonic() - t0, 1)
 
 
 def ps_metrics(ps: Pageserver) -> dict:
     """The pageserver's GetPage totals from /metrics: the count and the sums of the seconds,
     layers visited and records replayed."""
-    text = ps.http("GET", "/metrics")
+    text = https.urlopen(f"{ps.http_url}/metrics", ps.tls_ca, timeout=30).read().decode()
     out = {}
     for line in text.splitlines():
         m = re.match(r"pageserver_getpage_(seconds|layers_visited|records_replayed)_(sum|count) ([0-9.e+-]+)$", line)

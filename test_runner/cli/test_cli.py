@@ -340,16 +340,16 @@ def test_authentication_is_on_by_default(started_repo, tmp_path):
     assert "nope" in repo.fail("auth", "token", "--branch", "nope")
 
     # A safekeeper's API wants a token too.
-    sk_http = f"http://127.0.0.1:{repo.base_port + 3}/v1/tenant/{tenant}/timeline/{main}"
+    sk_http = f"{repo.http_url(repo.base_port + 3)}/v1/tenant/{tenant}/timeline/{main}"
     with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(sk_http, timeout=10)
+        repo.urlopen(sk_http, timeout=10)
     assert e.value.code == 401
     req = urllib.request.Request(sk_http, headers={"Authorization": f"Bearer {repo.admin_token()}"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    with repo.urlopen(req, timeout=10) as r:
         assert r.status == 200
 
     assert "authentication is on" in repo.log("pageserver.log")
-    metrics = urllib.request.urlopen(f"http://127.0.0.1:{repo.http_port}/metrics", timeout=10).read().decode()
+    metrics = repo.urlopen(f"{repo.http_url()}/metrics", timeout=10).read().decode()
     assert re.search(r'pageserver_auth_failures_total\{reason="missing",service="http"\} [1-9]', metrics), metrics
     repo.run("stop")
 

@@ -17,8 +17,8 @@ import io
 import struct
 import tarfile
 import time
-import urllib.request
 
+from fixtures import https
 from fixtures.logs import unexpected_lines
 from fixtures.pagestream import PageServiceClient, RelTag, lsn_int
 from fixtures.postgres import wait_until
@@ -109,8 +109,8 @@ def test_confirmed_wal_survives_kill_9(pageserver, pg_factory):
     assert lsn_int(status["durable_lsn"]) >= lsn
 
     # A basebackup at the last record LSN.
-    url = f"http://127.0.0.1:{pageserver.http_port}/v1/tenant/{TENANT}/timeline/{TIMELINE}/basebackup"
-    with urllib.request.urlopen(url, timeout=60) as resp:
+    url = f"{pageserver.http_url}/v1/tenant/{TENANT}/timeline/{TIMELINE}/basebackup"
+    with https.urlopen(url, pageserver.tls_ca, timeout=60) as resp:
         assert resp.headers["Content-Type"] == "application/x-tar"
         bb_lsn = resp.headers["X-Fjord-Lsn"]
         tar = tarfile.open(fileobj=io.BytesIO(resp.read()))

@@ -14,6 +14,8 @@ pub mod ca;
 mod client;
 mod detect;
 mod files;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod pg;
 mod server;
 

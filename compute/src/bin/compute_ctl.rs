@@ -180,7 +180,7 @@ fn run(mut args: Args) -> anyhow::Result<i32> {
     }
 
     let created = compute::prepare_pgdata(&pgdata)?;
-    let client = Client::new(&args.pageserver_http).with_token(args.auth_token.clone());
+    let client = pageserver_client(&args);
     let synced = match (&safekeepers, args.lsn) {
         (Some(list), _) if args.replica => follow_safekeepers(&client, &args, list).map(|()| None),
         (_, Some(lsn)) => lease_fixed_lsn(&client, &args, lsn).map(|()| None),
@@ -285,6 +285,13 @@ fn run(mut args: Args) -> anyhow::Result<i32> {
     Ok(postgres::exit_code(status))
 }
 
+/// The client of the pageserver's API at --pageserver-http, with the token and the cluster
+/// CA (an `https://` URL needs --tls-ca).
+fn pageserver_client(args: &Args) -> Client {
+    let config = pageserver_api::ClientConfig { tls: args.client_tls.clone(), ..Default::default() };
+    Client::with_config(&args.pageserver_http, config).with_token(args.auth_token.clone())
+}
+
 /// Syncs the safekeepers and points the pageserver's WAL receiver at them (before the
 /// basebackup: a basebackup at the synced LSN waits until the pageserver has that WAL).
 fn sync_and_follow(client: &Client, args: &Args, list: &[Safekeeper]) -> anyhow::Result<safekeepers::Synced> {
@@ -372,7 +379,7 @@ fn lease_fixed_lsn(client: &Client, args: &Args, lsn: Lsn) -> anyhow::Result<()>
 /// thread until postgres is asked to shut down; a failure is logged as an error once (until
 /// a renewal succeeds again).
 fn keep_lease(args: &Args, holder: String, what: &'static str, lsn_now: impl Fn() -> anyhow::Result<Lsn> + Send + 'static) {
-    let client = Client::new(&args.pageserver_http).with_token(args.auth_token.clone());
+    let client = pageserver_client(args);
     let ttl_secs = args.replica_lease_ttl_secs;
     let (tenant, timeline) = (args.tenant, args.timeline);
     let spawned = std::thread::Builder::new().name("lease".into()).spawn(move || {
