@@ -21,6 +21,10 @@ pub struct ComputeSettings {
     pub pageserver_pg: String,
     pub tenant_id: TenantId,
     pub timeline_id: TimelineId,
+    /// The cluster CA's certificate file (`fjord.tls_ca_file`): the extension's page service
+    /// connections are TLS, and the pageserver's certificate must be signed by it and name
+    /// the host in `pageserver_pg`. `None`: cleartext (a cluster made with `--no-tls`).
+    pub tls_ca_file: Option<String>,
     pub shared_buffers: String,
     /// Set for a compute started at a past LSN: it must not add WAL to its branch, so it
     /// is read-only and the pageserver does not follow it.
@@ -84,6 +88,7 @@ pub fn postgresql_conf(s: &ComputeSettings) -> String {
     set("fjord.pageserver_address", &s.pageserver_pg);
     set("fjord.tenant_id", &s.tenant_id.to_string());
     set("fjord.timeline_id", &s.timeline_id.to_string());
+    set("fjord.tls_ca_file", s.tls_ca_file.as_deref().unwrap_or(""));
     // Without safekeepers the pageserver follows the compute over physical replication (WAL
     // senders), and the compute's own pg_wal is the only place it can re-read WAL from after
     // a reconnect; with safekeepers, the WAL proposer reads what a lagging safekeeper lacks
@@ -232,6 +237,7 @@ mod tests {
             pageserver_pg: "127.0.0.1:6400".into(),
             tenant_id: "11111111111111111111111111111111".parse().unwrap(),
             timeline_id: "22222222222222222222222222222222".parse().unwrap(),
+            tls_ca_file: None,
             shared_buffers: "128MB".into(),
             static_lsn: None,
             safekeepers: None,
@@ -284,6 +290,13 @@ mod tests {
         assert_eq!(value_of(&conf, "port").unwrap(), "'55432'");
         assert_eq!(value_of(&conf, "unix_socket_directories").unwrap(), "''");
         assert!(value_of(&conf, "default_transaction_read_only").is_none());
+        assert_eq!(value_of(&conf, "fjord.tls_ca_file").unwrap(), "''", "no CA: the page service link is cleartext");
+    }
+
+    #[test]
+    fn with_a_ca_the_page_service_link_is_tls() {
+        let conf = postgresql_conf(&ComputeSettings { tls_ca_file: Some("/repo/tls/ca.crt".into()), ..settings() });
+        assert_eq!(value_of(&conf, "fjord.tls_ca_file").unwrap(), "'/repo/tls/ca.crt'");
     }
 
     #[test]
