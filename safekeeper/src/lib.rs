@@ -24,6 +24,7 @@ pub mod proposer;
 pub mod replication;
 pub mod server;
 pub mod storage;
+pub mod stream;
 pub mod timeline;
 pub mod verify;
 
@@ -53,11 +54,16 @@ pub struct SafekeeperConfig {
     /// request (but `/metrics` and `/v1/status`) needs a token this verifier accepts and
     /// that grants what it asks ([`access`]). `None`: trust, as before tokens existed.
     pub auth: Option<auth::Verifier>,
+    /// TLS on the `--listen` port (`--tls-cert`/`--tls-key`): every client asks for it with
+    /// PostgreSQL's `SSLRequest` first, and one that does not is refused
+    /// ([`server`]). The configuration's certificate resolver hands out the current
+    /// certificate, so a reload needs no change here. `None` (`--no-tls`): plain TCP.
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 impl Default for SafekeeperConfig {
     fn default() -> Self {
-        SafekeeperConfig { wal_removal: true, broken_reload_interval: std::time::Duration::from_secs(5), auth: None }
+        SafekeeperConfig { wal_removal: true, broken_reload_interval: std::time::Duration::from_secs(5), auth: None, tls: None }
     }
 }
 

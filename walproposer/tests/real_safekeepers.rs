@@ -109,6 +109,7 @@ fn streams_commits_and_syncs_with_real_safekeepers() {
         reconnect_max: Duration::from_millis(200),
         whole_records: false,
         auth_token: None,
+        tls: None,
     };
     let p = WalProposer::start(config.clone(), Arc::new(|_| {})).unwrap();
     let end = Lsn(5 * SEGMENT_BYTES + 777);
