@@ -1,0 +1,26 @@
+//! fjord's TLS, one crate for every link: the configurations a server and a client use
+//! (rustls on aws-lc-rs), blocking handshakes for the std-thread servers and clients with
+//! errors a user can read, certificate reloading and expiry, PostgreSQL's `SSLRequest`,
+//! the cluster CA that `fjord init` makes, and the command-line flags every service
+//! takes. A client trusts exactly the cluster CA's file, never the system's roots, and
+//! checks that the server's certificate names the host or address it dialled.
+//!
+//! Tokio servers wrap [`ServerTls::config`] in `tokio_rustls::TlsAcceptor`; the
+//! resolver behind it hands every new handshake the current certificate, so a reload
+//! reaches them too.
+
+pub mod args;
+pub mod ca;
+mod client;
+mod detect;
+mod files;
+pub mod pg;
+mod server;
+
+pub use client::{ClientStream, ClientTls, ConnectError};
+pub use detect::looks_like_tls;
+pub use rustls;
+pub use server::{accept, accept_or_plaintext, AcceptError, Accepted, ServerStream, ServerTls, EXPIRY_METRIC};
+
+#[cfg(test)]
+mod tests;
