@@ -58,7 +58,7 @@ pub struct SafekeeperConfig {
     /// PostgreSQL's `SSLRequest` first, and one that does not is refused
     /// ([`server`]). The configuration's certificate resolver hands out the current
     /// certificate, so a reload needs no change here. `None` (`--no-tls`): plain TCP.
-    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    pub tls: Option<tls::ServerTls>,
 }
 
 impl Default for SafekeeperConfig {

@@ -29,9 +29,7 @@ use crate::Safekeeper;
 
 /// How long a client has to ask for TLS, complete the handshake and send its first byte.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// PostgreSQL's `SSLRequest` and `GSSENCRequest` codes.
-const SSL_REQUEST: u32 = 80_877_103;
-const GSSENC_REQUEST: u32 = 80_877_104;
+use tls::pg::{GSSENC_REQUEST_CODE as GSSENC_REQUEST, SSL_REQUEST_CODE as SSL_REQUEST};
 /// After refusing a client, the rest of what it sent is read (and dropped) for at most this
 /// long, so that closing with unread bytes does not reset the connection before the client
 /// has read the refusal.
@@ -58,7 +56,7 @@ pub async fn accept_loop(listener: TcpListener, sk: Arc<Safekeeper>) -> anyhow::
         tokio::spawn(async move {
             let result = match sk.config.tls.clone() {
                 None => dispatch(stream, peer, sk).await,
-                Some(tls) => dispatch_tls(stream, peer, tls, sk).await,
+                Some(tls) => dispatch_tls(stream, peer, tls.config(), sk).await,
             };
             match result {
                 Ok(()) => {}

@@ -42,7 +42,7 @@ pub struct ConnCtx {
     pub addr: String,
     pub hello: ProposerMessage,
     /// TLS to the safekeeper ([`crate::Config::tls`]).
-    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub tls: Option<tls::ClientTls>,
     pub reconnect_max: Duration,
     pub shared: Arc<Shared>,
     pub events: crate::bell::EventSender,

@@ -86,11 +86,10 @@ pub struct Config {
     /// authentication on. `None` (or empty): no token, which such a safekeeper refuses.
     /// At most `quorum::wire::TOKEN_BYTES_MAX` bytes. Never logged.
     pub auth_token: Option<String>,
-    /// TLS to the safekeepers: the client configuration that trusts the cluster CA (the
-    /// `tls` crate's `ClientTls::config`). Each connection asks for TLS with PostgreSQL's
+    /// TLS to the safekeepers: trust in the cluster CA. Each connection asks for TLS with PostgreSQL's
     /// `SSLRequest` and checks the safekeeper's certificate against the CA and the host it
     /// dialled. `None`: plain TCP (a safekeeper with TLS on refuses it).
-    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub tls: Option<tls::ClientTls>,
 }
 
 impl std::fmt::Debug for Config {

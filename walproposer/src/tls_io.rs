@@ -15,14 +15,9 @@
 use std::io::{self, BufRead, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::RawFd;
-use std::sync::Arc;
 
 use bytes::BytesMut;
-use rustls::pki_types::ServerName;
 use rustls::ClientConnection;
-
-/// PostgreSQL's `SSLRequest`: length 8, code 80877103.
-const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
 
 /// A socket read and written without blocking, for rustls's `read_tls`/`write_tls`.
 pub struct Fd(pub RawFd);
@@ -70,55 +65,17 @@ impl Write for Fd {
     }
 }
 
-/// The host part of `host:port` (without an IPv6 address's brackets).
+/// The host part of `host:port`: what the safekeeper's certificate must name.
 fn host_of(addr: &str) -> &str {
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-    host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host)
+    addr.rsplit_once(':').map_or(addr, |(h, _)| h)
 }
 
-/// Asks the safekeeper at `addr` for TLS on `tcp` (blocking, within the socket's
-/// timeouts) and completes the handshake, verifying its certificate against `config`'s CA
-/// and the host in `addr`. The error says what went wrong in words a user can act on.
-pub fn connect(mut tcp: TcpStream, addr: &str, config: &Arc<rustls::ClientConfig>) -> Result<rustls::StreamOwned<ClientConnection, TcpStream>, String> {
-    tcp.write_all(&SSL_REQUEST).map_err(|e| format!("could not ask the safekeeper at {addr} for TLS: {e}"))?;
-    let mut answer = [0u8; 1];
-    match tcp.read(&mut answer) {
-        Ok(1) if answer[0] == b'S' => {}
-        Ok(1) if answer[0] == b'N' => {
-            return Err(format!("the safekeeper at {addr} does not speak TLS (it answered the SSLRequest with N: started with --no-tls?)"))
-        }
-        Ok(1) => return Err(format!("the safekeeper at {addr} does not speak TLS (it answered the SSLRequest with {:?})", answer[0] as char)),
-        Ok(_) => return Err(format!("the safekeeper at {addr} closed the connection when asked for TLS")),
-        Err(e) => return Err(format!("could not read the safekeeper's answer to the SSLRequest from {addr}: {e}")),
-    }
-    let host = host_of(addr);
-    let name = ServerName::try_from(host.to_string()).map_err(|e| format!("{host:?} (of {addr}) is not a valid host name for TLS: {e}"))?;
-    let conn = ClientConnection::new(Arc::clone(config), name).map_err(|e| format!("could not start TLS to {addr}: {e}"))?;
-    let mut stream = rustls::StreamOwned::new(conn, tcp);
-    while stream.conn.is_handshaking() {
-        if let Err(e) = stream.conn.complete_io(&mut stream.sock) {
-            return Err(handshake_error(addr, e));
-        }
-    }
-    Ok(stream)
-}
-
-/// A failed handshake, in words: which of the usual causes it was.
-fn handshake_error(addr: &str, e: io::Error) -> String {
-    use rustls::{CertificateError, Error};
-    match e.get_ref().and_then(|inner| inner.downcast_ref::<Error>()) {
-        Some(Error::InvalidCertificate(CertificateError::UnknownIssuer | CertificateError::BadSignature)) => format!(
-            "the safekeeper at {addr} presented a certificate that is not signed by the cluster CA (fjord.tls_ca_file, or --tls-ca): {e}"
-        ),
-        Some(Error::InvalidCertificate(CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. })) => {
-            format!("the safekeeper at {addr} presented a certificate for another host: {e}")
-        }
-        Some(Error::InvalidCertificate(CertificateError::Expired | CertificateError::ExpiredContext { .. })) => {
-            format!("the safekeeper at {addr} presented an expired certificate: {e}")
-        }
-        Some(_) => format!("the TLS handshake with the safekeeper at {addr} failed: {e}"),
-        None => format!("the TLS handshake with the safekeeper at {addr} failed (connection: {e})"),
-    }
+/// Asks the safekeeper at `addr` for TLS on `tcp` (PostgreSQL's `SSLRequest`) and
+/// completes the handshake, blocking, verifying its certificate against the cluster CA and
+/// the host in `addr`. The error says what went wrong in words a user can act on (another
+/// CA, another host, a safekeeper without TLS).
+pub fn connect(tcp: TcpStream, addr: &str, client: &tls::ClientTls) -> Result<tls::ClientStream, String> {
+    tls::pg::connect(client, tcp, host_of(addr)).map_err(|e| format!("no TLS connection to the safekeeper: {e}"))
 }
 
 /// The core thread's side of one TLS connection.
@@ -220,6 +177,6 @@ mod tests {
     fn the_host_is_taken_from_the_address() {
         assert_eq!(host_of("sk1.example:5454"), "sk1.example");
         assert_eq!(host_of("127.0.0.1:5454"), "127.0.0.1");
-        assert_eq!(host_of("[::1]:5454"), "::1");
+        assert_eq!(host_of("[::1]:5454"), "[::1]");
     }
 }

@@ -38,6 +38,10 @@ struct Args {
     /// anyone who reaches the ports may do anything.
     #[arg(long, value_name = "PATH")]
     auth_public_key: Option<PathBuf>,
+    /// TLS: with --tls-cert and --tls-key, every client of --listen must ask for TLS
+    /// (PostgreSQL's SSLRequest; libpq's sslmode=verify-full) and is refused otherwise.
+    #[command(flatten)]
+    tls: tls::args::ServerArgs,
 }
 
 fn main() -> std::process::ExitCode {
@@ -65,7 +69,12 @@ fn run(args: Args) -> anyhow::Result<()> {
         Some(path) => Some(auth::Verifier::load(path).context("load the public key of --auth-public-key")?),
         None => None,
     };
-    let config = safekeeper::SafekeeperConfig { wal_removal: !args.no_wal_removal, auth, ..Default::default() };
+    let tls = args.tls.load().context("load the TLS certificate and key")?;
+    if let Some(tls) = &tls {
+        // Replaced files are picked up by new handshakes; open connections keep theirs.
+        tls.start_reloader();
+    }
+    let config = safekeeper::SafekeeperConfig { wal_removal: !args.no_wal_removal, auth, tls: tls.clone(), ..Default::default() };
     let sk = safekeeper::Safekeeper::open_with_config(args.id, &args.data_dir, config)?;
     let rt = tokio::runtime::Runtime::new().context("start the async runtime")?;
     rt.block_on(async {
