@@ -119,6 +119,13 @@ struct Args {
     /// command line is visible to every user of the machine); see `after_help`.
     #[arg(skip)]
     auth_token: Option<String>,
+    /// TLS: the cluster CA the pageserver's and the safekeepers' certificates must be
+    /// signed by, or --no-tls.
+    #[command(flatten)]
+    tls: tls::args::ClientArgs,
+    /// The trust in the cluster CA that --tls-ca loads at start (`None`: --no-tls).
+    #[arg(skip)]
+    client_tls: Option<tls::ClientTls>,
 }
 
 fn main() -> ExitCode {
@@ -139,10 +146,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: Args) -> anyhow::Result<i32> {
+fn run(mut args: Args) -> anyhow::Result<i32> {
     if compute::running_as_root() {
         bail!("cannot run compute_ctl as root: postgres refuses to run as root; run it as an unprivileged user");
     }
+    args.client_tls = args.tls.load().context("load TLS (--tls-ca)")?;
     let span = tracing::info_span!("compute", tenant_id = %args.tenant, timeline_id = %args.timeline);
     let _entered = span.enter();
     let started = Instant::now();
@@ -283,7 +291,7 @@ fn sync_and_follow(client: &Client, args: &Args, list: &[Safekeeper]) -> anyhow:
     let system_id = pageserver::system_id(client, args.tenant, args.timeline).context("get the timeline's system identifier")?;
     let timeout = Duration::from_secs(args.sync_safekeepers_timeout_secs);
     tracing::info!("syncing safekeepers {}", safekeepers::to_setting(list));
-    let synced = safekeepers::sync(list, args.tenant, args.timeline, system_id, args.auth_token.clone(), timeout)?;
+    let synced = safekeepers::sync(list, args.tenant, args.timeline, system_id, args.auth_token.clone(), args.client_tls.clone(), timeout)?;
     match synced.lsn {
         Some(lsn) => tracing::info!("safekeepers synced at {lsn} in {} ms", synced.elapsed.as_millis()),
         None => tracing::info!("safekeepers have no WAL for this timeline yet; starting at the pageserver's latest LSN"),
@@ -459,12 +467,16 @@ fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path) 
         pageserver_pg: args.pageserver_pg.clone(),
         tenant_id: args.tenant,
         timeline_id: args.timeline,
+        tls_ca_file: args.client_tls.as_ref().map(|t| t.ca_path().display().to_string()),
         shared_buffers: args.shared_buffers.clone(),
         static_lsn: args.lsn,
         replica_conninfo: match safekeepers {
             Some(list) if args.replica => {
                 let hosts: Vec<(String, u16)> = list.iter().map(|s| (s.host.clone(), s.port)).collect();
-                Some(pgconf::replica_conninfo(&hosts, args.tenant, args.timeline, &args.name, args.auth_token.as_deref()))
+                {
+                    let ca = args.client_tls.as_ref().map(|t| t.ca_path().display().to_string());
+                    Some(pgconf::replica_conninfo(&hosts, args.tenant, args.timeline, &args.name, args.auth_token.as_deref(), ca.as_deref()))
+                }
             }
             _ => None,
         },
