@@ -7,7 +7,9 @@
 //! connection needs from a timeline, so it is tested against an in-memory source.
 //!
 //! # Connection
-//! 1. Startup. An `SSLRequest` or `GSSENCRequest` is answered `N` (no encryption), then the
+//! 1. Startup. With TLS on, the listener has already answered the client's `SSLRequest`
+//!    and the connection is TLS (`crate::server`). An `SSLRequest` or `GSSENCRequest` that
+//!    reaches this code is answered `N` (no encryption, or no more of it), then the
 //!    real `StartupMessage` is read (protocol 3.0; a later minor version or `_pq_.` options
 //!    get a `NegotiateProtocolVersion`). Parameters:
 //!    - `replication`: must be `true`/`on`/`yes`/`1` (physical replication). `database`
@@ -33,8 +35,8 @@
 //!    timeline. A client that closes instead of answering (libpq without a password) is
 //!    refused as sending none. The exchange happens before the timeline is looked up, so an
 //!    unauthenticated client learns nothing of which timelines exist. Cleartext, because
-//!    the password is a bearer token that the server must see whole; the connection is not
-//!    encrypted (see the README's "Not done yet").
+//!    the password is a bearer token that the server must see whole; with TLS on, inside
+//!    the TLS connection.
 //!
 //!    Then: `AuthenticationOk`, `ParameterStatus` (server_version
 //!    15, UTF8 encodings, ISO dates, integer datetimes, and [`SAFEKEEPER_PARAMETER`]
