@@ -193,15 +193,25 @@ host    replication  all   {addr}/{bits}   trust
 /// replication protocol takes it from PostgreSQL's walreceiver (`options`, since the
 /// walreceiver always sends `dbname=replication`). With a token, it is the password: a
 /// safekeeper with authentication on asks for one (PostgreSQL shows it as `********` in
-/// `pg_stat_wal_receiver`; the file is the data directory's, mode 0600).
-pub fn replica_conninfo(safekeepers: &[(String, u16)], tenant: TenantId, timeline: TimelineId, name: &str, token: Option<&str>) -> String {
+/// `pg_stat_wal_receiver`; the file is the data directory's, mode 0600). With the cluster
+/// CA (`tls_ca`), the connection is TLS and verified (`sslmode=verify-full`): each
+/// safekeeper's certificate must be signed by the CA and name the host dialled.
+pub fn replica_conninfo(
+    safekeepers: &[(String, u16)],
+    tenant: TenantId,
+    timeline: TimelineId,
+    name: &str,
+    token: Option<&str>,
+    tls_ca: Option<&str>,
+) -> String {
     let hosts: Vec<&str> = safekeepers.iter().map(|(h, _)| h.as_str()).collect();
     let ports: Vec<String> = safekeepers.iter().map(|(_, p)| p.to_string()).collect();
     // A libpq connection string value: single-quoted, with \ and ' escaped by a backslash.
     let quoted = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
     let password = token.map(|t| format!(" password={}", quoted(t))).unwrap_or_default();
+    let ssl = tls_ca.map(|ca| format!(" sslmode=verify-full sslrootcert={}", quoted(ca))).unwrap_or_default();
     format!(
-        "host={} port={} options='-c fjord.timeline={tenant}/{timeline}' application_name={} connect_timeout=2{password}",
+        "host={} port={} options='-c fjord.timeline={tenant}/{timeline}' application_name={} connect_timeout=2{password}{ssl}",
         hosts.join(","),
         ports.join(","),
         quoted(name)
@@ -252,7 +262,7 @@ mod tests {
         let sks = [("127.0.0.1".to_string(), 5454), ("127.0.0.1".to_string(), 5455)];
         let mut s = settings();
         s.safekeepers = Some("127.0.0.1:5454,127.0.0.1:5455".into());
-        s.replica_conninfo = Some(replica_conninfo(&sks, s.tenant_id, s.timeline_id, "it's", None));
+        s.replica_conninfo = Some(replica_conninfo(&sks, s.tenant_id, s.timeline_id, "it's", None, None));
         let conf = postgresql_conf(&s);
         assert_eq!(
             value_of(&conf, "primary_conninfo").unwrap(),
@@ -269,8 +279,16 @@ mod tests {
     fn a_replica_with_a_token_gives_it_as_its_password() {
         let sks = [("127.0.0.1".to_string(), 5454)];
         let s = settings();
-        let conninfo = replica_conninfo(&sks, s.tenant_id, s.timeline_id, "r", Some("aa.bb.cc"));
+        let conninfo = replica_conninfo(&sks, s.tenant_id, s.timeline_id, "r", Some("aa.bb.cc"), None);
         assert!(conninfo.ends_with(" connect_timeout=2 password='aa.bb.cc'"), "{conninfo}");
+    }
+
+    #[test]
+    fn a_replica_with_the_cluster_ca_verifies_the_safekeepers() {
+        let sks = [("sk1.example".to_string(), 5454)];
+        let s = settings();
+        let conninfo = replica_conninfo(&sks, s.tenant_id, s.timeline_id, "r", None, Some("/repo/tls/ca.crt"));
+        assert!(conninfo.ends_with(" connect_timeout=2 sslmode=verify-full sslrootcert='/repo/tls/ca.crt'"), "{conninfo}");
     }
 
     fn value_of(conf: &str, name: &str) -> Option<String> {

@@ -24,6 +24,7 @@ pub mod proposer;
 pub mod replication;
 pub mod server;
 pub mod storage;
+pub mod stream;
 pub mod timeline;
 pub mod verify;
 
@@ -53,8 +54,10 @@ pub struct SafekeeperConfig {
     /// request (but `/metrics` and `/v1/status`) needs a token this verifier accepts and
     /// that grants what it asks ([`access`]). `None`: trust, as before tokens existed.
     pub auth: Option<auth::Verifier>,
-    /// TLS (`--tls-cert` and `--tls-key`, or `--no-tls`): the certificate of the
-    /// safekeeper port (after an `SSLRequest`) and the HTTP API. `None`: cleartext.
+    /// TLS on the `--listen` port (`--tls-cert`/`--tls-key`): every client asks for it with
+    /// PostgreSQL's `SSLRequest` first, and one that does not is refused
+    /// ([`server`]). The configuration's certificate resolver hands out the current
+    /// certificate, so a reload needs no change here. `None` (`--no-tls`): plain TCP.
     pub tls: Option<tls::ServerTls>,
 }
 

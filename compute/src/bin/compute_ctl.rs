@@ -298,7 +298,7 @@ fn sync_and_follow(client: &Client, args: &Args, list: &[Safekeeper]) -> anyhow:
     let system_id = pageserver::system_id(client, args.tenant, args.timeline).context("get the timeline's system identifier")?;
     let timeout = Duration::from_secs(args.sync_safekeepers_timeout_secs);
     tracing::info!("syncing safekeepers {}", safekeepers::to_setting(list));
-    let synced = safekeepers::sync(list, args.tenant, args.timeline, system_id, args.auth_token.clone(), timeout)?;
+    let synced = safekeepers::sync(list, args.tenant, args.timeline, system_id, args.auth_token.clone(), args.client_tls.clone(), timeout)?;
     match synced.lsn {
         Some(lsn) => tracing::info!("safekeepers synced at {lsn} in {} ms", synced.elapsed.as_millis()),
         None => tracing::info!("safekeepers have no WAL for this timeline yet; starting at the pageserver's latest LSN"),
@@ -474,12 +474,16 @@ fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path) 
         pageserver_pg: args.pageserver_pg.clone(),
         tenant_id: args.tenant,
         timeline_id: args.timeline,
+        tls_ca_file: args.client_tls.as_ref().map(|t| t.ca_path().display().to_string()),
         shared_buffers: args.shared_buffers.clone(),
         static_lsn: args.lsn,
         replica_conninfo: match safekeepers {
             Some(list) if args.replica => {
                 let hosts: Vec<(String, u16)> = list.iter().map(|s| (s.host.clone(), s.port)).collect();
-                Some(pgconf::replica_conninfo(&hosts, args.tenant, args.timeline, &args.name, args.auth_token.as_deref()))
+                {
+                    let ca = args.client_tls.as_ref().map(|t| t.ca_path().display().to_string());
+                    Some(pgconf::replica_conninfo(&hosts, args.tenant, args.timeline, &args.name, args.auth_token.as_deref(), ca.as_deref()))
+                }
             }
             _ => None,
         },
