@@ -340,7 +340,8 @@ pub fn start_safekeeper(repo: &Repo, id: u8) -> anyhow::Result<()> {
         return Ok(());
     }
     let url = conf.safekeeper_http_url(id);
-    if http_up(&url) {
+    let tls = repo.client_tls()?;
+    if http_up(&url, tls.as_ref()) {
         bail!("something else already answers on {url}: is another repo using base port {}?", conf.base_port);
     }
     let dir = repo.safekeeper_dir(id);
@@ -356,7 +357,7 @@ pub fn start_safekeeper(repo: &Repo, id: u8) -> anyhow::Result<()> {
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }
-    let child = spawn_and_wait(&daemon, &mut cmd, &format!("safekeeper {id}"), &url, || http_up(&url))?;
+    let child = spawn_and_wait(&daemon, &mut cmd, &format!("safekeeper {id}"), &url, || http_up(&url, tls.as_ref()))?;
     say!("safekeeper {id} started (pid {}): {}, HTTP API {url}, log {}", child.id(), conf.safekeeper_addr(id), daemon.log_file.display());
     Ok(())
 }
@@ -407,9 +408,10 @@ fn print_safekeepers(repo: &Repo) -> anyhow::Result<()> {
     if conf.safekeepers == 0 {
         say!("safekeepers none (computes stream WAL straight to the pageserver)");
     }
+    let tls = repo.client_tls()?;
     for id in conf.safekeeper_ids() {
         let url = conf.safekeeper_http_url(id);
-        match (repo.safekeeper(id).running_pid()?, http_up(&url)) {
+        match (repo.safekeeper(id).running_pid()?, http_up(&url, tls.as_ref())) {
             (Some(pid), true) => say!("safekeeper {id} running (pid {pid}), {}, HTTP API {url}", conf.safekeeper_addr(id)),
             (Some(pid), false) => say!("safekeeper {id} not answering (pid {pid}), HTTP API {url}"),
             (None, true) => say!("safekeeper {id} answering on {url} but not started by this repo"),

@@ -159,12 +159,25 @@ impl Repo {
         }
     }
 
+    /// The trust in the repo's cluster CA, `REPO/tls/ca.crt` (`fjord init` makes it), for
+    /// the CLI's own calls to the services' APIs; `None` for a repo without one (`--no-tls`).
+    pub fn client_tls(&self) -> anyhow::Result<Option<tls::ClientTls>> {
+        let ca = self.dir.join("tls").join("ca.crt");
+        if !ca.exists() {
+            return Ok(None);
+        }
+        tls::ClientTls::load(&ca).map(Some)
+    }
+
     /// The client of this repo's pageserver.
     pub fn api(&self) -> Client {
         let config = ClientConfig {
             connect_timeout: Duration::from_secs(5),
             // Import of a large data directory takes a while; nothing else does.
             request_timeout: Some(Duration::from_secs(600)),
+            // A CA file that does not load leaves the client without one: its https
+            // requests then fail saying that the CA is missing.
+            tls: self.client_tls().unwrap_or(None),
         };
         Client::with_config(&self.config.pageserver_http_url(), config).with_token(self.admin_token())
     }
