@@ -119,6 +119,13 @@ struct Args {
     /// command line is visible to every user of the machine); see `after_help`.
     #[arg(skip)]
     auth_token: Option<String>,
+    /// TLS: the cluster CA the pageserver's and the safekeepers' certificates must be
+    /// signed by, or --no-tls.
+    #[command(flatten)]
+    tls: tls::args::ClientArgs,
+    /// The trust in the cluster CA that --tls-ca loads at start (`None`: --no-tls).
+    #[arg(skip)]
+    client_tls: Option<tls::ClientTls>,
 }
 
 fn main() -> ExitCode {
@@ -139,10 +146,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: Args) -> anyhow::Result<i32> {
+fn run(mut args: Args) -> anyhow::Result<i32> {
     if compute::running_as_root() {
         bail!("cannot run compute_ctl as root: postgres refuses to run as root; run it as an unprivileged user");
     }
+    args.client_tls = args.tls.load().context("load TLS (--tls-ca)")?;
     let span = tracing::info_span!("compute", tenant_id = %args.tenant, timeline_id = %args.timeline);
     let _entered = span.enter();
     let started = Instant::now();
