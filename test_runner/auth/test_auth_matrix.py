@@ -211,7 +211,7 @@ def recv_frame(s: socket.socket, length_counts_itself: bool = False) -> tuple[by
 
 def pagestream_outcome(ps: Pageserver, tl: Timeline, row: matrix.Row, token: str, lsn: int) -> tuple[str, str]:
     name = row.operation.split()[0]
-    with pagestream_connect(ps.host, ps.pg_port, getattr(ps, "tls_ca", None)) as s:
+    with pagestream_connect(ps.host, ps.pg_port, getattr(ps, "tls", None)) as s:
         def request() -> None:
             tag, body, _ = PAGESTREAM_REQUESTS[name]
             s.sendall(frame(tag, struct.pack(">QQQ", 1, lsn, lsn) + body))
