@@ -358,7 +358,7 @@ pub fn request(what: &dyn Fn() -> String, make: &dyn Fn(u64) -> Request) -> Resu
                     format!("fjord: could not connect to the pageserver at {} while {}: {message}", t.address, what()),
                     "The pageserver's certificate must be signed by the CA in fjord.tls_ca_file and name the host in fjord.pageserver_address."
                 );
-                unreachable!("ereport at ERROR does not return");
+                unreachable!("ereport(ERROR) does not return")
             }
             Err(Failure { message, .. }) => last_error = message,
         }

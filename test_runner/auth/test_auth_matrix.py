@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import struct
 import urllib.error
 import urllib.request
@@ -26,6 +27,7 @@ from fixtures.auth import KeyPair
 from fixtures.compute import Timeline
 from fixtures.pageserver import Pageserver
 from fixtures.pagestream import ERROR_CODES, PROTOCOL_VERSION, RelTag, frame, lsn_int
+from fixtures.pagestream import connect as pagestream_connect
 from fixtures.postgres import free_port
 from fixtures.safekeeper import Safekeeper
 
@@ -192,7 +194,7 @@ def recv_exact(s: socket.socket, n: int) -> bytes | None:
     while len(buf) < n:
         try:
             chunk = s.recv(n - len(buf))
-        except ConnectionResetError:
+        except (ConnectionResetError, ssl.SSLEOFError):
             return None
         if not chunk:
             return None
@@ -212,7 +214,7 @@ def recv_frame(s: socket.socket, length_counts_itself: bool = False) -> tuple[by
 
 def pagestream_outcome(ps: Pageserver, tl: Timeline, row: matrix.Row, token: str, lsn: int) -> tuple[str, str]:
     name = row.operation.split()[0]
-    with socket.create_connection(("127.0.0.1", ps.pg_port), timeout=30) as s:
+    with pagestream_connect(ps.host, ps.pg_port, getattr(ps, "tls", None)) as s:
         def request() -> None:
             tag, body, _ = PAGESTREAM_REQUESTS[name]
             s.sendall(frame(tag, struct.pack(">QQQ", 1, lsn, lsn) + body))

@@ -327,8 +327,9 @@ class Soak:
     def measure_getpage(self, lsn: int) -> dict:
         out = {}
         try:
+            ca = self.repo.path / "tls" / "ca.crt"  # `fjord init` makes it unless --no-tls
             client = PageServiceClient("127.0.0.1", self.repo.base_port, self.tenant, self.timeline, timeout_s=300,
-                                      token=self.repo.admin_token() or "")
+                                      token=self.repo.admin_token() or "", ca=ca if ca.exists() else None)
         except (OSError, ConnectionError) as e:
             self.cluster.check_alive()
             return {"error": f"page service: {e}"}

@@ -46,7 +46,7 @@ def heap_ids(page: bytes) -> list[int]:
 
 
 def ids_in_pageserver(ps, rel: RelTag, lsn: int) -> list[int]:
-    client = PageServiceClient("127.0.0.1", ps.pg_port, TENANT, TIMELINE)
+    client = PageServiceClient.of(ps, TENANT, TIMELINE)
     ids = [i for blk in range(client.nblocks(rel, lsn)) for i in heap_ids(client.get_page(rel, blk, lsn))]
     client.close()
     return sorted(ids)

@@ -43,7 +43,7 @@ def compare_relation(ps, pg, relname: str, lsn: int, items_fn: str) -> int:
         "pg_relation_filenode(%s), pg_relation_size(%s) / 8192", relname, relname,
     )[0]
     rel = RelTag(1663, dboid, relfilenode)
-    client = PageServiceClient("127.0.0.1", ps.pg_port, TENANT, TIMELINE)
+    client = PageServiceClient.of(ps, TENANT, TIMELINE)
     assert client.nblocks(rel, lsn) == nblocks, relname
     with pg.connect() as conn:
         for blk in range(nblocks):

@@ -474,7 +474,8 @@ fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path) 
         pageserver_pg: args.pageserver_pg.clone(),
         tenant_id: args.tenant,
         timeline_id: args.timeline,
-        tls_ca_file: args.client_tls.as_ref().map(|t| t.ca_path().display().to_string()),
+        // Absolute: postgres reads it with the data directory as its working directory.
+        tls_ca_file: args.client_tls.as_ref().map(|t| absolute(t.ca_path()).map(|p| p.display().to_string())).transpose()?,
         shared_buffers: args.shared_buffers.clone(),
         static_lsn: args.lsn,
         replica_conninfo: match safekeepers {

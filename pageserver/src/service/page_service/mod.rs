@@ -240,12 +240,19 @@ impl PageService {
         self.serve(stream, peer)
     }
 
-    /// Runs the protocol over `stream` (plain TCP, or TLS over it) until the client goes.
+    /// Runs the protocol over `stream` (plain TCP, or TLS over it) until the client goes
+    /// or the connection is refused, then closes it (a TLS stream with `close_notify`, so
+    /// that the client can tell the end from a cut).
     fn serve<S: Transport>(&self, stream: S, peer: &str) -> Result<(), ConnectionError> {
         let mut conn = Conn { reader: BufReader::with_capacity(64 * 1024, stream), out: Vec::with_capacity(64 * 1024) };
+        let result = self.run_protocol(&mut conn, peer);
+        conn.reader.get_mut().close();
+        result
+    }
 
+    fn run_protocol<S: Transport>(&self, conn: &mut Conn<S>, peer: &str) -> Result<(), ConnectionError> {
         // The handshake.
-        let first = match read_request(&mut conn) {
+        let first = match read_request(conn) {
             Ok(Some(first)) => first,
             Ok(None) => return Ok(()),
             Err(ConnectionError::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
@@ -262,12 +269,12 @@ impl PageService {
             Request::Hello { protocol_version, .. } => {
                 let msg =
                     format!("unsupported page service protocol version {protocol_version}; this pageserver speaks {PROTOCOL_VERSION}");
-                send_error(&mut conn, 0, ErrorCode::Protocol, &msg)?;
+                send_error(conn, 0, ErrorCode::Protocol, &msg)?;
                 return Err(ConnectionError::Protocol(msg));
             }
             other => {
                 let msg = format!("expected Hello as the first message, got request {}", other.id());
-                send_error(&mut conn, 0, ErrorCode::Protocol, &msg)?;
+                send_error(conn, 0, ErrorCode::Protocol, &msg)?;
                 return Err(ConnectionError::Protocol(msg));
             }
         };
@@ -280,13 +287,13 @@ impl PageService {
             if let Err(e) = verifier.authorize(Some(&token), access) {
                 on_refusal(e.reason());
                 tracing::warn!(peer, tenant_id = %tenant_id, timeline_id = %timeline_id, reason = e.reason(), "page service refused a client: {e}");
-                send_error(&mut conn, 0, ErrorCode::Unauthorized, &e.to_string())?;
+                send_error(conn, 0, ErrorCode::Unauthorized, &e.to_string())?;
                 return Ok(());
             }
         }
         let Some(api) = self.page_api(tenant_id, timeline_id) else {
             let msg = format!("tenant {tenant_id} timeline {timeline_id} is not served by this pageserver");
-            send_error(&mut conn, 0, ErrorCode::NotFound, &msg)?;
+            send_error(conn, 0, ErrorCode::NotFound, &msg)?;
             return Ok(());
         };
         let span = tracing::info_span!("page_service", tenant_id = %tenant_id, timeline_id = %timeline_id);
@@ -296,12 +303,12 @@ impl PageService {
         conn.reader.get_ref().tcp().set_read_timeout(None)?;
 
         loop {
-            let Some(first) = read_request(&mut conn)? else { return Ok(()) };
+            let Some(first) = read_request(conn)? else { return Ok(()) };
             // Requests the client already sent behind this one (a pipelining client's
             // readahead) are served together, on up to `parallelism()` threads.
             let mut batch = vec![first];
             while batch.len() < BATCH_MAX && conn.input_waiting() {
-                match read_request(&mut conn)? {
+                match read_request(conn)? {
                     Some(req) => batch.push(req),
                     None => break,
                 }
@@ -316,7 +323,7 @@ impl PageService {
             conn.write_out()?;
             if hello.is_some() {
                 let msg = "Hello may only be sent once, as the first message";
-                send_error(&mut conn, 0, ErrorCode::Protocol, msg)?;
+                send_error(conn, 0, ErrorCode::Protocol, msg)?;
                 return Err(ConnectionError::Protocol(msg.into()));
             }
             // Flush unless the client already sent the next request.
@@ -454,6 +461,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 trait Transport: Read + Write {
     /// The TCP connection underneath (for its timeouts).
     fn tcp(&self) -> &TcpStream;
+
+    /// Says goodbye before the connection is dropped (errors ignored: it is ending anyway).
+    fn close(&mut self) {}
 }
 
 impl Transport for TcpStream {
@@ -466,6 +476,13 @@ impl Transport for TcpStream {
 impl Transport for tls::ServerStream {
     fn tcp(&self) -> &TcpStream {
         &self.sock
+    }
+
+    fn close(&mut self) {
+        self.conn.send_close_notify();
+        // A client that stopped reading must not keep the thread.
+        let _ = self.sock.set_write_timeout(Some(Duration::from_secs(1)));
+        while self.conn.wants_write() && self.conn.write_tls(&mut self.sock).is_ok_and(|n| n > 0) {}
     }
 }
 

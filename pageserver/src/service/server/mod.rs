@@ -270,7 +270,8 @@ impl Pageserver {
         BackgroundJobs::start(Arc::clone(&self.jobs), self.conf.background_job_period()).map(Some)
     }
 
-    /// Starts the page service on its configured address.
+    /// Starts the page service on its configured address (TLS with the configured
+    /// certificate, if any).
     pub fn start_page_service(&self) -> anyhow::Result<PageServiceHandle> {
         let listener = TcpListener::bind(self.conf.listen_pg_addr)
             .with_context(|| format!("listen for the page service on {}", self.conf.listen_pg_addr))?;
@@ -279,6 +280,10 @@ impl Pageserver {
         if let Some(verifier) = &self.auth {
             let metrics = Arc::clone(&self.metrics);
             service = service.with_auth(Arc::clone(verifier), Arc::new(move |reason| metrics.auth_refused("page_service", reason)));
+        }
+        if let Some(server_tls) = &self.conf.tls.server {
+            let metrics = Arc::clone(&self.metrics);
+            service = service.with_tls(server_tls.config(), Arc::new(move |reason| metrics.tls_refused("page_service", reason)));
         }
         let service = Arc::new(service);
         Ok(service.start(listener)?)
