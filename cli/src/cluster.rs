@@ -243,6 +243,7 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<bool> {
     if repo.token(&auth::Claims::admin()).is_some() {
         cmd.arg("--auth-public-key").arg(repo.public_key_path());
     }
+    cmd.arg("--no-tls");
     // Further pageserver settings (`pageserver --print-config` lists them) go in
     // pageserver.toml in the repo; the flags above win over it.
     let extra = repo.dir.join(PAGESERVER_TOML);
@@ -334,6 +335,7 @@ pub fn start_safekeeper(repo: &Repo, id: u8) -> anyhow::Result<()> {
         .args(["--listen", &conf.safekeeper_addr(id), "--http", &format!("127.0.0.1:{}", conf.safekeeper_http_port(id))])
         .current_dir(&repo.dir);
     with_auth(repo, &mut cmd, &auth::Claims::storage());
+    cmd.arg("--no-tls");
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }

@@ -6,10 +6,11 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 
-use crate::{ClientTls, ServerTls};
+use crate::{ClientTls, ServerTls, Tls};
 
 const SERVER_NEEDS: &str =
     "give --tls-cert FILE and --tls-key FILE (fjord init makes them in REPO/tls/), or --no-tls to serve in cleartext";
+const BOTH_NEED: &str = "give --tls-cert FILE, --tls-key FILE and --tls-ca FILE (fjord init makes them in REPO/tls/), or --no-tls to serve and connect in cleartext";
 const CLIENT_NEEDS: &str = "give --tls-ca FILE (the cluster CA, REPO/tls/ca.crt), or --no-tls to connect in cleartext";
 
 /// A server's flags: its certificate and key, or `--no-tls`.
@@ -114,17 +115,17 @@ impl ClientArgs {
 }
 
 impl ServerClientArgs {
-    /// Both sides' TLS, or `(None, None)` with `--no-tls`.
-    pub fn load(&self) -> Result<(Option<ServerTls>, Option<ClientTls>)> {
+    /// Both sides' TLS, or neither with `--no-tls`.
+    pub fn load(&self) -> Result<Tls> {
         if self.no_tls && self.tls_cert.is_none() && self.tls_key.is_none() && self.tls_ca.is_none() {
-            return Ok((None, None));
+            return Ok(Tls::default());
         }
         if !self.no_tls && self.tls_ca.is_none() {
-            bail!("TLS is required: {SERVER_NEEDS}, with --tls-ca FILE (the cluster CA) for the services it calls");
+            bail!("TLS is required: {BOTH_NEED}");
         }
         let server = server(&self.tls_cert, &self.tls_key, self.no_tls)?;
         let client = client(&self.tls_ca, self.no_tls)?;
-        Ok((server, client))
+        Ok(Tls { server, client })
     }
 
     /// The same flags as arguments for a child process.

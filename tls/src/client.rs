@@ -29,6 +29,12 @@ impl std::fmt::Debug for ClientTls {
     }
 }
 
+impl PartialEq for ClientTls {
+    fn eq(&self, other: &ClientTls) -> bool {
+        self.ca_path == other.ca_path
+    }
+}
+
 /// Why a TLS connection could not be made. The address is the server's; callers add
 /// which service it is (`.context("connect to the pageserver")`).
 #[derive(Debug, thiserror::Error)]

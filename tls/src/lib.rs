@@ -22,5 +22,15 @@ pub use detect::looks_like_tls;
 pub use rustls;
 pub use server::{accept, accept_or_plaintext, AcceptError, Accepted, ServerStream, ServerTls, EXPIRY_METRIC};
 
+/// A service's TLS on both sides, for configurations that carry it: its server
+/// certificate (`None`: it serves in cleartext) and its trust in the cluster CA for the
+/// services it calls (`None`: it calls them in cleartext). Equal when loaded from the
+/// same files.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Tls {
+    pub server: Option<ServerTls>,
+    pub client: Option<ClientTls>,
+}
+
 #[cfg(test)]
 mod tests;

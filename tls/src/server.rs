@@ -77,6 +77,12 @@ impl std::fmt::Debug for ServerTls {
     }
 }
 
+impl PartialEq for ServerTls {
+    fn eq(&self, other: &ServerTls) -> bool {
+        self.inner.cert_path == other.inner.cert_path && self.inner.key_path == other.inner.key_path
+    }
+}
+
 /// What one look at the files found.
 enum Reload {
     Unchanged,

@@ -389,9 +389,8 @@ fn the_flags_take_exactly_one_of_tls_or_no_tls() {
     assert!(format!("{bad:#}").contains("holds no PEM certificate"), "{bad:#}");
 
     assert!(Both::try_parse_from(["b"]).unwrap().tls.load().is_err());
-    let (s, c) = Both::try_parse_from(["b", "--no-tls"]).unwrap().tls.load().unwrap();
-    assert!(s.is_none() && c.is_none());
+    assert_eq!(Both::try_parse_from(["b", "--no-tls"]).unwrap().tls.load().unwrap(), Tls::default());
     assert!(Both::try_parse_from(["b", "--tls-cert", cert, "--tls-key", key]).is_err());
-    let (s, c) = Both::try_parse_from(["b", "--tls-cert", cert, "--tls-key", key, "--tls-ca", ca_file]).unwrap().tls.load().unwrap();
-    assert!(s.is_some() && c.is_some());
+    let both = Both::try_parse_from(["b", "--tls-cert", cert, "--tls-key", key, "--tls-ca", ca_file]).unwrap().tls.load().unwrap();
+    assert!(both.server.is_some() && both.client.is_some());
 }

@@ -46,6 +46,10 @@ struct Args {
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
+    /// TLS: this pageserver's certificate and key, and the cluster CA for the
+    /// safekeepers it streams WAL from; or --no-tls.
+    #[command(flatten)]
+    tls: tls::args::ServerClientArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -88,6 +92,18 @@ fn main() -> anyhow::Result<()> {
     // SAFETY: a plain libc call.
     if unsafe { libc::geteuid() } == 0 {
         anyhow::bail!("cannot run the pageserver as root: its WAL redo processes are postgres, which refuses root");
+    }
+    conf.tls = args.tls.load().context("load TLS (--tls-cert, --tls-key, --tls-ca)")?;
+    match &conf.tls.server {
+        Some(server) => {
+            server.start_reloader();
+            tracing::info!(
+                "TLS is on: certificate {}, cluster CA {}",
+                server.cert_path().display(),
+                conf.tls.client.as_ref().map(|c| c.ca_path().display().to_string()).unwrap_or_default()
+            );
+        }
+        None => tracing::warn!("TLS is off (--no-tls): pages, WAL and tokens travel in cleartext"),
     }
 
     layerstore::layer::block_cache::set_capacity_bytes(conf.block_cache_bytes);
