@@ -54,10 +54,9 @@ pub struct SafekeeperConfig {
     /// request (but `/metrics` and `/v1/status`) needs a token this verifier accepts and
     /// that grants what it asks ([`access`]). `None`: trust, as before tokens existed.
     pub auth: Option<auth::Verifier>,
-    /// TLS on the `--listen` port (`--tls-cert`/`--tls-key`): every client asks for it with
-    /// PostgreSQL's `SSLRequest` first, and one that does not is refused
-    /// ([`server`]). The configuration's certificate resolver hands out the current
-    /// certificate, so a reload needs no change here. `None` (`--no-tls`): plain TCP.
+    /// TLS (`--tls-cert` and `--tls-key`, or `--no-tls`): the certificate of the
+    /// safekeeper port (after an `SSLRequest`; a client that sends none is refused, see
+    /// [`server`]) and the HTTP API. `None`: cleartext.
     pub tls: Option<tls::ServerTls>,
 }
 

@@ -60,7 +60,6 @@ impl Node {
             .args(["--id", "7", "--data-dir"])
             .arg(data_dir)
             .args(["--listen", &format!("127.0.0.1:{port}"), "--http", &format!("127.0.0.1:{http_port}")])
-            // TLS is tested in `walproposer/tests/tls.rs` and by pytest.
             .arg("--no-tls")
             .args(extra_args)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))

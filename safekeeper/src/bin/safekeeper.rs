@@ -38,8 +38,7 @@ struct Args {
     /// anyone who reaches the ports may do anything.
     #[arg(long, value_name = "PATH")]
     auth_public_key: Option<PathBuf>,
-    /// TLS: with --tls-cert and --tls-key, every client of --listen must ask for TLS
-    /// (PostgreSQL's SSLRequest; libpq's sslmode=verify-full) and is refused otherwise.
+    /// TLS: this safekeeper's certificate and key, or --no-tls.
     #[command(flatten)]
     tls: tls::args::ServerArgs,
 }
@@ -69,9 +68,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         Some(path) => Some(auth::Verifier::load(path).context("load the public key of --auth-public-key")?),
         None => None,
     };
-    let tls = args.tls.load().context("load the TLS certificate and key")?;
+    let tls = args.tls.load().context("load TLS (--tls-cert, --tls-key)")?;
     if let Some(tls) = &tls {
-        // Replaced files are picked up by new handshakes; open connections keep theirs.
         tls.start_reloader();
     }
     let config = safekeeper::SafekeeperConfig { wal_removal: !args.no_wal_removal, auth, tls: tls.clone(), ..Default::default() };

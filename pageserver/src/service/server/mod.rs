@@ -683,7 +683,9 @@ impl Pageserver {
             old.stop();
         }
         let gate = self.ingest_gate(tenant, timeline);
-        receivers.insert((tenant, timeline), WalReceiver::start(t, gate, Arc::clone(&self.reconstructor), sources));
+        // Over TLS with the cluster CA (`--tls-ca`); cleartext with `--no-tls`.
+        let tls = self.conf.tls.client.clone();
+        receivers.insert((tenant, timeline), WalReceiver::start_with_tls(t, gate, Arc::clone(&self.reconstructor), sources, tls));
     }
 
     fn ingest_gate(&self, tenant: TenantId, timeline: TimelineId) -> Arc<IngestGate> {
