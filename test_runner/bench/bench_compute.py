@@ -307,24 +307,17 @@ def cold_scan(base: Path, ps: Pageserver, tl: Timeline, sks: list, settings: dic
     return cold, warm, smgr, dropped
 
 
-def service_tls_kw(tls: bool) -> dict:
-    """The Pageserver, Safekeeper and Endpoint fixtures' arguments for TLS on or off."""
-    if tls:
-        raise SystemExit("this build has no TLS")
-    return {}
-
-
 def fjord_tls_off_suite(base: Path, a, settings: dict) -> dict:
     """pgbench -i, read-write and select-only on a second cluster with TLS off, settled as
     the first."""
     base = base / "tls-off"
-    ps = Pageserver(base, **service_tls_kw(False)).start()
-    sks = [Safekeeper(base / "safekeepers", i, **service_tls_kw(False)).start() for i in (1, 2, 3)]
+    ps = Pageserver(base, tls=False).start()
+    sks = [Safekeeper(base / "safekeepers", i, tls=False).start() for i in (1, 2, 3)]
     ep = None
     try:
         tl = Timeline(base, ps)
         ep = Endpoint(base, tl, settings={k: v for k, v in settings.items() if k != "fsync"}, safekeepers=sks,
-                      **service_tls_kw(False)).start()
+                      tls=False).start()
         return run_suite("fjord, TLS off", ep.port, ep.user, a, settle=lambda: settle_fjord(ep, ps, tl))
     finally:
         if ep:
@@ -368,13 +361,13 @@ def main() -> None:
                   f"the OS cache), warm {plain_res['warm_scan_s']} s", flush=True)
         finally:
             plain.stop("fast")
-        ps = Pageserver(base, **service_tls_kw(tls)).start()
-        sks = [Safekeeper(base / "safekeepers", i, **service_tls_kw(tls)).start() for i in (1, 2, 3)]
+        ps = Pageserver(base, tls=tls).start()
+        sks = [Safekeeper(base / "safekeepers", i, tls=tls).start() for i in (1, 2, 3)]
         ep = None
         try:
             tl = Timeline(base, ps)
             ep = Endpoint(base, tl, settings={k: v for k, v in settings.items() if k != "fsync"}, safekeepers=sks,
-                          **service_tls_kw(tls)).start()
+                          tls=tls).start()
             def throttled() -> dict:
                 # Backpressure (fjord.max_pageserver_lag): commits held back while the
                 # pageserver's ingest was behind, during the load.

@@ -39,23 +39,11 @@ def percentile(sorted_us: list[float], q: float) -> float:
     return sorted_us[min(len(sorted_us) - 1, int(q * len(sorted_us)))]
 
 
-def pageserver_tls_kw(tls: bool) -> dict:
-    """The Pageserver fixture's arguments for TLS on or off."""
-    if tls:
-        raise SystemExit("the page service has no TLS in this build")
-    return {}
-
-
-def client_tls_kw(tls: bool) -> dict:
-    """PageServiceClient's arguments for TLS on or off."""
-    return {}
-
-
 def measure(base: Path, pgdata: Path, rel: RelTag, nblocks: int, samples: int, tls: bool) -> dict:
     """Imports `pgdata` into a new pageserver with TLS on or off and reads `samples` random
     blocks of `rel` after as many warm-up reads; the latencies in microseconds."""
     name = "tls-on" if tls else "tls-off"
-    ps = Pageserver(base / name, **pageserver_tls_kw(tls)).start()
+    ps = Pageserver(base / name, tls=tls).start()
     try:
         tenant, timeline = uuid.uuid4().hex, uuid.uuid4().hex
         ps.http("POST", "/v1/tenant", {"tenant_id": tenant})
@@ -64,7 +52,7 @@ def measure(base: Path, pgdata: Path, rel: RelTag, nblocks: int, samples: int, t
         lsn = lsn_int(ps.http("GET", f"/v1/tenant/{tenant}/timeline/{timeline}")["last_record_lsn"])
         rng = random.Random(1)
         t0 = time.monotonic()
-        client = PageServiceClient("127.0.0.1", ps.pg_port, tenant, timeline, **client_tls_kw(tls))
+        client = PageServiceClient.of(ps, tenant, timeline)
         connect_ms = (time.monotonic() - t0) * 1000
         try:
             for _ in range(samples):

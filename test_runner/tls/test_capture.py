@@ -21,7 +21,6 @@ replica, with tiny caches, reads it from the pageserver.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import secrets
 import subprocess
@@ -37,9 +36,6 @@ from fixtures.pageserver import Pageserver
 from fixtures.paths import pg_bin_dir
 from fixtures.postgres import wait_until
 from fixtures.safekeeper import Safekeeper
-
-# The TLS-on half needs the services' TLS (fixtures/tls.py comes with it).
-HAVE_TLS = importlib.util.find_spec("fixtures.tls") is not None
 
 # PostgreSQL's SSLRequest (length 8, code 80877103) and GSSENCRequest (code 80877104),
 # which libpq may try first and the server refuses with `N`.
@@ -119,10 +115,7 @@ assert got == data, len(got)
 
 @pytest.fixture(params=["tls-off", "tls-on"])
 def tls(request) -> bool:
-    on = request.param == "tls-on"
-    if on and not HAVE_TLS:
-        pytest.skip("the services have no TLS yet (no fixtures/tls.py)")
-    return on
+    return request.param == "tls-on"
 
 
 def pgbench(ep: Endpoint, *args: str) -> str:
@@ -149,11 +142,11 @@ def test_a_cluster_sends_no_token_page_or_wal_record_in_cleartext(tmp_path, tls,
         capture = net.capture()
 
         admin = keys.admin()
-        ps = Pageserver(tmp_path, auth_public_key=keys.public_path, **ps_host.service_kw())
+        ps = Pageserver(tmp_path, auth_public_key=keys.public_path, tls=tls, **ps_host.service_kw())
         ps.token = admin
         ps.start()
         for i, h in enumerate(sk_hosts, start=1):
-            sk = Safekeeper(tmp_path / "safekeepers", i, auth_public_key=keys.public_path, **h.service_kw())
+            sk = Safekeeper(tmp_path / "safekeepers", i, auth_public_key=keys.public_path, tls=tls, **h.service_kw())
             sk.token = admin
             sks.append(sk.start())
         tl = Timeline(tmp_path, ps)
