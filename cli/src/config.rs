@@ -54,6 +54,12 @@ pub struct RepoConfig {
     /// unless told `--no-auth`; absent (false) in repos made before authentication existed.
     #[serde(default)]
     pub auth: bool,
+    /// Whether every link is TLS, with the files in `tls/` (the cluster CA and a
+    /// certificate per service). `fjord init` turns it on unless told `--no-tls`; absent
+    /// in repos made before TLS existed, whose services then run with `--no-tls` (said in
+    /// a log line when they start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<bool>,
 }
 
 impl RepoConfig {
@@ -66,6 +72,7 @@ impl RepoConfig {
             remote_storage: None,
             layer_disk_budget_bytes: None,
             auth: false,
+            tls: None,
         };
         conf.validate()?;
         Ok(conf)
