@@ -159,16 +159,6 @@ impl Repo {
         }
     }
 
-    /// The trust in the repo's cluster CA, `REPO/tls/ca.crt` (`fjord init` makes it), for
-    /// the CLI's own calls to the services' APIs; `None` for a repo without one (`--no-tls`).
-    pub fn client_tls(&self) -> anyhow::Result<Option<tls::ClientTls>> {
-        let ca = self.dir.join("tls").join("ca.crt");
-        if !ca.exists() {
-            return Ok(None);
-        }
-        tls::ClientTls::load(&ca).map(Some)
-    }
-
     /// The client of this repo's pageserver.
     pub fn api(&self) -> Client {
         let config = ClientConfig {
