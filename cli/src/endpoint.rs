@@ -171,7 +171,7 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     for s in &args.settings {
         cmd.arg("-c").arg(s);
     }
-    cmd.arg("--no-tls");
+    cmd.args(repo.client_tls_args("compute_ctl"));
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }

@@ -24,6 +24,13 @@ pub use detect::looks_like_tls;
 pub use rustls;
 pub use server::{accept, accept_or_plaintext, AcceptError, Accepted, ServerStream, ServerTls, EXPIRY_METRIC};
 
+/// When the (first) certificate in a PEM file expires.
+pub fn cert_not_after(path: &std::path::Path) -> anyhow::Result<std::time::SystemTime> {
+    let certs = files::read_certs(path)?;
+    let secs = server::not_after_of(&certs[0])?;
+    Ok(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs.max(0) as u64))
+}
+
 /// A service's TLS on both sides, for configurations that carry it: its server
 /// certificate (`None`: it serves in cleartext) and its trust in the cluster CA for the
 /// services it calls (`None`: it calls them in cleartext). Equal when loaded from the
