@@ -119,8 +119,17 @@ impl RepoConfig {
         format!("127.0.0.1:{}", self.pageserver_pg_port())
     }
 
+    /// `https` with TLS on: every HTTP API then serves nothing else.
+    fn http_scheme(&self) -> &'static str {
+        if self.tls == Some(true) {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     pub fn pageserver_http_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.pageserver_http_port())
+        format!("{}://127.0.0.1:{}", self.http_scheme(), self.pageserver_http_port())
     }
 
     /// The ports endpoints may use, lowest first.
@@ -164,7 +173,7 @@ impl RepoConfig {
     }
 
     pub fn safekeeper_http_url(&self, id: u8) -> String {
-        format!("http://127.0.0.1:{}", self.safekeeper_http_port(id))
+        format!("{}://127.0.0.1:{}", self.http_scheme(), self.safekeeper_http_port(id))
     }
 
     /// Every safekeeper's address, comma-separated, as compute_ctl takes them.
@@ -196,6 +205,9 @@ mod tests {
         assert_eq!(c.pageserver_pg_port(), 15000);
         assert_eq!(c.pageserver_http_port(), 15001);
         assert_eq!(c.pageserver_http_url(), "http://127.0.0.1:15001");
+        let tls = RepoConfig { tls: Some(true), ..conf(15000) };
+        assert_eq!(tls.pageserver_http_url(), "https://127.0.0.1:15001");
+        assert_eq!(tls.safekeeper_http_url(2), "https://127.0.0.1:15005");
         assert_eq!(c.endpoint_ports(), 15010..15100);
         assert_eq!((c.safekeeper_port(1), c.safekeeper_http_port(1)), (15002, 15003));
         assert_eq!((c.safekeeper_port(3), c.safekeeper_http_port(3)), (15006, 15007));

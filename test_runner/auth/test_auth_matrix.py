@@ -84,7 +84,7 @@ def http_call(service: Pageserver | Safekeeper, method: str, path: str, body: di
         headers["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(f"{service.http_url}{path}", data=data, method=method, headers=headers)
     try:
-        with https.urlopen(req, service.tls_ca, timeout=60, opener=service.urlopen) as resp:
+        with https.urlopen(req, service.tls, timeout=60, opener=service.urlopen) as resp:
             return resp.status, resp.read().decode(errors="replace"), None
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace"), e.headers.get("WWW-Authenticate")

@@ -162,7 +162,7 @@ def settle_fjord(ep: Endpoint, ps: Pageserver, tl: Timeline) -> None:
     for _ in range(100):
         req = urllib.request.Request(f"{ps.http_url}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/compact",
                                      method="POST", data=b"{}", headers={"Content-Type": "application/json"})
-        if json.loads(https.urlopen(req, ps.tls_ca, timeout=600).read())["image_ranges_deferred"] == 0:
+        if json.loads(https.urlopen(req, ps.tls, timeout=600).read())["image_ranges_deferred"] == 0:
             return
     raise RuntimeError("the pageserver still had deep key ranges to rebuild after 100 compaction passes")
 
@@ -246,7 +246,7 @@ def ps_checkpoint(ps: Pageserver, tl: Timeline) -> None:
     """Flushes the pageserver's in-memory layer to a file, so that the scan reads files."""
     req = urllib.request.Request(f"{ps.http_url}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/checkpoint",
                                  method="POST", data=b"")
-    https.urlopen(req, ps.tls_ca, timeout=300).read()
+    https.urlopen(req, ps.tls, timeout=300).read()
 
 
 def ps_image_layers(ps: Pageserver, tl: Timeline) -> float:
@@ -257,14 +257,14 @@ def ps_image_layers(ps: Pageserver, tl: Timeline) -> float:
     req = urllib.request.Request(f"{ps.http_url}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/compact",
                                  method="POST", data=json.dumps({"force_image_layers": True}).encode(),
                                  headers={"Content-Type": "application/json"})
-    https.urlopen(req, ps.tls_ca, timeout=600).read()
+    https.urlopen(req, ps.tls, timeout=600).read()
     return round(time.monotonic() - t0, 1)
 
 
 def ps_metrics(ps: Pageserver) -> dict:
     """The pageserver's GetPage totals from /metrics: the count and the sums of the seconds,
     layers visited and records replayed."""
-    text = https.urlopen(f"{ps.http_url}/metrics", ps.tls_ca, timeout=30).read().decode()
+    text = https.urlopen(f"{ps.http_url}/metrics", ps.tls, timeout=30).read().decode()
     out = {}
     for line in text.splitlines():
         m = re.match(r"pageserver_getpage_(seconds|layers_visited|records_replayed)_(sum|count) ([0-9.e+-]+)$", line)

@@ -57,7 +57,7 @@ def test_init_start_tenant_branch_status_stop(repo_factory):
     assert "already exists" in repo.fail("init", "--base-port", str(repo.base_port), "--pg-bin-dir", str(pg_bin_dir()))
 
     out = repo.run("start").stdout
-    assert f"page service 127.0.0.1:{repo.base_port}" in out and f"http://127.0.0.1:{repo.base_port + 1}" in out
+    assert f"page service 127.0.0.1:{repo.base_port}" in out and repo.http_url() in out
     assert "already running" in repo.run("start").stdout
     assert repo.http_json("/v1/status")["status"] == "ok"
 

@@ -110,7 +110,7 @@ def test_confirmed_wal_survives_kill_9(pageserver, pg_factory):
 
     # A basebackup at the last record LSN.
     url = f"{pageserver.http_url}/v1/tenant/{TENANT}/timeline/{TIMELINE}/basebackup"
-    with https.urlopen(url, pageserver.tls_ca, timeout=60) as resp:
+    with https.urlopen(url, pageserver.tls, timeout=60) as resp:
         assert resp.headers["Content-Type"] == "application/x-tar"
         bb_lsn = resp.headers["X-Fjord-Lsn"]
         tar = tarfile.open(fileobj=io.BytesIO(resp.read()))

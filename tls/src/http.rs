@@ -64,6 +64,8 @@ pub async fn serve(listener: TcpListener, router: Router, https: Option<Https>, 
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(connection) => connection,
+                // A client that gave up before it was accepted: nothing to serve.
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset) => continue,
                 Err(e) => {
                     // Out of file descriptors and the like: the listener stays, and a
                     // pause keeps the loop from spinning on it.
