@@ -55,9 +55,11 @@ def test_clients_without_tls_or_trust_are_refused_and_the_cluster_served(tmp_pat
         psycopg.connect(**{**conninfo, "host": "sk.elsewhere.example", "hostaddr": "127.0.0.1"},
                         sslmode="verify-full", sslrootcert=str(sk.tls))
 
+    # Counted: the two without TLS, and the handshake the other CA's client aborted (libpq
+    # checks the host name after a completed handshake, and then just closes).
     wait_until("the refusals to be counted", lambda: (
-        (now := sk.tls_failures())["plaintext"] >= before["plaintext"] + 2 and now["handshake"] >= before["handshake"] + 2))
-    assert sk.log_text().count("refused a connection to the TLS port") >= 4, sk.log_tail()
+        (now := sk.tls_failures())["plaintext"] >= before["plaintext"] + 2 and now["handshake"] >= before["handshake"] + 1))
+    assert sk.log_text().count("refused a connection to the TLS port") >= 3, sk.log_tail()
     # The cluster is served all along: the compute commits, and a client with the CA streams.
     ep.sql("INSERT INTO t VALUES (1)")
     assert ep.sql("SELECT count(*) FROM t")[0][0] == 1
