@@ -16,11 +16,11 @@
 //! WARN with the client's address and counted in `safekeeper_tls_handshake_failures_total`;
 //! they end only that connection.
 
+use bytes::BytesMut;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -101,10 +101,7 @@ enum NoTls {
 async fn dispatch_tls(stream: TcpStream, peer: SocketAddr, config: Arc<rustls::ServerConfig>, sk: Arc<Safekeeper>) -> anyhow::Result<()> {
     let opened = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, open_tls(stream, config)).await {
         Ok(r) => r,
-        Err(_) => Err(NoTls::Failed(
-            "timeout",
-            format!("did not ask for TLS and complete the handshake within {TLS_HANDSHAKE_TIMEOUT:?}"),
-        )),
+        Err(_) => Err(NoTls::Failed("timeout", format!("did not ask for TLS and complete the handshake within {TLS_HANDSHAKE_TIMEOUT:?}"))),
     };
     match opened {
         Ok((stream, first)) => route(stream, first, vec![first], peer, sk).await,

@@ -141,8 +141,9 @@ fn clients_without_tls_or_trust_are_refused_and_others_served() {
     tls::ca::Ca::create(other_ca_dir.path()).unwrap();
     let sync = |config: Config| sync_safekeepers(&Config { wal_start: Lsn(0), wal_dir: None, ..config }, Duration::from_secs(3));
     let reasons = |config: Config| {
-        let p = WalProposer::start(Config { wal_start: Lsn(SEGMENT_BYTES), wal_dir: Some("/nonexistent".into()), ..config }, Arc::new(|_| {}))
-            .unwrap();
+        let p =
+            WalProposer::start(Config { wal_start: Lsn(SEGMENT_BYTES), wal_dir: Some("/nonexistent".into()), ..config }, Arc::new(|_| {}))
+                .unwrap();
         let mut states = Vec::new();
         wait_until("every connection reports why it is down", Duration::from_secs(30), || {
             states = p.connections().into_iter().filter_map(|(_, why)| why).filter(|why| why != "not connected yet").collect();

@@ -483,7 +483,14 @@ fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path) 
                 let hosts: Vec<(String, u16)> = list.iter().map(|s| (s.host.clone(), s.port)).collect();
                 {
                     let ca = args.client_tls.as_ref().map(|t| t.ca_path().display().to_string());
-                    Some(pgconf::replica_conninfo(&hosts, args.tenant, args.timeline, &args.name, args.auth_token.as_deref(), ca.as_deref()))
+                    Some(pgconf::replica_conninfo(
+                        &hosts,
+                        args.tenant,
+                        args.timeline,
+                        &args.name,
+                        args.auth_token.as_deref(),
+                        ca.as_deref(),
+                    ))
                 }
             }
             _ => None,

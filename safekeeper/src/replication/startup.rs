@@ -243,7 +243,9 @@ pub(super) async fn authenticate(
         PgError::fatal(code, e.to_string())
     };
     message(&mut conn.out, b'R', |b| b.put_u32(AUTH_REQ_PASSWORD));
-    super::write_flush(&mut conn.write, &conn.out).await.map_err(|e| PgError::fatal(sqlstate::CONNECTION_FAILURE, format!("write to the client: {e}")))?;
+    super::write_flush(&mut conn.write, &conn.out)
+        .await
+        .map_err(|e| PgError::fatal(sqlstate::CONNECTION_FAILURE, format!("write to the client: {e}")))?;
     conn.out.clear();
     let read = conn.read.as_mut().expect("the reader is taken only after the startup");
     let password = match read_password(read).await? {
