@@ -33,7 +33,8 @@ def compute_ctl_args(tl: Timeline, pgdata: Path, port: int, *extra: str, tenant:
     return [
         str(fjord_bin_dir() / "compute_ctl"), "--pgdata", str(pgdata), "--pg-bin-dir", str(pg_bin_dir()),
         "--pageserver-http", f"http://127.0.0.1:{tl.ps.http_port}", "--pageserver-pg", f"127.0.0.1:{tl.ps.pg_port}",
-        "--tenant", tenant or tl.tenant, "--timeline", tl.timeline, "--port", str(port), "--no-tls", *extra,
+        "--tenant", tenant or tl.tenant, "--timeline", tl.timeline, "--port", str(port),
+        *(["--tls-ca", str(tl.ps.tls)] if tl.ps.tls else ["--no-tls"]), *extra,
     ]
 
 
