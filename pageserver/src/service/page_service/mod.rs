@@ -196,12 +196,13 @@ impl PageService {
                 };
                 let service = Arc::clone(&self);
                 let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                let spawned =
-                    std::thread::Builder::new().name("page-service-conn".into()).spawn(move || match service.handle_connection(stream, &peer) {
+                let spawned = std::thread::Builder::new().name("page-service-conn".into()).spawn(move || {
+                    match service.handle_connection(stream, &peer) {
                         Ok(()) => {}
                         Err(e) if e.client_went_away() => tracing::info!(peer, "page service connection ended: {e}"),
                         Err(e) => tracing::warn!(peer, "page service connection ended: {e}"),
-                    });
+                    }
+                });
                 if let Err(e) = spawned {
                     tracing::error!("could not start a thread for a page service connection: {e}");
                 }
