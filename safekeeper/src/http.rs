@@ -192,5 +192,10 @@ async fn timeline_create(
 }
 
 async fn metrics(State(sk): State<Arc<Safekeeper>>) -> Result<String, ApiError> {
-    sk.metrics.render().map_err(|e| ApiError::Internal(format!("could not render metrics: {e:#}")))
+    let mut text = sk.metrics.render().map_err(|e| ApiError::Internal(format!("could not render metrics: {e:#}")))?;
+    // When the TLS certificate expires (it is reloaded when its files change).
+    if let Some(tls) = &sk.config.tls {
+        text.push_str(&tls.metrics_text());
+    }
+    Ok(text)
 }
