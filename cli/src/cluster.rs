@@ -227,8 +227,7 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<bool> {
         say!("pageserver already running (pid {pid})");
         return Ok(false);
     }
-    let api = repo.api();
-    if crate::repo::is_up(&api) {
+    if crate::process::http_answers(&repo.config.pageserver_http_url(), repo.client_tls()?.as_ref()) {
         bail!(
             "something else already answers on {}: is another repo using base port {}?",
             repo.config.pageserver_http_url(),
@@ -271,6 +270,7 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<bool> {
         cmd.env("RUST_LOG", "info");
     }
     tracing::info!("starting {}", conf.pageserver_bin().display());
+    let api = repo.api();
     let child = spawn_and_wait(&daemon, &mut cmd, "the pageserver", &conf.pageserver_http_url(), || crate::repo::is_up(&api))?;
     say!(
         "pageserver started (pid {}): page service {}, HTTP API {}, log {}",
@@ -341,7 +341,7 @@ pub fn start_safekeeper(repo: &Repo, id: u8) -> anyhow::Result<()> {
     }
     let url = conf.safekeeper_http_url(id);
     let tls = repo.client_tls()?;
-    if http_up(&url, tls.as_ref()) {
+    if crate::process::http_answers(&url, tls.as_ref()) {
         bail!("something else already answers on {url}: is another repo using base port {}?", conf.base_port);
     }
     let dir = repo.safekeeper_dir(id);

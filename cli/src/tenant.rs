@@ -122,7 +122,8 @@ fn check_safekeepers_up(repo: &Repo) -> anyhow::Result<()> {
 /// after another. Every failure is reported, the first one as the error.
 fn create_on_safekeepers(repo: &Repo, tenant: TenantId, timeline: TimelineId, system_id: u64) -> anyhow::Result<()> {
     let tls = repo.client_tls()?;
-    let config = pageserver_api::ClientConfig { request_timeout: Some(std::time::Duration::from_secs(30)), tls: tls.clone(), ..Default::default() };
+    let config =
+        pageserver_api::ClientConfig { request_timeout: Some(std::time::Duration::from_secs(30)), tls: tls.clone(), ..Default::default() };
     let agent = pageserver_api::client::agent(&config);
     let body = serde_json::json!({ "system_id": system_id, "wal_segment_size": 16u32 << 20 }).to_string();
     let token = repo.admin_token();

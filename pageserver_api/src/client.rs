@@ -450,8 +450,8 @@ mod tests {
     #[test]
     fn nothing_listening_is_unreachable() {
         // Port 1 on loopback: nothing listens there on any machine that runs these tests.
-        let client =
-            Client::with_config("http://127.0.0.1:1/", ClientConfig { connect_timeout: Duration::from_secs(2), request_timeout: None });
+        let config = ClientConfig { connect_timeout: Duration::from_secs(2), ..Default::default() };
+        let client = Client::with_config("http://127.0.0.1:1/", config);
         let err = client.status().unwrap_err();
         assert!(matches!(err, Error::Unreachable { .. }), "{err:?}");
         assert_eq!(err.to_string(), "could not reach the pageserver at http://127.0.0.1:1/v1/status");

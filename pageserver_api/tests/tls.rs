@@ -56,7 +56,11 @@ fn answer(stream: impl std::io::Read + Write) {
         }
     }
     let stream = reader.get_mut();
-    let _ = write!(stream, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{STATUS}", STATUS.len());
+    let _ = write!(
+        stream,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{STATUS}",
+        STATUS.len()
+    );
     let _ = stream.flush();
 }
 

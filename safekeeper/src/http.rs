@@ -84,7 +84,8 @@ pub fn router(sk: Arc<Safekeeper>) -> Router {
 /// request gets a 400 saying so), else plain HTTP. Handlers see the peer's address (for the
 /// log line of a refused request) as `ConnectInfo`.
 pub async fn serve(listener: TcpListener, sk: Arc<Safekeeper>) -> anyhow::Result<()> {
-    let https = sk.config.tls.as_ref().map(|tls| tls::http::Https { config: tls.config(), on_refusal: Arc::new(|_reason: &'static str| {}) });
+    let https =
+        sk.config.tls.as_ref().map(|tls| tls::http::Https { config: tls.config(), on_refusal: Arc::new(|_reason: &'static str| {}) });
     tls::http::serve(listener, router(sk), https, std::future::pending()).await;
     Ok(())
 }

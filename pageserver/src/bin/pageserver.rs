@@ -122,7 +122,12 @@ fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(ps.conf.listen_http_addr)
             .await
             .with_context(|| format!("listen for HTTP on {}", ps.conf.listen_http_addr))?;
-        let https = ps.conf.tls.server.as_ref().map(|tls| tls::http::Https { config: tls.config(), on_refusal: Arc::new(|_reason: &'static str| {}) });
+        let https = ps
+            .conf
+            .tls
+            .server
+            .as_ref()
+            .map(|tls| tls::http::Https { config: tls.config(), on_refusal: Arc::new(|_reason: &'static str| {}) });
         let scheme = if https.is_some() { "https" } else { "http" };
         tracing::info!("management API listening on {scheme}://{}", ps.conf.listen_http_addr);
         tls::http::serve(listener, http::router(Arc::clone(&ps)), https, shutdown_signal()).await;
