@@ -316,8 +316,7 @@ def fjord_tls_off_suite(base: Path, a, settings: dict) -> dict:
     ep = None
     try:
         tl = Timeline(base, ps)
-        ep = Endpoint(base, tl, settings={k: v for k, v in settings.items() if k != "fsync"}, safekeepers=sks,
-                      tls=False).start()
+        ep = Endpoint(base, tl, settings={k: v for k, v in settings.items() if k != "fsync"}, safekeepers=sks).start()
         return run_suite("fjord, TLS off", ep.port, ep.user, a, settle=lambda: settle_fjord(ep, ps, tl))
     finally:
         if ep:
@@ -366,8 +365,7 @@ def main() -> None:
         ep = None
         try:
             tl = Timeline(base, ps)
-            ep = Endpoint(base, tl, settings={k: v for k, v in settings.items() if k != "fsync"}, safekeepers=sks,
-                          tls=tls).start()
+            ep = Endpoint(base, tl, settings={k: v for k, v in settings.items() if k != "fsync"}, safekeepers=sks).start()
             def throttled() -> dict:
                 # Backpressure (fjord.max_pageserver_lag): commits held back while the
                 # pageserver's ingest was behind, during the load.

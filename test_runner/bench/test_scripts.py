@@ -125,8 +125,10 @@ def test_quickstart_runs_a_cluster_and_prints_tps(tmp_path: Path, short_tmp: Pat
 
 
 def test_bench_compute(tmp_path: Path, short_tmp: Path):
-    r = bench(tmp_path, short_tmp, "compute", *TINY, "--scan-rows", "20000")
-    assert r["scale"] == 1
+    r = bench(tmp_path, short_tmp, "compute", *TINY, "--scan-rows", "20000", "--tls", "both")
+    assert r["scale"] == 1 and r["tls"] == "both"
+    # The second cluster, with TLS off.
+    assert_numbers(r, *(f"fjord_tls_off.{mode}.tps" for mode in ("read-write", "select-only")))
     for side in ("plain", "fjord"):
         assert_numbers(r, *(f"{side}.{mode}.{k}" for mode in ("read-write", "select-only") for k in ("tps", "latency_ms")),
                        f"{side}.init_s", f"{side}.cold_scan_s", f"{side}.warm_scan_s")
