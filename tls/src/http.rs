@@ -258,6 +258,12 @@ mod tests {
         assert_eq!(status, 400);
         assert_eq!(body, format!("{{\"error\":\"{HTTPS_REQUIRED}\"}}"));
         assert!(body.contains("requires https"), "{body}");
+        // The server counts the refusal once its answer is out: the client may read the
+        // answer first.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while refusals.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         assert_eq!(*refusals.lock().unwrap(), ["plaintext"]);
         assert_eq!(https_get(&client, addr, "127.0.0.1", "/v1/status").unwrap(), (200, "ok".to_string()));
     }
