@@ -86,6 +86,7 @@ pub fn register_wal_sources(
             host: repo.config.service_host().into(),
             port: repo.config.safekeeper_port(id),
             user: SAFEKEEPER_REPLICATION_USER.into(),
+            plaintext: false,
         })
         .collect();
     let token = repo.token(&auth::Claims::storage_for(tenant, timeline));

@@ -84,8 +84,11 @@ pub fn router(sk: Arc<Safekeeper>) -> Router {
 /// request gets a 400 saying so), else plain HTTP. Handlers see the peer's address (for the
 /// log line of a refused request) as `ConnectInfo`.
 pub async fn serve(listener: TcpListener, sk: Arc<Safekeeper>) -> anyhow::Result<()> {
-    let https =
-        sk.config.tls.as_ref().map(|tls| tls::http::Https { config: tls.config(), on_refusal: Arc::new(|_reason: &'static str| {}) });
+    let metrics = Arc::clone(&sk.metrics);
+    let https = sk.config.tls.as_ref().map(|tls| tls::http::Https {
+        config: tls.config(),
+        on_refusal: Arc::new(move |reason: &'static str| metrics.http_tls_failures.with_label_values(&[reason]).inc()),
+    });
     tls::http::serve(listener, router(sk), https, std::future::pending()).await;
     Ok(())
 }

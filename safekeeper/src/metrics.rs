@@ -51,6 +51,9 @@ pub struct Metrics {
     /// client does not trust the certificate; `timeout`); every reason present from the
     /// start, at 0.
     pub tls_handshake_failures: IntCounterVec,
+    /// `safekeeper_http_tls_failures_total`: HTTP API connections refused for TLS, by
+    /// reason (`plaintext`: a plaintext request, answered 400; `handshake`; `timeout`).
+    pub http_tls_failures: IntCounterVec,
 }
 
 /// The reasons of `safekeeper_tls_handshake_failures_total`.
@@ -126,6 +129,13 @@ impl Metrics {
         for reason in TLS_FAILURE_REASONS {
             tls_handshake_failures.with_label_values(&[reason]);
         }
+        let http_tls_failures = IntCounterVec::new(
+            Opts::new("safekeeper_http_tls_failures_total", "HTTP API connections refused before or during the TLS handshake"),
+            &["reason"],
+        )?;
+        for reason in TLS_FAILURE_REASONS {
+            http_tls_failures.with_label_values(&[reason]);
+        }
         registry.register(Box::new(flush_lsn.clone()))?;
         registry.register(Box::new(commit_lsn.clone()))?;
         registry.register(Box::new(appends.clone()))?;
@@ -145,6 +155,7 @@ impl Metrics {
         registry.register(Box::new(wal_corruption.clone()))?;
         registry.register(Box::new(remote_consistent_lsn_ignored.clone()))?;
         registry.register(Box::new(tls_handshake_failures.clone()))?;
+        registry.register(Box::new(http_tls_failures.clone()))?;
         Ok(Metrics {
             registry,
             flush_lsn,
@@ -166,6 +177,7 @@ impl Metrics {
             wal_corruption,
             remote_consistent_lsn_ignored,
             tls_handshake_failures,
+            http_tls_failures,
         })
     }
 

@@ -71,6 +71,15 @@ def test_the_api_is_https_only_and_refuses_what_is_not_trusted(kind, tmp_path):
     log = service.log_text()
     assert "refused a plaintext HTTP request" in log
     assert log.count("TLS handshake with HTTP client") >= 2, log
+    # ... and counted them.
+    metric = ('pageserver_tls_handshake_failures_total{reason="%s",service="http"}' if kind == "pageserver"
+              else 'safekeeper_http_tls_failures_total{reason="%s"}')
+    counts = {}
+    for line in service.http("GET", "/metrics").splitlines():
+        for reason in ("plaintext", "handshake"):
+            if line.startswith(metric % reason + " "):
+                counts[reason] = float(line.split()[-1])
+    assert counts.get("plaintext", 0) >= 1 and counts.get("handshake", 0) >= 2, counts
 
 
 def compute_ctl_error(ps: Pageserver, tmp_path: Path, *tls_args: str) -> str:

@@ -63,7 +63,7 @@ def test_confirmed_wal_survives_kill_9(pageserver, pg_factory):
     pageserver.http("POST", f"/v1/tenant/{TENANT}/timeline/{TIMELINE}/import", {"pgdata": str(pg.datadir)})
     pg.start()
     pageserver.http("POST", f"/v1/tenant/{TENANT}/timeline/{TIMELINE}/wal_receiver",
-                    {"host": "127.0.0.1", "port": pg.port, "user": pg.user})
+                    {"host": "127.0.0.1", "port": pg.port, "user": pg.user, "plaintext": True})
     wait_until("the pageserver to be the synchronous standby",
                lambda: ("fjord_pageserver", "sync") in pg.sql("SELECT application_name, sync_state FROM pg_stat_replication"))
 

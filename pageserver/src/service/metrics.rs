@@ -17,7 +17,7 @@
 //! | `pageserver_getpage_seconds` | | histogram: time to serve one GetPage, waiting for WAL included (buckets from 25 µs) |
 //!
 //! | `pageserver_auth_failures_total` | `service`, `reason` | requests refused for their token (`page_service` or `http`; `reason` as `auth::AuthError::reason`) |
-//! | `pageserver_tls_handshake_failures_total` | `service`, `reason` | connections refused for TLS (`page_service`; `reason`: `plaintext`, `closed`, `timeout`, `handshake`, `io`, as `page_service::tls_failure_reason`) |
+//! | `pageserver_tls_handshake_failures_total` | `service`, `reason` | connections refused for TLS (`page_service`, `http`; `reason`: `plaintext`, `closed`, `timeout`, `handshake`, `io`, as `page_service::tls_failure_reason`) |
 //!
 //! `job` is `compaction` (L0 into L1), `image_creation` or `gc`.
 

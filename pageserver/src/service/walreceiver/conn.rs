@@ -335,6 +335,7 @@ pub(super) fn connect(source: &WalSource, database: &str, credentials: Credentia
     stream.set_nodelay(true)?;
     let stream = match credentials.tls {
         None => Link::Plain(stream),
+        Some(_) if source.plaintext => Link::Plain(stream),
         Some(client) => {
             // The handshake has its own timeouts (the tls crate's); the read timeout below
             // is the streaming loop's.
@@ -443,7 +444,7 @@ mod tests {
     /// the password it received, if any.
     fn fake_server(asks: Asks) -> (WalSource, JoinHandle<Option<Vec<u8>>>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let source = WalSource { host: "127.0.0.1".into(), port: listener.local_addr().unwrap().port(), user: "ps".into() };
+        let source = WalSource { host: "127.0.0.1".into(), port: listener.local_addr().unwrap().port(), user: "ps".into(), plaintext: false };
         let server = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
             let mut len = [0u8; 4];
