@@ -10,7 +10,7 @@
 //!
 //! With [`ClientConfig::tls`] (the cluster CA), an `https://` pageserver's certificate must
 //! be signed by that CA, the only root trusted (never the system's), and name the host or
-//! address of the URL. [`agent`] makes a ureq agent configured the same way, for the CLI's
+//! address of the URL; an `http://` URL is refused before anything is sent. [`agent`] makes a ureq agent configured the same way, for the CLI's
 //! calls to the safekeepers' APIs, and [`tls_failure`] words its TLS errors.
 //!
 //! Invariant: a body from the network is never unwrapped; every failure to read or decode
@@ -75,8 +75,9 @@ pub struct ClientConfig {
     /// basebackup at an LSN waits for it to be ingested, and its body is streamed by the
     /// caller at the caller's pace).
     pub request_timeout: Option<Duration>,
-    /// The cluster CA that an `https://` server's certificate must be signed by. `None`:
-    /// TLS off (`--no-tls`), and an `https://` URL fails with [`Error::Tls`].
+    /// The cluster CA that an `https://` server's certificate must be signed by; an
+    /// `http://` URL then fails with [`Error::Tls`] before anything is sent. `None`: TLS
+    /// off (`--no-tls`), and an `https://` URL fails with [`Error::Tls`].
     pub tls: Option<tls::ClientTls>,
 }
 
@@ -100,6 +101,9 @@ pub fn agent(config: &ClientConfig) -> ureq::Agent {
     ureq::Agent::config_builder()
         // Error statuses are answers with a message to show, not transport failures.
         .http_status_as_error(false)
+        // With the cluster CA, an `http://` URL is refused before anything is sent: the
+        // request and its token never travel in cleartext to a server meant to be https.
+        .https_only(config.tls.is_some())
         .timeout_connect(Some(config.connect_timeout))
         .timeout_global(config.request_timeout)
         .tls_config(tls_config)
@@ -129,6 +133,12 @@ pub fn tls_failure(e: &ureq::Error, url: &str, tls: Option<&tls::ClientTls>) -> 
         ureq::Error::Rustls(source) => source,
         ureq::Error::Io(io) => io.get_ref()?.downcast_ref::<TlsError>()?,
         ureq::Error::Tls(what) => return Some(what.to_string()),
+        ureq::Error::RequireHttpsOnly(_) => {
+            let ca = tls.map(|t| format!(" {}", t.ca_path().display())).unwrap_or_default();
+            return Some(format!(
+                "{url} is http://, and a client given the cluster CA (--tls-ca{ca}) sends nothing in cleartext: use https://"
+            ));
+        }
         _ => return None,
     };
     let host = url.parse::<ureq::http::Uri>().ok().and_then(|u| u.host().map(str::to_string)).unwrap_or_default();

@@ -134,3 +134,29 @@ fn an_https_url_without_a_ca_says_one_is_needed() {
     let reason = tls_reason(client(&format!("https://{addr}"), None).status());
     assert!(reason.contains("--tls-ca"), "{reason}");
 }
+
+#[test]
+fn a_client_with_the_cluster_ca_never_sends_a_request_over_http() {
+    // A plaintext listener that records whether any byte (a request, its token) arrived.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let addr = listener.local_addr().expect("local address");
+    let received = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&received);
+    std::thread::spawn(move || {
+        for tcp in listener.incoming() {
+            let Ok(mut tcp) = tcp else { continue };
+            let _ = tcp.set_read_timeout(Some(std::time::Duration::from_millis(500)));
+            let mut buf = [0u8; 4096];
+            if let Ok(n) = std::io::Read::read(&mut tcp, &mut buf) {
+                seen.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+            let _ = tcp.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let (_, ca) = issue(dir.path(), &["127.0.0.1"]);
+    let client = client(&format!("http://{addr}"), Some(&ca)).with_token(Some("secret-token".into()));
+    let reason = tls_reason(client.status());
+    assert!(reason.contains("https://") && reason.contains("--tls-ca"), "{reason}");
+    assert!(received.lock().unwrap().is_empty(), "the request went out in cleartext");
+}

@@ -468,30 +468,29 @@ fn reuse_file_cache(client: &Client, args: &Args, cache: &Path, start: Option<Ls
 fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path) -> anyhow::Result<ComputeSettings> {
     let mut overrides = args.settings.iter().map(|s| pgconf::parse_override(s)).collect::<anyhow::Result<Vec<_>>>()?;
     overrides.insert(0, ("fjord.file_cache_path".into(), file_cache.display().to_string()));
+    // Absolute: postgres (the extension, and a replica's walreceiver through libpq) reads
+    // it with the data directory as its working directory.
+    let tls_ca_file = args.client_tls.as_ref().map(|t| absolute(t.ca_path()).map(|p| p.display().to_string())).transpose()?;
     Ok(ComputeSettings {
         listen: args.listen.clone(),
         port: args.port,
         pageserver_pg: args.pageserver_pg.clone(),
         tenant_id: args.tenant,
         timeline_id: args.timeline,
-        // Absolute: postgres reads it with the data directory as its working directory.
-        tls_ca_file: args.client_tls.as_ref().map(|t| absolute(t.ca_path()).map(|p| p.display().to_string())).transpose()?,
+        tls_ca_file: tls_ca_file.clone(),
         shared_buffers: args.shared_buffers.clone(),
         static_lsn: args.lsn,
         replica_conninfo: match safekeepers {
             Some(list) if args.replica => {
                 let hosts: Vec<(String, u16)> = list.iter().map(|s| (s.host.clone(), s.port)).collect();
-                {
-                    let ca = args.client_tls.as_ref().map(|t| t.ca_path().display().to_string());
-                    Some(pgconf::replica_conninfo(
-                        &hosts,
-                        args.tenant,
-                        args.timeline,
-                        &args.name,
-                        args.auth_token.as_deref(),
-                        ca.as_deref(),
-                    ))
-                }
+                Some(pgconf::replica_conninfo(
+                    &hosts,
+                    args.tenant,
+                    args.timeline,
+                    &args.name,
+                    args.auth_token.as_deref(),
+                    tls_ca_file.as_deref(),
+                ))
             }
             _ => None,
         },
@@ -525,4 +524,43 @@ fn remove_if_exists(path: &Path) -> anyhow::Result<()> {
 /// Readers of the status file see the old or the new report, never half of one.
 fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
     crashsafe::write_file_atomic(path, format!("{text}\n").as_bytes()).with_context(|| format!("write {} atomically", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relative_tls_ca_is_absolute_in_both_settings() {
+        // A CA under the working directory, named by a relative path.
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let ca_dir = dir.path().strip_prefix(std::env::current_dir().unwrap()).unwrap().join("ca");
+        tls::ca::Ca::create(&ca_dir).unwrap();
+        let ca = ca_dir.join("ca.crt");
+        assert!(ca.is_relative(), "{}", ca.display());
+        let mut args = Args::try_parse_from([
+            "compute_ctl",
+            "--pgdata",
+            "pgdata",
+            "--pg-bin-dir",
+            "bin",
+            "--tenant",
+            "11111111111111111111111111111111",
+            "--timeline",
+            "22222222222222222222222222222222",
+            "--safekeepers",
+            "127.0.0.1:5454",
+            "--replica",
+            "--tls-ca",
+            ca.to_str().unwrap(),
+        ])
+        .unwrap();
+        args.client_tls = args.tls.load().unwrap();
+        let list = safekeepers::parse_list(args.safekeepers.as_deref().unwrap()).unwrap();
+        let s = settings(&args, Some(&list), Path::new("/cache")).unwrap();
+        let expected = absolute(&ca).unwrap().display().to_string();
+        assert_eq!(s.tls_ca_file.as_deref(), Some(expected.as_str()));
+        let conninfo = s.replica_conninfo.unwrap();
+        assert!(conninfo.ends_with(&format!("sslrootcert='{expected}'")), "{conninfo}");
+    }
 }
