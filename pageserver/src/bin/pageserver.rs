@@ -122,15 +122,10 @@ fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(ps.conf.listen_http_addr)
             .await
             .with_context(|| format!("listen for HTTP on {}", ps.conf.listen_http_addr))?;
-        let https = ps
-            .conf
-            .tls
-            .server
-            .as_ref()
-            .map(|tls| {
-                let metrics = Arc::clone(&ps.metrics);
-                tls::http::Https { config: tls.config(), on_refusal: Arc::new(move |reason: &'static str| metrics.tls_refused("http", reason)) }
-            });
+        let https = ps.conf.tls.server.as_ref().map(|tls| {
+            let metrics = Arc::clone(&ps.metrics);
+            tls::http::Https { config: tls.config(), on_refusal: Arc::new(move |reason: &'static str| metrics.tls_refused("http", reason)) }
+        });
         let scheme = if https.is_some() { "https" } else { "http" };
         tracing::info!("management API listening on {scheme}://{}", ps.conf.listen_http_addr);
         tls::http::serve(listener, http::router(Arc::clone(&ps)), https, shutdown_signal()).await;

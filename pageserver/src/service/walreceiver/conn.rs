@@ -444,7 +444,8 @@ mod tests {
     /// the password it received, if any.
     fn fake_server(asks: Asks) -> (WalSource, JoinHandle<Option<Vec<u8>>>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let source = WalSource { host: "127.0.0.1".into(), port: listener.local_addr().unwrap().port(), user: "ps".into(), plaintext: false };
+        let source =
+            WalSource { host: "127.0.0.1".into(), port: listener.local_addr().unwrap().port(), user: "ps".into(), plaintext: false };
         let server = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
             let mut len = [0u8; 4];
