@@ -346,7 +346,7 @@ def proposer_answer(s: socket.socket, tags: bytes) -> tuple[bytes, bytes] | None
 def proposer_outcome(sk: Safekeeper, tenant: str, timeline: str, row: matrix.Row, token: str, terms: Terms,
                      reported: Reported) -> tuple[str, str]:
     name = row.operation.split()[0]
-    with socket.create_connection(("127.0.0.1", sk.port), timeout=30) as s:
+    with sk.connect_raw(timeout=30) as s:
         s.sendall(proposer_hello(tenant, timeline, token))
         answer = recv_frame(s)
         if answer is None:
@@ -408,8 +408,8 @@ class Replication:
     """A minimal client of the safekeeper's replication protocol: startup, the token as the
     password, simple queries, streaming."""
 
-    def __init__(self, port: int, tenant: str, timeline: str):
-        self.s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    def __init__(self, sk: Safekeeper, tenant: str, timeline: str):
+        self.s = sk.connect_raw(timeout=30)
         params = b"".join(k + b"\0" + v + b"\0" for k, v in [
             (b"user", b"fjord"), (b"database", f"{tenant}/{timeline}".encode()), (b"replication", b"true"),
             (b"application_name", b"auth_matrix")]) + b"\0"
@@ -440,7 +440,7 @@ class Replication:
 
 def replication_outcome(sk: Safekeeper, tenant: str, timeline: str, row: matrix.Row, token: str,
                         reported: Reported) -> tuple[str, str]:
-    c = Replication(sk.port, tenant, timeline)
+    c = Replication(sk, tenant, timeline)
     try:
         m = c.recv()
         if m is None or m[0] != b"R" or struct.unpack(">I", m[1][:4])[0] != 3:

@@ -125,19 +125,20 @@ impl ClientTls {
 
     fn explain(&self, e: io::Error, addr: &str, host: &str, first: &[u8]) -> ConnectError {
         let addr = addr.to_string();
-        if is_timeout(&e) {
-            return ConnectError::NotTls {
-                addr,
-                detail: format!("it did not answer the TLS handshake within {} s", HANDSHAKE_TIMEOUT.as_secs()),
-            };
+        // A server that says nothing, or closes before its first byte, may be busy or
+        // restarting: that is worth another try (`Io`). Only one that answered something
+        // other than TLS is known not to speak it.
+        if is_timeout(&e) && first.is_empty() {
+            let source =
+                io::Error::new(io::ErrorKind::TimedOut, format!("no answer to the TLS handshake within {} s", HANDSHAKE_TIMEOUT.as_secs()));
+            return ConnectError::Io { addr, source };
         }
-        if e.kind() == io::ErrorKind::UnexpectedEof || e.kind() == io::ErrorKind::ConnectionReset {
-            let detail = if first.is_empty() {
-                "it closed the connection without answering the TLS handshake".to_string()
-            } else {
-                format!("it closed the connection after answering {}", show(first))
-            };
-            return ConnectError::NotTls { addr, detail };
+        if (e.kind() == io::ErrorKind::UnexpectedEof || e.kind() == io::ErrorKind::ConnectionReset) && first.is_empty() {
+            let source = io::Error::new(e.kind(), "the server closed the connection before answering the TLS handshake");
+            return ConnectError::Io { addr, source };
+        }
+        if is_timeout(&e) || e.kind() == io::ErrorKind::UnexpectedEof || e.kind() == io::ErrorKind::ConnectionReset {
+            return ConnectError::NotTls { addr, detail: format!("it closed the connection after answering {}", show(first)) };
         }
         let Some(source) = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()).cloned() else {
             return ConnectError::Io { addr, source: e };

@@ -69,14 +69,15 @@ pub fn connect(client: &ClientTls, mut tcp: TcpStream, host: &str) -> Result<Cli
                 detail: "it answered the SSLRequest with N (is it running with --no-tls?)".to_string(),
             })
         }
+        // Silence or a close before the answer: a busy or restarting server, worth another try.
         Err(e) if is_timeout(&e) => {
-            return Err(ConnectError::NotTls {
-                addr,
-                detail: format!("it did not answer the SSLRequest within {} s", HANDSHAKE_TIMEOUT.as_secs()),
-            })
+            let source =
+                io::Error::new(io::ErrorKind::TimedOut, format!("no answer to the SSLRequest within {} s", HANDSHAKE_TIMEOUT.as_secs()));
+            return Err(ConnectError::Io { addr, source });
         }
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-            return Err(ConnectError::NotTls { addr, detail: "it closed the connection without answering the SSLRequest".to_string() })
+            let source = io::Error::new(io::ErrorKind::UnexpectedEof, "the server closed the connection before answering the SSLRequest");
+            return Err(ConnectError::Io { addr, source });
         }
         Err(e) if e.kind() == io::ErrorKind::InvalidData => return Err(ConnectError::NotTls { addr, detail: e.to_string() }),
         Err(source) => return Err(ConnectError::Io { addr, source }),
