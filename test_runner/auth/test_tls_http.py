@@ -19,6 +19,7 @@ import pytest
 from fixtures import https
 from fixtures.pageserver import Pageserver
 from fixtures.paths import fjord_bin_dir, pg_bin_dir
+from fixtures.postgres import wait_until
 from fixtures.safekeeper import Safekeeper
 from fixtures.tls import Ca
 
@@ -68,18 +69,21 @@ def test_the_api_is_https_only_and_refuses_what_is_not_trusted(kind, tmp_path):
 
     # The service goes on serving, and said what it refused.
     assert status(service, service.tls)
-    log = service.log_text()
-    assert "refused a plaintext HTTP request" in log
-    assert log.count("TLS handshake with HTTP client") >= 2, log
+    # (The server logs and counts a refusal after the client has seen it: wait for both.)
+    wait_until("the refusals logged", lambda: "refused a plaintext HTTP request" in service.log_text()
+               and service.log_text().count("TLS handshake with HTTP client") >= 2)
     # ... and counted them.
     metric = ('pageserver_tls_handshake_failures_total{reason="%s",service="http"}' if kind == "pageserver"
               else 'safekeeper_http_tls_failures_total{reason="%s"}')
-    counts = {}
-    for line in service.http("GET", "/metrics").splitlines():
-        for reason in ("plaintext", "handshake"):
-            if line.startswith(metric % reason + " "):
-                counts[reason] = float(line.split()[-1])
-    assert counts.get("plaintext", 0) >= 1 and counts.get("handshake", 0) >= 2, counts
+
+    def counts() -> dict:
+        out = {}
+        for line in service.http("GET", "/metrics").splitlines():
+            for reason in ("plaintext", "handshake"):
+                if line.startswith(metric % reason + " "):
+                    out[reason] = float(line.split()[-1])
+        return out
+    wait_until("the refusals counted", lambda: counts().get("plaintext", 0) >= 1 and counts().get("handshake", 0) >= 2)
 
 
 def compute_ctl_error(ps: Pageserver, tmp_path: Path, *tls_args: str) -> str:
