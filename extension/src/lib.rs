@@ -42,7 +42,6 @@ pub extern "C-unwind" fn _PG_init() {
     guc::define();
     smgr::install();
     if smgr::in_pageserver_mode() {
-        client::check_settings();
         replica::install();
     }
     wal_proposer::install();
