@@ -362,8 +362,8 @@ static DATE: LazyLock<Regex> =
 /// Dates that name an epoch, a fact of a format rather than a moment of this project.
 const EPOCHS: &[&str] = &["1970-01-01", "2000-01-01"];
 
-/// What in `text` narrates history: an issue or hole number ("issue 12", "hole 3"), a
-/// `#12`-style reference, a date. The verb passes: "issue" with a number followed by a word
+/// What in `text` narrates history: "issue" or "hole" with a number, a `#12`-style
+/// reference, a date. The verb passes: "issue" with a number followed by a word
 /// other than "and", "or" or "hole" counts what is issued, not which issue.
 pub fn narration(text: &str) -> Vec<String> {
     let mut found = Vec::new();
