@@ -47,6 +47,10 @@ pub struct InitArgs {
     /// (auth_private_key.pem, auth_public_key.pem) and every process gets a token.
     #[arg(long)]
     no_auth: bool,
+    /// Run without TLS: pages, WAL and tokens then travel in cleartext. For tests only; by
+    /// default `init` makes a cluster CA and a certificate per service in tls/.
+    #[arg(long)]
+    no_tls: bool,
 }
 
 pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
@@ -93,6 +97,7 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
     config.remote_storage = Some(remote_url);
     config.layer_disk_budget_bytes = args.layer_disk_budget_bytes;
     config.auth = !args.no_auth;
+    config.tls = Some(!args.no_tls);
 
     for sub in ["pageserver", "endpoints", "tmp"] {
         std::fs::create_dir_all(dir.join(sub)).with_context(|| format!("create {}", dir.join(sub).display()))?;
@@ -104,11 +109,16 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
     if config.auth {
         auth::generate_key_pair(dir).context("make the repo's key pair")?;
     }
+    if !args.no_tls {
+        let mut services = vec!["pageserver".to_string()];
+        services.extend(config.safekeeper_ids().map(safekeeper_name));
+        crate::certs::make_repo_tls(dir, &services, config.service_host())?;
+    }
     State::default().save(&dir.join("state.json"))?;
     // config.toml last: its presence is what makes the directory a repo.
     write_atomically(&Repo::config_path(dir), config.to_toml()?.as_bytes())?;
     say!(
-        "initialized fjord repo at {}: page service 127.0.0.1:{}, HTTP API {}, {} safekeeper(s) from port {}, endpoints from port {}, object storage {}, authentication {}",
+        "initialized fjord repo at {}: page service 127.0.0.1:{}, HTTP API {}, {} safekeeper(s) from port {}, endpoints from port {}, object storage {}, authentication {}, TLS {}",
         dir.display(),
         config.pageserver_pg_port(),
         config.pageserver_http_url(),
@@ -116,7 +126,8 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
         config.safekeeper_port(1),
         config.endpoint_ports().start,
         config.remote_storage.as_deref().unwrap_or("none"),
-        if config.auth { "on (tokens signed with auth_private_key.pem)" } else { "OFF (--no-auth: any local process may read every tenant)" }
+        if config.auth { "on (tokens signed with auth_private_key.pem)" } else { "OFF (--no-auth: any local process may read every tenant)" },
+        if args.no_tls { "OFF (--no-tls: pages, WAL and tokens travel in cleartext)" } else { "on (the cluster CA and every service's certificate in tls/)" }
     );
     Ok(())
 }
@@ -151,6 +162,11 @@ fn check_fjord_extension(pg_bin_dir: &Path) -> anyhow::Result<()> {
 
 fn canonical(path: &Path, flag: &str) -> anyhow::Result<PathBuf> {
     path.canonicalize().with_context(|| format!("cannot use {} ({flag})", path.display()))
+}
+
+/// A safekeeper's name, as its certificate's files are named: `safekeeper-1`.
+pub fn safekeeper_name(id: u8) -> String {
+    format!("safekeeper-{id}")
 }
 
 /// `fjord start`: the pageserver, then every safekeeper.
@@ -211,8 +227,7 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<bool> {
         say!("pageserver already running (pid {pid})");
         return Ok(false);
     }
-    let api = repo.api();
-    if crate::repo::is_up(&api) {
+    if crate::process::http_answers(&repo.config.pageserver_http_url(), repo.client_tls()?.as_ref()) {
         bail!(
             "something else already answers on {}: is another repo using base port {}?",
             repo.config.pageserver_http_url(),
@@ -243,6 +258,8 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<bool> {
     if repo.token(&auth::Claims::admin()).is_some() {
         cmd.arg("--auth-public-key").arg(repo.public_key_path());
     }
+    // The pageserver is a client of the safekeepers too: it gets the CA.
+    cmd.args(repo.server_tls_args("pageserver", true));
     // Further pageserver settings (`pageserver --print-config` lists them) go in
     // pageserver.toml in the repo; the flags above win over it.
     let extra = repo.dir.join(PAGESERVER_TOML);
@@ -253,6 +270,7 @@ fn start_pageserver(repo: &Repo) -> anyhow::Result<bool> {
         cmd.env("RUST_LOG", "info");
     }
     tracing::info!("starting {}", conf.pageserver_bin().display());
+    let api = repo.api();
     let child = spawn_and_wait(&daemon, &mut cmd, "the pageserver", &conf.pageserver_http_url(), || crate::repo::is_up(&api))?;
     say!(
         "pageserver started (pid {}): page service {}, HTTP API {}, log {}",
@@ -322,7 +340,8 @@ pub fn start_safekeeper(repo: &Repo, id: u8) -> anyhow::Result<()> {
         return Ok(());
     }
     let url = conf.safekeeper_http_url(id);
-    if http_up(&url) {
+    let tls = repo.client_tls()?;
+    if crate::process::http_answers(&url, tls.as_ref()) {
         bail!("something else already answers on {url}: is another repo using base port {}?", conf.base_port);
     }
     let dir = repo.safekeeper_dir(id);
@@ -334,10 +353,11 @@ pub fn start_safekeeper(repo: &Repo, id: u8) -> anyhow::Result<()> {
         .args(["--listen", &conf.safekeeper_addr(id), "--http", &format!("127.0.0.1:{}", conf.safekeeper_http_port(id))])
         .current_dir(&repo.dir);
     with_auth(repo, &mut cmd, &auth::Claims::storage());
+    cmd.args(repo.server_tls_args(&safekeeper_name(id), false));
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }
-    let child = spawn_and_wait(&daemon, &mut cmd, &format!("safekeeper {id}"), &url, || http_up(&url))?;
+    let child = spawn_and_wait(&daemon, &mut cmd, &format!("safekeeper {id}"), &url, || http_up(&url, tls.as_ref()))?;
     say!("safekeeper {id} started (pid {}): {}, HTTP API {url}, log {}", child.id(), conf.safekeeper_addr(id), daemon.log_file.display());
     Ok(())
 }
@@ -362,14 +382,36 @@ pub fn safekeeper_stop(repo: &Repo, id: u8, immediate: bool, timeout: Duration) 
     Ok(())
 }
 
+fn print_tls(repo: &Repo) {
+    match repo.config.tls {
+        None => say!("tls         off (the repo was made before TLS existed)"),
+        Some(false) => say!("tls         off (fjord init --no-tls)"),
+        Some(true) => {
+            let expiry = |name: &str| {
+                let (cert, _) = crate::certs::service_files(&repo.dir, name);
+                let state = crate::certs::expires_in(&cert).unwrap_or_else(|e| format!("unreadable: {e:#}"));
+                format!("{name} {state}")
+            };
+            if let Err(e) = repo.client_tls() {
+                say!("tls         on, but {e:#}");
+                return;
+            }
+            let mut certs = vec![expiry("pageserver")];
+            certs.extend(repo.config.safekeeper_ids().map(|id| expiry(&safekeeper_name(id))));
+            say!("tls         on, cluster CA {}; {}", repo.ca_cert_path().display(), certs.join(", "));
+        }
+    }
+}
+
 fn print_safekeepers(repo: &Repo) -> anyhow::Result<()> {
     let conf = &repo.config;
     if conf.safekeepers == 0 {
         say!("safekeepers none (computes stream WAL straight to the pageserver)");
     }
+    let tls = repo.client_tls()?;
     for id in conf.safekeeper_ids() {
         let url = conf.safekeeper_http_url(id);
-        match (repo.safekeeper(id).running_pid()?, http_up(&url)) {
+        match (repo.safekeeper(id).running_pid()?, http_up(&url, tls.as_ref())) {
             (Some(pid), true) => say!("safekeeper {id} running (pid {pid}), {}, HTTP API {url}", conf.safekeeper_addr(id)),
             (Some(pid), false) => say!("safekeeper {id} not answering (pid {pid}), HTTP API {url}"),
             (None, true) => say!("safekeeper {id} answering on {url} but not started by this repo"),
@@ -419,6 +461,7 @@ pub fn status(repo: &Repo) -> anyhow::Result<()> {
         (None, false) => say!("pageserver  stopped"),
     }
     print_safekeepers(repo)?;
+    print_tls(repo);
     say!();
     if up && pid.is_some() {
         let tenants = api.tenants()?;

@@ -54,6 +54,12 @@ pub struct RepoConfig {
     /// unless told `--no-auth`; absent (false) in repos made before authentication existed.
     #[serde(default)]
     pub auth: bool,
+    /// Whether every link is TLS, with the files in `tls/` (the cluster CA and a
+    /// certificate per service). `fjord init` turns it on unless told `--no-tls`; absent
+    /// in repos made before TLS existed, whose services then run with `--no-tls` (said in
+    /// a log line when they start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<bool>,
 }
 
 impl RepoConfig {
@@ -66,6 +72,7 @@ impl RepoConfig {
             remote_storage: None,
             layer_disk_budget_bytes: None,
             auth: false,
+            tls: None,
         };
         conf.validate()?;
         Ok(conf)
@@ -112,8 +119,17 @@ impl RepoConfig {
         format!("127.0.0.1:{}", self.pageserver_pg_port())
     }
 
+    /// `https` with TLS on: every HTTP API then serves nothing else.
+    fn http_scheme(&self) -> &'static str {
+        if self.tls == Some(true) {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     pub fn pageserver_http_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.pageserver_http_port())
+        format!("{}://127.0.0.1:{}", self.http_scheme(), self.pageserver_http_port())
     }
 
     /// The ports endpoints may use, lowest first.
@@ -157,7 +173,7 @@ impl RepoConfig {
     }
 
     pub fn safekeeper_http_url(&self, id: u8) -> String {
-        format!("http://127.0.0.1:{}", self.safekeeper_http_port(id))
+        format!("{}://127.0.0.1:{}", self.http_scheme(), self.safekeeper_http_port(id))
     }
 
     /// Every safekeeper's address, comma-separated, as compute_ctl takes them.
@@ -189,6 +205,9 @@ mod tests {
         assert_eq!(c.pageserver_pg_port(), 15000);
         assert_eq!(c.pageserver_http_port(), 15001);
         assert_eq!(c.pageserver_http_url(), "http://127.0.0.1:15001");
+        let tls = RepoConfig { tls: Some(true), ..conf(15000) };
+        assert_eq!(tls.pageserver_http_url(), "https://127.0.0.1:15001");
+        assert_eq!(tls.safekeeper_http_url(2), "https://127.0.0.1:15005");
         assert_eq!(c.endpoint_ports(), 15010..15100);
         assert_eq!((c.safekeeper_port(1), c.safekeeper_http_port(1)), (15002, 15003));
         assert_eq!((c.safekeeper_port(3), c.safekeeper_http_port(3)), (15006, 15007));

@@ -140,7 +140,7 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     if conf.safekeepers == 0 && at.is_none() && !args.replica {
         // Without safekeepers the pageserver follows the compute's own walsender. Sources
         // are an admin's to set: compute_ctl's token may only restart registered ones.
-        let source = WalSource { host: conf.service_host().into(), port, user: crate::process::os_user_name()? };
+        let source = WalSource { host: conf.service_host().into(), port, user: crate::process::os_user_name()?, plaintext: true };
         api.start_wal_receiver(tenant, timeline, &WalReceiverRequest::Single(source))
             .context("register the compute as the branch's WAL source on the pageserver")?;
     }
@@ -171,6 +171,7 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     for s in &args.settings {
         cmd.arg("-c").arg(s);
     }
+    cmd.args(repo.client_tls_args("compute_ctl"));
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }

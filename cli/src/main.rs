@@ -15,6 +15,7 @@ macro_rules! say {
     }};
 }
 
+mod certs;
 mod cluster;
 mod config;
 mod endpoint;
@@ -78,6 +79,10 @@ enum Command {
     /// Endpoints: computes (PostgreSQL servers) on a branch.
     #[command(subcommand)]
     Endpoint(EndpointCommand),
+    /// Certificates: a CA, and a certificate for a service signed by the repo's CA (to
+    /// bring a service on another host into the cluster).
+    #[command(subcommand)]
+    Cert(certs::CertCommand),
     /// Tokens for the pageserver's and the safekeepers' APIs, signed with the repo's key
     /// (the CLI gives every process its own; these are for you, e.g. with curl).
     #[command(subcommand)]
@@ -199,11 +204,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Init(args) = cli.command {
         return cluster::init(&dir, args);
     }
+    // Certificates need no running cluster, and `cert ca` not even a repo.
+    if let Command::Cert(command) = cli.command {
+        return certs::run(&dir, command);
+    }
     let repo = repo::Repo::open(&dir)?;
     let span = tracing::info_span!("repo", dir = %dir.display());
     let _entered = span.enter();
     match cli.command {
-        Command::Init(_) => unreachable!("handled above"),
+        Command::Init(_) | Command::Cert(_) => unreachable!("handled above"),
         Command::Start => cluster::start(&repo),
         Command::Stop { timeout_secs } => cluster::stop(&repo, std::time::Duration::from_secs(timeout_secs)),
         Command::Status => cluster::status(&repo),

@@ -138,10 +138,31 @@ pub fn refuse_root(what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether something answers `GET {url}/v1/status` with 200.
-pub fn http_up(url: &str) -> bool {
-    let agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(2))).build().new_agent();
-    agent.get(format!("{url}/v1/status")).call().is_ok()
+/// Whether anything answers on `url`: a status, or a TLS handshake that fails (a server of
+/// another CA, such as another repo's on the same ports, or one without TLS). For a check
+/// that the ports are free, where [`http_up`] would miss another repo's service.
+pub fn http_answers(url: &str, tls: Option<&tls::ClientTls>) -> bool {
+    let config = pageserver_api::ClientConfig {
+        connect_timeout: Duration::from_secs(2),
+        request_timeout: Some(Duration::from_secs(2)),
+        tls: tls.cloned(),
+    };
+    match pageserver_api::client::agent(&config).get(format!("{url}/v1/status")).call() {
+        Ok(_) => true,
+        Err(e) => pageserver_api::client::tls_failure(&e, url, tls).is_some(),
+    }
+}
+
+/// Whether something answers `GET {url}/v1/status` with 200 (over https, verified against
+/// `tls`, for an `https://` URL).
+pub fn http_up(url: &str, tls: Option<&tls::ClientTls>) -> bool {
+    let config = pageserver_api::ClientConfig {
+        connect_timeout: Duration::from_secs(2),
+        request_timeout: Some(Duration::from_secs(2)),
+        tls: tls.cloned(),
+    };
+    let answer = pageserver_api::client::agent(&config).get(format!("{url}/v1/status")).call();
+    answer.is_ok_and(|r| r.status().is_success())
 }
 
 /// The name of the user running fjord: the superuser of the clusters it creates.

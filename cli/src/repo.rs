@@ -4,6 +4,8 @@
 //! <repo>/config.toml               base port, binary directories (fjord init)
 //! <repo>/auth_private_key.pem      the key that signs every token (mode 0600; with auth on)
 //! <repo>/auth_public_key.pem       the key the pageserver and safekeepers check tokens with
+//! <repo>/tls/ca.crt, ca.key        the cluster CA (ca.key mode 0600; with TLS on)
+//! <repo>/tls/<service>.crt, .key  each service's certificate (pageserver, safekeeper-N)
 //! <repo>/state.json                branches and endpoints (state.rs)
 //! <repo>/.lock                     held by commands that change state
 //! <repo>/pageserver/               the pageserver's work directory
@@ -68,6 +70,55 @@ impl Repo {
         self.token(&auth::Claims::admin())
     }
 
+    /// Whether the repo's services run with TLS.
+    pub fn tls_on(&self) -> bool {
+        self.config.tls == Some(true)
+    }
+
+    /// The TLS flags of service `name` (`pageserver`, `safekeeper-N`): its certificate and
+    /// key, the CA too if it also calls other services (`with_ca`), or `--no-tls`.
+    pub fn server_tls_args(&self, name: &str, with_ca: bool) -> Vec<String> {
+        if !self.tls_on() {
+            self.say_if_made_before_tls(name);
+            return vec!["--no-tls".to_string()];
+        }
+        let (cert, key) = crate::certs::service_files(&self.dir, name);
+        let mut args = tls::args::ServerArgs { tls_cert: Some(cert), tls_key: Some(key), no_tls: false }.to_args();
+        if with_ca {
+            args.extend(["--tls-ca".to_string(), self.ca_cert_path().display().to_string()]);
+        }
+        args
+    }
+
+    /// The TLS flags of a client of the services (compute_ctl): the CA, or `--no-tls`.
+    pub fn client_tls_args(&self, name: &str) -> Vec<String> {
+        if !self.tls_on() {
+            self.say_if_made_before_tls(name);
+        }
+        let ca = self.tls_on().then(|| self.ca_cert_path());
+        tls::args::ClientArgs { tls_ca: ca, no_tls: !self.tls_on() }.to_args()
+    }
+
+    fn say_if_made_before_tls(&self, name: &str) {
+        if self.config.tls.is_none() {
+            tracing::warn!(
+                "this repo was made before TLS existed (config.toml has no tls setting, there is no tls/ directory): the {name} runs with --no-tls"
+            );
+        }
+    }
+
+    pub fn ca_cert_path(&self) -> PathBuf {
+        crate::certs::ca_cert(&self.dir)
+    }
+
+    /// The repo's trust in its CA, for its own clients; `None` with TLS off.
+    pub fn client_tls(&self) -> anyhow::Result<Option<tls::ClientTls>> {
+        if !self.tls_on() {
+            return Ok(None);
+        }
+        Ok(Some(tls::ClientTls::load(&self.ca_cert_path()).context("load the repo's cluster CA")?))
+    }
+
     pub fn state_path(&self) -> PathBuf {
         self.dir.join("state.json")
     }
@@ -114,6 +165,9 @@ impl Repo {
             connect_timeout: Duration::from_secs(5),
             // Import of a large data directory takes a while; nothing else does.
             request_timeout: Some(Duration::from_secs(600)),
+            // A CA file that does not load leaves the client without one: its https
+            // requests then fail saying that the CA is missing.
+            tls: self.client_tls().unwrap_or(None),
         };
         Client::with_config(&self.config.pageserver_http_url(), config).with_token(self.admin_token())
     }

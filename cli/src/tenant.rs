@@ -86,6 +86,7 @@ pub fn register_wal_sources(
             host: repo.config.service_host().into(),
             port: repo.config.safekeeper_port(id),
             user: SAFEKEEPER_REPLICATION_USER.into(),
+            plaintext: false,
         })
         .collect();
     let token = repo.token(&auth::Claims::storage_for(tenant, timeline));
@@ -99,10 +100,11 @@ pub fn register_wal_sources(
 /// timeline it has no record of takes it for one it lost, and joins as a learner (it does
 /// not vote until it caught up; see `quorum`'s "Learners").
 fn check_safekeepers_up(repo: &Repo) -> anyhow::Result<()> {
+    let tls = repo.client_tls()?;
     let down: Vec<String> = repo
         .config
         .safekeeper_ids()
-        .filter(|&id| !crate::process::http_up(&repo.config.safekeeper_http_url(id)))
+        .filter(|&id| !crate::process::http_up(&repo.config.safekeeper_http_url(id), tls.as_ref()))
         .map(|id| id.to_string())
         .collect();
     if !down.is_empty() {
@@ -120,11 +122,10 @@ fn check_safekeepers_up(repo: &Repo) -> anyhow::Result<()> {
 /// file durable (about 15 ms of fsyncs here), most of a branch creation's time if done one
 /// after another. Every failure is reported, the first one as the error.
 fn create_on_safekeepers(repo: &Repo, tenant: TenantId, timeline: TimelineId, system_id: u64) -> anyhow::Result<()> {
-    let agent = ureq::Agent::config_builder()
-        .timeout_global(Some(std::time::Duration::from_secs(30)))
-        .http_status_as_error(false)
-        .build()
-        .new_agent();
+    let tls = repo.client_tls()?;
+    let config =
+        pageserver_api::ClientConfig { request_timeout: Some(std::time::Duration::from_secs(30)), tls: tls.clone(), ..Default::default() };
+    let agent = pageserver_api::client::agent(&config);
     let body = serde_json::json!({ "system_id": system_id, "wal_segment_size": 16u32 << 20 }).to_string();
     let token = repo.admin_token();
     let create = |id: u8| -> anyhow::Result<()> {
@@ -133,7 +134,10 @@ fn create_on_safekeepers(repo: &Repo, tenant: TenantId, timeline: TimelineId, sy
         if let Some(token) = &token {
             req = req.header("Authorization", format!("Bearer {token}"));
         }
-        let mut resp = req.send(body.as_str()).with_context(|| format!("create timeline {timeline} on safekeeper {id} ({url})"))?;
+        let mut resp = req.send(body.as_str()).map_err(|e| match pageserver_api::client::tls_failure(&e, &url, tls.as_ref()) {
+            Some(reason) => anyhow::anyhow!("create timeline {timeline} on safekeeper {id}: TLS with {url} failed: {reason}"),
+            None => anyhow::Error::new(e).context(format!("create timeline {timeline} on safekeeper {id} ({url})")),
+        })?;
         let status = resp.status().as_u16();
         if !(200..300).contains(&status) {
             let text = resp.body_mut().read_to_string().unwrap_or_default();

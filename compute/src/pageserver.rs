@@ -110,8 +110,12 @@ pub fn start_wal_receiver_from_safekeepers(
     timeline: TimelineId,
     safekeepers: &[(String, u16)],
 ) -> anyhow::Result<()> {
-    let sources =
-        safekeepers.iter().map(|(host, port)| WalSource { host: host.clone(), port: *port, user: SAFEKEEPER_REPLICATION_USER.into() });
+    let sources = safekeepers.iter().map(|(host, port)| WalSource {
+        host: host.clone(),
+        port: *port,
+        user: SAFEKEEPER_REPLICATION_USER.into(),
+        plaintext: false,
+    });
     let request = WalReceiverRequest::Sources(WalSourceList { sources: sources.collect(), token: None });
     client.start_wal_receiver(tenant, timeline, &request).map_err(refused("wal_receiver"))
 }
@@ -125,7 +129,7 @@ pub fn start_wal_receiver(
     port: u16,
     user: &str,
 ) -> anyhow::Result<()> {
-    let request = WalReceiverRequest::Single(WalSource { host: host.into(), port, user: user.into() });
+    let request = WalReceiverRequest::Single(WalSource { host: host.into(), port, user: user.into(), plaintext: true });
     client.start_wal_receiver(tenant, timeline, &request).map_err(refused("wal_receiver"))
 }
 

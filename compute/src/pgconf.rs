@@ -21,6 +21,10 @@ pub struct ComputeSettings {
     pub pageserver_pg: String,
     pub tenant_id: TenantId,
     pub timeline_id: TimelineId,
+    /// The cluster CA's certificate file (`fjord.tls_ca_file`): the extension's page service
+    /// connections are TLS, and the pageserver's certificate must be signed by it and name
+    /// the host in `pageserver_pg`. `None`: cleartext (a cluster made with `--no-tls`).
+    pub tls_ca_file: Option<String>,
     pub shared_buffers: String,
     /// Set for a compute started at a past LSN: it must not add WAL to its branch, so it
     /// is read-only and the pageserver does not follow it.
@@ -84,6 +88,7 @@ pub fn postgresql_conf(s: &ComputeSettings) -> String {
     set("fjord.pageserver_address", &s.pageserver_pg);
     set("fjord.tenant_id", &s.tenant_id.to_string());
     set("fjord.timeline_id", &s.timeline_id.to_string());
+    set("fjord.tls_ca_file", s.tls_ca_file.as_deref().unwrap_or(""));
     // Without safekeepers the pageserver follows the compute over physical replication (WAL
     // senders), and the compute's own pg_wal is the only place it can re-read WAL from after
     // a reconnect; with safekeepers, the WAL proposer reads what a lagging safekeeper lacks
@@ -188,15 +193,25 @@ host    replication  all   {addr}/{bits}   trust
 /// replication protocol takes it from PostgreSQL's walreceiver (`options`, since the
 /// walreceiver always sends `dbname=replication`). With a token, it is the password: a
 /// safekeeper with authentication on asks for one (PostgreSQL shows it as `********` in
-/// `pg_stat_wal_receiver`; the file is the data directory's, mode 0600).
-pub fn replica_conninfo(safekeepers: &[(String, u16)], tenant: TenantId, timeline: TimelineId, name: &str, token: Option<&str>) -> String {
+/// `pg_stat_wal_receiver`; the file is the data directory's, mode 0600). With the cluster
+/// CA (`tls_ca`), the connection is TLS and verified (`sslmode=verify-full`): each
+/// safekeeper's certificate must be signed by the CA and name the host dialled.
+pub fn replica_conninfo(
+    safekeepers: &[(String, u16)],
+    tenant: TenantId,
+    timeline: TimelineId,
+    name: &str,
+    token: Option<&str>,
+    tls_ca: Option<&str>,
+) -> String {
     let hosts: Vec<&str> = safekeepers.iter().map(|(h, _)| h.as_str()).collect();
     let ports: Vec<String> = safekeepers.iter().map(|(_, p)| p.to_string()).collect();
     // A libpq connection string value: single-quoted, with \ and ' escaped by a backslash.
     let quoted = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
     let password = token.map(|t| format!(" password={}", quoted(t))).unwrap_or_default();
+    let ssl = tls_ca.map(|ca| format!(" sslmode=verify-full sslrootcert={}", quoted(ca))).unwrap_or_default();
     format!(
-        "host={} port={} options='-c fjord.timeline={tenant}/{timeline}' application_name={} connect_timeout=2{password}",
+        "host={} port={} options='-c fjord.timeline={tenant}/{timeline}' application_name={} connect_timeout=2{password}{ssl}",
         hosts.join(","),
         ports.join(","),
         quoted(name)
@@ -232,6 +247,7 @@ mod tests {
             pageserver_pg: "127.0.0.1:6400".into(),
             tenant_id: "11111111111111111111111111111111".parse().unwrap(),
             timeline_id: "22222222222222222222222222222222".parse().unwrap(),
+            tls_ca_file: None,
             shared_buffers: "128MB".into(),
             static_lsn: None,
             safekeepers: None,
@@ -246,7 +262,7 @@ mod tests {
         let sks = [("127.0.0.1".to_string(), 5454), ("127.0.0.1".to_string(), 5455)];
         let mut s = settings();
         s.safekeepers = Some("127.0.0.1:5454,127.0.0.1:5455".into());
-        s.replica_conninfo = Some(replica_conninfo(&sks, s.tenant_id, s.timeline_id, "it's", None));
+        s.replica_conninfo = Some(replica_conninfo(&sks, s.tenant_id, s.timeline_id, "it's", None, None));
         let conf = postgresql_conf(&s);
         assert_eq!(
             value_of(&conf, "primary_conninfo").unwrap(),
@@ -263,8 +279,16 @@ mod tests {
     fn a_replica_with_a_token_gives_it_as_its_password() {
         let sks = [("127.0.0.1".to_string(), 5454)];
         let s = settings();
-        let conninfo = replica_conninfo(&sks, s.tenant_id, s.timeline_id, "r", Some("aa.bb.cc"));
+        let conninfo = replica_conninfo(&sks, s.tenant_id, s.timeline_id, "r", Some("aa.bb.cc"), None);
         assert!(conninfo.ends_with(" connect_timeout=2 password='aa.bb.cc'"), "{conninfo}");
+    }
+
+    #[test]
+    fn a_replica_with_the_cluster_ca_verifies_the_safekeepers() {
+        let sks = [("sk1.example".to_string(), 5454)];
+        let s = settings();
+        let conninfo = replica_conninfo(&sks, s.tenant_id, s.timeline_id, "r", None, Some("/repo/tls/ca.crt"));
+        assert!(conninfo.ends_with(" connect_timeout=2 sslmode=verify-full sslrootcert='/repo/tls/ca.crt'"), "{conninfo}");
     }
 
     fn value_of(conf: &str, name: &str) -> Option<String> {
@@ -284,6 +308,13 @@ mod tests {
         assert_eq!(value_of(&conf, "port").unwrap(), "'55432'");
         assert_eq!(value_of(&conf, "unix_socket_directories").unwrap(), "''");
         assert!(value_of(&conf, "default_transaction_read_only").is_none());
+        assert_eq!(value_of(&conf, "fjord.tls_ca_file").unwrap(), "''", "no CA: the page service link is cleartext");
+    }
+
+    #[test]
+    fn with_a_ca_the_page_service_link_is_tls() {
+        let conf = postgresql_conf(&ComputeSettings { tls_ca_file: Some("/repo/tls/ca.crt".into()), ..settings() });
+        assert_eq!(value_of(&conf, "fjord.tls_ca_file").unwrap(), "'/repo/tls/ca.crt'");
     }
 
     #[test]

@@ -34,13 +34,15 @@ pub struct Synced {
     pub elapsed: Duration,
 }
 
-/// Syncs the safekeepers of a timeline (see `walproposer::sync_safekeepers`).
+/// Syncs the safekeepers of a timeline (see `walproposer::sync_safekeepers`), over TLS
+/// trusting the cluster CA of `tls` (`None`: cleartext).
 pub fn sync(
     list: &[Safekeeper],
     tenant: TenantId,
     timeline: TimelineId,
     system_id: u64,
     auth_token: Option<String>,
+    tls: Option<tls::ClientTls>,
     timeout: Duration,
 ) -> anyhow::Result<Synced> {
     let started = Instant::now();
@@ -56,6 +58,7 @@ pub fn sync(
         reconnect_max: Duration::from_secs(1),
         whole_records: true,
         auth_token,
+        tls,
     };
     let lsn = walproposer::sync_safekeepers(&config, timeout).context("sync the safekeepers")?;
     Ok(Synced { lsn, elapsed: started.elapsed() })

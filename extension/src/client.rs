@@ -12,6 +12,14 @@
 //! the last failure, and the backend stays up. Every request is a read, so resending it is
 //! safe. While waiting, interrupts are serviced: a cancelled query stops waiting.
 //!
+//! With `fjord.tls_ca_file` set, every connection is TLS from its first byte (the CA file is
+//! read once per backend, at its first connection): the pageserver's certificate must be
+//! signed by that CA and name the host of `fjord.pageserver_address`. A certificate that is
+//! wrong in a way a retry cannot fix (another host, another CA, expired) fails the query at
+//! once, with the reason; everything else (the pageserver restarting, a handshake cut off)
+//! is retried like a lost connection. A connection lives as long as its backend, so the
+//! handshake is paid once per backend, not per request.
+//!
 //! Invariant: a connection whose next answer may be half read is never reused. `reading` is
 //! set while an answer is read and cleared once it is whole; if an ERROR (a cancel) unwinds
 //! out of the middle, the next call finds it set and drops the connection with its queue.
@@ -19,7 +27,7 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{BufReader, ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -37,8 +45,60 @@ const POLL: Duration = Duration::from_millis(100);
 /// Requests a backend may have sent ahead of its reads.
 pub const PREFETCH_MAX: usize = 64;
 
+/// A connection's bytes: plain TCP, or TLS over it.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tls::rustls::StreamOwned<tls::rustls::ClientConnection, BufTcp>>),
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// The TCP connection under TLS, read through a buffer: rustls asks for at most 4 KiB per
+/// read, and the answers to a window of prefetches are hundreds of KiB. A read that times
+/// out (the poll for interrupts) loses nothing: rustls keeps a partial record.
+struct BufTcp(BufReader<TcpStream>);
+
+impl Read for BufTcp {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl Write for BufTcp {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.get_mut().write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.get_mut().flush()
+    }
+}
+
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     buf: Vec<u8>,
     /// An answer is being read (see the module's invariant).
     reading: bool,
@@ -75,6 +135,8 @@ struct Target {
     timeline: TimelineId,
     /// Sent in `Hello`: the compute's token from `FJORD_AUTH_TOKEN`, or empty.
     token: String,
+    /// With `fjord.tls_ca_file` set: the cluster CA, and the host its certificate must name.
+    tls: Option<(tls::ClientTls, String)>,
 }
 
 /// The page service and timeline from the `fjord.*` settings, which are fixed at server
@@ -103,7 +165,50 @@ fn parse_target() -> Result<Target, (String, &'static str)> {
     // compute_ctl passes the token in the postmaster's environment, which every backend
     // inherits; empty: none (a pageserver without authentication).
     let token = std::env::var(proto::AUTH_TOKEN_ENV).unwrap_or_default();
-    Ok(Target { address, tenant, timeline, token })
+    let tls = match guc::tls_ca_file() {
+        None => None,
+        Some(ca) => Some((load_ca(&ca).map_err(|e| (e, HINT))?, host_of(&address).to_string())),
+    };
+    Ok(Target { address, tenant, timeline, token, tls })
+}
+
+/// Checks at server start that `fjord.tls_ca_file`, if set, is a CA certificate file:
+/// FATAL in the postmaster otherwise, so that a compute never starts unable to read a page.
+/// (Each backend loads the file again at its first connection.)
+pub fn check_settings() {
+    let Some(ca) = guc::tls_ca_file() else { return };
+    if let Err(message) = load_ca(&ca) {
+        ereport!(
+            PgLogLevel::FATAL,
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            message,
+            "compute_ctl writes fjord.tls_ca_file from its --tls-ca; the file must be readable by the postgres user"
+        );
+        unreachable!("ereport(FATAL) does not return")
+    }
+}
+
+/// The cluster CA in `path` (`fjord.tls_ca_file`).
+pub fn load_ca(path: &str) -> Result<tls::ClientTls, String> {
+    tls::ClientTls::load(std::path::Path::new(path)).map_err(|e| format!("fjord.tls_ca_file \"{path}\": {e:#}"))
+}
+
+/// The host of a `host:port` address (an IPv6 address keeps its brackets).
+fn host_of(address: &str) -> &str {
+    address.trim().rsplit_once(':').map_or(address.trim(), |(host, _)| host)
+}
+
+/// Why a connection attempt or a request failed.
+struct Failure {
+    message: String,
+    /// A retry cannot help (a certificate for another host or from another CA).
+    permanent: bool,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure { message, permanent: false }
+    }
 }
 
 fn io_err(e: impl std::fmt::Display) -> String {
@@ -111,21 +216,40 @@ fn io_err(e: impl std::fmt::Display) -> String {
 }
 
 impl Conn {
-    fn connect(t: &Target, deadline: Instant) -> Result<Conn, String> {
+    fn connect(t: &Target, deadline: Instant) -> Result<Conn, Failure> {
         let addrs: Vec<_> = t.address.to_socket_addrs().map_err(|e| format!("cannot resolve \"{}\": {e}", t.address))?.collect();
         let addr = addrs.first().ok_or_else(|| format!("\"{}\" resolves to no address", t.address))?;
         let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
-        let stream = TcpStream::connect_timeout(addr, left.min(Duration::from_secs(5))).map_err(io_err)?;
-        stream.set_nodelay(true).map_err(io_err)?;
-        stream.set_read_timeout(Some(POLL)).map_err(io_err)?;
+        let tcp = TcpStream::connect_timeout(addr, left.min(Duration::from_secs(5))).map_err(io_err)?;
+        tcp.set_nodelay(true).map_err(io_err)?;
+        let stream = match &t.tls {
+            None => {
+                tcp.set_read_timeout(Some(POLL)).map_err(io_err)?;
+                Stream::Plain(tcp)
+            }
+            Some((ca, host)) => {
+                // The handshake blocks (no interrupts serviced) for at most 5 s and never
+                // past the deadline.
+                let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
+                tcp.set_read_timeout(Some(left.min(Duration::from_secs(5)))).map_err(io_err)?;
+                let tls = ca.connect(tcp, host).map_err(|e| {
+                    use tls::ConnectError::*;
+                    let permanent = matches!(e, WrongHost { .. } | UnknownCa { .. } | Expired { .. } | InvalidHost { .. });
+                    Failure { message: e.to_string(), permanent }
+                })?;
+                tls.sock.set_read_timeout(Some(POLL)).map_err(io_err)?;
+                let (conn, tcp) = (tls.conn, tls.sock);
+                Stream::Tls(Box::new(tls::rustls::StreamOwned::new(conn, BufTcp(BufReader::with_capacity(64 * 1024, tcp)))))
+            }
+        };
         let mut conn = Conn { stream, buf: Vec::with_capacity(16 * 1024), reading: false, queue: VecDeque::new() };
         let hello =
             Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: t.tenant, timeline: t.timeline, auth_token: t.token.clone() };
         conn.send(hello)?;
         match conn.wait_for(0, deadline)? {
             Response::HelloOk { .. } => Ok(conn),
-            Response::Error { message, .. } => Err(format!("pageserver refused the connection: {message}")),
-            other => Err(format!("pageserver answered Hello with {other:?}")),
+            Response::Error { message, .. } => Err(format!("pageserver refused the connection: {message}").into()),
+            other => Err(format!("pageserver answered Hello with {other:?}").into()),
         }
     }
 
@@ -220,14 +344,23 @@ pub fn request(what: &dyn Fn() -> String, make: &dyn Fn(u64) -> Request) -> Resu
                 Ok(resp) => Ok(resp),
                 Err(e) => {
                     c.conn = None;
-                    Err(e)
+                    Err(Failure::from(e))
                 }
             }
         });
         match attempt {
             Ok(Response::Error { code, message, .. }) => return Err(ServerError { code, message }),
             Ok(resp) => return Ok(resp),
-            Err(e) => last_error = e,
+            Err(Failure { message, permanent: true }) => {
+                ereport!(
+                    PgLogLevel::ERROR,
+                    PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
+                    format!("fjord: could not connect to the pageserver at {} while {}: {message}", t.address, what()),
+                    "The pageserver's certificate must be signed by the CA in fjord.tls_ca_file and name the host in fjord.pageserver_address."
+                );
+                unreachable!("ereport(ERROR) does not return")
+            }
+            Err(Failure { message, .. }) => last_error = message,
         }
         CLIENT.with(|c| {
             let mut c = c.borrow_mut();

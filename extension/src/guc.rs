@@ -17,6 +17,7 @@ use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 pub static PAGESERVER_ADDRESS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static TENANT_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static TIMELINE_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static TLS_CA_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static READ_LSN: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static PAGESERVER_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 pub static RELSIZE_CACHE_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(131_072);
@@ -53,6 +54,14 @@ pub fn define() {
         c"The timeline (32 hex digits) this compute reads and writes.",
         c"",
         &TIMELINE_ID,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"fjord.tls_ca_file",
+        c"The cluster CA's certificate (PEM): page service connections use TLS and trust only it; empty: cleartext.",
+        c"The pageserver's certificate must be signed by this CA and name the host of fjord.pageserver_address. Each backend reads the file at its first page service connection, so a replaced CA file reaches new backends without a restart.",
+        &TLS_CA_FILE,
         GucContext::Postmaster,
         GucFlags::default(),
     );
@@ -157,6 +166,11 @@ fn string(s: &GucSetting<Option<CString>>) -> Option<String> {
 /// The page service address, if the compute reads from a pageserver.
 pub fn pageserver_address() -> Option<String> {
     string(&PAGESERVER_ADDRESS)
+}
+
+/// The cluster CA's certificate file, if page service connections use TLS.
+pub fn tls_ca_file() -> Option<String> {
+    string(&TLS_CA_FILE)
 }
 
 pub fn file_cache_path() -> Option<String> {

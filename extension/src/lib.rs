@@ -42,6 +42,7 @@ pub extern "C-unwind" fn _PG_init() {
     guc::define();
     smgr::install();
     if smgr::in_pageserver_mode() {
+        client::check_settings();
         replica::install();
     }
     wal_proposer::install();

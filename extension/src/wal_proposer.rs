@@ -106,6 +106,8 @@ pub struct Settings {
     pub safekeepers: Vec<String>,
     pub tenant_id: TenantId,
     pub timeline_id: TimelineId,
+    /// TLS to the safekeepers, trusting the CA of `fjord.tls_ca_file` (empty: cleartext).
+    pub tls: Option<tls::ClientTls>,
 }
 
 /// Reads and validates the WAL proposer's settings; `Ok(None)` when `fjord.safekeepers` is
@@ -119,7 +121,14 @@ pub fn settings() -> Result<Option<Settings>, String> {
         guc::timeline_id().ok_or("fjord.safekeepers is set but fjord.timeline_id is not: the WAL proposer must name the timeline")?;
     let timeline_id: TimelineId =
         timeline_id.parse().map_err(|e| format!("fjord.timeline_id \"{timeline_id}\" is not a timeline id: {e}"))?;
-    Ok(Some(Settings { safekeepers, tenant_id, timeline_id }))
+    let tls = match guc::tls_ca_file() {
+        Some(ca) => Some(
+            tls::ClientTls::load(std::path::Path::new(&ca))
+                .map_err(|e| format!("fjord.tls_ca_file: cannot load the cluster CA for the safekeepers: {e:#}"))?,
+        ),
+        None => None,
+    };
+    Ok(Some(Settings { safekeepers, tenant_id, timeline_id, tls }))
 }
 
 /// Called from `_PG_init` in the postmaster: validates the settings (FATAL if wrong) and, if
@@ -297,6 +306,7 @@ pub extern "C-unwind" fn fjord_walproposer_main(_arg: pg_sys::Datum) {
         whole_records: true,
         // From compute_ctl, through the postmaster's environment.
         auth_token: std::env::var(proto::AUTH_TOKEN_ENV).ok().filter(|t| !t.is_empty()),
+        tls: settings.tls.clone(),
     };
     wp.state.store(State::Starting as u32, Ordering::Relaxed);
     wp.worker_latch.store(latch, Ordering::Release);

@@ -40,7 +40,7 @@ fn free_port() -> u16 {
 }
 
 fn source(port: u16) -> WalSource {
-    WalSource { host: "127.0.0.1".into(), port, user: "postgres".into() }
+    WalSource { host: "127.0.0.1".into(), port, user: "postgres".into(), plaintext: false }
 }
 
 fn wait_for(what: &str, rx: &WalReceiver, mut done: impl FnMut() -> bool) {

@@ -2,15 +2,22 @@
 //!
 //! Both are synchronous programs that make a handful of requests, so the client is blocking
 //! (ureq) rather than async. Each method is one route: it encodes the request model, checks
-//! the status and decodes the response model. Its [`Error`] tells the three things a caller
-//! acts on differently apart: nothing answered ([`Error::Unreachable`]: start the pageserver,
-//! retry), the pageserver refused with its own message ([`Error::Status`]: show it), and an
-//! answer this client cannot read ([`Error::Malformed`]: a version mismatch or a bug).
+//! the status and decodes the response model. Its [`Error`] tells the things a caller acts
+//! on differently apart: nothing answered ([`Error::Unreachable`]: start the pageserver,
+//! retry), TLS failed ([`Error::Tls`]: a certificate or CA to fix, which no retry mends),
+//! the pageserver refused with its own message ([`Error::Status`]: show it), and an answer
+//! this client cannot read ([`Error::Malformed`]: a version mismatch or a bug).
+//!
+//! With [`ClientConfig::tls`] (the cluster CA), an `https://` pageserver's certificate must
+//! be signed by that CA, the only root trusted (never the system's), and name the host or
+//! address of the URL; an `http://` URL is refused before anything is sent. [`agent`] makes a ureq agent configured the same way, for the CLI's
+//! calls to the safekeepers' APIs, and [`tls_failure`] words its TLS errors.
 //!
 //! Invariant: a body from the network is never unwrapped; every failure to read or decode
 //! it is an [`Error::Malformed`] naming the route.
 
 use std::io::Read;
+use std::sync::Arc;
 use std::time::Duration;
 
 use proto::{Lsn, TenantId, TimelineId};
@@ -37,6 +44,10 @@ pub enum Error {
         #[source]
         source: Box<ureq::Error>,
     },
+    /// The TLS handshake failed: the certificate is not signed by the cluster CA, names
+    /// another host or has expired, or the server does not speak TLS.
+    #[error("TLS with the pageserver at {url} failed: {reason}")]
+    Tls { url: String, reason: String },
     /// The pageserver answered with a status other than 2xx. `message` is the `error`
     /// field of its JSON body, else the body's text.
     #[error("pageserver: {method} {path} failed: HTTP {status}: {message}")]
@@ -56,26 +67,112 @@ impl Error {
     }
 }
 
-/// Timeouts of a [`Client`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Timeouts and TLS of a [`Client`] (or an [`agent`]).
+#[derive(Clone, Debug)]
 pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// The whole request, body included; `None` waits as long as the pageserver takes (a
     /// basebackup at an LSN waits for it to be ingested, and its body is streamed by the
     /// caller at the caller's pace).
     pub request_timeout: Option<Duration>,
+    /// The cluster CA that an `https://` server's certificate must be signed by; an
+    /// `http://` URL then fails with [`Error::Tls`] before anything is sent. `None`: TLS
+    /// off (`--no-tls`), and an `https://` URL fails with [`Error::Tls`].
+    pub tls: Option<tls::ClientTls>,
 }
 
 impl Default for ClientConfig {
     fn default() -> Self {
-        ClientConfig { connect_timeout: Duration::from_secs(10), request_timeout: None }
+        ClientConfig { connect_timeout: Duration::from_secs(10), request_timeout: None, tls: None }
     }
+}
+
+/// A ureq agent with `config`'s timeouts and TLS, which takes error statuses as answers
+/// (not as [`ureq::Error`]s).
+pub fn agent(config: &ClientConfig) -> ureq::Agent {
+    // The crypto provider fjord's TLS uses everywhere (aws-lc-rs); ureq's own default
+    // (ring) is not built.
+    let provider = Arc::new(tls::rustls::crypto::aws_lc_rs::default_provider());
+    let tls_config = ureq::tls::TlsConfig::builder()
+        .provider(ureq::tls::TlsProvider::Rustls)
+        .unversioned_rustls_crypto_provider(provider)
+        .root_certs(ureq::tls::RootCerts::Specific(Arc::new(config.tls.as_ref().map(ca_certificates).unwrap_or_default())))
+        .build();
+    ureq::Agent::config_builder()
+        // Error statuses are answers with a message to show, not transport failures.
+        .http_status_as_error(false)
+        // With the cluster CA, an `http://` URL is refused before anything is sent: the
+        // request and its token never travel in cleartext to a server meant to be https.
+        .https_only(config.tls.is_some())
+        .timeout_connect(Some(config.connect_timeout))
+        .timeout_global(config.request_timeout)
+        .tls_config(tls_config)
+        .build()
+        .into()
+}
+
+/// The certificates of the CA file `tls` was loaded from. `tls::ClientTls::load` checked
+/// the file; should it have become unreadable since, no server is trusted, and every
+/// handshake fails naming the file.
+fn ca_certificates(tls: &tls::ClientTls) -> Vec<ureq::tls::Certificate<'static>> {
+    let Ok(pem) = std::fs::read(tls.ca_path()) else { return Vec::new() };
+    ureq::tls::parse_pem(&pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(cert)) => Some(cert),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What went wrong with TLS in a request to `url` that failed with `e`, in words a user
+/// acts on ("its certificate is not signed by the cluster CA (--tls-ca FILE)"); `None` if
+/// `e` is no TLS failure. `tls` is the trust the request was made with.
+pub fn tls_failure(e: &ureq::Error, url: &str, tls: Option<&tls::ClientTls>) -> Option<String> {
+    use tls::rustls::{CertificateError, Error as TlsError};
+    let source: &TlsError = match e {
+        ureq::Error::Rustls(source) => source,
+        ureq::Error::Io(io) => io.get_ref()?.downcast_ref::<TlsError>()?,
+        ureq::Error::Tls(what) => return Some(what.to_string()),
+        ureq::Error::RequireHttpsOnly(_) => {
+            let ca = tls.map(|t| format!(" {}", t.ca_path().display())).unwrap_or_default();
+            return Some(format!(
+                "{url} is http://, and a client given the cluster CA (--tls-ca{ca}) sends nothing in cleartext: use https://"
+            ));
+        }
+        _ => return None,
+    };
+    let host = url.parse::<ureq::http::Uri>().ok().and_then(|u| u.host().map(str::to_string)).unwrap_or_default();
+    let ca = || match tls {
+        Some(tls) => format!("the cluster CA (--tls-ca {})", tls.ca_path().display()),
+        None => "a cluster CA, and none was given (--tls-ca FILE)".to_string(),
+    };
+    Some(match source {
+        TlsError::InvalidCertificate(CertificateError::NotValidForNameContext { presented, .. }) => {
+            format!("its certificate is for another host: it names {}, not {host}", presented.join(", "))
+        }
+        TlsError::InvalidCertificate(CertificateError::NotValidForName) => format!("its certificate is for another host, not {host}"),
+        TlsError::InvalidCertificate(CertificateError::UnknownIssuer | CertificateError::BadSignature) => {
+            format!("its certificate is not signed by {}", ca())
+        }
+        TlsError::InvalidCertificate(
+            CertificateError::Expired
+            | CertificateError::ExpiredContext { .. }
+            | CertificateError::NotValidYet
+            | CertificateError::NotValidYetContext { .. },
+        ) => "its certificate has expired or is not valid yet".to_string(),
+        TlsError::InvalidMessage(_) | TlsError::InappropriateMessage { .. } => {
+            "it does not speak TLS (a server started with --no-tls serves http://, not https://)".to_string()
+        }
+        TlsError::AlertReceived(alert) => format!("it refused the TLS handshake ({alert:?})"),
+        other => format!("the handshake failed: {other}"),
+    })
 }
 
 /// A client of one pageserver's management API, e.g. `http://127.0.0.1:9898`.
 pub struct Client {
     base_url: String,
     agent: ureq::Agent,
+    tls: Option<tls::ClientTls>,
     /// Sent as `Authorization: Bearer <token>` with every request.
     token: Option<String>,
 }
@@ -99,14 +196,7 @@ impl Client {
     }
 
     pub fn with_config(base_url: &str, config: ClientConfig) -> Client {
-        let agent = ureq::Agent::config_builder()
-            // Error statuses are answers with a message to show, not transport failures.
-            .http_status_as_error(false)
-            .timeout_connect(Some(config.connect_timeout))
-            .timeout_global(config.request_timeout)
-            .build()
-            .into();
-        Client { base_url: base_url.trim_end_matches('/').to_string(), agent, token: None }
+        Client { base_url: base_url.trim_end_matches('/').to_string(), agent: agent(&config), tls: config.tls, token: None }
     }
 
     /// Sends `token` (a JWT, see the `auth` crate) with every request; `None`: no token.
@@ -307,7 +397,11 @@ impl Client {
         path: &str,
         response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
     ) -> Result<ureq::http::Response<ureq::Body>, Error> {
-        let mut response = response.map_err(|e| Error::Unreachable { url: self.url(path), source: Box::new(e) })?;
+        let url = self.url(path);
+        let mut response = response.map_err(|e| match tls_failure(&e, &url, self.tls.as_ref()) {
+            Some(reason) => Error::Tls { url: url.clone(), reason },
+            None => Error::Unreachable { url: url.clone(), source: Box::new(e) },
+        })?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -366,8 +460,8 @@ mod tests {
     #[test]
     fn nothing_listening_is_unreachable() {
         // Port 1 on loopback: nothing listens there on any machine that runs these tests.
-        let client =
-            Client::with_config("http://127.0.0.1:1/", ClientConfig { connect_timeout: Duration::from_secs(2), request_timeout: None });
+        let config = ClientConfig { connect_timeout: Duration::from_secs(2), ..Default::default() };
+        let client = Client::with_config("http://127.0.0.1:1/", config);
         let err = client.status().unwrap_err();
         assert!(matches!(err, Error::Unreachable { .. }), "{err:?}");
         assert_eq!(err.to_string(), "could not reach the pageserver at http://127.0.0.1:1/v1/status");

@@ -159,6 +159,13 @@ pub struct WalSource {
     pub host: String,
     pub port: u16,
     pub user: String,
+    /// A compute's own walsender (a timeline without safekeepers), which serves no TLS:
+    /// the one source a WAL receiver reads in cleartext even with the cluster CA. It
+    /// carries no token (the compute trusts the pageserver's connection) and is part of the
+    /// source's identity, so a caller limited to a timeline's registered sources cannot
+    /// turn one of them into cleartext.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plaintext: bool,
 }
 
 /// `host:port`, with an IPv6 host in brackets: how logs and errors name a source.

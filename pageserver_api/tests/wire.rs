@@ -152,7 +152,7 @@ fn requests_are_the_bodies_clients_always_sent() {
     client.create_tenant(&TenantCreateRequest { tenant_id: Some(tenant()) }).unwrap();
     let server2 = serve(202, "", "");
     let client2 = Client::new(&server2.url);
-    let source = WalSource { host: "127.0.0.1".into(), port: 55432, user: "me".into() };
+    let source = WalSource { host: "127.0.0.1".into(), port: 55432, user: "me".into(), plaintext: false };
     client2.start_wal_receiver(tenant(), timeline(), &WalReceiverRequest::Single(source.clone())).unwrap();
     let list = WalReceiverRequest::Sources(WalSourceList { sources: vec![WalSource { user: "fjord".into(), ..source }], token: None });
     client2.start_wal_receiver(tenant(), timeline(), &list).unwrap();

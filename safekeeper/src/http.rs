@@ -9,6 +9,9 @@
 //! token): 401 without a valid token (none, malformed, another key's, expired), 403 when a
 //! valid token does not grant it. The check is one layer over the whole router
 //! ([`require_management`]), so a route added later is not open by accident.
+//!
+//! With TLS (`--tls-cert`), the API is https only, `/v1/status` and `/metrics` included: a
+//! plaintext request gets a 400 whose body says https is required ([`tls::http`]).
 
 use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{header, StatusCode};
@@ -77,9 +80,16 @@ pub fn router(sk: Arc<Safekeeper>) -> Router {
         .with_state(sk)
 }
 
+/// Serves the API on `listener`: https only when the safekeeper has TLS (a plaintext
+/// request gets a 400 saying so), else plain HTTP. Handlers see the peer's address (for the
+/// log line of a refused request) as `ConnectInfo`.
 pub async fn serve(listener: TcpListener, sk: Arc<Safekeeper>) -> anyhow::Result<()> {
-    // The peer's address, for the log line of a refused request.
-    axum::serve(listener, router(sk).into_make_service_with_connect_info::<SocketAddr>()).await?;
+    let metrics = Arc::clone(&sk.metrics);
+    let https = sk.config.tls.as_ref().map(|tls| tls::http::Https {
+        config: tls.config(),
+        on_refusal: Arc::new(move |reason: &'static str| metrics.http_tls_failures.with_label_values(&[reason]).inc()),
+    });
+    tls::http::serve(listener, router(sk), https, std::future::pending()).await;
     Ok(())
 }
 
@@ -185,5 +195,10 @@ async fn timeline_create(
 }
 
 async fn metrics(State(sk): State<Arc<Safekeeper>>) -> Result<String, ApiError> {
-    sk.metrics.render().map_err(|e| ApiError::Internal(format!("could not render metrics: {e:#}")))
+    let mut text = sk.metrics.render().map_err(|e| ApiError::Internal(format!("could not render metrics: {e:#}")))?;
+    // When the TLS certificate expires (it is reloaded when its files change).
+    if let Some(tls) = &sk.config.tls {
+        text.push_str(&tls.metrics_text());
+    }
+    Ok(text)
 }

@@ -24,6 +24,7 @@ pub mod proposer;
 pub mod replication;
 pub mod server;
 pub mod storage;
+pub mod stream;
 pub mod timeline;
 pub mod verify;
 
@@ -53,11 +54,15 @@ pub struct SafekeeperConfig {
     /// request (but `/metrics` and `/v1/status`) needs a token this verifier accepts and
     /// that grants what it asks ([`access`]). `None`: trust, as before tokens existed.
     pub auth: Option<auth::Verifier>,
+    /// TLS (`--tls-cert` and `--tls-key`, or `--no-tls`): the certificate of the
+    /// safekeeper port (after an `SSLRequest`; a client that sends none is refused, see
+    /// [`server`]) and the HTTP API. `None`: cleartext.
+    pub tls: Option<tls::ServerTls>,
 }
 
 impl Default for SafekeeperConfig {
     fn default() -> Self {
-        SafekeeperConfig { wal_removal: true, broken_reload_interval: std::time::Duration::from_secs(5), auth: None }
+        SafekeeperConfig { wal_removal: true, broken_reload_interval: std::time::Duration::from_secs(5), auth: None, tls: None }
     }
 }
 

@@ -46,7 +46,18 @@ pub struct Metrics {
     /// Remote-consistent LSNs ignored, by reason: `not_storage` (a client that is not the
     /// pageserver), `superseded` (an older attachment generation than the newest heard).
     pub remote_consistent_lsn_ignored: IntCounterVec,
+    /// Connections to the `--listen` port that did not get through the TLS handshake, by
+    /// reason (`plaintext`: no `SSLRequest`; `handshake`: the handshake failed, e.g. the
+    /// client does not trust the certificate; `timeout`); every reason present from the
+    /// start, at 0.
+    pub tls_handshake_failures: IntCounterVec,
+    /// `safekeeper_http_tls_failures_total`: HTTP API connections refused for TLS, by
+    /// reason (`plaintext`: a plaintext request, answered 400; `handshake`; `timeout`).
+    pub http_tls_failures: IntCounterVec,
 }
+
+/// The reasons of `safekeeper_tls_handshake_failures_total`.
+pub const TLS_FAILURE_REASONS: [&str; 3] = ["plaintext", "handshake", "timeout"];
 
 impl Metrics {
     pub fn new() -> anyhow::Result<Metrics> {
@@ -111,6 +122,20 @@ impl Metrics {
         for reason in ["not_storage", "superseded"] {
             remote_consistent_lsn_ignored.with_label_values(&[reason]);
         }
+        let tls_handshake_failures = IntCounterVec::new(
+            Opts::new("safekeeper_tls_handshake_failures_total", "connections refused before or during the TLS handshake"),
+            &["reason"],
+        )?;
+        for reason in TLS_FAILURE_REASONS {
+            tls_handshake_failures.with_label_values(&[reason]);
+        }
+        let http_tls_failures = IntCounterVec::new(
+            Opts::new("safekeeper_http_tls_failures_total", "HTTP API connections refused before or during the TLS handshake"),
+            &["reason"],
+        )?;
+        for reason in TLS_FAILURE_REASONS {
+            http_tls_failures.with_label_values(&[reason]);
+        }
         registry.register(Box::new(flush_lsn.clone()))?;
         registry.register(Box::new(commit_lsn.clone()))?;
         registry.register(Box::new(appends.clone()))?;
@@ -129,6 +154,8 @@ impl Metrics {
         registry.register(Box::new(auth_failures.clone()))?;
         registry.register(Box::new(wal_corruption.clone()))?;
         registry.register(Box::new(remote_consistent_lsn_ignored.clone()))?;
+        registry.register(Box::new(tls_handshake_failures.clone()))?;
+        registry.register(Box::new(http_tls_failures.clone()))?;
         Ok(Metrics {
             registry,
             flush_lsn,
@@ -149,6 +176,8 @@ impl Metrics {
             auth_failures,
             wal_corruption,
             remote_consistent_lsn_ignored,
+            tls_handshake_failures,
+            http_tls_failures,
         })
     }
 

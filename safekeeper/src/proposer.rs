@@ -23,9 +23,9 @@ use quorum::wire::{AcceptorMessage, PageserverFeedback, ProposerMessage, Standby
 use quorum::ToAcceptor;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tracing::Instrument;
 
+use crate::stream::Stream;
 use crate::timeline::{BatchOutcome, Timeline, TimelineError};
 use crate::Safekeeper;
 
@@ -35,21 +35,28 @@ const READ_CHUNK_BYTES: usize = 256 * 1024;
 const BATCH_BYTES_MAX: usize = 32 * 1024 * 1024;
 
 /// Closes the connection after telling the proposer why.
-async fn refuse(stream: &mut TcpStream, message: String) -> anyhow::Result<()> {
+async fn refuse(stream: &mut Stream, message: String) -> anyhow::Result<()> {
     tell_and_close(stream, &message).await;
     anyhow::bail!("{message}")
 }
 
 /// Sends `Error` and closes the connection, best effort (it is being closed anyway).
-async fn tell_and_close(stream: &mut TcpStream, message: &str) {
+async fn tell_and_close(stream: &mut Stream, message: &str) {
     let mut out = BytesMut::new();
     AcceptorMessage::Error { message: message.to_string() }.encode(&mut out);
-    let _ = stream.write_all(&out).await;
+    let _ = send(stream, &out).await;
     let _ = stream.shutdown().await;
 }
 
+/// Writes `out` and flushes it: over TLS, bytes the socket did not take at once stay in the
+/// session until a flush.
+async fn send(stream: &mut Stream, out: &[u8]) -> std::io::Result<()> {
+    stream.write_all(out).await?;
+    stream.flush().await
+}
+
 /// Reads until `buf` holds at least one more byte; `false` on end of stream.
-async fn read_more(stream: &mut TcpStream, buf: &mut BytesMut) -> anyhow::Result<bool> {
+async fn read_more(stream: &mut Stream, buf: &mut BytesMut) -> anyhow::Result<bool> {
     buf.reserve(READ_CHUNK_BYTES);
     Ok(stream.read_buf(buf).await? > 0)
 }
@@ -76,13 +83,13 @@ fn handle_batch_here(tl: &Arc<Timeline>, msgs: Vec<ToAcceptor>) -> anyhow::Resul
 /// The feedback and standby lists still arrive through the timeline's watch channels, which
 /// work across runtimes.
 async fn session_on_own_thread(
-    stream: TcpStream,
+    mut stream: Stream,
     buf: BytesMut,
     tl: Arc<Timeline>,
     feedback: tokio::sync::watch::Receiver<PageserverFeedback>,
     standbys: tokio::sync::watch::Receiver<Vec<StandbyReport>>,
 ) -> anyhow::Result<()> {
-    let stream = stream.into_std()?;
+    let socket = stream.detach()?;
     let span = tracing::Span::current();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     // Dropped with this future (the connection task ends: the runtime shuts down), which
@@ -93,7 +100,8 @@ async fn session_on_own_thread(
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             rt.block_on(
                 async move {
-                    let mut stream = TcpStream::from_std(stream)?;
+                    let mut stream = stream;
+                    stream.attach(socket)?;
                     let mut buf = buf;
                     session(&mut stream, &mut buf, &tl, feedback, standbys, stop_rx).await
                 }
@@ -105,10 +113,10 @@ async fn session_on_own_thread(
     done_rx.await.unwrap_or_else(|_| Err(anyhow::anyhow!("the connection's thread ended without a result")))
 }
 
-/// Serves a proposer connection (its first byte is `b'H'`).
-pub async fn serve(mut stream: TcpStream, sk: Arc<Safekeeper>) -> anyhow::Result<()> {
-    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-    let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+/// Serves a proposer connection (its first byte is `b'H'`) from `peer`; `buf` holds what
+/// was already read of it.
+pub async fn serve(mut stream: Stream, mut buf: BytesMut, peer: String, sk: Arc<Safekeeper>) -> anyhow::Result<()> {
+    buf.reserve(READ_CHUNK_BYTES);
     let hello = loop {
         match ProposerMessage::decode(&mut buf) {
             Ok(Some(m)) => break m,
@@ -161,7 +169,7 @@ pub async fn serve(mut stream: TcpStream, sk: Arc<Safekeeper>) -> anyhow::Result
         if !list.is_empty() {
             AcceptorMessage::Standbys(list).encode(&mut out);
         }
-        stream.write_all(&out).await?;
+        send(&mut stream, &out).await?;
         tracing::info!("proposer connected");
         sk.metrics.proposer_connections_open.inc();
         let r = session_on_own_thread(stream, buf, tl, feedback, standbys).await;
@@ -178,7 +186,7 @@ pub async fn serve(mut stream: TcpStream, sk: Arc<Safekeeper>) -> anyhow::Result
 }
 
 async fn session(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     buf: &mut BytesMut,
     tl: &Arc<Timeline>,
     mut feedback: tokio::sync::watch::Receiver<PageserverFeedback>,
@@ -222,7 +230,7 @@ async fn session(
             for r in outcome.replies {
                 AcceptorMessage::Consensus(r).encode(&mut out);
             }
-            stream.write_all(&out).await?;
+            send(stream, &out).await?;
             if let Some(e) = outcome.error {
                 return refuse(stream, e).await;
             }
@@ -260,13 +268,13 @@ async fn session(
                 let f = *feedback.borrow_and_update();
                 let mut out = BytesMut::new();
                 AcceptorMessage::Feedback(f).encode(&mut out);
-                stream.write_all(&out).await?;
+                send(stream, &out).await?;
             }
             Event::Standbys => {
                 let list = standbys.borrow_and_update().clone();
                 let mut out = BytesMut::new();
                 AcceptorMessage::Standbys(list).encode(&mut out);
-                stream.write_all(&out).await?;
+                send(stream, &out).await?;
             }
         }
     }

@@ -7,7 +7,9 @@
 //! connection needs from a timeline, so it is tested against an in-memory source.
 //!
 //! # Connection
-//! 1. Startup. An `SSLRequest` or `GSSENCRequest` is answered `N` (no encryption), then the
+//! 1. Startup. With TLS on, the listener has already answered the client's `SSLRequest`
+//!    and the connection is TLS (`crate::server`). An `SSLRequest` or `GSSENCRequest` that
+//!    reaches this code is answered `N` (no encryption, or no more of it), then the
 //!    real `StartupMessage` is read (protocol 3.0; a later minor version or `_pq_.` options
 //!    get a `NegotiateProtocolVersion`). Parameters:
 //!    - `replication`: must be `true`/`on`/`yes`/`1` (physical replication). `database`
@@ -33,8 +35,8 @@
 //!    timeline. A client that closes instead of answering (libpq without a password) is
 //!    refused as sending none. The exchange happens before the timeline is looked up, so an
 //!    unauthenticated client learns nothing of which timelines exist. Cleartext, because
-//!    the password is a bearer token that the server must see whole; the connection is not
-//!    encrypted (see the README's "Not done yet").
+//!    the password is a bearer token that the server must see whole; with TLS on, inside
+//!    the TLS connection.
 //!
 //!    Then: `AuthenticationOk`, `ParameterStatus` (server_version
 //!    15, UTF8 encodings, ISO dates, integer datetimes, and [`SAFEKEEPER_PARAMETER`]
@@ -138,7 +140,6 @@ use pgwal::{DecoderConfig, WalError};
 use proto::{Lsn, TenantId, TimelineId};
 use quorum::wire::PageserverFeedback;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -147,6 +148,7 @@ mod command;
 mod messages;
 mod startup;
 
+use crate::stream::{ReadHalf, WriteHalf};
 use crate::verify::{self, VerifiedStream};
 use command::{parse_command, query_text, show_value, tokenize, Command};
 use messages::{
@@ -259,15 +261,16 @@ pub const REMOTE_CONSISTENT_LSN_TAG: u8 = b'P';
 /// but a replication client sends only small status messages and queries).
 const MESSAGE_BYTES_MAX: usize = 1 << 20;
 
-/// Serves one replication connection handed over by the safekeeper's listener.
-pub async fn serve(stream: TcpStream, sk: Arc<crate::Safekeeper>) -> anyhow::Result<()> {
+/// Serves one replication connection handed over by the safekeeper's listener: its two
+/// halves (plain TCP or TLS) and the client's address.
+pub async fn serve(read: ReadHalf, write: WriteHalf, peer: String, sk: Arc<crate::Safekeeper>) -> anyhow::Result<()> {
     let config = Config {
         auth: sk.auth.clone(),
         wal_corruption: Some(sk.metrics.wal_corruption.clone()),
         remote_ignored: Some(sk.metrics.remote_consistent_lsn_ignored.clone()),
         ..Config::default()
     };
-    serve_with_config(stream, move |tenant, timeline| lookup_timeline(&sk, tenant, timeline), config).await
+    serve_halves(read, write, peer, move |tenant, timeline| lookup_timeline(&sk, tenant, timeline), config).await
 }
 
 /// The timeline a replication connection asked for (unknown and unavailable timelines are
@@ -336,6 +339,30 @@ where
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "unknown peer".into());
     let _ = stream.set_nodelay(true);
     let (read, write) = stream.into_split();
+    serve_halves(Box::new(read), Box::new(write), peer, lookup, config).await
+}
+
+/// A `FATAL` error with SQLSTATE 28000 (`invalid_authorization_specification`, what
+/// PostgreSQL answers a connection its `pg_hba.conf` does not allow), as the bytes of an
+/// `ErrorResponse`: the listener's answer to a replication client that did not ask for TLS.
+pub(crate) fn refusal(message: String) -> BytesMut {
+    let mut out = BytesMut::new();
+    error_response(&mut out, &PgError::fatal(sqlstate::INVALID_AUTHORIZATION, message));
+    out
+}
+
+/// Writes `bytes` and flushes them (over TLS, what the socket did not take at once stays in
+/// the session until a flush).
+async fn write_flush(write: &mut WriteHalf, bytes: &[u8]) -> std::io::Result<()> {
+    write.write_all(bytes).await?;
+    write.flush().await
+}
+
+async fn serve_halves<S, L>(read: ReadHalf, write: WriteHalf, peer: String, lookup: L, config: Config) -> anyhow::Result<()>
+where
+    S: WalSource + ?Sized,
+    L: Fn(TenantId, TimelineId) -> anyhow::Result<Arc<S>>,
+{
     // Without authentication every client is trusted, the pageserver's reports included.
     let may_report = config.auth.is_none();
     let mut conn = Conn {
@@ -363,8 +390,8 @@ struct Conn {
     /// The client's address.
     peer: String,
     /// Taken by the reader task once the startup is done.
-    read: Option<OwnedReadHalf>,
-    write: OwnedWriteHalf,
+    read: Option<ReadHalf>,
+    write: WriteHalf,
     /// Messages not yet written.
     out: BytesMut,
     config: Config,
@@ -409,7 +436,7 @@ impl Conn {
 
     /// Writes everything queued, giving up after the sender timeout.
     async fn flush(&mut self) -> anyhow::Result<()> {
-        tokio::time::timeout(self.config.sender_timeout, self.write.write_all(&self.out))
+        tokio::time::timeout(self.config.sender_timeout, write_flush(&mut self.write, &self.out))
             .await
             .map_err(|_| anyhow!("the client read nothing for {:?}", self.config.sender_timeout))?
             .context("write to the client")?;
@@ -459,7 +486,7 @@ fn known_frontend_tag(tag: u8) -> bool {
 
 /// Reads frontend messages and passes them on, so that a client's status updates are read
 /// even while WAL is being written to it. Stops at the first framing error.
-async fn read_messages(mut read: OwnedReadHalf, tx: mpsc::Sender<Result<Frontend, ReadEnd>>) {
+async fn read_messages(mut read: ReadHalf, tx: mpsc::Sender<Result<Frontend, ReadEnd>>) {
     let end = loop {
         let mut head = [0u8; 5];
         match read.read_exact(&mut head[..1]).await {

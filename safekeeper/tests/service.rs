@@ -60,6 +60,7 @@ impl Node {
             .args(["--id", "7", "--data-dir"])
             .arg(data_dir)
             .args(["--listen", &format!("127.0.0.1:{port}"), "--http", &format!("127.0.0.1:{http_port}")])
+            .arg("--no-tls")
             .args(extra_args)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
             .stderr(Stdio::inherit())
@@ -756,7 +757,7 @@ fn http_errors_and_the_lock_of_a_running_process() {
     let out = Command::new(env!("CARGO_BIN_EXE_safekeeper"))
         .args(["--id", "8", "--data-dir"])
         .arg(dir.path())
-        .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--no-tls"])
         .output()
         .unwrap();
     assert!(!out.status.success());

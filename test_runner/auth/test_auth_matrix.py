@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import struct
 import urllib.error
 import urllib.request
@@ -21,10 +22,12 @@ from typing import Callable
 import pytest
 
 from fixtures import auth_matrix as matrix
+from fixtures import https
 from fixtures.auth import KeyPair
 from fixtures.compute import Timeline
 from fixtures.pageserver import Pageserver
 from fixtures.pagestream import ERROR_CODES, PROTOCOL_VERSION, RelTag, frame, lsn_int
+from fixtures.pagestream import connect as pagestream_connect
 from fixtures.postgres import free_port
 from fixtures.safekeeper import Safekeeper
 
@@ -71,15 +74,17 @@ def test_the_matrix_lists_every_route_and_message():
 # ---------------------------------------------------------------------------------------
 # HTTP
 
-def http_call(port: int, method: str, path: str, body: dict | None, token: str) -> tuple[int, str, str | None]:
-    """(status, body text, WWW-Authenticate) of a request, error statuses included."""
+def http_call(service: Pageserver | Safekeeper, method: str, path: str, body: dict | None,
+              token: str) -> tuple[int, str, str | None]:
+    """(status, body text, WWW-Authenticate) of a request to the service's API (https with
+    TLS on), error statuses included."""
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"} if data is not None else {}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method, headers=headers)
+    req = urllib.request.Request(f"{service.http_url}{path}", data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
+        with https.urlopen(req, service.tls, timeout=60, opener=service.urlopen) as resp:
             return resp.status, resp.read().decode(errors="replace"), None
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace"), e.headers.get("WWW-Authenticate")
@@ -89,9 +94,9 @@ def http_call(port: int, method: str, path: str, body: dict | None, token: str) 
 Request = tuple[str, str, "dict | None", set[int]]
 
 
-def http_outcome(port: int, request: Request, token: str) -> tuple[str, str]:
+def http_outcome(service: Pageserver | Safekeeper, request: Request, token: str) -> tuple[str, str]:
     method, path, body, usual = request
-    status, text, challenge = http_call(port, method, path, body, token)
+    status, text, challenge = http_call(service, method, path, body, token)
     detail = f"{method} {path}: {status} {text[:300]}"
     if status == 401:
         return ("401" if challenge == "Bearer" else "401 without WWW-Authenticate: Bearer"), detail
@@ -189,7 +194,7 @@ def recv_exact(s: socket.socket, n: int) -> bytes | None:
     while len(buf) < n:
         try:
             chunk = s.recv(n - len(buf))
-        except ConnectionResetError:
+        except (ConnectionResetError, ssl.SSLEOFError):
             return None
         if not chunk:
             return None
@@ -209,7 +214,7 @@ def recv_frame(s: socket.socket, length_counts_itself: bool = False) -> tuple[by
 
 def pagestream_outcome(ps: Pageserver, tl: Timeline, row: matrix.Row, token: str, lsn: int) -> tuple[str, str]:
     name = row.operation.split()[0]
-    with socket.create_connection(("127.0.0.1", ps.pg_port), timeout=30) as s:
+    with pagestream_connect(ps.host, ps.pg_port, getattr(ps, "tls", None)) as s:
         def request() -> None:
             tag, body, _ = PAGESTREAM_REQUESTS[name]
             s.sendall(frame(tag, struct.pack(">QQQ", 1, lsn, lsn) + body))
@@ -268,7 +273,7 @@ def test_pageserver(tmp_path, keys, other_keys):
 
         def observe(row: matrix.Row, column: str) -> tuple[str, str]:
             if row.interface == "http":
-                return http_outcome(ps.http_port, requests[row.operation](column), tokens[column])
+                return http_outcome(ps, requests[row.operation](column), tokens[column])
             return pagestream_outcome(ps, tl, row, tokens[column], lsn_int(lsn))
 
         check_rows(rows, observe)
@@ -341,7 +346,7 @@ def proposer_answer(s: socket.socket, tags: bytes) -> tuple[bytes, bytes] | None
 def proposer_outcome(sk: Safekeeper, tenant: str, timeline: str, row: matrix.Row, token: str, terms: Terms,
                      reported: Reported) -> tuple[str, str]:
     name = row.operation.split()[0]
-    with socket.create_connection(("127.0.0.1", sk.port), timeout=30) as s:
+    with sk.connect_raw(timeout=30) as s:
         s.sendall(proposer_hello(tenant, timeline, token))
         answer = recv_frame(s)
         if answer is None:
@@ -403,8 +408,8 @@ class Replication:
     """A minimal client of the safekeeper's replication protocol: startup, the token as the
     password, simple queries, streaming."""
 
-    def __init__(self, port: int, tenant: str, timeline: str):
-        self.s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    def __init__(self, sk: Safekeeper, tenant: str, timeline: str):
+        self.s = sk.connect_raw(timeout=30)
         params = b"".join(k + b"\0" + v + b"\0" for k, v in [
             (b"user", b"fjord"), (b"database", f"{tenant}/{timeline}".encode()), (b"replication", b"true"),
             (b"application_name", b"auth_matrix")]) + b"\0"
@@ -435,7 +440,7 @@ class Replication:
 
 def replication_outcome(sk: Safekeeper, tenant: str, timeline: str, row: matrix.Row, token: str,
                         reported: Reported) -> tuple[str, str]:
-    c = Replication(sk.port, tenant, timeline)
+    c = Replication(sk, tenant, timeline)
     try:
         m = c.recv()
         if m is None or m[0] != b"R" or struct.unpack(">I", m[1][:4])[0] != 3:
@@ -521,7 +526,7 @@ def test_safekeeper(tmp_path, keys, other_keys):
         def observe(row: matrix.Row, column: str) -> tuple[str, str]:
             token = tokens[column]
             if row.interface == "http":
-                return http_outcome(sk.http_port, requests[row.operation], token)
+                return http_outcome(sk, requests[row.operation], token)
             if row.interface == "proposer":
                 return proposer_outcome(sk, tenant, timeline, row, token, terms, reported)
             return replication_outcome(sk, tenant, timeline, row, token, reported)

@@ -11,6 +11,10 @@ a CHECKPOINT, its pageserver's ingest of all WAL so far and compaction passes un
 leaves work for later (what its background jobs would otherwise do during the next run), so
 that a run is not charged for the deferred work of the one before on either side. The time
 each settle took is recorded.
+With `--tls both`, the fjord side runs twice: everything above with TLS on every link (the
+default), then, on a second cluster with TLS off, pgbench -i, read-write and select-only
+again, each after the same settling; the TPS of both and their ratio are reported
+(`--tls on` or `off` runs the first part only, with TLS so).
 Prints a table, writes JSON and a markdown section.
 """
 
@@ -33,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg  # noqa: E402
 
+from fixtures import https  # noqa: E402
 from fixtures.compute import Endpoint, Timeline  # noqa: E402
 from fixtures.pageserver import Pageserver  # noqa: E402
 from fixtures.pagestream import lsn_int  # noqa: E402
@@ -155,9 +160,9 @@ def settle_fjord(ep: Endpoint, ps: Pageserver, tl: Timeline) -> None:
     checkpoint(ep.port, ep.user)
     wait_for_ingest(tl, lsn_int(ep.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0]))
     for _ in range(100):
-        req = urllib.request.Request(f"http://127.0.0.1:{ps.http_port}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/compact",
+        req = urllib.request.Request(f"{ps.http_url}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/compact",
                                      method="POST", data=b"{}", headers={"Content-Type": "application/json"})
-        if json.loads(urllib.request.urlopen(req, timeout=600).read())["image_ranges_deferred"] == 0:
+        if json.loads(https.urlopen(req, ps.tls, timeout=600).read())["image_ranges_deferred"] == 0:
             return
     raise RuntimeError("the pageserver still had deep key ranges to rebuild after 100 compaction passes")
 
@@ -239,9 +244,9 @@ def after_restart(ep: Endpoint, a) -> dict:
 
 def ps_checkpoint(ps: Pageserver, tl: Timeline) -> None:
     """Flushes the pageserver's in-memory layer to a file, so that the scan reads files."""
-    req = urllib.request.Request(f"http://127.0.0.1:{ps.http_port}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/checkpoint",
+    req = urllib.request.Request(f"{ps.http_url}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/checkpoint",
                                  method="POST", data=b"")
-    urllib.request.urlopen(req, timeout=300).read()
+    https.urlopen(req, ps.tls, timeout=300).read()
 
 
 def ps_image_layers(ps: Pageserver, tl: Timeline) -> float:
@@ -249,17 +254,17 @@ def ps_image_layers(ps: Pageserver, tl: Timeline) -> float:
     walk deep): the pageserver's counterpart of the shutdown checkpoint that wrote plain
     PostgreSQL's pages before its cold scan. Returns the seconds it took."""
     t0 = time.monotonic()
-    req = urllib.request.Request(f"http://127.0.0.1:{ps.http_port}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/compact",
+    req = urllib.request.Request(f"{ps.http_url}/v1/tenant/{tl.tenant}/timeline/{tl.timeline}/compact",
                                  method="POST", data=json.dumps({"force_image_layers": True}).encode(),
                                  headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=600).read()
+    https.urlopen(req, ps.tls, timeout=600).read()
     return round(time.monotonic() - t0, 1)
 
 
 def ps_metrics(ps: Pageserver) -> dict:
     """The pageserver's GetPage totals from /metrics: the count and the sums of the seconds,
     layers visited and records replayed."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{ps.http_port}/metrics", timeout=30).read().decode()
+    text = https.urlopen(f"{ps.http_url}/metrics", ps.tls, timeout=30).read().decode()
     out = {}
     for line in text.splitlines():
         m = re.match(r"pageserver_getpage_(seconds|layers_visited|records_replayed)_(sum|count) ([0-9.e+-]+)$", line)
@@ -302,6 +307,25 @@ def cold_scan(base: Path, ps: Pageserver, tl: Timeline, sks: list, settings: dic
     return cold, warm, smgr, dropped
 
 
+def fjord_tls_off_suite(base: Path, a, settings: dict) -> dict:
+    """pgbench -i, read-write and select-only on a second cluster with TLS off, settled as
+    the first."""
+    base = base / "tls-off"
+    ps = Pageserver(base, tls=False).start()
+    sks = [Safekeeper(base / "safekeepers", i, tls=False).start() for i in (1, 2, 3)]
+    ep = None
+    try:
+        tl = Timeline(base, ps)
+        ep = Endpoint(base, tl, settings={k: v for k, v in settings.items() if k != "fsync"}, safekeepers=sks).start()
+        return run_suite("fjord, TLS off", ep.port, ep.user, a, settle=lambda: settle_fjord(ep, ps, tl))
+    finally:
+        if ep:
+            ep.stop()
+        for sk in sks:
+            sk.stop()
+        ps.stop()
+
+
 def main() -> None:
     global SCAN_ROWS
     p = argparse.ArgumentParser(description=__doc__)
@@ -314,7 +338,9 @@ def main() -> None:
     p.add_argument("--markdown", required=True)
     p.add_argument("--command", required=True)
     p.add_argument("--flavor", required=True)
+    p.add_argument("--tls", choices=["on", "off", "both"], default="on")
     a = p.parse_args()
+    tls = a.tls != "off"
     SCAN_ROWS = a.scan_rows
 
     settings = {"shared_buffers": a.shared_buffers, "synchronous_commit": "on", "fsync": "on", "max_connections": "50"}
@@ -334,8 +360,8 @@ def main() -> None:
                   f"the OS cache), warm {plain_res['warm_scan_s']} s", flush=True)
         finally:
             plain.stop("fast")
-        ps = Pageserver(base).start()
-        sks = [Safekeeper(base / "safekeepers", i).start() for i in (1, 2, 3)]
+        ps = Pageserver(base, tls=tls).start()
+        sks = [Safekeeper(base / "safekeepers", i, tls=tls).start() for i in (1, 2, 3)]
         ep = None
         try:
             tl = Timeline(base, ps)
@@ -392,12 +418,13 @@ def main() -> None:
             for sk in sks:
                 sk.stop()
             ps.stop()
+        tls_off_res = fjord_tls_off_suite(base, a, settings) if a.tls == "both" else None
 
     result = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()), "command": a.command, "flavor": a.flavor,
         "machine": f"{platform.machine()}, {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores",
         "scale": a.scale, "duration_s": a.duration, "clients": a.clients, "shared_buffers": a.shared_buffers,
-        "plain": plain_res, "fjord": fjord_res, "fjord_storage_manager": smgr, "fjord_file_cache": lfc,
+        "tls": a.tls, "plain": plain_res, "fjord": fjord_res, "fjord_tls_off": tls_off_res, "fjord_storage_manager": smgr, "fjord_file_cache": lfc,
         "fjord_after_restart": restart, "cold_scan_prefetch": {k: cold_smgr[k] for k in ("prefetch_requests", "prefetch_hits", "prefetch_wasted")},
         "cold_scan_storage_manager": cold_smgr, "cold_scan_images_storage_manager": images_smgr,
     }
@@ -410,7 +437,7 @@ def main() -> None:
     lines = [
         f"Measured {result['date']} on {result['machine']}, PostgreSQL {a.flavor} flavor, "
         f"pgbench scale {a.scale} (~{a.scale * 15} MB), {a.clients} clients, {a.duration} s per run, "
-        f"shared_buffers {a.shared_buffers} on both. Command: `{a.command}`. Before each run both sides settled "
+        f"shared_buffers {a.shared_buffers} on both, TLS {'on' if tls else 'off'} on every fjord link. Command: `{a.command}`. Before each run both sides settled "
         f"(plain PostgreSQL: CHECKPOINT, {plain_res['read-write']['settle_s']} s and {plain_res['select-only']['settle_s']} s; "
         f"fjord: CHECKPOINT, the pageserver's ingest of all WAL and compaction passes until none leaves work for later, "
         f"{fjord_res['read-write']['settle_s']} s and {fjord_res['select-only']['settle_s']} s).",
@@ -421,6 +448,15 @@ def main() -> None:
     for mode in ("read-write", "select-only"):
         lines.append(f"| {mode} | {plain_res[mode]['tps']:.0f} | {fjord_res[mode]['tps']:.0f} | {ratio(mode, 'tps')} | "
                      f"{plain_res[mode]['latency_ms']:.2f} | {fjord_res[mode]['latency_ms']:.2f} |")
+
+    if tls_off_res:
+        def tls_cost(mode: str) -> str:
+            on, off = fjord_res[mode], tls_off_res[mode]
+            ratio = f"{on['tps'] / off['tps']:.3f}" if on["tps"] and off["tps"] else "n/a"
+            return (f"{mode} {on['tps']:.0f} TPS with TLS, {off['tps']:.0f} without (x{ratio}; latency "
+                    f"{on['latency_ms']:.2f} ms and {off['latency_ms']:.2f} ms)")
+        lines += ["", "TLS on every link against a second cluster with TLS off (pgbench -i, then the same runs, each "
+                  "after the same settling): " + "; ".join(tls_cost(m) for m in ("read-write", "select-only")) + "."]
 
     def cpu(mode: str) -> str:
         p, f = plain_res[mode]["cpu_ms_per_txn"], fjord_res[mode]["cpu_ms_per_txn"]

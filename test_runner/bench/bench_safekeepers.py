@@ -61,9 +61,9 @@ def run_fjord(name: str, base: Path, sk_dir: Path, settings: dict, a, script: Pa
     """`run_suite` on a new fjord endpoint, pageserver and three safekeepers whose data
     directories are under `sk_dir`."""
     with contextlib.ExitStack() as stop_at_exit:  # stops run in reverse: endpoint, safekeepers, pageserver
-        ps = Pageserver(base).start()
+        ps = Pageserver(base, tls=a.tls).start()
         stop_at_exit.callback(ps.stop)
-        sks = [Safekeeper(sk_dir, i).start() for i in (1, 2, 3)]
+        sks = [Safekeeper(sk_dir, i, tls=a.tls).start() for i in (1, 2, 3)]
         for sk in sks:
             stop_at_exit.callback(sk.stop)
         tl = Timeline(base, ps)
@@ -84,6 +84,8 @@ def main() -> None:
     p.add_argument("--markdown", required=True)
     p.add_argument("--command", required=True)
     p.add_argument("--flavor", required=True)
+    # TLS on fjord's links (the default, as in a cluster `fjord init` makes) or off.
+    p.add_argument("--no-tls", dest="tls", action="store_false")
     a = p.parse_args()
 
     settings = {"shared_buffers": a.shared_buffers, "synchronous_commit": "on", "fsync": "on", "max_connections": "50"}

@@ -41,7 +41,6 @@ import threading
 import time
 import traceback
 import urllib.error
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -303,7 +302,7 @@ class Soak:
 
     def metrics(self) -> dict | None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.repo.http_port}/metrics", timeout=60) as r:
+            with self.repo.urlopen(f"{self.repo.http_url()}/metrics", timeout=60) as r:
                 return background_metrics(r.read().decode(errors="replace"))
         except (urllib.error.URLError, OSError) as e:
             self.cluster.check_alive()
@@ -328,8 +327,9 @@ class Soak:
     def measure_getpage(self, lsn: int) -> dict:
         out = {}
         try:
+            ca = self.repo.path / "tls" / "ca.crt"  # `fjord init` makes it unless --no-tls
             client = PageServiceClient("127.0.0.1", self.repo.base_port, self.tenant, self.timeline, timeout_s=300,
-                                      token=self.repo.admin_token() or "")
+                                      token=self.repo.admin_token() or "", ca=ca if ca.exists() else None)
         except (OSError, ConnectionError) as e:
             self.cluster.check_alive()
             return {"error": f"page service: {e}"}

@@ -125,8 +125,10 @@ def test_quickstart_runs_a_cluster_and_prints_tps(tmp_path: Path, short_tmp: Pat
 
 
 def test_bench_compute(tmp_path: Path, short_tmp: Path):
-    r = bench(tmp_path, short_tmp, "compute", *TINY, "--scan-rows", "20000")
-    assert r["scale"] == 1
+    r = bench(tmp_path, short_tmp, "compute", *TINY, "--scan-rows", "20000", "--tls", "both")
+    assert r["scale"] == 1 and r["tls"] == "both"
+    # The second cluster, with TLS off.
+    assert_numbers(r, *(f"fjord_tls_off.{mode}.tps" for mode in ("read-write", "select-only")))
     for side in ("plain", "fjord"):
         assert_numbers(r, *(f"{side}.{mode}.{k}" for mode in ("read-write", "select-only") for k in ("tps", "latency_ms")),
                        f"{side}.init_s", f"{side}.cold_scan_s", f"{side}.warm_scan_s")
@@ -139,6 +141,8 @@ def test_bench_pageserver(tmp_path: Path, short_tmp: Path):
     assert_numbers(r, *(f"ingest.{part}.{k}" for part in ("pgbench_init", "pgbench_run") for k in ("wal_bytes", "mib_per_s")),
                    "getpage.image_hit.p50_us", "getpage.hottest_page.latency.p99_us", "compaction_s", "image_layers_s",
                    "layer_bytes.written_per_wal_byte_before_compaction", "layer_bytes.written_per_wal_byte_after_compaction")
+    # Through a pageserver process's page service, with TLS off and on (`--tls both`, the default).
+    assert_numbers(r, *(f"page_service.{tls}.{k}" for tls in ("tls_off", "tls_on") for k in ("p50_us", "p99_us")))
     assert [c["records"] for c in r["getpage"]["redo"]] == [1, 10, 100]
     for case in r["getpage"]["redo"]:
         assert_numbers(case, "records_found", "latency.p50_us")

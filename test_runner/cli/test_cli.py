@@ -57,7 +57,7 @@ def test_init_start_tenant_branch_status_stop(repo_factory):
     assert "already exists" in repo.fail("init", "--base-port", str(repo.base_port), "--pg-bin-dir", str(pg_bin_dir()))
 
     out = repo.run("start").stdout
-    assert f"page service 127.0.0.1:{repo.base_port}" in out and f"http://127.0.0.1:{repo.base_port + 1}" in out
+    assert f"page service 127.0.0.1:{repo.base_port}" in out and repo.http_url() in out
     assert "already running" in repo.run("start").stdout
     assert repo.http_json("/v1/status")["status"] == "ok"
 
@@ -139,6 +139,9 @@ def test_two_repos_side_by_side(repo_factory):
     b.run("stop")
 
 
+# Expected: the first repo's services refuse the TLS handshakes of the clashing repo's CLI,
+# which trusts another CA.
+@pytest.mark.allowed_errors(r"TLS handshake with HTTP client 127\.0\.0\.1:\d+ failed")
 def test_clear_errors(repo_factory, tmp_path):
     repo = repo_factory()
     assert "run `fjord init` first" in repo.fail("status")
@@ -340,16 +343,16 @@ def test_authentication_is_on_by_default(started_repo, tmp_path):
     assert "nope" in repo.fail("auth", "token", "--branch", "nope")
 
     # A safekeeper's API wants a token too.
-    sk_http = f"http://127.0.0.1:{repo.base_port + 3}/v1/tenant/{tenant}/timeline/{main}"
+    sk_http = f"{repo.http_url(repo.base_port + 3)}/v1/tenant/{tenant}/timeline/{main}"
     with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(sk_http, timeout=10)
+        repo.urlopen(sk_http, timeout=10)
     assert e.value.code == 401
     req = urllib.request.Request(sk_http, headers={"Authorization": f"Bearer {repo.admin_token()}"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    with repo.urlopen(req, timeout=10) as r:
         assert r.status == 200
 
     assert "authentication is on" in repo.log("pageserver.log")
-    metrics = urllib.request.urlopen(f"http://127.0.0.1:{repo.http_port}/metrics", timeout=10).read().decode()
+    metrics = repo.urlopen(f"{repo.http_url()}/metrics", timeout=10).read().decode()
     assert re.search(r'pageserver_auth_failures_total\{reason="missing",service="http"\} [1-9]', metrics), metrics
     repo.run("stop")
 
@@ -374,3 +377,58 @@ def test_the_pageserver_does_not_inherit_a_token_from_the_callers_environment(re
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     inherited = [e.split(b"=", 1)[0].decode() for e in environ if e.startswith(b"FJORD_AUTH_TOKEN=")]
     assert not inherited, "the pageserver started by `fjord start` holds the caller's FJORD_AUTH_TOKEN"
+
+
+def _cmdline(pid_file: Path) -> list[str]:
+    pid = int(pid_file.read_text())
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+
+
+def test_tls_is_on_by_default_with_a_certificate_per_service(repo_factory, tmp_path):
+    repo = repo_factory()
+    out = repo.init("--safekeepers", "1").run("status").stdout
+    tls = repo.path / "tls"
+    names = ["ca", "pageserver", "safekeeper-1"]
+    for name in names:
+        assert (tls / f"{name}.crt").stat().st_mode & 0o777 == 0o644
+        assert (tls / f"{name}.key").stat().st_mode & 0o777 == 0o600, f"{name}.key is readable by others"
+    assert f"tls         on, cluster CA {tls / 'ca.crt'}; pageserver expires in 36" in out, out
+    assert "tls = true" in (repo.path / "config.toml").read_text()
+
+    repo.run("start")
+    ps = _cmdline(repo.path / "pageserver.pid")
+    for flag, value in [("--tls-cert", "pageserver.crt"), ("--tls-key", "pageserver.key"), ("--tls-ca", "ca.crt")]:
+        assert ps[ps.index(flag) + 1] == str(tls / value), ps
+    sk = _cmdline(repo.path / "safekeeper1.pid")
+    assert sk[sk.index("--tls-cert") + 1] == str(tls / "safekeeper-1.crt") and "--tls-ca" not in sk, sk
+
+    # A certificate for a service on another host, from the repo's CA; never overwritten.
+    out_dir = tmp_path / "issued"
+    repo.run("cert", "issue", "--name", "safekeeper-9", "--host", "sk9.internal", "--host", "10.1.2.3", "--out", str(out_dir))
+    assert (out_dir / "safekeeper-9.key").stat().st_mode & 0o777 == 0o600
+    key = (out_dir / "safekeeper-9.key").read_bytes()
+    err = repo.fail("cert", "issue", "--name", "safekeeper-9", "--host", "x", "--out", str(out_dir))
+    assert "already exists: it is never overwritten" in err, err
+    assert (out_dir / "safekeeper-9.key").read_bytes() == key
+    # A CA of one's own, and a certificate from it.
+    repo.run("cert", "ca", "--out", str(tmp_path / "own"))
+    repo.run("cert", "issue", "--name", "ps", "--host", "localhost", "--out", str(tmp_path / "own"), "--ca-dir", str(tmp_path / "own"))
+    assert (tmp_path / "own" / "ps.crt").exists() and (tmp_path / "own" / "ca.key").stat().st_mode & 0o777 == 0o600
+    assert "no CA in" in repo.fail("cert", "issue", "--name", "x", "--host", "h", "--out", str(tmp_path / "o"), "--ca-dir", str(tmp_path))
+
+
+def test_a_repo_without_tls_says_so_and_one_made_before_tls_keeps_working(repo_factory):
+    repo = repo_factory("notls")
+    out = repo.run("init", "--base-port", str(repo.base_port), "--pg-bin-dir", str(pg_bin_dir()), "--safekeepers", "0", "--no-tls").stdout
+    assert "TLS OFF" in out, out
+    assert not (repo.path / "tls").exists()
+    assert "tls         off (fjord init --no-tls)" in repo.run("status").stdout
+    assert "no CA in" in repo.fail("cert", "issue", "--name", "x", "--host", "h", "--out", str(repo.path / "x"))
+
+    # A repo made before TLS existed: no tls setting in config.toml, no tls/ directory.
+    config = repo.path / "config.toml"
+    config.write_text(config.read_text().replace("tls = false\n", ""))
+    assert "tls         off (the repo was made before TLS existed)" in repo.run("status").stdout
+    r = repo.run("start")
+    assert "made before TLS existed" in r.stderr and "the pageserver runs with --no-tls" in r.stderr, r.stderr
+    assert "--no-tls" in _cmdline(repo.path / "pageserver.pid")

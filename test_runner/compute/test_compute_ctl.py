@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import psycopg
@@ -32,8 +31,9 @@ def timeline(tmp_path: Path, pageserver) -> Timeline:
 def compute_ctl_args(tl: Timeline, pgdata: Path, port: int, *extra: str, tenant: str | None = None) -> list[str]:
     return [
         str(fjord_bin_dir() / "compute_ctl"), "--pgdata", str(pgdata), "--pg-bin-dir", str(pg_bin_dir()),
-        "--pageserver-http", f"http://127.0.0.1:{tl.ps.http_port}", "--pageserver-pg", f"127.0.0.1:{tl.ps.pg_port}",
-        "--tenant", tenant or tl.tenant, "--timeline", tl.timeline, "--port", str(port), *extra,
+        "--pageserver-http", tl.ps.http_url, "--pageserver-pg", f"127.0.0.1:{tl.ps.pg_port}",
+        "--tenant", tenant or tl.tenant, "--timeline", tl.timeline, "--port", str(port),
+        *(["--tls-ca", str(tl.ps.tls)] if tl.ps.tls else ["--no-tls"]), *extra,
     ]
 
 
@@ -102,11 +102,8 @@ def test_compute_ctl_sigquit_is_an_immediate_shutdown(timeline, tmp_path):
 
 def leases(tl: Timeline, lsn: str) -> dict[str, str]:
     """The timeline's LSN leases in force, by holder (after taking one as "probe" at `lsn`)."""
-    req = urllib.request.Request(f"http://127.0.0.1:{tl.ps.http_port}{tl.path}/lsn_lease", method="POST",
-                                 data=json.dumps({"holder": "probe", "lsn": lsn, "ttl_secs": 60}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return {lease["holder"]: lease["lsn"] for lease in json.loads(r.read())["leases"] if lease["holder"] != "probe"}
+    answer = tl.ps.http("POST", f"{tl.path}/lsn_lease", {"holder": "probe", "lsn": lsn, "ttl_secs": 60})
+    return {lease["holder"]: lease["lsn"] for lease in answer["leases"] if lease["holder"] != "probe"}
 
 
 def test_compute_ctl_at_lsn_is_read_only_and_not_followed(timeline, tmp_path):

@@ -173,7 +173,9 @@ def test_dead_safekeepers_commit_waits_until_canceled(pg_factory):
 
 def test_real_safekeepers_release_commits(pg_factory, safekeepers):
     addrs = ",".join(sk.addr for sk in safekeepers)
-    pg = pg_factory("sk", proposer_settings(addrs)).initdb()
+    # The fixtures' safekeepers serve TLS: the proposer trusts their CA, as compute_ctl sets it.
+    tls = {"fjord.tls_ca_file": f"'{safekeepers[0].tls}'"} if safekeepers[0].tls else {}
+    pg = pg_factory("sk", proposer_settings(addrs, **tls)).initdb()
     out = pg.run(str(pg.bin / "pg_controldata"), "-D", str(pg.datadir)).stdout
     system_id = int(next(line.split(":", 1)[1] for line in out.splitlines() if line.startswith("Database system identifier")))
     for sk in safekeepers:

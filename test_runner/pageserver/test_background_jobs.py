@@ -125,7 +125,7 @@ def test_scheduler_compacts_creates_images_and_collects_garbage(tmp_path, ps):
 
     # Phase 1: 5000 transactions, each updating the hot page. Watch the L0 layers come and
     # go, and read the hot page at the newest LSN all along, as the compute would.
-    client = PageServiceClient("127.0.0.1", ps.pg_port, tl.tenant, tl.timeline)
+    client = PageServiceClient.of(ps, tl.tenant, tl.timeline)
     run = pgbench(ep, "-c", "2", "-t", "2500", "-n")
     l0_seen = []
     while run.poll() is None:

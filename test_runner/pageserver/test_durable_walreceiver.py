@@ -17,8 +17,8 @@ import io
 import struct
 import tarfile
 import time
-import urllib.request
 
+from fixtures import https
 from fixtures.logs import unexpected_lines
 from fixtures.pagestream import PageServiceClient, RelTag, lsn_int
 from fixtures.postgres import wait_until
@@ -46,7 +46,7 @@ def heap_ids(page: bytes) -> list[int]:
 
 
 def ids_in_pageserver(ps, rel: RelTag, lsn: int) -> list[int]:
-    client = PageServiceClient("127.0.0.1", ps.pg_port, TENANT, TIMELINE)
+    client = PageServiceClient.of(ps, TENANT, TIMELINE)
     ids = [i for blk in range(client.nblocks(rel, lsn)) for i in heap_ids(client.get_page(rel, blk, lsn))]
     client.close()
     return sorted(ids)
@@ -63,7 +63,7 @@ def test_confirmed_wal_survives_kill_9(pageserver, pg_factory):
     pageserver.http("POST", f"/v1/tenant/{TENANT}/timeline/{TIMELINE}/import", {"pgdata": str(pg.datadir)})
     pg.start()
     pageserver.http("POST", f"/v1/tenant/{TENANT}/timeline/{TIMELINE}/wal_receiver",
-                    {"host": "127.0.0.1", "port": pg.port, "user": pg.user})
+                    {"host": "127.0.0.1", "port": pg.port, "user": pg.user, "plaintext": True})
     wait_until("the pageserver to be the synchronous standby",
                lambda: ("fjord_pageserver", "sync") in pg.sql("SELECT application_name, sync_state FROM pg_stat_replication"))
 
@@ -109,8 +109,8 @@ def test_confirmed_wal_survives_kill_9(pageserver, pg_factory):
     assert lsn_int(status["durable_lsn"]) >= lsn
 
     # A basebackup at the last record LSN.
-    url = f"http://127.0.0.1:{pageserver.http_port}/v1/tenant/{TENANT}/timeline/{TIMELINE}/basebackup"
-    with urllib.request.urlopen(url, timeout=60) as resp:
+    url = f"{pageserver.http_url}/v1/tenant/{TENANT}/timeline/{TIMELINE}/basebackup"
+    with https.urlopen(url, pageserver.tls, timeout=60) as resp:
         assert resp.headers["Content-Type"] == "application/x-tar"
         bb_lsn = resp.headers["X-Fjord-Lsn"]
         tar = tarfile.open(fileobj=io.BytesIO(resp.read()))

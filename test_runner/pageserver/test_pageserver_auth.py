@@ -102,11 +102,11 @@ def test_a_compute_token_reaches_its_own_timeline_only(secured):
     for token, tl in [("", timeline), (keys.tenant(other_tenant), timeline), (other.tenant(tenant), timeline),
                       (keys.tenant(tenant, sibling), timeline), ("", new_id())]:
         with pytest.raises(PageServiceError) as e:
-            PageServiceClient("127.0.0.1", ps.pg_port, tenant, tl, token=token)
+            PageServiceClient.of(ps, tenant, tl, token=token)
         assert e.value.code == "unauthorized" and e.value.message, e.value
     after = failures(ps, "page_service")
     assert sum(after.values()) - sum(before.values()) == 5, (before, after)
     assert after["wrong_tenant"] - before["wrong_tenant"] == 1 and after["bad_signature"] - before["bad_signature"] == 1
     assert "page service refused a client" in ps.log_text()
 
-    PageServiceClient("127.0.0.1", ps.pg_port, tenant, timeline, token=keys.tenant(tenant, timeline)).close()
+    PageServiceClient.of(ps, tenant, timeline, token=keys.tenant(tenant, timeline)).close()

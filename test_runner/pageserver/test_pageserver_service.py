@@ -48,7 +48,7 @@ def test_import_and_serve_pages(pageserver, tmp_path):
     assert status["disk_consistent_lsn"] == summary["import_lsn"], "import is flushed to layer files"
 
     # Every block of every relation of template1 (database 1) comes back as on disk.
-    client = PageServiceClient("127.0.0.1", pageserver.pg_port, TENANT, TIMELINE)
+    client = PageServiceClient.of(pageserver, TENANT, TIMELINE)
     files = relation_files(pgdata, 1)
     assert len(files) > 100
     blocks = 0
@@ -73,7 +73,7 @@ def test_import_and_serve_pages(pageserver, tmp_path):
     pageserver.stop()
     pageserver.start()
     assert pageserver.http("GET", "/v1/tenant") == [TENANT]
-    client = PageServiceClient("127.0.0.1", pageserver.pg_port, TENANT, TIMELINE)
+    client = PageServiceClient.of(pageserver, TENANT, TIMELINE)
     relnode, path = files[-1]
     assert client.get_page(RelTag(1663, 1, relnode), 0, lsn) == path.read_bytes()[:8192]
     client.close()
@@ -98,7 +98,7 @@ def test_branches_are_listed_with_their_ancestry(pageserver, tmp_path):
     assert set(listed) == {TIMELINE, child["timeline_id"]}
 
     # The branch serves the parent's pages below the branch point.
-    client = PageServiceClient("127.0.0.1", pageserver.pg_port, TENANT, child["timeline_id"])
+    client = PageServiceClient.of(pageserver, TENANT, child["timeline_id"])
     relnode, path = relation_files(pgdata, 1)[0]
     assert client.get_page(RelTag(1663, 1, relnode), 0, lsn_int(summary["import_lsn"])) == path.read_bytes()[:8192]
     client.close()
@@ -129,5 +129,5 @@ def test_management_errors_are_clear(pageserver, tmp_path):
 
     # The page service refuses an unknown timeline by name.
     with pytest.raises(PageServiceError) as e:
-        PageServiceClient("127.0.0.1", pageserver.pg_port, TENANT, "6" * 32)
+        PageServiceClient.of(pageserver, TENANT, "6" * 32)
     assert e.value.code == "not_found" and "6" * 32 in e.value.message

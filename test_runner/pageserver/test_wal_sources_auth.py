@@ -85,7 +85,9 @@ def cluster(tmp_path, monkeypatch):
     It runs with a `storage` token in its environment, as pageservers were given one."""
     keys = KeyPair(tmp_path / "keys")
     monkeypatch.setenv("FJORD_AUTH_TOKEN", keys.storage())
-    ps = Pageserver(tmp_path, auth_public_key=keys.public_path).start()
+    # Without TLS: the traps are plaintext servers (with TLS the pageserver would refuse
+    # them before any password, which tests nothing about which token it sends).
+    ps = Pageserver(tmp_path, auth_public_key=keys.public_path, tls=False).start()
     ps.token = keys.admin()
     pg = PgServer(tmp_path).initdb()
     tenant, timeline = uuid.uuid4().hex, uuid.uuid4().hex

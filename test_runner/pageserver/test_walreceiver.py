@@ -43,7 +43,7 @@ def compare_relation(ps, pg, relname: str, lsn: int, items_fn: str) -> int:
         "pg_relation_filenode(%s), pg_relation_size(%s) / 8192", relname, relname,
     )[0]
     rel = RelTag(1663, dboid, relfilenode)
-    client = PageServiceClient("127.0.0.1", ps.pg_port, TENANT, TIMELINE)
+    client = PageServiceClient.of(ps, TENANT, TIMELINE)
     assert client.nblocks(rel, lsn) == nblocks, relname
     with pg.connect() as conn:
         for blk in range(nblocks):
@@ -72,7 +72,7 @@ def test_streams_a_live_servers_wal(pageserver, pg_factory):
     pageserver.http("POST", f"/v1/tenant/{TENANT}/timeline/{TIMELINE}/import", {"pgdata": str(pg.datadir)})
     pg.start()
     pageserver.http("POST", f"/v1/tenant/{TENANT}/timeline/{TIMELINE}/wal_receiver",
-                    {"host": "127.0.0.1", "port": pg.port, "user": pg.user})
+                    {"host": "127.0.0.1", "port": pg.port, "user": pg.user, "plaintext": True})
     wait_until("the wal receiver to stream", lambda: timeline_status(pageserver)["wal_receiver"]["state"] == "streaming")
 
     with pg.connect() as conn:
@@ -128,8 +128,8 @@ def test_source_list_validation_failover_and_persistence(pageserver, pg_factory)
     pageserver.http("POST", f"/v1/tenant/{TENANT}/timeline/{TIMELINE}/import", {"pgdata": str(pg.datadir)})
     pg.start()
     route = f"/v1/tenant/{TENANT}/timeline/{TIMELINE}/wal_receiver"
-    live = {"host": "127.0.0.1", "port": pg.port, "user": pg.user}
-    dead = {"host": "127.0.0.1", "port": free_port(), "user": pg.user}
+    live = {"host": "127.0.0.1", "port": pg.port, "user": pg.user, "plaintext": True}
+    dead = {"host": "127.0.0.1", "port": free_port(), "user": pg.user, "plaintext": True}
     refused = [
         ({"sources": []}, "sources must not be empty"),
         ({"sources": [live, dict(live, user="other")]}, f"duplicate source 127.0.0.1:{pg.port}: sources 0 and 1"),

@@ -239,17 +239,11 @@ def test_local_disk_stays_under_its_budget(repos):
         for batch in range(4):
             assert conn.execute(f"SELECT count(*), sum(g) FROM t{batch}").fetchone() == (100000, 5000050000)
     assert sum(t["remote_storage"]["layers_downloaded"] for t in timelines(repo, tenant)) > 0
-    metrics = urllib_get(f"http://127.0.0.1:{repo.http_port}/metrics")
+    metrics = repo.urlopen(f"{repo.http_url()}/metrics", timeout=30).read().decode()
     evicted = [line for line in metrics.splitlines() if line.startswith("pageserver_evicted_layers_total ")]
     assert evicted and int(evicted[0].split()[1]) > 0, evicted
     wait_until("eviction to bring the layer files under the budget again", under_budget, timeout_s=60)
     repo.run("stop")
-
-
-def urllib_get(url: str) -> str:
-    import urllib.request
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return r.read().decode()
 
 
 def test_a_pageserver_rebuilt_from_object_storage_serves_running_computes_again(repos):

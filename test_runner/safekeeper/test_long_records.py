@@ -10,14 +10,36 @@ basebackup LSN is one the pageserver reaches), with every committed row.
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
 import time
 
 import psycopg
 import pytest
 
+from fixtures import https
 from fixtures.compute import Endpoint, Timeline
 from fixtures.pagestream import lsn_int
+from fixtures.pageserver import Pageserver
+from fixtures.safekeeper import Safekeeper
+
+
+# Without TLS: with it, the pollers below have not yet been seen to catch a safekeeper
+# holding part of the long record (the state this test needs) on a debug build.
+@pytest.fixture
+def pageserver(tmp_path):
+    ps = Pageserver(tmp_path, tls=False).start()
+    yield ps
+    ps.stop()
+
+
+@pytest.fixture
+def safekeepers(tmp_path):
+    sks = [Safekeeper(tmp_path / "safekeepers", i, tls=False).start() for i in (1, 2, 3)]
+    yield sks
+    for sk in sks:
+        sk.kill()
 
 
 @pytest.fixture
@@ -52,8 +74,15 @@ def seen_partial_during_long_record(conn, safekeepers, tl, start: int, seen: lis
             done.set()
 
     def poll(sk):
+        # One kept-alive connection per poller: a new TLS handshake per look would make the
+        # looks too far apart to catch the state.
+        link = (http.client.HTTPSConnection(sk.host, sk.http_port, timeout=30, context=https.ssl_context(sk.tls)) if sk.tls
+                else http.client.HTTPConnection(sk.host, sk.http_port, timeout=30))
+        path = f"/v1/tenant/{tl.tenant}/timeline/{tl.timeline}"
         while not done.is_set() and not found.is_set():
-            flush, boundary, _ = sk_lsns(sk, tl)
+            link.request("GET", path)
+            s = json.loads(link.getresponse().read())
+            flush, boundary = lsn_int(s["flush_lsn"]), lsn_int(s["boundary_lsn"])
             if boundary <= start < flush:
                 seen.append((sk.addr, flush, boundary, start))
                 found.set()

@@ -15,7 +15,6 @@ process, or failing with a message that says to set it.
 from __future__ import annotations
 
 import json
-import socket
 import struct
 import time
 import urllib.error
@@ -128,7 +127,7 @@ def test_http_needs_an_admin_token(sk, keys, other_keys, ids):
 def replication_conninfo(sk: Safekeeper, tenant: str, timeline: str) -> dict:
     # passfile: never a password from the test user's ~/.pgpass.
     return dict(host="127.0.0.1", port=sk.port, user="fjord", dbname=f"{tenant}/{timeline}", replication="true",
-                connect_timeout=10, passfile="/dev/null")
+                connect_timeout=10, passfile="/dev/null", **sk.libpq_tls())
 
 
 def test_replication_needs_a_token_that_may_read_the_timeline(sk, keys, other_keys, ids, monkeypatch):
@@ -183,7 +182,7 @@ def hello(tenant: str, timeline: str, token: str) -> bytes:
 
 def greet(sk: Safekeeper, tenant: str, timeline: str, token: str) -> tuple[bytes, bytes]:
     """Sends a Hello; (tag, payload) of the answer."""
-    with socket.create_connection(("127.0.0.1", sk.port), timeout=10) as s:
+    with sk.connect_raw() as s:
         s.sendall(hello(tenant, timeline, token))
         data = b""
         while len(data) < 5 or len(data) < 5 + struct.unpack(">I", data[1:5])[0]:

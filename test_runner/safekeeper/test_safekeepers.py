@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import socket
+import ssl
 import struct
 import subprocess
 import threading
@@ -254,7 +255,8 @@ def test_corrupt_wal_segment_is_detected_not_served(tmp_path, timeline, safekeep
     r = subprocess.run(
         [str(pg_bin_dir() / "pg_receivewal"), "-h", "127.0.0.1", "-p", str(sk1.port), "-U", "fjord",
          # pg_receivewal cannot name a database: the timeline goes in `options`.
-         "-d", f"options='-c fjord.timeline={timeline.tenant}/{timeline.timeline}'", "-D", str(out), "--no-loop", "-n", "-v"],
+         "-d", f"options='-c fjord.timeline={timeline.tenant}/{timeline.timeline}' {sk1.libpq_tls_conninfo()}", "-D", str(out),
+         "--no-loop", "-n", "-v"],
         capture_output=True, text=True, timeout=60,
     )
     assert r.returncode != 0, f"corrupt WAL was streamed:\n{r.stdout}\n{r.stderr}"
@@ -273,18 +275,18 @@ def test_malformed_protocol_messages_get_clear_errors(tmp_path, timeline, safeke
     ep = endpoint(tmp_path, timeline, safekeepers)
     ep.sql("CREATE TABLE t (x int)")
     # The proposer protocol: a Hello with a truncated body.
-    with socket.create_connection(("127.0.0.1", sk.port), timeout=10) as s:
+    with sk.connect_raw() as s:
         s.sendall(b"H" + struct.pack(">I", 3) + b"\x00\x00\x00")
         reply = recv_all(s)
     assert reply[:1] == b"x", reply
     assert b"truncated" in reply, reply
     # An unknown message tag after a good start is refused the same way.
-    with socket.create_connection(("127.0.0.1", sk.port), timeout=10) as s:
+    with sk.connect_raw() as s:
         s.sendall(b"H" + struct.pack(">I", 0x7fffffff))
         reply = recv_all(s)
     assert reply[:1] == b"x" and b"too long" in reply, reply
     # The replication protocol: a startup packet without the replication parameter.
-    with socket.create_connection(("127.0.0.1", sk.port), timeout=10) as s:
+    with sk.connect_raw() as s:
         params = b"user\x00fjord\x00database\x00nonsense\x00\x00"
         s.sendall(struct.pack(">II", 8 + len(params), 196608) + params)
         reply = recv_all(s)
@@ -300,7 +302,7 @@ def recv_all(s: socket.socket) -> bytes:
     while True:
         try:
             b = s.recv(65536)
-        except (ConnectionResetError, socket.timeout):
+        except (ConnectionResetError, socket.timeout, ssl.SSLError):
             break
         if not b:
             break

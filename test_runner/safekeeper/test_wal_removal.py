@@ -126,7 +126,8 @@ def test_safekeepers_remove_wal_nobody_needs(tmp_path, pageserver, timeline, saf
     (out / f"00000001{first_segno >> 8:08X}{first_segno & 0xFF:08X}").write_bytes(bytes(SEGMENT))
     r = subprocess.run(
         [str(pg_bin_dir() / "pg_receivewal"), "-h", "127.0.0.1", "-p", str(sk1.port), "-U", "fjord",
-         "-d", f"options='-c fjord.timeline={tl.tenant}/{tl.timeline}'", "-D", str(out), "--no-loop", "-n"],
+         "-d", f"options='-c fjord.timeline={tl.tenant}/{tl.timeline}' {sk1.libpq_tls_conninfo()}", "-D", str(out), "--no-loop",
+         "-n"],
         capture_output=True, text=True, timeout=60,
     )
     assert r.returncode != 0, f"removed WAL was streamed:\n{r.stdout}\n{r.stderr}"

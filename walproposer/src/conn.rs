@@ -3,6 +3,9 @@
 //! ([`crate::core`]); wait until the core gives the connection up (it says why), then back
 //! off and connect again, until the proposer stops.
 //!
+//! With TLS on, this thread asks for TLS (`SSLRequest`), completes the handshake and greets
+//! inside it, then hands the socket and the TLS session to the core ([`crate::tls_io`]).
+//!
 //! Why the core and not this thread reads: an acknowledgement read here went to the core
 //! through a channel and its eventfd, one more thread wake-up on every commit's path, with
 //! four threads sharing the compute's cores with its backends. Connecting stays here, where
@@ -19,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::shared::Shared;
+use crate::tls_io::Tls;
 
 /// How long a TCP connect may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -37,6 +41,8 @@ pub struct ConnCtx {
     pub node: usize,
     pub addr: String,
     pub hello: ProposerMessage,
+    /// TLS to the safekeeper ([`crate::Config::tls`]).
+    pub tls: Option<tls::ClientTls>,
     pub reconnect_max: Duration,
     pub shared: Arc<Shared>,
     pub events: crate::bell::EventSender,
@@ -58,12 +64,12 @@ pub fn run(ctx: ConnCtx) {
     };
     while !ctx.shared.stopping.load(Ordering::SeqCst) {
         match connect(&ctx) {
-            Ok((stream, node_id, leftover)) => {
+            Ok((stream, tls, node_id, leftover)) => {
                 let connected_at = Instant::now();
                 log_once(format!("connected (safekeeper node id {node_id})"), false);
                 ctx.shared.set_node_state(ctx.node, None);
                 let (ended, why) = mpsc::channel();
-                if ctx.events.send(Event::Connected { node: ctx.node, stream, leftover, ended }).is_err() {
+                if ctx.events.send(Event::Connected { node: ctx.node, stream, tls, leftover, ended }).is_err() {
                     return;
                 }
                 let reason = loop {
@@ -93,9 +99,13 @@ pub fn run(ctx: ConnCtx) {
     }
 }
 
-/// Connects and greets; returns the stream, the safekeeper's node id, and whatever it sent
-/// after `HelloOk` (it may send `Feedback` at once).
-fn connect(ctx: &ConnCtx) -> Result<(TcpStream, u64, BytesMut), String> {
+/// What [`connect`] hands to the core: the socket, its TLS session (with TLS on), the
+/// safekeeper's node id, and whatever it sent after `HelloOk`.
+type Greeted = (TcpStream, Option<Box<Tls>>, u64, BytesMut);
+
+/// Connects (over TLS, with TLS on) and greets; returns the stream, the safekeeper's node id,
+/// and whatever it sent after `HelloOk` (it may send `Feedback` at once).
+fn connect(ctx: &ConnCtx) -> Result<Greeted, String> {
     let addrs = ctx.addr.to_socket_addrs().map_err(|e| format!("could not resolve {}: {e}", ctx.addr))?;
     let mut last_error = format!("{} resolves to no address", ctx.addr);
     let mut stream = None;
@@ -114,9 +124,34 @@ fn connect(ctx: &ConnCtx) -> Result<(TcpStream, u64, BytesMut), String> {
     stream.set_nodelay(true).map_err(|e| io("set TCP_NODELAY", e))?;
     stream.set_write_timeout(Some(HELLO_TIMEOUT)).map_err(|e| io("set a write timeout", e))?;
     stream.set_read_timeout(Some(HELLO_TIMEOUT)).map_err(|e| io("set a read timeout", e))?;
+    let (stream, tls, node_id, buf) = match &ctx.tls {
+        None => {
+            let (node_id, buf) = greet(&mut stream, &ctx.hello)?;
+            (stream, None, node_id, buf)
+        }
+        Some(config) => {
+            let mut tls = crate::tls_io::connect(stream, &ctx.addr, config)?;
+            let (node_id, mut buf) = greet(&mut tls, &ctx.hello)?;
+            let (conn, stream) = tls.into_parts();
+            let mut tls = Tls::new(conn);
+            // What rustls decrypted beyond `HelloOk` goes to the core with the rest.
+            tls.take_plaintext(&mut buf)?;
+            (stream, Some(Box::new(tls)), node_id, buf)
+        }
+    };
+    // The core reads and writes with MSG_DONTWAIT; no timeouts are left on the socket.
+    stream.set_read_timeout(None).map_err(|e| io("clear the read timeout", e))?;
+    Ok((stream, tls, node_id, buf))
+}
+
+/// Sends `Hello` and reads the answer; returns the safekeeper's node id and what it sent
+/// after `HelloOk`.
+fn greet(stream: &mut (impl Read + Write), hello: &ProposerMessage) -> Result<(u64, BytesMut), String> {
+    let io = |what: &str, e: std::io::Error| format!("could not {what}: {e}");
     let mut buf = BytesMut::new();
-    ctx.hello.encode(&mut buf);
+    hello.encode(&mut buf);
     stream.write_all(&buf).map_err(|e| io("send Hello", e))?;
+    stream.flush().map_err(|e| io("send Hello", e))?;
     let mut buf = BytesMut::new();
     let reply = loop {
         match AcceptorMessage::decode(&mut buf) {
@@ -139,7 +174,5 @@ fn connect(ctx: &ConnCtx) -> Result<(TcpStream, u64, BytesMut), String> {
         AcceptorMessage::Error { message } => return Err(format!("safekeeper refused the connection: {message}")),
         other => return Err(format!("protocol error: safekeeper answered Hello with {other:?}")),
     };
-    // The core reads and writes with MSG_DONTWAIT; no timeouts are left on the socket.
-    stream.set_read_timeout(None).map_err(|e| io("clear the read timeout", e))?;
-    Ok((stream, node_id, buf))
+    Ok((node_id, buf))
 }

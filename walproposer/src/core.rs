@@ -39,6 +39,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::bell::Bell;
+use crate::tls_io::Tls;
 
 /// How long the core's writes to a safekeeper may make no progress (a full socket buffer of
 /// a stuck safekeeper) before it gives the connection up.
@@ -66,6 +67,8 @@ const READ_TURN_BYTES: usize = 4 << 20;
 
 struct Conn {
     stream: TcpStream,
+    /// The TLS session over `stream`, with TLS on.
+    tls: Option<Box<Tls>>,
     /// Bytes read and not yet decoded into messages.
     input: BytesMut,
     /// Bytes queued and not yet taken by the socket.
@@ -247,11 +250,11 @@ impl Core {
 
     fn on_event(&mut self, ev: Event) {
         match ev {
-            Event::Connected { node, stream, leftover, ended } => {
+            Event::Connected { node, stream, tls, leftover, ended } => {
                 if let Some(old) = self.conns[node].take() {
                     let _ = old.stream.shutdown(std::net::Shutdown::Both);
                 }
-                self.conns[node] = Some(Conn { stream, input: leftover, out: BytesMut::new(), stalled_since: None, ended });
+                self.conns[node] = Some(Conn { stream, tls, input: leftover, out: BytesMut::new(), stalled_since: None, ended });
                 let actions = if self.started {
                     self.proposer.reconnected(node)
                 } else {
@@ -285,7 +288,10 @@ impl Core {
         let mut fds = Vec::with_capacity(self.conns.len());
         for (i, c) in self.conns.iter().enumerate() {
             let Some(c) = c else { continue };
-            let events = if c.out.is_empty() { libc::POLLIN } else { libc::POLLIN | libc::POLLOUT };
+            // Over TLS, rustls may hold records to send even when `out` is empty (a reply of
+            // its own, or what the socket did not take).
+            let pending = !c.out.is_empty() || c.tls.as_ref().is_some_and(|t| t.wants_write());
+            let events = if pending { libc::POLLIN | libc::POLLOUT } else { libc::POLLIN };
             nodes.push(i);
             fds.push(libc::pollfd { fd: c.stream.as_raw_fd(), events, revents: 0 });
         }
@@ -300,6 +306,18 @@ impl Core {
     fn read_from(&mut self, node: NodeId) {
         let Some(c) = self.conns[node].as_mut() else { return };
         let fd = c.stream.as_raw_fd();
+        if let Some(tls) = c.tls.as_mut() {
+            let ended = match tls.read(fd, &mut c.input, READ_TURN_BYTES) {
+                Ok(true) => Some("closed by the safekeeper".to_string()),
+                Ok(false) => None,
+                Err(e) => Some(e),
+            };
+            self.decode_input(node);
+            if let Some(reason) = ended {
+                self.drop_conn(node, reason);
+            }
+            return;
+        }
         let mut total = 0;
         let ended = loop {
             // SAFETY: reads at most `chunk.len()` bytes into `chunk`, which lives across the
@@ -672,6 +690,27 @@ impl Core {
         for node in 0..self.conns.len() {
             let Some(c) = self.conns[node].as_mut() else { continue };
             let fd = c.stream.as_raw_fd();
+            if let Some(tls) = c.tls.as_mut() {
+                let failed = match tls.write(fd, &mut c.out) {
+                    Ok(progress) if progress || (c.out.is_empty() && !tls.wants_write()) => {
+                        c.stalled_since = None;
+                        None
+                    }
+                    Ok(_) => {
+                        let since = *c.stalled_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= WRITE_TIMEOUT {
+                            Some(format!("the safekeeper took none of {} queued bytes for {:?}", c.out.len(), WRITE_TIMEOUT))
+                        } else {
+                            None
+                        }
+                    }
+                    Err(e) => Some(format!("write failed: {e}")),
+                };
+                if let Some(reason) = failed {
+                    self.drop_conn(node, reason);
+                }
+                continue;
+            }
             let failed = loop {
                 if c.out.is_empty() {
                     c.stalled_since = None;

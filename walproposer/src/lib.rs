@@ -18,6 +18,7 @@ mod core;
 pub mod lag;
 mod safekeeper_list;
 mod shared;
+mod tls_io;
 mod walstore;
 
 pub use bell::{new_eventfd, ring_fd};
@@ -85,6 +86,10 @@ pub struct Config {
     /// authentication on. `None` (or empty): no token, which such a safekeeper refuses.
     /// At most `quorum::wire::TOKEN_BYTES_MAX` bytes. Never logged.
     pub auth_token: Option<String>,
+    /// TLS to the safekeepers: trust in the cluster CA. Each connection asks for TLS with PostgreSQL's
+    /// `SSLRequest` and checks the safekeeper's certificate against the CA and the host it
+    /// dialled. `None`: plain TCP (a safekeeper with TLS on refuses it).
+    pub tls: Option<tls::ClientTls>,
 }
 
 impl std::fmt::Debug for Config {
@@ -101,6 +106,7 @@ impl std::fmt::Debug for Config {
             reconnect_max,
             whole_records,
             auth_token,
+            tls,
         } = self;
         f.debug_struct("Config")
             .field("safekeepers", safekeepers)
@@ -114,6 +120,7 @@ impl std::fmt::Debug for Config {
             .field("reconnect_max", reconnect_max)
             .field("whole_records", whole_records)
             .field("auth_token", &auth_token.as_ref().map(|_| format_args!("<redacted>")))
+            .field("tls", &tls.is_some())
             .finish()
     }
 }
@@ -212,6 +219,7 @@ impl WalProposer {
                 node,
                 addr: addr.clone(),
                 hello: hello.clone(),
+                tls: config.tls.clone(),
                 reconnect_max: config.reconnect_max,
                 shared: Arc::clone(&shared),
                 events: tx.clone(),

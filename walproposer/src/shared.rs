@@ -44,6 +44,8 @@ pub enum Event {
     Connected {
         node: NodeId,
         stream: TcpStream,
+        /// The TLS session over `stream`, with TLS on.
+        tls: Option<Box<crate::tls_io::Tls>>,
         leftover: BytesMut,
         ended: Sender<String>,
     },

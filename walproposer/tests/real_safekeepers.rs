@@ -81,6 +81,8 @@ fn streams_commits_and_syncs_with_real_safekeepers() {
             .args(["--id", &id.to_string(), "--listen", &format!("127.0.0.1:{port}"), "--http", &format!("127.0.0.1:{http}")])
             .arg("--data-dir")
             .arg(root.join(format!("sk{id}")))
+            // TLS: `tests/tls.rs`.
+            .arg("--no-tls")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -109,6 +111,7 @@ fn streams_commits_and_syncs_with_real_safekeepers() {
         reconnect_max: Duration::from_millis(200),
         whole_records: false,
         auth_token: None,
+        tls: None,
     };
     let p = WalProposer::start(config.clone(), Arc::new(|_| {})).unwrap();
     let end = Lsn(5 * SEGMENT_BYTES + 777);

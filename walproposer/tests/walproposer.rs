@@ -31,6 +31,7 @@ fn config(sks: &[TestSafekeeper], wal_start: Lsn, wal_dir: Option<&Path>) -> Con
         // Synthetic segments: bytes, not WAL records.
         whole_records: false,
         auth_token: None,
+        tls: None,
     }
 }
 

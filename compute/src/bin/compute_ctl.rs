@@ -119,6 +119,13 @@ struct Args {
     /// command line is visible to every user of the machine); see `after_help`.
     #[arg(skip)]
     auth_token: Option<String>,
+    /// TLS: the cluster CA the pageserver's and the safekeepers' certificates must be
+    /// signed by, or --no-tls.
+    #[command(flatten)]
+    tls: tls::args::ClientArgs,
+    /// The trust in the cluster CA that --tls-ca loads at start (`None`: --no-tls).
+    #[arg(skip)]
+    client_tls: Option<tls::ClientTls>,
 }
 
 fn main() -> ExitCode {
@@ -139,10 +146,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: Args) -> anyhow::Result<i32> {
+fn run(mut args: Args) -> anyhow::Result<i32> {
     if compute::running_as_root() {
         bail!("cannot run compute_ctl as root: postgres refuses to run as root; run it as an unprivileged user");
     }
+    args.client_tls = args.tls.load().context("load TLS (--tls-ca)")?;
     let span = tracing::info_span!("compute", tenant_id = %args.tenant, timeline_id = %args.timeline);
     let _entered = span.enter();
     let started = Instant::now();
@@ -172,7 +180,7 @@ fn run(args: Args) -> anyhow::Result<i32> {
     }
 
     let created = compute::prepare_pgdata(&pgdata)?;
-    let client = Client::new(&args.pageserver_http).with_token(args.auth_token.clone());
+    let client = pageserver_client(&args);
     let synced = match (&safekeepers, args.lsn) {
         (Some(list), _) if args.replica => follow_safekeepers(&client, &args, list).map(|()| None),
         (_, Some(lsn)) => lease_fixed_lsn(&client, &args, lsn).map(|()| None),
@@ -277,13 +285,20 @@ fn run(args: Args) -> anyhow::Result<i32> {
     Ok(postgres::exit_code(status))
 }
 
+/// The client of the pageserver's API at --pageserver-http, with the token and the cluster
+/// CA (an `https://` URL needs --tls-ca).
+fn pageserver_client(args: &Args) -> Client {
+    let config = pageserver_api::ClientConfig { tls: args.client_tls.clone(), ..Default::default() };
+    Client::with_config(&args.pageserver_http, config).with_token(args.auth_token.clone())
+}
+
 /// Syncs the safekeepers and points the pageserver's WAL receiver at them (before the
 /// basebackup: a basebackup at the synced LSN waits until the pageserver has that WAL).
 fn sync_and_follow(client: &Client, args: &Args, list: &[Safekeeper]) -> anyhow::Result<safekeepers::Synced> {
     let system_id = pageserver::system_id(client, args.tenant, args.timeline).context("get the timeline's system identifier")?;
     let timeout = Duration::from_secs(args.sync_safekeepers_timeout_secs);
     tracing::info!("syncing safekeepers {}", safekeepers::to_setting(list));
-    let synced = safekeepers::sync(list, args.tenant, args.timeline, system_id, args.auth_token.clone(), timeout)?;
+    let synced = safekeepers::sync(list, args.tenant, args.timeline, system_id, args.auth_token.clone(), args.client_tls.clone(), timeout)?;
     match synced.lsn {
         Some(lsn) => tracing::info!("safekeepers synced at {lsn} in {} ms", synced.elapsed.as_millis()),
         None => tracing::info!("safekeepers have no WAL for this timeline yet; starting at the pageserver's latest LSN"),
@@ -364,7 +379,7 @@ fn lease_fixed_lsn(client: &Client, args: &Args, lsn: Lsn) -> anyhow::Result<()>
 /// thread until postgres is asked to shut down; a failure is logged as an error once (until
 /// a renewal succeeds again).
 fn keep_lease(args: &Args, holder: String, what: &'static str, lsn_now: impl Fn() -> anyhow::Result<Lsn> + Send + 'static) {
-    let client = Client::new(&args.pageserver_http).with_token(args.auth_token.clone());
+    let client = pageserver_client(args);
     let ttl_secs = args.replica_lease_ttl_secs;
     let (tenant, timeline) = (args.tenant, args.timeline);
     let spawned = std::thread::Builder::new().name("lease".into()).spawn(move || {
@@ -453,18 +468,29 @@ fn reuse_file_cache(client: &Client, args: &Args, cache: &Path, start: Option<Ls
 fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path) -> anyhow::Result<ComputeSettings> {
     let mut overrides = args.settings.iter().map(|s| pgconf::parse_override(s)).collect::<anyhow::Result<Vec<_>>>()?;
     overrides.insert(0, ("fjord.file_cache_path".into(), file_cache.display().to_string()));
+    // Absolute: postgres (the extension, and a replica's walreceiver through libpq) reads
+    // it with the data directory as its working directory.
+    let tls_ca_file = args.client_tls.as_ref().map(|t| absolute(t.ca_path()).map(|p| p.display().to_string())).transpose()?;
     Ok(ComputeSettings {
         listen: args.listen.clone(),
         port: args.port,
         pageserver_pg: args.pageserver_pg.clone(),
         tenant_id: args.tenant,
         timeline_id: args.timeline,
+        tls_ca_file: tls_ca_file.clone(),
         shared_buffers: args.shared_buffers.clone(),
         static_lsn: args.lsn,
         replica_conninfo: match safekeepers {
             Some(list) if args.replica => {
                 let hosts: Vec<(String, u16)> = list.iter().map(|s| (s.host.clone(), s.port)).collect();
-                Some(pgconf::replica_conninfo(&hosts, args.tenant, args.timeline, &args.name, args.auth_token.as_deref()))
+                Some(pgconf::replica_conninfo(
+                    &hosts,
+                    args.tenant,
+                    args.timeline,
+                    &args.name,
+                    args.auth_token.as_deref(),
+                    tls_ca_file.as_deref(),
+                ))
             }
             _ => None,
         },
@@ -498,4 +524,43 @@ fn remove_if_exists(path: &Path) -> anyhow::Result<()> {
 /// Readers of the status file see the old or the new report, never half of one.
 fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
     crashsafe::write_file_atomic(path, format!("{text}\n").as_bytes()).with_context(|| format!("write {} atomically", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relative_tls_ca_is_absolute_in_both_settings() {
+        // A CA under the working directory, named by a relative path.
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let ca_dir = dir.path().strip_prefix(std::env::current_dir().unwrap()).unwrap().join("ca");
+        tls::ca::Ca::create(&ca_dir).unwrap();
+        let ca = ca_dir.join("ca.crt");
+        assert!(ca.is_relative(), "{}", ca.display());
+        let mut args = Args::try_parse_from([
+            "compute_ctl",
+            "--pgdata",
+            "pgdata",
+            "--pg-bin-dir",
+            "bin",
+            "--tenant",
+            "11111111111111111111111111111111",
+            "--timeline",
+            "22222222222222222222222222222222",
+            "--safekeepers",
+            "127.0.0.1:5454",
+            "--replica",
+            "--tls-ca",
+            ca.to_str().unwrap(),
+        ])
+        .unwrap();
+        args.client_tls = args.tls.load().unwrap();
+        let list = safekeepers::parse_list(args.safekeepers.as_deref().unwrap()).unwrap();
+        let s = settings(&args, Some(&list), Path::new("/cache")).unwrap();
+        let expected = absolute(&ca).unwrap().display().to_string();
+        assert_eq!(s.tls_ca_file.as_deref(), Some(expected.as_str()));
+        let conninfo = s.replica_conninfo.unwrap();
+        assert!(conninfo.ends_with(&format!("sslrootcert='{expected}'")), "{conninfo}");
+    }
 }

@@ -46,6 +46,10 @@ struct Args {
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
+    /// TLS: this pageserver's certificate and key, and the cluster CA for the
+    /// safekeepers it streams WAL from; or --no-tls.
+    #[command(flatten)]
+    tls: tls::args::ServerClientArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -89,6 +93,18 @@ fn main() -> anyhow::Result<()> {
     if unsafe { libc::geteuid() } == 0 {
         anyhow::bail!("cannot run the pageserver as root: its WAL redo processes are postgres, which refuses root");
     }
+    conf.tls = args.tls.load().context("load TLS (--tls-cert, --tls-key, --tls-ca)")?;
+    match &conf.tls.server {
+        Some(server) => {
+            server.start_reloader();
+            tracing::info!(
+                "TLS is on: certificate {}, cluster CA {}",
+                server.cert_path().display(),
+                conf.tls.client.as_ref().map(|c| c.ca_path().display().to_string()).unwrap_or_default()
+            );
+        }
+        None => tracing::warn!("TLS is off (--no-tls): pages, WAL and tokens travel in cleartext"),
+    }
 
     layerstore::layer::block_cache::set_capacity_bytes(conf.block_cache_bytes);
     let ps = Arc::new(Pageserver::open(conf).context("start the pageserver")?);
@@ -106,8 +122,13 @@ fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(ps.conf.listen_http_addr)
             .await
             .with_context(|| format!("listen for HTTP on {}", ps.conf.listen_http_addr))?;
-        tracing::info!("management API listening on http://{}", ps.conf.listen_http_addr);
-        axum::serve(listener, http::router(Arc::clone(&ps))).with_graceful_shutdown(shutdown_signal()).await.context("serve HTTP")?;
+        let https = ps.conf.tls.server.as_ref().map(|tls| {
+            let metrics = Arc::clone(&ps.metrics);
+            tls::http::Https { config: tls.config(), on_refusal: Arc::new(move |reason: &'static str| metrics.tls_refused("http", reason)) }
+        });
+        let scheme = if https.is_some() { "https" } else { "http" };
+        tracing::info!("management API listening on {scheme}://{}", ps.conf.listen_http_addr);
+        tls::http::serve(listener, http::router(Arc::clone(&ps)), https, shutdown_signal()).await;
         anyhow::Ok(())
     })?;
     if let Some(jobs) = background_jobs {

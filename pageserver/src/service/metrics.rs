@@ -17,6 +17,7 @@
 //! | `pageserver_getpage_seconds` | | histogram: time to serve one GetPage, waiting for WAL included (buckets from 25 µs) |
 //!
 //! | `pageserver_auth_failures_total` | `service`, `reason` | requests refused for their token (`page_service` or `http`; `reason` as `auth::AuthError::reason`) |
+//! | `pageserver_tls_handshake_failures_total` | `service`, `reason` | connections refused for TLS (`page_service`, `http`; `reason`: `plaintext`, `closed`, `timeout`, `handshake`, `io`, as `page_service::tls_failure_reason`) |
 //!
 //! `job` is `compaction` (L0 into L1), `image_creation` or `gc`.
 
@@ -68,6 +69,7 @@ pub struct Metrics {
     getpage_records_replayed: Histogram,
     getpage_seconds: Histogram,
     auth_failures: IntCounterVec,
+    tls_failures: IntCounterVec,
 }
 
 /// Buckets for counts that span from 0 to hundreds of thousands.
@@ -109,8 +111,18 @@ impl Metrics {
                 auth_failures.with_label_values(&[service, reason]);
             }
         }
+        let tls_failures = IntCounterVec::new(
+            Opts::new("pageserver_tls_handshake_failures_total", "Connections refused for TLS: no TLS, or a handshake that failed"),
+            &["service", "reason"],
+        )
+        .expect("a valid counter");
+        registry.register(Box::new(tls_failures.clone())).expect("a metric registered once");
+        for reason in crate::service::page_service::TLS_FAILURE_REASONS {
+            tls_failures.with_label_values(&["page_service", reason]);
+        }
         Metrics {
             auth_failures,
+            tls_failures,
             job_runs: counter("pageserver_background_job_runs_total", "Background job runs"),
             job_failures: counter("pageserver_background_job_failures_total", "Background job runs that failed"),
             job_duration,
@@ -156,6 +168,11 @@ impl Metrics {
     /// Counts a request refused for its token.
     pub fn auth_refused(&self, service: &'static str, reason: &'static str) {
         self.auth_failures.with_label_values(&[service, reason]).inc();
+    }
+
+    /// Counts a connection refused for TLS (`reason` as `page_service::tls_failure_reason`).
+    pub fn tls_refused(&self, service: &'static str, reason: &'static str) {
+        self.tls_failures.with_label_values(&[service, reason]).inc();
     }
 
     pub fn gather(&self) -> Vec<MetricFamily> {

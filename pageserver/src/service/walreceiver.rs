@@ -183,17 +183,29 @@ impl WalReceiver {
         reconstructor: Arc<dyn Reconstructor>,
         sources: WalSources,
     ) -> WalReceiver {
-        let token = sources.token().map(str::to_string);
-        Self::start_with_token(timeline, gate, reconstructor, sources, token)
+        Self::start_with_tls(timeline, gate, reconstructor, sources, None)
     }
 
-    /// [`WalReceiver::start`] with the token given rather than the sources' own.
+    /// [`WalReceiver::start`] over TLS with `tls` (the cluster CA), or cleartext with `None`.
+    pub fn start_with_tls(
+        timeline: Arc<Timeline>,
+        gate: Arc<IngestGate>,
+        reconstructor: Arc<dyn Reconstructor>,
+        sources: WalSources,
+        tls: Option<tls::ClientTls>,
+    ) -> WalReceiver {
+        let token = sources.token().map(str::to_string);
+        Self::start_with_token(timeline, gate, reconstructor, sources, token, tls)
+    }
+
+    /// [`WalReceiver::start_with_tls`] with the token given rather than the sources' own.
     pub fn start_with_token(
         timeline: Arc<Timeline>,
         gate: Arc<IngestGate>,
         reconstructor: Arc<dyn Reconstructor>,
         sources: WalSources,
         auth_token: Option<String>,
+        tls: Option<tls::ClientTls>,
     ) -> WalReceiver {
         let stop = Arc::new(AtomicBool::new(false));
         let status = Arc::new(Mutex::new(WalReceiverStatus {
@@ -205,15 +217,16 @@ impl WalReceiver {
                 .collect(),
             ..Default::default()
         }));
-        let (stop2, sources2, token2, timeline2) = (Arc::clone(&stop), sources.clone(), auth_token.clone(), Arc::clone(&timeline));
+        let (stop2, sources2, token2, timeline2, tls2) =
+            (Arc::clone(&stop), sources.clone(), auth_token.clone(), Arc::clone(&timeline), tls.clone());
         let reporter = std::thread::Builder::new()
             .name("walreceiver-report".into())
-            .spawn(move || report_positions(timeline2, sources2, token2, stop2))
+            .spawn(move || report_positions(timeline2, sources2, token2, tls2, stop2))
             .expect("spawn the wal receiver's reporter thread");
         let (stop2, status2, sources2) = (Arc::clone(&stop), Arc::clone(&status), sources.clone());
         let thread = std::thread::Builder::new()
             .name("walreceiver".into())
-            .spawn(move || run(timeline, gate, reconstructor, sources2, auth_token, stop2, status2))
+            .spawn(move || run(timeline, gate, reconstructor, sources2, (auth_token, tls), stop2, status2))
             .expect("spawn the wal receiver thread");
         WalReceiver { sources, stop, status, thread: Some(thread), reporter: Some(reporter) }
     }
@@ -249,7 +262,13 @@ impl Drop for WalReceiver {
 
 /// The reporter thread: tells every source the timeline's remote-consistent LSN and its
 /// attachment generation when they changed since that source was last told.
-fn report_positions(timeline: Arc<Timeline>, sources: WalSources, auth_token: Option<String>, stop: Arc<AtomicBool>) {
+fn report_positions(
+    timeline: Arc<Timeline>,
+    sources: WalSources,
+    auth_token: Option<String>,
+    tls: Option<tls::ClientTls>,
+    stop: Arc<AtomicBool>,
+) {
     let span = tracing::info_span!("walreceiver", tenant_id = %timeline.tenant_id(), timeline_id = %timeline.timeline_id());
     let _entered = span.enter();
     let database = format!("{}/{}", timeline.tenant_id(), timeline.timeline_id());
@@ -264,7 +283,7 @@ fn report_positions(timeline: Arc<Timeline>, sources: WalSources, auth_token: Op
                 if skip[i] || told[i] == Some(position) || stop.load(Ordering::SeqCst) {
                     continue;
                 }
-                let credentials = Credentials { token: auth_token.as_deref() };
+                let credentials = Credentials { token: auth_token.as_deref(), tls: tls.as_ref() };
                 match report_position(source, &database, credentials, position, REPORT_TIMEOUT) {
                     Ok(true) => {
                         tracing::debug!("told {source} the remote-consistent LSN {} of generation {}", position.1, position.0);
@@ -329,7 +348,7 @@ fn run(
     gate: Arc<IngestGate>,
     reconstructor: Arc<dyn Reconstructor>,
     sources: WalSources,
-    auth_token: Option<String>,
+    (auth_token, tls): (Option<String>, Option<tls::ClientTls>),
     stop: Arc<AtomicBool>,
     status: Arc<Mutex<WalReceiverStatus>>,
 ) {
@@ -356,7 +375,7 @@ fn run(
             s.current_source = Some(current);
             s.current_source_address = Some(source.to_string());
         });
-        let credentials = Credentials { token: auth_token.as_deref() };
+        let credentials = Credentials { token: auth_token.as_deref(), tls: tls.as_ref() };
         let ctx = SessionCtx { sources: &sources, current, database: &database, credentials, stop: &stop, status: &status, gate: &gate };
         match stream(&timeline, &mut ingest, &mut wal, &ctx, &mut failover) {
             Ended::Stopped => break,

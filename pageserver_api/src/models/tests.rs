@@ -33,7 +33,7 @@ fn responses_ignore_fields_they_do_not_know() {
 
 #[test]
 fn wal_receiver_requests_have_two_shapes() {
-    let one = WalSource { host: "127.0.0.1".into(), port: 5432, user: "fjord".into() };
+    let one = WalSource { host: "127.0.0.1".into(), port: 5432, user: "fjord".into(), plaintext: false };
     let single = WalReceiverRequest::Single(one.clone());
     assert_eq!(serde_json::to_string(&single).unwrap(), r#"{"host":"127.0.0.1","port":5432,"user":"fjord"}"#);
     let list =
@@ -298,7 +298,7 @@ proptest! {
             ancestor_lsn: lsn,
         })?;
         round_trip(&ImportRequest { pgdata: pgdata.into() })?;
-        let sources: Vec<WalSource> = sources.into_iter().map(|(host, port, user)| WalSource { host, port, user }).collect();
+        let sources: Vec<WalSource> = sources.into_iter().map(|(host, port, user)| WalSource { host, port, user, plaintext: false }).collect();
         round_trip(&WalReceiverRequest::Single(sources[0].clone()))?;
         round_trip(&WalReceiverRequest::Sources(WalSourceList { sources, token: None }))?;
         let query = BasebackupQuery { lsn, standby: lsn.is_some_and(|l| l.0 % 2 == 1) };

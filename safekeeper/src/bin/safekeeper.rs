@@ -38,6 +38,9 @@ struct Args {
     /// anyone who reaches the ports may do anything.
     #[arg(long, value_name = "PATH")]
     auth_public_key: Option<PathBuf>,
+    /// TLS: this safekeeper's certificate and key, or --no-tls.
+    #[command(flatten)]
+    tls: tls::args::ServerArgs,
 }
 
 fn main() -> std::process::ExitCode {
@@ -65,7 +68,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         Some(path) => Some(auth::Verifier::load(path).context("load the public key of --auth-public-key")?),
         None => None,
     };
-    let config = safekeeper::SafekeeperConfig { wal_removal: !args.no_wal_removal, auth, ..Default::default() };
+    let tls = args.tls.load().context("load TLS (--tls-cert, --tls-key)")?;
+    if let Some(tls) = &tls {
+        tls.start_reloader();
+    }
+    let config = safekeeper::SafekeeperConfig { wal_removal: !args.no_wal_removal, auth, tls: tls.clone(), ..Default::default() };
     let sk = safekeeper::Safekeeper::open_with_config(args.id, &args.data_dir, config)?;
     let rt = tokio::runtime::Runtime::new().context("start the async runtime")?;
     rt.block_on(async {
@@ -87,6 +94,10 @@ fn run(args: Args) -> anyhow::Result<()> {
             None => tracing::warn!(
                 "authentication is off: anyone who can reach --listen may write and read any timeline's WAL, and anyone who can reach --http may manage timelines; start with --auth-public-key to require tokens"
             ),
+        }
+        match &tls {
+            Some(tls) => tracing::info!("TLS is on: certificate {}", tls.cert_path().display()),
+            None => tracing::warn!("TLS is off (--no-tls): WAL and tokens travel in cleartext"),
         }
         safekeeper::server::run(sk, listener, http, shutdown_signal()).await
     })?;

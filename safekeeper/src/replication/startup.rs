@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 
 use bytes::{Buf, BufMut, Bytes};
 use proto::{TenantId, TimelineId};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::io::AsyncReadExt;
+
+use crate::stream::ReadHalf;
 
 use super::messages::{message, put_cstr, sqlstate, PgError};
 use super::{Conn, TIMELINE_OPTION};
@@ -28,7 +29,7 @@ pub(super) struct Startup {
 }
 
 /// Reads a startup packet's length and code and its body, validating the length.
-pub(super) async fn read_startup_packet(read: &mut OwnedReadHalf) -> Result<Option<(u32, Bytes)>, PgError> {
+pub(super) async fn read_startup_packet(read: &mut ReadHalf) -> Result<Option<(u32, Bytes)>, PgError> {
     let mut head = [0u8; 4];
     match read.read_exact(&mut head).await {
         Ok(_) => {}
@@ -190,8 +191,7 @@ pub(super) async fn startup(conn: &mut Conn) -> Result<Option<Startup>, PgError>
                 if !body.is_empty() {
                     return Err(PgError::fatal(sqlstate::PROTOCOL_VIOLATION, "invalid length of encryption request packet"));
                 }
-                conn.write
-                    .write_all(b"N")
+                super::write_flush(&mut conn.write, b"N")
                     .await
                     .map_err(|e| PgError::fatal(sqlstate::CONNECTION_FAILURE, format!("write to the client: {e}")))?;
             }
@@ -243,7 +243,9 @@ pub(super) async fn authenticate(
         PgError::fatal(code, e.to_string())
     };
     message(&mut conn.out, b'R', |b| b.put_u32(AUTH_REQ_PASSWORD));
-    conn.write.write_all(&conn.out).await.map_err(|e| PgError::fatal(sqlstate::CONNECTION_FAILURE, format!("write to the client: {e}")))?;
+    super::write_flush(&mut conn.write, &conn.out)
+        .await
+        .map_err(|e| PgError::fatal(sqlstate::CONNECTION_FAILURE, format!("write to the client: {e}")))?;
     conn.out.clear();
     let read = conn.read.as_mut().expect("the reader is taken only after the startup");
     let password = match read_password(read).await? {
@@ -271,7 +273,7 @@ enum Password {
 }
 
 /// Reads the `PasswordMessage` that answers `AuthenticationCleartextPassword`.
-async fn read_password(read: &mut OwnedReadHalf) -> Result<Password, PgError> {
+async fn read_password(read: &mut ReadHalf) -> Result<Password, PgError> {
     let mut head = [0u8; 5];
     match read.read_exact(&mut head[..1]).await {
         Ok(_) => {}

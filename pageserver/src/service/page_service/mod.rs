@@ -10,6 +10,14 @@
 //! further request is already waiting in the input, so a pipelining client gets its
 //! answers in batches and a one-at-a-time client gets each at once.
 //!
+//! With TLS configured ([`PageService::with_tls`]), a connection is TLS from its first
+//! byte: the handshake runs on the connection's thread, then the same protocol runs over
+//! the TLS stream. A client whose first bytes are no TLS ClientHello gets an `Error`
+//! (code `Protocol`) saying the page service requires TLS, in the protocol it speaks, and
+//! is closed. Refusals and failed handshakes are logged with the client's address and
+//! counted. A client must finish the handshake and send its `Hello` within
+//! [`HANDSHAKE_TIMEOUT`], so one that connects and sends nothing does not keep a thread.
+//!
 //! Invariants:
 //! - Nothing a client sends can crash the service: a malformed message gets an `Error`
 //!   with code `Protocol` and the connection is closed; a request that fails (LSN too old,
@@ -21,7 +29,7 @@
 //!   gives the same answer, and the earliest ingested one avoids waiting for newer WAL.
 
 use std::collections::HashMap;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -75,9 +83,16 @@ pub struct PageService {
     /// part of the `server` feature; the fuzz targets build without it.)
     #[cfg(feature = "server")]
     auth: Option<(Arc<auth::Verifier>, Arc<RefusalObserver>)>,
+    /// Requires TLS when set; told the reason ([`tls_failure_reason`]) of every client
+    /// refused for it.
+    #[cfg(feature = "server")]
+    tls: Option<(Arc<tls::rustls::ServerConfig>, Arc<RefusalObserver>)>,
+    /// How long a new connection may take to finish its TLS handshake and send `Hello`.
+    handshake_timeout: Duration,
 }
 
-/// Told the reason (`auth::AuthError::reason`) of every refused `Hello`.
+/// Told the reason of every refused client (`auth::AuthError::reason` for a `Hello`,
+/// [`tls_failure_reason`] for TLS).
 pub type RefusalObserver = dyn Fn(&'static str) + Send + Sync;
 
 /// A running page service; stops when [`PageServiceHandle::shutdown`] is called.
@@ -126,7 +141,25 @@ impl PageService {
             observer: None,
             #[cfg(feature = "server")]
             auth: None,
+            #[cfg(feature = "server")]
+            tls: None,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
         }
+    }
+
+    /// Requires TLS on every connection, with the certificate `config` hands out (a
+    /// `tls::ServerTls`'s: each new handshake gets the current one, so a reloaded
+    /// certificate reaches new connections and established ones keep theirs).
+    #[cfg(feature = "server")]
+    pub fn with_tls(mut self, config: Arc<tls::rustls::ServerConfig>, on_refusal: Arc<RefusalObserver>) -> PageService {
+        self.tls = Some((config, on_refusal));
+        self
+    }
+
+    /// Sets how long a new connection may take to finish its handshake and send `Hello`.
+    pub fn with_handshake_timeout(mut self, timeout: Duration) -> PageService {
+        self.handshake_timeout = timeout;
+        self
     }
 
     /// Requires every `Hello` to carry a token that grants its timeline.
@@ -163,12 +196,13 @@ impl PageService {
                 };
                 let service = Arc::clone(&self);
                 let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                let spawned =
-                    std::thread::Builder::new().name("page-service-conn".into()).spawn(move || match service.handle_connection(stream) {
+                let spawned = std::thread::Builder::new().name("page-service-conn".into()).spawn(move || {
+                    match service.handle_connection(stream, &peer) {
                         Ok(()) => {}
                         Err(e) if e.client_went_away() => tracing::info!(peer, "page service connection ended: {e}"),
                         Err(e) => tracing::warn!(peer, "page service connection ended: {e}"),
-                    });
+                    }
+                });
                 if let Err(e) = spawned {
                     tracing::error!("could not start a thread for a page service connection: {e}");
                 }
@@ -177,14 +211,58 @@ impl PageService {
         Ok(PageServiceHandle { addr, stop, acceptor: Some(acceptor) })
     }
 
-    fn handle_connection(&self, stream: TcpStream) -> Result<(), ConnectionError> {
+    fn handle_connection(&self, stream: TcpStream, peer: &str) -> Result<(), ConnectionError> {
         stream.set_nodelay(true)?;
-        let mut reader = BufReader::with_capacity(64 * 1024, stream.try_clone()?);
-        let mut writer = BufWriter::with_capacity(64 * 1024, stream);
-        let mut out = Vec::with_capacity(16 * 1024);
+        // Bounds how long a client that connects and sends nothing (or stalls in the TLS
+        // handshake or before its Hello) holds this thread; lifted once the Hello is
+        // answered, as a backend's connection may be idle for as long as the backend is.
+        stream.set_read_timeout(Some(self.handshake_timeout))?;
+        #[cfg(feature = "server")]
+        if let Some((config, on_refusal)) = &self.tls {
+            return match tls::accept_or_plaintext(Arc::clone(config), stream) {
+                Ok(tls::Accepted::Tls(stream)) => self.serve(*stream, peer),
+                Ok(tls::Accepted::Plaintext(tcp)) => {
+                    on_refusal("plaintext");
+                    tracing::warn!(peer, "page service refused a client without TLS");
+                    refuse_plaintext(tcp);
+                    Ok(())
+                }
+                Err(e) => {
+                    let reason = tls_failure_reason(&e);
+                    on_refusal(reason);
+                    match reason {
+                        "handshake" => tracing::warn!(peer, "page service TLS handshake failed: {e}"),
+                        _ => tracing::info!(peer, "page service TLS handshake failed: {e}"),
+                    }
+                    Ok(())
+                }
+            };
+        }
+        self.serve(stream, peer)
+    }
 
+    /// Runs the protocol over `stream` (plain TCP, or TLS over it) until the client goes
+    /// or the connection is refused, then closes it (a TLS stream with `close_notify`, so
+    /// that the client can tell the end from a cut).
+    fn serve<S: Transport>(&self, stream: S, peer: &str) -> Result<(), ConnectionError> {
+        let mut conn = Conn { reader: BufReader::with_capacity(64 * 1024, stream), out: Vec::with_capacity(64 * 1024) };
+        let result = self.run_protocol(&mut conn, peer);
+        conn.reader.get_mut().close();
+        result
+    }
+
+    fn run_protocol<S: Transport>(&self, conn: &mut Conn<S>, peer: &str) -> Result<(), ConnectionError> {
         // The handshake.
-        let Some(first) = read_request(&mut reader, &mut writer)? else { return Ok(()) };
+        let first = match read_request(conn) {
+            Ok(Some(first)) => first,
+            Ok(None) => return Ok(()),
+            Err(ConnectionError::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                let timeout = self.handshake_timeout;
+                tracing::info!(peer, "page service client sent no Hello within {timeout:?}; closing its connection");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         let (tenant_id, timeline_id, token) = match first {
             Request::Hello { protocol_version, tenant, timeline, auth_token } if protocol_version == PROTOCOL_VERSION => {
                 (tenant, timeline, auth_token)
@@ -192,12 +270,12 @@ impl PageService {
             Request::Hello { protocol_version, .. } => {
                 let msg =
                     format!("unsupported page service protocol version {protocol_version}; this pageserver speaks {PROTOCOL_VERSION}");
-                send_error(&mut writer, 0, ErrorCode::Protocol, &msg)?;
+                send_error(conn, 0, ErrorCode::Protocol, &msg)?;
                 return Err(ConnectionError::Protocol(msg));
             }
             other => {
                 let msg = format!("expected Hello as the first message, got request {}", other.id());
-                send_error(&mut writer, 0, ErrorCode::Protocol, &msg)?;
+                send_error(conn, 0, ErrorCode::Protocol, &msg)?;
                 return Err(ConnectionError::Protocol(msg));
             }
         };
@@ -209,30 +287,29 @@ impl PageService {
             let access = auth::Access::Compute { tenant: tenant_id, timeline: Some(timeline_id) };
             if let Err(e) = verifier.authorize(Some(&token), access) {
                 on_refusal(e.reason());
-                let peer = writer.get_ref().peer_addr().map(|a| a.to_string()).unwrap_or_default();
                 tracing::warn!(peer, tenant_id = %tenant_id, timeline_id = %timeline_id, reason = e.reason(), "page service refused a client: {e}");
-                send_error(&mut writer, 0, ErrorCode::Unauthorized, &e.to_string())?;
+                send_error(conn, 0, ErrorCode::Unauthorized, &e.to_string())?;
                 return Ok(());
             }
         }
         let Some(api) = self.page_api(tenant_id, timeline_id) else {
             let msg = format!("tenant {tenant_id} timeline {timeline_id} is not served by this pageserver");
-            send_error(&mut writer, 0, ErrorCode::NotFound, &msg)?;
+            send_error(conn, 0, ErrorCode::NotFound, &msg)?;
             return Ok(());
         };
         let span = tracing::info_span!("page_service", tenant_id = %tenant_id, timeline_id = %timeline_id);
         let _enter = span.enter();
-        Response::HelloOk { protocol_version: PROTOCOL_VERSION }.encode(&mut out);
-        writer.write_all(&out)?;
-        writer.flush()?;
+        Response::HelloOk { protocol_version: PROTOCOL_VERSION }.encode(&mut conn.out);
+        conn.flush()?;
+        conn.reader.get_ref().tcp().set_read_timeout(None)?;
 
         loop {
-            let Some(first) = read_request(&mut reader, &mut writer)? else { return Ok(()) };
+            let Some(first) = read_request(conn)? else { return Ok(()) };
             // Requests the client already sent behind this one (a pipelining client's
             // readahead) are served together, on up to `parallelism()` threads.
             let mut batch = vec![first];
-            while batch.len() < BATCH_MAX && !reader.buffer().is_empty() {
-                match read_request(&mut reader, &mut writer)? {
+            while batch.len() < BATCH_MAX && conn.input_waiting() {
+                match read_request(conn)? {
                     Some(req) => batch.push(req),
                     None => break,
                 }
@@ -241,19 +318,18 @@ impl PageService {
             if let Some(at) = hello {
                 batch.truncate(at);
             }
-            out.clear();
             for resp in self.serve_batch(&api, batch, &span) {
-                resp.encode(&mut out);
+                resp.encode(&mut conn.out);
             }
-            writer.write_all(&out)?;
+            conn.write_out()?;
             if hello.is_some() {
                 let msg = "Hello may only be sent once, as the first message";
-                send_error(&mut writer, 0, ErrorCode::Protocol, msg)?;
+                send_error(conn, 0, ErrorCode::Protocol, msg)?;
                 return Err(ConnectionError::Protocol(msg.into()));
             }
             // Flush unless the client already sent the next request.
-            if reader.buffer().is_empty() {
-                writer.flush()?;
+            if !conn.input_waiting() {
+                conn.flush()?;
             }
         }
     }
@@ -378,16 +454,129 @@ fn parallelism() -> usize {
     *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4))
 }
 
-fn send_error(writer: &mut BufWriter<TcpStream>, id: u64, code: ErrorCode, message: &str) -> std::io::Result<()> {
+/// How long a new connection may take to complete the TLS handshake and send its Hello
+/// (unless [`PageService::with_handshake_timeout`] says otherwise).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a connection's bytes travel over: plain TCP, or TLS over TCP.
+trait Transport: Read + Write {
+    /// The TCP connection underneath (for its timeouts).
+    fn tcp(&self) -> &TcpStream;
+
+    /// Says goodbye before the connection is dropped (errors ignored: it is ending anyway).
+    fn close(&mut self) {}
+}
+
+impl Transport for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+#[cfg(feature = "server")]
+impl Transport for tls::ServerStream {
+    fn tcp(&self) -> &TcpStream {
+        &self.sock
+    }
+
+    fn close(&mut self) {
+        self.conn.send_close_notify();
+        // A client that stopped reading must not keep the thread.
+        let _ = self.sock.set_write_timeout(Some(Duration::from_secs(1)));
+        while self.conn.wants_write() && self.conn.write_tls(&mut self.sock).is_ok_and(|n| n > 0) {}
+    }
+}
+
+/// What a page service client without TLS is told.
+pub const TLS_REQUIRED: &str =
+    "this pageserver's page service requires TLS: connect with TLS and verify its certificate against the cluster CA (fjord.tls_ca_file)";
+
+/// Answers a client that does not speak TLS with an `Error` in its own protocol, then
+/// closes. What it sent is read until it closes (for at most a second), so that closing
+/// with unread input does not reset the connection before the client reads the answer.
+#[cfg(feature = "server")]
+fn refuse_plaintext(tcp: TcpStream) {
     let mut out = Vec::new();
-    error_response(id, code, message.to_string()).encode(&mut out);
-    writer.write_all(&out)?;
-    writer.flush()
+    error_response(0, ErrorCode::Protocol, TLS_REQUIRED.to_string()).encode(&mut out);
+    if (&tcp).write_all(&out).is_err() || tcp.shutdown(std::net::Shutdown::Write).is_err() {
+        return;
+    }
+    let until = std::time::Instant::now() + Duration::from_secs(1);
+    let _ = tcp.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut sink = [0u8; 4096];
+    while std::time::Instant::now() < until {
+        match (&tcp).read(&mut sink) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The reason a TLS client was refused, for the refusal counter: `plaintext` (no TLS at
+/// all), `closed` (gone during the handshake), `timeout`, `handshake` (the handshake
+/// failed: the client refused our certificate, no common protocol version) or `io`.
+#[cfg(feature = "server")]
+pub fn tls_failure_reason(e: &tls::AcceptError) -> &'static str {
+    match e {
+        tls::AcceptError::NotTls { .. } => "plaintext",
+        tls::AcceptError::Closed { .. } => "closed",
+        tls::AcceptError::Timeout { .. } => "timeout",
+        tls::AcceptError::Handshake { .. } => "handshake",
+        tls::AcceptError::Io { .. } => "io",
+    }
+}
+
+/// Every reason [`tls_failure_reason`] gives, for metrics that show each from the start.
+pub const TLS_FAILURE_REASONS: [&str; 5] = ["plaintext", "closed", "timeout", "handshake", "io"];
+
+/// One connection: its input, buffered, and its answers not yet written. A connection's
+/// thread alternates reading and writing, so one object does both (a TLS stream cannot be
+/// split into a reading and a writing half).
+struct Conn<S: Transport> {
+    reader: BufReader<S>,
+    out: Vec<u8>,
+}
+
+/// Answers kept before they are written even when more requests wait (the write buffer).
+const OUT_BYTES_MAX: usize = 64 * 1024;
+
+impl<S: Transport> Conn<S> {
+    /// Whether the next request's bytes are already read (a pipelining client).
+    fn input_waiting(&self) -> bool {
+        !self.reader.buffer().is_empty()
+    }
+
+    /// Writes the answers kept in `out` once they fill the write buffer.
+    fn write_out(&mut self) -> std::io::Result<()> {
+        if self.out.len() >= OUT_BYTES_MAX {
+            self.reader.get_mut().write_all(&self.out)?;
+            self.out.clear();
+        }
+        Ok(())
+    }
+
+    /// Writes every answer kept and flushes.
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.out.is_empty() {
+            self.reader.get_mut().write_all(&self.out)?;
+            self.out.clear();
+        }
+        self.reader.get_mut().flush()
+    }
+}
+
+fn send_error<S: Transport>(conn: &mut Conn<S>, id: u64, code: ErrorCode, message: &str) -> std::io::Result<()> {
+    error_response(id, code, message.to_string()).encode(&mut conn.out);
+    conn.flush()
 }
 
 /// Reads one request; `None` when the client closed the connection between messages.
 /// A malformed message is answered with a protocol error before the connection closes.
-fn read_request(reader: &mut BufReader<TcpStream>, writer: &mut BufWriter<TcpStream>) -> Result<Option<Request>, ConnectionError> {
+fn read_request<S: Transport>(conn: &mut Conn<S>) -> Result<Option<Request>, ConnectionError> {
+    let reader = &mut conn.reader;
     let mut header = [0u8; 5];
     match reader.read_exact(&mut header[..1]) {
         Ok(()) => {}
@@ -398,7 +587,7 @@ fn read_request(reader: &mut BufReader<TcpStream>, writer: &mut BufWriter<TcpStr
     let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
     if len > MESSAGE_BYTES_MAX {
         let msg = PagestreamError::TooLong(len).to_string();
-        send_error(writer, 0, ErrorCode::Protocol, &msg)?;
+        send_error(conn, 0, ErrorCode::Protocol, &msg)?;
         return Err(ConnectionError::Protocol(msg));
     }
     let mut frame = vec![0u8; 5 + len];
@@ -408,7 +597,7 @@ fn read_request(reader: &mut BufReader<TcpStream>, writer: &mut BufWriter<TcpStr
         Ok((req, _)) => Ok(Some(req)),
         Err(e) => {
             let msg = e.to_string();
-            send_error(writer, 0, ErrorCode::Protocol, &msg)?;
+            send_error(conn, 0, ErrorCode::Protocol, &msg)?;
             Err(ConnectionError::Protocol(msg))
         }
     }

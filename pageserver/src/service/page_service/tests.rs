@@ -91,16 +91,29 @@ fn hello(tenant: TenantId, auth_token: String) -> Request {
     Request::Hello { protocol_version: PROTOCOL_VERSION, tenant, timeline: TIMELINE, auth_token }
 }
 
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
 struct Client {
-    stream: TcpStream,
+    stream: Box<dyn ReadWrite>,
     buf: Vec<u8>,
 }
 
 impl Client {
-    fn connect(f: &Fixture) -> Client {
+    fn tcp(f: &Fixture) -> TcpStream {
         let stream = TcpStream::connect(f.handle.as_ref().unwrap().addr).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        Client { stream, buf: Vec::new() }
+        stream
+    }
+
+    fn connect(f: &Fixture) -> Client {
+        Client { stream: Box::new(Client::tcp(f)), buf: Vec::new() }
+    }
+
+    /// A TLS connection that trusts `ca` and expects a certificate for `host`.
+    fn connect_tls(f: &Fixture, ca: &tls::ClientTls, host: &str) -> Result<Client, tls::ConnectError> {
+        let stream = ca.connect(Client::tcp(f), host)?;
+        Ok(Client { stream: Box::new(stream), buf: Vec::new() })
     }
 
     fn send(&mut self, req: &Request) {
@@ -124,7 +137,12 @@ impl Client {
                 Err(e) => panic!("bad response: {e}"),
             }
             let mut chunk = [0u8; 16384];
-            let n = self.stream.read(&mut chunk).unwrap();
+            let n = match self.stream.read(&mut chunk) {
+                Ok(n) => n,
+                // A TLS peer that closes without close_notify.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => 0,
+                Err(e) => panic!("read: {e}"),
+            };
             if n == 0 {
                 return None;
             }
@@ -133,10 +151,14 @@ impl Client {
     }
 
     fn hello(f: &Fixture) -> Client {
-        let mut c = Client::connect(f);
+        Client::connect(f).say_hello()
+    }
+
+    fn say_hello(mut self) -> Client {
+        let c = &mut self;
         c.send(&Request::Hello { protocol_version: PROTOCOL_VERSION, tenant: TENANT, timeline: TIMELINE, auth_token: String::new() });
         assert_eq!(c.recv(), Some(Response::HelloOk { protocol_version: PROTOCOL_VERSION }));
-        c
+        self
     }
 }
 
@@ -308,4 +330,132 @@ fn with_authentication_a_hello_needs_a_token_for_its_timeline() {
         c.send(&Request::GetPage { id: 1, lsns: lsns(0x200, 0x100), rel: rel(16384), blkno: BlockNumber(1) });
         assert_eq!(c.recv(), Some(Response::Page { id: 1, page: page(2).to_vec() }));
     }
+}
+
+/// A cluster CA and the pageserver's certificate for `localhost` and 127.0.0.1.
+struct Certs {
+    _dir: tempfile::TempDir,
+    server: tls::ServerTls,
+    client: tls::ClientTls,
+}
+
+fn make_certs() -> Certs {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = tls::ca::Ca::create(dir.path()).unwrap();
+    let (cert, key) = (dir.path().join("pageserver.crt"), dir.path().join("pageserver.key"));
+    let hosts = ["localhost".to_string(), "127.0.0.1".to_string()];
+    ca.issue_to_files("pageserver", &hosts, Duration::from_secs(3600), &cert, &key).unwrap();
+    let server = tls::ServerTls::load(&cert, &key).unwrap();
+    let client = tls::ClientTls::load(&dir.path().join("ca.crt")).unwrap();
+    Certs { _dir: dir, server, client }
+}
+
+type Refusals = Arc<std::sync::Mutex<Vec<&'static str>>>;
+
+fn start_tls(certs: &Certs) -> (Fixture, Refusals) {
+    let refusals: Refusals = Arc::default();
+    let seen = Arc::clone(&refusals);
+    let config = certs.server.config();
+    let f = start_with(move |s| s.with_tls(config, Arc::new(move |reason| seen.lock().unwrap().push(reason))));
+    (f, refusals)
+}
+
+/// Waits (up to 10 s) until the service has counted `n` refusals; the connection's thread
+/// counts after the client has already seen the end of its connection.
+fn refusals_reach(refusals: &Refusals, n: usize) -> Vec<&'static str> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = refusals.lock().unwrap().clone();
+        if seen.len() >= n || std::time::Instant::now() > deadline {
+            return seen;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn with_tls_requests_are_served_over_it_and_a_plaintext_client_is_told_why_it_is_refused() {
+    let certs = make_certs();
+    let (f, refusals) = start_tls(&certs);
+    for host in ["127.0.0.1", "localhost"] {
+        let mut c = Client::connect_tls(&f, &certs.client, host).unwrap().say_hello();
+        c.send(&Request::GetPage { id: 1, lsns: lsns(0x200, 0x100), rel: rel(16384), blkno: BlockNumber(0) });
+        assert_eq!(c.recv(), Some(Response::Page { id: 1, page: page(3).to_vec() }));
+    }
+
+    // A client without TLS gets an error it can read, in its own protocol, then the end.
+    let mut c = Client::connect(&f);
+    c.send(&hello(TENANT, String::new()));
+    match c.recv() {
+        Some(Response::Error { id: 0, code: ErrorCode::Protocol, message }) => assert_eq!(message, TLS_REQUIRED),
+        other => panic!("expected the TLS-required error, got {other:?}"),
+    }
+    assert_eq!(c.recv(), None, "the connection is closed");
+    assert_eq!(refusals_reach(&refusals, 1), ["plaintext"]);
+
+    // Pipelined requests over TLS (a readahead window) are answered in order, and the
+    // service went on serving.
+    let mut c = Client::connect_tls(&f, &certs.client, "127.0.0.1").unwrap().say_hello();
+    let mut batch = Vec::new();
+    for id in 1..=200u64 {
+        Request::GetPage { id, lsns: lsns(0x200, 0x100), rel: rel(16384), blkno: BlockNumber((id % 2) as u32) }.encode(&mut batch);
+    }
+    c.send_raw(&batch);
+    for id in 1..=200u64 {
+        let want = if id % 2 == 0 { page(3) } else { page(2) };
+        assert_eq!(c.recv(), Some(Response::Page { id, page: want.to_vec() }));
+    }
+}
+
+#[test]
+fn with_tls_a_client_of_another_ca_or_expecting_another_host_is_refused() {
+    let certs = make_certs();
+    let (f, refusals) = start_tls(&certs);
+
+    let other = make_certs();
+    match Client::connect_tls(&f, &other.client, "127.0.0.1") {
+        Err(e @ tls::ConnectError::UnknownCa { .. }) => assert!(e.to_string().contains("not signed by the cluster CA"), "{e}"),
+        Err(e) => panic!("expected an unknown CA, got {e}"),
+        Ok(_) => panic!("a client of another CA was served"),
+    }
+    match Client::connect_tls(&f, &certs.client, "pageserver-2.example") {
+        Err(e @ tls::ConnectError::WrongHost { .. }) => assert!(e.to_string().contains("pageserver-2.example"), "{e}"),
+        Err(e) => panic!("expected a certificate for another host, got {e}"),
+        Ok(_) => panic!("a client expecting another host was served"),
+    }
+    // The client's refusal of the certificate ends the handshake on the server too, counted
+    // (as the client closing mid-handshake: rustls's client sends its alert, and the server
+    // sees the connection end).
+    let seen = refusals_reach(&refusals, 2);
+    assert!(seen.len() == 2 && seen.iter().all(|r| ["handshake", "closed"].contains(r)), "{seen:?}");
+
+    let mut c = Client::connect_tls(&f, &certs.client, "localhost").unwrap().say_hello();
+    c.send(&Request::Nblocks { id: 1, lsns: lsns(0x200, 0x100), rel: rel(16384) });
+    assert_eq!(c.recv(), Some(Response::Nblocks { id: 1, nblocks: 2 }));
+}
+
+#[test]
+fn a_client_that_sends_nothing_is_closed_after_the_handshake_timeout() {
+    let certs = make_certs();
+    let refusals: Refusals = Arc::default();
+    let seen = Arc::clone(&refusals);
+    let config = certs.server.config();
+    let quick = Duration::from_millis(300);
+    let tls = start_with(move |s| s.with_tls(config, Arc::new(move |r| seen.lock().unwrap().push(r))).with_handshake_timeout(quick));
+    let plain = start_with(move |s| s.with_handshake_timeout(quick));
+    for f in [&tls, &plain] {
+        let mut silent = Client::connect(f);
+        let started = std::time::Instant::now();
+        assert_eq!(silent.recv(), None, "the service closes the connection");
+        assert!(started.elapsed() < Duration::from_secs(5), "closed after {:?}", started.elapsed());
+    }
+    assert_eq!(refusals_reach(&refusals, 1), ["timeout"]);
+    // After a TLS handshake, the Hello is due within the same time.
+    let mut c = Client::connect_tls(&tls, &certs.client, "127.0.0.1").unwrap();
+    assert_eq!(c.recv(), None, "closed without a Hello");
+    // A connection that said Hello may then stay idle for longer.
+    let mut c = Client::connect_tls(&tls, &certs.client, "127.0.0.1").unwrap().say_hello();
+    std::thread::sleep(quick * 2);
+    c.send(&Request::Nblocks { id: 1, lsns: lsns(0x200, 0x100), rel: rel(16384) });
+    assert_eq!(c.recv(), Some(Response::Nblocks { id: 1, nblocks: 2 }));
 }

@@ -64,6 +64,11 @@ pub struct PageserverConfig {
     /// `Authorization: Bearer` token (admin, or the tenant's for the calls a compute
     /// makes). Unset: no authentication, every client is trusted (logged at start).
     pub auth_public_key_path: Option<PathBuf>,
+    /// TLS (`--tls-cert`, `--tls-key`, `--tls-ca` or `--no-tls`, flags only): the server
+    /// certificate of the page service and the management API, and the cluster CA that
+    /// the safekeepers' certificates must be signed by. Loaded by the binary at start.
+    #[serde(skip)]
+    pub tls: tls::Tls,
 }
 
 impl Default for PageserverConfig {
@@ -88,6 +93,7 @@ impl Default for PageserverConfig {
             pitr_window: HumanDuration(Duration::from_secs(7 * 24 * 3600)),
             image_creation_ranges_per_run: 2,
             auth_public_key_path: None,
+            tls: tls::Tls::default(),
         }
     }
 }

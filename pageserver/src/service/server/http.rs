@@ -552,6 +552,10 @@ async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError
     families.extend(ps.metrics.gather());
     let mut out = Vec::new();
     TextEncoder::new().encode(&families, &mut out).map_err(internal)?;
+    // When the TLS certificate expires (it is reloaded when its files change).
+    if let Some(tls) = &ps.conf.tls.server {
+        out.extend_from_slice(tls.metrics_text().as_bytes());
+    }
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
 }
 

@@ -270,7 +270,8 @@ impl Pageserver {
         BackgroundJobs::start(Arc::clone(&self.jobs), self.conf.background_job_period()).map(Some)
     }
 
-    /// Starts the page service on its configured address.
+    /// Starts the page service on its configured address (TLS with the configured
+    /// certificate, if any).
     pub fn start_page_service(&self) -> anyhow::Result<PageServiceHandle> {
         let listener = TcpListener::bind(self.conf.listen_pg_addr)
             .with_context(|| format!("listen for the page service on {}", self.conf.listen_pg_addr))?;
@@ -279,6 +280,10 @@ impl Pageserver {
         if let Some(verifier) = &self.auth {
             let metrics = Arc::clone(&self.metrics);
             service = service.with_auth(Arc::clone(verifier), Arc::new(move |reason| metrics.auth_refused("page_service", reason)));
+        }
+        if let Some(server_tls) = &self.conf.tls.server {
+            let metrics = Arc::clone(&self.metrics);
+            service = service.with_tls(server_tls.config(), Arc::new(move |reason| metrics.tls_refused("page_service", reason)));
         }
         let service = Arc::new(service);
         Ok(service.start(listener)?)
@@ -678,7 +683,9 @@ impl Pageserver {
             old.stop();
         }
         let gate = self.ingest_gate(tenant, timeline);
-        receivers.insert((tenant, timeline), WalReceiver::start(t, gate, Arc::clone(&self.reconstructor), sources));
+        // Over TLS with the cluster CA (`--tls-ca`); cleartext with `--no-tls`.
+        let tls = self.conf.tls.client.clone();
+        receivers.insert((tenant, timeline), WalReceiver::start_with_tls(t, gate, Arc::clone(&self.reconstructor), sources, tls));
     }
 
     fn ingest_gate(&self, tenant: TenantId, timeline: TimelineId) -> Arc<IngestGate> {

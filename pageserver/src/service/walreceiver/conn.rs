@@ -16,6 +16,12 @@
 //! LSN) and commands (`FJORD_REMOTE_CONSISTENT_LSN`, [`report_position`]), which a
 //! compute's walsender would refuse.
 //!
+//! TLS: with the cluster CA ([`Credentials::tls`], the pageserver's `--tls-ca`), every
+//! connection first asks for TLS (PostgreSQL's `SSLRequest`), and the safekeeper's
+//! certificate must be signed by the CA and name the host of the source; the startup and
+//! everything after travel inside TLS. Without it the connection is cleartext (a safekeeper
+//! that requires TLS refuses it, and its reason is the error).
+//!
 //! Authentication: a server that asks for a cleartext password (a safekeeper started with
 //! `--auth-public-key`) gets the token registered with the timeline's sources (a storage
 //! token narrowed to the timeline). Without one the connection fails saying so. MD5 and SCRAM are not supported: the token is a
@@ -34,8 +40,89 @@ use proto::Lsn;
 
 use super::{WalSource, APPLICATION_NAME, READ_TIMEOUT};
 
+/// The connection's bytes: cleartext, or TLS over TCP.
+enum Link {
+    Plain(TcpStream),
+    Tls(Box<tls::ClientStream>),
+}
+
+impl Link {
+    fn socket(&self) -> &TcpStream {
+        match self {
+            Link::Plain(s) => s,
+            Link::Tls(t) => &t.sock,
+        }
+    }
+
+    fn write_all(&mut self, out: &[u8]) -> std::io::Result<()> {
+        match self {
+            Link::Plain(s) => s.write_all(out),
+            Link::Tls(t) => {
+                t.write_all(out)?;
+                t.flush()
+            }
+        }
+    }
+
+    /// Reads, waiting at most the socket's read timeout (`WouldBlock` or `TimedOut` then).
+    /// `Ok(0)`: the server closed the connection.
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Link::Plain(s) => s.read(buf),
+            Link::Tls(t) => match t.read(buf) {
+                // Closed without TLS's close_notify: closed all the same.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(0),
+                r => r,
+            },
+        }
+    }
+
+    /// Reads what is there without waiting (`WouldBlock` when nothing is; over TLS, when
+    /// no whole record is). `Ok(0)`: the server closed the connection.
+    fn read_now(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let fd = self.socket().as_raw_fd();
+        let recv = |buf: &mut [u8]| {
+            // SAFETY: a valid buffer of the given length and an open socket.
+            let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast::<libc::c_void>(), buf.len(), libc::MSG_DONTWAIT) };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        };
+        match self {
+            Link::Plain(_) => recv(buf),
+            Link::Tls(t) => loop {
+                // Plaintext rustls already holds comes first; then the socket's bytes.
+                match t.conn.reader().read(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(0),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+                struct DontWait<F>(F);
+                impl<F: FnMut(&mut [u8]) -> std::io::Result<usize>> Read for DontWait<F> {
+                    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                        (self.0)(buf)
+                    }
+                }
+                let n = t.conn.read_tls(&mut DontWait(recv))?;
+                t.conn.process_new_packets().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+                if n == 0 {
+                    // The end of the socket: what was decrypted before it, then 0.
+                    return match t.conn.reader().read(buf) {
+                        Ok(n) => Ok(n),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(0),
+                        Err(e) => Err(e),
+                    };
+                }
+            },
+        }
+    }
+}
+
 pub(super) struct Conn {
-    stream: TcpStream,
+    stream: Link,
     buf: BytesMut,
     /// The server's `fjord.safekeeper` parameter: `Some(version)` for a safekeeper, `None`
     /// for a PostgreSQL walsender.
@@ -144,21 +231,20 @@ impl Conn {
                 return Ok(Some(m));
             }
             let mut chunk = [0u8; 64 * 1024];
-            // SAFETY: a valid buffer of the given length and an open socket.
-            let n =
-                unsafe { libc::recv(self.stream.as_raw_fd(), chunk.as_mut_ptr().cast::<libc::c_void>(), chunk.len(), libc::MSG_DONTWAIT) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                return match e.kind() {
-                    std::io::ErrorKind::WouldBlock => Ok(None),
-                    std::io::ErrorKind::Interrupted => continue,
-                    _ => Err(io_error(e, "read from the server")),
-                };
-            }
+            let n = match self.stream.read_now(&mut chunk) {
+                Ok(n) => n,
+                Err(e) => {
+                    return match e.kind() {
+                        std::io::ErrorKind::WouldBlock => Ok(None),
+                        std::io::ErrorKind::Interrupted => continue,
+                        _ => Err(io_error(e, "read from the server")),
+                    }
+                }
+            };
             if n == 0 {
                 bail!("the server closed the connection");
             }
-            self.buf.extend_from_slice(&chunk[..n as usize]);
+            self.buf.extend_from_slice(&chunk[..n]);
         }
     }
 
@@ -209,11 +295,15 @@ pub(super) fn error_text(body: &backend::ErrorResponseBody) -> String {
     msg
 }
 
-/// What a receiver sends a server that asks for a password.
+/// What a receiver connects with: the token it sends a server that asks for a password,
+/// and the trust in the cluster CA for TLS.
 #[derive(Clone, Copy)]
 pub(super) struct Credentials<'a> {
     /// The token registered with the sources, if any.
     pub token: Option<&'a str>,
+    /// The cluster CA (`--tls-ca`): connect with TLS and verify the server against it;
+    /// `None`: cleartext.
+    pub tls: Option<&'a tls::ClientTls>,
 }
 
 /// The error when a server asks for a password and the pageserver has no token.
@@ -243,7 +333,16 @@ pub(super) fn connect(source: &WalSource, database: &str, credentials: Credentia
         (None, None) => bail!("the host resolves to no address"),
     };
     stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(READ_TIMEOUT))?;
+    let stream = match credentials.tls {
+        None => Link::Plain(stream),
+        Some(_) if source.plaintext => Link::Plain(stream),
+        Some(client) => {
+            // The handshake has its own timeouts (the tls crate's); the read timeout below
+            // is the streaming loop's.
+            Link::Tls(Box::new(tls::pg::connect(client, stream, &source.host)?))
+        }
+    };
+    stream.socket().set_read_timeout(Some(READ_TIMEOUT))?;
     let mut conn = Conn { stream, buf: BytesMut::new(), safekeeper: None };
     let mut out = BytesMut::new();
     frontend::startup_message(
@@ -345,7 +444,8 @@ mod tests {
     /// the password it received, if any.
     fn fake_server(asks: Asks) -> (WalSource, JoinHandle<Option<Vec<u8>>>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let source = WalSource { host: "127.0.0.1".into(), port: listener.local_addr().unwrap().port(), user: "ps".into() };
+        let source =
+            WalSource { host: "127.0.0.1".into(), port: listener.local_addr().unwrap().port(), user: "ps".into(), plaintext: false };
         let server = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
             let mut len = [0u8; 4];
@@ -399,13 +499,13 @@ mod tests {
     #[test]
     fn the_token_is_the_password_when_the_server_asks() {
         let (source, server) = fake_server(Asks::Cleartext("storage-token"));
-        let conn = connect(&source, "t/tl", Credentials { token: Some("storage-token") }, TIMEOUT).unwrap();
+        let conn = connect(&source, "t/tl", Credentials { token: Some("storage-token"), tls: None }, TIMEOUT).unwrap();
         assert_eq!(conn.safekeeper(), Some("1"));
         assert_eq!(server.join().unwrap().as_deref(), Some(&b"storage-token"[..]));
 
         // A token the server refuses: its reason is the error.
         let (source, server) = fake_server(Asks::Cleartext("storage-token"));
-        let e = connect(&source, "t/tl", Credentials { token: Some("other") }, TIMEOUT).err().unwrap().to_string();
+        let e = connect(&source, "t/tl", Credentials { token: Some("other"), tls: None }, TIMEOUT).err().unwrap().to_string();
         assert_eq!(e, "the server refused the connection: the token's signature does not verify");
         server.join().unwrap();
     }
@@ -413,7 +513,7 @@ mod tests {
     #[test]
     fn without_a_token_the_error_says_what_to_set() {
         let (source, server) = fake_server(Asks::Cleartext("storage-token"));
-        let e = connect(&source, "t/tl", Credentials { token: None }, TIMEOUT).err().unwrap().to_string();
+        let e = connect(&source, "t/tl", Credentials { token: None, tls: None }, TIMEOUT).err().unwrap().to_string();
         assert_eq!(e, NO_TOKEN_ERROR);
         assert!(e.contains("register the timeline's WAL sources with one"));
         assert_eq!(server.join().unwrap(), None, "nothing was sent as a password");
@@ -423,7 +523,7 @@ mod tests {
     fn md5_and_sasl_are_refused_by_name() {
         for (asks, name) in [(Asks::Md5, "MD5"), (Asks::Sasl, "SASL")] {
             let (source, server) = fake_server(asks);
-            let e = connect(&source, "t/tl", Credentials { token: Some("storage-token") }, TIMEOUT).err().unwrap().to_string();
+            let e = connect(&source, "t/tl", Credentials { token: Some("storage-token"), tls: None }, TIMEOUT).err().unwrap().to_string();
             assert!(e.contains(name) && e.contains("does not support"), "{e}");
             server.join().unwrap();
         }

@@ -150,13 +150,13 @@ mod tests {
     use super::*;
 
     fn src(host: &str, port: u16) -> WalSource {
-        WalSource { host: host.into(), port, user: "u".into() }
+        WalSource { host: host.into(), port, user: "u".into(), plaintext: false }
     }
 
     #[test]
     fn both_shapes_parse() {
         let one = WalSources::from_json(br#"{"host": "127.0.0.1", "port": 5432, "user": "postgres"}"#).unwrap();
-        assert_eq!(one.as_slice(), &[WalSource { host: "127.0.0.1".into(), port: 5432, user: "postgres".into() }]);
+        assert_eq!(one.as_slice(), &[WalSource { host: "127.0.0.1".into(), port: 5432, user: "postgres".into(), plaintext: false }]);
         let list = WalSources::from_json(
             br#"{"sources": [{"host": "a", "port": 1, "user": "u"}, {"host": "a", "port": 2, "user": "u"}, {"host": "b", "port": 1, "user": "u"}]}"#,
         )

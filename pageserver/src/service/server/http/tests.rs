@@ -347,7 +347,7 @@ fn the_shared_client_decodes_what_the_router_encodes() {
     assert_eq!(status_of(client.timeline(tenant, missing)), (404, format!("timeline {missing} of tenant {tenant} not found")));
     assert_eq!(status_of(client.create_tenant(&TenantCreateRequest { tenant_id: Some(tenant) })).0, 409);
     assert_eq!(status_of(client.import(tenant, timeline, &ImportRequest::default())).0, 400);
-    let source = WalSource { host: "127.0.0.1".into(), port: 5432, user: "u".into() };
+    let source = WalSource { host: "127.0.0.1".into(), port: 5432, user: "u".into(), plaintext: false };
     assert_eq!(status_of(client.start_wal_receiver(tenant, timeline, &WalReceiverRequest::Single(source))).0, 409);
     assert_eq!(status_of(client.stop_wal_receiver(tenant, timeline)).0, 404);
     let at = BasebackupQuery { lsn: Some(Lsn(0x10)), standby: false };
