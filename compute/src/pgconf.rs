@@ -138,7 +138,13 @@ pub fn postgresql_conf(s: &ComputeSettings) -> String {
     // before.
     // A replica's pg_wal holds only what it streamed from the safekeepers: no fsync either.
     set("fsync", if (s.safekeepers.is_some() && s.static_lsn.is_none()) || s.replica_conninfo.is_some() { "off" } else { "on" });
-    set("full_page_writes", "on");
+    // No page a compute writes can be torn: it never writes a data page to a disk that
+    // recovery would read (pages live in the pageserver, rebuilt from WAL; the local file
+    // cache is never a redo base and is dropped after a crash), so full-page images
+    // protect nothing and cost 8 KiB per page per checkpoint through every safekeeper
+    // and the pageserver's ingest (docs/decisions/0012-full-page-writes-off.md).
+    // `-c full_page_writes=on` turns them back on: overrides come last.
+    set("full_page_writes", "off");
     // A crashed compute is replaced by a new one from a basebackup, not restarted locally:
     // local crash recovery would replay WAL the pageserver may not have.
     set("restart_after_crash", "off");
@@ -305,6 +311,7 @@ mod tests {
         assert_eq!(value_of(&conf, "fjord.timeline_id").unwrap(), "'22222222222222222222222222222222'");
         assert_eq!(value_of(&conf, "synchronous_standby_names").unwrap(), "'fjord_pageserver'");
         assert_eq!(value_of(&conf, "restart_after_crash").unwrap(), "'off'");
+        assert_eq!(value_of(&conf, "full_page_writes").unwrap(), "'off'");
         assert_eq!(value_of(&conf, "port").unwrap(), "'55432'");
         assert_eq!(value_of(&conf, "unix_socket_directories").unwrap(), "''");
         assert!(value_of(&conf, "default_transaction_read_only").is_none());

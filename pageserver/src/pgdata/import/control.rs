@@ -6,7 +6,12 @@
 //! followed by zeros up to 8192 bytes, with a CRC-32C of the struct up to `crc`.
 //!
 //! Invariant: `ControlFile::parse` accepts only a file whose CRC, version, page and segment
-//! sizes match what fjord supports; every other field is taken as PostgreSQL wrote it.
+//! sizes match what fjord supports, and without data checksums; every other field is taken
+//! as PostgreSQL wrote it.
+//!
+//! Data checksums cannot work: a page the pageserver rebuilds from WAL keeps the checksum
+//! of whatever version its base image had, and with full-page writes off nothing WAL-logs
+//! a hint-bit change, so a compute would report checksum failures on good pages.
 
 use anyhow::{bail, ensure};
 use proto::lsn::WAL_SEGMENT_SIZE_BYTES;
@@ -37,6 +42,7 @@ const OFFSET_CHECKPOINT_TLI: usize = OFFSET_CHECKPOINT_COPY + 8;
 const OFFSET_BLCKSZ: usize = 216;
 const OFFSET_XLOG_BLCKSZ: usize = 224;
 const OFFSET_XLOG_SEG_SIZE: usize = 228;
+const OFFSET_DATA_CHECKSUM_VERSION: usize = 252;
 const OFFSET_CRC: usize = 288;
 
 /// The parsed control file, with the raw bytes kept for the store.
@@ -79,6 +85,12 @@ impl ControlFile {
         ensure!(
             u64::from(seg_size) == WAL_SEGMENT_SIZE_BYTES,
             "control file says the WAL segment size is {seg_size}, fjord supports only {WAL_SEGMENT_SIZE_BYTES}"
+        );
+        let checksums = u32_at(raw, OFFSET_DATA_CHECKSUM_VERSION);
+        ensure!(
+            checksums == 0,
+            "the cluster has data checksums on (version {checksums}); fjord needs a cluster made by initdb without \
+             --data-checksums (pages rebuilt from WAL carry no valid checksum)"
         );
         Ok(ControlFile {
             system_identifier: u64::from_le_bytes(raw[OFFSET_SYSTEM_IDENTIFIER..8].try_into().expect("8 bytes")),
@@ -155,6 +167,11 @@ mod tests {
         bad[8] = 0;
         assert!(ControlFile::parse(&bad).unwrap_err().to_string().contains("pg_control_version"));
         assert!(ControlFile::parse(&sample()[..100]).is_err());
+        let mut checksums = sample();
+        checksums[OFFSET_DATA_CHECKSUM_VERSION] = 1;
+        let crc = crc32c::crc32c(&checksums[..OFFSET_CRC]);
+        checksums[OFFSET_CRC..OFFSET_CRC + 4].copy_from_slice(&crc.to_le_bytes());
+        assert!(ControlFile::parse(&checksums).unwrap_err().to_string().contains("data checksums on"));
     }
 
     #[test]

@@ -174,6 +174,13 @@ impl WalIngest {
             *h = (*h).max(blk.blkno.0);
             referenced.insert((blk.rel, blk.blkno.0));
         }
+        // The visibility map's size before this record: a map block at or past it did not
+        // exist, and its redo starts from a zero page (below).
+        let mut vm_sizes: BTreeMap<RelTag, u32> = BTreeMap::new();
+        for &rel in highest.keys().filter(|r| r.forknum == ForkNumber::VisibilityMap) {
+            let size = self.rel_size(m, rel)?.unwrap_or(0);
+            vm_sizes.insert(rel, size);
+        }
         for (rel, blkno) in highest {
             self.extend_rel(m, rel, blkno + 1, &referenced)?;
         }
@@ -187,7 +194,13 @@ impl WalIngest {
                 m.put_image(key, Bytes::from(page));
                 self.stats.images += 1;
             } else {
-                m.put_record(key, StoredRecord::Postgres(record.raw.clone()), blk.will_init())?;
+                // PostgreSQL extends the visibility map without WAL (`vm_extend`), and the
+                // first record to set a bit on a new map page registers it with neither an
+                // image nor `WILL_INIT`: redo reads a missing block as a zero page and
+                // initializes it (`heap_xlog_visible`). With full-page writes on, an image
+                // always came with it; without, the record itself must start from zeros.
+                let new_vm_page = vm_sizes.get(&blk.rel).is_some_and(|&size| blk.blkno.0 >= size);
+                m.put_record(key, StoredRecord::Postgres(record.raw.clone()), blk.will_init() || new_vm_page)?;
                 self.stats.block_records += 1;
             }
         }
