@@ -97,6 +97,15 @@ def init_phases(stderr: str) -> dict:
     return {k.strip(): float(v) for k, v in phases.items()}
 
 
+def wal_written(port: int, user: str) -> tuple[int, int]:
+    """The WAL insert position in bytes, and the full-page images counted in `pg_stat_wal`
+    (backends report theirs when they exit)."""
+    with psycopg.connect(host="127.0.0.1", port=port, user=user, dbname="postgres", autocommit=True) as conn:
+        lsn = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0]
+        fpi = conn.execute("SELECT wal_fpi FROM pg_stat_wal").fetchone()[0]
+    return int(lsn), int(fpi)
+
+
 def run_suite(name: str, port: int, user: str, a, settle, after_init=None, cpu=None) -> dict:
     """pgbench -i, then read-write and select-only, each after `settle()`; `after_init` (if
     any) returns what to record right after the load, `cpu` (if any) the CPU seconds used so
@@ -116,18 +125,22 @@ def run_suite(name: str, port: int, user: str, a, settle, after_init=None, cpu=N
         settle()
         settle_s = round(time.monotonic() - t0, 1)
         before = cpu() if cpu else {}
+        wal_before = wal_written(port, user)
         machine_before = machine_cpu()
         out = pgbench(port, user, "-n", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.duration), *extra)
         res[mode] = parse(out)
         res[mode]["settle_s"] = settle_s
+        txns = int(re.search(r"number of transactions actually processed: (\d+)", out).group(1))
+        time.sleep(0.3)  # the backends that just ended report their WAL statistics
+        wal_after = wal_written(port, user)
+        res[mode]["wal_bytes_per_txn"] = round((wal_after[0] - wal_before[0]) / max(txns, 1))
+        res[mode]["fpi_per_1000_txn"] = round((wal_after[1] - wal_before[1]) * 1000 / max(txns, 1), 1)
         machine_after = machine_cpu()
         res[mode]["machine_busy_s"] = round(machine_after["busy"] - machine_before["busy"], 1)
         res[mode]["machine_steal_s"] = round(machine_after["steal"] - machine_before["steal"], 1)
         if cpu:
-            time.sleep(0.3)  # the postmaster reaps the backends that just ended
             after = cpu()
-            n = int(re.search(r"number of transactions actually processed: (\d+)", out).group(1))
-            res[mode]["cpu_ms_per_txn"] = {k: round((after[k] - before[k]) * 1000 / n, 3) for k in after}
+            res[mode]["cpu_ms_per_txn"] = {k: round((after[k] - before[k]) * 1000 / max(txns, 1), 3) for k in after}
         print(f"{name}: {mode}: {res[mode]}", flush=True)
     return res
 
@@ -382,6 +395,7 @@ def main() -> None:
             fjord_res = run_suite("fjord", ep.port, ep.user, a, settle=lambda: settle_fjord(ep, ps, tl), after_init=throttled,
                                   cpu=fjord_cpu)
             smgr, lfc = status(ep, "storage_manager"), status(ep, "file_cache_status")
+            fjord_res["full_page_writes"] = ep.sql("SHOW full_page_writes")[0][0]
             restart = after_restart(ep, a)
             print(f"fjord: select-only after a restart: {restart}", flush=True)
             create_scan_table(ep.port, ep.user)
@@ -457,6 +471,15 @@ def main() -> None:
                     f"{on['latency_ms']:.2f} ms and {off['latency_ms']:.2f} ms)")
         lines += ["", "TLS on every link against a second cluster with TLS off (pgbench -i, then the same runs, each "
                   "after the same settling): " + "; ".join(tls_cost(m) for m in ("read-write", "select-only")) + "."]
+
+    def wal(res: dict) -> str:
+        rw = res["read-write"]
+        return f"{rw['wal_bytes_per_txn']:,} bytes and {rw['fpi_per_1000_txn']} full-page images per 1,000 transactions"
+
+    lines += ["", f"WAL per read-write transaction (`pg_current_wal_insert_lsn()` and `pg_stat_wal.wal_fpi` around the "
+              f"run; full_page_writes on in plain PostgreSQL, as users run it, and {fjord_res['full_page_writes']} on the compute): plain "
+              f"PostgreSQL {wal(plain_res)}; fjord {wal(fjord_res)} "
+              f"(x{fjord_res['read-write']['wal_bytes_per_txn'] / max(plain_res['read-write']['wal_bytes_per_txn'], 1):.2f})."]
 
     def cpu(mode: str) -> str:
         p, f = plain_res[mode]["cpu_ms_per_txn"], fjord_res[mode]["cpu_ms_per_txn"]
