@@ -80,6 +80,13 @@ def pytest_runtest_call(item):
 def pytest_runtest_teardown(item, nextitem):
     result = yield
     problems = services.end()
+    # A process of the test's own that outlived it (a daemon the CLI started, a child a
+    # test spawned) would go on knocking at ports a later test reuses: it is killed here,
+    # and fails the test that left it.
+    tmp_path = item.funcargs.get("tmp_path") if hasattr(item, "funcargs") else None
+    if tmp_path is not None:
+        problems += [f"still running after the test, now killed: pid {pid}: {cmdline}"
+                     for pid, cmdline in services.kill_leftovers(Path(tmp_path))]
     if problems:
         pytest.fail("services started outside the test body ended badly or logged errors:\n\n"
                     + "\n\n".join(problems), pytrace=False)
