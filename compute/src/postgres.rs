@@ -312,6 +312,64 @@ pub fn query_value(pg_bin_dir: &Path, host: &str, port: u16, user: &str, sql: &s
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// One psql connection kept open for a query asked again and again (the lease thread's
+/// replay position, every second). A new connection per question would sometimes reach a
+/// postgres that has just started to shut down, which refuses it with a FATAL line in its
+/// log; an open session is ended by the shutdown like every other one. psql reading a
+/// script from a pipe exits when its connection is lost (it never reconnects), so a
+/// session never reaches a server that is going away.
+pub struct Session {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+/// What psql prints after each answer, so that a query that fails (its error goes to
+/// psql's standard error) still ends with a line to read.
+const SESSION_END_OF_ANSWER: &str = "-- end of answer --";
+
+impl Session {
+    pub fn open(pg_bin_dir: &Path, host: &str, port: u16, user: &str) -> anyhow::Result<Session> {
+        let mut child = Command::new(pg_bin_dir.join("psql"))
+            .args(["-X", "-A", "-t", "-q", "-h", host, "-p", &port.to_string(), "-U", user, "-d", "postgres"])
+            .env("PGCONNECT_TIMEOUT", "5")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("run psql")?;
+        let stdin = child.stdin.take().context("psql's standard input")?;
+        let stdout = std::io::BufReader::new(child.stdout.take().context("psql's standard output")?);
+        Ok(Session { child, stdin, stdout })
+    }
+
+    /// Runs `sql` (one statement, without its semicolon) and returns its single value as
+    /// text; an error if the query failed or psql is gone (its connection lost or refused).
+    pub fn query_value(&mut self, sql: &str) -> anyhow::Result<String> {
+        use std::io::{BufRead, Write};
+        write!(self.stdin, "{sql};\n\\echo '{SESSION_END_OF_ANSWER}'\n").and_then(|()| self.stdin.flush()).context("psql has exited")?;
+        let mut value = None;
+        loop {
+            let mut line = String::new();
+            if self.stdout.read_line(&mut line).context("read psql's answer")? == 0 {
+                bail!("psql has exited (its connection is gone)");
+            }
+            let line = line.trim_end();
+            if line == SESSION_END_OF_ANSWER {
+                return value.context("the query returned no value (it failed)");
+            }
+            value = Some(line.to_string());
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

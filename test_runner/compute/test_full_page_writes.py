@@ -9,6 +9,7 @@ an image nor initialises the page.
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
 
@@ -33,6 +34,8 @@ def wal_fpi_during_pgbench(ep: Endpoint) -> tuple[int, int, int]:
         capture_output=True, text=True, timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
+    # pgbench's backends report their WAL statistics as they exit: wait until they have.
+    time.sleep(0.5)
     after = ep.sql("SELECT wal_fpi, wal_bytes FROM pg_stat_wal")[0]
     return after[0] - before[0], int(after[1] - before[1]), 600
 

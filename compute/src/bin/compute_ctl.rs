@@ -344,8 +344,20 @@ fn hold_replay_position(args: &Args, host: &str, user: &str, report: serde_json:
     let port = args.port;
     let (pg_bin_dir, host, user) = (args.pg_bin_dir.clone(), host.to_string(), user.to_string());
     let holder = format!("replica {} at {}:{port} pid {}", args.name, host, std::process::id());
+    let session: Mutex<Option<postgres::Session>> = Mutex::new(None);
     keep_lease(args, holder, "the replay position", move || {
-        let text = postgres::query_value(&pg_bin_dir, &host, port, &user, "SELECT pg_last_wal_replay_lsn()")?;
+        let mut session = session.lock().unwrap_or_else(|e| e.into_inner());
+        // No new connection to a postgres that is shutting down: it would refuse it.
+        anyhow::ensure!(!compute::postgres::shutting_down(), "postgres is shutting down");
+        if session.is_none() {
+            *session = Some(postgres::Session::open(&pg_bin_dir, &host, port, &user)?);
+        }
+        let answer = session.as_mut().expect("opened above").query_value("SELECT pg_last_wal_replay_lsn()");
+        if answer.is_err() {
+            // Opened again at the next renewal (unless postgres is shutting down by then).
+            *session = None;
+        }
+        let text = answer?;
         let lsn = text.parse::<Lsn>().map_err(|e| anyhow::anyhow!("replay LSN {text:?}: {e}"))?;
         // The status file shows where the replica is (`fjord endpoint list`).
         let allowed = status_writes.lock().unwrap_or_else(|e| e.into_inner());
