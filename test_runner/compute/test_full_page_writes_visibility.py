@@ -1,4 +1,4 @@
-"""Attacks on full-page writes off (docs/decisions/0012-full-page-writes-off.md).
+"""Full-page writes off and the visibility map (docs/decisions/0012-full-page-writes-off.md).
 
 With full-page writes off every page the pageserver serves is rebuilt from records alone,
 except where PostgreSQL forces an image. These tests drive the cases where a fork's size,
