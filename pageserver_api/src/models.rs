@@ -24,13 +24,26 @@ pub const LSN_HEADER: &str = "X-Fjord-Lsn";
 /// The content type of a basebackup: a tar stream of a data directory.
 pub const BASEBACKUP_CONTENT_TYPE: &str = "application/x-tar";
 
-/// `GET /v1/status`: the pageserver answers, and which version it is.
+/// `GET /v1/status`: the pageserver answers, which version it is, and what it can do that
+/// a client must not count on from an older one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusResponse {
     /// Always `"ok"`: an answer at all is the liveness signal.
     pub status: String,
     pub version: String,
+    /// Capabilities by name ([`FEATURES`]); absent from an older pageserver's answer.
+    #[serde(default)]
+    pub features: Vec<String>,
 }
+
+/// The pageserver rebuilds every page from WAL without full-page images: in particular a
+/// visibility-map page whose first record carries neither an image nor `WILL_INIT` (which
+/// an older pageserver could not rebuild, for good). compute_ctl turns full-page writes
+/// off only when the pageserver says this.
+pub const FEATURE_NO_FULL_PAGE_IMAGES: &str = "no-full-page-images";
+
+/// What this version's pageserver reports in `features`.
+pub const FEATURES: &[&str] = &[FEATURE_NO_FULL_PAGE_IMAGES];
 
 /// `POST /v1/tenant`. An empty body means a random tenant id.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -166,7 +166,7 @@ fn run(mut args: Args) -> anyhow::Result<i32> {
     }
     let pgdata = absolute(&args.pgdata)?;
     let file_cache = file_cache_path(&args, &pgdata)?;
-    let settings = settings(&args, safekeepers.as_deref(), &file_cache)?;
+    let mut settings = settings(&args, safekeepers.as_deref(), &file_cache)?;
     let user = compute::os_user_name()?;
     let postgres_log = match &args.postgres_log {
         Some(p) => p.clone(),
@@ -181,6 +181,7 @@ fn run(mut args: Args) -> anyhow::Result<i32> {
 
     let created = compute::prepare_pgdata(&pgdata)?;
     let client = pageserver_client(&args);
+    keep_full_page_writes_unless_rebuilt_without(&client, &mut settings);
     let synced = match (&safekeepers, args.lsn) {
         (Some(list), _) if args.replica => follow_safekeepers(&client, &args, list).map(|()| None),
         (_, Some(lsn)) => lease_fixed_lsn(&client, &args, lsn).map(|()| None),
@@ -475,6 +476,24 @@ fn reuse_file_cache(client: &Client, args: &Args, cache: &Path, start: Option<Ls
         ),
     }
     outcome
+}
+
+/// Full-page writes are off on computes (`pgconf`), but only a pageserver that says it
+/// rebuilds pages without them may follow such WAL: an older one would store a new
+/// visibility-map page's first record as one it cannot replay, and fail every read of that
+/// page from then on. Without that answer (an older pageserver, or no answer) they stay
+/// on, with a warning; a `-c full_page_writes=...` of the caller's still wins.
+fn keep_full_page_writes_unless_rebuilt_without(client: &Client, settings: &mut ComputeSettings) {
+    if settings.overrides.iter().any(|(k, _)| k == "full_page_writes") {
+        return;
+    }
+    let why = match client.status() {
+        Ok(s) if s.features.iter().any(|f| f == pageserver_api::models::FEATURE_NO_FULL_PAGE_IMAGES) => return,
+        Ok(s) => format!("the pageserver (version {}) does not say that it rebuilds pages without them", s.version),
+        Err(e) => format!("could not ask the pageserver whether it rebuilds pages without them: {e}"),
+    };
+    tracing::warn!("full-page writes stay on: {why}");
+    settings.overrides.insert(0, ("full_page_writes".into(), "on".into()));
 }
 
 fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path) -> anyhow::Result<ComputeSettings> {

@@ -337,7 +337,7 @@ proptest! {
         round_trip(&TenantCreateResponse { tenant_id: TenantId(tenant) })?;
         round_trip(&vec![TenantId(tenant)])?;
         round_trip(&ImportResponse { checkpoint_lsn: lsns.0, databases, import_lsn: lsns.1, system_identifier })?;
-        round_trip(&StatusResponse { status: "ok".into(), version: text.clone() })?;
+        round_trip(&StatusResponse { status: "ok".into(), version: text.clone(), features: vec![text.clone()] })?;
         round_trip(&ErrorResponse { error: text })?;
     }
 }

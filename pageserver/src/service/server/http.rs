@@ -177,7 +177,16 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ManagementErr
 pub fn router(ps: Arc<Pageserver>) -> Router {
     // Anyone: liveness and metrics.
     let open = Router::new()
-        .route("/v1/status", get(|| async { Json(StatusResponse { status: "ok".into(), version: env!("CARGO_PKG_VERSION").into() }) }))
+        .route(
+            "/v1/status",
+            get(|| async {
+                Json(StatusResponse {
+                    status: "ok".into(),
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    features: pageserver_api::models::FEATURES.iter().map(|f| f.to_string()).collect(),
+                })
+            }),
+        )
         .route("/metrics", get(metrics));
     // The calls a compute (compute_ctl) makes: an admin token, or one for the path's
     // tenant and timeline.

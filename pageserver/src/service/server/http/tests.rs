@@ -73,7 +73,7 @@ fn responses_are_byte_for_byte_what_clients_expect() {
     let tenant_config =
         |config: &str, effective: &str| format!(r#"{{"tenant_id":"{TENANT}","config":{config},"effective_pitr_window":"{effective}"}}"#);
     let cases: Vec<(&str, String, Option<String>, u16, String)> = vec![
-        ("GET", "/v1/status".into(), None, 200, format!(r#"{{"status":"ok","version":"{version}"}}"#)),
+        ("GET", "/v1/status".into(), None, 200, format!(r#"{{"status":"ok","version":"{version}","features":["no-full-page-images"]}}"#)),
         ("GET", "/v1/tenant".into(), None, 200, "[]".into()),
         ("POST", "/v1/tenant".into(), Some(format!(r#"{{"tenant_id": "{TENANT}"}}"#)), 201, format!(r#"{{"tenant_id":"{TENANT}"}}"#)),
         (
@@ -318,7 +318,10 @@ fn the_shared_client_decodes_what_the_router_encodes() {
     let client = Client::new(&format!("http://{}", serve(dir.path())));
     let (tenant, timeline) = (TENANT.parse::<TenantId>().unwrap(), TIMELINE.parse::<TimelineId>().unwrap());
 
-    assert_eq!(client.status().unwrap(), StatusResponse { status: "ok".into(), version: env!("CARGO_PKG_VERSION").into() });
+    assert_eq!(
+        client.status().unwrap(),
+        StatusResponse { status: "ok".into(), version: env!("CARGO_PKG_VERSION").into(), features: vec!["no-full-page-images".into()] }
+    );
     assert_eq!(client.tenants().unwrap(), []);
     let created = client.create_tenant(&TenantCreateRequest::default()).unwrap().tenant_id;
     assert_eq!(client.create_tenant(&TenantCreateRequest { tenant_id: Some(tenant) }).unwrap().tenant_id, tenant);
