@@ -5,14 +5,14 @@
 //! another. Timings: a pageserver that dies is taken for dead between `offline_after` and
 //! `offline_after + heartbeat_interval + heartbeat_timeout` later.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pageserver_api::client::{Client, ClientConfig};
 
 use crate::models::Availability;
-use crate::persistence::NodeRow;
+use crate::persistence::{DbError, NodeRow};
 use crate::scheduler::{self, Candidate};
 use crate::{Controller, Health};
 
@@ -23,16 +23,21 @@ pub async fn run(ctl: Arc<Controller>) {
     loop {
         let started = Instant::now();
         if ctl.is_leader() {
-            if let Err(e) = round(&ctl, &mut reported_stuck).await {
-                ctl.metrics.database_errors.inc();
-                tracing::warn!("heartbeat round: {e}");
+            match round(&ctl, &mut reported_stuck).await {
+                Ok(()) => {}
+                // The lease moved under this round: the lease task says so.
+                Err(DbError::NotLeader) => tracing::debug!("heartbeat round: this controller no longer holds the lease"),
+                Err(e) => {
+                    ctl.metrics.database_errors.inc();
+                    tracing::warn!("heartbeat round: {e}");
+                }
             }
         }
         tokio::time::sleep(ctl.config.heartbeat_interval.saturating_sub(started.elapsed())).await;
     }
 }
 
-async fn round(ctl: &Arc<Controller>, reported_stuck: &mut HashSet<proto::TenantId>) -> Result<(), crate::persistence::DbError> {
+async fn round(ctl: &Arc<Controller>, reported_stuck: &mut HashSet<proto::TenantId>) -> Result<(), DbError> {
     let nodes = ctl.db.nodes().await?;
     let mut checks = tokio::task::JoinSet::new();
     for n in &nodes {
@@ -49,8 +54,9 @@ async fn round(ctl: &Arc<Controller>, reported_stuck: &mut HashSet<proto::Tenant
         answers.push(done.expect("a heartbeat does not panic"));
     }
     let (offline, unusable) = record(ctl, &nodes, answers);
-    let choose = |attached: u64, loads: &[NodeRow]| scheduler::secondary_for(&candidates(ctl, loads), attached);
-    for node in offline {
+    let seen = ctl.availability_snapshot();
+    let choose = |attached: u64, loads: &[NodeRow]| scheduler::secondary_for(&candidates(&seen, loads), attached);
+    for &node in &offline {
         let (moved, stuck) = ctl.db.fail_over(&ctl.instance, node, &unusable, choose).await?;
         for t in moved {
             ctl.metrics.failovers.inc();
@@ -72,13 +78,15 @@ async fn round(ctl: &Arc<Controller>, reported_stuck: &mut HashSet<proto::Tenant
                 );
             }
         }
-        for t in ctl.db.replace_secondary(&ctl.instance, node, choose).await? {
-            tracing::info!(
-                "tenant {}: its secondary on pageserver {node} is offline; the new one: {}",
-                t.tenant_id,
-                t.secondary.as_ref().map_or("none".to_string(), |s| s.node_id.to_string())
-            );
-        }
+    }
+    // Secondaries on offline nodes are replaced, and tenants without one get one when a
+    // node can take it.
+    for t in ctl.db.replace_secondaries(&ctl.instance, &offline, choose).await? {
+        tracing::info!(
+            "tenant {} has a new secondary: {}",
+            t.tenant_id,
+            t.secondary.as_ref().map_or("none (no other pageserver is online)".to_string(), |s| format!("pageserver {}", s.node_id))
+        );
     }
     Ok(())
 }
@@ -89,22 +97,28 @@ fn record(ctl: &Controller, nodes: &[NodeRow], answers: Vec<(u64, Result<(), Str
     let mut health = ctl.health.lock().expect("not poisoned");
     let (mut offline, mut unusable) = (Vec::new(), Vec::new());
     for (id, answer) in answers {
-        let h = health.entry(id).or_insert(Health { availability: Availability::Unknown, last_ok: now });
+        let h = health.entry(id).or_insert(Health { availability: Availability::Unknown, last_ok: now, missed: 0 });
         let before = h.availability;
         match answer {
             Ok(()) => {
                 h.last_ok = now;
+                h.missed = 0;
                 h.availability = Availability::Online;
             }
             Err(e) => {
                 ctl.metrics.heartbeat_failures.inc();
-                if now.duration_since(h.last_ok) >= ctl.config.offline_after {
+                h.missed += 1;
+                if h.missed >= 2 && now.duration_since(h.last_ok) >= ctl.config.offline_after {
                     h.availability = Availability::Offline;
                 } else {
                     tracing::debug!("pageserver {id} did not answer a heartbeat: {e}");
                 }
                 if h.availability == Availability::Offline && before != Availability::Offline {
-                    tracing::warn!("pageserver {id} is offline: no answer for {:?} (last: {e})", now.duration_since(h.last_ok));
+                    tracing::warn!(
+                        "pageserver {id} is offline: no answer for {:?}, {} heartbeats in a row (last: {e})",
+                        now.duration_since(h.last_ok),
+                        h.missed
+                    );
                 }
             }
         }
@@ -134,13 +148,13 @@ pub fn availability_label(a: Availability) -> &'static str {
     }
 }
 
-/// The scheduler's view of `loads` with this controller's health.
-pub fn candidates(ctl: &Controller, loads: &[NodeRow]) -> Vec<Candidate> {
+/// The scheduler's view of `loads` with the availability in `seen` (unknown if absent).
+pub fn candidates(seen: &HashMap<u64, Availability>, loads: &[NodeRow]) -> Vec<Candidate> {
     loads
         .iter()
         .map(|n| Candidate {
             node_id: n.node.node_id,
-            availability: ctl.availability(n.node.node_id),
+            availability: seen.get(&n.node.node_id).copied().unwrap_or(Availability::Unknown),
             attached: n.attached,
             secondaries: n.secondaries,
         })

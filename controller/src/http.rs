@@ -67,24 +67,29 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The answer to a change asked of a controller that does not lead: who does, if known.
-async fn not_leader(ctl: &Controller) -> ApiError {
-    match ctl.db.lease().await {
-        Ok(l) if l.live && l.holder != ctl.instance => {
-            ApiError::Unavailable(format!("this controller does not lead: ask the leader at {}", l.address))
+/// The answer to a change asked of a controller that does not lead: who does, as this
+/// instance last saw the lease (no database round trip).
+fn not_leader(ctl: &Controller) -> ApiError {
+    let view = ctl.lease_view.lock().expect("not poisoned").clone();
+    match view.leader_address {
+        Some(addr) if addr != ctl.config.advertise => {
+            ApiError::Unavailable(format!("this controller does not lead: ask the leader at {addr}"))
         }
-        Ok(_) => ApiError::Unavailable("no controller leads at the moment: retry shortly".into()),
-        Err(e) => ApiError::Unavailable(format!("this controller does not lead, and its database does not answer: {e}")),
+        _ if view.database != "ok" => {
+            ApiError::Unavailable(format!("no controller leads that this one knows of; its database: {}", view.database))
+        }
+        _ => ApiError::Unavailable("no controller leads at the moment: retry shortly".into()),
     }
 }
 
-async fn db_error(ctl: &Controller, e: DbError) -> ApiError {
+fn db_error(ctl: &Controller, e: DbError) -> ApiError {
     match e {
-        DbError::NotLeader => not_leader(ctl).await,
-        DbError::Postgres(e) => {
+        DbError::NotLeader => not_leader(ctl),
+        DbError::Postgres(_) | DbError::Timeout(_) => {
             ctl.metrics.database_errors.inc();
-            ApiError::Unavailable(format!("the controller's database: {e}"))
+            ApiError::Unavailable(e.to_string())
         }
+        DbError::NoNodeOnline => ApiError::Unavailable(e.to_string()),
         DbError::Refused(m) => ApiError::Conflict(m),
     }
 }
@@ -124,16 +129,13 @@ async fn require_admin(State(ctl): State<Arc<Controller>>, req: Request, next: N
 }
 
 async fn status(State(ctl): State<Arc<Controller>>) -> Json<StatusResponse> {
-    let (leader_address, database) = match ctl.db.lease().await {
-        Ok(l) => (l.live.then_some(l.address), "ok".to_string()),
-        Err(e) => (None, e.to_string()),
-    };
+    let view = ctl.lease_view.lock().expect("not poisoned").clone();
     Json(StatusResponse {
         instance: ctl.instance.clone(),
         version: env!("CARGO_PKG_VERSION").into(),
         leader: ctl.is_leader(),
-        leader_address,
-        database,
+        leader_address: view.leader_address,
+        database: view.database,
     })
 }
 
@@ -144,7 +146,7 @@ async fn metrics(State(ctl): State<Arc<Controller>>) -> String {
 async fn list_nodes(State(ctl): State<Arc<Controller>>) -> Result<Json<Vec<NodeInfo>>, ApiError> {
     let rows = match ctl.db.nodes().await {
         Ok(rows) => rows,
-        Err(e) => return Err(db_error(&ctl, e).await),
+        Err(e) => return Err(db_error(&ctl, e)),
     };
     Ok(Json(
         rows.into_iter()
@@ -160,11 +162,22 @@ async fn list_nodes(State(ctl): State<Arc<Controller>>) -> Result<Json<Vec<NodeI
     ))
 }
 
+/// `host:port` with a port above 0 and a host of letters, digits, `.`, `-` and `_`, or a
+/// bracketed IPv6 address: nothing else reaches a log line or a URL.
 fn check_addr(what: &str, addr: &str) -> Result<(), ApiError> {
-    match addr.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0) => Ok(()),
-        _ => Err(ApiError::BadRequest(format!("{what} {addr:?} is not host:port"))),
+    let bad = || ApiError::BadRequest(format!("{what} {addr:?} is not host:port"));
+    let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+    if !port.parse::<u16>().is_ok_and(|p| p != 0) {
+        return Err(bad());
     }
+    let ok_host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => !host.is_empty() && host.len() <= 253 && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')),
+    };
+    if !ok_host {
+        return Err(bad());
+    }
+    Ok(())
 }
 
 async fn register_node(
@@ -172,24 +185,34 @@ async fn register_node(
     body: Result<Json<NodeRegisterRequest>, JsonRejection>,
 ) -> Result<StatusCode, ApiError> {
     let Json(req) = body?;
+    if req.node_id > i64::MAX as u64 {
+        return Err(ApiError::BadRequest(format!("node_id {} is above {}", req.node_id, i64::MAX)));
+    }
     check_addr("http_addr", &req.http_addr)?;
     check_addr("page_addr", &req.page_addr)?;
+    if req.http_addr == req.page_addr {
+        return Err(ApiError::BadRequest("http_addr and page_addr are the same address".into()));
+    }
     if !ctl.is_leader() {
-        return Err(not_leader(&ctl).await);
+        return Err(not_leader(&ctl));
     }
     match ctl.db.register_node(&ctl.instance, &req).await {
-        Ok(()) => {
+        Ok(moved) => {
+            if moved {
+                // Whatever was seen at the old addresses says nothing of the new ones.
+                ctl.health.lock().expect("not poisoned").remove(&req.node_id);
+            }
             tracing::info!("pageserver {} registered: http {}, page service {}", req.node_id, req.http_addr, req.page_addr);
             Ok(StatusCode::OK)
         }
-        Err(e) => Err(db_error(&ctl, e).await),
+        Err(e) => Err(db_error(&ctl, e)),
     }
 }
 
 async fn list_tenants(State(ctl): State<Arc<Controller>>) -> Result<Json<Vec<TenantLocation>>, ApiError> {
     match ctl.db.tenants().await {
         Ok(t) => Ok(Json(t)),
-        Err(e) => Err(db_error(&ctl, e).await),
+        Err(e) => Err(db_error(&ctl, e)),
     }
 }
 
@@ -199,11 +222,10 @@ async fn create_tenant(
 ) -> Result<(StatusCode, Json<TenantLocation>), ApiError> {
     let Json(req) = body?;
     if !ctl.is_leader() {
-        return Err(not_leader(&ctl).await);
+        return Err(not_leader(&ctl));
     }
-    let choose = |loads: &[crate::persistence::NodeRow]| {
-        scheduler::place(&candidates(&ctl, loads)).ok_or_else(|| DbError::Refused("no pageserver is online to place the tenant on".into()))
-    };
+    let seen = ctl.availability_snapshot();
+    let choose = |loads: &[crate::persistence::NodeRow]| scheduler::place(&candidates(&seen, loads)).ok_or(DbError::NoNodeOnline);
     match ctl.db.create_tenant(&ctl.instance, req.tenant_id, choose).await {
         Ok(location) => {
             tracing::info!(
@@ -215,7 +237,7 @@ async fn create_tenant(
             );
             Ok((StatusCode::CREATED, Json(location)))
         }
-        Err(e) => Err(db_error(&ctl, e).await),
+        Err(e) => Err(db_error(&ctl, e)),
     }
 }
 
@@ -224,7 +246,7 @@ async fn get_tenant(State(ctl): State<Arc<Controller>>, Path(tenant): Path<Strin
     match ctl.db.tenant(tenant).await {
         Ok(Some(t)) => Ok(Json(t)),
         Ok(None) => Err(ApiError::NotFound(format!("tenant {tenant} is not placed"))),
-        Err(e) => Err(db_error(&ctl, e).await),
+        Err(e) => Err(db_error(&ctl, e)),
     }
 }
 

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::Controller;
+use crate::{Controller, LeaseView};
 
 /// Renews or takes the lease forever; returns only if the task is cancelled.
 pub async fn run(ctl: Arc<Controller>) {
@@ -16,6 +16,16 @@ pub async fn run(ctl: Arc<Controller>) {
     loop {
         let sent = Instant::now();
         let outcome = ctl.lease_db.acquire_lease(&ctl.instance, &ctl.config.advertise, ctl.config.lease).await;
+        // Who leads, for /v1/status and refusals: this instance, or the holder of a live lease.
+        let view = match &outcome {
+            Ok(true) => LeaseView { leader_address: Some(ctl.config.advertise.clone()), database: "ok".into() },
+            Ok(false) => match ctl.lease_db.lease().await {
+                Ok(l) => LeaseView { leader_address: l.live.then_some(l.address), database: "ok".into() },
+                Err(e) => LeaseView { leader_address: None, database: e.to_string() },
+            },
+            Err(e) => LeaseView { leader_address: None, database: e.to_string() },
+        };
+        *ctl.lease_view.lock().expect("not poisoned") = view;
         {
             let mut l = ctl.leadership.lock().expect("not poisoned");
             match outcome {
@@ -42,6 +52,9 @@ pub async fn run(ctl: Arc<Controller>) {
             } else {
                 tracing::warn!("this controller ({}) no longer leads", ctl.instance);
                 ctl.health.lock().expect("not poisoned").clear();
+                for a in ["online", "offline", "unknown"] {
+                    ctl.metrics.nodes.with_label_values(&[a]).set(0);
+                }
             }
             was_leader = leader;
         }

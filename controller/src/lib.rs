@@ -48,6 +48,19 @@ pub struct Health {
     pub availability: Availability,
     /// The last answered heartbeat, or when this controller began to watch.
     pub last_ok: Instant,
+    /// Heartbeats missed in a row. A node is offline only after two at least, however long
+    /// since `last_ok`: a controller that stalled (starved, its database slow) does not
+    /// take its own silence for the node's.
+    pub missed: u32,
+}
+
+/// The lease as this instance last saw it, for `/v1/status` and the answer of a controller
+/// that does not lead (neither waits for the database).
+#[derive(Clone, Debug, Default)]
+pub struct LeaseView {
+    pub leader_address: Option<String>,
+    /// `ok`, or the last error reaching the database.
+    pub database: String,
 }
 
 /// Whether this instance leads, and until when it may believe so by its own clock.
@@ -66,6 +79,7 @@ pub struct Controller {
     /// The lease's own connection, so that renewals never queue behind other work.
     pub lease_db: Db,
     pub leadership: Mutex<Leadership>,
+    pub lease_view: Mutex<LeaseView>,
     /// Filled while leading; emptied when leadership is lost.
     pub health: Mutex<HashMap<u64, Health>>,
     pub metrics: metrics::Metrics,
@@ -76,8 +90,9 @@ impl Controller {
     pub fn new(config: Config, auth: Option<auth::Verifier>) -> Arc<Controller> {
         let instance = format!("{:016x}", rand::random::<u64>());
         Arc::new(Controller {
-            db: Db::new(&config.database_url),
-            lease_db: Db::new(&config.database_url),
+            db: Db::new(&config.database_url, config.lease / 3),
+            lease_db: Db::new(&config.database_url, config.lease / 3),
+            lease_view: Mutex::new(LeaseView { leader_address: None, database: "not reached yet".into() }),
             config,
             instance,
             leadership: Mutex::new(Leadership::default()),
@@ -98,5 +113,15 @@ impl Controller {
             return Availability::Unknown;
         }
         self.health.lock().expect("not poisoned").get(&node).map_or(Availability::Unknown, |h| h.availability)
+    }
+
+    /// Every node's availability now, for decisions that must not change their mind half
+    /// way (a transaction that outlasts this instance's belief in its lease still chooses
+    /// with what it saw when it began; the lease fences its commit).
+    pub fn availability_snapshot(&self) -> HashMap<u64, Availability> {
+        if !self.is_leader() {
+            return HashMap::new();
+        }
+        self.health.lock().expect("not poisoned").iter().map(|(id, h)| (*id, h.availability)).collect()
     }
 }

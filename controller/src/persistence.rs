@@ -43,6 +43,8 @@ CREATE TABLE IF NOT EXISTS fjord_controller_tenants (
     secondary bigint REFERENCES fjord_controller_nodes CHECK (secondary IS DISTINCT FROM attached),
     updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+CREATE INDEX IF NOT EXISTS fjord_controller_tenants_attached ON fjord_controller_tenants (attached);
+CREATE INDEX IF NOT EXISTS fjord_controller_tenants_secondary ON fjord_controller_tenants (secondary);
 ";
 
 /// Why a database call did not do what was asked.
@@ -50,18 +52,42 @@ CREATE TABLE IF NOT EXISTS fjord_controller_tenants (
 pub enum DbError {
     #[error("this controller does not hold the leader lease")]
     NotLeader,
-    #[error("the controller's database: {0}")]
+    #[error("the controller's database: {}", describe(.0))]
     Postgres(#[from] tokio_postgres::Error),
+    /// Nothing to place a tenant on (yet: a new leader knows no node for a moment).
+    #[error(
+        "no pageserver is online to place the tenant on (a controller that just began to lead knows none for a moment): retry shortly"
+    )]
+    NoNodeOnline,
+    #[error("the controller's database did not answer within {0:?}")]
+    Timeout(Duration),
     #[error("{0}")]
     Refused(String),
 }
 
-/// One connection to the database, opened on first use and again after any error.
-pub struct Db {
-    url: String,
-    client: Mutex<Option<Client>>,
+/// A database error with what the server said (tokio_postgres's own text is only "db
+/// error"), or the connection's failure with its cause.
+fn describe(e: &tokio_postgres::Error) -> String {
+    match (e.as_db_error(), std::error::Error::source(e)) {
+        (Some(db), _) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
+        (None, Some(cause)) => format!("{e}: {cause}"),
+        (None, None) => e.to_string(),
+    }
 }
 
+/// One connection to the database, opened on first use and again after any error.
+///
+/// Nothing the database does may hold the controller longer than `limit`: each call is
+/// abandoned after it (the connection dropped, so the server rolls the transaction back),
+/// and the session's `statement_timeout`, `lock_timeout` and
+/// `idle_in_transaction_session_timeout` end, on the server's side, a statement, a lock wait
+/// or a transaction of a controller that stopped (paused, cut off) while holding the lease
+/// row: a standby can always take over.
+pub struct Db {
+    url: String,
+    limit: Duration,
+    client: Mutex<Option<Client>>,
+}
 /// The lease as the database holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
@@ -96,29 +122,54 @@ fn to_i64(v: u64) -> Result<i64, DbError> {
 }
 
 impl Db {
-    pub fn new(url: &str) -> Db {
-        Db { url: url.to_string(), client: Mutex::new(None) }
+    /// `limit`: the longest any call may take (the controller uses a third of the lease).
+    pub fn new(url: &str, limit: Duration) -> Db {
+        Db { url: url.to_string(), limit, client: Mutex::new(None) }
+    }
+
+    async fn connect(&self) -> Result<Client, DbError> {
+        let mut config: tokio_postgres::Config = self.url.parse()?;
+        config.connect_timeout(self.limit).keepalives_idle(Duration::from_secs(5)).application_name("fjord_storage_controller");
+        let (client, connection) = config.connect(NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!("the connection to the controller's database ended: {e}");
+            }
+        });
+        let ms = self.limit.as_millis().max(1);
+        client
+            .batch_execute(&format!(
+                "SET statement_timeout = {ms}; SET lock_timeout = {ms}; SET idle_in_transaction_session_timeout = {ms}"
+            ))
+            .await?;
+        Ok(client)
     }
 
     /// Runs `f` on the connection (opening it if needed); an error drops the connection, so
     /// the next call opens a new one.
     async fn with<T>(&self, f: impl AsyncFnOnce(&mut Client) -> Result<T, DbError>) -> Result<T, DbError> {
-        let mut guard = self.client.lock().await;
-        if guard.as_ref().is_none_or(|c| c.is_closed()) {
-            let (client, connection) = tokio_postgres::connect(&self.url, NoTls).await?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::warn!("the connection to the controller's database ended: {e}");
+        let attempt = async {
+            let mut guard = self.client.lock().await;
+            if guard.as_ref().is_none_or(|c| c.is_closed()) {
+                *guard = Some(self.connect().await?);
+            }
+            let client = guard.as_mut().expect("just opened");
+            let result = f(client).await;
+            if let Err(DbError::Postgres(_)) = &result {
+                *guard = None;
+            }
+            result
+        };
+        match tokio::time::timeout(self.limit, attempt).await {
+            Ok(result) => result,
+            Err(_) => {
+                // The connection may be in any state: a new one next time.
+                if let Ok(mut guard) = self.client.try_lock() {
+                    *guard = None;
                 }
-            });
-            *guard = Some(client);
+                Err(DbError::Timeout(self.limit))
+            }
         }
-        let client = guard.as_mut().expect("just opened");
-        let result = f(client).await;
-        if let Err(DbError::Postgres(_)) = &result {
-            *guard = None;
-        }
-        result
     }
 
     /// Creates the tables if they are missing, and checks the schema version. Two
@@ -137,9 +188,12 @@ impl Db {
                 }
                 [v] if *v == SCHEMA_VERSION => {}
                 other => {
+                    // Rolled back and answered before the error ends the process (a dropped
+                    // transaction's rollback is only queued).
+                    tx.rollback().await?;
                     return Err(DbError::Refused(format!(
                         "the database's controller schema is version {other:?}, this controller's {SCHEMA_VERSION}: refusing to touch it"
-                    )))
+                    )));
                 }
             }
             tx.commit().await?;
@@ -187,19 +241,34 @@ impl Db {
         .await
     }
 
-    pub async fn register_node(&self, instance: &str, req: &NodeRegisterRequest) -> Result<(), DbError> {
+    /// Adds a node, or changes its addresses; true if it was known with other addresses.
+    /// Refused when another node has either address (two ids for one pageserver would let
+    /// a tenant's secondary be its attached pageserver).
+    pub async fn register_node(&self, instance: &str, req: &NodeRegisterRequest) -> Result<bool, DbError> {
         let id = to_i64(req.node_id)?;
         self.with(async |c: &mut Client| {
             let tx = c.transaction().await?;
-            fence(&tx, instance).await?;
+            tx.execute("LOCK TABLE fjord_controller_nodes IN SHARE ROW EXCLUSIVE MODE", &[]).await?;
+            let clash = tx
+                .query_opt(
+                    "SELECT node_id FROM fjord_controller_nodes WHERE node_id <> $1 AND (http_addr IN ($2, $3) OR page_addr IN ($2, $3)) LIMIT 1",
+                    &[&id, &req.http_addr, &req.page_addr],
+                )
+                .await?;
+            if let Some(row) = clash {
+                let other: i64 = row.get(0);
+                return Err(DbError::Refused(format!("node {other} already has one of the addresses {} and {}", req.http_addr, req.page_addr)));
+            }
+            let before = tx.query_opt("SELECT http_addr, page_addr FROM fjord_controller_nodes WHERE node_id = $1", &[&id]).await?;
             tx.execute(
                 "INSERT INTO fjord_controller_nodes (node_id, http_addr, page_addr) VALUES ($1, $2, $3)
                  ON CONFLICT (node_id) DO UPDATE SET http_addr = excluded.http_addr, page_addr = excluded.page_addr",
                 &[&id, &req.http_addr, &req.page_addr],
             )
             .await?;
+            fence(&tx, instance).await?;
             tx.commit().await?;
-            Ok(())
+            Ok(before.is_some_and(|r| r.get::<_, String>(0) != req.http_addr || r.get::<_, String>(1) != req.page_addr))
         })
         .await
     }
@@ -218,7 +287,6 @@ impl Db {
     ) -> Result<TenantLocation, DbError> {
         self.with(async |c: &mut Client| {
             let tx = c.transaction().await?;
-            fence(&tx, instance).await?;
             // One placement at a time, so that two creations see each other's loads.
             tx.execute("LOCK TABLE fjord_controller_tenants IN SHARE ROW EXCLUSIVE MODE", &[]).await?;
             let (attached, secondary) = choose(&nodes(&tx).await?)?;
@@ -234,6 +302,7 @@ impl Db {
                 return Err(DbError::Refused(format!("tenant {tenant} is already placed")));
             }
             let location = tenant_location(&tx, tenant).await?.expect("just inserted");
+            fence(&tx, instance).await?;
             tx.commit().await?;
             Ok(location)
         })
@@ -262,7 +331,8 @@ impl Db {
     /// Moves every tenant attached to `from` (a node taken for dead) to its secondary, with
     /// its generation raised by one, and gives it a new secondary from `choose(new attached,
     /// nodes)`. Tenants whose secondary is in `unusable` (offline, unknown) or missing stay
-    /// where they are and are returned in the second list. One transaction.
+    /// where they are and are returned in the second list. One transaction; the nodes'
+    /// loads are read once and kept up to date as tenants move.
     pub async fn fail_over(
         &self,
         instance: &str,
@@ -270,58 +340,81 @@ impl Db {
         unusable: &[u64],
         choose: impl Fn(u64, &[NodeRow]) -> Option<u64>,
     ) -> Result<(Vec<TenantLocation>, Vec<Attachment>), DbError> {
-        let from = to_i64(from)?;
+        let from_id = to_i64(from)?;
         self.with(async |c: &mut Client| {
             let tx = c.transaction().await?;
-            fence(&tx, instance).await?;
             tx.execute("LOCK TABLE fjord_controller_tenants IN SHARE ROW EXCLUSIVE MODE", &[]).await?;
-            let attachments = attachments(&tx, "attached = $1", from).await?;
+            let mut loads = nodes(&tx).await?;
             let (mut moved, mut stuck) = (Vec::new(), Vec::new());
-            for a in attachments {
+            for a in attachments(&tx, "attached = $1", from_id).await? {
                 let Some(to) = a.secondary.filter(|s| !unusable.contains(s)) else {
                     stuck.push(a);
                     continue;
                 };
-                let loads = nodes(&tx).await?;
-                let secondary = choose(to, &loads).filter(|s| *s != a.attached && !unusable.contains(s)).map(to_i64).transpose()?;
+                let secondary = choose(to, &loads).filter(|s| *s != to && *s != from && !unusable.contains(s));
                 tx.execute(
                     "UPDATE fjord_controller_tenants SET generation = generation + 1, attached = $2, secondary = $3, updated_at = clock_timestamp()
                       WHERE tenant_id = $1",
-                    &[&a.tenant_id.to_string(), &to_i64(to)?, &secondary],
+                    &[&a.tenant_id.to_string(), &to_i64(to)?, &secondary.map(to_i64).transpose()?],
                 )
                 .await?;
+                adjust(&mut loads, from, |n| n.attached = n.attached.saturating_sub(1));
+                adjust(&mut loads, to, |n| {
+                    n.attached += 1;
+                    n.secondaries = n.secondaries.saturating_sub(1)
+                });
+                if let Some(s) = secondary {
+                    adjust(&mut loads, s, |n| n.secondaries += 1);
+                }
                 moved.push(tenant_location(&tx, a.tenant_id).await?.expect("locked"));
             }
+            if moved.is_empty() {
+                // Nothing changed: rolled back, no fence needed.
+                return Ok((moved, stuck));
+            }
+            fence(&tx, instance).await?;
             tx.commit().await?;
             Ok((moved, stuck))
         })
         .await
     }
 
-    /// Gives every tenant whose secondary is `lost` another one (or none) from `choose`.
-    pub async fn replace_secondary(
+    /// Gives a secondary, from `choose(attached, nodes)`, to every tenant whose secondary is
+    /// `lost` or that has none; returns the tenants changed. One transaction.
+    pub async fn replace_secondaries(
         &self,
         instance: &str,
-        lost: u64,
+        lost: &[u64],
         choose: impl Fn(u64, &[NodeRow]) -> Option<u64>,
     ) -> Result<Vec<TenantLocation>, DbError> {
-        let lost = to_i64(lost)?;
+        let lost_ids = lost.iter().map(|n| to_i64(*n)).collect::<Result<Vec<i64>, _>>()?;
         self.with(async |c: &mut Client| {
             let tx = c.transaction().await?;
-            fence(&tx, instance).await?;
             tx.execute("LOCK TABLE fjord_controller_tenants IN SHARE ROW EXCLUSIVE MODE", &[]).await?;
+            let mut loads = nodes(&tx).await?;
             let mut changed = Vec::new();
-            for a in attachments(&tx, "secondary = $1", lost).await? {
-                let loads = nodes(&tx).await?;
-                let secondary =
-                    choose(a.attached, &loads).filter(|s| *s != a.attached && i64::try_from(*s) != Ok(lost)).map(to_i64).transpose()?;
+            for a in attachments(&tx, "secondary IS NULL OR secondary = ANY($1)", lost_ids).await? {
+                let secondary = choose(a.attached, &loads).filter(|s| *s != a.attached && !lost.contains(s));
+                if secondary == a.secondary {
+                    continue;
+                }
                 tx.execute(
                     "UPDATE fjord_controller_tenants SET secondary = $2, updated_at = clock_timestamp() WHERE tenant_id = $1",
-                    &[&a.tenant_id.to_string(), &secondary],
+                    &[&a.tenant_id.to_string(), &secondary.map(to_i64).transpose()?],
                 )
                 .await?;
+                if let Some(old) = a.secondary {
+                    adjust(&mut loads, old, |n| n.secondaries = n.secondaries.saturating_sub(1));
+                }
+                if let Some(s) = secondary {
+                    adjust(&mut loads, s, |n| n.secondaries += 1);
+                }
                 changed.push(tenant_location(&tx, a.tenant_id).await?.expect("locked"));
             }
+            if changed.is_empty() {
+                return Ok(changed);
+            }
+            fence(&tx, instance).await?;
             tx.commit().await?;
             Ok(changed)
         })
@@ -329,8 +422,16 @@ impl Db {
     }
 }
 
-/// Fails unless `instance` holds a live lease; holds the lease row (`FOR SHARE`) until the
-/// transaction ends, so that no takeover interleaves with it.
+fn adjust(loads: &mut [NodeRow], node: u64, f: impl FnOnce(&mut NodeRow)) {
+    if let Some(n) = loads.iter_mut().find(|n| n.node.node_id == node) {
+        f(n);
+    }
+}
+
+/// Fails unless `instance` holds a live lease. Called last, just before the commit: it
+/// holds the lease row (`FOR SHARE`) until the transaction ends, so that no takeover
+/// commits between this check and the commit, and only for that moment, so that the
+/// holder's own renewals never wait behind a transaction that waits for a table lock.
 async fn fence(tx: &Transaction<'_>, instance: &str) -> Result<(), DbError> {
     let rows = tx
         .query(
@@ -364,11 +465,15 @@ async fn nodes(c: &impl GenericClient) -> Result<Vec<NodeRow>, DbError> {
         .collect())
 }
 
-async fn attachments(c: &impl GenericClient, filter: &str, node: i64) -> Result<Vec<Attachment>, DbError> {
+async fn attachments<P: tokio_postgres::types::ToSql + Sync>(
+    c: &impl GenericClient,
+    filter: &str,
+    param: P,
+) -> Result<Vec<Attachment>, DbError> {
     let rows = c
         .query(
             &format!("SELECT tenant_id, generation, attached, secondary FROM fjord_controller_tenants WHERE {filter} ORDER BY tenant_id"),
-            &[&node],
+            &[&param],
         )
         .await?;
     rows.iter()

@@ -1,6 +1,7 @@
 //! The `storage_controller` process: flags, logging, the tasks, signals.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -104,21 +105,34 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if ctl.auth.is_none() {
         tracing::warn!("authentication is off (no --auth-public-key): anyone who reaches the API may change placements");
     }
-    let leader = tokio::spawn(controller::leader::run(ctl.clone()));
-    let heartbeat = tokio::spawn(controller::heartbeat::run(ctl.clone()));
+    let mut leader = tokio::spawn(controller::leader::run(ctl.clone()));
+    let mut heartbeat = tokio::spawn(controller::heartbeat::run(ctl.clone()));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let (died_tx, died_rx) = tokio::sync::oneshot::channel::<String>();
+    let stopper = Arc::clone(&ctl);
+    // The lease goes first: on a signal, or if a task ended (a panic; they never return),
+    // this instance stops leading before it stops serving, so the standby need not wait for
+    // the lease to lapse. Requests in flight end within the database calls' limit.
     let shutdown = async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
+        let why = tokio::select! {
+            _ = term.recv() => "SIGTERM".to_string(),
+            _ = tokio::signal::ctrl_c() => "SIGINT".to_string(),
+            r = &mut leader => format!("the leader lease task ended: {r:?}"),
+            r = &mut heartbeat => format!("the heartbeat task ended: {r:?}"),
+        };
+        leader.abort();
+        heartbeat.abort();
+        if let Err(e) = stopper.lease_db.release_lease(&stopper.instance).await {
+            tracing::warn!("could not give the leader lease up: {e}");
         }
+        let _ = died_tx.send(why);
     };
     controller::http::serve(listener, ctl.clone(), tls.server.as_ref(), shutdown).await;
-    leader.abort();
-    heartbeat.abort();
-    if let Err(e) = ctl.lease_db.release_lease(&ctl.instance).await {
-        tracing::warn!("could not give the leader lease up: {e}");
+    let why = died_rx.await.unwrap_or_default();
+    if why.starts_with("the ") {
+        anyhow::bail!("{why}");
     }
+    tracing::info!("stopping on {why}");
     tracing::info!("stopped");
     Ok(())
 }
