@@ -16,7 +16,12 @@
 //! - `storage`: the pageserver's token for reading committed WAL from the safekeepers. It
 //!   may name a tenant, or a tenant and a timeline, and then reads that WAL only: the
 //!   token a pageserver's WAL receiver presents for one timeline is narrowed to it, so a
-//!   source that is given it learns nothing it could use elsewhere.
+//!   source that is given it learns nothing it could use elsewhere. One that names no
+//!   tenant is a pageserver's own: it also joins the storage controller and asks it which
+//!   tenants the pageserver holds (`Access::Placement`).
+//!
+//! Where a tenant is attached (`Access::Locate`) any token for the tenant may ask: a
+//! compute follows its pageserver with its own token.
 //! - `admin`: everything, including the management APIs (create, configure, collect).
 //!
 //! A token may carry `exp` (seconds since the epoch); an expired token is refused. Tokens
@@ -140,6 +145,12 @@ pub enum Access {
     Compute { tenant: TenantId, timeline: Option<TimelineId> },
     /// Reading committed WAL: admin, storage, or a tenant token for it (a read replica).
     ReadWal { tenant: TenantId, timeline: TimelineId },
+    /// A pageserver's calls to the storage controller (joining, asking what it holds):
+    /// admin, or a storage token for no tenant in particular.
+    Placement,
+    /// Asking the storage controller where a tenant is (a compute following its pageserver):
+    /// admin, storage, or a tenant token for it, narrowed to a timeline or not.
+    Locate { tenant: TenantId },
 }
 
 impl std::fmt::Display for Access {
@@ -149,6 +160,8 @@ impl std::fmt::Display for Access {
             Access::Compute { tenant, timeline: Some(timeline) } => write!(f, "use timeline {tenant}/{timeline}"),
             Access::Compute { tenant, timeline: None } => write!(f, "use tenant {tenant}"),
             Access::ReadWal { tenant, timeline } => write!(f, "read the WAL of {tenant}/{timeline}"),
+            Access::Placement => f.write_str("join the storage controller"),
+            Access::Locate { tenant } => write!(f, "locate tenant {tenant}"),
         }
     }
 }
@@ -283,9 +296,10 @@ pub fn check_access(claims: &Claims, access: Access) -> Result<(), AuthError> {
     let forbidden = || AuthError::Forbidden { scope: claims.scope, access: access.to_string() };
     let (tenant, timeline) = match (claims.scope, access) {
         (Scope::Admin, _) => return Ok(()),
-        (Scope::Storage, Access::ReadWal { .. }) if claims.tenant_id.is_none() => return Ok(()),
+        (Scope::Storage, Access::ReadWal { .. } | Access::Placement | Access::Locate { .. }) if claims.tenant_id.is_none() => return Ok(()),
+        (Scope::Storage | Scope::Tenant, Access::Locate { tenant }) => (tenant, None),
         (Scope::Storage, Access::ReadWal { tenant, timeline }) => (tenant, Some(timeline)),
-        (Scope::Storage, _) | (Scope::Tenant, Access::Management) => return Err(forbidden()),
+        (Scope::Storage, _) | (Scope::Tenant, Access::Management | Access::Placement) => return Err(forbidden()),
         (Scope::Tenant, Access::Compute { tenant, timeline }) => (tenant, timeline),
         (Scope::Tenant, Access::ReadWal { tenant, timeline }) => (tenant, Some(timeline)),
     };
@@ -294,6 +308,8 @@ pub fn check_access(claims: &Claims, access: Access) -> Result<(), AuthError> {
         return Err(AuthError::WrongTenant { token: token_tenant, access: access.to_string() });
     }
     match (claims.timeline_id, timeline) {
+        // Where a tenant is, a token for any of its timelines may ask.
+        _ if matches!(access, Access::Locate { .. }) => Ok(()),
         (Some(token), Some(wanted)) if token != wanted => Err(AuthError::WrongTimeline { token, access: access.to_string() }),
         // A timeline token grants nothing tenant-wide.
         (Some(token), None) => Err(AuthError::WrongTimeline { token, access: access.to_string() }),

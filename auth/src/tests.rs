@@ -135,8 +135,16 @@ fn who_may_do_what() {
     assert_eq!(check_access(&tenant, other).unwrap_err().reason(), "wrong_tenant");
     assert_eq!(check_access(&tenant, Access::ReadWal { tenant: t2, timeline: l1 }).unwrap_err().reason(), "wrong_tenant");
 
+    // Joining the controller is the pageserver's own storage token's, or an admin's.
+    assert!(ok(&admin, Access::Placement) && ok(&storage, Access::Placement));
+    assert!(!ok(&narrowed, Access::Placement) && !ok(&tenant, Access::Placement));
+    // Where a tenant is: any token for it, not one for another tenant.
+    let locate = Access::Locate { tenant: t1 };
+    assert!(ok(&admin, locate) && ok(&storage, locate) && ok(&narrowed, locate) && ok(&tenant, locate));
+    assert_eq!(check_access(&tenant, Access::Locate { tenant: t2 }).unwrap_err().reason(), "wrong_tenant");
+
     let timeline = Claims::tenant(t1).with_timeline(l1);
-    assert!(ok(&timeline, compute(Some(l1))) && ok(&timeline, read));
+    assert!(ok(&timeline, compute(Some(l1))) && ok(&timeline, read) && ok(&timeline, locate));
     assert_eq!(check_access(&timeline, compute(Some(l2))).unwrap_err().reason(), "wrong_timeline");
     assert_eq!(check_access(&timeline, compute(None)).unwrap_err().reason(), "wrong_timeline");
 }

@@ -1,8 +1,9 @@
-//! The leader's watch over the pageservers: every `heartbeat_interval` it asks each one for
-//! `GET /v1/status` (at most `heartbeat_timeout`); one that has not answered for
-//! `offline_after` is offline, and its tenants fail over to their secondaries
-//! ([`crate::persistence::Db::fail_over`]); tenants whose secondary went offline get
-//! another. Timings: a pageserver that dies is taken for dead between `offline_after` and
+//! The leader's watch over the pageservers: every `heartbeat_interval` it asks each one
+//! which tenants it holds, `GET /v1/location` (at most `heartbeat_timeout`); one that has
+//! not answered for `offline_after` is offline, and its tenants fail over to their
+//! secondaries ([`crate::persistence::Db::fail_over`]); tenants whose secondary went
+//! offline get another. Then the answers go to [`crate::reconcile`], which orders each
+//! pageserver to hold what the placements say. Timings: a pageserver that dies is taken for dead between `offline_after` and
 //! `offline_after + heartbeat_interval + heartbeat_timeout` later.
 
 use std::collections::{HashMap, HashSet};
@@ -47,11 +48,38 @@ async fn round(ctl: &Arc<Controller>, reported_stuck: &mut HashSet<proto::Tenant
             request_timeout: Some(ctl.config.heartbeat_timeout),
             tls: ctl.config.client_tls.clone(),
         };
-        checks.spawn_blocking(move || (id, Client::with_config(&url, config).status().map(|_| ()).map_err(|e| e.to_string())));
+        let token = ctl.config.auth_token.clone();
+        checks.spawn_blocking(move || (id, Client::with_config(&url, config).with_token(token).locations()));
     }
     let mut answers = Vec::new();
+    let mut held = HashMap::new();
     while let Some(done) = checks.join_next().await {
-        answers.push(done.expect("a heartbeat does not panic"));
+        let (id, answer) = done.expect("a heartbeat does not panic");
+        let answer = match answer {
+            // Only a pageserver that joined a controller (it names its node id) takes orders.
+            Ok(list) if list.node_id == Some(id) => {
+                held.insert(id, list);
+                Ok(())
+            }
+            Ok(list) if list.node_id.is_some() => {
+                if ctl.misnamed.lock().expect("not poisoned").insert(id) {
+                    tracing::error!(
+                        "the pageserver at pageserver {id}'s address says it is pageserver {}: it gets no orders until the two agree",
+                        list.node_id.unwrap_or_default()
+                    );
+                }
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            // An answer, if not the one asked for (this controller's token is refused): the
+            // pageserver is alive, its holdings unknown.
+            Err(e) if e.status().is_some() => {
+                tracing::debug!("pageserver {id} answered the heartbeat with an error: {e}");
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        answers.push((id, answer));
     }
     let (offline, unusable) = record(ctl, &nodes, answers);
     let seen = ctl.availability_snapshot();
@@ -87,6 +115,12 @@ async fn round(ctl: &Arc<Controller>, reported_stuck: &mut HashSet<proto::Tenant
             t.tenant_id,
             t.secondary.as_ref().map_or("none (no other pageserver is online)".to_string(), |s| format!("pageserver {}", s.node_id))
         );
+    }
+    // Orders only to nodes that answered this round, from the placements as they are now.
+    if !held.is_empty() && ctl.is_leader() {
+        let placements = ctl.db.tenants().await?;
+        let online: Vec<(u64, String)> = nodes.iter().map(|n| (n.node.node_id, n.node.http_addr.clone())).collect();
+        crate::reconcile::send(ctl, &online, &held, &placements);
     }
     Ok(())
 }

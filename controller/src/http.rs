@@ -1,6 +1,8 @@
-//! The HTTP API. Open: `GET /v1/status`, `GET /metrics`. With an admin token (when
-//! authentication is on): `GET|POST /v1/node`, `GET|POST /v1/tenant`,
-//! `GET /v1/tenant/{tenant_id}`. Reads are answered by any controller from the database;
+//! The HTTP API. Open: `GET /v1/status`, `GET /metrics`. With authentication on, the token
+//! a route wants ([`access`]): a pageserver's own storage token (or an admin's) joins with
+//! `POST /v1/node` and asks what it holds with `POST /v1/re-attach`; any token for a tenant
+//! reads `GET /v1/tenant/{tenant_id}`; the rest (`GET /v1/node`, `GET|POST /v1/tenant`)
+//! wants an admin token. Reads are answered by any controller from the database;
 //! changes only by the leader (another answers 503 and names the leader). Errors are JSON
 //! `{"error": "..."}` with a status code chosen in one place ([`ApiError`]).
 
@@ -18,7 +20,9 @@ use proto::TenantId;
 use serde_json::json;
 
 use crate::heartbeat::candidates;
-use crate::models::{NodeInfo, NodeRegisterRequest, StatusResponse, TenantCreateRequest, TenantLocation};
+use crate::models::{
+    NodeInfo, NodeLocation, NodeRegisterRequest, ReAttachRequest, ReAttachResponse, StatusResponse, TenantCreateRequest, TenantLocation,
+};
 use crate::persistence::DbError;
 use crate::{scheduler, Controller};
 
@@ -101,14 +105,29 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .route("/v1/node", get(list_nodes).post(register_node))
         .route("/v1/tenant", get(list_tenants).post(create_tenant))
         .route("/v1/tenant/{tenant_id}", get(get_tenant))
+        .route("/v1/re-attach", axum::routing::post(re_attach))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
-        .layer(axum::middleware::from_fn_with_state(ctl.clone(), require_admin))
+        .layer(axum::middleware::from_fn_with_state(ctl.clone(), require_token))
         .with_state(ctl)
 }
 
-/// With authentication on, lets a request through only with an admin token, or to one of
-/// the [`OPEN_PATHS`]; a refusal is logged with the peer and the request.
-async fn require_admin(State(ctl): State<Arc<Controller>>, req: Request, next: Next) -> Response {
+/// What a request's token must grant.
+fn access(method: &axum::http::Method, path: &str) -> auth::Access {
+    if method == axum::http::Method::POST && matches!(path, "/v1/node" | "/v1/re-attach") {
+        return auth::Access::Placement;
+    }
+    if method == axum::http::Method::GET {
+        if let Some(tenant) = path.strip_prefix("/v1/tenant/").and_then(|t| t.parse::<TenantId>().ok()) {
+            return auth::Access::Locate { tenant };
+        }
+    }
+    auth::Access::Management
+}
+
+/// With authentication on, lets a request through only with a token that grants its
+/// [`access`], or to one of the [`OPEN_PATHS`]; a refusal is logged with the peer and the
+/// request.
+async fn require_token(State(ctl): State<Arc<Controller>>, req: Request, next: Next) -> Response {
     let Some(verifier) = &ctl.auth else { return next.run(req).await };
     if OPEN_PATHS.contains(&req.uri().path()) {
         return next.run(req).await;
@@ -119,7 +138,7 @@ async fn require_admin(State(ctl): State<Arc<Controller>>, req: Request, next: N
         Some(Ok(value)) => auth::bearer(value).map(Some),
         Some(Err(_)) => Err(auth::AuthError::Malformed("the Authorization header is not ASCII".into())),
     };
-    match token.and_then(|t| verifier.authorize(t, auth::Access::Management)) {
+    match token.and_then(|t| verifier.authorize(t, access(req.method(), req.uri().path()))) {
         Ok(_) => next.run(req).await,
         Err(e) => {
             tracing::warn!("refused {} {} from {peer}: {e}", req.method(), req.uri().path());
@@ -183,7 +202,7 @@ fn check_addr(what: &str, addr: &str) -> Result<(), ApiError> {
 async fn register_node(
     State(ctl): State<Arc<Controller>>,
     body: Result<Json<NodeRegisterRequest>, JsonRejection>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<Json<NodeLocation>, ApiError> {
     let Json(req) = body?;
     if req.node_id > i64::MAX as u64 {
         return Err(ApiError::BadRequest(format!("node_id {} is above {}", req.node_id, i64::MAX)));
@@ -203,7 +222,7 @@ async fn register_node(
                 ctl.health.lock().expect("not poisoned").remove(&req.node_id);
             }
             tracing::info!("pageserver {} registered: http {}, page service {}", req.node_id, req.http_addr, req.page_addr);
-            Ok(StatusCode::OK)
+            Ok(Json(NodeLocation { node_id: req.node_id, http_addr: req.http_addr, page_addr: req.page_addr }))
         }
         Err(e) => Err(db_error(&ctl, e)),
     }
@@ -246,6 +265,30 @@ async fn get_tenant(State(ctl): State<Arc<Controller>>, Path(tenant): Path<Strin
     match ctl.db.tenant(tenant).await {
         Ok(Some(t)) => Ok(Json(t)),
         Ok(None) => Err(ApiError::NotFound(format!("tenant {tenant} is not placed"))),
+        Err(e) => Err(db_error(&ctl, e)),
+    }
+}
+
+/// A starting pageserver's question: what it holds. Its attached tenants' generations are
+/// raised (fenced, like every change), so only the leader answers.
+async fn re_attach(
+    State(ctl): State<Arc<Controller>>,
+    body: Result<Json<ReAttachRequest>, JsonRejection>,
+) -> Result<Json<ReAttachResponse>, ApiError> {
+    let Json(req) = body?;
+    if !ctl.is_leader() {
+        return Err(not_leader(&ctl));
+    }
+    match ctl.db.re_attach(&ctl.instance, req.node_id).await {
+        Ok(tenants) => {
+            tracing::info!(
+                "pageserver {} re-attached: {} tenants attached (generations raised), {} as secondary",
+                req.node_id,
+                tenants.iter().filter(|t| t.mode == pageserver_api::models::LocationMode::Attached).count(),
+                tenants.iter().filter(|t| t.mode == pageserver_api::models::LocationMode::Secondary).count()
+            );
+            Ok(Json(ReAttachResponse { tenants }))
+        }
         Err(e) => Err(db_error(&ctl, e)),
     }
 }

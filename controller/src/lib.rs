@@ -1,7 +1,8 @@
 //! fjord's storage controller: where each tenant is attached, its warm secondary and its
 //! generation, kept in PostgreSQL ([`persistence`]); which pageservers are alive
 //! ([`heartbeat`]); and, when an attached pageserver is taken for dead, the failover of its
-//! tenants to their secondaries with their generations raised. Two controllers may run
+//! tenants to their secondaries with their generations raised; and the orders that make
+//! each pageserver hold what the placements say ([`reconcile`]). Two controllers may run
 //! against one database: the one holding the lease leads ([`leader`]), the other answers
 //! reads and takes over when the lease lapses. The HTTP API is in [`http`], its types in
 //! [`models`]. See README.md for what it does not do yet.
@@ -12,6 +13,7 @@ pub mod leader;
 pub mod metrics;
 pub mod models;
 pub mod persistence;
+pub mod reconcile;
 pub mod scheduler;
 
 use std::collections::HashMap;
@@ -40,6 +42,8 @@ pub struct Config {
     pub heartbeat_timeout: Duration,
     /// The cluster CA that pageservers' certificates are checked against (None: TLS off).
     pub client_tls: Option<tls::ClientTls>,
+    /// The token presented to the pageservers (admin), when they require one.
+    pub auth_token: Option<String>,
 }
 
 /// A node's health as this controller has observed it since it began leading.
@@ -84,6 +88,12 @@ pub struct Controller {
     pub health: Mutex<HashMap<u64, Health>>,
     pub metrics: metrics::Metrics,
     pub auth: Option<auth::Verifier>,
+    /// Location orders on their way to a pageserver: (node, tenant).
+    pub orders_in_flight: Mutex<std::collections::HashSet<(u64, proto::TenantId)>>,
+    /// The last error of each failing order, so that a repeated one is logged once.
+    pub order_errors: Mutex<HashMap<(u64, proto::TenantId), String>>,
+    /// Nodes whose pageserver answered with another node id (reported once).
+    pub misnamed: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl Controller {
@@ -99,6 +109,9 @@ impl Controller {
             health: Mutex::new(HashMap::new()),
             metrics: metrics::Metrics::new(),
             auth,
+            orders_in_flight: Mutex::new(std::collections::HashSet::new()),
+            misnamed: Mutex::new(std::collections::HashSet::new()),
+            order_errors: Mutex::new(HashMap::new()),
         })
     }
 

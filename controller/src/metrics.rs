@@ -19,6 +19,8 @@ pub struct Metrics {
     pub database_errors: IntCounter,
     /// HTTP API connections refused for TLS, by reason.
     pub http_tls_failures: IntCounterVec,
+    /// Location orders sent to pageservers, by result (`ok`, `failed`).
+    pub orders: IntCounterVec,
 }
 
 impl Metrics {
@@ -41,6 +43,17 @@ impl Metrics {
             &["reason"],
         )
         .expect("valid");
+        let orders = IntCounterVec::new(
+            Opts::new(
+                "fjord_controller_location_orders_total",
+                "Location orders (attach, secondary, detach) sent to pageservers, by result",
+            ),
+            &["result"],
+        )
+        .expect("valid");
+        for result in ["ok", "failed"] {
+            orders.with_label_values(&[result]);
+        }
         for reason in tls::http::REFUSAL_REASONS {
             http_tls_failures.with_label_values(&[reason]);
         }
@@ -53,7 +66,8 @@ impl Metrics {
         registry.register(Box::new(leader.clone())).expect("unique");
         registry.register(Box::new(nodes.clone())).expect("unique");
         registry.register(Box::new(http_tls_failures.clone())).expect("unique");
-        Metrics { registry, leader, nodes, failovers, heartbeat_failures, database_errors, http_tls_failures }
+        registry.register(Box::new(orders.clone())).expect("unique");
+        Metrics { registry, leader, nodes, failovers, heartbeat_failures, database_errors, http_tls_failures, orders }
     }
 
     pub fn render(&self) -> String {

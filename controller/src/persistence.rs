@@ -14,7 +14,8 @@ use proto::TenantId;
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, GenericClient, NoTls, Transaction};
 
-use crate::models::{NodeLocation, NodeRegisterRequest, TenantLocation};
+use crate::models::{NodeLocation, NodeRegisterRequest, ReAttachTenant, TenantLocation};
+use pageserver_api::models::LocationMode;
 
 /// The schema this build uses; a database with another refuses to serve (no migration
 /// exists yet, and guessing would risk the placements).
@@ -115,6 +116,14 @@ pub struct Attachment {
 
 fn to_u64(v: i64) -> u64 {
     v.try_into().expect("the schema keeps ids non-negative")
+}
+
+fn to_u32(generation: i64) -> Result<u32, DbError> {
+    u32::try_from(generation).map_err(|_| DbError::Refused(format!("generation {generation} is out of range")))
+}
+
+fn parse_tenant(id: String) -> Result<TenantId, DbError> {
+    id.parse().map_err(|e| DbError::Refused(format!("a tenant id in the database does not parse: {id}: {e}")))
 }
 
 fn to_i64(v: u64) -> Result<i64, DbError> {
@@ -319,10 +328,47 @@ impl Db {
                 c.query("SELECT tenant_id FROM fjord_controller_tenants ORDER BY tenant_id", &[]).await?.iter().map(|r| r.get(0)).collect();
             let mut out = Vec::with_capacity(ids.len());
             for id in ids {
-                let tenant: TenantId =
-                    id.parse().map_err(|e| DbError::Refused(format!("a tenant id in the database does not parse: {id}: {e}")))?;
+                let tenant = parse_tenant(id)?;
                 out.extend(tenant_location(&*c, tenant).await?);
             }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// What `node` holds, for a pageserver that starts: every tenant attached to it, with its
+    /// generation raised by one (its previous process may still be finishing writes under
+    /// the old one), and every tenant it is the secondary of. One transaction. An unknown
+    /// node is refused: it registers first.
+    pub async fn re_attach(&self, instance: &str, node: u64) -> Result<Vec<ReAttachTenant>, DbError> {
+        let id = to_i64(node)?;
+        self.with(async |c: &mut Client| {
+            let tx = c.transaction().await?;
+            tx.execute("LOCK TABLE fjord_controller_tenants IN SHARE ROW EXCLUSIVE MODE", &[]).await?;
+            if tx.query_opt("SELECT 1 FROM fjord_controller_nodes WHERE node_id = $1", &[&id]).await?.is_none() {
+                return Err(DbError::Refused(format!("pageserver {node} is not registered: POST /v1/node first")));
+            }
+            let mut out = Vec::new();
+            let attached = tx
+                .query(
+                    "UPDATE fjord_controller_tenants SET generation = generation + 1, updated_at = clock_timestamp()
+                      WHERE attached = $1 RETURNING tenant_id, generation",
+                    &[&id],
+                )
+                .await?;
+            for row in attached {
+                out.push(ReAttachTenant {
+                    tenant_id: parse_tenant(row.get(0))?,
+                    mode: LocationMode::Attached,
+                    generation: to_u32(row.get(1))?,
+                });
+            }
+            for row in tx.query("SELECT tenant_id FROM fjord_controller_tenants WHERE secondary = $1", &[&id]).await? {
+                out.push(ReAttachTenant { tenant_id: parse_tenant(row.get(0))?, mode: LocationMode::Secondary, generation: 0 });
+            }
+            out.sort_by_key(|t| t.tenant_id);
+            fence(&tx, instance).await?;
+            tx.commit().await?;
             Ok(out)
         })
         .await
@@ -478,9 +524,9 @@ async fn attachments<P: tokio_postgres::types::ToSql + Sync>(
         .await?;
     rows.iter()
         .map(|r| {
-            let id: String = r.get(0);
+            let id = r.get(0);
             Ok(Attachment {
-                tenant_id: id.parse().map_err(|e| DbError::Refused(format!("a tenant id in the database does not parse: {id}: {e}")))?,
+                tenant_id: parse_tenant(id)?,
                 generation: u32::try_from(r.get::<_, i64>(1)).expect("the schema bounds generations"),
                 attached: to_u64(r.get(2)),
                 secondary: r.get::<_, Option<i64>>(3).map(to_u64),

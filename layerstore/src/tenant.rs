@@ -26,7 +26,7 @@ use remote_storage::RemoteStorage;
 use crate::config::StorageConfig;
 use crate::error::CreateTimelineError;
 use crate::layer::DiskBudget;
-use crate::remote::{IndexPart, RemoteTimelineClient, TenantRemote};
+use crate::remote::{GenerationSource, IndexPart, RemoteTimelineClient, TenantRemote};
 use crate::timeline::{GcResult, Timeline, TimelineMetadata};
 
 const TIMELINES_DIR: &str = "timelines";
@@ -110,6 +110,19 @@ impl Tenant {
         remote: Option<&RemoteStorage>,
         disk_budget: Option<Arc<dyn DiskBudget>>,
     ) -> anyhow::Result<Tenant> {
+        Self::load_as(tenants_dir, tenant_id, conf, foreign_entries, remote, disk_budget, GenerationSource::SelfClaimed)
+    }
+
+    /// `load_with_remote` with the generation from `generation` (a storage controller's).
+    pub fn load_as(
+        tenants_dir: &Path,
+        tenant_id: TenantId,
+        conf: StorageConfig,
+        foreign_entries: &'static [&'static str],
+        remote: Option<&RemoteStorage>,
+        disk_budget: Option<Arc<dyn DiskBudget>>,
+        generation: GenerationSource,
+    ) -> anyhow::Result<Tenant> {
         conf.validate()?;
         let conf = Arc::new(conf);
         let path = tenants_dir.join(tenant_id.to_string());
@@ -120,7 +133,7 @@ impl Tenant {
             None => None,
             Some(storage) => {
                 let grace = std::time::Duration::from_millis(conf.generation_claim_grace_ms);
-                Some(TenantRemote::attach(storage.clone(), tenant_id, grace)?.with_disk_budget(disk_budget))
+                Some(TenantRemote::attach_as(storage.clone(), tenant_id, grace, generation)?.with_disk_budget(disk_budget))
             }
         };
         let mut indexes: BTreeMap<TimelineId, IndexPart> = BTreeMap::new();

@@ -24,11 +24,12 @@ use proto::{Lsn, TenantId, TimelineId};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::controller;
 use crate::models::{
     BasebackupQuery, ChangedBlocksQuery, ChangedBlocksResponse, CheckpointResponse, CompactRequest, CompactResponse, ErrorResponse,
-    EvictLayersResponse, GcRequest, GcResponse, ImportRequest, ImportResponse, LsnByTimestampQuery, LsnByTimestampResponse,
-    LsnLeaseRequest, LsnLeaseResponse, StatusResponse, TenantConfig, TenantConfigInfo, TenantCreateRequest, TenantCreateResponse,
-    TimelineCreateRequest, TimelineInfo, WalReceiverRequest, LSN_HEADER,
+    EvictLayersResponse, GcRequest, GcResponse, ImportRequest, ImportResponse, LocationConfig, LocationList, LsnByTimestampQuery,
+    LsnByTimestampResponse, LsnLeaseRequest, LsnLeaseResponse, StatusResponse, TenantConfig, TenantConfigInfo, TenantCreateRequest,
+    TenantCreateResponse, TenantLocationState, TimelineCreateRequest, TimelineInfo, WalReceiverRequest, LSN_HEADER,
 };
 
 /// At most this much of a non-JSON error body goes into an [`Error::Status`] message.
@@ -242,6 +243,19 @@ impl Client {
         self.get_json("/v1/status")
     }
 
+    /// `GET /v1/location`: the tenants held and how.
+    pub fn locations(&self) -> Result<LocationList, Error> {
+        self.get_json("/v1/location")
+    }
+
+    /// `PUT /v1/tenant/{tenant}/location`: attach, hold as secondary, or detach.
+    pub fn set_location(&self, tenant: TenantId, config: &LocationConfig) -> Result<TenantLocationState, Error> {
+        let path = format!("/v1/tenant/{tenant}/location");
+        let body = encode(config);
+        let response = self.put(&path).content_type("application/json").send(body.as_str());
+        self.decode("PUT", &path, response)
+    }
+
     /// `GET /v1/tenant`.
     pub fn tenants(&self) -> Result<Vec<TenantId>, Error> {
         self.get_json("/v1/tenant")
@@ -421,6 +435,50 @@ impl Client {
         let malformed = |reason: String| Error::Malformed { method, path: path.to_string(), reason };
         let text = response.body_mut().read_to_string().map_err(|e| malformed(format!("could not read it: {e}")))?;
         serde_json::from_str(&text).map_err(|e| malformed(e.to_string()))
+    }
+}
+
+/// A blocking client of the storage controller's API (`crate::controller`), with the same
+/// timeouts, TLS and token handling as [`Client`].
+pub struct ControllerClient(Client);
+
+impl ControllerClient {
+    pub fn with_config(base_url: &str, config: ClientConfig) -> ControllerClient {
+        ControllerClient(Client::with_config(base_url, config))
+    }
+
+    pub fn with_token(self, token: Option<String>) -> ControllerClient {
+        ControllerClient(self.0.with_token(token))
+    }
+
+    pub fn base_url(&self) -> &str {
+        self.0.base_url()
+    }
+
+    /// `GET /v1/status`: this controller, whether it leads, and who does.
+    pub fn status(&self) -> Result<controller::StatusResponse, Error> {
+        self.0.get_json("/v1/status")
+    }
+
+    /// `POST /v1/node`: a pageserver joins, or re-joins with new addresses.
+    pub fn register_node(&self, request: &controller::NodeRegisterRequest) -> Result<controller::NodeLocation, Error> {
+        self.0.post_json("/v1/node", request)
+    }
+
+    /// `POST /v1/re-attach`: what a starting pageserver holds, attached tenants with their
+    /// generations raised.
+    pub fn re_attach(&self, request: &controller::ReAttachRequest) -> Result<controller::ReAttachResponse, Error> {
+        self.0.post_json("/v1/re-attach", request)
+    }
+
+    /// `GET /v1/tenant/{tenant}`: where a tenant is attached, with which generation.
+    pub fn tenant(&self, tenant: TenantId) -> Result<controller::TenantLocation, Error> {
+        self.0.get_json(&format!("/v1/tenant/{tenant}"))
+    }
+
+    /// `POST /v1/tenant`: places a new tenant.
+    pub fn create_tenant(&self, request: &controller::TenantCreateRequest) -> Result<controller::TenantLocation, Error> {
+        self.0.post_json("/v1/tenant", request)
     }
 }
 

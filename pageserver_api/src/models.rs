@@ -373,6 +373,45 @@ pub struct TenantConfig {
     pub pitr_window: Option<HumanDuration>,
 }
 
+/// What a pageserver does with a tenant, as the storage controller orders it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LocationMode {
+    /// Serves it and ingests its WAL, writing its objects under `generation`.
+    Attached,
+    /// Holds it ready to take over: not served, no ingest, nothing written.
+    Secondary,
+    /// Does not hold it (local files may stay).
+    Detached,
+}
+
+/// `PUT /v1/tenant/{tenant}/location`: the controller's order. `generation` is required
+/// for `attached` and refused otherwise.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocationConfig {
+    pub mode: LocationMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u32>,
+}
+
+/// One tenant this pageserver holds: `generation` is 0 unless it is attached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantLocationState {
+    pub tenant_id: TenantId,
+    pub mode: LocationMode,
+    pub generation: u32,
+}
+
+/// `GET /v1/location`: which tenants this pageserver holds and how; the storage
+/// controller's heartbeat. `node_id` is the id it was started with, if any.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocationList {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<u64>,
+    pub tenants: Vec<TenantLocationState>,
+}
+
 /// The answer to `GET` and `PUT /v1/tenant/{tenant}/config`: what the tenant sets, and what
 /// is in force once the pageserver's defaults fill in the rest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

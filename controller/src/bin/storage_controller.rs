@@ -44,8 +44,9 @@ struct Args {
     /// replaced within about this long.
     #[arg(long, value_name = "MS", default_value_t = 3_000, value_parser = clap::value_parser!(u64).range(300..=600_000))]
     lease_ms: u64,
-    /// Require an admin token on every call but /v1/status and /metrics: the cluster's
-    /// Ed25519 public key (PEM).
+    /// Require a token on every call but /v1/status and /metrics: the cluster's Ed25519
+    /// public key (PEM). The controller's own token for the pageservers' APIs (an admin
+    /// token) comes from FJORD_AUTH_TOKEN.
     #[arg(long, value_name = "PATH")]
     auth_public_key: Option<PathBuf>,
     /// TLS: this controller's certificate and key, and the cluster CA the pageservers'
@@ -91,6 +92,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         offline_after: Duration::from_millis(args.offline_after_ms),
         lease: Duration::from_millis(args.lease_ms),
         client_tls: tls.client.clone(),
+        auth_token: std::env::var("FJORD_AUTH_TOKEN").ok().filter(|t| !t.is_empty()),
     };
     let ctl = controller::Controller::new(config, auth);
     ctl.db.migrate().await.context("prepare the controller's database (--database)")?;

@@ -233,8 +233,11 @@ impl InMemoryLayer {
 
 impl Drop for InMemoryLayer {
     fn drop(&mut self) {
-        if let Err(e) = fs::remove_file(&self.path) {
-            tracing::warn!("could not remove ephemeral file {}: {e}", self.path.display());
+        match fs::remove_file(&self.path) {
+            // Gone with its directory already (a detached tenant's, removed whole).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!("could not remove ephemeral file {}: {e}", self.path.display()),
+            Ok(()) => {}
         }
     }
 }

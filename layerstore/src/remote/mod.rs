@@ -33,6 +33,13 @@
 //!   than the re-claimed one, which is active: that process is the superseded one, and no
 //!   loader ever picks its index.
 //!
+//! **Issued generations.** Under a storage controller the controller, not the attachment,
+//! picks the number (`GenerationSource::Issued`): the claim object is written with exactly
+//! it and names the pageserver it was issued to; a claim held by another node, or a newer
+//! claim already present, refuses the attach. Such an attachment never overtakes a pending
+//! newer claim: the controller issued it, so the node it went to is alive or will be
+//! replaced by the controller with a still newer one. Everything else above holds as is.
+//!
 //! **The remote-consistent LSN** (with the generation it belongs to, `remote_position`) is
 //! the disk-consistent LSN of the last index uploaded *and confirmed*: after the upload no
 //! newer generation was claimed (a second check). An attachment that claims later reads
@@ -68,7 +75,7 @@ use remote_storage::{Backoff, RemoteError, RemoteStorage};
 use serde::{Deserialize, Serialize};
 
 use crate::layer::{DiskBudget, LayerDesc, LayerDownload, LayerFile, RemoteCopy};
-pub use index::{IndexLayer, IndexPart, INDEX_FORMAT_VERSION};
+pub use index::{IndexLayer, IndexPart, RemoteWalSource, INDEX_FORMAT_VERSION};
 
 const INDEX_PREFIX: &str = "index_part.json-";
 
@@ -98,6 +105,8 @@ pub struct TenantRemote {
     claims: Arc<Mutex<Claims>>,
     /// How long a newer claim may stay inactive before this attachment takes it for dead.
     claim_grace: Duration,
+    /// Whether it may do so at all (not with a generation a controller issued).
+    reclaim: bool,
     /// Consulted before each download of an evicted layer (`DiskBudget`), if set.
     disk_budget: Option<Arc<dyn DiskBudget>>,
 }
@@ -111,6 +120,15 @@ struct Claims {
     /// The newest claimed generation, newer than ours and not active, and when this
     /// attachment first saw it.
     pending: Option<(Generation, Instant)>,
+}
+
+/// Where an attachment's generation comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GenerationSource {
+    /// It claims the next one itself (no storage controller).
+    SelfClaimed,
+    /// The storage controller issued `generation` to pageserver `node_id`.
+    Issued { generation: u32, node_id: u64 },
 }
 
 /// What `TenantRemote::check_claims` found.
@@ -141,10 +159,29 @@ impl TenantRemote {
     /// Attaches `tenant_id`: claims the next generation. A newer claim that stays inactive
     /// for `claim_grace` is taken for dead (see the module documentation).
     pub fn attach(storage: RemoteStorage, tenant_id: TenantId, claim_grace: Duration) -> anyhow::Result<TenantRemote> {
-        let generation = claim_next(&storage, tenant_id)?;
+        Self::attach_as(storage, tenant_id, claim_grace, GenerationSource::SelfClaimed)
+    }
+
+    /// Attaches `tenant_id` with a generation from `source`. An issued generation is claimed
+    /// with exactly its number: refused if another node holds that claim, or if a newer
+    /// generation is claimed already (the order is stale). Such an attachment never
+    /// overtakes a newer claim, however long it stays inactive: whoever issued the newer one
+    /// decides, so deletions wait and the remote-consistent LSN holds until it is active.
+    pub fn attach_as(
+        storage: RemoteStorage,
+        tenant_id: TenantId,
+        claim_grace: Duration,
+        source: GenerationSource,
+    ) -> anyhow::Result<TenantRemote> {
+        let (generation, reclaim) = match source {
+            GenerationSource::SelfClaimed => (claim_next(&storage, tenant_id)?, true),
+            GenerationSource::Issued { generation, node_id } => {
+                (claim_issued(&storage, tenant_id, Generation(generation), node_id)?, false)
+            }
+        };
         tracing::info!(tenant_id = %tenant_id, "attached to remote storage {storage} as generation {generation}");
         let claims = Arc::new(Mutex::new(Claims { generation, superseded_by: None, pending: None }));
-        Ok(TenantRemote { storage, tenant_id, claims, claim_grace, disk_budget: None })
+        Ok(TenantRemote { storage, tenant_id, claims, claim_grace, reclaim, disk_budget: None })
     }
 
     /// Downloads of this tenant's evicted layers make room under `budget` first.
@@ -271,7 +308,7 @@ impl TenantRemote {
                 Instant::now()
             }
         };
-        if !may_reclaim || since.elapsed() < self.claim_grace {
+        if !may_reclaim || !self.reclaim || since.elapsed() < self.claim_grace {
             return Ok(ClaimCheck::Pending(newest));
         }
         let generation = claim_next(&self.storage, self.tenant_id)?;
@@ -290,6 +327,50 @@ impl TenantRemote {
     }
 }
 
+/// What a claim object says: who claimed it.
+#[derive(Debug, Serialize, Deserialize)]
+struct ClaimNote {
+    pid: u32,
+    claimed_at_unix_s: u64,
+    /// The pageserver an issued generation was given to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node_id: Option<u64>,
+}
+
+fn claim_note(node_id: Option<u64>) -> Bytes {
+    let note = ClaimNote { pid: std::process::id(), claimed_at_unix_s: unix_now_s(), node_id };
+    Bytes::from(serde_json::to_string(&note).expect("a claim note encodes") + "\n")
+}
+
+/// Claims the generation a controller issued to `node_id`: the claim object is ours if we
+/// create it, or if it already names this node (an attach of the same order again, after a
+/// restart or a retried request). Refused when another node holds it or when a newer
+/// generation is claimed.
+fn claim_issued(storage: &RemoteStorage, tenant_id: TenantId, generation: Generation, node_id: u64) -> anyhow::Result<Generation> {
+    let prefix = format!("tenants/{tenant_id}/generations");
+    let key = format!("{prefix}/{generation}");
+    if !storage.put_if_absent(&key, claim_note(Some(node_id)))? {
+        let bytes = storage.get(&key)?;
+        let holder = serde_json::from_slice::<ClaimNote>(&bytes).ok().and_then(|n| n.node_id);
+        if holder != Some(node_id) {
+            bail!(
+                "generation {} of tenant {tenant_id} is claimed by {} in remote storage, not by pageserver {node_id}: refusing to attach with it",
+                generation.0,
+                holder.map_or("an attachment without a controller".to_string(), |n| format!("pageserver {n}"))
+            );
+        }
+    }
+    let newest = storage.list(&prefix)?.iter().filter_map(|o| o.key.rsplit('/').next().and_then(Generation::parse)).max();
+    if let Some(newest) = newest.filter(|g| *g > generation) {
+        bail!(
+            "tenant {tenant_id} has generation {} claimed in remote storage, newer than {}: the order to attach is stale",
+            newest.0,
+            generation.0
+        );
+    }
+    Ok(generation)
+}
+
 /// Claims the next generation of `tenant_id` (the lowest number above every claim).
 fn claim_next(storage: &RemoteStorage, tenant_id: TenantId) -> Result<Generation, RemoteError> {
     let prefix = format!("tenants/{tenant_id}/generations");
@@ -297,8 +378,7 @@ fn claim_next(storage: &RemoteStorage, tenant_id: TenantId) -> Result<Generation
     let mut next = claimed.iter().filter_map(|o| o.key.rsplit('/').next().and_then(Generation::parse)).max().map_or(1, |g| g.0 + 1);
     loop {
         let key = format!("{prefix}/{}", Generation(next));
-        let who = format!("{{\"pid\": {}, \"claimed_at_unix_s\": {}}}\n", std::process::id(), unix_now_s());
-        if storage.put_if_absent(&key, Bytes::from(who))? {
+        if storage.put_if_absent(&key, claim_note(None))? {
             return Ok(Generation(next));
         }
         next += 1;
@@ -429,6 +509,7 @@ impl RemoteTimelineClient {
             ancestor_lsn: ancestor.map(|a| a.1),
             gc_cutoff_lsn: Lsn::INVALID,
             layers: Default::default(),
+            wal_sources: Vec::new(),
         });
         let generation = remote.generation();
         let projected = IndexPart { generation, ..projected };
@@ -529,6 +610,25 @@ impl RemoteTimelineClient {
         if !deletions.is_empty() {
             state.ops.push_back(Op::Delete(deletions));
         }
+        self.changed.notify_all();
+    }
+
+    /// The WAL sources the projected index names.
+    pub fn wal_sources(&self) -> Vec<RemoteWalSource> {
+        lock(&self.state).projected.wal_sources.clone()
+    }
+
+    /// Records where the timeline's WAL comes from in its index: an index upload is
+    /// scheduled when they changed.
+    pub fn set_wal_sources(&self, sources: Vec<RemoteWalSource>) {
+        let mut state = lock(&self.state);
+        if state.projected.wal_sources == sources || self.remote.superseded_by().is_some() {
+            return;
+        }
+        state.projected.wal_sources = sources;
+        state.projected.generation = self.remote.generation();
+        let index = state.projected.clone();
+        state.ops.push_back(Op::UploadIndex(index));
         self.changed.notify_all();
     }
 

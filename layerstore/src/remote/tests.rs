@@ -524,3 +524,50 @@ fn every_download_asks_the_disk_budget_for_room_first_with_the_layer_size() {
     assert_eq!(budget.calls.lock().unwrap().len(), calls.len());
     tenant.shutdown_remote();
 }
+
+fn issued(local: &Path, remote: &RemoteStorage, generation: u32, node_id: u64) -> anyhow::Result<Tenant> {
+    Tenant::load_as(local, TENANT, conf(), &[], Some(remote), None, super::GenerationSource::Issued { generation, node_id })
+}
+
+#[test]
+fn an_issued_generation_is_claimed_as_given_and_never_overtakes_a_newer_claim() {
+    let (_dir, remote, local1, local2) = two_homes();
+    // Node 7 attaches with generation 4, as the controller said (nothing below it exists).
+    let first = issued(&local1, &remote, 4, 7).unwrap();
+    assert_eq!(first.remote().unwrap().generation().0, 4);
+    let main = first.create_timeline(MAIN).unwrap();
+    let last = write(&main, 1, 2);
+    assert!(main.wait_for_uploads(WAIT));
+    // The same order again on the same node (a retried request, a restart) is its own.
+    first.shutdown_remote();
+    drop((main, first));
+    let again = issued(&local1, &remote, 4, 7).unwrap();
+    again.shutdown_remote();
+    drop(again);
+    // Another node may not take generation 4, nor anyone an older one.
+    let err = issued(&local2, &remote, 4, 8).err().expect("generation 4 belongs to node 7");
+    assert!(format!("{err:#}").contains("claimed by pageserver 7"), "{err:#}");
+    let err = issued(&local2, &remote, 3, 8).err().expect("generation 5 is newer");
+    assert!(format!("{err:#}").contains("stale"), "{err:#}");
+    // A claim of 5 that never becomes active is never overtaken by an issued attachment,
+    // however long it waits: deletions and the position hold, its generation stays 4.
+    let live = issued(&local1, &remote, 4, 7).unwrap();
+    let main = live.get_timeline(MAIN).unwrap();
+    dead_claim(&remote, 5);
+    let more = write(&main, last, 2);
+    main.compact_level0(true).unwrap();
+    std::thread::sleep(CLAIM_GRACE + Duration::from_secs(1));
+    let _ = write(&main, more, 1);
+    assert!(main.wait_for_uploads(WAIT), "the queue is not wedged");
+    let status = main.remote_status().unwrap();
+    assert_eq!((status.generation, status.pending_claim, status.objects_deleted), (4, Some(5), 0), "{status:?}");
+    assert!(status.deferred_deletions > 0, "{status:?}");
+    // Node 8 takes generation 6 (the controller raised it past the dead claim): it loads
+    // what node 7 uploaded, and node 7 is superseded.
+    let second = issued(&local2, &remote, 6, 8).unwrap();
+    let main2 = second.get_timeline(MAIN).unwrap();
+    assert!(main2.wait_for_uploads(WAIT));
+    assert_eq!(snapshot(&main2, 1, last), snapshot(&main, 1, last));
+    live.shutdown_remote();
+    second.shutdown_remote();
+}

@@ -491,6 +491,18 @@ impl Timeline {
         }
     }
 
+    /// The WAL sources the timeline's remote index names (empty without remote storage).
+    pub fn remote_wal_sources(&self) -> Vec<crate::remote::RemoteWalSource> {
+        self.remote.get().map(|r| r.wal_sources()).unwrap_or_default()
+    }
+
+    /// Names the timeline's WAL sources in its remote index (nothing without remote storage).
+    pub fn set_remote_wal_sources(&self, sources: Vec<crate::remote::RemoteWalSource>) {
+        if let Some(r) = self.remote.get() {
+            r.set_wal_sources(sources);
+        }
+    }
+
     /// The upload queue's state, when the tenant has remote storage.
     pub fn remote_status(&self) -> Option<RemoteStatus> {
         self.remote.get().map(|r| r.status())

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use pageserver::service::server::{http, Pageserver, PageserverConfig};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use pageserver::service::server::{http, join_controller, Pageserver, PageserverConfig};
 
 /// fjord's pageserver: stores every page version of its tenants' timelines and serves
 /// GetPage@LSN to computes.
@@ -43,6 +45,22 @@ struct Args {
     /// verifies (`fjord init` makes the key pair). Unset: no authentication.
     #[arg(long, value_name = "PATH")]
     auth_public_key: Option<PathBuf>,
+    /// The storage controller's base URL (https://host:port): the pageserver joins it as
+    /// --node-id at start and holds only the tenants it places here, with the generations
+    /// it issues. Needs --node-id and --remote-storage. The token presented to it (and to
+    /// WAL sources restored from remote indexes) comes from FJORD_AUTH_TOKEN: a storage
+    /// token for no tenant in particular, or an admin token.
+    #[arg(long, value_name = "URL")]
+    controller: Option<String>,
+    /// This pageserver's id at the storage controller: stable across restarts, one per host.
+    #[arg(long, value_name = "ID")]
+    node_id: Option<u64>,
+    /// host:port computes dial for the page service (default: --listen-pg).
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise_pg: Option<String>,
+    /// host:port the storage controller dials for the HTTP API (default: --listen-http).
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise_http: Option<String>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
@@ -85,6 +103,19 @@ fn main() -> anyhow::Result<()> {
     if let Some(v) = args.auth_public_key {
         conf.auth_public_key_path = Some(v);
     }
+    if let Some(v) = args.controller {
+        conf.controller_url = Some(v);
+    }
+    if let Some(v) = args.node_id {
+        conf.node_id = Some(v);
+    }
+    if let Some(v) = args.advertise_pg {
+        conf.advertise_pg_addr = Some(v);
+    }
+    if let Some(v) = args.advertise_http {
+        conf.advertise_http_addr = Some(v);
+    }
+    conf.auth_token = std::env::var("FJORD_AUTH_TOKEN").ok().filter(|t| !t.is_empty());
     if args.print_config {
         print!("{}", toml::to_string(&conf).context("render the configuration")?);
         return Ok(());
@@ -109,9 +140,11 @@ fn main() -> anyhow::Result<()> {
     layerstore::layer::block_cache::set_capacity_bytes(conf.block_cache_bytes);
     let ps = Arc::new(Pageserver::open(conf).context("start the pageserver")?);
     let page_service = ps.start_page_service()?;
-    let receivers = ps.start_persisted_wal_receivers().context("restart the WAL receivers")?;
+    if ps.conf.controller_url.is_none() {
+        let receivers = ps.start_persisted_wal_receivers().context("restart the WAL receivers")?;
+        tracing::info!("restarted {receivers} WAL receivers");
+    }
     ps.start_eviction();
-    tracing::info!("restarted {receivers} WAL receivers");
     let background_jobs = ps.start_background_jobs()?;
     tracing::info!("page service listening on {}", page_service.addr);
 
@@ -128,7 +161,17 @@ fn main() -> anyhow::Result<()> {
         });
         let scheme = if https.is_some() { "https" } else { "http" };
         tracing::info!("management API listening on {scheme}://{}", ps.conf.listen_http_addr);
+        // Joins the storage controller while the API serves (orders wait until it is done).
+        let stop_joining = Arc::new(AtomicBool::new(false));
+        if ps.conf.controller_url.is_some() {
+            let (ps, stop) = (Arc::clone(&ps), Arc::clone(&stop_joining));
+            tokio::task::spawn_blocking(move || match join_controller(&ps, &stop) {
+                Ok(n) => tracing::info!("attached the {n} tenants the storage controller places here"),
+                Err(e) => tracing::warn!("{e:#}"),
+            });
+        }
         tls::http::serve(listener, http::router(Arc::clone(&ps)), https, shutdown_signal()).await;
+        stop_joining.store(true, Ordering::SeqCst);
         anyhow::Ok(())
     })?;
     if let Some(jobs) = background_jobs {

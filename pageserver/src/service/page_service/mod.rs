@@ -55,6 +55,11 @@ impl TenantRegistry {
         self.tenants.write().unwrap_or_else(|p| p.into_inner()).insert(tenant.tenant_id(), tenant);
     }
 
+    /// Takes a tenant out: requests that look it up from now on find nothing.
+    pub fn remove(&self, id: TenantId) -> Option<Arc<Tenant>> {
+        self.tenants.write().unwrap_or_else(|p| p.into_inner()).remove(&id)
+    }
+
     pub fn get(&self, id: TenantId) -> Option<Arc<Tenant>> {
         self.tenants.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
     }

@@ -69,6 +69,24 @@ pub struct PageserverConfig {
     /// the safekeepers' certificates must be signed by. Loaded by the binary at start.
     #[serde(skip)]
     pub tls: tls::Tls,
+    /// The storage controller's base URL (`https://host:port`). With it the pageserver
+    /// registers as `node_id` at start, attaches only the tenants the controller places on
+    /// it, with the generations the controller issues, and takes its orders
+    /// (`PUT /v1/tenant/{tenant}/location`). Needs `node_id` and `remote_storage`. Unset:
+    /// every tenant on local disk and in remote storage is attached, each claiming its
+    /// generation in remote storage itself.
+    pub controller_url: Option<String>,
+    /// This pageserver's id at the controller: stable across restarts, one per host.
+    pub node_id: Option<u64>,
+    /// `host:port` that computes dial for the page service (default: `listen_pg_addr`).
+    pub advertise_pg_addr: Option<String>,
+    /// `host:port` that the controller dials for the HTTP API (default: `listen_http_addr`).
+    pub advertise_http_addr: Option<String>,
+    /// The pageserver's own token (from `FJORD_AUTH_TOKEN`, never from the file): presented
+    /// to the controller, and to WAL sources registered without one (those restored from a
+    /// timeline's remote index). A storage or admin token.
+    #[serde(skip)]
+    pub auth_token: Option<String>,
 }
 
 impl Default for PageserverConfig {
@@ -94,6 +112,11 @@ impl Default for PageserverConfig {
             image_creation_ranges_per_run: 2,
             auth_public_key_path: None,
             tls: tls::Tls::default(),
+            controller_url: None,
+            node_id: None,
+            advertise_pg_addr: None,
+            advertise_http_addr: None,
+            auth_token: None,
         }
     }
 }
@@ -117,7 +140,24 @@ impl PageserverConfig {
         anyhow::ensure!(self.eviction_period_ms > 0, "eviction_period_ms must be positive");
         anyhow::ensure!(self.background_job_period_ms > 0, "background_job_period_ms must be positive");
         anyhow::ensure!(self.image_creation_ranges_per_run > 0, "image_creation_ranges_per_run must be at least 1");
+        if self.controller_url.is_some() {
+            anyhow::ensure!(self.node_id.is_some(), "controller_url needs node_id: the controller knows each pageserver by its id");
+            anyhow::ensure!(
+                self.remote_storage.is_some(),
+                "controller_url needs remote_storage: a tenant moves between pageservers through remote storage"
+            );
+        }
         self.storage.validate()
+    }
+
+    /// The page service address computes dial.
+    pub fn advertised_pg_addr(&self) -> String {
+        self.advertise_pg_addr.clone().unwrap_or_else(|| self.listen_pg_addr.to_string())
+    }
+
+    /// The HTTP API address the controller dials.
+    pub fn advertised_http_addr(&self) -> String {
+        self.advertise_http_addr.clone().unwrap_or_else(|| self.listen_http_addr.to_string())
     }
 
     pub fn tenants_dir(&self) -> PathBuf {

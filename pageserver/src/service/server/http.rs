@@ -49,9 +49,9 @@ use axum::{Extension, Json, Router};
 use pageserver_api::models::{
     BasebackupQuery, ChangedBlock, ChangedBlocksQuery, ChangedBlocksResponse, ChangedRelation, CheckpointResponse, CompactRequest,
     CompactResponse, DroppedDatabase, ErrorResponse, EvictLayersResponse, GcRequest, GcResponse, ImportRequest, ImportResponse,
-    LsnByTimestampQuery, LsnByTimestampResponse, LsnKind, LsnLease, LsnLeaseRequest, LsnLeaseResponse, RemoteStorageStatus, StatusResponse,
-    TenantConfig, TenantConfigInfo, TenantCreateRequest, TenantCreateResponse, TimelineCreateRequest, TimelineInfo,
-    BASEBACKUP_CONTENT_TYPE, CHANGED_BLOCKS_LIMIT_DEFAULT,
+    LocationConfig, LocationList, LsnByTimestampQuery, LsnByTimestampResponse, LsnKind, LsnLease, LsnLeaseRequest, LsnLeaseResponse,
+    RemoteStorageStatus, StatusResponse, TenantConfig, TenantConfigInfo, TenantCreateRequest, TenantCreateResponse, TenantLocationState,
+    TimelineCreateRequest, TimelineInfo, BASEBACKUP_CONTENT_TYPE, CHANGED_BLOCKS_LIMIT_DEFAULT,
 };
 use pageserver_api::time::HumanDuration;
 use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
@@ -81,6 +81,7 @@ impl IntoResponse for ApiError {
             ManagementError::Conflict(_) => StatusCode::CONFLICT,
             ManagementError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ManagementError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ManagementError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ManagementError::Gone(_) => StatusCode::GONE,
             ManagementError::Forbidden(_) => StatusCode::FORBIDDEN,
             ManagementError::Internal(e) => {
@@ -194,6 +195,8 @@ pub fn router(ps: Arc<Pageserver>) -> Router {
         .route("/v1/tenant/{tenant}/timeline/{timeline}/import", post(import))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/evict_layers", post(evict_layers))
         .route("/v1/tenant/{tenant}/config", get(get_tenant_config).put(set_tenant_config))
+        .route("/v1/location", get(list_locations))
+        .route("/v1/tenant/{tenant}/location", axum::routing::put(set_location))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/checkpoint", post(checkpoint))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/compact", post(compact))
         .route("/v1/tenant/{tenant}/timeline/{timeline}/gc", post(gc))
@@ -334,6 +337,25 @@ fn tenant_config_info(tenant_id: TenantId, (config, effective): (TenantConfig, s
 async fn get_tenant_config(State(ps): State<Arc<Pageserver>>, Path(tenant): Path<String>) -> Result<Json<TenantConfigInfo>, ApiError> {
     let tenant = parse("tenant id", &tenant)?;
     Ok(Json(tenant_config_info(tenant, ps.tenant_config(tenant)?)))
+}
+
+/// The storage controller's heartbeat: which tenants this pageserver holds, and how.
+async fn list_locations(State(ps): State<Arc<Pageserver>>) -> Json<LocationList> {
+    Json(ps.locations())
+}
+
+/// The storage controller's order for one tenant: attach with a generation, hold as
+/// secondary, or detach.
+async fn set_location(
+    State(ps): State<Arc<Pageserver>>,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> Result<Json<TenantLocationState>, ApiError> {
+    let tenant = parse("tenant id", &tenant)?;
+    let order: LocationConfig = serde_json::from_slice(&body).map_err(|e| {
+        ApiError(ManagementError::BadRequest(format!("invalid location order: {e} (e.g. {{\"mode\": \"attached\", \"generation\": 2}})")))
+    })?;
+    Ok(Json(blocking(move || ps.set_location(tenant, &order)).await?))
 }
 
 async fn set_tenant_config(

@@ -5,14 +5,17 @@
 //! own schedule and through the methods here.
 //!
 //! Invariants:
-//! - Every tenant directory under `<workdir>/tenants/` is loaded at start (with its
-//!   settings file); one that fails to load stops the start with an error naming it,
-//!   rather than serving a partial set.
+//! - Without a storage controller, every tenant directory under `<workdir>/tenants/` is
+//!   loaded at start (with its settings file); one that fails to load stops the start with
+//!   an error naming it, rather than serving a partial set. With one (`controller_url`),
+//!   nothing is loaded until the controller says what this node holds (`placement`), and
+//!   each tenant is then attached with the generation the controller issued.
 //! - Tenant and timeline creation is serialized by one lock, so two requests creating the
 //!   same id cannot both succeed.
 
 pub mod config;
 pub mod http;
+mod placement;
 
 use std::collections::{HashMap, HashSet};
 use std::net::TcpListener;
@@ -45,6 +48,7 @@ use layerstore::timeline::Timeline;
 use layerstore::value::Reconstructor;
 use layerstore::{ChangedKeysError, CreateTimelineError, LayerDesc, WriteError};
 use pageserver_api::models::TenantConfig;
+pub use placement::join_controller;
 use remote_storage::RemoteStorage;
 
 pub struct Pageserver {
@@ -81,6 +85,12 @@ pub struct Pageserver {
     /// Checks tokens when `auth_public_key_path` is set; `None`: every client is trusted.
     pub auth: Option<Arc<auth::Verifier>>,
     tenant_confs: Arc<TenantConfs>,
+    /// Serializes attaching and detaching (the controller's orders, a re-attach at start).
+    location_change: Mutex<()>,
+    /// Tenants held as warm secondaries by the controller's order.
+    secondaries: Mutex<std::collections::BTreeSet<TenantId>>,
+    /// Set once the storage controller said what this node holds (`join_controller`).
+    joined: AtomicBool,
 }
 
 /// What a checkpoint (freeze and flush) did.
@@ -119,6 +129,9 @@ pub enum ManagementError {
     /// Waited too long for something (an LSN to be ingested).
     #[error("{0}")]
     Timeout(String),
+    /// Not ready for this yet (still joining the storage controller): retry shortly.
+    #[error("{0}")]
+    Unavailable(String),
     /// What the request needs existed once and never will again (history that GC removed
     /// or that is the ancestor's).
     #[error("{0}")]
@@ -174,18 +187,28 @@ impl Pageserver {
         // Every tenant on local disk, and every tenant remote storage holds (attached from
         // there when the local disk lacks it).
         let mut ids = std::collections::BTreeSet::new();
+        let controlled = conf.controller_url.is_some();
         for entry in std::fs::read_dir(&tenants_dir).with_context(|| format!("list {}", tenants_dir.display()))? {
             let entry = entry.with_context(|| format!("list {}", tenants_dir.display()))?;
             let name = entry.file_name().to_string_lossy().into_owned();
             let Ok(id) = name.parse::<TenantId>() else {
-                if !crashsafe::is_temp_name(&name) {
+                if crashsafe::is_temp_name(&name) {
+                    // A detached tenant's files whose removal did not finish.
+                    crashsafe::remove_temp(&entry.path()).with_context(|| format!("remove {}", entry.path().display()))?;
+                } else {
                     tracing::warn!("ignoring {} in the tenants directory: not a tenant id", entry.path().display());
                 }
                 continue;
             };
             ids.insert(id);
         }
-        if let Some(storage) = &remote {
+        if controlled {
+            // The controller says which of these this node holds, and with what generation.
+            if !ids.is_empty() {
+                tracing::info!("{} tenants on local disk wait for the storage controller's word", ids.len());
+            }
+            ids.clear();
+        } else if let Some(storage) = &remote {
             let remote_ids = TenantRemote::tenant_ids(storage).with_context(|| format!("list the tenants in remote storage {storage}"))?;
             for id in remote_ids {
                 if ids.insert(id) {
@@ -257,6 +280,9 @@ impl Pageserver {
             metrics,
             auth,
             tenant_confs,
+            location_change: Mutex::new(()),
+            secondaries: Mutex::new(Default::default()),
+            joined: AtomicBool::new(false),
         })
     }
 
@@ -298,6 +324,11 @@ impl Pageserver {
     }
 
     pub fn create_tenant(&self, id: TenantId) -> Result<Arc<Tenant>, ManagementError> {
+        if let Some(url) = &self.conf.controller_url {
+            return Err(ManagementError::Conflict(format!(
+                "this pageserver takes its tenants from the storage controller at {url}: create tenant {id} there"
+            )));
+        }
         let _guard = self.create_lock.lock().unwrap_or_else(|p| p.into_inner());
         if self.tenants.get(id).is_some() {
             return Err(ManagementError::Conflict(format!("tenant {id} already exists")));
@@ -633,6 +664,8 @@ impl Pageserver {
         if registered.as_ref() != Some(&sources) {
             crashsafe::write_private_file_atomic(&path, &sources.to_json()).with_context(|| format!("write {}", path.display()))?;
         }
+        // In the remote index too (without the token), for the next attachment elsewhere.
+        t.set_remote_wal_sources(placement::to_index(&sources));
         self.spawn_wal_receiver(t, sources);
         Ok(())
     }
@@ -666,6 +699,7 @@ impl Pageserver {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
             Err(e) => return Err(anyhow::Error::new(e).context(format!("remove {}", path.display())).into()),
         };
+        t.set_remote_wal_sources(Vec::new());
         let old = self.receivers.lock().unwrap_or_else(|p| p.into_inner()).remove(&(tenant, timeline));
         let had_receiver = old.is_some();
         if let Some(old) = old {
@@ -683,9 +717,12 @@ impl Pageserver {
             old.stop();
         }
         let gate = self.ingest_gate(tenant, timeline);
-        // Over TLS with the cluster CA (`--tls-ca`); cleartext with `--no-tls`.
+        // Over TLS with the cluster CA (`--tls-ca`); cleartext with `--no-tls`. Sources
+        // registered without a token (restored from a remote index) get the pageserver's own.
         let tls = self.conf.tls.client.clone();
-        receivers.insert((tenant, timeline), WalReceiver::start_with_tls(t, gate, Arc::clone(&self.reconstructor), sources, tls));
+        let token = sources.token().map(str::to_string).or_else(|| self.conf.auth_token.clone());
+        let receiver = WalReceiver::start_with_token(t, gate, Arc::clone(&self.reconstructor), sources, token, tls);
+        receivers.insert((tenant, timeline), receiver);
     }
 
     fn ingest_gate(&self, tenant: TenantId, timeline: TimelineId) -> Arc<IngestGate> {

@@ -1,0 +1,193 @@
+"""Pageservers that act on the storage controller: they join it at start, attach only what it
+places on them with the generations it issues, and take its orders. A tenant's attached
+pageserver dies: the controller moves the tenant to its secondary with a raised generation,
+the secondary loads it from remote storage and follows the safekeepers its remote index
+names, and nothing committed is lost. A pageserver cut off rather than killed comes back
+after the failover: it is ordered to detach and writes nothing under its old generation."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from fixtures import logs
+from fixtures.compute import Endpoint, Timeline
+from fixtures.controller import Controller
+from fixtures.pageserver import HttpError, Pageserver
+from fixtures.postgres import wait_until
+
+
+def controlled_pageserver(base_dir: Path, node_id: int, controller: Controller, remote: Path) -> Pageserver:
+    config = "\n".join([
+        f'remote_storage = "file://{remote}"',
+        f'controller_url = "https://{controller.addr}"',
+        f"node_id = {node_id}",
+    ]) + "\n"
+    ps = Pageserver(base_dir / f"ps{node_id}", config=config)
+    ps.service_name = f"pageserver {node_id}"
+    return ps
+
+
+def held(ps: Pageserver) -> dict[str, dict]:
+    """What the pageserver says it holds: tenant id -> {mode, generation}."""
+    return {t["tenant_id"]: t for t in ps.http("GET", "/v1/location")["tenants"]}
+
+
+def attached_with(ps: Pageserver, tenant: str, generation: int) -> bool:
+    t = held(ps).get(tenant)
+    return t is not None and t["mode"] == "attached" and t["generation"] == generation
+
+
+def placement(c: Controller, tenant: str) -> dict:
+    return c.http("GET", f"/v1/tenant/{tenant}")
+
+
+def claims(remote: Path, tenant: str) -> dict[int, dict]:
+    """The generation claims remote storage holds for `tenant`: number -> note."""
+    d = remote / "tenants" / tenant / "generations"
+    return {int(p.name, 16): json.loads(p.read_text()) for p in d.iterdir()} if d.exists() else {}
+
+
+class Cluster:
+    """A controller (its database a plain PostgreSQL), two pageservers joined to it sharing
+    one remote storage, three safekeepers, and a tenant placed by the controller with a
+    timeline bootstrapped on its attached pageserver."""
+
+    def __init__(self, tmp_path: Path, pg_factory, safekeepers):
+        db = pg_factory("controller-db").initdb().start()
+        self.controller = Controller(tmp_path, "a", db.conninfo).start()
+        self.remote = tmp_path / "remote"
+        self.remote.mkdir()
+        self.ps = {i: controlled_pageserver(tmp_path, i, self.controller, self.remote).start() for i in (1, 2)}
+        self.safekeepers = safekeepers
+        wait_until("both pageservers online", lambda: sorted(
+            n["node_id"] for n in self.controller.http("GET", "/v1/node") if n["availability"] == "online") == [1, 2])
+        self.tenant = uuid.uuid4().hex
+        where = self.controller.http("POST", "/v1/tenant", {"tenant_id": self.tenant})
+        assert where["generation"] == 1 and where["secondary"] is not None, where
+        self.first = where["attached"]["node_id"]
+        self.second = where["secondary"]["node_id"]
+        wait_until("the controller's order to attach", lambda: attached_with(self.ps[self.first], self.tenant, 1))
+        wait_until("the secondary's order", lambda: held(self.ps[self.second]).get(self.tenant, {}).get("mode") == "secondary")
+        self.tl = Timeline(tmp_path, self.ps[self.first], tenant=self.tenant, create_tenant=False)
+
+
+def commit_rows(ep: Endpoint, first: int, count: int) -> str:
+    """Inserts rows first..first+count-1, one transaction each; the LSN after the last."""
+    with ep.connect() as conn:
+        for i in range(first, first + count):
+            conn.execute("INSERT INTO t VALUES (%s, repeat('x', 200))", (i,))
+        return conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
+
+
+def lsn(text: str) -> int:
+    hi, lo = text.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+def test_a_dead_pageservers_tenant_fails_over_to_its_secondary(tmp_path, pg_factory, safekeepers):
+    cl = Cluster(tmp_path, pg_factory, safekeepers)
+    c = cl.controller
+    c.allowed_errors += [f"pageserver {cl.first} is offline"]
+    ps1, ps2 = cl.ps[cl.first], cl.ps[cl.second]
+    ep = Endpoint(tmp_path, cl.tl, safekeepers=cl.safekeepers).start()
+    ep.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    last = commit_rows(ep, 1, 200)
+    # The safekeepers are recorded in the timeline's remote index: the next attachment
+    # follows them from there.
+    wait_until("the remote index to name the safekeepers", lambda: any(
+        "wal_sources" in p.read_text() for p in (cl.remote / "tenants" / cl.tenant / "timelines" / cl.tl.timeline).glob("index_part.json-*")))
+
+    ps1.kill()
+    killed = time.monotonic()
+    ps1.allowed_errors += logs.CLIENT_GONE_MID_HANDSHAKE
+    wait_until("the failover", lambda: placement(c, cl.tenant)["attached"]["node_id"] == cl.second, timeout_s=30)
+    moved = placement(c, cl.tenant)
+    assert moved["generation"] == 2, moved
+    wait_until("the secondary to attach with generation 2", lambda: attached_with(ps2, cl.tenant, 2), timeout_s=30)
+    took = time.monotonic() - killed
+    # It follows the safekeepers on its own (from the remote index) and has every commit.
+    cl.tl.ps = ps2
+    wait_until("the new attachment to ingest the last commit",
+               lambda: lsn(cl.tl.status()["last_record_lsn"]) >= lsn(last), timeout_s=60)
+    assert claims(cl.remote, cl.tenant)[2]["node_id"] == cl.second
+    ep.kill()
+    ep2 = Endpoint(tmp_path, cl.tl, name="ep2", safekeepers=cl.safekeepers).start()
+    assert ep2.sql("SELECT count(*), min(id), max(id) FROM t") == [(200, 1, 200)]
+    commit_rows(ep2, 201, 10)
+    assert ep2.sql("SELECT count(*) FROM t") == [(210,)]
+    print(f"failover: the secondary attached {took:.2f} s after the kill")
+
+
+def test_a_cut_off_pageserver_comes_back_detached_and_writes_nothing(tmp_path, pg_factory, safekeepers):
+    cl = Cluster(tmp_path, pg_factory, safekeepers)
+    c = cl.controller
+    c.allowed_errors += [f"pageserver {cl.first} is offline"]
+    ps1, ps2 = cl.ps[cl.first], cl.ps[cl.second]
+    ep = Endpoint(tmp_path, cl.tl, safekeepers=cl.safekeepers).start()
+    ep.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    commit_rows(ep, 1, 100)
+
+    ps1.pause()
+    wait_until("the failover", lambda: placement(c, cl.tenant)["attached"]["node_id"] == cl.second, timeout_s=30)
+    wait_until("the secondary to attach with generation 2", lambda: attached_with(ps2, cl.tenant, 2), timeout_s=30)
+    cl.tl.ps = ps2
+    ep.kill()
+    ep2 = Endpoint(tmp_path, cl.tl, name="ep2", safekeepers=cl.safekeepers).start()
+    last = commit_rows(ep2, 101, 100)
+    objects = cl.remote / "tenants" / cl.tenant / "timelines" / cl.tl.timeline
+    before = {p.name: p.stat().st_mtime_ns for p in objects.iterdir()}
+
+    # The old one comes back: the controller's heartbeat finds it holding the tenant under
+    # generation 1 and orders it to detach. Heartbeats that gave up while it was stopped
+    # left their connections half way through the handshake.
+    ps1.allowed_errors += logs.CLIENT_GONE_MID_HANDSHAKE
+    ps1.resume()
+    wait_until("the old attachment to be detached", lambda: "no longer served here" in ps1.log_text(), timeout_s=30)
+    # (It may hold the tenant as its new secondary by now: it is online again.)
+    assert held(ps1).get(cl.tenant, {}).get("mode") != "attached"
+    # Nothing generation 2 wrote is gone, and generation 1 wrote nothing after it came back.
+    after = {p.name: p.stat().st_mtime_ns for p in objects.iterdir()}
+    assert {o for o in before if o.endswith("-00000002")} <= set(after)
+    assert {(o, m) for o, m in after.items() if o.endswith("-00000001")} <= set(before.items())
+    assert ep2.sql("SELECT count(*) FROM t") == [(200,)]
+    wait_until("generation 2 to ingest the last commit", lambda: lsn(cl.tl.status()["last_record_lsn"]) >= lsn(last))
+
+
+def test_a_restarted_pageserver_rejoins_with_raised_generations(tmp_path, pg_factory, safekeepers):
+    cl = Cluster(tmp_path, pg_factory, safekeepers)
+    ps1 = cl.ps[cl.first]
+    ep = Endpoint(tmp_path, cl.tl, safekeepers=cl.safekeepers).start()
+    ep.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    commit_rows(ep, 1, 50)
+    ps1.stop()
+    ps1.start()
+    # Re-attach raised the generation; nothing failed over (a restart is quicker than the
+    # offline grace).
+    wait_until("the re-attach", lambda: attached_with(ps1, cl.tenant, 2), timeout_s=30)
+    assert placement(cl.controller, cl.tenant)["attached"]["node_id"] == cl.first
+    assert sorted(claims(cl.remote, cl.tenant)) == [1, 2]
+    assert ep.sql("SELECT count(*) FROM t") == [(50,)]
+    commit_rows(ep, 51, 10)
+    assert ep.sql("SELECT count(*) FROM t") == [(60,)]
+
+
+def test_orders_and_joins_that_do_not_fit_are_refused(tmp_path, pg_factory, safekeepers):
+    cl = Cluster(tmp_path, pg_factory, safekeepers)
+    ps1 = cl.ps[cl.first]
+    # An attach older than what is held, a generation on a detach, none on an attach.
+    for body, code in [({"mode": "attached", "generation": 0}, 400), ({"mode": "attached"}, 400),
+                       ({"mode": "detached", "generation": 3}, 400), ({"mode": "elsewhere"}, 400),
+                       ({"mode": "attached", "generation": 1, "extra": 1}, 400)]:
+        with pytest.raises(HttpError) as e:
+            ps1.http("PUT", f"/v1/tenant/{cl.tenant}/location", body)
+        assert e.value.status == code, (body, e.value.body)
+    # Tenants come from the controller: the pageserver's own creation refuses.
+    with pytest.raises(HttpError) as e:
+        ps1.http("POST", "/v1/tenant", {"tenant_id": uuid.uuid4().hex})
+    assert e.value.status == 409 and "storage controller" in e.value.body["error"]
+    assert attached_with(ps1, cl.tenant, 1)
