@@ -17,8 +17,9 @@
 //!   may name a tenant, or a tenant and a timeline, and then reads that WAL only: the
 //!   token a pageserver's WAL receiver presents for one timeline is narrowed to it, so a
 //!   source that is given it learns nothing it could use elsewhere. One that names no
-//!   tenant is a pageserver's own: it also joins the storage controller and asks it which
-//!   tenants the pageserver holds (`Access::Placement`).
+//!   tenant but a `node_id` is a pageserver's own (`Claims::pageserver`): it also joins the
+//!   storage controller as that node and asks it which tenants the node holds
+//!   (`Access::Placement`), which no other token but an admin's may do for that node.
 //!
 //! Where a tenant is attached (`Access::Locate`) any token for the tenant may ask: a
 //! compute follows its pageserver with its own token.
@@ -71,7 +72,9 @@ impl std::fmt::Display for Scope {
 
 /// A token's claims. `tenant_id` is required for the `tenant` scope, optional for
 /// `storage` (it narrows the token to that tenant) and refused for `admin`; `timeline_id`
-/// narrows a tenant or storage token that names a tenant to one timeline.
+/// narrows a tenant or storage token that names a tenant to one timeline; `node_id` makes
+/// a storage token for no tenant the token of one pageserver, the only one that may join
+/// the storage controller as that node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claims {
     pub scope: Scope,
@@ -85,11 +88,14 @@ pub struct Claims {
     /// Expires at, seconds since the epoch; none: does not expire.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exp: Option<u64>,
+    /// The pageserver (storage controller node id) a storage token belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<u64>,
 }
 
 impl Claims {
     fn new(scope: Scope, tenant_id: Option<TenantId>) -> Claims {
-        Claims { scope, tenant_id, timeline_id: None, iat: Some(now()), exp: None }
+        Claims { scope, tenant_id, timeline_id: None, iat: Some(now()), exp: None, node_id: None }
     }
 
     pub fn admin() -> Claims {
@@ -102,6 +108,12 @@ impl Claims {
 
     pub fn tenant(tenant: TenantId) -> Claims {
         Claims::new(Scope::Tenant, Some(tenant))
+    }
+
+    /// Pageserver `node`'s own token: a storage token for no tenant in particular that may
+    /// also join the storage controller as that node.
+    pub fn pageserver(node: u64) -> Claims {
+        Claims { node_id: Some(node), ..Claims::storage() }
     }
 
     /// A storage token that reads the WAL of one tenant's timeline only.
@@ -130,6 +142,9 @@ impl Claims {
             (Scope::Storage, None, Some(_)) => {
                 Err(AuthError::Malformed("a storage token that names a timeline must name its tenant_id".into()))
             }
+            _ if self.node_id.is_some() && (self.scope != Scope::Storage || self.tenant_id.is_some()) => {
+                Err(AuthError::Malformed("only a storage token for no tenant names a node_id".into()))
+            }
             _ => Ok(()),
         }
     }
@@ -145,9 +160,9 @@ pub enum Access {
     Compute { tenant: TenantId, timeline: Option<TimelineId> },
     /// Reading committed WAL: admin, storage, or a tenant token for it (a read replica).
     ReadWal { tenant: TenantId, timeline: TimelineId },
-    /// A pageserver's calls to the storage controller (joining, asking what it holds):
-    /// admin, or a storage token for no tenant in particular.
-    Placement,
+    /// Pageserver `node`'s calls to the storage controller (joining, asking what it
+    /// holds): admin, or that pageserver's own token (storage, naming the node).
+    Placement { node: u64 },
     /// Asking the storage controller where a tenant is (a compute following its pageserver):
     /// admin, storage, or a tenant token for it, narrowed to a timeline or not.
     Locate { tenant: TenantId },
@@ -160,7 +175,7 @@ impl std::fmt::Display for Access {
             Access::Compute { tenant, timeline: Some(timeline) } => write!(f, "use timeline {tenant}/{timeline}"),
             Access::Compute { tenant, timeline: None } => write!(f, "use tenant {tenant}"),
             Access::ReadWal { tenant, timeline } => write!(f, "read the WAL of {tenant}/{timeline}"),
-            Access::Placement => f.write_str("join the storage controller"),
+            Access::Placement { node } => write!(f, "join the storage controller as pageserver {node}"),
             Access::Locate { tenant } => write!(f, "locate tenant {tenant}"),
         }
     }
@@ -296,10 +311,11 @@ pub fn check_access(claims: &Claims, access: Access) -> Result<(), AuthError> {
     let forbidden = || AuthError::Forbidden { scope: claims.scope, access: access.to_string() };
     let (tenant, timeline) = match (claims.scope, access) {
         (Scope::Admin, _) => return Ok(()),
-        (Scope::Storage, Access::ReadWal { .. } | Access::Placement | Access::Locate { .. }) if claims.tenant_id.is_none() => return Ok(()),
+        (Scope::Storage, Access::Placement { node }) if claims.tenant_id.is_none() && claims.node_id == Some(node) => return Ok(()),
+        (Scope::Storage, Access::ReadWal { .. } | Access::Locate { .. }) if claims.tenant_id.is_none() => return Ok(()),
         (Scope::Storage | Scope::Tenant, Access::Locate { tenant }) => (tenant, None),
         (Scope::Storage, Access::ReadWal { tenant, timeline }) => (tenant, Some(timeline)),
-        (Scope::Storage, _) | (Scope::Tenant, Access::Management | Access::Placement) => return Err(forbidden()),
+        (Scope::Storage, _) | (Scope::Tenant, Access::Management | Access::Placement { .. }) => return Err(forbidden()),
         (Scope::Tenant, Access::Compute { tenant, timeline }) => (tenant, timeline),
         (Scope::Tenant, Access::ReadWal { tenant, timeline }) => (tenant, Some(timeline)),
     };

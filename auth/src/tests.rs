@@ -135,9 +135,14 @@ fn who_may_do_what() {
     assert_eq!(check_access(&tenant, other).unwrap_err().reason(), "wrong_tenant");
     assert_eq!(check_access(&tenant, Access::ReadWal { tenant: t2, timeline: l1 }).unwrap_err().reason(), "wrong_tenant");
 
-    // Joining the controller is the pageserver's own storage token's, or an admin's.
-    assert!(ok(&admin, Access::Placement) && ok(&storage, Access::Placement));
-    assert!(!ok(&narrowed, Access::Placement) && !ok(&tenant, Access::Placement));
+    // Joining the controller as node 7 is pageserver 7's own token's, or an admin's.
+    let join = Access::Placement { node: 7 };
+    assert!(ok(&admin, join) && ok(&Claims::pageserver(7), join));
+    assert!(!ok(&Claims::pageserver(8), join) && !ok(&storage, join) && !ok(&narrowed, join) && !ok(&tenant, join));
+    // A node id only on a storage token for no tenant.
+    assert!(Claims { node_id: Some(1), ..Claims::admin() }.check_shape().is_err());
+    assert!(Claims { node_id: Some(1), ..Claims::storage_for(t1, l1) }.check_shape().is_err());
+    assert!(Claims::pageserver(1).check_shape().is_ok());
     // Where a tenant is: any token for it, not one for another tenant.
     let locate = Access::Locate { tenant: t1 };
     assert!(ok(&admin, locate) && ok(&storage, locate) && ok(&narrowed, locate) && ok(&tenant, locate));

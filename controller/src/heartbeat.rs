@@ -56,27 +56,29 @@ async fn round(ctl: &Arc<Controller>, reported_stuck: &mut HashSet<proto::Tenant
     while let Some(done) = checks.join_next().await {
         let (id, answer) = done.expect("a heartbeat does not panic");
         let answer = match answer {
+            // A pageserver started without a controller names no node: it is only
+            // heartbeated (alive or not), never ordered.
             // Only a pageserver that joined a controller (it names its node id) takes orders.
-            Ok(list) if list.node_id == Some(id) => {
+            Ok(list) if list.node_id == Some(id) && list.joined => {
                 held.insert(id, list);
                 Ok(())
             }
+            // Alive but not serving its tenants yet (or ever, if its join keeps failing):
+            // a missed heartbeat, so that a node that never joins is failed over.
+            Ok(list) if list.node_id == Some(id) => Err("it has not joined this controller yet".to_string()),
             Ok(list) if list.node_id.is_some() => {
                 if ctl.misnamed.lock().expect("not poisoned").insert(id) {
                     tracing::error!(
-                        "the pageserver at pageserver {id}'s address says it is pageserver {}: it gets no orders until the two agree",
+                        "the pageserver at pageserver {id}'s address says it is pageserver {}: it counts as offline until the two agree",
                         list.node_id.unwrap_or_default()
                     );
                 }
-                Ok(())
+                Err(format!("it says it is pageserver {}", list.node_id.unwrap_or_default()))
             }
             Ok(_) => Ok(()),
-            // An answer, if not the one asked for (this controller's token is refused): the
-            // pageserver is alive, its holdings unknown.
-            Err(e) if e.status().is_some() => {
-                tracing::debug!("pageserver {id} answered the heartbeat with an error: {e}");
-                Ok(())
-            }
+            // An error answer (this controller's token refused, say): a pageserver this
+            // controller cannot manage is not online for it.
+            Err(e) if e.status().is_some() => Err(e.to_string()),
             Err(e) => Err(e.to_string()),
         };
         answers.push((id, answer));

@@ -1,6 +1,7 @@
 //! The HTTP API. Open: `GET /v1/status`, `GET /metrics`. With authentication on, the token
-//! a route wants ([`access`]): a pageserver's own storage token (or an admin's) joins with
-//! `POST /v1/node` and asks what it holds with `POST /v1/re-attach`; any token for a tenant
+//! a route wants ([`access`]): a pageserver's own token (storage, naming its node id; or an
+//! admin's) joins as that node with `POST /v1/node` and asks what it holds with
+//! `POST /v1/re-attach`; any token for a tenant
 //! reads `GET /v1/tenant/{tenant_id}`; the rest (`GET /v1/node`, `GET|POST /v1/tenant`)
 //! wants an admin token. Reads are answered by any controller from the database;
 //! changes only by the leader (another answers 503 and names the leader). Errors are JSON
@@ -111,10 +112,12 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .with_state(ctl)
 }
 
-/// What a request's token must grant.
-fn access(method: &axum::http::Method, path: &str) -> auth::Access {
+/// What a request's token must grant. A pageserver joining names its node in the body;
+/// the token must be that node's ([`require_token`] reads the body for these two routes).
+fn access(method: &axum::http::Method, path: &str, node: Option<u64>) -> auth::Access {
     if method == axum::http::Method::POST && matches!(path, "/v1/node" | "/v1/re-attach") {
-        return auth::Access::Placement;
+        // A body without a node id is refused by its handler; no token grants it here.
+        return auth::Access::Placement { node: node.unwrap_or(u64::MAX) };
     }
     if method == axum::http::Method::GET {
         if let Some(tenant) = path.strip_prefix("/v1/tenant/").and_then(|t| t.parse::<TenantId>().ok()) {
@@ -135,10 +138,23 @@ async fn require_token(State(ctl): State<Arc<Controller>>, req: Request, next: N
     let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map_or_else(|| "unknown".to_string(), |c| c.0.to_string());
     let token = match req.headers().get(header::AUTHORIZATION).map(|v| v.to_str()) {
         None => Ok(None),
-        Some(Ok(value)) => auth::bearer(value).map(Some),
+        Some(Ok(value)) => auth::bearer(value).map(|t| Some(t.to_string())),
         Some(Err(_)) => Err(auth::AuthError::Malformed("the Authorization header is not ASCII".into())),
     };
-    match token.and_then(|t| verifier.authorize(t, access(req.method(), req.uri().path()))) {
+    // The joining routes name the node in their (small) body: read it to check the token
+    // against it, then hand the bytes on.
+    let (req, node) = if req.method() == axum::http::Method::POST && matches!(req.uri().path(), "/v1/node" | "/v1/re-attach") {
+        let (parts, body) = req.into_parts();
+        let bytes = match axum::body::to_bytes(body, 64 * 1024).await {
+            Ok(b) => b,
+            Err(e) => return ApiError::BadRequest(format!("could not read the request body: {e}")).into_response(),
+        };
+        let node = serde_json::from_slice::<serde_json::Value>(&bytes).ok().and_then(|v| v.get("node_id").and_then(|n| n.as_u64()));
+        (Request::from_parts(parts, axum::body::Body::from(bytes)), node)
+    } else {
+        (req, None)
+    };
+    match token.and_then(|t| verifier.authorize(t.as_deref(), access(req.method(), req.uri().path(), node))) {
         Ok(_) => next.run(req).await,
         Err(e) => {
             tracing::warn!("refused {} {} from {peer}: {e}", req.method(), req.uri().path());

@@ -5,9 +5,13 @@
 //! the tenant's generation on its attached node, hold as secondary on its secondary, detach
 //! anywhere else that holds it. Orders run in their own tasks (an attach loads a tenant
 //! from object storage, which may take seconds) and at most one per node and tenant at a
-//! time; one that fails is sent again after the next heartbeat that still shows the
-//! difference. A pageserver refuses an order older than what it holds (a lower generation),
-//! so an order from a controller that no longer leads does no harm.
+//! time (on this controller's side: a pageserver may still be working on one whose request
+//! timed out here); one that fails is sent again after the next heartbeat that still shows
+//! the difference. Every order carries the tenant's generation when it was given, and a
+//! pageserver refuses one that is older than what it holds (an attach with a lower
+//! generation; a secondary or detach order given at a generation not newer than its
+//! attachment's), so an order from a controller that no longer leads, or one overtaken on
+//! the way, changes nothing.
 //!
 //! Tenants the database does not place are left alone: they belong to no controller.
 
@@ -31,9 +35,9 @@ pub fn desired(tenant: &TenantLocation, node: u64) -> LocationConfig {
     if tenant.attached.node_id == node {
         LocationConfig { mode: LocationMode::Attached, generation: Some(tenant.generation) }
     } else if tenant.secondary.as_ref().is_some_and(|s| s.node_id == node) {
-        LocationConfig { mode: LocationMode::Secondary, generation: None }
+        LocationConfig { mode: LocationMode::Secondary, generation: Some(tenant.generation) }
     } else {
-        LocationConfig { mode: LocationMode::Detached, generation: None }
+        LocationConfig { mode: LocationMode::Detached, generation: Some(tenant.generation) }
     }
 }
 
@@ -116,6 +120,7 @@ mod tests {
     fn holds(node: u64, tenants: &[(u8, LocationMode, u32)]) -> LocationList {
         LocationList {
             node_id: Some(node),
+            joined: true,
             tenants: tenants.iter().map(|&(t, mode, generation)| TenantLocationState { tenant_id: tid(t), mode, generation }).collect(),
         }
     }
@@ -131,8 +136,8 @@ mod tests {
             got,
             vec![
                 (tid(1), LocationConfig { mode: Attached, generation: Some(3) }),
-                (tid(2), LocationConfig { mode: Secondary, generation: None }),
-                (tid(3), LocationConfig { mode: Detached, generation: None }),
+                (tid(2), LocationConfig { mode: Secondary, generation: Some(1) }),
+                (tid(3), LocationConfig { mode: Detached, generation: Some(5) }),
             ]
         );
         // Node 2 holds exactly what it should: nothing to order.

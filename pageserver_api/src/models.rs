@@ -386,7 +386,9 @@ pub enum LocationMode {
 }
 
 /// `PUT /v1/tenant/{tenant}/location`: the controller's order. `generation` is required
-/// for `attached` and refused otherwise.
+/// for `attached`; for `secondary` and `detached` it is the tenant's generation when the
+/// order was given, and the pageserver refuses it (409) while it holds an attachment with
+/// that generation or a newer one (the order is stale); without it they are unconditional.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LocationConfig {
@@ -409,6 +411,10 @@ pub struct TenantLocationState {
 pub struct LocationList {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<u64>,
+    /// Whether it has joined the controller (its re-attach is done): until then it takes
+    /// no orders, and the controller counts its answers as missed heartbeats.
+    #[serde(default)]
+    pub joined: bool,
     pub tenants: Vec<TenantLocationState>,
 }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import uuid
 from pathlib import Path
 
@@ -58,7 +59,7 @@ class Cluster:
     timeline bootstrapped on its attached pageserver."""
 
     def __init__(self, tmp_path: Path, pg_factory, safekeepers):
-        db = pg_factory("controller-db").initdb().start()
+        self.db = db = pg_factory("controller-db").initdb().start()
         self.controller = Controller(tmp_path, "a", db.conninfo).start()
         self.remote = tmp_path / "remote"
         self.remote.mkdir()
@@ -176,13 +177,44 @@ def test_a_restarted_pageserver_rejoins_with_raised_generations(tmp_path, pg_fac
     assert ep.sql("SELECT count(*) FROM t") == [(60,)]
 
 
+def test_data_flows_while_the_controllers_database_is_down(tmp_path, pg_factory, safekeepers):
+    """Only placement changes wait for the controller's database: commits, page reads and a
+    compute's start (its basebackup) go on; once the database is back, a failover works."""
+    cl = Cluster(tmp_path, pg_factory, safekeepers)
+    c = cl.controller
+    ep = Endpoint(tmp_path, cl.tl, safekeepers=cl.safekeepers).start()
+    ep.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    commit_rows(ep, 1, 100)
+    cl.db.allowed_errors += ["the database system is not yet accepting connections", "the database system is starting up"]
+    c.allowed_errors += ["could not renew or take the leader lease", "heartbeat round", "the connection to the controller's database ended",
+                         "no longer leads", f"pageserver {cl.first} is offline"]
+    cl.db.stop("immediate")
+    wait_until("the controller to report its database unreachable", lambda: c.status()["database"] != "ok")
+    commit_rows(ep, 101, 100)
+    ep.stop()
+    ep.start()  # a basebackup from the pageserver, every page read from it afresh
+    assert ep.sql("SELECT count(*) FROM t") == [(200,)]
+    assert c.status()["leader"] is False
+    cl.db.start()
+    wait_until("the controller to lead again", lambda: c.status()["leader"], timeout_s=30)
+    cl.ps[cl.first].kill()
+    wait_until("the failover", lambda: placement(c, cl.tenant)["attached"]["node_id"] == cl.second, timeout_s=30)
+    wait_until("the secondary to attach", lambda: attached_with(cl.ps[cl.second], cl.tenant, 2), timeout_s=30)
+    cl.tl.ps = cl.ps[cl.second]
+    ep.kill()
+    ep2 = Endpoint(tmp_path, cl.tl, name="ep2", safekeepers=cl.safekeepers).start()
+    assert ep2.sql("SELECT count(*) FROM t") == [(200,)]
+
+
 def test_orders_and_joins_that_do_not_fit_are_refused(tmp_path, pg_factory, safekeepers):
     cl = Cluster(tmp_path, pg_factory, safekeepers)
     ps1 = cl.ps[cl.first]
     # An attach older than what is held, a generation on a detach, none on an attach.
+    # An order to let go given at the generation held (or older) is stale: a deposed
+    # leader's, or overtaken on the way.
     for body, code in [({"mode": "attached", "generation": 0}, 400), ({"mode": "attached"}, 400),
-                       ({"mode": "detached", "generation": 3}, 400), ({"mode": "elsewhere"}, 400),
-                       ({"mode": "attached", "generation": 1, "extra": 1}, 400)]:
+                       ({"mode": "elsewhere"}, 400), ({"mode": "attached", "generation": 1, "extra": 1}, 400),
+                       ({"mode": "secondary", "generation": 1}, 409), ({"mode": "detached", "generation": 1}, 409)]:
         with pytest.raises(HttpError) as e:
             ps1.http("PUT", f"/v1/tenant/{cl.tenant}/location", body)
         assert e.value.status == code, (body, e.value.body)
@@ -191,3 +223,83 @@ def test_orders_and_joins_that_do_not_fit_are_refused(tmp_path, pg_factory, safe
         ps1.http("POST", "/v1/tenant", {"tenant_id": uuid.uuid4().hex})
     assert e.value.status == 409 and "storage controller" in e.value.body["error"]
     assert attached_with(ps1, cl.tenant, 1)
+
+
+def test_a_pageserver_joins_only_as_itself(tmp_path, pg_factory):
+    """Joining the controller as node N (registering its addresses, asking what it holds,
+    which raises its tenants' generations) takes node N's own token: another pageserver's
+    would let it take over N's address or churn N's tenants."""
+    from fixtures.auth import KeyPair
+    db = pg_factory("controller-db").initdb().start()
+    keys = KeyPair(tmp_path / "keys")
+    c = Controller(tmp_path, "a", db.conninfo, auth_public_key=keys.public_path).start()
+    c.token = keys.admin()
+    c.allowed_errors += ["refused POST"]
+    node2 = {"node_id": 2, "http_addr": "127.0.0.1:1", "page_addr": "127.0.0.1:2"}
+    wait_until("the controller to lead", lambda: c.status()["leader"])
+    c.http("POST", "/v1/node", node2)
+    one, two = keys.token("storage", node_id=1), keys.token("storage", node_id=2)
+    for path, body in [("/v1/node", {**node2, "http_addr": "127.0.0.1:3"}), ("/v1/re-attach", {"node_id": 2})]:
+        for token in (one, keys.storage(), keys.tenant(uuid.uuid4().hex)):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                c.http("POST", path, body, token=token)
+            assert e.value.code == 403, (path, e.value.read())
+    assert c.http("POST", "/v1/re-attach", {"node_id": 2}, token=two) == {"tenants": []}
+    assert c.http("POST", "/v1/node", {**node2, "http_addr": "127.0.0.1:3"}, token=two)["http_addr"] == "127.0.0.1:3"
+    # Where a tenant is: its own token may ask, another tenant's not.
+    t = uuid.uuid4().hex
+    with pytest.raises(urllib.error.HTTPError) as e:
+        c.http("GET", f"/v1/tenant/{t}", token=keys.tenant(uuid.uuid4().hex))
+    assert e.value.code == 403
+    with pytest.raises(urllib.error.HTTPError) as e:
+        c.http("GET", f"/v1/tenant/{t}", token=keys.tenant(t))
+    assert e.value.code == 404  # allowed, and not placed
+
+
+def test_a_pageserver_that_cannot_join_is_failed_over(tmp_path, pg_factory, safekeepers):
+    """A pageserver that answers heartbeats but never joins (its registration refused: it
+    advertises the other node's page address) serves nothing: it counts as offline and its
+    tenants fail over."""
+    cl = Cluster(tmp_path, pg_factory, safekeepers)
+    c = cl.controller
+    ps1, ps2 = cl.ps[cl.first], cl.ps[cl.second]
+    c.allowed_errors += [f"pageserver {cl.first} is offline"]
+    ps1.stop()
+    ps1.config_file.write_text(ps1.config_file.read_text() + f'advertise_pg_addr = "127.0.0.1:{ps2.pg_port}"\n')
+    ps1.allowed_errors += ["waiting for the storage controller"]
+    ps1.start()
+    wait_until("the failover", lambda: placement(c, cl.tenant)["attached"]["node_id"] == cl.second, timeout_s=30)
+    wait_until("the secondary to attach", lambda: attached_with(ps2, cl.tenant, 2), timeout_s=30)
+    assert cl.tenant not in held(ps1)
+
+
+def test_a_failed_attach_keeps_the_only_copy(tmp_path, pg_factory, safekeepers):
+    """Object storage refuses writes (an outage) while a timeline is made and written: its
+    layers exist only on the pageserver's disk. The pageserver restarts and its attach with
+    the raised generation fails (the claim cannot be written): its local files stay (they
+    were removed as "not held" before), and once object storage is back the attach uses
+    them and every commit is there."""
+    cl = Cluster(tmp_path, pg_factory, safekeepers)
+    c = cl.controller
+    ps1 = cl.ps[cl.first]
+
+    def writable(yes: bool):
+        for d in [cl.remote, *cl.remote.rglob("*")]:
+            if d.is_dir():
+                d.chmod(0o755 if yes else 0o555)
+    writable(False)
+    ps1.allowed_errors += [r"upload of \S+ failed", "could not attach with generation", r"failed \(attempt \d+\)", "Permission denied"]
+    c.allowed_errors += ["ordering pageserver", f"pageserver {cl.first} is offline"]
+    tl = Timeline(tmp_path, ps1, tenant=cl.tenant, create_tenant=False)
+    ep = Endpoint(tmp_path, tl, safekeepers=cl.safekeepers).start()
+    ep.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    commit_rows(ep, 1, 100)
+    ps1.kill()
+    ps1.start()
+    wait_until("the attach with generation 2 to fail", lambda: "could not attach with generation 2" in ps1.log_text(), timeout_s=30)
+    assert (ps1.workdir / "tenants" / cl.tenant / "timelines" / tl.timeline).is_dir(), "the only copy was removed"
+    writable(True)
+    wait_until("the attach with generation 2", lambda: attached_with(ps1, cl.tenant, 2), timeout_s=60)
+    ep.kill()
+    ep2 = Endpoint(tmp_path, tl, name="ep2", safekeepers=cl.safekeepers).start()
+    assert ep2.sql("SELECT count(*) FROM t") == [(100,)]

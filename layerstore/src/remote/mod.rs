@@ -174,7 +174,15 @@ impl TenantRemote {
         source: GenerationSource,
     ) -> anyhow::Result<TenantRemote> {
         let (generation, reclaim) = match source {
-            GenerationSource::SelfClaimed => (claim_next(&storage, tenant_id)?, true),
+            GenerationSource::SelfClaimed => {
+                if let Some((g, node)) = newest_issued_claim(&storage, tenant_id)? {
+                    bail!(
+                        "tenant {tenant_id} is placed by a storage controller (its generation {} was issued to pageserver {node}): a pageserver without --controller may not attach it",
+                        g.0
+                    );
+                }
+                (claim_next(&storage, tenant_id)?, true)
+            }
             GenerationSource::Issued { generation, node_id } => {
                 (claim_issued(&storage, tenant_id, Generation(generation), node_id)?, false)
             }
@@ -327,6 +335,29 @@ impl TenantRemote {
     }
 }
 
+/// The newest index of every timeline of `tenant_id` in remote storage, read without
+/// attaching (for deciding whether local files are behind what another attachment wrote).
+pub fn newest_indexes(storage: &RemoteStorage, tenant_id: TenantId) -> anyhow::Result<std::collections::BTreeMap<TimelineId, IndexPart>> {
+    let mut newest: std::collections::BTreeMap<TimelineId, (Generation, String)> = Default::default();
+    for o in storage.list(&format!("tenants/{tenant_id}/timelines"))? {
+        let mut parts = o.key.rsplit('/');
+        let (Some(name), Some(timeline)) = (parts.next(), parts.next()) else { continue };
+        let (Some(g), Ok(timeline)) = (name.strip_prefix(INDEX_PREFIX).and_then(Generation::parse), timeline.parse::<TimelineId>()) else {
+            continue;
+        };
+        if newest.get(&timeline).is_none_or(|(old, _)| *old < g) {
+            newest.insert(timeline, (g, o.key.clone()));
+        }
+    }
+    newest
+        .into_iter()
+        .map(|(timeline, (_, key))| {
+            let bytes = storage.get(&key)?;
+            Ok((timeline, IndexPart::decode(&bytes, &key)?))
+        })
+        .collect()
+}
+
 /// What a claim object says: who claimed it.
 #[derive(Debug, Serialize, Deserialize)]
 struct ClaimNote {
@@ -340,6 +371,17 @@ struct ClaimNote {
 fn claim_note(node_id: Option<u64>) -> Bytes {
     let note = ClaimNote { pid: std::process::id(), claimed_at_unix_s: unix_now_s(), node_id };
     Bytes::from(serde_json::to_string(&note).expect("a claim note encodes") + "\n")
+}
+
+/// The newest claim of `tenant_id`, if a storage controller issued it: its generation and
+/// the node it went to.
+fn newest_issued_claim(storage: &RemoteStorage, tenant_id: TenantId) -> anyhow::Result<Option<(Generation, u64)>> {
+    let prefix = format!("tenants/{tenant_id}/generations");
+    let newest =
+        storage.list(&prefix)?.into_iter().filter_map(|o| o.key.rsplit('/').next().and_then(Generation::parse).map(|g| (g, o.key))).max();
+    let Some((g, key)) = newest else { return Ok(None) };
+    let note = serde_json::from_slice::<ClaimNote>(&storage.get(&key)?).ok();
+    Ok(note.and_then(|n| n.node_id).map(|node| (g, node)))
 }
 
 /// Claims the generation a controller issued to `node_id`: the claim object is ours if we

@@ -116,6 +116,7 @@ fn main() -> anyhow::Result<()> {
         conf.advertise_http_addr = Some(v);
     }
     conf.auth_token = std::env::var("FJORD_AUTH_TOKEN").ok().filter(|t| !t.is_empty());
+    check_own_token(&conf)?;
     if args.print_config {
         print!("{}", toml::to_string(&conf).context("render the configuration")?);
         return Ok(());
@@ -181,6 +182,28 @@ fn main() -> anyhow::Result<()> {
     page_service.shutdown();
     ps.shutdown_storage();
     tracing::info!("pageserver stopped");
+    Ok(())
+}
+
+/// With a controller and authentication on, the pageserver's own token must be this node's
+/// (`auth::Claims::pageserver`): it is presented to the controller and to safekeepers, and
+/// an admin token there would give them everything.
+fn check_own_token(conf: &PageserverConfig) -> anyhow::Result<()> {
+    let (Some(node), Some(key)) = (conf.node_id.filter(|_| conf.controller_url.is_some()), &conf.auth_public_key_path) else {
+        return Ok(());
+    };
+    let Some(token) = &conf.auth_token else {
+        anyhow::bail!("with --controller and authentication on, FJORD_AUTH_TOKEN must hold this pageserver's own token (fjord auth token --pageserver {node})");
+    };
+    let verifier = auth::Verifier::load(key).context("load the authentication public key")?;
+    let claims = verifier.verify(token).map_err(|e| anyhow::anyhow!("FJORD_AUTH_TOKEN: {e}"))?;
+    if claims.scope != auth::Scope::Storage || claims.tenant_id.is_some() || claims.node_id != Some(node) {
+        anyhow::bail!(
+            "FJORD_AUTH_TOKEN is a {} token{}: the pageserver needs its own, a storage token for node {node} and no tenant",
+            claims.scope,
+            claims.node_id.map_or(String::new(), |n| format!(" for node {n}"))
+        );
+    }
     Ok(())
 }
 

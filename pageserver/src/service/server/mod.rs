@@ -720,7 +720,9 @@ impl Pageserver {
         // Over TLS with the cluster CA (`--tls-ca`); cleartext with `--no-tls`. Sources
         // registered without a token (restored from a remote index) get the pageserver's own.
         let tls = self.conf.tls.client.clone();
-        let token = sources.token().map(str::to_string).or_else(|| self.conf.auth_token.clone());
+        // Never to a compute's walsender (a plaintext source): a tenant's own server.
+        let safekeepers_only = sources.as_slice().iter().all(|s| !s.plaintext);
+        let token = sources.token().map(str::to_string).or_else(|| self.conf.auth_token.clone().filter(|_| safekeepers_only));
         let receiver = WalReceiver::start_with_token(t, gate, Arc::clone(&self.reconstructor), sources, token, tls);
         receivers.insert((tenant, timeline), receiver);
     }

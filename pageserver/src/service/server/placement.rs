@@ -5,19 +5,28 @@
 //!
 //! A tenant moves between pageservers through remote storage: the new attachment loads it
 //! from there (its layers downloaded when reads need them), and follows the WAL sources its
-//! remote index names, presenting the pageserver's own token. A detached tenant leaves
-//! this pageserver entirely, its local files included: should it come back, remote storage
-//! is what it is rebuilt from, never files written under an older generation.
+//! remote index names, presenting the pageserver's own token (never to a compute's
+//! walsender). A detached tenant stops being served and its local files are set aside
+//! (`<workdir>/detached/`), removed once object storage holds all they hold: should it
+//! come back, it is rebuilt from remote storage, never mixed with files written under a
+//! generation older than what another attachment uploaded since (their layers would
+//! overlap with other boundaries). Local files this node wrote under its own previous
+//! generation, with nothing newer in remote storage, are loaded (a restart).
 //!
 //! Invariants:
 //! - One change of placement at a time (`location_change`), so an order and a re-attach
 //!   never interleave; orders are refused (503) until the re-attach is done.
 //! - An order never lowers a tenant's generation: an attach older than the one held is
-//!   refused with 409 (the controller that sent it no longer leads, or its order was
-//!   overtaken).
+//!   refused with 409, and so is an order to let go (secondary, detached) given at a
+//!   generation not newer than the one held (the controller that sent it no longer leads,
+//!   or its order was overtaken).
+//! - Nothing here deletes a file that may be the only copy of a version: local files are
+//!   set aside, and removed only when object storage holds them.
 
+use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use layerstore::remote::{GenerationSource, RemoteWalSource};
@@ -26,6 +35,7 @@ use pageserver_api::controller::{NodeRegisterRequest, ReAttachRequest};
 use pageserver_api::models::{LocationConfig, LocationList, LocationMode, TenantLocationState};
 use pageserver_api::{ClientConfig, ControllerClient};
 use proto::TenantId;
+use remote_storage::RemoteStorage;
 
 use super::{read_wal_sources, ManagementError, Pageserver};
 use crate::service::localwal::WAL_RECEIVER_SOURCE_FILE;
@@ -57,7 +67,7 @@ impl Pageserver {
             generation: 0,
         }));
         tenants.sort_by_key(|t| t.tenant_id);
-        LocationList { node_id: self.conf.node_id, tenants }
+        LocationList { node_id: self.conf.node_id, joined: self.joined.load(Ordering::SeqCst), tenants }
     }
 
     /// Carries out the controller's order for `tenant`; returns what is held afterwards.
@@ -68,7 +78,7 @@ impl Pageserver {
             ));
         }
         let _changing = self.location_change.lock().unwrap_or_else(|p| p.into_inner());
-        if !self.joined.load(std::sync::atomic::Ordering::SeqCst) {
+        if !self.joined.load(Ordering::SeqCst) {
             // The re-attach's answer, which raised the generations, comes first: an order
             // sent before it would be overtaken at once.
             return Err(ManagementError::Unavailable("this pageserver is still joining the storage controller".into()));
@@ -83,22 +93,36 @@ impl Pageserver {
                 })
             }
             (LocationMode::Attached, _) => Err(ManagementError::BadRequest("an attach order needs a generation above 0".into())),
-            (_, Some(_)) => Err(ManagementError::BadRequest("only an attach order carries a generation".into())),
-            (LocationMode::Secondary, None) => {
-                self.detach(tenant, "held as secondary");
-                self.secondaries.lock().unwrap_or_else(|p| p.into_inner()).insert(tenant);
-                Ok(TenantLocationState { tenant_id: tenant, mode: LocationMode::Secondary, generation: 0 })
-            }
-            (LocationMode::Detached, None) => {
-                self.detach(tenant, "detached");
-                self.secondaries.lock().unwrap_or_else(|p| p.into_inner()).remove(&tenant);
-                Ok(TenantLocationState { tenant_id: tenant, mode: LocationMode::Detached, generation: 0 })
+            (mode, as_of) => {
+                // An order to let go, given when the tenant's generation was `as_of`: an
+                // attachment here with that generation or a newer one was made after it,
+                // so the order is stale (from a controller that no longer leads, or
+                // overtaken on the way).
+                if let (Some(as_of), Some(t)) = (as_of, self.tenants.get(tenant)) {
+                    let held = t.remote().map_or(0, |r| r.generation().0);
+                    if held >= as_of {
+                        return Err(ManagementError::Conflict(format!(
+                            "tenant {tenant} is attached here with generation {held}: an order given at generation {as_of} to let it go is stale"
+                        )));
+                    }
+                }
+                let why = if mode == LocationMode::Secondary { "held as secondary" } else { "detached" };
+                self.detach(tenant, why);
+                let mut secondaries = self.secondaries.lock().unwrap_or_else(|p| p.into_inner());
+                if mode == LocationMode::Secondary {
+                    secondaries.insert(tenant);
+                } else {
+                    secondaries.remove(&tenant);
+                }
+                Ok(TenantLocationState { tenant_id: tenant, mode, generation: 0 })
             }
         }
     }
 
     /// Attaches `id` with the issued `generation` (a no-op if it is attached with it): loads
-    /// it from local disk and remote storage, and starts following its WAL sources.
+    /// it from local disk and remote storage, and starts following its WAL sources. Local
+    /// files are used only if no other attachment wrote to remote storage since they were
+    /// (`local_files_usable`); otherwise they are set aside, never mixed in.
     fn attach_issued(&self, id: TenantId, generation: u32) -> Result<Arc<Tenant>, ManagementError> {
         let node_id = self.conf.node_id.expect("validated: a controller needs a node id");
         let remote = self.remote.as_ref().expect("validated: a controller needs remote storage");
@@ -112,7 +136,14 @@ impl Pageserver {
                     "tenant {id} is attached here with generation {held}, newer than the order's {generation}"
                 )));
             }
-            self.detach(id, &format!("attached again with generation {generation}"));
+            drop(t);
+            self.unload(id);
+        }
+        let dir = self.conf.tenants_dir().join(id.to_string());
+        if dir.exists() {
+            if let Some(why) = local_files_unusable(remote, id, &dir)? {
+                self.set_aside(id, &dir, &why);
+            }
         }
         let tenant = Tenant::load_as(
             &self.conf.tenants_dir(),
@@ -124,33 +155,52 @@ impl Pageserver {
             GenerationSource::Issued { generation, node_id },
         )
         .with_context(|| format!("attach tenant {id} with generation {generation}"))?;
-        self.tenant_confs.load(id, tenant.path()).with_context(|| format!("load the settings of tenant {id}"))?;
+        // Everything that can fail comes before the tenant is served: a half-made attach
+        // would look done to the controller and never be ordered again.
+        let prepared = (|| -> Result<Vec<(Arc<layerstore::timeline::Timeline>, WalSources)>, ManagementError> {
+            write_attachment(tenant.path(), generation, node_id)?;
+            self.tenant_confs.load(id, tenant.path()).with_context(|| format!("load the settings of tenant {id}"))?;
+            let mut follow = Vec::new();
+            for t in tenant.timelines() {
+                let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
+                let sources = match read_wal_sources(&path)? {
+                    Some(local) => Some(local),
+                    None => from_index(&t.remote_wal_sources()),
+                };
+                if let Some(sources) = sources {
+                    if !path.exists() {
+                        crashsafe::write_private_file_atomic(&path, &sources.to_json())
+                            .with_context(|| format!("write {}", path.display()))?;
+                    }
+                    follow.push((t, sources));
+                }
+            }
+            Ok(follow)
+        })();
+        let follow = match prepared {
+            Ok(f) => f,
+            Err(e) => {
+                tenant.shutdown_remote();
+                return Err(e);
+            }
+        };
         let tenant = Arc::new(tenant);
         self.tenants.insert(Arc::clone(&tenant));
         self.secondaries.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-        let mut following = 0;
-        for t in tenant.timelines() {
-            let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
-            let sources = match read_wal_sources(&path)? {
-                Some(local) => Some(local),
-                None => from_index(&t.remote_wal_sources()),
-            };
-            if let Some(sources) = sources {
-                if !path.exists() {
-                    crashsafe::write_private_file_atomic(&path, &sources.to_json()).with_context(|| format!("write {}", path.display()))?;
-                }
-                self.spawn_wal_receiver(t, sources);
-                following += 1;
-            }
+        let following = follow.len();
+        for (t, sources) in follow {
+            self.spawn_wal_receiver(t, sources);
         }
         tracing::info!(tenant = %id, "attached with generation {generation}: {} timelines, {following} following their WAL sources", tenant.timelines().len());
         Ok(tenant)
     }
 
-    /// Drops `id` from this pageserver: page requests find it no more, its WAL receivers
-    /// and upload queues stop, and its local files are removed (in the background).
-    pub(super) fn detach(&self, id: TenantId, why: &str) -> bool {
-        let Some(tenant) = self.tenants.remove(id) else { return false };
+    /// Stops serving `id`: page requests find it no more, its WAL receivers and upload
+    /// queues stop, and work already holding it (a background job) is waited for, at most
+    /// `UNLOAD_WAIT`, so that none of it writes into the directory afterwards. Its files
+    /// stay where they are. Returns the tenant if it was loaded.
+    fn unload(&self, id: TenantId) -> Option<Arc<Tenant>> {
+        let tenant = self.tenants.remove(id)?;
         let stopped: Vec<_> = {
             let mut receivers = self.receivers.lock().unwrap_or_else(|p| p.into_inner());
             let keys: Vec<_> = receivers.keys().filter(|(t, _)| *t == id).copied().collect();
@@ -162,10 +212,123 @@ impl Pageserver {
         self.ingest_gates.lock().unwrap_or_else(|p| p.into_inner()).retain(|(t, _), _| *t != id);
         self.system_ids.lock().unwrap_or_else(|p| p.into_inner()).retain(|(t, _), _| *t != id);
         tenant.shutdown_remote();
-        remove_tenant_dir(tenant.path());
+        let deadline = Instant::now() + UNLOAD_WAIT;
+        while Arc::strong_count(&tenant) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if Arc::strong_count(&tenant) > 1 {
+            tracing::warn!(tenant = %id, "work on the tenant still runs after {UNLOAD_WAIT:?}; its files are set aside anyway");
+        }
+        Some(tenant)
+    }
+
+    /// Drops `id` from this pageserver ([`Pageserver::unload`]) and sets its local files
+    /// aside ([`Pageserver::set_aside`]).
+    pub(super) fn detach(&self, id: TenantId, why: &str) -> bool {
+        let Some(tenant) = self.unload(id) else { return false };
+        let dir = tenant.path().to_path_buf();
+        drop(tenant);
+        self.set_aside(id, &dir, why);
         tracing::info!(tenant = %id, "tenant {why}: no longer served here");
         true
     }
+
+    /// Moves a tenant's local directory out of the way (`<workdir>/detached/`, under a
+    /// unique name), so that a later attach starts from remote storage; then removes
+    /// whatever is set aside and fully in remote storage (`clean_set_aside`). What is not
+    /// (layers never uploaded) is kept: the WAL behind it is on the safekeepers for the
+    /// attachment that holds the tenant now, but nothing here deletes an only copy.
+    fn set_aside(&self, id: TenantId, dir: &Path, why: &str) {
+        let aside_dir = self.conf.workdir.join(SET_ASIDE_DIR);
+        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
+        let target = aside_dir.join(format!("{id}.{stamp}"));
+        let moved = std::fs::create_dir_all(&aside_dir).and_then(|()| std::fs::rename(dir, &target));
+        match moved {
+            Ok(()) => tracing::info!(tenant = %id, "local files set aside in {} ({why})", target.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => {
+                tracing::error!(tenant = %id, "could not set aside {}: {e}; it stays, and the next attach of the tenant fails until it is moved", dir.display());
+                return;
+            }
+        }
+        if let Some(remote) = self.remote.clone() {
+            let workdir = self.conf.workdir.clone();
+            std::thread::spawn(move || clean_set_aside(&remote, &workdir));
+        }
+    }
+}
+
+/// Where detached tenants' local files go, under the work directory.
+pub const SET_ASIDE_DIR: &str = "detached";
+/// How long unloading a tenant waits for work that holds it.
+const UNLOAD_WAIT: Duration = Duration::from_secs(30);
+/// The file in a tenant's directory that says which attachment wrote it.
+const ATTACHMENT_FILE: &str = "attachment.json";
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct AttachmentNote {
+    generation: u32,
+    node_id: u64,
+}
+
+fn write_attachment(dir: &Path, generation: u32, node_id: u64) -> anyhow::Result<()> {
+    let path = dir.join(ATTACHMENT_FILE);
+    let body = serde_json::to_vec(&AttachmentNote { generation, node_id }).expect("encodes");
+    crashsafe::write_private_file_atomic(&path, &body).with_context(|| format!("write {}", path.display()))
+}
+
+/// Why the local files of `id` in `dir` must not be loaded, if they must not: they were
+/// written under a generation older than an index another attachment uploaded since (its
+/// layers would overlap theirs, with other boundaries), or by an attachment that did not
+/// say its generation.
+fn local_files_unusable(remote: &RemoteStorage, id: TenantId, dir: &Path) -> anyhow::Result<Option<String>> {
+    let note = std::fs::read(dir.join(ATTACHMENT_FILE)).ok().and_then(|b| serde_json::from_slice::<AttachmentNote>(&b).ok());
+    let Some(note) = note else {
+        return Ok(Some("written by an attachment that did not record its generation".into()));
+    };
+    let newest = layerstore::remote::newest_indexes(remote, id)?.values().map(|i| i.generation.0).max().unwrap_or(0);
+    Ok((newest > note.generation)
+        .then(|| format!("written under generation {}; object storage has history from generation {newest} since", note.generation)))
+}
+
+/// Removes the set-aside copies whose every timeline object storage holds up to at least
+/// where the copy went (its disk-consistent LSN at or below the newest index's); keeps the
+/// others, saying so once per copy.
+pub fn clean_set_aside(remote: &RemoteStorage, workdir: &Path) {
+    static CLEANING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = CLEANING.lock().unwrap_or_else(|p| p.into_inner());
+    let Ok(entries) = std::fs::read_dir(workdir.join(SET_ASIDE_DIR)) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(Ok(id)) = name.split('.').next().map(|t| t.parse::<TenantId>()) else { continue };
+        match covered_by_remote(remote, id, &entry.path()) {
+            Ok(None) => match crashsafe::remove_temp(&entry.path()) {
+                Ok(()) => tracing::info!(tenant = %id, "removed {}: object storage holds all of it", entry.path().display()),
+                Err(e) => tracing::warn!("could not remove {}: {e}", entry.path().display()),
+            },
+            Ok(Some(why)) => tracing::info!(tenant = %id, "keeping {} ({why})", entry.path().display()),
+            Err(e) => tracing::info!(tenant = %id, "keeping {}: could not compare it with object storage: {e:#}", entry.path().display()),
+        }
+    }
+}
+
+/// `None` if object storage holds every timeline of a set-aside copy up to at least its
+/// disk-consistent LSN; else what it lacks.
+fn covered_by_remote(remote: &RemoteStorage, id: TenantId, dir: &Path) -> anyhow::Result<Option<String>> {
+    let indexes = layerstore::remote::newest_indexes(remote, id)?;
+    let timelines = dir.join("timelines");
+    let Ok(entries) = std::fs::read_dir(&timelines) else { return Ok(None) };
+    for entry in entries.flatten() {
+        let Ok(tl) = entry.file_name().to_string_lossy().parse::<proto::TimelineId>() else { continue };
+        let local =
+            layerstore::timeline::TimelineMetadata::read(&entry.path(), tl).map_err(|e| anyhow::anyhow!("{e}"))?.disk_consistent_lsn;
+        match indexes.get(&tl) {
+            Some(i) if i.disk_consistent_lsn >= local => {}
+            Some(i) => return Ok(Some(format!("timeline {tl} reaches {local} here, object storage {}", i.disk_consistent_lsn))),
+            None => return Ok(Some(format!("timeline {tl} is not in object storage"))),
+        }
+    }
+    Ok(None)
 }
 
 /// The WAL sources a remote index names, as the receiver takes them (no token: the
@@ -194,23 +357,6 @@ pub(super) fn to_index(sources: &WalSources) -> Vec<RemoteWalSource> {
         .collect()
 }
 
-/// Moves a tenant's directory out of the way at once (a temporary name, which a start
-/// removes too) and removes it in the background.
-fn remove_tenant_dir(path: &std::path::Path) {
-    let doomed = crashsafe::temp_path(path);
-    if let Err(e) = std::fs::rename(path, &doomed) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!("could not move {} aside to remove it: {e}", path.display());
-        }
-        return;
-    }
-    std::thread::spawn(move || {
-        if let Err(e) = crashsafe::remove_temp(&doomed) {
-            tracing::warn!("could not remove {}: {e}", doomed.display());
-        }
-    });
-}
-
 /// Joins the storage controller at start: registers this node's advertised addresses,
 /// asks what it holds (attached tenants come back with their generations raised) and
 /// attaches them; removes local tenants it does not hold. Retries until the controller
@@ -224,7 +370,7 @@ pub fn join_controller(ps: &Pageserver, stop: &std::sync::atomic::AtomicBool) ->
     let register = NodeRegisterRequest { node_id, http_addr: ps.conf.advertised_http_addr(), page_addr: ps.conf.advertised_pg_addr() };
     let mut last_error = String::new();
     let answer = loop {
-        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+        if stop.load(Ordering::SeqCst) {
             tracing::info!("stopping before the storage controller answered: nothing attached");
             return Ok(0);
         }
@@ -243,7 +389,7 @@ pub fn join_controller(ps: &Pageserver, stop: &std::sync::atomic::AtomicBool) ->
     };
     tracing::info!("joined the storage controller at {url} as pageserver {node_id}: {} tenants to hold", answer.tenants.len());
     let _changing = ps.location_change.lock().unwrap_or_else(|p| p.into_inner());
-    ps.joined.store(true, std::sync::atomic::Ordering::SeqCst);
+    ps.joined.store(true, Ordering::SeqCst);
     let mut attached = 0;
     for t in &answer.tenants {
         match t.mode {
@@ -259,16 +405,21 @@ pub fn join_controller(ps: &Pageserver, stop: &std::sync::atomic::AtomicBool) ->
             LocationMode::Detached => {}
         }
     }
-    // Local tenants this node no longer holds were attached here under an older
-    // generation; another node holds them now.
+    // Local tenants this node does not hold were attached here once; another node may hold
+    // them now. Set aside (not deleted: they may hold what no one uploaded), unless their
+    // attach just failed (they stay, for the next order).
+    let held: std::collections::BTreeSet<TenantId> =
+        answer.tenants.iter().filter(|t| t.mode == LocationMode::Attached).map(|t| t.tenant_id).collect();
     let tenants_dir = ps.conf.tenants_dir();
     for entry in std::fs::read_dir(&tenants_dir).with_context(|| format!("list {}", tenants_dir.display()))? {
         let entry = entry.with_context(|| format!("list {}", tenants_dir.display()))?;
         let Ok(id) = entry.file_name().to_string_lossy().parse::<TenantId>() else { continue };
-        if ps.tenants.get(id).is_none() {
-            tracing::info!(tenant = %id, "removing the local copy of a tenant this node no longer holds");
-            remove_tenant_dir(&entry.path());
+        if !held.contains(&id) {
+            ps.set_aside(id, &entry.path(), "not held by this node");
         }
+    }
+    if let Some(remote) = &ps.remote {
+        clean_set_aside(remote, &ps.conf.workdir);
     }
     Ok(attached)
 }
