@@ -81,9 +81,18 @@ impl Timeline {
     /// with the chain length it was queued at.
     pub fn take_long_chains(&self, max: usize) -> Vec<(Key, u32)> {
         let mut q = lock(&self.long_chains);
+        if max == 0 {
+            return Vec::new();
+        }
+        // Callers take a few keys at a time, so that a key whose chain keeps growing is
+        // seen again soon: a selection, not a sort of the whole queue.
+        let longest_first = |a: &(Key, u32), b: &(Key, u32)| b.1.cmp(&a.1).then(a.0.cmp(&b.0));
         let mut all: Vec<(Key, u32)> = q.keys.iter().map(|(k, n)| (*k, *n)).collect();
-        all.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        all.truncate(max);
+        if all.len() > max {
+            all.select_nth_unstable_by(max - 1, longest_first);
+            all.truncate(max);
+        }
+        all.sort_by(longest_first);
         for (key, _) in &all {
             q.keys.remove(key);
         }

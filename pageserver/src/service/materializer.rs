@@ -4,7 +4,7 @@
 //! The engine queues a key when its records since its newest image (or initializing
 //! record) in the open layer cross `fold_after_records` or `fold_after_bytes`
 //! (`layerstore`'s "Folds"). One thread (`MaterializerThread`) takes the queued keys of every
-//! timeline, longest chains first, reads each at the last record LSN, rebuilds the value at
+//! timeline, longest chains first and a few at a time, reads each at the last record LSN, rebuilds the value at
 //! its newest version `L` through a WAL redo pool of its own (one process, so a GetPage
 //! never waits behind a fold) and replaces the record at `L` by that image
 //! (`Timeline::replace_with_image`). Every read returns the same bytes as before; reads at
@@ -44,9 +44,10 @@ use layerstore::ReplaceOutcome;
 
 /// How long the thread sleeps when no timeline has a key queued.
 const IDLE_POLL: Duration = Duration::from_millis(20);
-/// Keys taken from one timeline's queue at a time, so that one busy timeline does not
-/// starve the others.
-const KEYS_PER_TURN: usize = 64;
+/// Keys taken from one timeline's queue at a time: few, so that the longest chains are
+/// chosen again after every few folds (a hot key's chain grows while others are folded),
+/// and so that one busy timeline does not starve the others.
+const KEYS_PER_TURN: usize = 4;
 /// How often the thread logs what it did (when it did anything).
 const SUMMARY_PERIOD: Duration = Duration::from_secs(60);
 

@@ -218,3 +218,21 @@ fn folds_racing_flushes_and_reads_lose_nothing() {
         assert_eq!(get(&t, key(1), lsn), model(lsn), "read at {lsn} after reload");
     }
 }
+
+#[test]
+fn taking_a_few_keys_takes_the_longest_chains() {
+    let (_dir, _tenant, t) = setup(conf(2));
+    // Key k gets 2 * (k + 1) records: queued at 2, 4, ..., its longest crossing kept.
+    for lsn in 10..=20u64 {
+        for k in 0..5u32 {
+            if lsn - 10 < 2 * (u64::from(k) + 1) {
+                t.put(key(k), Lsn(lsn), &rec(lsn)).unwrap();
+            }
+        }
+        t.advance_last_record_lsn(Lsn(lsn)).unwrap();
+    }
+    assert_eq!(t.take_long_chains(0), vec![]);
+    assert_eq!(t.take_long_chains(2), vec![(key(4), 10), (key(3), 8)]);
+    assert_eq!(t.take_long_chains(1), vec![(key(2), 6)]);
+    assert_eq!(t.take_long_chains(5), vec![(key(1), 4), (key(0), 2)]);
+}
