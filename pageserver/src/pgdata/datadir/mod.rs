@@ -225,7 +225,11 @@ impl<'a> Datadir<'a> {
         if data.is_empty() {
             return Err(DatadirError::NotFound { what: format!("block {blkno} of relation {rel}"), lsn });
         }
-        let cost = ReadCost { layers_visited: data.layers_visited, records_replayed: data.records.len() };
+        let cost = ReadCost {
+            layers_visited: data.layers_visited,
+            records_replayed: data.records.len(),
+            newest_record_lsn: data.records.last().map(|(l, _)| *l),
+        };
         let page = self.reconstructor.reconstruct(key, lsn, data).map_err(|error| ReadError::Reconstruct { key, lsn, error })?;
         Ok((page, cost))
     }
@@ -323,11 +327,13 @@ impl<'a> Datadir<'a> {
 }
 
 /// What one page read cost: the layers searched (in-memory and files, across ancestors)
-/// and the records replayed on top of the newest image.
+/// and the records replayed on top of the newest image; and the LSN of the newest record
+/// replayed, if any, whose value the page is (what a fold may replace it with).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReadCost {
     pub layers_visited: usize,
     pub records_replayed: usize,
+    pub newest_record_lsn: Option<Lsn>,
 }
 
 /// The puts of one WAL record (or of an import), gathered so that reads during it see its
