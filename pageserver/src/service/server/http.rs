@@ -2,7 +2,7 @@
 //!
 //! | method | path | what |
 //! |---|---|---|
-//! | GET | `/v1/status` | liveness, version |
+//! | GET | `/v1/status` | liveness, version, features (`no-full-page-images`) |
 //! | GET | `/v1/tenant` | tenant ids |
 //! | POST | `/v1/tenant` | create a tenant: `{"tenant_id": "..."}` (optional; random if absent) |
 //! | GET | `/v1/tenant/{tenant}/timeline` | the tenant's timelines with their LSNs |
@@ -176,18 +176,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ManagementErr
 /// anyone may call anything).
 pub fn router(ps: Arc<Pageserver>) -> Router {
     // Anyone: liveness and metrics.
-    let open = Router::new()
-        .route(
-            "/v1/status",
-            get(|| async {
-                Json(StatusResponse {
-                    status: "ok".into(),
-                    version: env!("CARGO_PKG_VERSION").into(),
-                    features: pageserver_api::models::FEATURES.iter().map(|f| f.to_string()).collect(),
-                })
-            }),
-        )
-        .route("/metrics", get(metrics));
+    let open = Router::new().route("/v1/status", get(status)).route("/metrics", get(metrics));
     // The calls a compute (compute_ctl) makes: an admin token, or one for the path's
     // tenant and timeline.
     let compute = Router::new()
@@ -466,6 +455,15 @@ async fn changed_blocks(
 /// `pageserver_api::models::LSN_HEADER` in lower case, as `HeaderName::from_static` needs
 /// it; a test checks that they agree.
 const LSN_HEADER_LOWERCASE: &str = "x-fjord-lsn";
+
+/// `GET /v1/status`: liveness, the version, and the features a client may count on.
+async fn status() -> Json<StatusResponse> {
+    Json(StatusResponse {
+        status: "ok".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        features: pageserver_api::models::FEATURES.iter().map(|f| f.to_string()).collect(),
+    })
+}
 
 /// Gauges read off the tenants at scrape time.
 async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError> {
