@@ -104,6 +104,9 @@ pub enum LayerReplace {
     /// The layer's flush has started: the image would not reach its file, so it is not
     /// stored (reads of the file replay the records as before).
     Flushing,
+    /// The layer is frozen and its lock is taken (by a flush about to start, most likely,
+    /// which holds it for the whole file write): not waited for, see `replace_with_image`.
+    Busy,
 }
 
 #[derive(Debug)]
@@ -233,7 +236,20 @@ impl InMemoryLayer {
         if self.flush_started.load(Ordering::SeqCst) {
             return Ok(LayerReplace::Flushing);
         }
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        // A frozen layer's flush holds the read lock for its whole file write, and a writer
+        // waiting for the lock makes every new reader wait behind it: a fold that waited
+        // there would stall every read through this layer until the flush ends. So a
+        // frozen layer is only tried; an open one is waited for (its holders are puts and
+        // reads, all short).
+        let mut inner = if self.end_lsn().is_some() {
+            match self.inner.try_write() {
+                Ok(inner) => inner,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return Ok(LayerReplace::Busy),
+            }
+        } else {
+            self.inner.write().unwrap_or_else(|e| e.into_inner())
+        };
         // Checked again under the lock: `write_l0` sets the flag before it takes the lock
         // to read, so with the flag clear here the flush reads after this change.
         if self.flush_started.load(Ordering::SeqCst) {

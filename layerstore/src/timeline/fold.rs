@@ -43,6 +43,9 @@ pub enum ReplaceOutcome {
     Unpublished,
     /// The LSN is below the GC cutoff: reads there are refused, so no image is needed.
     BelowGcCutoff,
+    /// The version is in a frozen layer whose lock was taken: not waited for (a flush
+    /// holds it for the whole file write, and waiting would stall readers behind it).
+    Busy,
 }
 
 impl ReplaceOutcome {
@@ -54,6 +57,7 @@ impl ReplaceOutcome {
             ReplaceOutcome::NoSuchVersion => "no_such_version",
             ReplaceOutcome::Unpublished => "unpublished",
             ReplaceOutcome::BelowGcCutoff => "below_gc_cutoff",
+            ReplaceOutcome::Busy => "busy",
         }
     }
 }
@@ -146,6 +150,7 @@ impl Timeline {
             LayerReplace::AlreadyImage => ReplaceOutcome::AlreadyImage,
             LayerReplace::NoSuchVersion => ReplaceOutcome::NoSuchVersion,
             LayerReplace::Flushing => ReplaceOutcome::NotInMemory,
+            LayerReplace::Busy => ReplaceOutcome::Busy,
         })
     }
 }

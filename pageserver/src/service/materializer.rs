@@ -125,7 +125,8 @@ impl Materializer {
             }
         };
         let records = data.records.len();
-        if records < short_chain_records(timeline) {
+        let bytes: u64 = data.records.iter().map(|(_, r)| r.rec.len() as u64).sum();
+        if is_short_chain(timeline, records, bytes) {
             return FoldOutcome::Skipped("short");
         }
         let newest = data.records.last().expect("records is not empty").0;
@@ -186,8 +187,15 @@ impl Materializer {
 
 /// Under this many records a queued key is not worth a fold any more: half the threshold
 /// (one record when only the byte threshold is on).
-fn short_chain_records(timeline: &Timeline) -> usize {
-    (timeline.conf().fold_after_records as usize / 2).max(1)
+/// A chain below half of both thresholds is not worth a fold: an image arrived since the
+/// key was queued, or it was queued by one threshold and has since been folded. A chain
+/// queued by its bytes (a few records of large WAL records) is long by bytes, however few
+/// its records.
+fn is_short_chain(timeline: &Timeline, records: usize, bytes: u64) -> bool {
+    let conf = timeline.conf();
+    let by_records = conf.fold_after_records == 0 || records < (conf.fold_after_records as usize / 2).max(1);
+    let by_bytes = conf.fold_after_bytes == 0 || bytes < conf.fold_after_bytes / 2;
+    by_records && by_bytes
 }
 
 /// How long to sleep after work that took `took`, to use at most `share` of a core.
