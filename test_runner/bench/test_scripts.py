@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures import services
 from fixtures.cli import FjordRepo, free_base_port
 from fixtures.paths import REPO_ROOT
 
@@ -62,17 +63,7 @@ def run_script(cwd: Path, tmp: Path, name: str, *args: str, timeout: float = 600
 
 def processes_under(path: Path) -> list[str]:
     """The command lines of running processes that name a path under `path`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        if str(path) in cmdline:
-            found.append(f"{entry.name}: {cmdline}")
-    return found
+    return [f"{pid}: {cmdline}" for pid, cmdline in services.processes_under(path)]
 
 
 def assert_nothing_left_running(path: Path) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import threading
 import time
 
@@ -21,25 +23,7 @@ import pytest
 from fixtures import https
 from fixtures.compute import Endpoint, Timeline
 from fixtures.pagestream import lsn_int
-from fixtures.pageserver import Pageserver
 from fixtures.safekeeper import Safekeeper
-
-
-# Without TLS: with it, the pollers below have not yet been seen to catch a safekeeper
-# holding part of the long record (the state this test needs) on a debug build.
-@pytest.fixture
-def pageserver(tmp_path):
-    ps = Pageserver(tmp_path, tls=False).start()
-    yield ps
-    ps.stop()
-
-
-@pytest.fixture
-def safekeepers(tmp_path):
-    sks = [Safekeeper(tmp_path / "safekeepers", i, tls=False).start() for i in (1, 2, 3)]
-    yield sks
-    for sk in sks:
-        sk.kill()
 
 
 @pytest.fixture
@@ -56,14 +40,43 @@ def sk_lsns(sk, tl) -> tuple[int, int, int]:
     return lsn_int(s["flush_lsn"]), lsn_int(s["boundary_lsn"]), lsn_int(s["commit_lsn"])
 
 
+class Looker:
+    """Reads one safekeeper's flush and boundary LSNs over a kept-alive connection (a TLS
+    handshake per look would dominate the looks' cost)."""
+
+    def __init__(self, sk: Safekeeper, tl: Timeline):
+        self.sk = sk
+        self.path = f"/v1/tenant/{tl.tenant}/timeline/{tl.timeline}"
+        self.link = (http.client.HTTPSConnection(sk.host, sk.http_port, timeout=30, context=https.ssl_context(sk.tls))
+                     if sk.tls else http.client.HTTPConnection(sk.host, sk.http_port, timeout=30))
+
+    def look(self) -> tuple[int, int]:
+        self.link.request("GET", self.path)
+        s = json.loads(self.link.getresponse().read())
+        return lsn_int(s["flush_lsn"]), lsn_int(s["boundary_lsn"])
+
+
+# The inserting backend runs in slices this long between looks...
+SLICE_S = 0.03
+# ...and a look ends once every safekeeper's flush LSN has stayed put this many polls in a
+# row (POLL_S apart), or after LOOK_MAX_S.
+SETTLED_POLLS = 5
+POLL_S = 0.04
+LOOK_MAX_S = 2.0
+
+
 def seen_partial_during_long_record(conn, safekeepers, tl, start: int, seen: list) -> bool:
-    """Inserts a 300 MiB record starting at `start` on `conn` while one thread per safekeeper
-    polls it; True (with `seen` holding safekeeper, flush, boundary, start) as soon as a
-    safekeeper holds WAL past `start` and its boundary is at or before `start`, False if the
-    insertion finished first. The insertion goes on in the background when True: the caller
-    kills the compute."""
+    """Inserts a 300 MiB record starting at `start` on `conn`, running the inserting backend
+    in short slices: SIGCONT, SLICE_S, SIGSTOP. PostgreSQL flushes a record this long in
+    pieces while it is being inserted (at every WAL segment it fills, and whenever the WAL
+    writer wakes), and while the backend is stopped nothing is added, so the WAL proposer
+    sends what was flushed and the safekeepers settle; then each is looked at. True (with
+    `seen` holding safekeeper, flush, boundary, start) once one holds WAL past `start` with its
+    boundary at or before it, the backend left stopped for the caller to kill the compute;
+    False if the insertion finished first. No race decides the outcome: only a record
+    inserted within one slice could be missed, and 300 MiB takes many."""
+    pid = conn.info.backend_pid
     done = threading.Event()
-    found = threading.Event()
 
     def emit():
         try:
@@ -73,31 +86,26 @@ def seen_partial_during_long_record(conn, safekeepers, tl, start: int, seen: lis
         finally:
             done.set()
 
-    def poll(sk):
-        # One kept-alive connection per poller: a new TLS handshake per look would make the
-        # looks too far apart to catch the state.
-        link = (http.client.HTTPSConnection(sk.host, sk.http_port, timeout=30, context=https.ssl_context(sk.tls)) if sk.tls
-                else http.client.HTTPConnection(sk.host, sk.http_port, timeout=30))
-        path = f"/v1/tenant/{tl.tenant}/timeline/{tl.timeline}"
-        while not done.is_set() and not found.is_set():
-            link.request("GET", path)
-            s = json.loads(link.getresponse().read())
-            flush, boundary = lsn_int(s["flush_lsn"]), lsn_int(s["boundary_lsn"])
-            if boundary <= start < flush:
-                seen.append((sk.addr, flush, boundary, start))
-                found.set()
-                return
-            time.sleep(0.002)
-
-    pollers = [threading.Thread(target=poll, args=(sk,), daemon=True) for sk in safekeepers]
-    for p in pollers:
-        p.start()
+    lookers = [Looker(sk, tl) for sk in safekeepers]
     threading.Thread(target=emit, daemon=True).start()
-    while not found.is_set() and not done.is_set():
-        found.wait(0.01)
-    for p in pollers:
-        p.join(timeout=30)
-    return bool(seen)
+    while not done.is_set():
+        time.sleep(SLICE_S)
+        os.kill(pid, signal.SIGSTOP)
+        last: list[int] | None = None
+        still = 0
+        deadline = time.monotonic() + LOOK_MAX_S
+        while still < SETTLED_POLLS and time.monotonic() < deadline:
+            looks = [lk.look() for lk in lookers]
+            for lk, (flush, boundary) in zip(lookers, looks):
+                if boundary <= start < flush:
+                    seen.append((lk.sk.addr, flush, boundary, start))
+                    return True
+            flushes = [flush for flush, _ in looks]
+            still = still + 1 if flushes == last else 0
+            last = flushes
+            time.sleep(POLL_S)
+        os.kill(pid, signal.SIGCONT)
+    return False
 
 
 def test_a_compute_killed_inside_a_long_record_leaves_a_timeline_that_starts(tmp_path, timeline, safekeepers):
@@ -111,20 +119,17 @@ def test_a_compute_killed_inside_a_long_record_leaves_a_timeline_that_starts(tmp
         flush, boundary, commit = sk_lsns(sk, timeline)
         assert commit <= boundary <= flush
 
-    # A 300 MiB record the compute dies inside. PostgreSQL flushes it in pieces while it is
-    # being inserted (at every WAL segment it fills, and whenever the WAL writer wakes), so
-    # for a second or more the safekeepers hold part of it: their WAL ends past the record's
-    # start while their boundary is still at or before it. One poller per safekeeper watches
-    # for that state and the compute is killed the moment it is seen. An insertion can still
-    # finish before a poller looks (a fast machine, a stalled poller): then the next record
-    # is tried, a few times at most, and the test fails if the state was never seen.
+    # A 300 MiB record the compute dies inside, killed while a safekeeper holds part of it:
+    # WAL past the record's start, its boundary still at or before it (see
+    # seen_partial_during_long_record). The stepping cannot miss that state unless a record
+    # goes in within one slice; the next is tried then, and the test fails if none showed it.
     conn = ep.connect()
     seen_partial: list[tuple[str, int, int, int]] = []
     for attempt in range(4):
         start = lsn_int(ep.sql("SELECT pg_current_wal_insert_lsn()")[0][0])
         if seen_partial_during_long_record(conn, safekeepers, timeline, start, seen_partial):
             break
-        print(f"attempt {attempt}: the record at {start:X} was inserted before a poller saw part of it")
+        print(f"attempt {attempt}: the record at {start:X} went in within one slice")
     assert seen_partial, "no safekeeper was seen holding part of a long record"
     sk_addr, flush, boundary, start = seen_partial[0]
     assert boundary <= start < flush, seen_partial[0]
