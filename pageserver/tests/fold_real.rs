@@ -30,13 +30,15 @@ use std::fs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use layerstore::timeline::Timeline;
 use layerstore::{Reconstructor, StorageConfig, Tenant};
 use pageserver::pgdata::walredo::WalRedoManager;
 use pageserver::service::background::StopFlag;
 use pageserver::service::materializer::{Materializer, MaterializerSettings, Summary};
 use pageserver::service::metrics::Metrics;
-use pageserver::service::page_service::TenantRegistry;
+use pageserver::service::page_service::{ReadWriteback, TenantRegistry};
 use pageserver::{import_datadir, PageApi, PgReconstructor, WalIngest};
+use prometheus::Encoder;
 use proto::{BlockNumber, ForkNumber, Lsn, Oid, RelTag, TenantId, TimelineId};
 use support::PgCluster;
 
@@ -184,7 +186,8 @@ fn folding_every_key_changes_no_page() {
     let redo = || -> Arc<dyn Reconstructor> { Arc::new(PgReconstructor::new(Arc::new(WalRedoManager::new(support::walredo_config())))) };
     let registry = Arc::new(TenantRegistry::default());
     registry.insert(Arc::clone(&tenant_f));
-    let materializer = Materializer::new(registry, redo(), Arc::new(Metrics::new()), MaterializerSettings { cpu_share: 1.0 });
+    let metrics = Arc::new(Metrics::new());
+    let materializer = Materializer::new(registry, redo(), Arc::clone(&metrics), MaterializerSettings { cpu_share: 1.0 });
     let (api_f, api_p) = (PageApi::new(tl_f.clone(), redo()), PageApi::new(tl_p.clone(), redo()));
     let mut ingest_f = WalIngest::new(tl_f.clone(), redo());
     let mut ingest_p = WalIngest::new(tl_p.clone(), redo());
@@ -192,6 +195,7 @@ fn folding_every_key_changes_no_page() {
     let (stop, mut fold_summary) = (StopFlag::default(), Summary::default());
     let mut start = summary.import_lsn;
     let (mut steps, mut compared, mut step_bytes) = (0u32, 0usize, STEP_BYTES);
+    let mut sampled: Vec<Lsn> = Vec::new();
     loop {
         let stop_at = Lsn(start.0 + step_bytes);
         let got = ingest_f.ingest_pg_wal_until(&pg_wal, summary.pg_timeline_id, start, stop_at).expect("ingest pg_wal");
@@ -209,11 +213,27 @@ fn folding_every_key_changes_no_page() {
         steps += 1;
         while materializer.run_once(&stop, &mut fold_summary) > 0 {}
         if steps % 200 == 0 {
-            compared += compare_all(&api_f, &api_p, lsn);
+            compared += compare_all(&api_f, &api_p, lsn, None);
+            sampled.push(lsn);
         }
     }
     let end = tl_f.last_record_lsn();
-    compared += compare_all(&api_f, &api_p, end);
+    compared += compare_all(&api_f, &api_p, end, None);
+    // Reads below later folds, as a replica behind the primary makes them: every page at
+    // every earlier sampled LSN is still the unfolded timeline's page, and so is every page
+    // after the reads wrote their pages back (the page service's writeback, at versions
+    // below the newest) and the materializer folded again.
+    for &lsn in sampled.iter().rev() {
+        compared += compare_all(&api_f, &api_p, lsn, Some((&materializer, &*tl_f)));
+    }
+    let written_back = metric(&metrics, "pageserver_fold_images_total{trigger=\"read\"}");
+    while materializer.run_once(&stop, &mut fold_summary) > 0 {}
+    for &lsn in sampled.iter().chain([&end]) {
+        compared += compare_all(&api_f, &api_p, lsn, None);
+    }
+    println!("reads below the newest LSN wrote back {written_back} pages");
+    assert!(sampled.len() >= 4, "only {} earlier LSNs compared", sampled.len());
+    assert!(written_back > 100.0, "only {written_back} pages written back by reads at earlier LSNs: the check proves little");
     println!(
         "ingested to {end} in {steps} steps; {} folds ({fold_summary:?}); {compared} pages compared; {:?} in all",
         fold_summary.folded(),
@@ -225,7 +245,9 @@ fn folding_every_key_changes_no_page() {
 
 /// Compares every block of every relation fork and CLOG segment 0 at `lsn`; returns the
 /// pages compared. A page neither timeline can rebuild must fail the same way in both.
-fn compare_all(folded: &PageApi, plain: &PageApi, lsn: Lsn) -> usize {
+/// With `writeback`, each page read from the folded timeline is handed to the read
+/// writeback, as the page service does.
+fn compare_all(folded: &PageApi, plain: &PageApi, lsn: Lsn, writeback: Option<(&Materializer, &Timeline)>) -> usize {
     let mut pages = 0;
     for (spcnode, dbnode) in plain.list_dbs(lsn, TIMEOUT).unwrap() {
         for rel in plain.list_rels(spcnode, dbnode, lsn, TIMEOUT).unwrap() {
@@ -233,7 +255,11 @@ fn compare_all(folded: &PageApi, plain: &PageApi, lsn: Lsn) -> usize {
             assert_eq!(folded.get_rel_size(rel, lsn, TIMEOUT).unwrap(), size, "{rel} at {lsn}");
             for blkno in 0..size {
                 let want = plain.get_page(rel, BlockNumber(blkno), lsn, TIMEOUT).map_err(|e| e.to_string());
-                let got = folded.get_page(rel, BlockNumber(blkno), lsn, TIMEOUT).map_err(|e| e.to_string());
+                let got = folded.get_page_with_cost(rel, BlockNumber(blkno), lsn, TIMEOUT).map_err(|e| e.to_string());
+                if let (Some((materializer, timeline)), Ok((page, cost))) = (writeback, &got) {
+                    materializer.page_rebuilt(timeline, rel, BlockNumber(blkno), *cost, page);
+                }
+                let got = got.map(|(page, _)| page);
                 assert!(want == got, "{rel} block {blkno} at {lsn}: folded {got:?}, unfolded {want:?}");
                 pages += 1;
             }
@@ -242,4 +268,13 @@ fn compare_all(folded: &PageApi, plain: &PageApi, lsn: Lsn) -> usize {
     let clog = |api: &PageApi| api.get_slru_segment(proto::SlruKind::Clog, 0, lsn, TIMEOUT).unwrap();
     assert!(clog(folded) == clog(plain), "CLOG segment 0 at {lsn}");
     pages + 1
+}
+
+/// The value of the metric whose exposition line starts with `line_start`.
+fn metric(m: &Metrics, line_start: &str) -> f64 {
+    let mut out = Vec::new();
+    prometheus::TextEncoder::new().encode(&m.gather(), &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let line = text.lines().find(|l| l.starts_with(line_start)).unwrap_or_else(|| panic!("{line_start} missing:\n{text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
 }
