@@ -51,6 +51,11 @@ pub const EPHEMERAL_PREFIX: &str = "ephemeral-";
 /// How many keys a listing of changes looks at per hold of the index's lock.
 const CHANGES_KEYS_PER_LOCK: usize = 4096;
 
+/// A fold tries an open layer's lock this many times, this far apart, before it gives up
+/// (`LayerReplace::Busy`): about 10 ms, far longer than a put or a read holds it.
+const OPEN_LAYER_LOCK_TRIES: u32 = 200;
+const OPEN_LAYER_LOCK_RETRY: Duration = Duration::from_micros(50);
+
 #[derive(Debug, Clone, Copy)]
 struct VersionRef {
     lsn: Lsn,
@@ -104,8 +109,9 @@ pub enum LayerReplace {
     /// The layer's flush has started: the image would not reach its file, so it is not
     /// stored (reads of the file replay the records as before).
     Flushing,
-    /// The layer is frozen and its lock is taken (by a flush about to start, most likely,
-    /// which holds it for the whole file write): not waited for, see `replace_with_image`.
+    /// The layer's lock is taken: by a flush, most likely, which holds it for the whole
+    /// file write (the layer is frozen), or for longer than a put or a read would (open).
+    /// Not waited for, see `replace_with_image`.
     Busy,
 }
 
@@ -238,17 +244,24 @@ impl InMemoryLayer {
         }
         // A frozen layer's flush holds the read lock for its whole file write, and a writer
         // waiting for the lock makes every new reader wait behind it: a fold that waited
-        // there would stall every read through this layer until the flush ends. So a
-        // frozen layer is only tried; an open one is waited for (its holders are puts and
-        // reads, all short).
-        let mut inner = if self.end_lsn().is_some() {
+        // there would stall every read through this layer until the flush ends. So the lock
+        // is never waited for, only tried: a frozen layer once, an open one again for a
+        // short while (its holders are puts and reads, all short). The layer can be frozen,
+        // and its flush start, between two tries (a blocking wait taken while it was open
+        // would then last the whole flush), so every failed try looks again.
+        let mut tries = 0;
+        let mut inner = loop {
             match self.inner.try_write() {
-                Ok(inner) => inner,
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => return Ok(LayerReplace::Busy),
+                Ok(inner) => break inner,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    tries += 1;
+                    if self.end_lsn().is_some() || tries > OPEN_LAYER_LOCK_TRIES {
+                        return Ok(LayerReplace::Busy);
+                    }
+                    std::thread::sleep(OPEN_LAYER_LOCK_RETRY);
+                }
             }
-        } else {
-            self.inner.write().unwrap_or_else(|e| e.into_inner())
         };
         // Checked again under the lock: `write_l0` sets the flag before it takes the lock
         // to read, so with the flag clear here the flush reads after this change.
@@ -488,6 +501,40 @@ mod fold_tests {
         let at18 = versions.iter().find(|(l, _)| *l == Lsn(18)).map(|(_, v)| v.clone());
         assert_eq!(at18, Some(Value::Image(value)));
         assert_eq!(layer.replace_with_image(Key::MIN, Lsn(20), b"x").unwrap(), LayerReplace::Flushing);
+    }
+
+    /// A fold that finds an open layer's lock taken must not queue for it as a writer: the
+    /// layer may be frozen meanwhile and its flush hold the read lock for the whole file
+    /// write, and a waiting writer makes every new reader of the layer wait behind it. Here
+    /// a long reader (standing in for the flush) holds the lock while a fold is pending; a
+    /// freeze (one more reader) must still get through at once, and the fold gives up.
+    #[test]
+    fn a_pending_fold_never_blocks_readers_of_a_layer_frozen_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let layer = chain(dir.path());
+        let value = read(&layer, Key::MIN, 20);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            let long_reader = layer.read_inner();
+            let fold = s.spawn(|| layer.replace_with_image(Key::MIN, Lsn(20), &value).unwrap());
+            // Let the fold find the lock taken.
+            std::thread::sleep(Duration::from_millis(2));
+            s.spawn(|| {
+                layer.freeze(Lsn(21));
+                tx.send(()).unwrap();
+            });
+            if rx.recv_timeout(Duration::from_secs(2)).is_err() {
+                drop(long_reader);
+                panic!("a reader of the layer waited behind a pending fold");
+            }
+            // Still held: the fold finds the frozen layer's lock taken.
+            let outcome = fold.join().unwrap();
+            drop(long_reader);
+            assert_eq!(outcome, LayerReplace::Busy, "the fold gives up once the layer is frozen");
+        });
+        assert_eq!(read(&layer, Key::MIN, 20), value, "nothing changed");
+        assert_eq!(layer.records_since_standalone(Key::MIN), 10, "the record is still there");
+        assert_eq!(layer.replace_with_image(Key::MIN, Lsn(20), &value).unwrap(), LayerReplace::Replaced, "a later try lands");
     }
 
     #[test]

@@ -43,8 +43,9 @@ pub enum ReplaceOutcome {
     Unpublished,
     /// The LSN is below the GC cutoff: reads there are refused, so no image is needed.
     BelowGcCutoff,
-    /// The version is in a frozen layer whose lock was taken: not waited for (a flush
-    /// holds it for the whole file write, and waiting would stall readers behind it).
+    /// The version's layer lock was taken (a frozen layer's, or an open layer's for about
+    /// 10 ms): not waited for (a flush holds it for the whole file write, and a waiting
+    /// fold would stall every reader behind it).
     Busy,
 }
 
