@@ -91,20 +91,31 @@ def seen_partial_during_long_record(conn, safekeepers, tl, start: int, seen: lis
     while not done.is_set():
         time.sleep(SLICE_S)
         os.kill(pid, signal.SIGSTOP)
-        last: list[int] | None = None
-        still = 0
-        deadline = time.monotonic() + LOOK_MAX_S
-        while still < SETTLED_POLLS and time.monotonic() < deadline:
-            looks = [lk.look() for lk in lookers]
-            for lk, (flush, boundary) in zip(lookers, looks):
-                if boundary <= start < flush:
-                    seen.append((lk.sk.addr, flush, boundary, start))
-                    return True
-            flushes = [flush for flush, _ in looks]
-            still = still + 1 if flushes == last else 0
-            last = flushes
-            time.sleep(POLL_S)
-        os.kill(pid, signal.SIGCONT)
+        try:
+            if settled_partial(lookers, start, seen):
+                return True
+        finally:
+            if not seen:
+                os.kill(pid, signal.SIGCONT)
+    return False
+
+
+def settled_partial(lookers: list[Looker], start: int, seen: list) -> bool:
+    """Looks at every safekeeper until their flush LSNs stay put (or LOOK_MAX_S); True as
+    soon as one holds WAL past `start` with its boundary at or before it."""
+    last: list[int] | None = None
+    still = 0
+    deadline = time.monotonic() + LOOK_MAX_S
+    while still < SETTLED_POLLS and time.monotonic() < deadline:
+        looks = [lk.look() for lk in lookers]
+        for lk, (flush, boundary) in zip(lookers, looks):
+            if boundary <= start < flush:
+                seen.append((lk.sk.addr, flush, boundary, start))
+                return True
+        flushes = [flush for flush, _ in looks]
+        still = still + 1 if flushes == last else 0
+        last = flushes
+        time.sleep(POLL_S)
     return False
 
 
@@ -124,6 +135,7 @@ def test_a_compute_killed_inside_a_long_record_leaves_a_timeline_that_starts(tmp
     # seen_partial_during_long_record). The stepping cannot miss that state unless a record
     # goes in within one slice; the next is tried then, and the test fails if none showed it.
     conn = ep.connect()
+    backend = conn.info.backend_pid
     seen_partial: list[tuple[str, int, int, int]] = []
     for attempt in range(4):
         start = lsn_int(ep.sql("SELECT pg_current_wal_insert_lsn()")[0][0])
@@ -134,6 +146,8 @@ def test_a_compute_killed_inside_a_long_record_leaves_a_timeline_that_starts(tmp
     sk_addr, flush, boundary, start = seen_partial[0]
     assert boundary <= start < flush, seen_partial[0]
     ep.kill()
+    # The stopped backend would never notice its postmaster's death: it goes too.
+    os.kill(backend, signal.SIGKILL)
 
     # The next compute's sync ends at a record boundary, its basebackup at an LSN the
     # pageserver reaches; every committed row is there, and it commits.

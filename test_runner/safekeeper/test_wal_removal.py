@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 import subprocess
+import time
 
 import pytest
 
@@ -171,3 +172,34 @@ def test_safekeepers_remove_wal_nobody_needs(tmp_path, pageserver, timeline, saf
         assert "has been removed" not in text and " ERROR " not in text, sk.log_tail()
     assert "not available here" not in pageserver.log_text()
 
+
+
+def test_a_replica_finds_the_wal_its_basebackup_starts_from(tmp_path, pageserver, timeline, safekeepers):
+    """A replica's basebackup starts at the newest running-transactions record, which
+    PostgreSQL logs at checkpoints and every 15 s while WAL is written; its WAL streams from
+    the safekeepers from there. The pageserver's layers can be uploaded segments past that
+    record meanwhile, and the safekeepers removed that WAL: a replica started under writes
+    failed with "requested WAL ... is not available" (seen in CI beside pgbench). The
+    pageserver now tells them to keep the WAL from that record on."""
+    tl = timeline
+    ep = endpoint(tmp_path, tl, safekeepers)
+    ep.sql("CREATE TABLE t (id int, pad text)")
+    ep.sql("CHECKPOINT")  # a running-transactions record here
+    # About 50 MB: three segments and more past the record, written faster than the next
+    # record comes (15 s) on any machine this runs on, though it may come.
+    end = write_wal(ep, 1, 50_000)
+    wait_all_have(safekeepers, tl, end)
+    wait_until("the pageserver's layers to reach the end of WAL", lambda: lsn_int(pageserver.http(
+        "GET", f"/v1/tenant/{tl.tenant}/timeline/{tl.timeline}")["disk_consistent_lsn"]) >= end, timeout_s=120)
+    time.sleep(2)  # the reports reach the safekeepers, which remove what they may
+    replica = Endpoint(tmp_path, tl, "replica", safekeepers=safekeepers, replica=True).start()
+    start = [line for line in replica.logfile.read_text().splitlines() if "basebackup unpacked" in line][-1]
+    print(f"the replica's basebackup: {start}; the safekeepers' WAL begins at",
+          [status(sk, tl)["wal_begin_lsn"] for sk in safekeepers])
+    # It replays the 50 MB from its start to catch up.
+    wait_until("the replica to see every row", lambda: replica.sql("SELECT count(*) FROM t") == [(50_000,)], timeout_s=120)
+    wal_begin = max(lsn(sk, tl, "wal_begin_lsn") for sk in safekeepers)
+    basebackup_lsn = lsn_int(start.split('lsn=Some("')[1].split('"')[0])
+    assert wal_begin <= basebackup_lsn, (start, wal_begin)
+    ep.sql("INSERT INTO t VALUES (-1, 'after')")
+    wait_until("the replica to see a new row", lambda: replica.sql("SELECT count(*) FROM t WHERE id = -1") == [(1,)])

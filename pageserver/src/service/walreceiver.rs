@@ -70,6 +70,9 @@
 //! generation it belongs to (`Timeline::remote_position`: WAL below the LSN is in layers in
 //! remote storage, as the attachment of that generation confirmed, or without remote
 //! storage in local layer files, generation 0); they honour only the newest generation's.
+//! What they are told is capped at where a replica's basebackup starts now, the newest
+//! running-transactions record ([`retention_position`]): a replica streams its WAL from
+//! there, and the record comes only every 15 s while the remote-consistent LSN moves on.
 //! So the receiver tells every safekeeper of the list itself, not only the one it streams
 //! from (a WAL proposer cannot relay it: it holds only a tenant token):
 //! - to the safekeeper it streams from (one that reported `fjord.safekeeper` at startup,
@@ -113,7 +116,7 @@ mod conn;
 mod failover;
 mod sources;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
@@ -217,16 +220,17 @@ impl WalReceiver {
                 .collect(),
             ..Default::default()
         }));
-        let (stop2, sources2, token2, timeline2, tls2) =
-            (Arc::clone(&stop), sources.clone(), auth_token.clone(), Arc::clone(&timeline), tls.clone());
+        let standby_start = Arc::new(AtomicU64::new(0));
+        let (stop2, sources2, token2, timeline2, tls2, start2) =
+            (Arc::clone(&stop), sources.clone(), auth_token.clone(), Arc::clone(&timeline), tls.clone(), Arc::clone(&standby_start));
         let reporter = std::thread::Builder::new()
             .name("walreceiver-report".into())
-            .spawn(move || report_positions(timeline2, sources2, token2, tls2, stop2))
+            .spawn(move || report_positions(timeline2, sources2, token2, tls2, stop2, start2))
             .expect("spawn the wal receiver's reporter thread");
         let (stop2, status2, sources2) = (Arc::clone(&stop), Arc::clone(&status), sources.clone());
         let thread = std::thread::Builder::new()
             .name("walreceiver".into())
-            .spawn(move || run(timeline, gate, reconstructor, sources2, (auth_token, tls), stop2, status2))
+            .spawn(move || run(timeline, gate, reconstructor, sources2, (auth_token, tls), (stop2, status2), standby_start))
             .expect("spawn the wal receiver thread");
         WalReceiver { sources, stop, status, thread: Some(thread), reporter: Some(reporter) }
     }
@@ -262,12 +266,25 @@ impl Drop for WalReceiver {
 
 /// The reporter thread: tells every source the timeline's remote-consistent LSN and its
 /// attachment generation when they changed since that source was last told.
+/// What the safekeepers are told they may remove WAL below, with the attachment generation:
+/// the remote-consistent LSN, but never past where a replica's basebackup starts now (the
+/// newest running-transactions record, `standby_start`; 0 if none is known), since the
+/// replica streams its WAL from there. Without this, a replica started while the primary
+/// writes could find that WAL gone ("requested WAL ... is not available"): the record is
+/// logged every 15 s, the remote-consistent LSN can move segments past it meanwhile.
+fn retention_position(timeline: &Timeline, standby_start: &AtomicU64) -> (u32, Lsn) {
+    let (generation, remote_consistent) = timeline.remote_position();
+    let start = Lsn(standby_start.load(Ordering::Acquire));
+    (generation, if start.is_valid() { remote_consistent.min(start) } else { remote_consistent })
+}
+
 fn report_positions(
     timeline: Arc<Timeline>,
     sources: WalSources,
     auth_token: Option<String>,
     tls: Option<tls::ClientTls>,
     stop: Arc<AtomicBool>,
+    standby_start: Arc<AtomicU64>,
 ) {
     let span = tracing::info_span!("walreceiver", tenant_id = %timeline.tenant_id(), timeline_id = %timeline.timeline_id());
     let _entered = span.enter();
@@ -277,7 +294,7 @@ fn report_positions(
     let mut told: Vec<Option<(u32, Lsn)>> = vec![None; sources.len()];
     let mut skip = vec![false; sources.len()];
     while !stop.load(Ordering::SeqCst) {
-        let position = timeline.remote_position();
+        let position = retention_position(&timeline, &standby_start);
         if position.1.is_valid() {
             for (i, source) in sources.as_slice().iter().enumerate() {
                 if skip[i] || told[i] == Some(position) || stop.load(Ordering::SeqCst) {
@@ -341,6 +358,9 @@ struct SessionCtx<'a> {
     stop: &'a AtomicBool,
     status: &'a Mutex<WalReceiverStatus>,
     gate: &'a IngestGate,
+    /// Where a replica's basebackup would start now (0: not known), for what the
+    /// safekeepers are told ([`retention_position`]).
+    standby_start: &'a AtomicU64,
 }
 
 fn run(
@@ -349,12 +369,18 @@ fn run(
     reconstructor: Arc<dyn Reconstructor>,
     sources: WalSources,
     (auth_token, tls): (Option<String>, Option<tls::ClientTls>),
-    stop: Arc<AtomicBool>,
-    status: Arc<Mutex<WalReceiverStatus>>,
+    (stop, status): (Arc<AtomicBool>, Arc<Mutex<WalReceiverStatus>>),
+    standby_start: Arc<AtomicU64>,
 ) {
     let span = tracing::info_span!("walreceiver", tenant_id = %timeline.tenant_id(), timeline_id = %timeline.timeline_id());
     let _entered = span.enter();
     let database = format!("{}/{}", timeline.tenant_id(), timeline.timeline_id());
+    // Until this receiver ingests a running-transactions record, the one stored before.
+    match crate::pgdata::datadir::Datadir::new(&timeline, reconstructor.as_ref()).get_last_running_xacts(timeline.last_record_lsn()) {
+        Ok(Some(r)) => standby_start.store(r.record_lsn.0, Ordering::Release),
+        Ok(None) => {}
+        Err(e) => tracing::warn!("could not read where a replica's basebackup starts; WAL removal is not held for it until the next running-transactions record: {e:#}"),
+    }
     let mut ingest = WalIngest::new(Arc::clone(&timeline), reconstructor);
     let mut wal = match LocalWal::open(timeline.path(), timeline.last_record_lsn()) {
         Ok(w) => w,
@@ -376,7 +402,16 @@ fn run(
             s.current_source_address = Some(source.to_string());
         });
         let credentials = Credentials { token: auth_token.as_deref(), tls: tls.as_ref() };
-        let ctx = SessionCtx { sources: &sources, current, database: &database, credentials, stop: &stop, status: &status, gate: &gate };
+        let ctx = SessionCtx {
+            sources: &sources,
+            current,
+            database: &database,
+            credentials,
+            stop: &stop,
+            status: &status,
+            gate: &gate,
+            standby_start: &standby_start,
+        };
         match stream(&timeline, &mut ingest, &mut wal, &ctx, &mut failover) {
             Ended::Stopped => break,
             Ended::Fatal(e) => {
@@ -501,7 +536,7 @@ struct StatusSent {
 /// what `sent` records (fjord's message: `P`, the generation and the LSN, big-endian; the
 /// LSN alone to a version 1 safekeeper): WAL below it is in object storage, and the
 /// safekeepers may remove it.
-fn send_status(conn: &mut Conn, timeline: &Timeline, durable: Lsn, sent: &mut StatusSent) -> anyhow::Result<()> {
+fn send_status(conn: &mut Conn, timeline: &Timeline, standby_start: &AtomicU64, durable: Lsn, sent: &mut StatusSent) -> anyhow::Result<()> {
     let ingested = timeline.last_record_lsn();
     let mut payload = Vec::with_capacity(34);
     payload.push(b'r');
@@ -512,7 +547,7 @@ fn send_status(conn: &mut Conn, timeline: &Timeline, durable: Lsn, sent: &mut St
     payload.push(0);
     let mut out = BytesMut::new();
     frontend::CopyData::new(&payload[..])?.write(&mut out);
-    let position = timeline.remote_position();
+    let position = retention_position(timeline, standby_start);
     let (generation, remote_consistent) = position;
     let changed = sent.position != Some(position) && remote_consistent.is_valid();
     if conn.accepts_remote_consistent_lsn() && changed {
@@ -567,6 +602,9 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         let _held = ctx.gate.hold();
         let replayed = replay_local_wal(timeline, ingest, wal);
         ctx.gate.set_last_record(ingest.last_record());
+        if let Some(lsn) = ingest.standby_start() {
+            ctx.standby_start.store(lsn.0, Ordering::Release);
+        }
         replayed
     };
     let start = match replayed {
@@ -701,7 +739,7 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
         // newest LSN never falls between them (see `IngestGate`).
         let held = ctx.gate.hold();
         if streaming && ((!batch.is_empty() && !from_quorum) || reply_requested) {
-            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut sent) {
+            if let Err(e) = send_status(&mut conn, timeline, ctx.standby_start, wal.durable_end(), &mut sent) {
                 return Ended::Connection(e);
             }
         }
@@ -724,9 +762,12 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
             }
         }
         ctx.gate.set_last_record(ingest.last_record());
+        if let Some(lsn) = ingest.standby_start() {
+            ctx.standby_start.store(lsn.0, Ordering::Release);
+        }
         drop(held);
         if streaming && batch_bytes >= APPLY_STATUS_BYTES {
-            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut sent) {
+            if let Err(e) = send_status(&mut conn, timeline, ctx.standby_start, wal.durable_end(), &mut sent) {
                 return Ended::Connection(e);
             }
         }
@@ -761,7 +802,7 @@ fn stream(timeline: &Arc<Timeline>, ingest: &mut WalIngest, wal: &mut LocalWal, 
                     return Ended::Fatal(e);
                 }
             }
-            if let Err(e) = send_status(&mut conn, timeline, wal.durable_end(), &mut sent) {
+            if let Err(e) = send_status(&mut conn, timeline, ctx.standby_start, wal.durable_end(), &mut sent) {
                 return Ended::Connection(e);
             }
         }

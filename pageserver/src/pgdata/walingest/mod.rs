@@ -80,6 +80,9 @@ pub struct WalIngest {
     /// The stored last commit timestamp as of the last record (`metadata.rs`); loaded from
     /// the store on the first commit, `Some(None)` if the timeline has none yet.
     last_commit_timestamp: Option<Option<i64>>,
+    /// Where the newest running-transactions record ingested here starts: a replica's
+    /// basebackup starts there, so the safekeepers must keep the WAL from there on.
+    standby_start: Option<Lsn>,
 }
 
 /// Where a WAL record starts and ends: what a server started at `end` needs as its
@@ -104,7 +107,15 @@ impl WalIngest {
             stats: IngestStats::default(),
             last_record: None,
             last_commit_timestamp: None,
+            standby_start: None,
         }
+    }
+
+    /// Where the newest running-transactions record ingested by this ingest starts (None
+    /// before the first): see [`crate::pgdata::datadir::Datadir::get_last_running_xacts`]
+    /// for the one stored before.
+    pub fn standby_start(&self) -> Option<Lsn> {
+        self.standby_start
     }
 
     pub fn timeline(&self) -> &Arc<Timeline> {
@@ -150,6 +161,7 @@ impl WalIngest {
                 oldest_running_xid: r.oldest_running_xid.0,
                 subxid_overflow: r.subxid_overflow,
             });
+            self.standby_start = Some(record.lsn);
         }
         if let Some(meta) = meta {
             self.ingest_metadata(&mut m, meta)?;

@@ -1,0 +1,171 @@
+//! The leader's watch over the pageservers: every `heartbeat_interval` it asks each one for
+//! `GET /v1/status` (at most `heartbeat_timeout`); one that has not answered for
+//! `offline_after` is offline, and its tenants fail over to their secondaries
+//! ([`crate::persistence::Db::fail_over`]); tenants whose secondary went offline get
+//! another. Timings: a pageserver that dies is taken for dead between `offline_after` and
+//! `offline_after + heartbeat_interval + heartbeat_timeout` later.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pageserver_api::client::{Client, ClientConfig};
+
+use crate::models::Availability;
+use crate::persistence::{DbError, NodeRow};
+use crate::scheduler::{self, Candidate};
+use crate::{Controller, Health};
+
+/// Runs forever (until the task is cancelled).
+pub async fn run(ctl: Arc<Controller>) {
+    // Tenants already reported as unable to fail over, so that the log says it once.
+    let mut reported_stuck = HashSet::new();
+    loop {
+        let started = Instant::now();
+        if ctl.is_leader() {
+            match round(&ctl, &mut reported_stuck).await {
+                Ok(()) => {}
+                // The lease moved under this round: the lease task says so.
+                Err(DbError::NotLeader) => tracing::debug!("heartbeat round: this controller no longer holds the lease"),
+                Err(e) => {
+                    ctl.metrics.database_errors.inc();
+                    tracing::warn!("heartbeat round: {e}");
+                }
+            }
+        }
+        tokio::time::sleep(ctl.config.heartbeat_interval.saturating_sub(started.elapsed())).await;
+    }
+}
+
+async fn round(ctl: &Arc<Controller>, reported_stuck: &mut HashSet<proto::TenantId>) -> Result<(), DbError> {
+    let nodes = ctl.db.nodes().await?;
+    let mut checks = tokio::task::JoinSet::new();
+    for n in &nodes {
+        let (id, url) = (n.node.node_id, base_url(ctl, &n.node.http_addr));
+        let config = ClientConfig {
+            connect_timeout: ctl.config.heartbeat_timeout,
+            request_timeout: Some(ctl.config.heartbeat_timeout),
+            tls: ctl.config.client_tls.clone(),
+        };
+        checks.spawn_blocking(move || (id, Client::with_config(&url, config).status().map(|_| ()).map_err(|e| e.to_string())));
+    }
+    let mut answers = Vec::new();
+    while let Some(done) = checks.join_next().await {
+        answers.push(done.expect("a heartbeat does not panic"));
+    }
+    let (offline, unusable) = record(ctl, &nodes, answers);
+    let seen = ctl.availability_snapshot();
+    let choose = |attached: u64, loads: &[NodeRow]| scheduler::secondary_for(&candidates(&seen, loads), attached);
+    for &node in &offline {
+        let (moved, stuck) = ctl.db.fail_over(&ctl.instance, node, &unusable, choose).await?;
+        for t in moved {
+            ctl.metrics.failovers.inc();
+            reported_stuck.remove(&t.tenant_id);
+            tracing::info!(
+                "tenant {} failed over from pageserver {node} to {} with generation {} (new secondary: {})",
+                t.tenant_id,
+                t.attached.node_id,
+                t.generation,
+                t.secondary.as_ref().map_or("none".to_string(), |s| s.node_id.to_string())
+            );
+        }
+        for a in stuck {
+            if reported_stuck.insert(a.tenant_id) {
+                tracing::error!(
+                    "tenant {} is attached to pageserver {node}, which is offline, and cannot fail over: its secondary ({}) is not online",
+                    a.tenant_id,
+                    a.secondary.map_or("none".to_string(), |s| s.to_string())
+                );
+            }
+        }
+    }
+    // Secondaries on offline nodes are replaced, and tenants without one get one when a
+    // node can take it.
+    for t in ctl.db.replace_secondaries(&ctl.instance, &offline, choose).await? {
+        tracing::info!(
+            "tenant {} has a new secondary: {}",
+            t.tenant_id,
+            t.secondary.as_ref().map_or("none (no other pageserver is online)".to_string(), |s| format!("pageserver {}", s.node_id))
+        );
+    }
+    Ok(())
+}
+
+/// Records the answers; returns the nodes offline now and every node not online.
+fn record(ctl: &Controller, nodes: &[NodeRow], answers: Vec<(u64, Result<(), String>)>) -> (Vec<u64>, Vec<u64>) {
+    let now = Instant::now();
+    let mut health = ctl.health.lock().expect("not poisoned");
+    let (mut offline, mut unusable) = (Vec::new(), Vec::new());
+    for (id, answer) in answers {
+        let h = health.entry(id).or_insert(Health { availability: Availability::Unknown, last_ok: now, missed: 0 });
+        let before = h.availability;
+        match answer {
+            Ok(()) => {
+                h.last_ok = now;
+                h.missed = 0;
+                h.availability = Availability::Online;
+            }
+            Err(e) => {
+                ctl.metrics.heartbeat_failures.inc();
+                h.missed += 1;
+                if h.missed >= 2 && now.duration_since(h.last_ok) >= ctl.config.offline_after {
+                    h.availability = Availability::Offline;
+                } else {
+                    tracing::debug!("pageserver {id} did not answer a heartbeat: {e}");
+                }
+                if h.availability == Availability::Offline && before != Availability::Offline {
+                    tracing::warn!(
+                        "pageserver {id} is offline: no answer for {:?}, {} heartbeats in a row (last: {e})",
+                        now.duration_since(h.last_ok),
+                        h.missed
+                    );
+                }
+            }
+        }
+        if h.availability == Availability::Online && before == Availability::Offline {
+            tracing::info!("pageserver {id} is online again");
+        }
+        if h.availability == Availability::Offline {
+            offline.push(id);
+        }
+        if h.availability != Availability::Online {
+            unusable.push(id);
+        }
+    }
+    health.retain(|id, _| nodes.iter().any(|n| n.node.node_id == *id));
+    let count = |a| health.values().filter(|h| h.availability == a).count() as i64;
+    for a in [Availability::Online, Availability::Offline, Availability::Unknown] {
+        ctl.metrics.nodes.with_label_values(&[availability_label(a)]).set(count(a));
+    }
+    (offline, unusable)
+}
+
+pub fn availability_label(a: Availability) -> &'static str {
+    match a {
+        Availability::Online => "online",
+        Availability::Offline => "offline",
+        Availability::Unknown => "unknown",
+    }
+}
+
+/// The scheduler's view of `loads` with the availability in `seen` (unknown if absent).
+pub fn candidates(seen: &HashMap<u64, Availability>, loads: &[NodeRow]) -> Vec<Candidate> {
+    loads
+        .iter()
+        .map(|n| Candidate {
+            node_id: n.node.node_id,
+            availability: seen.get(&n.node.node_id).copied().unwrap_or(Availability::Unknown),
+            attached: n.attached,
+            secondaries: n.secondaries,
+        })
+        .collect()
+}
+
+pub fn base_url(ctl: &Controller, http_addr: &str) -> String {
+    format!("{}://{http_addr}", if ctl.config.client_tls.is_some() { "https" } else { "http" })
+}
+
+/// The longest a dead pageserver goes unnoticed with this configuration.
+pub fn detection_bound(ctl: &Controller) -> Duration {
+    ctl.config.offline_after + ctl.config.heartbeat_interval + ctl.config.heartbeat_timeout
+}

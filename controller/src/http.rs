@@ -1,0 +1,266 @@
+//! The HTTP API. Open: `GET /v1/status`, `GET /metrics`. With an admin token (when
+//! authentication is on): `GET|POST /v1/node`, `GET|POST /v1/tenant`,
+//! `GET /v1/tenant/{tenant_id}`. Reads are answered by any controller from the database;
+//! changes only by the leader (another answers 503 and names the leader). Errors are JSON
+//! `{"error": "..."}` with a status code chosen in one place ([`ApiError`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use proto::TenantId;
+use serde_json::json;
+
+use crate::heartbeat::candidates;
+use crate::models::{NodeInfo, NodeRegisterRequest, StatusResponse, TenantCreateRequest, TenantLocation};
+use crate::persistence::DbError;
+use crate::{scheduler, Controller};
+
+/// What anyone may read: liveness, leadership and the metrics.
+pub const OPEN_PATHS: [&str; 2] = ["/metrics", "/v1/status"];
+
+pub enum ApiError {
+    BadRequest(String),
+    Unauthorized(String),
+    Forbidden(String),
+    NotFound(String),
+    Conflict(String),
+    /// Not the leader, or the database is unreachable: retry (elsewhere).
+    Unavailable(String),
+}
+
+impl From<auth::AuthError> for ApiError {
+    fn from(e: auth::AuthError) -> ApiError {
+        if e.is_unauthenticated() {
+            ApiError::Unauthorized(e.to_string())
+        } else {
+            ApiError::Forbidden(e.to_string())
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(e: JsonRejection) -> ApiError {
+        ApiError::BadRequest(e.body_text())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (code, msg) = match self {
+            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
+            ApiError::Unauthorized(m) => {
+                return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], Json(json!({ "error": m }))).into_response()
+            }
+            ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, m),
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m),
+            ApiError::Conflict(m) => (StatusCode::CONFLICT, m),
+            ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, m),
+        };
+        (code, Json(json!({ "error": msg }))).into_response()
+    }
+}
+
+/// The answer to a change asked of a controller that does not lead: who does, as this
+/// instance last saw the lease (no database round trip).
+fn not_leader(ctl: &Controller) -> ApiError {
+    let view = ctl.lease_view.lock().expect("not poisoned").clone();
+    match view.leader_address {
+        Some(addr) if addr != ctl.config.advertise => {
+            ApiError::Unavailable(format!("this controller does not lead: ask the leader at {addr}"))
+        }
+        _ if view.database != "ok" => {
+            ApiError::Unavailable(format!("no controller leads that this one knows of; its database: {}", view.database))
+        }
+        _ => ApiError::Unavailable("no controller leads at the moment: retry shortly".into()),
+    }
+}
+
+fn db_error(ctl: &Controller, e: DbError) -> ApiError {
+    match e {
+        DbError::NotLeader => not_leader(ctl),
+        DbError::Postgres(_) | DbError::Timeout(_) => {
+            ctl.metrics.database_errors.inc();
+            ApiError::Unavailable(e.to_string())
+        }
+        DbError::NoNodeOnline => ApiError::Unavailable(e.to_string()),
+        DbError::Refused(m) => ApiError::Conflict(m),
+    }
+}
+
+pub fn router(ctl: Arc<Controller>) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/metrics", get(metrics))
+        .route("/v1/node", get(list_nodes).post(register_node))
+        .route("/v1/tenant", get(list_tenants).post(create_tenant))
+        .route("/v1/tenant/{tenant_id}", get(get_tenant))
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .layer(axum::middleware::from_fn_with_state(ctl.clone(), require_admin))
+        .with_state(ctl)
+}
+
+/// With authentication on, lets a request through only with an admin token, or to one of
+/// the [`OPEN_PATHS`]; a refusal is logged with the peer and the request.
+async fn require_admin(State(ctl): State<Arc<Controller>>, req: Request, next: Next) -> Response {
+    let Some(verifier) = &ctl.auth else { return next.run(req).await };
+    if OPEN_PATHS.contains(&req.uri().path()) {
+        return next.run(req).await;
+    }
+    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map_or_else(|| "unknown".to_string(), |c| c.0.to_string());
+    let token = match req.headers().get(header::AUTHORIZATION).map(|v| v.to_str()) {
+        None => Ok(None),
+        Some(Ok(value)) => auth::bearer(value).map(Some),
+        Some(Err(_)) => Err(auth::AuthError::Malformed("the Authorization header is not ASCII".into())),
+    };
+    match token.and_then(|t| verifier.authorize(t, auth::Access::Management)) {
+        Ok(_) => next.run(req).await,
+        Err(e) => {
+            tracing::warn!("refused {} {} from {peer}: {e}", req.method(), req.uri().path());
+            ApiError::from(e).into_response()
+        }
+    }
+}
+
+async fn status(State(ctl): State<Arc<Controller>>) -> Json<StatusResponse> {
+    let view = ctl.lease_view.lock().expect("not poisoned").clone();
+    Json(StatusResponse {
+        instance: ctl.instance.clone(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        leader: ctl.is_leader(),
+        leader_address: view.leader_address,
+        database: view.database,
+    })
+}
+
+async fn metrics(State(ctl): State<Arc<Controller>>) -> String {
+    ctl.metrics.render()
+}
+
+async fn list_nodes(State(ctl): State<Arc<Controller>>) -> Result<Json<Vec<NodeInfo>>, ApiError> {
+    let rows = match ctl.db.nodes().await {
+        Ok(rows) => rows,
+        Err(e) => return Err(db_error(&ctl, e)),
+    };
+    Ok(Json(
+        rows.into_iter()
+            .map(|r| NodeInfo {
+                availability: ctl.availability(r.node.node_id),
+                node_id: r.node.node_id,
+                http_addr: r.node.http_addr,
+                page_addr: r.node.page_addr,
+                attached: r.attached,
+                secondaries: r.secondaries,
+            })
+            .collect(),
+    ))
+}
+
+/// `host:port` with a port above 0 and a host of letters, digits, `.`, `-` and `_`, or a
+/// bracketed IPv6 address: nothing else reaches a log line or a URL.
+fn check_addr(what: &str, addr: &str) -> Result<(), ApiError> {
+    let bad = || ApiError::BadRequest(format!("{what} {addr:?} is not host:port"));
+    let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+    if !port.parse::<u16>().is_ok_and(|p| p != 0) {
+        return Err(bad());
+    }
+    let ok_host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => !host.is_empty() && host.len() <= 253 && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')),
+    };
+    if !ok_host {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+async fn register_node(
+    State(ctl): State<Arc<Controller>>,
+    body: Result<Json<NodeRegisterRequest>, JsonRejection>,
+) -> Result<StatusCode, ApiError> {
+    let Json(req) = body?;
+    if req.node_id > i64::MAX as u64 {
+        return Err(ApiError::BadRequest(format!("node_id {} is above {}", req.node_id, i64::MAX)));
+    }
+    check_addr("http_addr", &req.http_addr)?;
+    check_addr("page_addr", &req.page_addr)?;
+    if req.http_addr == req.page_addr {
+        return Err(ApiError::BadRequest("http_addr and page_addr are the same address".into()));
+    }
+    if !ctl.is_leader() {
+        return Err(not_leader(&ctl));
+    }
+    match ctl.db.register_node(&ctl.instance, &req).await {
+        Ok(moved) => {
+            if moved {
+                // Whatever was seen at the old addresses says nothing of the new ones.
+                ctl.health.lock().expect("not poisoned").remove(&req.node_id);
+            }
+            tracing::info!("pageserver {} registered: http {}, page service {}", req.node_id, req.http_addr, req.page_addr);
+            Ok(StatusCode::OK)
+        }
+        Err(e) => Err(db_error(&ctl, e)),
+    }
+}
+
+async fn list_tenants(State(ctl): State<Arc<Controller>>) -> Result<Json<Vec<TenantLocation>>, ApiError> {
+    match ctl.db.tenants().await {
+        Ok(t) => Ok(Json(t)),
+        Err(e) => Err(db_error(&ctl, e)),
+    }
+}
+
+async fn create_tenant(
+    State(ctl): State<Arc<Controller>>,
+    body: Result<Json<TenantCreateRequest>, JsonRejection>,
+) -> Result<(StatusCode, Json<TenantLocation>), ApiError> {
+    let Json(req) = body?;
+    if !ctl.is_leader() {
+        return Err(not_leader(&ctl));
+    }
+    let seen = ctl.availability_snapshot();
+    let choose = |loads: &[crate::persistence::NodeRow]| scheduler::place(&candidates(&seen, loads)).ok_or(DbError::NoNodeOnline);
+    match ctl.db.create_tenant(&ctl.instance, req.tenant_id, choose).await {
+        Ok(location) => {
+            tracing::info!(
+                "tenant {} placed on pageserver {} (secondary: {}), generation {}",
+                location.tenant_id,
+                location.attached.node_id,
+                location.secondary.as_ref().map_or("none".to_string(), |s| s.node_id.to_string()),
+                location.generation
+            );
+            Ok((StatusCode::CREATED, Json(location)))
+        }
+        Err(e) => Err(db_error(&ctl, e)),
+    }
+}
+
+async fn get_tenant(State(ctl): State<Arc<Controller>>, Path(tenant): Path<String>) -> Result<Json<TenantLocation>, ApiError> {
+    let tenant: TenantId = tenant.parse().map_err(|e| ApiError::BadRequest(format!("tenant id {tenant:?}: {e}")))?;
+    match ctl.db.tenant(tenant).await {
+        Ok(Some(t)) => Ok(Json(t)),
+        Ok(None) => Err(ApiError::NotFound(format!("tenant {tenant} is not placed"))),
+        Err(e) => Err(db_error(&ctl, e)),
+    }
+}
+
+/// Serves the API: https only with TLS (a plaintext request gets a 400 saying so).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    ctl: Arc<Controller>,
+    server_tls: Option<&tls::ServerTls>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let ctl2 = Arc::clone(&ctl);
+    let https = server_tls.map(|t| tls::http::Https {
+        config: t.config(),
+        on_refusal: Arc::new(move |reason: &'static str| ctl2.metrics.http_tls_failures.with_label_values(&[reason]).inc()),
+    });
+    tls::http::serve(listener, router(ctl), https, shutdown).await;
+}
