@@ -194,6 +194,10 @@ def test_kill_9_during_uploads_loses_no_commit(repos):
         assert Path(f"/proc/{pid}").exists(), "the pageserver died before it was killed; its log ends:\n" + \
             "\n".join(repo.log("pageserver.log").splitlines()[-30:])
         os.kill(pid, signal.SIGKILL)
+        # A process in uninterruptible sleep (a write under this test's I/O) dies only when
+        # the write ends; `fjord start` before that saw it running and started nothing, and
+        # pgbench waited for a pageserver that never came back (seen in CI).
+        wait_until("the killed pageserver to be gone", lambda: not Path(f"/proc/{pid}").exists(), timeout_s=60)
         # Checked while the pageserver is dead (nothing writes objects), then it is started
         # again before pgbench is waited for: a transaction that was reading a page waits
         # for the pageserver (up to fjord.pageserver_timeout, 60 s), and waiting for pgbench
