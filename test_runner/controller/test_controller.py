@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from fixtures import logs
 from fixtures.auth import KeyPair
 from fixtures.controller import Controller
 from fixtures.pageserver import Pageserver
@@ -71,6 +72,9 @@ def test_placement_failover_and_takeover(tmp_path, pg_factory):
         c.allowed_errors += ["pageserver 1 is offline", "pageserver 2 is offline"]
 
     pageservers = {i: Pageserver(tmp_path / f"ps{i}").start() for i in (1, 2, 3)}
+    for ps in pageservers.values():
+        # The leader is killed below, possibly in the middle of a heartbeat's handshake.
+        ps.allowed_errors += logs.CLIENT_GONE_MID_HANDSHAKE
     # Only the leader changes anything; the other names it.
     code, text = error_of(lambda: register(standby, 1, pageservers[1]))
     assert code == 503 and leader.addr in text, text
@@ -168,6 +172,8 @@ def test_a_paused_or_deposed_leader_changes_nothing(tmp_path, pg_factory):
     a = Controller(tmp_path, "a", db.conninfo, lease_ms=30_000).start()
     leader_of([a])
     ps = Pageserver(tmp_path / "ps1").start()
+    # A controller is paused below, possibly in the middle of a heartbeat's handshake.
+    ps.allowed_errors += logs.CLIENT_GONE_MID_HANDSHAKE
     register(a, 1, ps)
     db.sql("UPDATE fjord_controller_leader SET holder = 'someone', address = 'elsewhere:1', expires_at = clock_timestamp() + interval '1 hour'")
     assert a.status()["leader"] is True  # its belief, until the next renewal

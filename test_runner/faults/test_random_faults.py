@@ -28,6 +28,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from fixtures import logs
 from fixtures.compute import Endpoint, Timeline
 
 ACCOUNTS = 20
@@ -118,6 +119,9 @@ def test_random_faults_lose_no_acknowledged_transfer(tmp_path: Path, pageserver,
 
 def run_schedule(tmp_path: Path, pageserver, safekeepers, faults: int, seed: int) -> None:
     rng = random.Random(seed)
+    # Computes and the pageserver are killed at random, also in the middle of a handshake.
+    for service in (pageserver, *safekeepers):
+        service.allowed_errors += logs.CLIENT_GONE_MID_HANDSHAKE
     tl = Timeline(tmp_path, pageserver)
     ep = Endpoint(tmp_path, tl, "ep0", safekeepers=safekeepers).start()
     ep.sql("CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL)")
