@@ -16,7 +16,7 @@
 //! | the latest checkpoint record, and the counters as of each LSN | `checkpoint` | start LSN, current `CheckPoint`, the WAL record (`codec.rs`) |
 //! | `global/pg_control` | `control_file` | the 8192-byte file as imported |
 //! | (none: when the last commit at or before an LSN happened) | `last_commit_timestamp` | `TimestampTz` (`codec.rs`), never decreasing |
-//! | (none: the newest running-transactions record at or before an LSN, where a hot standby starts) | `last_running_xacts` | its start LSN and oldest running xid (`codec.rs`) |
+//! | (none: the newest running-transactions record at or before an LSN, where a hot standby starts) | `last_running_xacts` | where replay starts (the record, or an earlier commit it raced: `WalIngest::standby_start_for`) and its oldest running xid (`codec.rs`) |
 //!
 //! Decisions:
 //! - **Existence is the directory's word.** Versions are never deleted, so a dropped
