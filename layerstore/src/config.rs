@@ -45,6 +45,15 @@ pub struct StorageConfig {
     /// claim for dead and claims the next generation itself (`remote` module). Meanwhile its
     /// deletions wait and its remote-consistent LSN holds. Longer than an attach takes.
     pub generation_claim_grace_ms: u64,
+    /// A key whose in-memory versions since its newest standalone version (an image or an
+    /// initializing record) reach a multiple of this many records is queued for a fold
+    /// (`Timeline::take_long_chains`): the caller rebuilds its value and replaces the newest
+    /// record with that image (`Timeline::replace_with_image`), so that no read replays more
+    /// than about this many records from memory. 0 turns the queue off.
+    pub fold_after_records: u32,
+    /// The same trigger by the records' bytes: a key whose records since its newest
+    /// standalone version cross a multiple of this many bytes is queued too. 0 turns it off.
+    pub fold_after_bytes: u64,
 }
 
 impl Default for StorageConfig {
@@ -60,6 +69,8 @@ impl Default for StorageConfig {
             gc_horizon_bytes: 64 * 1024 * 1024,
             image_creation_threshold: 3,
             generation_claim_grace_ms: 10_000,
+            fold_after_records: 128,
+            fold_after_bytes: 1024 * 1024,
         }
     }
 }
@@ -78,6 +89,13 @@ impl StorageConfig {
         );
         anyhow::ensure!(self.compaction_l0_threshold >= 1, "compaction_l0_threshold must be at least 1");
         anyhow::ensure!(self.image_creation_threshold >= 1, "image_creation_threshold must be at least 1");
+        // A chain of one record is never worth an image; 2 is the hostile test value.
+        anyhow::ensure!(self.fold_after_records != 1, "fold_after_records must be 0 (off) or at least 2, not 1");
+        anyhow::ensure!(
+            self.fold_after_bytes == 0 || self.fold_after_bytes >= 1024,
+            "fold_after_bytes must be 0 (off) or at least 1024, not {}",
+            self.fold_after_bytes
+        );
         Ok(())
     }
 }
@@ -95,5 +113,11 @@ mod tests {
         assert!(bad.validate().is_err());
         let bad = StorageConfig { image_creation_threshold: 0, ..StorageConfig::default() };
         assert_eq!(bad.validate().unwrap_err().to_string(), "image_creation_threshold must be at least 1");
+        let bad = StorageConfig { fold_after_records: 1, ..StorageConfig::default() };
+        assert!(bad.validate().unwrap_err().to_string().contains("fold_after_records"));
+        let bad = StorageConfig { fold_after_bytes: 100, ..StorageConfig::default() };
+        assert!(bad.validate().unwrap_err().to_string().contains("fold_after_bytes"));
+        let off = StorageConfig { fold_after_records: 0, fold_after_bytes: 0, ..StorageConfig::default() };
+        off.validate().unwrap();
     }
 }

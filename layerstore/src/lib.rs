@@ -37,5 +37,5 @@ pub use config::StorageConfig;
 pub use error::{ChangedKeysError, CreateTimelineError, LayerError, ReadError, WaitLsnError, WriteError};
 pub use layer::{LayerDesc, LayerKind};
 pub use tenant::Tenant;
-pub use timeline::{CompactionResult, GcResult, ImageCreationResult, RangeDepth, Timeline, TimelineMetadata};
+pub use timeline::{CompactionResult, GcResult, ImageCreationResult, RangeDepth, ReplaceOutcome, Timeline, TimelineMetadata};
 pub use value::{ModelReconstructor, ReconstructData, Reconstructor, Record, Value};

@@ -49,6 +49,11 @@ impl Value {
         matches!(self, Value::Image(_) | Value::Record { will_init: true, .. })
     }
 
+    /// Whether a version with this persisted tag stands on its own (`will_init`).
+    pub(crate) fn tag_stands_alone(tag: u8) -> bool {
+        tag != TAG_RECORD
+    }
+
     pub(crate) fn tag(&self) -> u8 {
         match self {
             Value::Image(_) => TAG_IMAGE,

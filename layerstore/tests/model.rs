@@ -10,7 +10,8 @@
 //! flush, both, L0 compaction (by threshold or forced), image layer creation over random
 //! key ranges and where the delta depth asks for it (random partition sizes, depths and
 //! budgets), branches at random LSNs (valid and not), GC at random cutoffs with the
-//! children's branch points retained, a clean restart (flush, drop, load) and a crash
+//! children's branch points retained, folds (a key read at a random LSN, its newest
+//! version there replaced by the model's value at that version), a clean restart (flush, drop, load) and a crash
 //! (drop without flushing, load, then ingest again what the model has above each
 //! timeline's disk-consistent LSN, as the log would be). The configuration is hostile: tiny
 //! blocks and layers, compaction after two flushes.
@@ -62,6 +63,8 @@ fn conf() -> StorageConfig {
         compaction_l0_threshold: 2,
         compaction_target_size_bytes: 200,
         image_layer_target_size_bytes: 150,
+        // Every second record queues its key: the queue's bookkeeping runs on every put.
+        fold_after_records: 2,
         ..StorageConfig::default()
     }
 }
@@ -79,6 +82,7 @@ enum Op {
     Branch { from: usize, pick: u64 },
     Gc { tl: usize, pick: u64 },
     Restart { clean: bool },
+    Fold { tl: usize, key: usize, pick: u64 },
 }
 
 fn value_strategy() -> impl Strategy<Value = Value> {
@@ -106,6 +110,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (tl(), any::<u64>()).prop_map(|(from, pick)| Op::Branch { from, pick }),
         2 => (tl(), any::<u64>()).prop_map(|(tl, pick)| Op::Gc { tl, pick }),
         1 => any::<bool>().prop_map(|clean| Op::Restart { clean }),
+        3 => (tl(), 0..keys().len(), any::<u64>()).prop_map(|(tl, key, pick)| Op::Fold { tl, key, pick }),
     ]
 }
 
@@ -267,6 +272,25 @@ impl Harness {
                 let m = &mut self.model[i];
                 m.gc_cutoff = m.gc_cutoff.max(cutoff);
                 assert_eq!(result.cutoff, m.gc_cutoff);
+            }
+            Op::Fold { tl, key, pick } => {
+                // As the pageserver folds: read at an LSN, take the newest version the read
+                // found, rebuild the value there and replace that version by it. The model
+                // keeps the record: its values must not change.
+                let i = tl % n;
+                let t = self.timeline(i);
+                let key = self.keys[key];
+                let Some(lsn) = pick_in(pick, self.model[i].gc_cutoff, self.model[i].last_record) else { return };
+                // A read the model refuses (an ancestor's horizon) is checked elsewhere.
+                let Ok(data) = t.get_reconstruct_data(key, lsn) else { return };
+                let Some((newest, _)) = data.records.last().cloned() else { return };
+                let Ok(image) = self.model_get(i, key, newest) else { return };
+                let image = image.expect("a version at the LSN");
+                let outcome = t.replace_with_image(key, newest, &image).unwrap();
+                let own = self.model[i].values.get(&(key, newest));
+                if outcome == layerstore::ReplaceOutcome::Replaced {
+                    assert!(matches!(own, Some(Value::Record { .. })), "replaced {key} at {newest}, where the model has {own:?}");
+                }
             }
             Op::Restart { clean: true } => {
                 for i in 0..n {

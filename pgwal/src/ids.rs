@@ -20,6 +20,15 @@ impl TransactionId {
     pub fn is_valid(self) -> bool {
         self != TransactionId::INVALID
     }
+
+    /// Whether `self` is newer than `other` (PostgreSQL's `TransactionIdFollows`): modulo
+    /// 2^32 for normal ids (3 and up), plainly for the special ones below them.
+    pub fn follows(self, other: TransactionId) -> bool {
+        if self.0 < 3 || other.0 < 3 {
+            return self.0 > other.0;
+        }
+        (self.0.wrapping_sub(other.0) as i32) > 0
+    }
 }
 
 impl fmt::Display for TransactionId {
@@ -89,5 +98,19 @@ impl fmt::Display for RelFileNode {
     /// Prints as `pg_waldump` prints a relation: `spc/db/rel`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}/{}", self.spcnode, self.dbnode, self.relnode)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TransactionId as X;
+
+    #[test]
+    fn follows_wraps_around_like_postgres() {
+        assert!(X(10).follows(X(9)) && !X(9).follows(X(10)) && !X(9).follows(X(9)));
+        // Across the wraparound: 5 is newer than 2^32 - 5.
+        assert!(X(5).follows(X(u32::MAX - 5)) && !X(u32::MAX - 5).follows(X(5)));
+        // The special ids compare plainly: every normal id follows them.
+        assert!(X(3).follows(X(2)) && X(u32::MAX).follows(X(1)) && !X(0).follows(X(3)));
     }
 }

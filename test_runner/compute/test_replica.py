@@ -516,3 +516,42 @@ def test_a_compute_at_a_past_lsn_holds_gc_back_while_it_runs(gc_repo):
     # Stopped, it holds nothing: GC goes past once the lease lapses.
     repo.run("endpoint", "stop", "old")
     wait_until("GC past the stopped compute's LSN", lambda: lsn_int(gc()) > lsn_int(at), timeout_s=60, interval_s=0.5)
+
+
+def test_a_replica_sees_a_commit_that_raced_the_running_transactions_record(tmp_path, pageserver, safekeepers):
+    """PostgreSQL writes a commit record, waits for it to be durable (here: two of three
+    safekeepers), and only then takes the transaction out of the process array. A
+    running-transactions record logged in between lists the transaction as running and
+    gives a latestCompletedXid below it. A replica that started replay at that record never
+    replayed the commit: its snapshots' xmax stayed at the transaction and the committed
+    row was invisible until some newer transaction completed (seen in CI: a replica counted
+    0 of 1000 rows after replaying past their commit). The pageserver now starts a
+    replica's replay at the first such commit record before the running-transactions one."""
+    from compute.test_walproposer import BackgroundStatement, wait_event
+    from fixtures.compute import Endpoint, Timeline
+
+    tl = Timeline(tmp_path, pageserver)
+    ep = Endpoint(tmp_path, tl, safekeepers=safekeepers).start()
+    # No autovacuum: a transaction completing after the commit would hide the bug.
+    ep.sql("CREATE TABLE t (id int) WITH (autovacuum_enabled = off)")
+    # Two safekeepers stop: the commit below is written but waits for the quorum, its
+    # transaction still in the process array.
+    stopped = safekeepers[1:]
+    for sk in stopped:
+        sk.proc.send_signal(signal.SIGSTOP)
+    try:
+        stmt = BackgroundStatement(ep, "INSERT INTO t VALUES (1)")
+        wait_until("the commit to wait for the safekeepers", lambda: wait_event(ep, stmt.pid) == ("IPC", "SyncRep"))
+        ep.sql("CHECKPOINT")  # its running-transactions record lists the INSERT as running
+    finally:
+        for sk in stopped:
+            sk.proc.send_signal(signal.SIGCONT)
+    wait_until("the commit to return", stmt.done, timeout_s=60)
+    assert stmt.error is None, stmt.error
+    stmt.close()
+    end = ep.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0]
+    wait_until("the pageserver to have the checkpoint", lambda: lsn_int(tl.status()["last_record_lsn"]) >= lsn_int(end))
+    replica = Endpoint(tmp_path, tl, "replica", safekeepers=safekeepers, replica=True).start()
+    with replica.connect() as r:
+        wait_replayed(r, end)
+        assert one(r, "SELECT count(*) FROM t") == 1

@@ -34,7 +34,7 @@ use proto::{Key, KeyRange, Lsn};
 use crate::error::LayerError;
 use crate::value::{ChangeCollector, ValueCollector};
 pub use file::{DiskBudget, LayerDownload, LayerFile, RemoteCopy};
-pub use inmemory::InMemoryLayer;
+pub use inmemory::{FoldThresholds, InMemoryLayer, LayerReplace};
 pub use name::{LayerDesc, LayerKind, LayerNameError};
 pub use reader::LayerReader;
 pub use writer::LayerWriter;

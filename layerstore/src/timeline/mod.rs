@@ -21,13 +21,21 @@
 //! - GC raises the cutoff (and persists it) before it changes the layer map, and reads
 //!   check the cutoff after taking their snapshot: a read either sees the old map or is
 //!   refused.
+//! - A published version's value never changes. Its representation may: an in-memory
+//!   record version may be replaced by an image of the value it denotes (a fold,
+//!   `replace_with_image`), which every read at every LSN turns into the same bytes.
 //! - Compaction, image layer creation and GC exclude one another (`layer_removal_lock`);
 //!   flushes exclude one another (`flush_lock`); puts, advances and freezes exclude one
 //!   another (`write_state`).
+//!
+//! Folds (`fold.rs`): `put` queues keys whose in-memory chain of records crosses
+//! `fold_after_records` or `fold_after_bytes`; the caller rebuilds each and hands the image
+//! to `replace_with_image`.
 
 mod changes;
 mod compaction;
 mod depth;
+mod fold;
 mod gc;
 pub mod metadata;
 mod read;
@@ -47,12 +55,15 @@ use proto::{Key, Lsn, TenantId, TimelineId};
 use crate::config::StorageConfig;
 use crate::error::{WaitLsnError, WriteError};
 use crate::layer::inmemory::EPHEMERAL_PREFIX;
-use crate::layer::{InMemoryLayer, Layer, LayerDesc, LayerFile};
+use crate::layer::{FoldThresholds, InMemoryLayer, Layer, LayerDesc, LayerFile};
 use crate::layer_map::LayerMap;
 use crate::remote::{IndexPart, RemoteStatus, RemoteTimelineClient};
 use crate::value::{Value, VALUE_SIZE_BYTES_MAX};
+
 pub use compaction::CompactionResult;
 pub use depth::{ImageCreationResult, RangeDepth};
+use fold::LongChains;
+pub use fold::{ReplaceOutcome, LONG_CHAINS_MAX};
 pub use gc::GcResult;
 pub use metadata::TimelineMetadata;
 
@@ -92,6 +103,8 @@ pub struct Timeline {
     ephemeral_seq: AtomicU64,
     /// The upload queue, when the tenant has remote storage (set once, at load or creation).
     remote: OnceLock<Arc<RemoteTimelineClient>>,
+    /// Keys to fold (see the module documentation).
+    long_chains: Mutex<LongChains>,
 }
 
 pub(crate) use crate::lock;
@@ -171,6 +184,7 @@ impl Timeline {
             layer_removal_lock: Mutex::new(()),
             ephemeral_seq: AtomicU64::new(0),
             remote: OnceLock::new(),
+            long_chains: Mutex::new(LongChains::default()),
         }))
     }
 
@@ -184,6 +198,11 @@ impl Timeline {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The tenant's storage configuration the timeline works with.
+    pub fn conf(&self) -> &StorageConfig {
+        &self.conf
     }
 
     pub fn ancestor(&self) -> Option<&Ancestor> {
@@ -276,7 +295,10 @@ impl Timeline {
                 open
             }
         };
-        open.put(key, lsn, value)?;
+        let fold = FoldThresholds { records: self.conf.fold_after_records, bytes: self.conf.fold_after_bytes };
+        if let Some(chain) = open.put(key, lsn, value, fold)? {
+            self.queue_long_chain(key, chain);
+        }
         w.last_put_lsn = lsn;
         Ok(())
     }

@@ -10,7 +10,8 @@
 //!    their page has a full-page image followed by `n` records (n = 1, 10, 100);
 //! 3. after a clean stop, the WAL is ingested from `pg_wal` (the `pgbench -i` part and the
 //!    timed part measured separately; wall clock and this process's CPU time; decoding,
-//!    ingest and flushing of layers included);
+//!    ingest and flushing of layers included), with the pageserver's materializer thread
+//!    folding hot pages beside it unless `--fold off` (its CPU time counts);
 //! 4. GetPage@LSN (`PageApi::get_page`) of the hot pages at the end of WAL, each read
 //!    rebuilding the page from its image and records through WAL redo;
 //! 5. forced L0 compaction and image layers over the whole key space at the end of WAL;
@@ -34,6 +35,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use layerstore::{LayerDesc, LayerKind, Reconstructor, StorageConfig, Tenant, Timeline};
 use pageserver::pgdata::walredo::WalRedoManager;
+use pageserver::service::materializer::{Materializer, MaterializerSettings, MaterializerThread};
+use pageserver::service::metrics::Metrics;
+use pageserver::service::page_service::TenantRegistry;
 use pageserver::{import_datadir, PageApi, PgReconstructor, WalIngest};
 use proto::{BlockNumber, ForkNumber, Key, KeyRange, Lsn, Oid, RelTag, TenantId, TimelineId};
 use report::{Latency, Results, Throughput};
@@ -44,7 +48,7 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 const HOT_RECORDS: [u32; 3] = [1, 10, 100];
 
 const USAGE: &str = "usage: bench [--scale N] [--duration SECONDS] [--clients N] [--samples N] \
-    [--json FILE] [--markdown FILE] [--command TEXT] [--flavor NAME] [--date TEXT]";
+    [--json FILE] [--markdown FILE] [--command TEXT] [--flavor NAME] [--date TEXT] [--fold on|off]";
 
 pub struct Args {
     pub scale: u32,
@@ -59,6 +63,8 @@ pub struct Args {
     /// The PostgreSQL build flavor (debug: assertions on; release).
     pub flavor: String,
     pub date: String,
+    /// Whether the materializer folds hot pages during ingest, as the pageserver does.
+    pub fold: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -72,6 +78,7 @@ fn parse_args() -> anyhow::Result<Args> {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         flavor: std::env::var("FJORD_PG_FLAVOR").unwrap_or_else(|_| "debug".into()),
         date: String::new(),
+        fold: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -91,6 +98,13 @@ fn parse_args() -> anyhow::Result<Args> {
             "--command" => args.command = value,
             "--flavor" => args.flavor = value,
             "--date" => args.date = value,
+            "--fold" => {
+                args.fold = match value.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => bail!("--fold takes on or off, not {value:?}"),
+                }
+            }
             _ => bail!("unknown flag {flag}; {USAGE}"),
         }
     }
@@ -110,6 +124,13 @@ fn cpu_time() -> Duration {
     };
     let tv = |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
     tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// The images the materializer made (`pageserver_fold_images_total`, every trigger).
+fn fold_images(metrics: &Metrics) -> u64 {
+    let families = metrics.gather();
+    let family = families.iter().find(|f| f.name() == "pageserver_fold_images_total");
+    family.map_or(0, |f| f.get_metric().iter().map(|m| m.get_counter().get_value() as u64).sum())
 }
 
 /// The layer files of a timeline with their sizes.
@@ -219,7 +240,12 @@ fn main() -> anyhow::Result<()> {
     let mut pg = PgCluster::initdb();
     let tenants = pg.dir.path().join("tenants");
     fs::create_dir(&tenants)?;
-    let tenant = Tenant::create(&tenants, TenantId([0xbe; 16]), StorageConfig::default(), &[])?;
+    let conf = if args.fold {
+        StorageConfig::default()
+    } else {
+        StorageConfig { fold_after_records: 0, fold_after_bytes: 0, ..StorageConfig::default() }
+    };
+    let tenant = Arc::new(Tenant::create(&tenants, TenantId([0xbe; 16]), conf, &[])?);
     let timeline = tenant.create_timeline(TimelineId([0xef; 16]))?;
     let summary = import_datadir(&timeline, &pg.pgdata)?;
     timeline.freeze_and_flush()?;
@@ -233,8 +259,26 @@ fn main() -> anyhow::Result<()> {
     let mut ingest = WalIngest::new(timeline.clone(), reconstructor.clone());
     let pg_wal = pg.pgdata.join("pg_wal");
     let tli = summary.pg_timeline_id;
+    // The materializer as the pageserver runs it: its own redo process, a quarter of a core.
+    let metrics = Arc::new(Metrics::new());
+    let materializer = if args.fold {
+        let registry = Arc::new(TenantRegistry::default());
+        registry.insert(Arc::clone(&tenant));
+        let fold_redo: Arc<dyn Reconstructor> = Arc::new(PgReconstructor::new(Arc::new(WalRedoManager::new(support::walredo_config()))));
+        let m = Materializer::new(registry, fold_redo, Arc::clone(&metrics), MaterializerSettings { cpu_share: 0.25 });
+        Some(MaterializerThread::start(Arc::new(m))?)
+    } else {
+        None
+    };
     let ingest_init = ingest_measured(&mut ingest, &pg_wal, tli, workload.init_lsn, false)?;
     let ingest_run = ingest_measured(&mut ingest, &pg_wal, tli, Lsn::MAX, true)?;
+    let folds = materializer.map(|m| {
+        m.stop();
+        fold_images(&metrics)
+    });
+    if let Some(n) = folds {
+        eprintln!("bench: the materializer made {n} images during ingest");
+    }
     let end = timeline.last_record_lsn();
     let files = layer_files(&timeline)?;
     let l0_bytes = bytes_of(&files, LayerDesc::is_l0) - import_bytes;
@@ -316,6 +360,7 @@ fn main() -> anyhow::Result<()> {
         ingest_run,
         redo_latency,
         hottest,
+        folds,
         image_hit,
         accounts_blocks: blocks,
         l0_bytes,

@@ -109,6 +109,8 @@ pub struct Results {
     pub redo_latency: Vec<(u32, usize, Latency, Latency)>,
     /// pgbench_branches block 0 before image layers: (records after its image, latency).
     pub hottest: (usize, Latency),
+    /// With folds on: the records the materializer replaced by images during ingest.
+    pub folds: Option<u64>,
     pub image_hit: Latency,
     pub accounts_blocks: u32,
     pub l0_bytes: u64,
@@ -217,6 +219,14 @@ impl Results {
             .unwrap();
         writeln!(out, "PostgreSQL: {}, flavor **{}**: {}.", m.postgres, m.flavor, m.flavor_note()).unwrap();
         writeln!(out, "The pageserver is a release build (`cargo run --release`), on one thread.").unwrap();
+        match self.folds {
+            Some(n) => writeln!(
+                out,
+                "Folds on (`fold_after_records` 128): the materializer thread (its own WAL redo process, at most 0.25 of a core) ran beside ingest and made {n} images of hot pages."
+            )
+            .unwrap(),
+            None => writeln!(out, "Folds off: no materializer ran beside ingest.").unwrap(),
+        }
         writeln!(out, "Command: `{}`", m.command).unwrap();
         writeln!(
             out,
@@ -267,6 +277,7 @@ impl Results {
              \"command\": {},\n  \"workload\": {{\"scale\": {}, \"duration_s\": {}, \"clients\": {}, \"tps\": {}}},\n  \
              \"ingest\": {{\"pgbench_init\": {}, \"pgbench_run\": {}}},\n  \
              \"getpage\": {{\"image_hit\": {}, \"redo\": [{}], \"hottest_page\": {{\"records\": {}, \"latency\": {}}}}},\n  \
+             \"folds\": {},\n  \
              \"layer_bytes\": {{\"wal\": {}, \"import\": {}, \"l0\": {}, \"l1\": {}, \"image\": {}, \"resident\": {}, \
              \"written_per_wal_byte_before_compaction\": {:.4}, \"written_per_wal_byte_after_compaction\": {:.4}}},\n  \
              \"compaction_s\": {:.3},\n  \"image_layers_s\": {:.3},\n  \"total_s\": {:.1}\n}}\n",
@@ -287,6 +298,7 @@ impl Results {
             redo.join(", "),
             self.hottest.0,
             lat(&self.hottest.1),
+            self.folds.map_or("null".to_string(), |n| n.to_string()),
             self.wal_bytes(),
             self.import_bytes,
             self.l0_bytes,

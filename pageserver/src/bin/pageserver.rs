@@ -147,6 +147,7 @@ fn main() -> anyhow::Result<()> {
     }
     ps.start_eviction();
     let background_jobs = ps.start_background_jobs()?;
+    let materializer = ps.start_materializer()?;
     tracing::info!("page service listening on {}", page_service.addr);
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("start tokio")?;
@@ -177,6 +178,9 @@ fn main() -> anyhow::Result<()> {
     })?;
     if let Some(jobs) = background_jobs {
         jobs.stop();
+    }
+    if let Some(materializer) = materializer {
+        materializer.stop();
     }
     ps.stop_wal_receivers();
     page_service.shutdown();

@@ -154,7 +154,7 @@ mod tests {
         let t = Duration::from_millis(20);
         assert_eq!(api.get_page(rel, BlockNumber(1), Lsn(0x200), t).unwrap()[0], 2);
         let (_, cost) = api.get_page_with_cost(rel, BlockNumber(1), Lsn(0x200), t).unwrap();
-        assert_eq!(cost, ReadCost { layers_visited: 1, records_replayed: 0 }, "an image in the open layer");
+        assert_eq!(cost, ReadCost { layers_visited: 1, records_replayed: 0, newest_record_lsn: None }, "an image in the open layer");
         assert_eq!(api.get_rel_size(rel, Lsn(0x100), t).unwrap(), 1);
         assert_eq!(api.get_db_size(1663, 5, Lsn(0x200), t).unwrap(), 2 * 8192);
         let err = api.get_page(rel, BlockNumber(1), Lsn(0x100), t).unwrap_err();

@@ -354,13 +354,13 @@ impl StopFlag {
         *self.stopped.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn set(&self) {
+    pub fn set(&self) {
         *self.stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
         self.changed.notify_all();
     }
 
     /// Sleeps for `period` or until set; returns whether it is set.
-    fn sleep(&self, period: Duration) -> bool {
+    pub fn sleep(&self, period: Duration) -> bool {
         let guard = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
         let (guard, _) = self.changed.wait_timeout_while(guard, period, |stopped| !*stopped).unwrap_or_else(|e| e.into_inner());
         *guard

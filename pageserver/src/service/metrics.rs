@@ -15,6 +15,9 @@
 //! | `pageserver_getpage_layers_visited` | | histogram: layers one GetPage searched |
 //! | `pageserver_getpage_records_replayed` | | histogram: records one GetPage replayed |
 //! | `pageserver_getpage_seconds` | | histogram: time to serve one GetPage, waiting for WAL included (buckets from 25 µs) |
+//! | `pageserver_fold_images_total` | `trigger` | records replaced by an image of their page (`service::materializer`): `chain` by the materializer thread, `read` by a GetPage's writeback |
+//! | `pageserver_fold_skipped_total` | `reason` | keys or reads not folded: `short`, `read_error`, `redo_error`, `write_error`, or the engine's refusal (`not_in_memory`, `no_such_version`, `already_image`, `unpublished`, `below_gc_cutoff`) |
+//! | `pageserver_fold_seconds` | | histogram: time the materializer took for one fold (read, redo, replace) |
 //!
 //! | `pageserver_auth_failures_total` | `service`, `reason` | requests refused for their token (`page_service` or `http`; `reason` as `auth::AuthError::reason`) |
 //! | `pageserver_tls_handshake_failures_total` | `service`, `reason` | connections refused for TLS (`page_service`, `http`; `reason`: `plaintext`, `closed`, `timeout`, `handshake`, `io`, as `page_service::tls_failure_reason`) |
@@ -47,6 +50,38 @@ impl JobKind {
     }
 }
 
+/// What made a fold, the `trigger` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FoldTrigger {
+    /// The materializer thread, from the engine's queue of long chains.
+    Chain,
+    /// A GetPage that replayed many records wrote its page back.
+    Read,
+}
+
+impl FoldTrigger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FoldTrigger::Chain => "chain",
+            FoldTrigger::Read => "read",
+        }
+    }
+}
+
+/// Every reason a fold is skipped (the `reason` label), created at start so that a rise
+/// from 0 shows.
+pub const FOLD_SKIP_REASONS: [&str; 9] = [
+    "short",
+    "read_error",
+    "redo_error",
+    "write_error",
+    "not_in_memory",
+    "no_such_version",
+    "already_image",
+    "unpublished",
+    "below_gc_cutoff",
+];
+
 /// What one job run did, for the counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct JobStats {
@@ -70,6 +105,9 @@ pub struct Metrics {
     getpage_seconds: Histogram,
     auth_failures: IntCounterVec,
     tls_failures: IntCounterVec,
+    fold_images: IntCounterVec,
+    fold_skipped: IntCounterVec,
+    fold_seconds: Histogram,
 }
 
 /// Buckets for counts that span from 0 to hundreds of thousands.
@@ -120,9 +158,31 @@ impl Metrics {
         for reason in crate::service::page_service::TLS_FAILURE_REASONS {
             tls_failures.with_label_values(&["page_service", reason]);
         }
+        let labelled = |name: &str, help: &str, label: &str, values: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), &[label]).expect("a valid counter");
+            registry.register(Box::new(c.clone())).expect("a metric registered once");
+            for v in values {
+                c.with_label_values(&[v]);
+            }
+            c
+        };
+        let fold_images = labelled(
+            "pageserver_fold_images_total",
+            "Records replaced by an image of their page, by what triggered the fold",
+            "trigger",
+            &[FoldTrigger::Chain.as_str(), FoldTrigger::Read.as_str()],
+        );
+        let fold_skipped = labelled("pageserver_fold_skipped_total", "Keys or reads not folded, by reason", "reason", &FOLD_SKIP_REASONS);
         Metrics {
             auth_failures,
             tls_failures,
+            fold_images,
+            fold_skipped,
+            fold_seconds: histogram(
+                "pageserver_fold_seconds",
+                "Time the materializer took for one fold: read, WAL redo, replace",
+                &GETPAGE_BUCKETS,
+            ),
             job_runs: counter("pageserver_background_job_runs_total", "Background job runs"),
             job_failures: counter("pageserver_background_job_failures_total", "Background job runs that failed"),
             job_duration,
@@ -175,6 +235,19 @@ impl Metrics {
         self.tls_failures.with_label_values(&[service, reason]).inc();
     }
 
+    /// Counts one fold; `took` is observed for the materializer's own folds.
+    pub fn fold_done(&self, trigger: FoldTrigger, took: Duration) {
+        self.fold_images.with_label_values(&[trigger.as_str()]).inc();
+        if trigger == FoldTrigger::Chain {
+            self.fold_seconds.observe(took.as_secs_f64());
+        }
+    }
+
+    /// Counts a key or read not folded, with the reason.
+    pub fn fold_skipped(&self, reason: &'static str) {
+        self.fold_skipped.with_label_values(&[reason]).inc();
+    }
+
     pub fn gather(&self) -> Vec<MetricFamily> {
         self.registry.gather()
     }
@@ -208,7 +281,9 @@ mod tests {
             Ok(JobStats { bytes_written: 100, layers_created: 2, ..JobStats::default() }),
         );
         m.job_finished(JobKind::Gc, Duration::from_millis(1), Err(()));
-        m.page_read(ReadCost { layers_visited: 3, records_replayed: 7 }, Duration::from_micros(150));
+        m.fold_done(FoldTrigger::Read, Duration::ZERO);
+        m.fold_skipped("short");
+        m.page_read(ReadCost { layers_visited: 3, records_replayed: 7, ..ReadCost::default() }, Duration::from_micros(150));
         let mut out = Vec::new();
         prometheus::TextEncoder::new().encode(&m.gather(), &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
@@ -224,6 +299,10 @@ mod tests {
             "pageserver_getpage_records_replayed_bucket{le=\"10\"} 1",
             "pageserver_getpage_seconds_bucket{le=\"0.0001\"} 0",
             "pageserver_getpage_seconds_bucket{le=\"0.0002\"} 1",
+            "pageserver_fold_images_total{trigger=\"read\"} 1",
+            "pageserver_fold_images_total{trigger=\"chain\"} 0",
+            "pageserver_fold_skipped_total{reason=\"short\"} 1",
+            "pageserver_fold_skipped_total{reason=\"not_in_memory\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
         }

@@ -14,9 +14,11 @@
 //! - [`background`]: compaction, image layer creation and GC, on a schedule of the
 //!   pageserver's own and on demand; [`tenant_conf`]: each tenant's settings (its PITR
 //!   window); [`metrics`]: the counters and histograms of jobs and page reads.
+//! - [`materializer`]: folds hot keys' chains of records into images, from the engine's
+//!   queue and from GetPages that replayed many records.
 //!
 //! The network-facing parts (`server`, `walreceiver`) and what only they use (`background`,
-//! `tenant_conf`, `metrics`) are behind the `server` feature, which the fuzz targets turn
+//! `materializer`, `tenant_conf`, `metrics`) are behind the `server` feature, which the fuzz targets turn
 //! off.
 
 #[cfg(feature = "server")]
@@ -24,6 +26,8 @@ pub mod background;
 pub mod eviction;
 pub mod ingest_gate;
 pub mod localwal;
+#[cfg(feature = "server")]
+pub mod materializer;
 #[cfg(feature = "server")]
 pub mod metrics;
 pub mod page_service;

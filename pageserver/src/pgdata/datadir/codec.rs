@@ -289,8 +289,9 @@ pub fn decode_commit_timestamp(bytes: &[u8]) -> Result<i64, DecodeError> {
     }
 }
 
-/// The last running-transactions record: where it starts (a record boundary, where a hot
-/// standby can begin replay) and the oldest transaction it lists as running.
+/// The last running-transactions record: where a hot standby begins replay for it (a record
+/// boundary: the record's start, or the start of a completion record it raced, see
+/// `WalIngest::standby_start_for`) and the oldest transaction it lists as running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoredRunningXacts {
     pub record_lsn: Lsn,

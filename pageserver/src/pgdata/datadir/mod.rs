@@ -16,7 +16,7 @@
 //! | the latest checkpoint record, and the counters as of each LSN | `checkpoint` | start LSN, current `CheckPoint`, the WAL record (`codec.rs`) |
 //! | `global/pg_control` | `control_file` | the 8192-byte file as imported |
 //! | (none: when the last commit at or before an LSN happened) | `last_commit_timestamp` | `TimestampTz` (`codec.rs`), never decreasing |
-//! | (none: the newest running-transactions record at or before an LSN, where a hot standby starts) | `last_running_xacts` | its start LSN and oldest running xid (`codec.rs`) |
+//! | (none: the newest running-transactions record at or before an LSN, where a hot standby starts) | `last_running_xacts` | where replay starts (the record, or an earlier commit it raced: `WalIngest::standby_start_for`) and its oldest running xid (`codec.rs`) |
 //!
 //! Decisions:
 //! - **Existence is the directory's word.** Versions are never deleted, so a dropped
@@ -225,7 +225,11 @@ impl<'a> Datadir<'a> {
         if data.is_empty() {
             return Err(DatadirError::NotFound { what: format!("block {blkno} of relation {rel}"), lsn });
         }
-        let cost = ReadCost { layers_visited: data.layers_visited, records_replayed: data.records.len() };
+        let cost = ReadCost {
+            layers_visited: data.layers_visited,
+            records_replayed: data.records.len(),
+            newest_record_lsn: data.records.last().map(|(l, _)| *l),
+        };
         let page = self.reconstructor.reconstruct(key, lsn, data).map_err(|error| ReadError::Reconstruct { key, lsn, error })?;
         Ok((page, cost))
     }
@@ -323,11 +327,13 @@ impl<'a> Datadir<'a> {
 }
 
 /// What one page read cost: the layers searched (in-memory and files, across ancestors)
-/// and the records replayed on top of the newest image.
+/// and the records replayed on top of the newest image; and the LSN of the newest record
+/// replayed, if any, whose value the page is (what a fold may replace it with).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReadCost {
     pub layers_visited: usize,
     pub records_replayed: usize,
+    pub newest_record_lsn: Option<Lsn>,
 }
 
 /// The puts of one WAL record (or of an import), gathered so that reads during it see its

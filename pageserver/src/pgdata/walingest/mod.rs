@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use pgwal::{parse_metadata, DecodedRecord, MetadataRecord};
+use pgwal::{parse_metadata, DecodedRecord, MetadataRecord, TransactionId};
 use proto::page::PAGE_SIZE_BYTES;
 use proto::{BlockNumber, ForkNumber, Key, KeyKind, Lsn, RelTag};
 
@@ -80,10 +80,18 @@ pub struct WalIngest {
     /// The stored last commit timestamp as of the last record (`metadata.rs`); loaded from
     /// the store on the first commit, `Some(None)` if the timeline has none yet.
     last_commit_timestamp: Option<Option<i64>>,
-    /// Where the newest running-transactions record ingested here starts: a replica's
-    /// basebackup starts there, so the safekeepers must keep the WAL from there on.
+    /// Where a replica's basebackup starts, by the newest running-transactions record
+    /// ingested here (`standby_start_for`): the safekeepers must keep the WAL from there on.
     standby_start: Option<Lsn>,
+    /// Transaction completions (commit or abort records) that a running-transactions record
+    /// may yet race: the newest xid of each one's tree and where its record starts.
+    completions: std::collections::VecDeque<(TransactionId, Lsn)>,
 }
+
+/// The most completions `WalIngest::completions` keeps: a running-transactions record
+/// comes every 15 s, and the race it guards against lasts a commit's latency; older ones
+/// are forgotten first.
+const COMPLETIONS_KEPT: usize = 100_000;
 
 /// Where a WAL record starts and ends: what a server started at `end` needs as its
 /// previous-record pointer.
@@ -108,6 +116,7 @@ impl WalIngest {
             last_record: None,
             last_commit_timestamp: None,
             standby_start: None,
+            completions: std::collections::VecDeque::new(),
         }
     }
 
@@ -154,14 +163,22 @@ impl WalIngest {
         self.ingest_blocks(&mut m, record, end_lsn)?;
         let meta = parse_metadata(record)?;
         self.track_counters(&mut m, record, meta.as_ref())?;
+        if let Some(MetadataRecord::XactCompletion(c)) = &meta {
+            let newest = c.subxacts.iter().fold(c.xid, |a, &x| if x.follows(a) { x } else { a });
+            if self.completions.len() == COMPLETIONS_KEPT {
+                self.completions.pop_front();
+            }
+            self.completions.push_back((newest, record.lsn));
+        }
         if let Some(MetadataRecord::RunningXacts(r)) = &meta {
             // Stored here, where the record's start is known: a standby starts there.
+            let start = self.standby_start_for(record.lsn, r.latest_completed_xid);
             m.put_last_running_xacts(&StoredRunningXacts {
-                record_lsn: record.lsn,
+                record_lsn: start,
                 oldest_running_xid: r.oldest_running_xid.0,
                 subxid_overflow: r.subxid_overflow,
             });
-            self.standby_start = Some(record.lsn);
+            self.standby_start = Some(start);
         }
         if let Some(meta) = meta {
             self.ingest_metadata(&mut m, meta)?;
@@ -172,6 +189,28 @@ impl WalIngest {
         self.last_record = Some(LastRecord { start: record.lsn, end: end_lsn });
         self.timeline.maybe_freeze_and_flush()?;
         Ok(())
+    }
+
+    /// Where a hot standby starts replay, given a running-transactions record at `lsn` that
+    /// says `latest_completed` is the newest completed transaction: the record itself, or
+    /// the first completion record before it of a newer transaction.
+    ///
+    /// PostgreSQL writes a commit record, waits for it to be durable (here: acknowledged by
+    /// the safekeepers, milliseconds) and only then takes the transaction out of the
+    /// process array, where `LogStandbySnapshot` reads the running transactions and
+    /// `latestCompletedXid`. A record taken in between lists the transaction as running and
+    /// gives a `latestCompletedXid` below it, although its commit is already in the WAL. A
+    /// standby that starts replay at that record learns of the commit from pg_xact (and
+    /// drops the xid from its running set), but never replays the commit record, so its
+    /// snapshots' xmax stays at or below the xid and its rows stay invisible until a newer
+    /// transaction completes. Starting at the first such completion record replays it, which
+    /// moves the standby's `latestCompletedXid` past it as on a primary.
+    fn standby_start_for(&mut self, lsn: Lsn, latest_completed: TransactionId) -> Lsn {
+        let raced = self.completions.iter().filter(|(xid, _)| xid.follows(latest_completed)).map(|&(_, at)| at).min();
+        // Completions the record already counts never matter again; the raced ones may
+        // still be ahead of the next record's count.
+        self.completions.retain(|(xid, _)| xid.follows(latest_completed));
+        raced.map_or(lsn, |at| at.min(lsn))
     }
 
     fn ingest_blocks(&mut self, m: &mut Modification<'_>, record: &DecodedRecord, end_lsn: Lsn) -> anyhow::Result<()> {

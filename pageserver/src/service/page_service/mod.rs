@@ -36,12 +36,14 @@ use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use bytes::Bytes;
 use proto::pagestream::{ErrorCode, PagestreamError, ReadLsns, Request, Response, MESSAGE_BYTES_MAX, PROTOCOL_VERSION};
-use proto::{Lsn, TenantId, TimelineId};
+use proto::{BlockNumber, Lsn, RelTag, TenantId, TimelineId};
 
 use crate::pgdata::datadir::{DatadirError, ReadCost};
 use crate::pgdata::pageapi::{PageApi, PageApiError};
 use layerstore::tenant::Tenant;
+use layerstore::timeline::Timeline;
 use layerstore::value::Reconstructor;
 
 /// The tenants this pageserver serves.
@@ -78,12 +80,20 @@ pub trait ReadObserver: Send + Sync {
     fn page_read(&self, cost: ReadCost, took: Duration);
 }
 
+/// Handed every page a GetPage rebuilt, with what the read cost, before the answer is sent:
+/// a page that took many records to rebuild may be stored as an image of its newest
+/// record (the materializer's read writeback).
+pub trait ReadWriteback: Send + Sync {
+    fn page_rebuilt(&self, timeline: &Timeline, rel: RelTag, blkno: BlockNumber, cost: ReadCost, page: &Bytes);
+}
+
 pub struct PageService {
     tenants: Arc<TenantRegistry>,
     reconstructor: Arc<dyn Reconstructor>,
     /// How long a request waits for its `not_modified_since` LSN to be ingested.
     wait_lsn_timeout: Duration,
     observer: Option<Arc<dyn ReadObserver>>,
+    writeback: Option<Arc<dyn ReadWriteback>>,
     /// Checks the `Hello`'s token when set; told the reason of every refusal. (Tokens are
     /// part of the `server` feature; the fuzz targets build without it.)
     #[cfg(feature = "server")]
@@ -144,6 +154,7 @@ impl PageService {
             reconstructor,
             wait_lsn_timeout,
             observer: None,
+            writeback: None,
             #[cfg(feature = "server")]
             auth: None,
             #[cfg(feature = "server")]
@@ -177,6 +188,12 @@ impl PageService {
     /// Reports the cost of every GetPage served to `observer`.
     pub fn with_observer(mut self, observer: Arc<dyn ReadObserver>) -> PageService {
         self.observer = Some(observer);
+        self
+    }
+
+    /// Hands every page a GetPage rebuilt to `writeback`.
+    pub fn with_writeback(mut self, writeback: Arc<dyn ReadWriteback>) -> PageService {
+        self.writeback = Some(writeback);
         self
     }
 
@@ -401,6 +418,9 @@ impl PageService {
                 api.get_page_with_cost(rel, blkno, read_lsn(api, lsns), t).map(|(page, cost)| {
                     if let Some(observer) = &self.observer {
                         observer.page_read(cost, started.elapsed());
+                    }
+                    if let Some(writeback) = &self.writeback {
+                        writeback.page_rebuilt(api.timeline(), rel, blkno, cost, &page);
                     }
                     Response::Page { id, page: page.to_vec() }
                 })

@@ -183,7 +183,7 @@ fn serves_pages_sizes_and_slru_at_an_lsn() {
     c.send(&Request::GetSlruSegment { id: 6, lsns: lsns(0x200, 0x100), kind: SlruKind::Clog, segno: 0 });
     assert_eq!(c.recv(), Some(Response::SlruSegment { id: 6, data: page(9).to_vec() }));
     // Only the two pages served were reported: each an image in the open layer.
-    let image = ReadCost { layers_visited: 1, records_replayed: 0 };
+    let image = ReadCost { layers_visited: 1, records_replayed: 0, newest_record_lsn: None };
     assert_eq!(*f.reads.0.lock().unwrap(), [image, image]);
 }
 
@@ -458,4 +458,29 @@ fn a_client_that_sends_nothing_is_closed_after_the_handshake_timeout() {
     std::thread::sleep(quick * 2);
     c.send(&Request::Nblocks { id: 1, lsns: lsns(0x200, 0x100), rel: rel(16384) });
     assert_eq!(c.recv(), Some(Response::Nblocks { id: 1, nblocks: 2 }));
+}
+
+/// Records every page handed to the writeback.
+#[derive(Default)]
+struct Rebuilt(std::sync::Mutex<Vec<(RelTag, BlockNumber, ReadCost, Bytes)>>);
+
+impl ReadWriteback for Rebuilt {
+    fn page_rebuilt(&self, timeline: &Timeline, rel: RelTag, blkno: BlockNumber, cost: ReadCost, page: &Bytes) {
+        assert_eq!(timeline.timeline_id(), TIMELINE);
+        self.0.lock().unwrap().push((rel, blkno, cost, page.clone()));
+    }
+}
+
+#[test]
+fn every_page_served_is_handed_to_the_writeback_with_its_cost() {
+    let rebuilt = Arc::new(Rebuilt::default());
+    let r = Arc::clone(&rebuilt);
+    let f = start_with(move |s| s.with_writeback(r));
+    let mut c = Client::hello(&f);
+    c.send(&Request::GetPage { id: 1, lsns: lsns(0x200, 0x100), rel: rel(16384), blkno: BlockNumber(1) });
+    assert_eq!(c.recv(), Some(Response::Page { id: 1, page: page(2).to_vec() }));
+    c.send(&Request::Nblocks { id: 2, lsns: lsns(0x200, 0x100), rel: rel(16384) });
+    assert_eq!(c.recv(), Some(Response::Nblocks { id: 2, nblocks: 2 }));
+    let cost = ReadCost { layers_visited: 1, records_replayed: 0, newest_record_lsn: None };
+    assert_eq!(*rebuilt.0.lock().unwrap(), [(rel(16384), BlockNumber(1), cost, page(2))], "pages only, as served");
 }

@@ -59,6 +59,15 @@ pub struct PageserverConfig {
     /// The most key ranges image layer creation rebuilds per timeline and run: bounds the
     /// work (and the WAL redo) of one run; deeper ranges go first.
     pub image_creation_ranges_per_run: usize,
+    /// Whether the materializer thread folds the keys the engine queues for their long
+    /// chains of records (`[storage] fold_after_records` and `fold_after_bytes`) into
+    /// images (`service::materializer`).
+    pub materializer_enabled: bool,
+    /// The share of one core the materializer's folds may take (0 < share <= 1).
+    pub materializer_cpu_share: f64,
+    /// Whether a GetPage that replayed at least `fold_after_records` records stores its
+    /// page as an image of the newest record (no redo of its own).
+    pub fold_read_writeback: bool,
     /// The cluster's Ed25519 public key (PEM), which every token must verify with: the
     /// page service then wants a tenant token in `Hello`, and the management API an
     /// `Authorization: Bearer` token (admin, or the tenant's for the calls a compute
@@ -110,6 +119,9 @@ impl Default for PageserverConfig {
             gc_lease_grace_ms: 30_000,
             pitr_window: HumanDuration(Duration::from_secs(7 * 24 * 3600)),
             image_creation_ranges_per_run: 2,
+            materializer_enabled: true,
+            materializer_cpu_share: 0.25,
+            fold_read_writeback: true,
             auth_public_key_path: None,
             tls: tls::Tls::default(),
             controller_url: None,
@@ -147,6 +159,11 @@ impl PageserverConfig {
                 "controller_url needs remote_storage: a tenant moves between pageservers through remote storage"
             );
         }
+        anyhow::ensure!(
+            self.materializer_cpu_share > 0.0 && self.materializer_cpu_share <= 1.0,
+            "materializer_cpu_share must be above 0 and at most 1, not {}",
+            self.materializer_cpu_share
+        );
         self.storage.validate()
     }
 
@@ -214,6 +231,10 @@ mod tests {
         assert!(err.to_string().contains("pitr_window"), "{err}");
         let err = toml::from_str::<PageserverConfig>("[storage]\nimage_creation_threshold = 0").map(|c| c.validate()).unwrap().unwrap_err();
         assert_eq!(err.to_string(), "image_creation_threshold must be at least 1");
+        let conf = PageserverConfig { materializer_cpu_share: 0.0, ..Default::default() };
+        assert_eq!(conf.validate().unwrap_err().to_string(), "materializer_cpu_share must be above 0 and at most 1, not 0");
+        let err = toml::from_str::<PageserverConfig>("[storage]\nfold_after_records = 1").map(|c| c.validate()).unwrap().unwrap_err();
+        assert!(err.to_string().contains("fold_after_records"), "{err}");
     }
 
     #[test]

@@ -508,6 +508,11 @@ async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError
     let resident = gauge("pageserver_resident_layer_bytes", "Bytes of layer files on local disk")?;
     let gc_cutoff = gauge("pageserver_gc_cutoff_lsn", "Reads below this LSN are refused")?;
     let depth = gauge("pageserver_delta_depth_max", "The most delta layer files a read searches above its newest image layer")?;
+    let fold_queue = gauge("pageserver_fold_queue_keys", "Keys waiting for the materializer to fold their long chains of records")?;
+    let fold_dropped = gauge(
+        "pageserver_fold_queue_dropped_keys",
+        "Keys not queued for a fold because the queue was full, since the timeline was loaded",
+    )?;
     let by_kind = IntGaugeVec::new(
         Opts::new("pageserver_timeline_layers", "Layer files of the timeline by kind: l0, l1, image"),
         &["tenant_id", "timeline_id", "kind"],
@@ -551,6 +556,8 @@ async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError
             last.with_label_values(&labels).set(i64::try_from(t.last_record_lsn().0).unwrap_or(i64::MAX));
             disk.with_label_values(&labels).set(i64::try_from(t.disk_consistent_lsn().0).unwrap_or(i64::MAX));
             resident.with_label_values(&labels).set(i64::try_from(t.resident_layer_bytes()).unwrap_or(i64::MAX));
+            fold_queue.with_label_values(&labels).set(i64::try_from(t.long_chains_len()).unwrap_or(i64::MAX));
+            fold_dropped.with_label_values(&labels).set(i64::try_from(t.long_chains_dropped()).unwrap_or(i64::MAX));
             if let Some(r) = t.remote_status() {
                 let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
                 remote_lsn.with_label_values(&labels).set(n(r.remote_consistent_lsn.0));

@@ -36,6 +36,7 @@ use crate::service::background::{BackgroundJobs, CompactOutcome, GcOutcome, JobS
 use crate::service::eviction::{EvictionStats, LayerDiskBudget};
 use crate::service::ingest_gate::IngestGate;
 use crate::service::localwal::WAL_RECEIVER_SOURCE_FILE;
+use crate::service::materializer::{Materializer, MaterializerSettings, MaterializerThread};
 use crate::service::metrics::Metrics;
 use crate::service::page_service::{PageService, PageServiceHandle, TenantRegistry};
 use crate::service::tenant_conf::TenantConfs;
@@ -82,6 +83,8 @@ pub struct Pageserver {
     pub jobs: Arc<Jobs>,
     /// The process's counters and histograms (jobs, read amplification) for `/metrics`.
     pub metrics: Arc<Metrics>,
+    /// Folds hot keys into images: the thread's work and the page service's writeback.
+    pub materializer: Arc<Materializer>,
     /// Checks tokens when `auth_public_key_path` is set; `None`: every client is trusted.
     pub auth: Option<Arc<auth::Verifier>>,
     tenant_confs: Arc<TenantConfs>,
@@ -183,6 +186,14 @@ impl Pageserver {
             request_timeout: conf.wal_redo_timeout(),
             run_as: None,
         }));
+        // Folds replay records through a pool of their own too: a GetPage never waits
+        // behind one.
+        let fold_redo = Arc::new(WalRedoManager::new(WalRedoConfig {
+            postgres_bin: conf.pg_bin_dir.join("postgres"),
+            processes_max: 1,
+            request_timeout: conf.wal_redo_timeout(),
+            run_as: None,
+        }));
         let tenant_confs = Arc::new(TenantConfs::default());
         // Every tenant on local disk, and every tenant remote storage holds (attached from
         // there when the local disk lacks it).
@@ -260,8 +271,15 @@ impl Pageserver {
             Arc::clone(&metrics),
             settings,
         ));
+        let materializer = Arc::new(Materializer::new(
+            Arc::clone(&registry),
+            Arc::new(PgReconstructor::new(fold_redo)),
+            Arc::clone(&metrics),
+            MaterializerSettings { cpu_share: conf.materializer_cpu_share },
+        ));
         Ok(Pageserver {
             conf,
+            materializer,
             tenants: registry,
             reconstructor: Arc::new(PgReconstructor::new(redo)),
             create_lock: Mutex::new(()),
@@ -296,6 +314,15 @@ impl Pageserver {
         BackgroundJobs::start(Arc::clone(&self.jobs), self.conf.background_job_period()).map(Some)
     }
 
+    /// Starts the materializer thread, unless the configuration turns it off.
+    pub fn start_materializer(&self) -> anyhow::Result<Option<MaterializerThread>> {
+        if !self.conf.materializer_enabled {
+            tracing::info!("the materializer is off (materializer_enabled = false): hot keys are not folded into images");
+            return Ok(None);
+        }
+        MaterializerThread::start(Arc::clone(&self.materializer)).map(Some)
+    }
+
     /// Starts the page service on its configured address (TLS with the configured
     /// certificate, if any).
     pub fn start_page_service(&self) -> anyhow::Result<PageServiceHandle> {
@@ -303,6 +330,9 @@ impl Pageserver {
             .with_context(|| format!("listen for the page service on {}", self.conf.listen_pg_addr))?;
         let service = PageService::new(Arc::clone(&self.tenants), Arc::clone(&self.reconstructor), self.conf.wait_lsn_timeout());
         let mut service = service.with_observer(self.metrics.clone());
+        if self.conf.fold_read_writeback {
+            service = service.with_writeback(self.materializer.clone());
+        }
         if let Some(verifier) = &self.auth {
             let metrics = Arc::clone(&self.metrics);
             service = service.with_auth(Arc::clone(verifier), Arc::new(move |reason| metrics.auth_refused("page_service", reason)));
