@@ -1,0 +1,125 @@
+"""A running compute follows its pageserver to a new address (`fjord.pageserver_address` is
+reloadable): no restart, no failed query, and no backend left reading from the old address.
+
+The extension alone: the test itself changes the setting (`ALTER SYSTEM` and a reload), as
+compute_ctl does with postgresql.conf when the storage controller moves a tenant
+(test_runner/controller/test_compute_follows.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+
+from fixtures.compute import Endpoint, Timeline
+from fixtures.postgres import free_port, wait_until
+
+# A buffer pool and file cache far smaller than the table, so that every scan reads most of
+# its pages from the pageserver; a timeout well below the test's length, so that the old
+# behaviour (the address fixed at start) fails the query in the test's time instead of
+# after the default 60 s.
+SMALL = {"shared_buffers": "128kB", "fjord.file_cache_size": "1MB", "fjord.pageserver_timeout": "20s"}
+ROWS = 200_000
+
+
+class Listener:
+    """A TCP port that counts the connections it is offered and answers none: the old page
+    service address, taken over after the move, so that a backend still dialling it is seen
+    (its connection would hang in the handshake)."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_server(("127.0.0.1", port))
+        self.sock.settimeout(0.1)
+        self.accepted = 0
+        self.stopped = threading.Event()
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (TimeoutError, socket.timeout):
+                continue
+            self.accepted += 1
+            self.conns.append(conn)
+
+    def close(self):
+        self.stopped.set()
+        self.thread.join()
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+def getpages(ps) -> float:
+    return ps.metrics()["pageserver_getpage_seconds_count"]
+
+
+def test_a_moved_pageserver_is_followed_on_reload(tmp_path, pageserver):
+    tl = Timeline(tmp_path, pageserver)
+    ep = Endpoint(tmp_path, tl, settings=SMALL).start()
+    ep.sql(f"CREATE TABLE big AS SELECT i, repeat('x', 100) AS pad FROM generate_series(1, {ROWS}) i")
+    ep.sql("CHECKPOINT")
+    expected = ROWS * (ROWS + 1) // 2
+    old_addr = f"127.0.0.1:{pageserver.pg_port}"
+
+    # An idle backend with a connection to the old address, kept open.
+    idle = ep.connect()
+    assert idle.execute("SELECT sum(i) FROM big").fetchone()[0] == expected
+    assert idle.execute("SHOW fjord.pageserver_address").fetchone()[0] == old_addr
+    # The new address goes into postgresql.auto.conf now, as compute_ctl writes its file
+    # before it signals: no backend uses it before the reload.
+    new_pg_port = free_port()
+    new_addr = f"127.0.0.1:{new_pg_port}"
+    ep.sql(f"ALTER SYSTEM SET fjord.pageserver_address = '{new_addr}'")
+    assert idle.execute("SELECT sum(i) FROM big").fetchone()[0] == expected
+
+    # The pageserver goes away; a scan starts in another backend and waits on it.
+    pageserver.stop()
+    scan: dict = {}
+
+    def run_scan():
+        try:
+            with ep.connect() as conn:
+                scan["pid"] = conn.info.backend_pid
+                scan["sum"] = conn.execute("SELECT sum(i) FROM big").fetchone()[0]
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            scan["error"] = e
+    t = threading.Thread(target=run_scan)
+    t.start()
+    # Its backend has tried the old address and is retrying (the client logs the outage
+    # once, at LOG): it is inside the scan, across the switch.
+    wait_until("the scan to wait on the stopped pageserver",
+               lambda: "error" in scan or f"page service at {old_addr} failed" in ep.pg_log_text(), timeout_s=20)
+    assert "error" not in scan, scan
+
+    # The same work directory on other ports: the tenant "moved". Then the reload, as
+    # pg_reload_conf() does it (SIGHUP to the postmaster); not through SQL: a backend asked
+    # to run pg_reload_conf() may first need a catalog page from the stopped pageserver.
+    pageserver.pg_port, pageserver.http_port = new_pg_port, free_port()
+    pageserver.start()
+    os.kill(ep.postmaster_pid(), signal.SIGHUP)
+    t.join(timeout=60)
+    assert not t.is_alive(), "the scan did not end"
+    assert scan.get("sum") == expected, scan
+    assert f"reconnected to pageserver at {new_addr}" in ep.pg_log_text()
+
+    # Nothing may dial the old address any more: a listener takes it over and counts.
+    old = Listener(int(old_addr.rsplit(":", 1)[1]))
+    try:
+        before = getpages(pageserver)
+        # The idle backend's next query moves its connection and reads from the new one.
+        assert idle.execute("SHOW fjord.pageserver_address").fetchone()[0] == new_addr
+        assert idle.execute("SELECT sum(i) FROM big").fetchone()[0] == expected
+        assert getpages(pageserver) > before, "the idle backend's scan read nothing from the new pageserver"
+        assert f"page service moved from {old_addr} to {new_addr}" in ep.pg_log_text()
+        # New backends start with the new address.
+        assert ep.sql("SELECT sum(i) FROM big")[0][0] == expected
+        assert old.accepted == 0, f"{old.accepted} connection(s) to the old address after the move"
+    finally:
+        old.close()
+    idle.close()
