@@ -22,7 +22,9 @@
 //! the new one, in order, so that nothing queued is lost or answered from the old address.
 //! The lookup is repeated at every connection attempt and after every failed request, and
 //! a pageserver's error answer is not returned while the address has changed under it
-//! (the request is sent to the new address instead). A query therefore sees no error from
+//! (the request is sent to the new address instead); an answer that the timeline is not on
+//! that pageserver (`NotFound`: detached there, the move not yet known here) is retried
+//! like a lost connection. A query therefore sees no error from
 //! a move, unless the new address stays unreachable past `fjord.pageserver_timeout`.
 //! Prefetches and the pages they bring are never taken from a connection to an address
 //! other than the current one. An empty address from a reload is ignored: whether the
@@ -254,9 +256,21 @@ fn io_err(e: impl std::fmt::Display) -> String {
 impl Conn {
     fn connect(t: &Target, address: &str, deadline: Instant) -> Result<Conn, Failure> {
         let addrs: Vec<_> = address.to_socket_addrs().map_err(|e| format!("cannot resolve \"{address}\": {e}"))?.collect();
-        let addr = addrs.first().ok_or_else(|| format!("\"{address}\" resolves to no address"))?;
-        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
-        let tcp = TcpStream::connect_timeout(addr, left.min(Duration::from_secs(5))).map_err(io_err)?;
+        // Each address the name resolves to in turn (a name may resolve to ::1 first and
+        // a pageserver listen on 127.0.0.1 only); the last failure is the one reported.
+        let mut last = format!("\"{address}\" resolves to no address");
+        let mut connected = None;
+        for addr in &addrs {
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
+            match TcpStream::connect_timeout(addr, left.min(Duration::from_secs(5))) {
+                Ok(tcp) => {
+                    connected = Some(tcp);
+                    break;
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        let tcp = connected.ok_or(last)?;
         tcp.set_nodelay(true).map_err(io_err)?;
         let stream = match &t.tls {
             None => {
@@ -396,9 +410,17 @@ pub fn request(what: &dyn Fn() -> String, make: &dyn Fn(u64) -> Request) -> Resu
             }
         });
         match attempt {
+            // The timeline is not (or no longer) on this pageserver: the tenant may have
+            // been detached here on its way elsewhere, before this compute heard of the
+            // move. Like a lost connection, retried, the address looked up again each
+            // time, until the deadline (a refused `Hello` is retried the same way).
+            Ok(Response::Error { code: ErrorCode::NotFound, message, .. }) => {
+                CLIENT.with(|c| dropped_prefetches(c.borrow_mut().conn.take().map_or(0, |conn| conn.queue.len())));
+                last_error = format!("the pageserver does not have the timeline: {message}");
+            }
             Ok(Response::Error { code, message, .. }) => {
-                // The pageserver may refuse because the tenant has moved away from it
-                // (detached): if the address changed meanwhile, ask the new one instead.
+                // Any other refusal from a pageserver the compute has just moved away from
+                // is not this read's answer: the new one is asked instead.
                 let moved = address(true) != wanted;
                 if !moved || Instant::now() >= deadline {
                     return Err(ServerError { code, message });
@@ -450,11 +472,12 @@ pub fn request(what: &dyn Fn() -> String, make: &dyn Fn(u64) -> Request) -> Resu
 /// retries as after any failure.
 fn switch(c: &mut Client, t: &Target, to: &str, deadline: Instant) -> Result<(), Failure> {
     let Some(old) = c.conn.take() else { return Ok(()) };
-    log!("fjord: page service moved from {} to {to}; switching connection", old.address);
     shmem::count(|s| &s.pageserver_reconnects);
+    let old_address = old.address;
     let mut new = match Conn::connect(t, to, deadline) {
         Ok(new) => new,
         Err(e) => {
+            log!("fjord: page service moved from {old_address} to {to}; could not connect there yet: {}", e.message);
             dropped_prefetches(old.queue.len());
             return Err(e);
         }
@@ -469,6 +492,7 @@ fn switch(c: &mut Client, t: &Target, to: &str, deadline: Instant) -> Result<(),
             return Err(e.into());
         }
     }
+    log!("fjord: page service moved from {} to {to}; connection moved, {resent} requests in flight sent again", old_address);
     c.conn = Some(new);
     Ok(())
 }

@@ -123,3 +123,60 @@ def test_a_moved_pageserver_is_followed_on_reload(tmp_path, pageserver):
     finally:
         old.close()
     idle.close()
+
+
+def test_a_scan_moves_with_its_readahead_in_flight(tmp_path, pageserver):
+    """The same pageserver under another name (`localhost` instead of `127.0.0.1`): another
+    address, so backends move, while the old connection stays up. A scan paused in the
+    middle of the table, with readahead requests sent and not yet answered on the old
+    connection, moves at its next read: those requests are sent again on the new one, and
+    the sum is right."""
+    tl = Timeline(tmp_path, pageserver)
+    ep = Endpoint(tmp_path, tl, settings=SMALL).start()
+    ep.sql(f"CREATE TABLE big AS SELECT i, repeat('x', 100) AS pad FROM generate_series(1, {ROWS}) i")
+    ep.sql("CHECKPOINT")
+    expected = ROWS * (ROWS + 1) // 2
+    old_addr, new_addr = f"127.0.0.1:{pageserver.pg_port}", f"localhost:{pageserver.pg_port}"
+
+    # The scan stops at the middle row until the test lets it go (an advisory lock).
+    holder = ep.connect()
+    holder.execute("SELECT pg_advisory_lock(1)")
+    scan: dict = {}
+
+    def run_scan():
+        try:
+            with ep.connect() as conn:
+                scan["pid"] = conn.info.backend_pid
+                conn.execute("SET max_parallel_workers_per_gather = 0")
+                scan["sum"] = conn.execute(
+                    "SELECT sum(i) FROM big WHERE i <> %s OR pg_advisory_lock_shared(1) IS NOT NULL", (ROWS // 2,)
+                ).fetchone()[0]
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            scan["error"] = e
+    t = threading.Thread(target=run_scan)
+    t.start()
+    wait_until("the scan to stop at the middle row",
+               lambda: "error" in scan or holder.execute(
+                   "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetchone()[0] == 1)
+    assert "error" not in scan, scan
+
+    holder.execute(f"ALTER SYSTEM SET fjord.pageserver_address = '{new_addr}'")
+    holder.execute("SELECT pg_reload_conf()")
+    # Another existing backend sees the new value: the postmaster has signalled every
+    # backend, the paused scan's included (a signal is handled before it runs on).
+    other = ep.connect()
+    wait_until("the reload to reach the backends",
+               lambda: other.execute("SHOW fjord.pageserver_address").fetchone()[0] == new_addr)
+    holder.execute("SELECT pg_advisory_unlock(1)")
+    t.join(timeout=60)
+    assert not t.is_alive(), "the scan did not end"
+    assert scan.get("sum") == expected, scan
+
+    moved = [line for line in ep.pg_log_text().splitlines()
+             if f"[{scan['pid']}]" in line and f"page service moved from {old_addr} to {new_addr}; connection moved" in line]
+    assert len(moved) == 1, moved
+    resent = int(moved[0].split("connection moved, ")[1].split()[0])
+    print(moved[0])
+    assert resent > 0, f"no request was in flight when the scan moved: {moved[0]}"
+    other.close()
+    holder.close()
