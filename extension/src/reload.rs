@@ -22,14 +22,20 @@
 //! very catalog page the lookup would need (its buffer marked I/O in progress by us: the
 //! lookup would wait on ourselves). In parallel mode `set_config_option` refuses every
 //! change (at `DEBUG2`, so silently), and the cleared flag would leave the reload unapplied
-//! until the next `SIGHUP`. Hence the reload is applied only when all of these hold:
+//! until the next `SIGHUP`. And other processes do more than `ProcessConfigFile` after a
+//! reload (the checkpointer publishes `full_page_writes` and the synchronous standby
+//! settings to shared memory, a WAL sender reinitialises its synchronous replication
+//! state, a background worker runs whatever its author wrote): a reload applied by us
+//! there would skip that. Hence the reload is applied only when all of these hold:
+//! - `MyBackendType == B_BACKEND`: a regular backend, whose own loop does nothing but
+//!   `ProcessConfigFile` (`PostgresMain`);
 //! - `CritSectionCount == 0`: no critical section (no allocation allowed there, and an
 //!   ERROR in one is a PANIC);
 //! - `InterruptHoldoffCount == 0`: no LWLock held (`LWLockAcquire` holds interrupts off
 //!   until the release), nor anything else that defers interrupts;
 //! - `!IsTransactionOrTransactionBlock()`: no transaction, so no check hook reads a
-//!   catalog, and nothing on the GUC stack of a transaction is touched (checkpointer,
-//!   background writer, a WAL sender, a backend between transactions);
+//!   catalog, and nothing on the GUC stack of a transaction is touched (a backend between
+//!   transactions);
 //! - `!IsInParallelMode()`.
 //!
 //! **Otherwise, peek** ([`peek_address`]): parse `postgresql.conf` (with its includes) and
@@ -46,7 +52,8 @@
 //! The startup process keeps its own reload flag (`got_SIGHUP` in `startup.c`), which no
 //! extension can see: a replica's startup process stuck on a page keeps the old address
 //! until it reaches its own loop. Backends, the checkpointer and the background writer all
-//! use `ConfigReloadPending`.
+//! use `ConfigReloadPending`; all but backends only ever peek here, and apply the reload
+//! in their own loops.
 
 use std::ffi::CStr;
 use std::ptr;
@@ -81,7 +88,8 @@ fn safe_to_apply() -> bool {
     // SAFETY: plain reads of this process's globals, and two functions that only read
     // this process's transaction state.
     unsafe {
-        pg_sys::CritSectionCount == 0
+        pg_sys::MyBackendType == pg_sys::BackendType::B_BACKEND
+            && pg_sys::CritSectionCount == 0
             && pg_sys::InterruptHoldoffCount == 0
             && !pg_sys::IsTransactionOrTransactionBlock()
             && !pg_sys::IsInParallelMode()
