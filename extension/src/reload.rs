@@ -49,11 +49,17 @@
 //! [`PEEK_INTERVAL`] (a reload sets the flag once, and another may follow before it is
 //! applied).
 //!
-//! The startup process keeps its own reload flag (`got_SIGHUP` in `startup.c`), which no
-//! extension can see: a replica's startup process stuck on a page keeps the old address
-//! until it reaches its own loop. Backends, the checkpointer and the background writer all
-//! use `ConfigReloadPending`; all but backends only ever peek here, and apply the reload
-//! in their own loops.
+//! **Processes that never see `ConfigReloadPending`** peek at every connection attempt and
+//! after every failed request, whether or not a reload was signalled, and use what they
+//! read until they read again: background workers leave `SIGHUP` ignored unless they
+//! install a handler (`bgworker.c`), so a parallel worker of a query running across a move
+//! would otherwise retry the old address until the timeout; and the startup process keeps
+//! its own flag (`got_SIGHUP` in `startup.c`), which no extension can see. Backends, the
+//! checkpointer and the background writer use `ConfigReloadPending`; all but backends only
+//! ever peek here, and apply the reload in their own loops.
+//!
+//! A peek sees the files only: a value given on postgres' command line (`-c`), which a
+//! reload would keep, is not seen (compute_ctl writes postgresql.conf).
 
 use std::ffi::CStr;
 use std::ptr;
@@ -96,6 +102,30 @@ fn safe_to_apply() -> bool {
     }
 }
 
+/// Whether this process never sets `ConfigReloadPending`: a background worker that left
+/// `SIGHUP` ignored, as `bgworker.c` sets it up (parallel workers among them: they take
+/// their settings from the leader at their start and never reload), or the startup process,
+/// which keeps its own flag. Asked once per process: both are settled before the first
+/// page is read.
+fn reloads_unseen() -> bool {
+    thread_local! {
+        static UNSEEN: std::cell::OnceCell<bool> = const { std::cell::OnceCell::new() };
+    }
+    UNSEEN.with(|u| {
+        *u.get_or_init(|| {
+            // SAFETY: a read of this process's global, and sigaction with no new action,
+            // which only reports the current one.
+            unsafe {
+                if pg_sys::MyBackendType == pg_sys::BackendType::B_STARTUP {
+                    return true;
+                }
+                let mut current: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(libc::SIGHUP, ptr::null(), &mut current) == 0 && current.sa_sigaction == libc::SIG_IGN
+            }
+        })
+    })
+}
+
 fn in_critical_section() -> bool {
     // SAFETY: a plain read of this process's global.
     unsafe { pg_sys::CritSectionCount != 0 }
@@ -107,8 +137,19 @@ fn in_critical_section() -> bool {
 /// than [`PEEK_INTERVAL`] (a connection attempt, a failed request).
 pub fn pageserver_address(fresh: bool) -> Option<String> {
     if !reload_pending() {
-        PEEKED.with(|p| p.borrow_mut().take());
-        return guc::pageserver_address();
+        if !reloads_unseen() {
+            PEEKED.with(|p| p.borrow_mut().take());
+            return guc::pageserver_address();
+        }
+        // A process that never applies a reload: reading the files at each connection
+        // attempt and failure is its only way to learn of a move, and what they said last
+        // stands until they are read again.
+        if fresh && !in_critical_section() {
+            let address = peek_address();
+            PEEKED.with(|p| *p.borrow_mut() = Some(Peeked { at: Instant::now(), address }));
+        }
+        let stands = PEEKED.with(|p| p.borrow().as_ref().and_then(|p| p.address.clone()));
+        return stands.or_else(guc::pageserver_address);
     }
     if safe_to_apply() {
         PEEKED.with(|p| p.borrow_mut().take());

@@ -19,9 +19,15 @@ from fixtures.postgres import free_port, wait_until
 # A buffer pool and file cache far smaller than the table, so that every scan reads most of
 # its pages from the pageserver; a timeout well below the test's length, so that the old
 # behaviour (the address fixed at start) fails the query in the test's time instead of
-# after the default 60 s.
-SMALL = {"shared_buffers": "128kB", "fjord.file_cache_size": "1MB", "fjord.pageserver_timeout": "20s"}
+# after the default 60 s; no autovacuum, so that the only backend reading while the
+# pageserver is away (the one whose log line the test waits for) is the test's scan.
+SMALL = {"shared_buffers": "128kB", "fjord.file_cache_size": "1MB", "fjord.pageserver_timeout": "20s",
+         "autovacuum": "off"}
 ROWS = 200_000
+# A parallel plan for the scan: its workers never see a reload signalled (background workers
+# ignore SIGHUP) and must find the new address themselves.
+PARALLEL = ["SET parallel_setup_cost = 0", "SET parallel_tuple_cost = 0", "SET min_parallel_table_scan_size = 0",
+            "SET max_parallel_workers_per_gather = 2"]
 
 
 class Listener:
@@ -71,22 +77,28 @@ def test_a_moved_pageserver_is_followed_on_reload(tmp_path, pageserver):
     idle = ep.connect()
     assert idle.execute("SELECT sum(i) FROM big").fetchone()[0] == expected
     assert idle.execute("SHOW fjord.pageserver_address").fetchone()[0] == old_addr
-    # The new address goes into postgresql.auto.conf now, as compute_ctl writes its file
-    # before it signals: no backend uses it before the reload.
-    new_pg_port = free_port()
-    new_addr = f"127.0.0.1:{new_pg_port}"
-    ep.sql(f"ALTER SYSTEM SET fjord.pageserver_address = '{new_addr}'")
-    assert idle.execute("SELECT sum(i) FROM big").fetchone()[0] == expected
+    # The session that will change the setting, its catalogs read while the pageserver is
+    # there (ALTER SYSTEM reads nothing else; it only writes postgresql.auto.conf).
+    admin = ep.connect()
+    admin.execute(f"ALTER SYSTEM SET fjord.pageserver_address = '{old_addr}'")
 
-    # The pageserver goes away; a scan starts in another backend and waits on it.
+    # The scan's session, ready before the pageserver goes away (its catalogs read), with a
+    # parallel plan.
+    scanner = ep.connect()
+    for setting in PARALLEL:
+        scanner.execute(setting)
+    plan = "\n".join(r[0] for r in scanner.execute("EXPLAIN SELECT sum(i) FROM big").fetchall())
+    assert "Workers Planned: 2" in plan, plan
+
+    # The pageserver goes away; the scan starts and waits on it (its leader; its parallel
+    # workers, which never see a reload signalled, read the address from the files at each
+    # failure, and find the new one as soon as ALTER SYSTEM has written it).
     pageserver.stop()
     scan: dict = {}
 
     def run_scan():
         try:
-            with ep.connect() as conn:
-                scan["pid"] = conn.info.backend_pid
-                scan["sum"] = conn.execute("SELECT sum(i) FROM big").fetchone()[0]
+            scan["sum"] = scanner.execute("SELECT sum(i) FROM big").fetchone()[0]
         except Exception as e:  # noqa: BLE001 - reported by the assertion below
             scan["error"] = e
     t = threading.Thread(target=run_scan)
@@ -100,13 +112,19 @@ def test_a_moved_pageserver_is_followed_on_reload(tmp_path, pageserver):
     # The same work directory on other ports: the tenant "moved". Then the reload, as
     # pg_reload_conf() does it (SIGHUP to the postmaster); not through SQL: a backend asked
     # to run pg_reload_conf() may first need a catalog page from the stopped pageserver.
-    pageserver.pg_port, pageserver.http_port = new_pg_port, free_port()
+    pageserver.pg_port, pageserver.http_port = free_port(), free_port()
     pageserver.start()
+    new_addr = f"127.0.0.1:{pageserver.pg_port}"
+    admin.execute(f"ALTER SYSTEM SET fjord.pageserver_address = '{new_addr}'")
     os.kill(ep.postmaster_pid(), signal.SIGHUP)
     t.join(timeout=60)
     assert not t.is_alive(), "the scan did not end"
     assert scan.get("sum") == expected, scan
-    assert f"reconnected to pageserver at {new_addr}" in ep.pg_log_text()
+    # The leader and at least one parallel worker waited on the old address and read on from
+    # the new one (the log's process ids).
+    reconnected = {line.split("[")[1].split("]")[0] for line in ep.pg_log_text().splitlines()
+                   if f"fjord: reconnected to pageserver at {new_addr}" in line}
+    assert len(reconnected) >= 2, reconnected
 
     # Nothing may dial the old address any more: a listener takes it over and counts.
     old = Listener(int(old_addr.rsplit(":", 1)[1]))
@@ -123,6 +141,8 @@ def test_a_moved_pageserver_is_followed_on_reload(tmp_path, pageserver):
     finally:
         old.close()
     idle.close()
+    scanner.close()
+    admin.close()
 
 
 def test_a_scan_moves_with_its_readahead_in_flight(tmp_path, pageserver):
