@@ -8,11 +8,14 @@ from __future__ import annotations
 import threading
 import urllib.error
 
+import pytest
+
 from fixtures.auth import KeyPair
 from fixtures.compute import Endpoint, Timeline
 from fixtures.controller import Controller
 from fixtures.pageserver import Pageserver
 from fixtures.postgres import free_port, wait_until
+from fixtures.safekeeper import Safekeeper
 
 # Small caches: the queries below read from the pageserver, so they cross the move.
 SMALL = {"shared_buffers": "128kB", "fjord.file_cache_size": "1MB"}
@@ -74,7 +77,12 @@ class Load:
         assert not self.errors, self.errors
 
 
-def test_compute_follows_its_tenant_to_a_new_pageserver(tmp_path, pg_factory, keys, monkeypatch):
+@pytest.mark.parametrize("with_safekeepers", [False, True], ids=["followed_by_the_pageserver", "with_safekeepers"])
+def test_compute_follows_its_tenant_to_a_new_pageserver(tmp_path, pg_factory, keys, monkeypatch, with_safekeepers):
+    """Without safekeepers the pageserver follows the compute's WAL (and is its
+    synchronous standby: commits wait while it moves); with them, it follows the
+    safekeepers. Either way compute_ctl tells the pageserver at its new address where the
+    WAL is, as at start."""
     db = pg_factory("controller-db").initdb().start()
     ctl = Controller(tmp_path, "a", db.conninfo, auth_public_key=keys.public_path).start()
     ctl.token = keys.admin()
@@ -90,7 +98,8 @@ def test_compute_follows_its_tenant_to_a_new_pageserver(tmp_path, pg_factory, ke
     assert placed["attached"]["node_id"] == 1, placed
 
     monkeypatch.setenv("FJORD_AUTH_TOKEN", compute_token(ctl, keys, tl.tenant))
-    ep = Endpoint(tmp_path, tl, settings=SMALL, controller=ctl)
+    sks = [Safekeeper(tmp_path / "safekeepers", i).start() for i in (1, 2, 3)] if with_safekeepers else None
+    ep = Endpoint(tmp_path, tl, settings=SMALL, controller=ctl, safekeepers=sks)
     # The controller stopped at the end: compute_ctl says, once, that it keeps the last
     # location (the WARN line of `watch_controller`).
     ep.allowed_errors += [r"WARN .*could not reach the storage controller at \S+: .*; keeping page service"]
@@ -114,6 +123,8 @@ def test_compute_follows_its_tenant_to_a_new_pageserver(tmp_path, pg_factory, ke
     wait_until("compute_ctl to move postgres", lambda: moved in ep.logfile.read_text(), timeout_s=20)
     line = next(l for l in ep.logfile.read_text().splitlines() if moved in l)
     assert "INFO" in line and f"generation={placed['generation']}" in line and f"127.0.0.1:{ps.http_port}" in line, line
+    wait_until("the pageserver at its new address to be told where the WAL is",
+               lambda: f"the pageserver at https://127.0.0.1:{ps.http_port} follows this compute's WAL" in ep.logfile.read_text())
     wait_until("postgres to read the new address",
                lambda: ep.sql("SHOW fjord.pageserver_address")[0][0] == new_addr, timeout_s=10)
     load.wait_for(3, "queries after the move")
