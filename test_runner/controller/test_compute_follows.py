@@ -107,7 +107,7 @@ def test_compute_follows_its_tenant_to_a_new_pageserver(tmp_path, pg_factory, ke
     old_addr = f"127.0.0.1:{ps.pg_port}"
     assert ep.sql("SHOW fjord.pageserver_address")[0][0] == old_addr
     assert "the storage controller places the tenant at page service " + old_addr in ep.logfile.read_text()
-    rows = 100_000
+    rows = 30_000
     ep.sql(f"CREATE TABLE big AS SELECT i, repeat('x', 100) AS pad FROM generate_series(1, {rows}) i")
     ep.sql("CREATE TABLE log (n int)")
     load = Load(ep, rows * (rows + 1) // 2)
