@@ -362,7 +362,8 @@ fn client_at(url: &str, tls: Option<tls::ClientTls>, token: Option<String>) -> C
 /// given.
 fn start_location(args: &Args, controller: Option<&ControllerClient>) -> anyhow::Result<Location> {
     let flags = || Location {
-        http_url: args.pageserver_http.clone().unwrap_or_else(|| DEFAULT_PAGESERVER_HTTP.into()),
+        // Without a trailing slash, as the controller's answer is built: the two compare.
+        http_url: args.pageserver_http.as_deref().unwrap_or(DEFAULT_PAGESERVER_HTTP).trim_end_matches('/').to_string(),
         page_addr: args.pageserver_pg.clone().unwrap_or_else(|| DEFAULT_PAGESERVER_PG.into()),
         node_id: None,
         generation: None,
