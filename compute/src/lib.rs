@@ -6,6 +6,7 @@
 //! local file cache, which lives outside the data directory and is only a cache: what is
 //! kept of it is decided in `file_cache.rs`, and anything doubtful is dropped.
 
+pub mod controller;
 pub mod file_cache;
 pub mod pageserver;
 pub mod pgconf;

@@ -2,6 +2,8 @@
 //!
 //! A compute is stateless: every start fetches a new basebackup and writes these files
 //! from scratch, so they are rendered here from typed settings and never edited in place.
+//! The one change while postgres runs is a new page service address (the tenant moved):
+//! `postgresql.conf` is then rendered again with it and replaced whole.
 //! The text is pure (no I/O) so that unit tests can hold it to what the extension and the
 //! pageserver expect.
 
@@ -222,6 +224,15 @@ pub fn replica_conninfo(
         ports.join(","),
         quoted(name)
     )
+}
+
+/// Replaces `postgresql.conf` in a running compute's data directory, atomically (a reload
+/// reads the whole old file or the whole new one): the tenant moved to another pageserver
+/// and `fjord.pageserver_address` with it. The file is rendered from the same settings as at
+/// start, so nothing else changes.
+pub fn write_postgresql_conf(pgdata: &Path, settings: &ComputeSettings) -> anyhow::Result<()> {
+    let path = pgdata.join("postgresql.conf");
+    crashsafe::write_file_atomic(&path, postgresql_conf(settings).as_bytes()).with_context(|| format!("replace {}", path.display()))
 }
 
 /// Writes `postgresql.conf`, `pg_hba.conf` and an empty `pg_ident.conf`, replacing whatever

@@ -2,7 +2,9 @@
 //!
 //! With `fjord.pageserver_address` empty the storage manager runs in pass-through mode
 //! (every relation on local disk through md.c); set, permanent relations live on the
-//! pageserver and `fjord.tenant_id` / `fjord.timeline_id` must name the timeline.
+//! pageserver and `fjord.tenant_id` / `fjord.timeline_id` must name the timeline. Which of
+//! the two is decided at server start; the address itself may change on reload (a tenant
+//! moved to another pageserver), and backends follow it (`client.rs`, `reload.rs`).
 //!
 //! With `fjord.safekeepers` set, the WAL proposer runs as a background worker and commits
 //! wait for a majority of safekeepers (`wal_proposer.rs`). The list is validated in
@@ -36,9 +38,9 @@ pub fn define() {
     GucRegistry::define_string_guc(
         c"fjord.pageserver_address",
         c"host:port of the pageserver's page service; empty keeps every relation on local disk.",
-        c"When set, permanent relations are read from the pageserver at an LSN and never written to local files.",
+        c"When set at server start, permanent relations are read from the pageserver at an LSN and never written to local files. A reload may change the address (not empty it, nor set it on a server started without one): each backend moves its connection at its next request, and a read waiting on the old address moves too.",
         &PAGESERVER_ADDRESS,
-        GucContext::Postmaster,
+        GucContext::Sighup,
         GucFlags::default(),
     );
     GucRegistry::define_string_guc(
@@ -163,7 +165,8 @@ fn string(s: &GucSetting<Option<CString>>) -> Option<String> {
     s.get().map(|c| c.to_string_lossy().into_owned()).filter(|s| !s.trim().is_empty())
 }
 
-/// The page service address, if the compute reads from a pageserver.
+/// The page service address, if the compute reads from a pageserver: the value this
+/// process last applied (a reload may not be applied yet; see `reload.rs`).
 pub fn pageserver_address() -> Option<String> {
     string(&PAGESERVER_ADDRESS)
 }

@@ -20,6 +20,7 @@ mod cache;
 mod client;
 mod file_cache;
 mod guc;
+mod reload;
 mod replica;
 mod shmem;
 mod smgr;

@@ -7,6 +7,11 @@
 //! (one JSON line on stdout) -> forward shutdown signals until postgres exits -> exit with
 //! postgres' status.
 //!
+//! With `--controller`, the pageserver's addresses come from the storage controller at start,
+//! and a watcher thread follows the tenant when it moves (`watch_controller`): postgres is
+//! reloaded with the new page service address and compute_ctl's own pageserver client
+//! moves too, with no restart.
+//!
 //! A read replica (`--replica`): no sync; the pageserver is pointed at the safekeepers, the
 //! basebackup is a hot standby's (`standby=true`: it starts at a running-transactions
 //! record), and `standby.signal` plus a `primary_conninfo` naming every safekeeper make
@@ -20,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use compute::controller::{ControllerClient, Location, SharedLocation};
 use compute::file_cache;
 use compute::pageserver;
 use compute::pgconf::{self, ComputeSettings};
@@ -50,12 +56,26 @@ struct Args {
     /// Bin directory of fjord's PostgreSQL build (postgres, pg_isready).
     #[arg(long, value_name = "DIR")]
     pg_bin_dir: PathBuf,
-    /// Base URL of the pageserver's management API.
-    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:9898")]
-    pageserver_http: String,
-    /// host:port of the pageserver's page service, for the fjord extension.
-    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:64000")]
-    pageserver_pg: String,
+    /// Base URL of the pageserver's management API [default without --controller:
+    /// http://127.0.0.1:9898]. With --controller: used only if the controller does not
+    /// answer at start.
+    #[arg(long, value_name = "URL")]
+    pageserver_http: Option<String>,
+    /// host:port of the pageserver's page service, for the fjord extension [default without
+    /// --controller: 127.0.0.1:64000]. With --controller: used only if the controller does
+    /// not answer at start.
+    #[arg(long, value_name = "HOST:PORT")]
+    pageserver_pg: Option<String>,
+    /// Base URL of the storage controller (https://host:port with --tls-ca): compute_ctl
+    /// asks it where the tenant is attached (GET /v1/tenant/{tenant}) at start, then every
+    /// --controller-poll-interval-ms, and when the tenant moves, it reloads postgres with the
+    /// new page service address and moves its own pageserver requests, without a restart. A
+    /// controller that does not answer changes nothing. Sends FJORD_AUTH_TOKEN.
+    #[arg(long, value_name = "URL")]
+    controller: Option<String>,
+    /// How often to ask the storage controller (--controller) where the tenant is, in ms.
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_CONTROLLER_POLL_MS, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    controller_poll_interval_ms: u64,
     /// Tenant id (32 hex digits).
     #[arg(long)]
     tenant: TenantId,
@@ -128,6 +148,24 @@ struct Args {
     client_tls: Option<tls::ClientTls>,
 }
 
+/// Without --controller: where the pageserver is unless --pageserver-* say otherwise.
+const DEFAULT_PAGESERVER_HTTP: &str = "http://127.0.0.1:9898";
+const DEFAULT_PAGESERVER_PG: &str = "127.0.0.1:64000";
+
+/// How often the watcher asks the controller where the tenant is. A failover must complete
+/// within 5 s of a pageserver's death, end to end (docs/decisions/0013-storage-controller.md):
+/// the controller takes up to 3 s to declare it dead, the database transaction and the
+/// secondary's attach (it catches up WAL) take a few hundred ms, which leaves the compute
+/// about 1.5 s. Its part is this interval (the move is seen at most one interval after the
+/// controller committed it), one request (ms, on a kept-alive connection), the reload
+/// (postgres signals every backend at once) and each backend's next request (a read waiting
+/// on the dead pageserver sleeps between retries, but a reload wakes it and a move is tried
+/// at once).
+/// 250 ms uses a sixth of that margin; shorter would buy little against the 3 s of
+/// detection and costs the controller a read per compute per interval (4 per second per
+/// compute here).
+const DEFAULT_CONTROLLER_POLL_MS: u64 = 250;
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
@@ -164,9 +202,11 @@ fn run(mut args: Args) -> anyhow::Result<i32> {
     if args.replica && safekeepers.is_none() {
         bail!("--replica needs --safekeepers: a read replica streams the branch's committed WAL from them");
     }
+    let controller = args.controller.as_deref().map(|url| ControllerClient::new(url, args.client_tls.clone(), args.auth_token.clone()));
+    let location = start_location(&args, controller.as_ref())?;
     let pgdata = absolute(&args.pgdata)?;
     let file_cache = file_cache_path(&args, &pgdata)?;
-    let mut settings = settings(&args, safekeepers.as_deref(), &file_cache)?;
+    let mut settings = settings(&args, safekeepers.as_deref(), &file_cache, &location.page_addr)?;
     let user = compute::os_user_name()?;
     let postgres_log = match &args.postgres_log {
         Some(p) => p.clone(),
@@ -180,7 +220,8 @@ fn run(mut args: Args) -> anyhow::Result<i32> {
     }
 
     let created = compute::prepare_pgdata(&pgdata)?;
-    let client = pageserver_client(&args);
+    let client = pageserver_client(&args, &location.http_url);
+    let location: SharedLocation = Arc::new(Mutex::new(location));
     keep_full_page_writes_unless_rebuilt_without(&client, &mut settings);
     let synced = match (&safekeepers, args.lsn) {
         (Some(list), _) if args.replica => follow_safekeepers(&client, &args, list).map(|()| None),
@@ -268,9 +309,28 @@ fn run(mut args: Args) -> anyhow::Result<i32> {
     println!("{report}");
     let status_writes = Arc::new(Mutex::new(true));
     if args.replica {
-        hold_replay_position(&args, &probe_host, &user, report.clone(), Arc::clone(&status_writes));
+        hold_replay_position(&args, &location, &probe_host, &user, report.clone(), Arc::clone(&status_writes));
     } else if let Some(lsn) = args.lsn {
-        keep_lease(&args, fixed_lsn_holder(&args, lsn), "the compute's LSN", move || Ok(lsn));
+        keep_lease(&args, &location, fixed_lsn_holder(&args, lsn), "the compute's LSN", move || Ok(lsn));
+    }
+    if let Some(controller) = controller {
+        let follow = wal_source_for_a_new_pageserver(&args, safekeepers.as_deref(), &probe_host, &user);
+        let watcher = Watcher {
+            controller,
+            tenant: args.tenant,
+            interval: Duration::from_millis(args.controller_poll_interval_ms),
+            location: Arc::clone(&location),
+            settings,
+            pgdata: pgdata.clone(),
+            postmaster_pid: postmaster.pid(),
+            client_config: (args.client_tls.clone(), args.auth_token.clone()),
+            follow,
+        };
+        // The thread's lines carry the tenant and timeline, as the rest of compute_ctl's.
+        let span = tracing::Span::current();
+        if let Err(e) = std::thread::Builder::new().name("controller".into()).spawn(move || span.in_scope(|| watch_controller(watcher))) {
+            tracing::error!("could not start the controller watcher: {e}; this compute does not follow its tenant if it moves");
+        }
     }
 
     let status = postmaster.supervise()?;
@@ -286,11 +346,170 @@ fn run(mut args: Args) -> anyhow::Result<i32> {
     Ok(postgres::exit_code(status))
 }
 
-/// The client of the pageserver's API at --pageserver-http, with the token and the cluster
-/// CA (an `https://` URL needs --tls-ca).
-fn pageserver_client(args: &Args) -> Client {
-    let config = pageserver_api::ClientConfig { tls: args.client_tls.clone(), ..Default::default() };
-    Client::with_config(&args.pageserver_http, config).with_token(args.auth_token.clone())
+/// The client of the pageserver's API at `url` (the current location's), with the token and
+/// the cluster CA (an `https://` URL needs --tls-ca).
+fn pageserver_client(args: &Args, url: &str) -> Client {
+    client_at(url, args.client_tls.clone(), args.auth_token.clone())
+}
+
+fn client_at(url: &str, tls: Option<tls::ClientTls>, token: Option<String>) -> Client {
+    let config = pageserver_api::ClientConfig { tls, ..Default::default() };
+    Client::with_config(url, config).with_token(token)
+}
+
+/// Where the pageserver is at start: --pageserver-* (or their defaults) without a
+/// controller; with one, its answer, or --pageserver-* if it does not answer and both were
+/// given.
+fn start_location(args: &Args, controller: Option<&ControllerClient>) -> anyhow::Result<Location> {
+    let flags = || Location {
+        // Without a trailing slash, as the controller's answer is built: the two compare.
+        http_url: args.pageserver_http.as_deref().unwrap_or(DEFAULT_PAGESERVER_HTTP).trim_end_matches('/').to_string(),
+        page_addr: args.pageserver_pg.clone().unwrap_or_else(|| DEFAULT_PAGESERVER_PG.into()),
+        node_id: None,
+        generation: None,
+    };
+    let Some(controller) = controller else { return Ok(flags()) };
+    match controller.location(args.tenant) {
+        Ok(location) => {
+            tracing::info!(
+                node_id = location.node_id,
+                generation = location.generation,
+                "the storage controller places the tenant at page service {}, HTTP {}",
+                location.page_addr,
+                location.http_url
+            );
+            Ok(location)
+        }
+        Err(e) if args.pageserver_http.is_some() && args.pageserver_pg.is_some() => {
+            tracing::warn!("{e:#}; starting with --pageserver-http and --pageserver-pg, and following the controller once it answers");
+            Ok(flags())
+        }
+        Err(e) => {
+            Err(e).context("ask the storage controller where the tenant is (--controller; or give --pageserver-http and --pageserver-pg)")
+        }
+    }
+}
+
+/// What tells a pageserver the tenant moved to where this compute's WAL is, as at start:
+/// the safekeepers (a writer with safekeepers, a replica), the compute itself (a writer
+/// without), nothing (a compute at a past LSN). Asking a pageserver that already follows
+/// the same source changes nothing there.
+type Follow = Box<dyn Fn(&Client) -> anyhow::Result<()> + Send>;
+
+fn wal_source_for_a_new_pageserver(args: &Args, safekeepers: Option<&[Safekeeper]>, host: &str, user: &str) -> Option<Follow> {
+    let (tenant, timeline) = (args.tenant, args.timeline);
+    match safekeepers {
+        _ if args.lsn.is_some() => None,
+        Some(list) => {
+            let sources: Vec<(String, u16)> = list.iter().map(|s| (s.host.clone(), s.port)).collect();
+            Some(Box::new(move |client: &Client| pageserver::start_wal_receiver_from_safekeepers(client, tenant, timeline, &sources)))
+        }
+        None => {
+            let (host, user, port) = (host.to_string(), user.to_string(), args.port);
+            Some(Box::new(move |client: &Client| pageserver::start_wal_receiver(client, tenant, timeline, &host, port, &user)))
+        }
+    }
+}
+
+/// What the controller watcher needs.
+struct Watcher {
+    controller: ControllerClient,
+    tenant: TenantId,
+    interval: Duration,
+    location: SharedLocation,
+    /// postgresql.conf as written at start; a move changes its page service address.
+    settings: ComputeSettings,
+    pgdata: PathBuf,
+    postmaster_pid: u32,
+    /// The cluster CA and token for a client of the new pageserver.
+    client_config: (Option<tls::ClientTls>, Option<String>),
+    follow: Option<Follow>,
+}
+
+/// Asks the controller where the tenant is every `interval` until postgres shuts down, and
+/// moves the compute when the answer names another pageserver: `fjord.pageserver_address`
+/// rewritten in postgresql.conf and postgres reloaded (SIGHUP to the postmaster, which
+/// passes it to every backend: the extension moves each backend's connection at its next
+/// request, a read waiting on the old address included), then compute_ctl's own
+/// pageserver client. A controller that does not answer, or answers nonsense, is logged
+/// once and changes nothing: the compute serves on from the last location.
+fn watch_controller(mut w: Watcher) {
+    let mut unanswered: Option<String> = None;
+    // The new pageserver has not yet been told where the WAL is.
+    let mut follow_pending = false;
+    let mut follow_failed = false;
+    loop {
+        std::thread::sleep(w.interval);
+        if compute::postgres::shutting_down() {
+            return;
+        }
+        let new = match w.controller.location(w.tenant) {
+            Ok(new) => new,
+            Err(e) => {
+                if unanswered.is_none() {
+                    let last = w.location.lock().unwrap_or_else(|e| e.into_inner()).page_addr.clone();
+                    tracing::warn!("{e:#}; keeping page service {last} and asking again every {} ms", w.interval.as_millis());
+                }
+                unanswered = Some(format!("{e:#}"));
+                continue;
+            }
+        };
+        if unanswered.take().is_some() {
+            tracing::info!("the storage controller at {} answers again", w.controller.base_url());
+        }
+        let old = w.location.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if old.moved_to(&new) {
+            if let Err(e) = move_postgres(&mut w, &new) {
+                tracing::error!("could not move postgres to page service {}: {e:#}; trying again at the next poll", new.page_addr);
+                continue;
+            }
+            tracing::info!(
+                generation = new.generation,
+                node_id = new.node_id,
+                "tenant moved: page service {} -> {}, HTTP {} -> {}; postgres reloaded",
+                old.page_addr,
+                new.page_addr,
+                old.http_url,
+                new.http_url
+            );
+            *w.location.lock().unwrap_or_else(|e| e.into_inner()) = new.clone();
+            follow_pending = w.follow.is_some();
+            follow_failed = false;
+        } else if old.generation != new.generation || old.node_id != new.node_id {
+            tracing::info!(generation = new.generation, node_id = new.node_id, "tenant's attachment changed on the same addresses");
+            *w.location.lock().unwrap_or_else(|e| e.into_inner()) = new.clone();
+        }
+        if let (true, Some(follow)) = (follow_pending, &w.follow) {
+            let client = client_at(&new.http_url, w.client_config.0.clone(), w.client_config.1.clone());
+            match follow(&client) {
+                Ok(()) => {
+                    tracing::info!("the pageserver at {} follows this compute's WAL", new.http_url);
+                    follow_pending = false;
+                }
+                Err(e) if !follow_failed => {
+                    tracing::warn!(
+                        "could not tell the pageserver at {} where this compute's WAL is: {e:#}; trying again at the next poll",
+                        new.http_url
+                    );
+                    follow_failed = true;
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// Rewrites postgresql.conf with `new`'s page service address (atomically: a reload reads
+/// the old file or the new one) and sends SIGHUP to the postmaster.
+fn move_postgres(w: &mut Watcher, new: &Location) -> anyhow::Result<()> {
+    w.settings.pageserver_pg = new.page_addr.clone();
+    pgconf::write_postgresql_conf(&w.pgdata, &w.settings)?;
+    let pid = libc::pid_t::try_from(w.postmaster_pid).context("the postmaster's pid")?;
+    // SAFETY: kill(2) with a pid compute_ctl started and supervises.
+    if unsafe { libc::kill(pid, libc::SIGHUP) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("send SIGHUP to the postmaster");
+    }
+    Ok(())
 }
 
 /// Syncs the safekeepers and points the pageserver's WAL receiver at them (before the
@@ -340,13 +559,20 @@ const LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(1);
 /// Keeps the pageserver's GC from collecting what this replica reads: every second, a lease
 /// on its replay position (the LSN it reads every page at). A refused lease (the replica
 /// fell behind the GC horizon, so its reads fail too) is logged as an error once.
-fn hold_replay_position(args: &Args, host: &str, user: &str, report: serde_json::Value, status_writes: Arc<Mutex<bool>>) {
+fn hold_replay_position(
+    args: &Args,
+    location: &SharedLocation,
+    host: &str,
+    user: &str,
+    report: serde_json::Value,
+    status_writes: Arc<Mutex<bool>>,
+) {
     let status_file = args.status_file.clone();
     let port = args.port;
     let (pg_bin_dir, host, user) = (args.pg_bin_dir.clone(), host.to_string(), user.to_string());
     let holder = format!("replica {} at {}:{port} pid {}", args.name, host, std::process::id());
     let session: Mutex<Option<postgres::Session>> = Mutex::new(None);
-    keep_lease(args, holder, "the replay position", move || {
+    keep_lease(args, location, holder, "the replay position", move || {
         let mut session = session.lock().unwrap_or_else(|e| e.into_inner());
         // No new connection to a postgres that is shutting down: it would refuse it.
         anyhow::ensure!(!compute::postgres::shutting_down(), "postgres is shutting down");
@@ -390,14 +616,28 @@ fn lease_fixed_lsn(client: &Client, args: &Args, lsn: Lsn) -> anyhow::Result<()>
 
 /// Renews the lease `holder` every `LEASE_RENEW_INTERVAL` on the LSN `lsn_now` gives, in a
 /// thread until postgres is asked to shut down; a failure is logged as an error once (until
-/// a renewal succeeds again).
-fn keep_lease(args: &Args, holder: String, what: &'static str, lsn_now: impl Fn() -> anyhow::Result<Lsn> + Send + 'static) {
-    let client = pageserver_client(args);
+/// a renewal succeeds again). Each renewal goes to the pageserver of the current
+/// `location` (the tenant may move).
+fn keep_lease(
+    args: &Args,
+    location: &SharedLocation,
+    holder: String,
+    what: &'static str,
+    lsn_now: impl Fn() -> anyhow::Result<Lsn> + Send + 'static,
+) {
+    let location = Arc::clone(location);
+    let (tls, token) = (args.client_tls.clone(), args.auth_token.clone());
+    let url_now = move || location.lock().unwrap_or_else(|e| e.into_inner()).http_url.clone();
+    let mut client = client_at(&url_now(), tls.clone(), token.clone());
     let ttl_secs = args.replica_lease_ttl_secs;
     let (tenant, timeline) = (args.tenant, args.timeline);
     let spawned = std::thread::Builder::new().name("lease".into()).spawn(move || {
         let mut last_error: Option<String> = None;
         loop {
+            let url = url_now();
+            if client.base_url() != url.trim_end_matches('/') {
+                client = client_at(&url, tls.clone(), token.clone());
+            }
             let result = lsn_now().and_then(|lsn| {
                 let request = LsnLeaseRequest { holder: holder.clone(), lsn, ttl_secs };
                 client.lsn_lease(tenant, timeline, &request).map_err(anyhow::Error::from)
@@ -496,7 +736,7 @@ fn keep_full_page_writes_unless_rebuilt_without(client: &Client, settings: &mut 
     settings.overrides.insert(0, ("full_page_writes".into(), "on".into()));
 }
 
-fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path) -> anyhow::Result<ComputeSettings> {
+fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path, pageserver_pg: &str) -> anyhow::Result<ComputeSettings> {
     let mut overrides = args.settings.iter().map(|s| pgconf::parse_override(s)).collect::<anyhow::Result<Vec<_>>>()?;
     overrides.insert(0, ("fjord.file_cache_path".into(), file_cache.display().to_string()));
     // Absolute: postgres (the extension, and a replica's walreceiver through libpq) reads
@@ -505,7 +745,7 @@ fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path) 
     Ok(ComputeSettings {
         listen: args.listen.clone(),
         port: args.port,
-        pageserver_pg: args.pageserver_pg.clone(),
+        pageserver_pg: pageserver_pg.to_string(),
         tenant_id: args.tenant,
         timeline_id: args.timeline,
         tls_ca_file: tls_ca_file.clone(),
@@ -588,7 +828,7 @@ mod tests {
         .unwrap();
         args.client_tls = args.tls.load().unwrap();
         let list = safekeepers::parse_list(args.safekeepers.as_deref().unwrap()).unwrap();
-        let s = settings(&args, Some(&list), Path::new("/cache")).unwrap();
+        let s = settings(&args, Some(&list), Path::new("/cache"), "127.0.0.1:64000").unwrap();
         let expected = absolute(&ca).unwrap().display().to_string();
         assert_eq!(s.tls_ca_file.as_deref(), Some(expected.as_str()));
         let conninfo = s.replica_conninfo.unwrap();
