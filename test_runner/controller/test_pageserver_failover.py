@@ -194,7 +194,7 @@ def test_data_flows_while_the_controllers_database_is_down(tmp_path, pg_factory,
     ep.stop()
     ep.start()  # a basebackup from the pageserver, every page read from it afresh
     assert ep.sql("SELECT count(*) FROM t") == [(200,)]
-    assert c.status()["leader"] is False
+    wait_until("the controller to stop believing it leads", lambda: c.status()["leader"] is False, timeout_s=30)
     cl.db.start()
     wait_until("the controller to lead again", lambda: c.status()["leader"], timeout_s=30)
     cl.ps[cl.first].kill()
@@ -234,7 +234,7 @@ def test_a_pageserver_joins_only_as_itself(tmp_path, pg_factory):
     keys = KeyPair(tmp_path / "keys")
     c = Controller(tmp_path, "a", db.conninfo, auth_public_key=keys.public_path).start()
     c.token = keys.admin()
-    c.allowed_errors += ["refused POST"]
+    c.allowed_errors += ["refused POST", "refused GET"]
     node2 = {"node_id": 2, "http_addr": "127.0.0.1:1", "page_addr": "127.0.0.1:2"}
     wait_until("the controller to lead", lambda: c.status()["leader"])
     c.http("POST", "/v1/node", node2)
