@@ -167,3 +167,12 @@ def test_bench_soak(tmp_path: Path, short_tmp: Path):
     assert_numbers(r, "pgbench.tps", "pgbench.transactions", "summary.tps_first", "summary.tps_last",
                    "summary.disk.pageserver.max", "summary.disk.sk1.max", "summary.disk.object_storage.max",
                    "summary.getpage_hot_p99_us.last", "summary.getpage_random_p99_us.last")
+
+
+def test_bench_failover(tmp_path: Path, short_tmp: Path):
+    r = bench(tmp_path, short_tmp, "failover", "--rounds", "2", "--scale", "1", "--clients", "2")
+    assert [x["round"] for x in r["rounds"]] == [1, 2]
+    # Each round moved the tenant to the other pageserver, one generation up.
+    assert r["rounds"][0]["to"] == r["rounds"][1]["from"] and r["rounds"][1]["to"] == r["rounds"][0]["from"]
+    assert r["rounds"][1]["generation"] > r["rounds"][0]["generation"]
+    assert_numbers(r, "summary.p50_s", "summary.p99_s")

@@ -1,0 +1,159 @@
+"""Pageserver failover time: how long after the kill of a tenant's attached pageserver a
+compute reads again, over repeated failovers, with the storage controller's default timings.
+
+Run through scripts/bench-failover (which explains the flags). One cluster on this machine:
+a plain PostgreSQL for the controller's database, one storage controller, two pageservers
+joined to it sharing object storage in a directory, three safekeepers, and one compute
+started with `compute_ctl --controller` and small caches (so that a scan reads its pages
+from the pageserver). pgbench read-write runs against the compute throughout. Each round:
+
+1. kill -9 the tenant's attached pageserver;
+2. scan pgbench_accounts until a scan succeeds: the failover time is from the kill to that
+   success (detection by the controller, the transaction that raises the generation, the
+   secondary's attach and WAL catch-up, the compute's move);
+3. start the killed pageserver again (it joins as the tenant's new secondary) and wait for
+   the placement to name it, then for pgbench to commit again.
+
+The run fails only when something breaks (a process of the cluster dies on its own, pgbench
+fails, a scan errors after the failover, balances differ at the end); the times are
+recorded, never judged. Prints a table, writes JSON and a markdown section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fixtures.compute import Endpoint, Timeline  # noqa: E402
+from fixtures.controller import Controller  # noqa: E402
+from fixtures.pageserver import Pageserver  # noqa: E402
+from fixtures.paths import pg_bin_dir  # noqa: E402
+from fixtures.postgres import PgServer, wait_until  # noqa: E402
+from fixtures.safekeeper import Safekeeper  # noqa: E402
+
+SMALL = {"shared_buffers": "1MB", "fjord.file_cache_size": "1MB"}
+
+
+def percentile(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--scale", type=int, default=10)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--heartbeat-interval-ms", type=int, default=500)
+    ap.add_argument("--offline-after-ms", type=int, default=2000)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--markdown", required=True)
+    ap.add_argument("--command", default="scripts/bench-failover")
+    ap.add_argument("--flavor", default="unknown")
+    args = ap.parse_args()
+
+    base = Path(tempfile.mkdtemp(prefix="fjord-bench-failover-"))
+    started: list = []
+    result: dict = {"command": args.command, "flavor": args.flavor, "host": platform.node(), "rounds": [],
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "timings": {"heartbeat_interval_ms": args.heartbeat_interval_ms, "offline_after_ms": args.offline_after_ms}}
+    bench = None
+    try:
+        db = PgServer(base, "controller-db").initdb().start()
+        started.append(db)
+        ctl = Controller(base, "a", db.conninfo, heartbeat_interval_ms=args.heartbeat_interval_ms,
+                         offline_after_ms=args.offline_after_ms).start()
+        started.append(ctl)
+        remote = base / "remote"
+        remote.mkdir()
+        ps = {}
+        for i in (1, 2):
+            config = f'remote_storage = "file://{remote}"\ncontroller_url = "https://{ctl.addr}"\nnode_id = {i}\n'
+            ps[i] = Pageserver(base / f"ps{i}", config=config).start()
+            started.append(ps[i])
+        sks = [Safekeeper(base / "safekeepers", i).start() for i in (1, 2, 3)]
+        started.extend(sks)
+        wait_until("both pageservers online", lambda: sorted(
+            n["node_id"] for n in ctl.http("GET", "/v1/node") if n["availability"] == "online") == [1, 2], timeout_s=60)
+        tenant = uuid.uuid4().hex
+        where = ctl.http("POST", "/v1/tenant", {"tenant_id": tenant})
+        attached = where["attached"]["node_id"]
+        wait_until("the attach", lambda: any(t["tenant_id"] == tenant and t["mode"] == "attached"
+                                             for t in ps[attached].http("GET", "/v1/location")["tenants"]), timeout_s=60)
+        tl = Timeline(base, ps[attached], tenant=tenant, create_tenant=False)
+        ep = Endpoint(base, tl, settings=SMALL, safekeepers=sks, controller=ctl).start()
+        started.append(ep)
+        pgbench = [str(pg_bin_dir() / "pgbench"), "-h", "127.0.0.1", "-p", str(ep.port), "-U", getpass.getuser()]
+        subprocess.run([*pgbench, "-i", "-q", "-s", str(args.scale), "postgres"], check=True, capture_output=True, timeout=1800)
+        bench = subprocess.Popen([*pgbench, "-c", str(args.clients), "-T", "100000", "-n", "postgres"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in range(1, args.rounds + 1):
+            time.sleep(3)
+            where = ctl.http("GET", f"/v1/tenant/{tenant}")
+            victim = where["attached"]["node_id"]
+            ps[victim].kill()
+            killed = time.monotonic()
+            while True:
+                try:
+                    with ep.connect(connect_timeout=60) as conn:
+                        conn.execute("SELECT sum(abalance) FROM pgbench_accounts").fetchone()
+                    break
+                except Exception:  # noqa: BLE001 - retried until the first success
+                    time.sleep(0.02)
+            took = time.monotonic() - killed
+            after = ctl.http("GET", f"/v1/tenant/{tenant}")
+            result["rounds"].append({"round": r, "seconds": round(took, 3), "from": victim, "to": after["attached"]["node_id"],
+                                     "generation": after["generation"]})
+            print(f"round {r}: pageserver {victim} killed; reads again after {took:.2f} s on pageserver "
+                  f"{after['attached']['node_id']} (generation {after['generation']})", flush=True)
+            if bench.poll() is not None:
+                raise RuntimeError(f"pgbench ended during round {r}: {bench.communicate()}")
+            ps[victim].start()
+            wait_until("the killed pageserver to be the secondary again",
+                       lambda: (ctl.http("GET", f"/v1/tenant/{tenant}").get("secondary") or {}).get("node_id") == victim, timeout_s=120)
+        bench.terminate()
+        out, err = bench.communicate(timeout=120)
+        sums = ep.sql("SELECT (SELECT sum(abalance) FROM pgbench_accounts), (SELECT sum(bbalance) FROM pgbench_branches),"
+                      " (SELECT sum(tbalance) FROM pgbench_tellers), (SELECT coalesce(sum(delta), 0) FROM pgbench_history)")[0]
+        if len(set(sums)) != 1:
+            raise RuntimeError(f"balances differ after the failovers: {sums}")
+        times = [x["seconds"] for x in result["rounds"]]
+        result["summary"] = {"rounds": len(times), "p50_s": percentile(times, 50), "p99_s": percentile(times, 99),
+                             "min_s": min(times), "max_s": max(times), "mean_s": round(statistics.mean(times), 3)}
+    except BaseException as e:
+        result["failure"] = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        if bench is not None and bench.poll() is None:
+            bench.kill()
+        for s in reversed(started):
+            try:
+                s.kill() if hasattr(s, "kill") else s.stop()
+            except Exception:  # noqa: BLE001 - best effort at the end
+                pass
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    s = result["summary"]
+    table = "\n".join(f"| {x['round']} | {x['from']} → {x['to']} | {x['generation']} | {x['seconds']:.2f} |" for x in result["rounds"])
+    Path(args.markdown).write_text(
+        f"{result['date']}, `{args.command}`, PostgreSQL {args.flavor}, heartbeat every {args.heartbeat_interval_ms} ms, "
+        f"offline after {args.offline_after_ms} ms, pgbench scale {args.scale} with {args.clients} clients throughout.\n\n"
+        f"Failover time (kill -9 of the attached pageserver to the first successful scan of pages not in the compute's "
+        f"caches), {s['rounds']} rounds: **p50 {s['p50_s']:.2f} s, p99 {s['p99_s']:.2f} s** (min {s['min_s']:.2f}, "
+        f"max {s['max_s']:.2f}).\n\n| round | pageserver | generation | seconds |\n|---|---|---|---|\n{table}\n")
+    print(f"failover: p50 {s['p50_s']:.2f} s, p99 {s['p99_s']:.2f} s over {s['rounds']} rounds")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
