@@ -42,7 +42,7 @@ async fn round(ctl: &Arc<Controller>, reported_stuck: &mut HashSet<proto::Tenant
     let nodes = ctl.db.nodes().await?;
     let mut checks = tokio::task::JoinSet::new();
     for n in &nodes {
-        let (id, url) = (n.node.node_id, base_url(ctl, &n.node.http_addr));
+        let (id, url) = (n.node.node_id, ctl.base_url(&n.node.http_addr));
         let config = ClientConfig {
             connect_timeout: ctl.config.heartbeat_timeout,
             request_timeout: Some(ctl.config.heartbeat_timeout),
@@ -195,10 +195,6 @@ pub fn candidates(seen: &HashMap<u64, Availability>, loads: &[NodeRow]) -> Vec<C
             secondaries: n.secondaries,
         })
         .collect()
-}
-
-pub fn base_url(ctl: &Controller, http_addr: &str) -> String {
-    format!("{}://{http_addr}", if ctl.config.client_tls.is_some() { "https" } else { "http" })
 }
 
 /// The longest a dead pageserver goes unnoticed with this configuration.

@@ -121,6 +121,11 @@ impl Controller {
         self.leadership.lock().expect("not poisoned").until.is_some_and(|t| Instant::now() < t)
     }
 
+    /// The URL of a pageserver's HTTP API at `http_addr`: https when TLS is on.
+    pub fn base_url(&self, http_addr: &str) -> String {
+        format!("{}://{http_addr}", if self.config.client_tls.is_some() { "https" } else { "http" })
+    }
+
     pub fn availability(&self, node: u64) -> Availability {
         if !self.is_leader() {
             return Availability::Unknown;

@@ -23,7 +23,6 @@ use pageserver_api::client::{Client, ClientConfig};
 use pageserver_api::models::{LocationConfig, LocationList, LocationMode};
 use proto::TenantId;
 
-use crate::heartbeat::base_url;
 use crate::models::TenantLocation;
 use crate::Controller;
 
@@ -72,7 +71,7 @@ pub fn send(ctl: &Arc<Controller>, nodes: &[(u64, String)], answers: &HashMap<u6
                 continue;
             }
             let ctl = Arc::clone(ctl);
-            let (node, url) = (*node, base_url(&ctl, http_addr));
+            let (node, url) = (*node, ctl.base_url(http_addr));
             tokio::task::spawn_blocking(move || {
                 let config =
                     ClientConfig { request_timeout: Some(ORDER_TIMEOUT), tls: ctl.config.client_tls.clone(), ..Default::default() };

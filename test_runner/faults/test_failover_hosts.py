@@ -67,6 +67,8 @@ class HostCluster:
         self.remote = tmp_path / "remote"
         self.remote.mkdir()
         self.db = PgServer(tmp_path, "controller-db").initdb().start()
+        # The controller's sessions end when the test tears the cluster down.
+        self.db.allowed_errors.append("connection to client lost")
         controller_host = net.host("controller")
         # The database is on the controller's host: its Unix socket.
         dsn = f"host={self.db.datadir.parent} port={self.db.port} user={self.db.user} dbname=postgres"
@@ -107,7 +109,8 @@ class HostCluster:
             sk.kill()
         for ps in self.ps.values():
             ps.kill()
-        self.controller.kill()
+        # Stopped, not killed: it ends its database sessions (and gives the lease up).
+        self.controller.stop()
 
 
 @pytest.fixture

@@ -487,10 +487,20 @@ fn watch_controller(mut w: Watcher) {
                     follow_pending = false;
                 }
                 Err(e) if !follow_failed => {
-                    tracing::warn!(
-                        "could not tell the pageserver at {} where this compute's WAL is: {e:#}; trying again at the next poll",
-                        new.http_url
-                    );
+                    // Right after a failover the controller names the new pageserver before
+                    // its attach is done: it does not know the tenant yet (404).
+                    let attaching = e.chain().any(|c| c.downcast_ref::<pageserver_api::Error>().and_then(|x| x.status()) == Some(404));
+                    if attaching {
+                        tracing::info!(
+                            "the pageserver at {} does not hold the tenant yet (attaching); trying again at the next poll",
+                            new.http_url
+                        );
+                    } else {
+                        tracing::warn!(
+                            "could not tell the pageserver at {} where this compute's WAL is: {e:#}; trying again at the next poll",
+                            new.http_url
+                        );
+                    }
                     follow_failed = true;
                 }
                 Err(_) => {}

@@ -44,23 +44,11 @@ pub struct IndexPart {
     pub gc_cutoff_lsn: Lsn,
     /// Layer file name → where and what it is.
     pub layers: BTreeMap<String, IndexLayer>,
-    /// Where the timeline's WAL comes from (its safekeepers), without credentials: an
-    /// attachment that loads the timeline from here follows them with its own token. Empty
-    /// when nobody registered sources (absent from the JSON then).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub wal_sources: Vec<RemoteWalSource>,
-}
-
-/// One WAL source of a timeline as its remote index names it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RemoteWalSource {
-    pub host: String,
-    pub port: u16,
-    pub user: String,
-    /// A compute's walsender, read without TLS (see the pageserver's `WalSource`).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub plaintext: bool,
+    /// What the service above the engine keeps with the timeline, by name: stored with
+    /// each index and given to the next attachment, never read by the engine. Absent from
+    /// the JSON when empty (indexes written before it read the same).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub service_data: BTreeMap<String, String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -116,16 +104,16 @@ mod tests {
             ancestor_lsn: Some(Lsn(0x800)),
             gc_cutoff_lsn: Lsn(0x10),
             layers,
-            wal_sources: vec![RemoteWalSource { host: "sk1".into(), port: 5454, user: "fjord".into(), plaintext: false }],
+            service_data: BTreeMap::from([("sources".to_string(), "[1, 2]".to_string())]),
         }
     }
 
     #[test]
-    fn an_index_without_sources_reads_as_before() {
+    fn an_index_without_service_data_reads_as_before() {
         let mut index = sample();
-        index.wal_sources.clear();
+        index.service_data.clear();
         let bytes = index.encode();
-        assert!(!String::from_utf8_lossy(&bytes).contains("wal_sources"));
+        assert!(!String::from_utf8_lossy(&bytes).contains("service_data"));
         assert_eq!(IndexPart::decode(&bytes, "x").unwrap(), index);
     }
 

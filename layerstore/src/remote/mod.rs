@@ -75,7 +75,7 @@ use remote_storage::{Backoff, RemoteError, RemoteStorage};
 use serde::{Deserialize, Serialize};
 
 use crate::layer::{DiskBudget, LayerDesc, LayerDownload, LayerFile, RemoteCopy};
-pub use index::{IndexLayer, IndexPart, RemoteWalSource, INDEX_FORMAT_VERSION};
+pub use index::{IndexLayer, IndexPart, INDEX_FORMAT_VERSION};
 
 const INDEX_PREFIX: &str = "index_part.json-";
 
@@ -551,7 +551,7 @@ impl RemoteTimelineClient {
             ancestor_lsn: ancestor.map(|a| a.1),
             gc_cutoff_lsn: Lsn::INVALID,
             layers: Default::default(),
-            wal_sources: Vec::new(),
+            service_data: Default::default(),
         });
         let generation = remote.generation();
         let projected = IndexPart { generation, ..projected };
@@ -655,19 +655,22 @@ impl RemoteTimelineClient {
         self.changed.notify_all();
     }
 
-    /// The WAL sources the projected index names.
-    pub fn wal_sources(&self) -> Vec<RemoteWalSource> {
-        lock(&self.state).projected.wal_sources.clone()
+    /// The service's datum `name` in the projected index.
+    pub fn service_data(&self, name: &str) -> Option<String> {
+        lock(&self.state).projected.service_data.get(name).cloned()
     }
 
-    /// Records where the timeline's WAL comes from in its index: an index upload is
-    /// scheduled when they changed.
-    pub fn set_wal_sources(&self, sources: Vec<RemoteWalSource>) {
+    /// Sets (or, with `None`, removes) the service's datum `name` in the index: an index
+    /// upload is scheduled when it changed.
+    pub fn set_service_data(&self, name: &str, value: Option<String>) {
         let mut state = lock(&self.state);
-        if state.projected.wal_sources == sources || self.remote.superseded_by().is_some() {
+        if state.projected.service_data.get(name) == value.as_ref() || self.remote.superseded_by().is_some() {
             return;
         }
-        state.projected.wal_sources = sources;
+        match value {
+            Some(v) => state.projected.service_data.insert(name.to_string(), v),
+            None => state.projected.service_data.remove(name),
+        };
         state.projected.generation = self.remote.generation();
         let index = state.projected.clone();
         state.ops.push_back(Op::UploadIndex(index));

@@ -513,15 +513,17 @@ impl Timeline {
         }
     }
 
-    /// The WAL sources the timeline's remote index names (empty without remote storage).
-    pub fn remote_wal_sources(&self) -> Vec<crate::remote::RemoteWalSource> {
-        self.remote.get().map(|r| r.wal_sources()).unwrap_or_default()
+    /// The service's datum `name` in the timeline's remote index (none without remote
+    /// storage): what the service above keeps for the next attachment.
+    pub fn remote_service_data(&self, name: &str) -> Option<String> {
+        self.remote.get().and_then(|r| r.service_data(name))
     }
 
-    /// Names the timeline's WAL sources in its remote index (nothing without remote storage).
-    pub fn set_remote_wal_sources(&self, sources: Vec<crate::remote::RemoteWalSource>) {
+    /// Sets or removes the service's datum `name` in the timeline's remote index (nothing
+    /// without remote storage).
+    pub fn set_remote_service_data(&self, name: &str, value: Option<String>) {
         if let Some(r) = self.remote.get() {
-            r.set_wal_sources(sources);
+            r.set_service_data(name, value);
         }
     }
 

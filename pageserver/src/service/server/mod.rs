@@ -695,7 +695,7 @@ impl Pageserver {
             crashsafe::write_private_file_atomic(&path, &sources.to_json()).with_context(|| format!("write {}", path.display()))?;
         }
         // In the remote index too (without the token), for the next attachment elsewhere.
-        t.set_remote_wal_sources(placement::to_index(&sources));
+        t.set_remote_service_data(placement::INDEX_WAL_SOURCES, Some(placement::to_index(&sources)));
         self.spawn_wal_receiver(t, sources);
         Ok(())
     }
@@ -729,7 +729,7 @@ impl Pageserver {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
             Err(e) => return Err(anyhow::Error::new(e).context(format!("remove {}", path.display())).into()),
         };
-        t.set_remote_wal_sources(Vec::new());
+        t.set_remote_service_data(placement::INDEX_WAL_SOURCES, None);
         let old = self.receivers.lock().unwrap_or_else(|p| p.into_inner()).remove(&(tenant, timeline));
         let had_receiver = old.is_some();
         if let Some(old) = old {

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use layerstore::remote::{GenerationSource, RemoteWalSource};
+use layerstore::remote::GenerationSource;
 use layerstore::tenant::Tenant;
 use pageserver_api::controller::{NodeRegisterRequest, ReAttachRequest};
 use pageserver_api::models::{LocationConfig, LocationList, LocationMode, TenantLocationState};
@@ -39,7 +39,7 @@ use remote_storage::RemoteStorage;
 
 use super::{read_wal_sources, ManagementError, Pageserver};
 use crate::service::localwal::WAL_RECEIVER_SOURCE_FILE;
-use crate::service::walreceiver::{WalSource, WalSources};
+use crate::service::walreceiver::WalSources;
 
 /// How long one call to the controller may take.
 const CONTROLLER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -165,7 +165,7 @@ impl Pageserver {
                 let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
                 let sources = match read_wal_sources(&path)? {
                     Some(local) => Some(local),
-                    None => from_index(&t.remote_wal_sources()),
+                    None => from_index(t.remote_service_data(INDEX_WAL_SOURCES)),
                 };
                 if let Some(sources) = sources {
                     if !path.exists() {
@@ -331,16 +331,20 @@ fn covered_by_remote(remote: &RemoteStorage, id: TenantId, dir: &Path) -> anyhow
     Ok(None)
 }
 
+/// The name of a timeline's WAL sources (without the token) in its remote index's service
+/// data.
+pub(super) const INDEX_WAL_SOURCES: &str = "wal_sources";
+
 /// The WAL sources a remote index names, as the receiver takes them (no token: the
 /// receiver presents the pageserver's own). `None` if it names none or they do not check.
-fn from_index(sources: &[RemoteWalSource]) -> Option<WalSources> {
-    if sources.is_empty() {
-        return None;
-    }
-    let list =
-        sources.iter().map(|s| WalSource { host: s.host.clone(), port: s.port, user: s.user.clone(), plaintext: s.plaintext }).collect();
-    match WalSources::new(list) {
-        Ok(s) => Some(s),
+fn from_index(sources: Option<String>) -> Option<WalSources> {
+    let text = sources?;
+    match WalSources::from_json(text.as_bytes()) {
+        Ok(s) if s.token().is_none() => Some(s),
+        Ok(_) => {
+            tracing::warn!("the WAL sources in the remote index carry a token: not following them");
+            None
+        }
         Err(e) => {
             tracing::warn!("the WAL sources in the remote index do not check ({e}): not following them");
             None
@@ -348,13 +352,9 @@ fn from_index(sources: &[RemoteWalSource]) -> Option<WalSources> {
     }
 }
 
-/// What a timeline's remote index records of its sources (never the token).
-pub(super) fn to_index(sources: &WalSources) -> Vec<RemoteWalSource> {
-    sources
-        .as_slice()
-        .iter()
-        .map(|s| RemoteWalSource { host: s.host.clone(), port: s.port, user: s.user.clone(), plaintext: s.plaintext })
-        .collect()
+/// What a timeline's remote index records of its sources: never the token.
+pub(super) fn to_index(sources: &WalSources) -> String {
+    String::from_utf8(sources.clone().with_token(None).to_json()).expect("JSON is UTF-8")
 }
 
 /// Joins the storage controller at start: registers this node's advertised addresses,
