@@ -92,12 +92,17 @@ enum Command {
 #[derive(Subcommand, Debug)]
 enum AuthCommand {
     /// Print a token: a tenant's (what a compute gets: its pages, WAL and the calls a
-    /// compute makes), narrowed to a branch with --branch, or an admin token (--admin).
+    /// compute makes), narrowed to a branch with --branch, an admin token (--admin), or a
+    /// pageserver's own (--pageserver ID).
     /// Use it as `Authorization: Bearer <token>`.
     Token {
         /// An admin token: every API, every tenant.
-        #[arg(long, conflicts_with_all = ["tenant", "branch"])]
+        #[arg(long, conflicts_with_all = ["tenant", "branch", "pageserver"])]
         admin: bool,
+        /// Pageserver ID's own token (a storage token for no tenant, naming the node): what
+        /// `pageserver --controller --node-id ID` takes in FJORD_AUTH_TOKEN.
+        #[arg(long, value_name = "ID", conflicts_with_all = ["tenant", "branch"])]
+        pageserver: Option<u64>,
         /// Tenant [default: the default tenant].
         #[arg(long)]
         tenant: Option<TenantId>,
@@ -228,9 +233,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Endpoint(EndpointCommand::Stop { name, mode }) => endpoint::stop(&repo, &name, mode),
         Command::Endpoint(EndpointCommand::List) => endpoint::list(&repo),
         Command::Endpoint(EndpointCommand::Connstr { name }) => endpoint::connstr(&repo, &name),
-        Command::Auth(AuthCommand::Token { admin, tenant, branch, expires_in }) => {
+        Command::Auth(AuthCommand::Token { admin, pageserver, tenant, branch, expires_in }) => {
             let mut claims = if admin {
                 auth::Claims::admin()
+            } else if let Some(node) = pageserver {
+                auth::Claims::pageserver(node)
             } else {
                 let state = repo.load_state()?;
                 let tenant = state.tenant(tenant)?;
