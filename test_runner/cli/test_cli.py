@@ -6,6 +6,9 @@ own directory with its own base port.
 
 from __future__ import annotations
 
+import base64
+import json
+
 import re
 import urllib.error
 import urllib.request
@@ -341,6 +344,12 @@ def test_authentication_is_on_by_default(started_repo, tmp_path):
     assert repo.http_json(timeline_path, token=branch_token)["timeline_id"] == main
     assert repo.http_status(timeline_path, token=KeyPair(tmp_path / "stranger").tenant(tenant)) == 401
     assert "nope" in repo.fail("auth", "token", "--branch", "nope")
+    # A pageserver's own token (for `pageserver --controller --node-id 3`): a storage token
+    # naming the node, which the management API refuses like any storage token.
+    node_token = repo.run("auth", "token", "--pageserver", "3").stdout.strip()
+    claims = json.loads(base64.urlsafe_b64decode(node_token.split(".")[1] + "=="))
+    assert (claims["scope"], claims["node_id"], claims.get("tenant_id")) == ("storage", 3, None)
+    assert repo.http_status("/v1/tenant", token=node_token) == 403
 
     # A safekeeper's API wants a token too.
     sk_http = f"{repo.http_url(repo.base_port + 3)}/v1/tenant/{tenant}/timeline/{main}"
