@@ -144,6 +144,9 @@ def pageserver_requests(ps: Pageserver, tl: Timeline, keys: KeyPair, lsn: str) -
         f"GET {matrix.TIMELINE_ROUTE}/basebackup": ("GET", f"{t}/basebackup?lsn={lsn}", None, {200}),
         "GET /v1/tenant/{tenant}/config": ("GET", f"/v1/tenant/{tl.tenant}/config", None, {200}),
         "PUT /v1/tenant/{tenant}/config": ("PUT", f"/v1/tenant/{tl.tenant}/config", {}, {200}),
+        "GET /v1/location": ("GET", "/v1/location", None, {200}),
+        # A pageserver without a storage controller takes no orders: 409 past authentication.
+        "PUT /v1/tenant/{tenant}/location": ("PUT", f"/v1/tenant/{tl.tenant}/location", {"mode": "detached"}, {409}),
         f"POST {matrix.TIMELINE_ROUTE}/checkpoint": ("POST", f"{t}/checkpoint", None, {200}),
         f"POST {matrix.TIMELINE_ROUTE}/compact": ("POST", f"{t}/compact", {}, {200}),
         f"POST {matrix.TIMELINE_ROUTE}/gc": ("POST", f"{t}/gc", {}, {200}),

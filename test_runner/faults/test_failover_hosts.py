@@ -20,6 +20,7 @@ controller's host.
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import signal
 import subprocess
@@ -203,10 +204,15 @@ def test_a_cut_off_pageserver_never_serves_or_writes_again(hosts):
     r = pgbench(ep, "-c", "2", "-t", "200", "-n")
     assert r.returncode == 0, r.stderr
     after = {p.name: p.stat().st_mtime_ns for p in objects.iterdir()}
-    gen = f"-{cl.placement()['generation']:08x}"
-    assert {o for o in before if o.endswith(gen)} <= set(after), "an object of the new generation is gone"
-    assert {(o, m) for o, m in after.items() if o.endswith("-00000001")} <= set(before.items()), \
-        "the old generation wrote after the failover"
+    # Every layer the new generation's index names is there: the old one deleted nothing of
+    # it. The old one wrote no index after it came back (layer uploads it had queued may
+    # land under its own generation's keys: objects no index names, which overwrite nothing).
+    generation = cl.placement()["generation"]
+    index = json.loads((objects / f"index_part.json-{generation:08x}").read_text())["index"]
+    missing = [n for n, layer in index["layers"].items() if not (objects / f"{n}-{layer['generation']:08x}").exists()]
+    assert not missing, f"layers the new generation's index names are gone: {missing}"
+    old_indexes = {(o, m) for o, m in after.items() if o.startswith("index_part.json-00000001")}
+    assert old_indexes <= set(before.items()), "the old generation uploaded an index after the failover"
     balances_hold(ep)
     # The compute moved for good: the old pageserver served no page since the heal.
     assert old.metrics().get("pageserver_getpage_seconds_count", 0) == served_before

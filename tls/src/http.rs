@@ -7,7 +7,8 @@
 //! touches established ones); anything else is a plaintext client, which gets an HTTP 400
 //! whose body says the API requires https, in the JSON shape of every other error
 //! (`{"error": "..."}`), and is closed. A refused client or a failed handshake is one WARN
-//! line with the peer's address, is told to the caller's observer with its reason (for a
+//! line with the peer's address (a client that leaves half way through the handshake, one
+//! INFO line: a stopped process, a probe), is told to the caller's observer with its reason (for a
 //! counter), and never stops the server.
 //!
 //! Handlers can read the peer's address as axum's `ConnectInfo<SocketAddr>` either way.
@@ -138,6 +139,12 @@ async fn handshake(
     }
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(stream)) => Ok(Some(stream)),
+        // The client went away in the middle (a process stopped while it connected, a
+        // probe that gives up): nothing the server can act on, so not a warning.
+        Ok(Err(e)) if matches!(e.kind(), std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset) => {
+            tracing::info!("HTTP client {peer} left during the TLS handshake: {e}");
+            Err("handshake")
+        }
         Ok(Err(e)) => {
             tracing::warn!("TLS handshake with HTTP client {peer} failed: {e}");
             Err("handshake")

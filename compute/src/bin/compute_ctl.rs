@@ -489,7 +489,8 @@ fn watch_controller(mut w: Watcher) {
                 Err(e) if !follow_failed => {
                     // Right after a failover the controller names the new pageserver before
                     // its attach is done: it does not know the tenant yet (404).
-                    let attaching = e.chain().any(|c| c.downcast_ref::<pageserver_api::Error>().and_then(|x| x.status()) == Some(404));
+                    let attaching = e.chain().any(|c| c.downcast_ref::<pageserver_api::Error>().and_then(|x| x.status()) == Some(404))
+                        || format!("{e:#}").contains("HTTP 404");
                     if attaching {
                         tracing::info!(
                             "the pageserver at {} does not hold the tenant yet (attaching); trying again at the next poll",

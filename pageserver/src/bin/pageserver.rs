@@ -48,8 +48,8 @@ struct Args {
     /// The storage controller's base URL (https://host:port): the pageserver joins it as
     /// --node-id at start and holds only the tenants it places here, with the generations
     /// it issues. Needs --node-id and --remote-storage. The token presented to it (and to
-    /// WAL sources restored from remote indexes) comes from FJORD_AUTH_TOKEN: a storage
-    /// token for no tenant in particular, or an admin token.
+    /// safekeepers restored from remote indexes) comes from FJORD_AUTH_TOKEN: this node's
+    /// own (`fjord auth token --pageserver ID`), checked at start.
     #[arg(long, value_name = "URL")]
     controller: Option<String>,
     /// This pageserver's id at the storage controller: stable across restarts, one per host.
@@ -115,7 +115,11 @@ fn main() -> anyhow::Result<()> {
     if let Some(v) = args.advertise_http {
         conf.advertise_http_addr = Some(v);
     }
-    conf.auth_token = std::env::var("FJORD_AUTH_TOKEN").ok().filter(|t| !t.is_empty());
+    // Its own token only with a controller: without one the pageserver holds no token, and
+    // one inherited from the caller's environment must not reach any WAL source.
+    if conf.controller_url.is_some() {
+        conf.auth_token = std::env::var("FJORD_AUTH_TOKEN").ok().filter(|t| !t.is_empty());
+    }
     check_own_token(&conf)?;
     if args.print_config {
         print!("{}", toml::to_string(&conf).context("render the configuration")?);

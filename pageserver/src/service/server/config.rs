@@ -91,9 +91,10 @@ pub struct PageserverConfig {
     pub advertise_pg_addr: Option<String>,
     /// `host:port` that the controller dials for the HTTP API (default: `listen_http_addr`).
     pub advertise_http_addr: Option<String>,
-    /// The pageserver's own token (from `FJORD_AUTH_TOKEN`, never from the file): presented
-    /// to the controller, and to WAL sources registered without one (those restored from a
-    /// timeline's remote index). A storage or admin token.
+    /// The pageserver's own token (from `FJORD_AUTH_TOKEN`, never from the file, and only
+    /// with `controller_url`): presented to the controller, and to safekeepers registered
+    /// without a token (those restored from a timeline's remote index). This node's own
+    /// storage token (`fjord auth token --pageserver ID`).
     #[serde(skip)]
     pub auth_token: Option<String>,
 }

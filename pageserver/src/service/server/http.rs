@@ -15,6 +15,8 @@
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/evict_layers` | delete the local copy of every layer remote storage holds (reads download them again): how many and their bytes |
 //! | GET | `/v1/tenant/{tenant}/config` | the tenant's settings and its PITR window in force |
 //! | PUT | `/v1/tenant/{tenant}/config` | `{"pitr_window"?: "1s"}`: replace the tenant's settings (persisted; an absent field takes the pageserver's default) |
+//! | GET | `/v1/location` | admin: what this pageserver holds, `{"node_id"?, "joined", "tenants": [{"tenant_id", "mode": "attached"\|"secondary", "generation"}]}` (the storage controller's heartbeat) |
+//! | PUT | `/v1/tenant/{tenant}/location` | admin: the storage controller's order, `{"mode": "attached", "generation": N}`, `{"mode": "secondary"\|"detached", "generation"?: N}`; 409 without a controller, for an attach older than the one held, or for a let-go order given at a generation not newer than the attachment's; 503 while still joining |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/checkpoint` | freeze the open in-memory layer and flush it: the layers written |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/compact` | `{"force_l0"?, "force_image_layers"?}`: image layers where the delta depth asks for them (or everywhere), then L0 compaction: what was written and removed |
 //! | POST | `/v1/tenant/{tenant}/timeline/{timeline}/lsn_lease` | `{"holder", "lsn", "ttl_secs"}`: GC keeps `lsn` and above readable for `ttl_secs` (a read replica renews its replay position, a compute at a past LSN that LSN); 400 below the GC cutoff or a TTL outside 1..=3600; 403 when the holder's lease in force was taken with another tenant token (only its token or an admin renews it); the leases in force |
