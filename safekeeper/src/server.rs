@@ -14,8 +14,7 @@
 //! the reason: a proposer's `Hello` gets the proposer protocol's `Error`, anything else a
 //! PostgreSQL `FATAL` error (SQLSTATE 28000). Refusals and failed handshakes are logged at
 //! WARN with the client's address and counted in `safekeeper_tls_handshake_failures_total`;
-//! they end only that connection. A client that goes away half way through the handshake
-//! (a process stopped while it connected) is a quiet close, as after it.
+//! they end only that connection.
 
 use bytes::BytesMut;
 use std::future::Future;
@@ -148,15 +147,7 @@ async fn open_tls(mut tcp: TcpStream, config: Arc<rustls::ServerConfig>) -> Resu
                 let mut tls = tokio_rustls::TlsAcceptor::from(config)
                     .accept(Socket::new(tcp))
                     .await
-                    // A client that goes away half way (a process stopped while it
-                    // connected) is a quiet close, like one that closes after the handshake.
-                    .map_err(|e| {
-                        if crate::peer::went_away_io(&e) {
-                            NoTls::Closed
-                        } else {
-                            NoTls::Failed("handshake", format!("the TLS handshake failed: {e}"))
-                        }
-                    })?;
+                    .map_err(|e| NoTls::Failed("handshake", format!("the TLS handshake failed: {e}")))?;
                 let mut first = [0u8; 1];
                 return match tls.read(&mut first).await {
                     Ok(0) => Err(NoTls::Closed),
