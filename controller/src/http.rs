@@ -181,7 +181,7 @@ async fn metrics(State(ctl): State<Arc<Controller>>) -> String {
 }
 
 async fn list_nodes(State(ctl): State<Arc<Controller>>) -> Result<Json<Vec<NodeInfo>>, ApiError> {
-    let rows = match ctl.db.nodes().await {
+    let rows = match ctl.read_db.nodes().await {
         Ok(rows) => rows,
         Err(e) => return Err(db_error(&ctl, e)),
     };
@@ -247,7 +247,7 @@ async fn register_node(
 }
 
 async fn list_tenants(State(ctl): State<Arc<Controller>>) -> Result<Json<Vec<TenantLocation>>, ApiError> {
-    match ctl.db.tenants().await {
+    match ctl.read_db.tenants().await {
         Ok(t) => Ok(Json(t)),
         Err(e) => Err(db_error(&ctl, e)),
     }
@@ -280,7 +280,7 @@ async fn create_tenant(
 
 async fn get_tenant(State(ctl): State<Arc<Controller>>, Path(tenant): Path<String>) -> Result<Json<TenantLocation>, ApiError> {
     let tenant: TenantId = tenant.parse().map_err(|e| ApiError::BadRequest(format!("tenant id {tenant:?}: {e}")))?;
-    match ctl.db.tenant(tenant).await {
+    match ctl.read_db.tenant(tenant).await {
         Ok(Some(t)) => Ok(Json(t)),
         Ok(None) => Err(ApiError::NotFound(format!("tenant {tenant} is not placed"))),
         Err(e) => Err(db_error(&ctl, e)),

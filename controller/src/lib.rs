@@ -83,8 +83,11 @@ pub struct Controller {
     /// A random id per process: a restarted controller never inherits its predecessor's
     /// lease.
     pub instance: String,
-    /// API calls and the heartbeats' changes.
+    /// Changes (the API's and the heartbeats') and the heartbeats' reads.
     pub db: Db,
+    /// The API's reads: every compute asks where its tenant is four times a second, and
+    /// those questions must never queue a failover behind them.
+    pub read_db: Db,
     /// The lease's own connection, so that renewals never queue behind other work.
     pub lease_db: Db,
     pub leadership: Mutex<Leadership>,
@@ -109,6 +112,7 @@ impl Controller {
         Arc::new(Controller {
             db: Db::new(&config.database_url, config.lease / 3),
             lease_db: Db::new(&config.database_url, config.lease / 3),
+            read_db: Db::new(&config.database_url, config.lease / 3),
             lease_view: Mutex::new(LeaseView { leader_address: None, database: "not reached yet".into() }),
             config,
             instance,

@@ -347,14 +347,8 @@ impl Db {
 
     pub async fn tenants(&self) -> Result<Vec<TenantLocation>, DbError> {
         self.with(async |c: &mut Client| {
-            let ids: Vec<String> =
-                c.query("SELECT tenant_id FROM fjord_controller_tenants ORDER BY tenant_id", &[]).await?.iter().map(|r| r.get(0)).collect();
-            let mut out = Vec::with_capacity(ids.len());
-            for id in ids {
-                let tenant = parse_tenant(id)?;
-                out.extend(tenant_location(&*c, tenant).await?);
-            }
-            Ok(out)
+            let rows = c.query(&format!("{LOCATION_QUERY} ORDER BY t.tenant_id"), &[]).await?;
+            rows.iter().map(location_of).collect()
         })
         .await
     }
@@ -680,27 +674,28 @@ async fn attachments<P: tokio_postgres::types::ToSql + Sync>(
         .collect()
 }
 
-async fn tenant_location(c: &impl GenericClient, tenant: TenantId) -> Result<Option<TenantLocation>, DbError> {
-    let row = c
-        .query_opt(
-            "SELECT t.generation, a.node_id, a.http_addr, a.page_addr, s.node_id, s.http_addr, s.page_addr,
-                    m.node_id, m.http_addr, m.page_addr, t.cut_over_at IS NOT NULL
-               FROM fjord_controller_tenants t
-               JOIN fjord_controller_nodes a ON a.node_id = t.attached
-               LEFT JOIN fjord_controller_nodes s ON s.node_id = t.secondary
-               LEFT JOIN fjord_controller_nodes m ON m.node_id = t.migrating_from
-              WHERE t.tenant_id = $1",
-            &[&tenant.to_string()],
-        )
-        .await?;
-    let node = |r: &tokio_postgres::Row, i: usize| {
+/// A tenant's location with its nodes' addresses: [`location_of`] reads a row.
+const LOCATION_QUERY: &str = "SELECT t.generation, a.node_id, a.http_addr, a.page_addr, s.node_id, s.http_addr, s.page_addr,
+                m.node_id, m.http_addr, m.page_addr, t.cut_over_at IS NOT NULL, t.tenant_id
+           FROM fjord_controller_tenants t
+           JOIN fjord_controller_nodes a ON a.node_id = t.attached
+           LEFT JOIN fjord_controller_nodes s ON s.node_id = t.secondary
+           LEFT JOIN fjord_controller_nodes m ON m.node_id = t.migrating_from";
+
+fn location_of(r: &tokio_postgres::Row) -> Result<TenantLocation, DbError> {
+    let node = |i: usize| {
         r.get::<_, Option<i64>>(i).map(|id| NodeLocation { node_id: to_u64(id), http_addr: r.get(i + 1), page_addr: r.get(i + 2) })
     };
-    Ok(row.map(|r| TenantLocation {
-        tenant_id: tenant,
+    Ok(TenantLocation {
+        tenant_id: parse_tenant(r.get(11))?,
         generation: u32::try_from(r.get::<_, i64>(0)).expect("the schema bounds generations"),
-        attached: node(&r, 1).expect("attached is NOT NULL"),
-        secondary: node(&r, 4),
-        migration: node(&r, 7).map(|from| Migration { from, cut_over: r.get(10) }),
-    }))
+        attached: node(1).expect("attached is NOT NULL"),
+        secondary: node(4),
+        migration: node(7).map(|from| Migration { from, cut_over: r.get(10) }),
+    })
+}
+
+async fn tenant_location(c: &impl GenericClient, tenant: TenantId) -> Result<Option<TenantLocation>, DbError> {
+    let row = c.query_opt(&format!("{LOCATION_QUERY} WHERE t.tenant_id = $1"), &[&tenant.to_string()]).await?;
+    row.as_ref().map(location_of).transpose()
 }

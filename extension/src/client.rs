@@ -354,6 +354,11 @@ impl Conn {
                     if Instant::now() >= deadline {
                         return Err("no answer before fjord.pageserver_timeout".into());
                     }
+                    // A silent pageserver never closes the connection: a move is noticed
+                    // here, and the caller asks the new address.
+                    if reload::moved_away_from(&self.address) {
+                        return Err(format!("no answer from {} while the page service moved", self.address));
+                    }
                 }
                 Err(e) => return Err(format!("receive: {e}")),
             }
@@ -456,10 +461,13 @@ pub fn request(what: &dyn Fn() -> String, make: &dyn Fn(u64) -> Request) -> Resu
                 format!("Last failure: {last_error}. Gave up after fjord.pageserver_timeout = {} ms.", timeout.as_millis())
             );
         }
-        // A move is retried at once: the new address has not failed yet.
+        // A move is retried at once, and from the shortest backoff: the new address has
+        // not failed yet (it may be attaching the tenant still).
         if address(true) == wanted {
             sleep_interruptibly(backoff);
             backoff = (backoff * 2).min(Duration::from_secs(1));
+        } else {
+            backoff = Duration::from_millis(10);
         }
     }
 }

@@ -49,9 +49,9 @@
 //! [`PEEK_INTERVAL`] (a reload sets the flag once, and another may follow before it is
 //! applied).
 //!
-//! **Processes that never see `ConfigReloadPending`** peek at every connection attempt and
-//! after every failed request, whether or not a reload was signalled, and use what they
-//! read until they read again: background workers leave `SIGHUP` ignored unless they
+//! **Processes that never see `ConfigReloadPending`** peek at every connection attempt,
+//! after every failed request and at most every [`UNSEEN_PEEK_INTERVAL`] before a request,
+//! whether or not a reload was signalled, and use what they read until they read again: background workers leave `SIGHUP` ignored unless they
 //! install a handler (`bgworker.c`), so a parallel worker of a query running across a move
 //! would otherwise retry the old address until the timeout; and the startup process keeps
 //! its own flag (`got_SIGHUP` in `startup.c`), which no extension can see. Backends, the
@@ -71,6 +71,11 @@ use crate::guc;
 
 /// How long a peeked address stands in for the file's before it is read again.
 pub const PEEK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// How often a process that never sees a reload (the startup process, a parallel worker)
+/// reads the files before a request when nothing failed: a planned migration keeps the old
+/// pageserver answering for a while after computes are told to move.
+pub const UNSEEN_PEEK_INTERVAL: Duration = Duration::from_millis(500);
 
 /// What this process last peeked, and when.
 struct Peeked {
@@ -141,10 +146,12 @@ pub fn pageserver_address(fresh: bool) -> Option<String> {
             PEEKED.with(|p| p.borrow_mut().take());
             return guc::pageserver_address();
         }
-        // A process that never applies a reload: reading the files at each connection
-        // attempt and failure is its only way to learn of a move, and what they said last
-        // stands until they are read again.
-        if fresh && !in_critical_section() {
+        // A process that never applies a reload: reading the files is its only way to learn
+        // of a move: at each connection attempt and failure, and every UNSEEN_PEEK_INTERVAL
+        // before a request (the old pageserver may still answer, having been told to let
+        // go only later); what they said last stands until they are read again.
+        let stale = PEEKED.with(|p| p.borrow().as_ref().is_none_or(|p| p.at.elapsed() >= UNSEEN_PEEK_INTERVAL));
+        if (fresh || stale) && !in_critical_section() {
             let address = peek_address();
             PEEKED.with(|p| *p.borrow_mut() = Some(Peeked { at: Instant::now(), address }));
         }
@@ -173,6 +180,28 @@ pub fn pageserver_address(fresh: bool) -> Option<String> {
     let address = peek_address();
     PEEKED.with(|p| *p.borrow_mut() = Some(Peeked { at: Instant::now(), address: address.clone() }));
     address.or_else(guc::pageserver_address)
+}
+
+/// Whether the configuration files now name another page service than `current`, for a
+/// read that waits on `current` for an answer: peeked (never applied, so safe wherever a
+/// read waits; see the module doc), only when a reload is pending or in a process that
+/// never sees one, at most every [`PEEK_INTERVAL`] (or [`UNSEEN_PEEK_INTERVAL`]). A
+/// pageserver that went silent (its host gone, a partition that drops packets) never
+/// closes the connection: without this, a read sent to it would wait until
+/// `fjord.pageserver_timeout` and fail although the compute was told of the move.
+pub fn moved_away_from(current: &str) -> bool {
+    let pending = reload_pending();
+    if in_critical_section() || !(pending || reloads_unseen()) {
+        return false;
+    }
+    let interval = if pending { PEEK_INTERVAL } else { UNSEEN_PEEK_INTERVAL };
+    let cached = PEEKED.with(|p| p.borrow().as_ref().filter(|p| p.at.elapsed() < interval).map(|p| p.address.clone()));
+    let address = cached.unwrap_or_else(|| {
+        let address = peek_address();
+        PEEKED.with(|p| *p.borrow_mut() = Some(Peeked { at: Instant::now(), address: address.clone() }));
+        address
+    });
+    address.is_some_and(|a| a.trim() != current.trim())
 }
 
 /// The last non-empty `fjord.pageserver_address` in `postgresql.conf` (and what it

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import threading
+import time
 
 from fixtures.compute import Endpoint, Timeline
 from fixtures.postgres import free_port, wait_until
@@ -200,3 +201,109 @@ def test_a_scan_moves_with_its_readahead_in_flight(tmp_path, pageserver):
     assert resent > 0, f"no request was in flight when the scan moved: {moved[0]}"
     other.close()
     holder.close()
+
+
+class Forwarder:
+    """A TCP relay in front of the page service that can go silent: frozen, it stops passing
+    bytes either way and closes nothing, as a host that lost power or a partition that drops
+    packets looks to the compute."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.frozen = threading.Event()
+        self.stopped = threading.Event()
+        self.accepted = 0
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.stopped.is_set():
+            try:
+                client, _ = self.sock.accept()
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return  # closed
+            self.accepted += 1
+            server = socket.create_connection(("127.0.0.1", self.target_port))
+            self.conns += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket):
+        src.settimeout(0.1)
+        while not self.stopped.is_set():
+            if self.frozen.is_set():
+                self.stopped.wait(0.05)
+                continue
+            try:
+                data = src.recv(65536)
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self):
+        self.stopped.set()
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+def test_a_read_waiting_on_a_silent_pageserver_moves_on_reload(tmp_path, pageserver):
+    """The old pageserver goes silent (no answer, no close) with a scan's reads in flight on
+    it; the compute is then told the new address. The reads waiting for an answer move at
+    once, instead of waiting out fjord.pageserver_timeout (20 s here) and failing."""
+    tl = Timeline(tmp_path, pageserver)
+    ep = Endpoint(tmp_path, tl, settings=SMALL).start()
+    ep.sql(f"CREATE TABLE big AS SELECT i, repeat('x', 100) AS pad FROM generate_series(1, {ROWS}) i")
+    ep.sql("CHECKPOINT")
+    expected = ROWS * (ROWS + 1) // 2
+    direct = f"127.0.0.1:{pageserver.pg_port}"
+    relay = Forwarder(pageserver.pg_port)
+    try:
+        admin = ep.connect()
+        admin.execute(f"ALTER SYSTEM SET fjord.pageserver_address = '127.0.0.1:{relay.port}'")
+        admin.execute("SELECT pg_reload_conf()")
+        scanner = ep.connect()
+        scanner.execute("SET max_parallel_workers_per_gather = 0")
+        wait_until("the reload to reach the scanner",
+                   lambda: scanner.execute("SHOW fjord.pageserver_address").fetchone()[0] == f"127.0.0.1:{relay.port}")
+        assert scanner.execute("SELECT sum(i) FROM big").fetchone()[0] == expected
+        assert relay.accepted > 0, "the scan did not read through the relay"
+
+        relay.frozen.set()
+        scan: dict = {}
+
+        def run_scan():
+            try:
+                scan["sum"] = scanner.execute("SELECT sum(i) FROM big").fetchone()[0]
+            except Exception as e:  # noqa: BLE001 - reported by the assertion below
+                scan["error"] = e
+        t = threading.Thread(target=run_scan)
+        t.start()
+        # Its reads are stuck on the silent relay (nothing fails: no error, no close).
+        t.join(timeout=2)
+        assert t.is_alive() and not scan, scan
+        admin.execute(f"ALTER SYSTEM SET fjord.pageserver_address = '{direct}'")
+        os.kill(ep.postmaster_pid(), signal.SIGHUP)
+        told = time.monotonic()
+        t.join(timeout=60)
+        took = time.monotonic() - told
+        assert scan.get("sum") == expected, scan
+        # Moved when told, not when the wait gave up (that fails the query at 20 s).
+        assert "while the page service moved" in ep.pg_log_text()
+        print(f"a read stuck on a silent pageserver moved {took:.2f} s after the reload")
+        scanner.close()
+        admin.close()
+    finally:
+        relay.close()

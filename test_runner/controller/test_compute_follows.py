@@ -6,6 +6,7 @@ that stops answering changes nothing."""
 from __future__ import annotations
 
 import threading
+import time
 import urllib.error
 
 import pytest
@@ -140,3 +141,50 @@ def test_compute_follows_its_tenant_to_a_new_pageserver(tmp_path, pg_factory, ke
     assert ep.sql("SHOW fjord.pageserver_address")[0][0] == new_addr
     assert ep.sql("SELECT count(*) FROM log")[0][0] == load.done
     assert ep.proc.poll() is None, "compute_ctl exited"
+
+
+def test_an_address_set_by_hand_is_named_instead_of_silently_winning(tmp_path, pg_factory, keys, monkeypatch):
+    """`ALTER SYSTEM SET fjord.pageserver_address` (postgresql.auto.conf) would win over the
+    address compute_ctl writes into postgresql.conf: compute_ctl refuses to pretend it moved,
+    says why once, and moves once the override is reset. `-c fjord.pageserver_address` with
+    `--controller` is refused at start."""
+    db = pg_factory("controller-db").initdb().start()
+    ctl = Controller(tmp_path, "a", db.conninfo, auth_public_key=keys.public_path).start()
+    ctl.token = keys.admin()
+    ctl.allowed_errors += [r"pageserver 1 is offline", r"has no (online )?secondary"]
+    ps = Pageserver(tmp_path).start()
+    tl = Timeline(tmp_path, ps)
+    register(ctl, 1, ps)
+    wait_until("the pageserver online", lambda: ctl.http("GET", "/v1/node")[0]["availability"] == "online")
+    ctl.http("POST", "/v1/tenant", {"tenant_id": tl.tenant})
+    monkeypatch.setenv("FJORD_AUTH_TOKEN", compute_token(ctl, keys, tl.tenant))
+
+    bad = Endpoint(tmp_path, tl, name="bad", settings={"fjord.pageserver_address": "127.0.0.1:1"}, controller=ctl)
+    bad.allowed_errors += ["cannot go with --controller"]
+    # (The fixture's wait reports compute_ctl's exit as its last error when it gives up.)
+    with pytest.raises(TimeoutError, match="cannot go with --controller"):
+        bad.start(timeout_s=5)
+
+    ep = Endpoint(tmp_path, tl, settings=SMALL, controller=ctl)
+    ep.allowed_errors += [r"WARN .*could not reach the storage controller", r"sets fjord.pageserver_address \(ALTER SYSTEM\)"]
+    ep.start()
+    old_addr = f"127.0.0.1:{ps.pg_port}"
+    ep.sql("CREATE TABLE t AS SELECT i FROM generate_series(1, 1000) i")
+    admin = ep.connect()
+    admin.execute(f"ALTER SYSTEM SET fjord.pageserver_address = '{old_addr}'")
+
+    ps.stop()
+    ps.pg_port, ps.http_port = free_port(), free_port()
+    ps.start()
+    new_addr = f"127.0.0.1:{ps.pg_port}"
+    register(ctl, 1, ps)
+    wait_until("compute_ctl to name the override", lambda: "sets fjord.pageserver_address (ALTER SYSTEM)" in ep.logfile.read_text(),
+               timeout_s=20)
+    time.sleep(1)  # several polls: said once
+    assert ep.logfile.read_text().count("sets fjord.pageserver_address (ALTER SYSTEM)") == 1
+    admin.execute("ALTER SYSTEM RESET fjord.pageserver_address")
+    wait_until("compute_ctl to move postgres", lambda: f"tenant moved: page service {old_addr} -> {new_addr}" in ep.logfile.read_text(),
+               timeout_s=20)
+    wait_until("postgres to read the new address", lambda: admin.execute("SHOW fjord.pageserver_address").fetchone()[0] == new_addr)
+    assert admin.execute("SELECT count(*) FROM t").fetchone()[0] == 1000
+    admin.close()

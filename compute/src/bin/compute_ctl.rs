@@ -352,6 +352,10 @@ fn pageserver_client(args: &Args, url: &str) -> Client {
     client_at(url, args.client_tls.clone(), args.auth_token.clone())
 }
 
+/// How long telling a new pageserver where this compute's WAL is may take, from the
+/// thread that polls the controller.
+const FOLLOW_TIMEOUT: Duration = Duration::from_secs(3);
+
 fn client_at(url: &str, tls: Option<tls::ClientTls>, token: Option<String>) -> Client {
     let config = pageserver_api::ClientConfig { tls, ..Default::default() };
     Client::with_config(url, config).with_token(token)
@@ -438,6 +442,7 @@ fn watch_controller(mut w: Watcher) {
     // The new pageserver has not yet been told where the WAL is.
     let mut follow_pending = false;
     let mut follow_failed = false;
+    let mut move_failed: Option<String> = None;
     loop {
         std::thread::sleep(w.interval);
         if compute::postgres::shutting_down() {
@@ -460,9 +465,15 @@ fn watch_controller(mut w: Watcher) {
         let old = w.location.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if old.moved_to(&new) {
             if let Err(e) = move_postgres(&mut w, &new) {
-                tracing::error!("could not move postgres to page service {}: {e:#}; trying again at the next poll", new.page_addr);
+                // Said once per distinct failure, not at every poll.
+                let message = format!("{e:#}");
+                if move_failed.as_deref() != Some(message.as_str()) {
+                    tracing::error!("could not move postgres to page service {}: {message}; trying again at every poll", new.page_addr);
+                    move_failed = Some(message);
+                }
                 continue;
             }
+            move_failed = None;
             tracing::info!(
                 generation = new.generation,
                 node_id = new.node_id,
@@ -480,7 +491,14 @@ fn watch_controller(mut w: Watcher) {
             *w.location.lock().unwrap_or_else(|e| e.into_inner()) = new.clone();
         }
         if let (true, Some(follow)) = (follow_pending, &w.follow) {
-            let client = client_at(&new.http_url, w.client_config.0.clone(), w.client_config.1.clone());
+            // Bounded: this thread is the one that polls, and a pageserver that accepts the
+            // call and then hangs must not stop it from following the next move.
+            let config = pageserver_api::ClientConfig {
+                tls: w.client_config.0.clone(),
+                connect_timeout: FOLLOW_TIMEOUT,
+                request_timeout: Some(FOLLOW_TIMEOUT),
+            };
+            let client = Client::with_config(&new.http_url, config).with_token(w.client_config.1.clone());
             match follow(&client) {
                 Ok(()) => {
                     tracing::info!("the pageserver at {} follows this compute's WAL", new.http_url);
@@ -513,6 +531,17 @@ fn watch_controller(mut w: Watcher) {
 /// Rewrites postgresql.conf with `new`'s page service address (atomically: a reload reads
 /// the old file or the new one) and sends SIGHUP to the postmaster.
 fn move_postgres(w: &mut Watcher, new: &Location) -> anyhow::Result<()> {
+    // `ALTER SYSTEM` writes postgresql.auto.conf, which a reload reads after postgresql.conf:
+    // a page service address there would win over the move.
+    let auto = w.pgdata.join("postgresql.auto.conf");
+    if std::fs::read_to_string(&auto)
+        .is_ok_and(|text| text.lines().any(|l| l.trim_start().to_ascii_lowercase().starts_with("fjord.pageserver_address")))
+    {
+        anyhow::bail!(
+            "{} sets fjord.pageserver_address (ALTER SYSTEM), which overrides postgresql.conf: run ALTER SYSTEM RESET fjord.pageserver_address for the compute to follow its tenant",
+            auto.display()
+        );
+    }
     w.settings.pageserver_pg = new.page_addr.clone();
     pgconf::write_postgresql_conf(&w.pgdata, &w.settings)?;
     let pid = libc::pid_t::try_from(w.postmaster_pid).context("the postmaster's pid")?;
@@ -749,6 +778,11 @@ fn keep_full_page_writes_unless_rebuilt_without(client: &Client, settings: &mut 
 
 fn settings(args: &Args, safekeepers: Option<&[Safekeeper]>, file_cache: &Path, pageserver_pg: &str) -> anyhow::Result<ComputeSettings> {
     let mut overrides = args.settings.iter().map(|s| pgconf::parse_override(s)).collect::<anyhow::Result<Vec<_>>>()?;
+    if args.controller.is_some() && overrides.iter().any(|(k, _)| k.eq_ignore_ascii_case("fjord.pageserver_address")) {
+        anyhow::bail!(
+            "-c fjord.pageserver_address cannot go with --controller: the controller names the page service, and an override would stop the compute from following its tenant when it moves"
+        );
+    }
     overrides.insert(0, ("fjord.file_cache_path".into(), file_cache.display().to_string()));
     // Absolute: postgres (the extension, and a replica's walreceiver through libpq) reads
     // it with the data directory as its working directory.

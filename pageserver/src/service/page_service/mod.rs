@@ -340,6 +340,20 @@ impl PageService {
             if let Some(at) = hello {
                 batch.truncate(at);
             }
+            // The tenant may have been detached (moved to another pageserver) or attached
+            // again (a new generation, new timeline objects) since the Hello: this
+            // connection's timeline is not served any more, so its reads are refused as for
+            // a new connection, and the client asks where the tenant is now.
+            let served = self.tenants.get(tenant_id).and_then(|t| t.get_timeline(timeline_id));
+            if !served.is_some_and(|now| Arc::ptr_eq(&now, api.timeline())) {
+                let msg = format!("tenant {tenant_id} timeline {timeline_id} is no longer served by this pageserver");
+                for req in &batch {
+                    error_response(req.id(), ErrorCode::NotFound, msg.clone()).encode(&mut conn.out);
+                }
+                conn.flush()?;
+                tracing::info!("{msg}: refused the connection's next requests");
+                return Ok(());
+            }
             for resp in self.serve_batch(&api, batch, &span) {
                 resp.encode(&mut conn.out);
             }

@@ -33,6 +33,7 @@ struct Fixture {
     _tenant: Arc<Tenant>,
     handle: Option<PageServiceHandle>,
     reads: Arc<Reads>,
+    registry: Arc<TenantRegistry>,
 }
 
 /// Records the cost of every page the service reports.
@@ -79,11 +80,11 @@ fn start_with(configure: impl FnOnce(PageService) -> PageService) -> Fixture {
     let registry = Arc::new(TenantRegistry::default());
     registry.insert(Arc::clone(&tenant));
     let reads = Arc::new(Reads::default());
-    let service = PageService::new(registry, Arc::new(PgReconstructor::rust_only()), Duration::from_millis(300));
+    let service = PageService::new(Arc::clone(&registry), Arc::new(PgReconstructor::rust_only()), Duration::from_millis(300));
     let service = Arc::new(configure(service.with_observer(reads.clone())));
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let handle = service.start(listener).unwrap();
-    Fixture { _dir: dir, _tenant: tenant, handle: Some(handle), reads }
+    Fixture { _dir: dir, _tenant: tenant, handle: Some(handle), reads, registry }
 }
 
 /// A `Hello` of this protocol version for `tenant`'s test timeline.
@@ -185,6 +186,29 @@ fn serves_pages_sizes_and_slru_at_an_lsn() {
     // Only the two pages served were reported: each an image in the open layer.
     let image = ReadCost { layers_visited: 1, records_replayed: 0, newest_record_lsn: None };
     assert_eq!(*f.reads.0.lock().unwrap(), [image, image]);
+}
+
+#[test]
+fn a_connection_whose_tenant_was_detached_is_refused_its_next_reads_and_closed() {
+    let f = start();
+    let mut c = Client::hello(&f);
+    let get = |id| Request::GetPage { id, lsns: lsns(0x200, 0x200), rel: rel(16384), blkno: BlockNumber(1) };
+    c.send(&get(1));
+    assert_eq!(c.recv(), Some(Response::Page { id: 1, page: page(2).to_vec() }));
+    // Detached (moved elsewhere) after the Hello: the open connection must not go on
+    // reading from the timeline it holds.
+    let tenant = f.registry.remove(TENANT).expect("registered");
+    c.send(&get(2));
+    match c.recv() {
+        Some(Response::Error { id: 2, code: ErrorCode::NotFound, message }) => assert!(message.contains("no longer served"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(c.recv(), None, "the connection is closed");
+    // Attached again: a new connection is served.
+    f.registry.insert(tenant);
+    let mut c = Client::hello(&f);
+    c.send(&get(3));
+    assert_eq!(c.recv(), Some(Response::Page { id: 3, page: page(2).to_vec() }));
 }
 
 #[test]
