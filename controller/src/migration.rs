@@ -97,6 +97,7 @@ mod tests {
                 mode: LocationMode::Attached,
                 generation,
                 timelines: vec![TimelineIngested { timeline_id: TimelineId::from_bytes([2; 16]), last_record_lsn: Lsn(lsn) }],
+                warm: None,
             }],
         }
     }

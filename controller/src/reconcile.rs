@@ -126,7 +126,13 @@ mod tests {
             joined: true,
             tenants: tenants
                 .iter()
-                .map(|&(t, mode, generation)| TenantLocationState { tenant_id: tid(t), mode, generation, timelines: Vec::new() })
+                .map(|&(t, mode, generation)| TenantLocationState {
+                    tenant_id: tid(t),
+                    mode,
+                    generation,
+                    timelines: Vec::new(),
+                    warm: None,
+                })
                 .collect(),
         }
     }

@@ -110,10 +110,14 @@ impl Tenant {
         remote: Option<&RemoteStorage>,
         disk_budget: Option<Arc<dyn DiskBudget>>,
     ) -> anyhow::Result<Tenant> {
-        Self::load_as(tenants_dir, tenant_id, conf, foreign_entries, remote, disk_budget, GenerationSource::SelfClaimed)
+        Self::load_as(tenants_dir, tenant_id, conf, foreign_entries, remote, disk_budget, GenerationSource::SelfClaimed, None)
     }
 
-    /// `load_with_remote` with the generation from `generation` (a storage controller's).
+    /// `load_with_remote` with the generation from `generation` (a storage controller's),
+    /// taking the layers only remote storage holds from the warm copies in `warm`
+    /// (`<warm>/<timeline>/`, as a secondary downloads them: `remote::heatmap`) where they
+    /// are the very objects the loaded index names.
+    #[allow(clippy::too_many_arguments)]
     pub fn load_as(
         tenants_dir: &Path,
         tenant_id: TenantId,
@@ -122,6 +126,7 @@ impl Tenant {
         remote: Option<&RemoteStorage>,
         disk_budget: Option<Arc<dyn DiskBudget>>,
         generation: GenerationSource,
+        warm: Option<&Path>,
     ) -> anyhow::Result<Tenant> {
         conf.validate()?;
         let conf = Arc::new(conf);
@@ -202,12 +207,23 @@ impl Tenant {
                     timeline.ancestor_timeline_id().zip(timeline.ancestor_lsn()),
                     indexes.get(id).cloned(),
                 );
-                timeline.attach_remote(client, indexes.get(id)).with_context(|| format!("attach timeline {id} to remote storage"))?;
+                let warm = warm.map(|w| w.join(id.to_string()));
+                timeline
+                    .attach_remote(client, indexes.get(id), warm.as_deref())
+                    .with_context(|| format!("attach timeline {id} to remote storage"))?;
             }
         }
         tracing::info!("loaded {} timelines", loaded.len());
         drop(entered);
         Ok(Tenant { tenant_id, path, conf, timelines: Mutex::new(loaded), gc_lock: Mutex::new(()), span, foreign_entries, remote })
+    }
+
+    /// What this attachment's reads use, for its secondaries (`remote::heatmap`); `None`
+    /// without remote storage.
+    pub fn heatmap(&self) -> Option<crate::remote::heatmap::Heatmap> {
+        let remote = self.remote.as_ref()?;
+        let layers = self.timelines().into_iter().map(|t| (t.timeline_id(), t.heatmap_layers())).collect();
+        Some(crate::remote::heatmap::build(remote.generation(), layers))
     }
 
     /// This attachment to remote storage, if any.
@@ -293,7 +309,7 @@ impl Tenant {
             Timeline::load(self.conf.clone(), self.tenant_id, timeline_id, &path, ancestor, self.foreign_entries).map_err(other)?;
         if let Some(remote) = &self.remote {
             let client = RemoteTimelineClient::start(remote.clone(), timeline_id, meta.ancestor, None);
-            timeline.attach_remote(client, None).map_err(other)?;
+            timeline.attach_remote(client, None, None).map_err(other)?;
         }
         timelines.insert(timeline_id, timeline.clone());
         Ok(timeline)

@@ -407,6 +407,17 @@ pub struct TenantLocationState {
     /// planned migration over once the destination has caught up with the source).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub timelines: Vec<TimelineIngested>,
+    /// For a secondary: the warm copies of the tenant's layers it holds, as of its last
+    /// download round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<WarmCopies>,
+}
+
+/// A secondary's warm copies of a tenant's layers, in a [`TenantLocationState`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmCopies {
+    pub layers: u64,
+    pub bytes: u64,
 }
 
 /// A timeline's last ingested record, in a [`TenantLocationState`].

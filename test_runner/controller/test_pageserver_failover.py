@@ -23,12 +23,12 @@ from fixtures.pageserver import HttpError, Pageserver
 from fixtures.postgres import wait_until
 
 
-def controlled_pageserver(base_dir: Path, node_id: int, controller: Controller, remote: Path) -> Pageserver:
+def controlled_pageserver(base_dir: Path, node_id: int, controller: Controller, remote: Path, extra: str = "") -> Pageserver:
     config = "\n".join([
         f'remote_storage = "file://{remote}"',
         f'controller_url = "https://{controller.addr}"',
         f"node_id = {node_id}",
-    ]) + "\n"
+    ]) + "\n" + extra
     ps = Pageserver(base_dir / f"ps{node_id}", config=config)
     ps.service_name = f"pageserver {node_id}"
     return ps
@@ -59,12 +59,12 @@ class Cluster:
     one remote storage, three safekeepers, and a tenant placed by the controller with a
     timeline bootstrapped on its attached pageserver."""
 
-    def __init__(self, tmp_path: Path, pg_factory, safekeepers, **controller_args):
+    def __init__(self, tmp_path: Path, pg_factory, safekeepers, ps_config: str = "", **controller_args):
         self.db = db = pg_factory("controller-db").initdb().start()
         self.controller = Controller(tmp_path, "a", db.conninfo, **controller_args).start()
         self.remote = tmp_path / "remote"
         self.remote.mkdir()
-        self.ps = {i: controlled_pageserver(tmp_path, i, self.controller, self.remote).start() for i in (1, 2)}
+        self.ps = {i: controlled_pageserver(tmp_path, i, self.controller, self.remote, ps_config).start() for i in (1, 2)}
         self.safekeepers = safekeepers
         wait_until("both pageservers online", lambda: sorted(
             n["node_id"] for n in self.controller.http("GET", "/v1/node") if n["availability"] == "online") == [1, 2])

@@ -183,6 +183,13 @@ impl LayerFile {
         self.last_access_ms.load(Ordering::Relaxed)
     }
 
+    /// How long since a read last used this layer (or since it was made or opened); `None`
+    /// for a layer evicted before any read of this process.
+    pub fn idle_ms(&self) -> Option<u64> {
+        let last = self.last_access_ms();
+        (last > 0 || self.is_resident()).then(|| now_ms().saturating_sub(last))
+    }
+
     /// How many times this layer was downloaded on demand.
     pub fn download_count(&self) -> u64 {
         self.downloads.load(Ordering::Relaxed)

@@ -8,6 +8,7 @@
 //! tenants/<tenant>/generations/<generation>                       a claimed generation
 //! tenants/<tenant>/timelines/<timeline>/<layer file name>-<gen>   a layer file
 //! tenants/<tenant>/timelines/<timeline>/index_part.json-<gen>     the index (index.rs)
+//! tenants/<tenant>/heatmap.json                                   what reads use (heatmap.rs)
 //! ```
 //!
 //! **Generations.** Each time a process attaches a tenant it claims the next generation
@@ -58,6 +59,7 @@
 //! Every version at or below the remote-consistent LSN is in remote storage.
 
 mod check;
+pub mod heatmap;
 pub mod index;
 
 use std::collections::VecDeque;
@@ -220,7 +222,16 @@ impl TenantRemote {
     }
 
     fn layer_key(&self, timeline_id: TimelineId, name: &str, generation: Generation) -> String {
-        format!("{}/{name}-{generation}", self.timeline_prefix(timeline_id))
+        layer_object_key(self.tenant_id, timeline_id, name, generation)
+    }
+
+    /// Publishes `heatmap` for the tenant's secondaries, unless this attachment is
+    /// superseded (a newer one owns the tenant now, and its heatmap).
+    pub fn upload_heatmap(&self, heatmap: &heatmap::Heatmap) -> anyhow::Result<()> {
+        if self.superseded_by().is_some() {
+            return Ok(());
+        }
+        heatmap::upload(&self.storage, self.tenant_id, heatmap)
     }
 
     /// The timelines remote storage holds for this tenant.
@@ -450,22 +461,34 @@ struct RemoteLayer {
     downloads: Arc<AtomicU64>,
 }
 
+/// The object key of a layer file uploaded by `generation`.
+pub(crate) fn layer_object_key(tenant: TenantId, timeline_id: TimelineId, name: &str, generation: Generation) -> String {
+    format!("tenants/{tenant}/timelines/{timeline_id}/{name}-{generation}")
+}
+
+/// The layer object `key`, retried for up to 30 s, checked against the size and CRC-32C
+/// the remote index recorded for it.
+fn get_checked(storage: &RemoteStorage, key: &str, layer: &IndexLayer) -> anyhow::Result<Bytes> {
+    let bytes = remote_storage::retry(
+        || storage.get(key),
+        backoff(),
+        Some(Duration::from_secs(30)),
+        |attempt, e| tracing::warn!("download of {key} failed (attempt {attempt}): {e}"),
+    )?;
+    if bytes.len() as u64 != layer.size_bytes {
+        bail!("object {key} has {} bytes, the remote index says {}", bytes.len(), layer.size_bytes);
+    }
+    let crc = crc32c::crc32c(&bytes);
+    if crc != layer.crc32c {
+        bail!("object {key} is corrupt: checksum {crc:08X}, the remote index says {:08X}", layer.crc32c);
+    }
+    Ok(bytes)
+}
+
 impl LayerDownload for RemoteLayer {
     fn download(&self, desc: &LayerDesc, path: &Path) -> anyhow::Result<()> {
         let key = self.remote.layer_key(self.timeline_id, &desc.file_name(), self.layer.generation);
-        let bytes = remote_storage::retry(
-            || self.remote.storage.get(&key),
-            backoff(),
-            Some(Duration::from_secs(30)),
-            |attempt, e| tracing::warn!("download of {key} failed (attempt {attempt}): {e}"),
-        )?;
-        if bytes.len() as u64 != self.layer.size_bytes {
-            bail!("object {key} has {} bytes, the remote index says {}", bytes.len(), self.layer.size_bytes);
-        }
-        let crc = crc32c::crc32c(&bytes);
-        if crc != self.layer.crc32c {
-            bail!("object {key} is corrupt: checksum {crc:08X}, the remote index says {:08X}", self.layer.crc32c);
-        }
+        let bytes = get_checked(&self.remote.storage, &key, &self.layer)?;
         crashsafe::write_file_atomic(path, &bytes).with_context(|| format!("write {}", path.display()))?;
         self.downloads.fetch_add(1, Ordering::Relaxed);
         Ok(())

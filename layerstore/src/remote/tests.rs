@@ -526,7 +526,7 @@ fn every_download_asks_the_disk_budget_for_room_first_with_the_layer_size() {
 }
 
 fn issued(local: &Path, remote: &RemoteStorage, generation: u32, node_id: u64) -> anyhow::Result<Tenant> {
-    Tenant::load_as(local, TENANT, conf(), &[], Some(remote), None, super::GenerationSource::Issued { generation, node_id })
+    Tenant::load_as(local, TENANT, conf(), &[], Some(remote), None, super::GenerationSource::Issued { generation, node_id }, None)
 }
 
 #[test]
@@ -569,5 +569,61 @@ fn an_issued_generation_is_claimed_as_given_and_never_overtakes_a_newer_claim() 
     assert!(main2.wait_for_uploads(WAIT));
     assert_eq!(snapshot(&main2, 1, last), snapshot(&main, 1, last));
     live.shutdown_remote();
+    second.shutdown_remote();
+}
+
+#[test]
+fn a_warm_secondary_downloads_the_hottest_layers_and_the_next_attach_takes_them() {
+    let (dir, remote, local1, local2) = two_homes();
+    let first = issued(&local1, &remote, 1, 1).unwrap();
+    let main = first.create_timeline(MAIN).unwrap();
+    let last = write(&main, 0, 6);
+    assert!(main.wait_for_uploads(WAIT));
+    let want = snapshot(&main, 1, last);
+    let map = first.heatmap().expect("with remote storage");
+    first.remote().unwrap().upload_heatmap(&map).unwrap();
+    let layers = &map.timelines[0].layers;
+    assert_eq!(layers.len(), main.layers().len());
+    let total: u64 = layers.iter().map(|l| l.object.size_bytes).sum();
+
+    let warm_dir = dir.path().join("warm");
+    let got = super::heatmap::download_heatmap(&remote, TENANT).unwrap().expect("published");
+    assert_eq!(got, map);
+    // A budget below the whole: the hottest that fit, and nothing over it.
+    let smallest = layers.iter().map(|l| l.object.size_bytes).min().unwrap();
+    let part = super::heatmap::warm(&remote, TENANT, &got, &warm_dir, total - smallest, &|| true).unwrap();
+    assert!(part.bytes <= total - smallest && part.layers < layers.len() as u64, "{part:?}");
+    // A budget for all: the rest is downloaded, nothing twice.
+    let all = super::heatmap::warm(&remote, TENANT, &got, &warm_dir, u64::MAX, &|| true).unwrap();
+    assert_eq!((all.layers, all.bytes, all.downloaded_layers), (layers.len() as u64, total, layers.len() as u64 - part.layers));
+    // Told to stop: no download at all.
+    let stopped = super::heatmap::warm(&remote, TENANT, &got, &dir.path().join("other"), u64::MAX, &|| false).unwrap();
+    assert_eq!(stopped.downloaded_layers, 0);
+    // A copy that does not match the index (another size) is not taken.
+    let victim = &layers[0];
+    let victim_path = warm_dir.join(MAIN.to_string()).join(super::heatmap::warm_file_name(&victim.name, victim.object.generation));
+    let good = std::fs::read(&victim_path).unwrap();
+    std::fs::write(&victim_path, b"short").unwrap();
+
+    // The next attachment (another node, generation 2) takes the warm copies of the
+    // objects its index names; reads are the same and download only the one it refused.
+    drop(main);
+    first.shutdown_remote();
+    let second = Tenant::load_as(
+        &local2,
+        TENANT,
+        conf(),
+        &[],
+        Some(&remote),
+        None,
+        super::GenerationSource::Issued { generation: 2, node_id: 2 },
+        Some(&warm_dir),
+    )
+    .unwrap();
+    let main2 = second.get_timeline(MAIN).unwrap();
+    assert_eq!(main2.evictable_layers().len(), layers.len() - 1, "every warm copy but the mismatched one is resident");
+    assert_eq!(snapshot(&main2, 1, last), want);
+    assert_eq!(main2.remote_status().unwrap().layers_downloaded, 1);
+    assert!(victim_path.exists() && std::fs::read(&victim_path).unwrap() != good, "the refused copy is left where it was");
     second.shutdown_remote();
 }

@@ -57,7 +57,7 @@ use crate::error::{WaitLsnError, WriteError};
 use crate::layer::inmemory::EPHEMERAL_PREFIX;
 use crate::layer::{FoldThresholds, InMemoryLayer, Layer, LayerDesc, LayerFile};
 use crate::layer_map::LayerMap;
-use crate::remote::{IndexPart, RemoteStatus, RemoteTimelineClient};
+use crate::remote::{IndexLayer, IndexPart, RemoteStatus, RemoteTimelineClient};
 use crate::value::{Value, VALUE_SIZE_BYTES_MAX};
 
 pub use compaction::CompactionResult;
@@ -434,12 +434,38 @@ impl Timeline {
     /// done); layers only the index names become evicted layers, downloaded when a read
     /// needs them; local layers it does not name are uploaded; and an index for this
     /// attachment is scheduled.
-    pub fn attach_remote(&self, client: Arc<RemoteTimelineClient>, existing: Option<&IndexPart>) -> anyhow::Result<()> {
+    /// Every layer remote storage holds for this timeline (its upload done), with its object
+    /// and how long since a read last used it (`None`: never, in this process), for a
+    /// heatmap (`remote::heatmap`). Empty without remote storage.
+    pub fn heatmap_layers(&self) -> Vec<(String, IndexLayer, Option<u64>)> {
+        let Some(client) = self.remote.get() else { return Vec::new() };
+        let objects: std::collections::BTreeMap<String, IndexLayer> = client.projected_layers().into_iter().collect();
+        let map = self.layer_map();
+        map.files
+            .iter()
+            .filter(|f| f.is_remote())
+            .filter_map(|f| {
+                let name = f.desc().file_name();
+                let object = *objects.get(&name)?;
+                Some((name, object, f.idle_ms()))
+            })
+            .collect()
+    }
+
+    /// `warm`: a directory of warm copies of this timeline's layers (`remote::heatmap`), which
+    /// a layer only remote storage holds is taken from when the index names that very object.
+    pub fn attach_remote(
+        &self,
+        client: Arc<RemoteTimelineClient>,
+        existing: Option<&IndexPart>,
+        warm: Option<&Path>,
+    ) -> anyhow::Result<()> {
         let _entered = self.span.enter();
         let disk_consistent_lsn = self.disk_consistent_lsn();
         let map = self.layer_map();
         let mut to_upload = Vec::new();
         let mut evicted = Vec::new();
+        let mut adopted = Vec::new();
         let remote_layers = existing.map(|i| i.layers.clone()).unwrap_or_default();
         let missing = match existing {
             Some(index) => client.layers_missing_from_remote(index).context("check remote storage against its index")?,
@@ -467,18 +493,33 @@ impl Timeline {
             if let Some(reason) = missing.get(name) {
                 tracing::error!("{reason}, and there is no local copy of layer {name}: reads that need it will fail");
             }
-            evicted.push(Arc::new(LayerFile::evicted(self.path.join(name), desc, entry.size_bytes, client.remote_copy(*entry))));
+            let path = self.path.join(name);
+            if warm.is_some_and(|dir| crate::remote::heatmap::adopt(dir, name, entry, &path)) {
+                match LayerFile::open(&path) {
+                    Ok(file) => {
+                        file.set_remote(client.remote_copy(*entry));
+                        adopted.push(Arc::new(file));
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!("the warm copy of layer {name} does not open ({e}): it is downloaded when a read needs it");
+                        let _ = std::fs::remove_file(&path);
+                    }
+                }
+            }
+            evicted.push(Arc::new(LayerFile::evicted(path, desc, entry.size_bytes, client.remote_copy(*entry))));
         }
-        if !evicted.is_empty() || !to_upload.is_empty() {
+        if !evicted.is_empty() || !to_upload.is_empty() || !adopted.is_empty() {
             tracing::info!(
-                "remote storage holds {} layers, {} of them only there; {} local layers to upload",
+                "remote storage holds {} layers, {} of them only there and {} taken from warm copies; {} local layers to upload",
                 remote_layers.len(),
                 evicted.len(),
+                adopted.len(),
                 to_upload.len()
             );
         }
         self.modify_layer_map(|m| {
-            for layer in evicted {
+            for layer in evicted.into_iter().chain(adopted) {
                 m.insert_file(layer);
             }
         });

@@ -150,6 +150,7 @@ fn main() -> anyhow::Result<()> {
         tracing::info!("restarted {receivers} WAL receivers");
     }
     ps.start_eviction();
+    ps.start_secondaries();
     let background_jobs = ps.start_background_jobs()?;
     let materializer = ps.start_materializer()?;
     tracing::info!("page service listening on {}", page_service.addr);

@@ -87,6 +87,15 @@ pub struct PageserverConfig {
     pub controller_url: Option<String>,
     /// This pageserver's id at the controller: stable across restarts, one per host.
     pub node_id: Option<u64>,
+    /// Under a controller: how often each attached tenant's heatmap (its layers, the most
+    /// recently read first) is published to object storage for its secondary.
+    pub heatmap_period_ms: u64,
+    /// Under a controller: how often a secondary reads its tenants' heatmaps and downloads
+    /// the layers it lacks.
+    pub secondary_download_period_ms: u64,
+    /// The most bytes of warm layer copies kept per tenant held as secondary (the hottest
+    /// first).
+    pub secondary_disk_budget_bytes: u64,
     /// `host:port` that computes dial for the page service (default: `listen_pg_addr`).
     pub advertise_pg_addr: Option<String>,
     /// `host:port` that the controller dials for the HTTP API (default: `listen_http_addr`).
@@ -127,6 +136,9 @@ impl Default for PageserverConfig {
             tls: tls::Tls::default(),
             controller_url: None,
             node_id: None,
+            heatmap_period_ms: 30_000,
+            secondary_download_period_ms: 10_000,
+            secondary_disk_budget_bytes: 4 << 30,
             advertise_pg_addr: None,
             advertise_http_addr: None,
             auth_token: None,
@@ -151,6 +163,8 @@ impl PageserverConfig {
             "layer_disk_budget_bytes needs remote_storage: without it, local disk holds the only copy of every layer"
         );
         anyhow::ensure!(self.eviction_period_ms > 0, "eviction_period_ms must be positive");
+        anyhow::ensure!(self.heatmap_period_ms > 0, "heatmap_period_ms must be positive");
+        anyhow::ensure!(self.secondary_download_period_ms > 0, "secondary_download_period_ms must be positive");
         anyhow::ensure!(self.background_job_period_ms > 0, "background_job_period_ms must be positive");
         anyhow::ensure!(self.image_creation_ranges_per_run > 0, "image_creation_ranges_per_run must be at least 1");
         if self.controller_url.is_some() {

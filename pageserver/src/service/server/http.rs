@@ -542,6 +542,15 @@ async fn metrics(State(ps): State<Arc<Pageserver>>) -> Result<Response, ApiError
         "Bytes of layers evicted from local disk",
         ev.bytes_evicted.load(std::sync::atomic::Ordering::Relaxed),
     )?;
+    let sec = &ps.secondary_stats;
+    for (name, help, value) in [
+        ("pageserver_heatmaps_uploaded_total", "Heatmaps of attached tenants published for their secondaries", &sec.heatmaps_uploaded),
+        ("pageserver_secondary_layers_downloaded_total", "Layers a warm secondary downloaded ahead of need", &sec.layers_downloaded),
+        ("pageserver_secondary_bytes_downloaded_total", "Bytes of layers a warm secondary downloaded ahead of need", &sec.bytes_downloaded),
+        ("pageserver_secondary_failures_total", "Heatmap uploads, heatmap reads and warm downloads that failed", &sec.failures),
+    ] {
+        counter(name, help, value.load(std::sync::atomic::Ordering::Relaxed))?;
+    }
     let bb = &ps.basebackup_stats;
     counter("pageserver_basebackups_total", "Basebackups served", bb.count.load(std::sync::atomic::Ordering::Relaxed))?;
     counter("pageserver_basebackup_bytes_total", "Bytes of basebackups served", bb.bytes.load(std::sync::atomic::Ordering::Relaxed))?;

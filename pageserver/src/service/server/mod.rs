@@ -16,6 +16,7 @@
 pub mod config;
 pub mod http;
 mod placement;
+pub mod secondary;
 
 use std::collections::{HashMap, HashSet};
 use std::net::TcpListener;
@@ -94,6 +95,13 @@ pub struct Pageserver {
     secondaries: Mutex<std::collections::BTreeSet<TenantId>>,
     /// Set once the storage controller said what this node holds (`join_controller`).
     joined: AtomicBool,
+    /// Held while a secondary tenant's warm copies are synced, and by an attach before it
+    /// takes them (`secondary`).
+    warming: Mutex<()>,
+    /// What each secondary tenant's warm copies came to at its last sync.
+    warm_state: Mutex<HashMap<TenantId, layerstore::remote::heatmap::WarmOutcome>>,
+    pub secondary_stats: secondary::SecondaryStats,
+    warmer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// What a checkpoint (freeze and flush) did.
@@ -301,6 +309,10 @@ impl Pageserver {
             location_change: Mutex::new(()),
             secondaries: Mutex::new(Default::default()),
             joined: AtomicBool::new(false),
+            warming: Mutex::new(()),
+            warm_state: Mutex::new(HashMap::new()),
+            secondary_stats: Default::default(),
+            warmer: Mutex::new(None),
         })
     }
 
@@ -796,6 +808,9 @@ impl Pageserver {
     pub fn shutdown_storage(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         if let Some(handle) = self.eviction.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = handle.join();
+        }
+        if let Some(handle) = self.warmer.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = handle.join();
         }
         let deadline = Instant::now() + self.conf.shutdown_upload_timeout();

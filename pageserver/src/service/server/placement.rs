@@ -32,7 +32,7 @@ use anyhow::Context;
 use layerstore::remote::GenerationSource;
 use layerstore::tenant::Tenant;
 use pageserver_api::controller::{NodeRegisterRequest, ReAttachRequest};
-use pageserver_api::models::{LocationConfig, LocationList, LocationMode, TenantLocationState, TimelineIngested};
+use pageserver_api::models::{LocationConfig, LocationList, LocationMode, TenantLocationState, TimelineIngested, WarmCopies};
 use pageserver_api::{ClientConfig, ControllerClient};
 use proto::TenantId;
 use remote_storage::RemoteStorage;
@@ -58,6 +58,7 @@ impl Pageserver {
                 tenant_id: t.tenant_id(),
                 mode: LocationMode::Attached,
                 generation: t.remote().map_or(0, |r| r.generation().0),
+                warm: None,
                 timelines: t
                     .timelines()
                     .iter()
@@ -71,6 +72,7 @@ impl Pageserver {
             mode: LocationMode::Secondary,
             generation: 0,
             timelines: Vec::new(),
+            warm: self.warm_state(tenant_id).map(|w| WarmCopies { layers: w.layers, bytes: w.bytes }),
         }));
         tenants.sort_by_key(|t| t.tenant_id);
         LocationList { node_id: self.conf.node_id, joined: self.joined.load(Ordering::SeqCst), tenants }
@@ -97,6 +99,7 @@ impl Pageserver {
                     mode: LocationMode::Attached,
                     generation: t.remote().map_or(0, |r| r.generation().0),
                     timelines: Vec::new(),
+                    warm: None,
                 })
             }
             (LocationMode::Attached, _) => Err(ManagementError::BadRequest("an attach order needs a generation above 0".into())),
@@ -120,8 +123,11 @@ impl Pageserver {
                     secondaries.insert(tenant);
                 } else {
                     secondaries.remove(&tenant);
+                    drop(secondaries);
+                    let _warming = self.warming.lock().unwrap_or_else(|p| p.into_inner());
+                    self.drop_warm_copies(tenant);
                 }
-                Ok(TenantLocationState { tenant_id: tenant, mode, generation: 0, timelines: Vec::new() })
+                Ok(TenantLocationState { tenant_id: tenant, mode, generation: 0, timelines: Vec::new(), warm: None })
             }
         }
     }
@@ -152,6 +158,11 @@ impl Pageserver {
                 self.set_aside(id, &dir, &why);
             }
         }
+        // No longer warmed as a secondary: the copies so far are taken where they fit, and
+        // a sync under way ends after its current download.
+        self.secondaries.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        let _warming = self.warming.lock().unwrap_or_else(|p| p.into_inner());
+        let warm = self.warm_dir(id);
         let tenant = Tenant::load_as(
             &self.conf.tenants_dir(),
             id,
@@ -160,8 +171,11 @@ impl Pageserver {
             Some(remote),
             self.disk_budget.clone().map(|b| b as Arc<dyn layerstore::layer::DiskBudget>),
             GenerationSource::Issued { generation, node_id },
+            warm.exists().then_some(warm.as_path()),
         )
         .with_context(|| format!("attach tenant {id} with generation {generation}"))?;
+        self.drop_warm_copies(id);
+        drop(_warming);
         // Everything that can fail comes before the tenant is served: a half-made attach
         // would look done to the controller and never be ordered again.
         let prepared = (|| -> Result<Vec<(Arc<layerstore::timeline::Timeline>, WalSources)>, ManagementError> {
@@ -423,6 +437,18 @@ pub fn join_controller(ps: &Pageserver, stop: &std::sync::atomic::AtomicBool) ->
         let Ok(id) = entry.file_name().to_string_lossy().parse::<TenantId>() else { continue };
         if !held.contains(&id) {
             ps.set_aside(id, &entry.path(), "not held by this node");
+        }
+    }
+    // Warm copies of tenants this node no longer holds as secondary are of no use.
+    let secondary: std::collections::BTreeSet<TenantId> =
+        answer.tenants.iter().filter(|t| t.mode == LocationMode::Secondary).map(|t| t.tenant_id).collect();
+    if let Ok(entries) = std::fs::read_dir(ps.conf.workdir.join(super::secondary::SECONDARY_DIR)) {
+        for entry in entries.flatten() {
+            match entry.file_name().to_string_lossy().parse::<TenantId>() {
+                Ok(id) if secondary.contains(&id) => {}
+                Ok(id) => ps.drop_warm_copies(id),
+                Err(_) => {}
+            }
         }
     }
     if let Some(remote) = &ps.remote {
