@@ -66,6 +66,9 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
     if dir.exists() && std::fs::read_dir(dir).with_context(|| format!("list {}", dir.display()))?.next().is_some() {
         bail!("cannot initialize a repo at {}: it already exists and is not empty", dir.display());
     }
+    if args.controller_database.is_some() && args.pageservers < 2 {
+        bail!("--controller-database is for a repo with a storage controller: pass --pageservers 2 (or more); a repo with one pageserver runs none");
+    }
     let pg_bin_dir = match args.pg_bin_dir {
         Some(d) => d,
         None => pg_config_bindir()?,
@@ -77,9 +80,6 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
         }
     }
     check_fjord_extension(&pg_bin_dir)?;
-    if args.controller_database.is_some() && args.pageservers < 2 {
-        bail!("--controller-database is for a repo with a storage controller: pass --pageservers 2 (or more); a repo with one pageserver runs none");
-    }
     let fjord_bin_dir = match args.fjord_bin_dir {
         Some(d) => d,
         None => std::env::current_exe()

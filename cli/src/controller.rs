@@ -65,24 +65,28 @@ pub fn start_database(repo: &Repo) -> anyhow::Result<()> {
     }
     let conf = &repo.config;
     let port = conf.controller_db_port();
-    if pg_isready(repo) {
-        bail!("something else already accepts PostgreSQL connections on port {port}: is another repo using base port {}?", conf.base_port);
+    let addr: std::net::SocketAddr = format!("{}:{port}", conf.service_host()).parse().context("the repo's service host")?;
+    if std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok() {
+        bail!("something else already listens on port {port}: is another repo using base port {}?", conf.base_port);
     }
     let postgres = conf.pg_bin_dir.join("postgres");
     let mut cmd = Command::new(&postgres);
     cmd.arg("-D").arg(repo.controller_db_dir()).current_dir(&repo.dir);
     let child =
-        crate::cluster::spawn_and_wait(&daemon, &mut cmd, "the controller's database", &format!("port {port}"), || pg_isready(repo))?;
+        crate::cluster::spawn_and_wait(&daemon, &mut cmd, "the controller's database", &format!("port {port}"), || postmaster_ready(repo))?;
     say!("controller database started (pid {}): port {port}, log {}", child.id(), daemon.log_file.display());
     Ok(())
 }
 
-fn pg_isready(repo: &Repo) -> bool {
-    let conf = &repo.config;
-    Command::new(conf.pg_bin_dir.join("pg_isready"))
-        .args(["-q", "-h", conf.service_host(), "-p", &conf.controller_db_port().to_string(), "-t", "2"])
-        .status()
-        .is_ok_and(|s| s.success())
+/// Whether the database's postmaster that `daemon` started accepts connections: what it
+/// says in its `postmaster.pid` (the pid on the first line, `ready` on the eighth), as
+/// `pg_ctl -w` reads it. A probe by connection would leave a FATAL line in its log
+/// ("the database system is starting up") for every attempt that comes too early.
+fn postmaster_ready(repo: &Repo) -> bool {
+    let Ok(Some(pid)) = repo.controller_db().running_pid() else { return false };
+    let Ok(text) = std::fs::read_to_string(repo.controller_db_dir().join("postmaster.pid")) else { return false };
+    let lines: Vec<&str> = text.lines().collect();
+    lines.first().is_some_and(|l| l.trim() == pid.to_string()) && lines.get(7).is_some_and(|l| l.trim() == "ready")
 }
 
 /// Starts the storage controller unless it runs, and waits until it leads.
