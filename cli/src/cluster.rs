@@ -3,15 +3,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 
 use crate::config::{RepoConfig, DEFAULT_BASE_PORT};
-use crate::process::{http_up, refuse_root, Daemon};
+use crate::process::{http_up, refuse_root};
 use crate::repo::Repo;
 use crate::state::{write_atomically, State};
-use logtail::log_tail;
 use proto::{TenantId, TimelineId};
 
 #[derive(clap::Args, Debug)]
@@ -293,47 +292,6 @@ fn resume_wal_receivers(repo: &Repo, all: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// With authentication on: `--auth-public-key` and a token with `claims` in
-/// `FJORD_AUTH_TOKEN` (the environment, not the command line, which every user sees).
-pub fn with_auth(repo: &Repo, cmd: &mut Command, claims: &auth::Claims) {
-    if let Some(token) = repo.token(claims) {
-        cmd.arg("--auth-public-key").arg(repo.public_key_path()).env(auth::TOKEN_ENV, token);
-    }
-}
-
-/// The optional file of further pageserver settings in a repo.
-pub const PAGESERVER_TOML: &str = "pageserver.toml";
-
-/// Spawns a daemon and waits until `is_up` (its HTTP API answers), at most 30 s.
-pub fn spawn_and_wait(
-    daemon: &Daemon,
-    cmd: &mut Command,
-    what: &str,
-    url: &str,
-    is_up: impl Fn() -> bool,
-) -> anyhow::Result<std::process::Child> {
-    let mut child = daemon.spawn(cmd)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().with_context(|| format!("wait for {what}"))? {
-            crate::process::remove_file_if_exists(&daemon.pid_file)?;
-            bail!("{what} exited during startup ({status}); the end of {}:\n{}", daemon.log_file.display(), log_tail(&daemon.log_file, 20));
-        }
-        if is_up() {
-            return Ok(child);
-        }
-        if Instant::now() > deadline {
-            daemon.stop(libc::SIGKILL, Duration::from_secs(5))?;
-            bail!(
-                "{what} did not answer on {url} within 30 s; the end of {}:\n{}",
-                daemon.log_file.display(),
-                log_tail(&daemon.log_file, 20)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn check_safekeeper_id(repo: &Repo, id: u8) -> anyhow::Result<()> {
     if !repo.config.safekeeper_ids().contains(&id) {
         bail!("no safekeeper {id}: this repo has {} (ids 1..={0})", repo.config.safekeepers);
@@ -363,12 +321,12 @@ pub fn start_safekeeper(repo: &Repo, id: u8) -> anyhow::Result<()> {
         .arg(&dir)
         .args(["--listen", &conf.safekeeper_addr(id), "--http", &format!("127.0.0.1:{}", conf.safekeeper_http_port(id))])
         .current_dir(&repo.dir);
-    with_auth(repo, &mut cmd, &auth::Claims::storage());
+    repo.with_auth(&mut cmd, &auth::Claims::storage());
     cmd.args(repo.server_tls_args(&safekeeper_name(id), false));
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }
-    let child = spawn_and_wait(&daemon, &mut cmd, &format!("safekeeper {id}"), &url, || http_up(&url, tls.as_ref()))?;
+    let child = crate::process::spawn_and_wait(&daemon, &mut cmd, &format!("safekeeper {id}"), &url, || http_up(&url, tls.as_ref()))?;
     say!("safekeeper {id} started (pid {}): {}, HTTP API {url}, log {}", child.id(), conf.safekeeper_addr(id), daemon.log_file.display());
     Ok(())
 }

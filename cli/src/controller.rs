@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use pageserver_api::controller::{NodeInfo, TenantLocation};
-use proto::TenantId;
 
 use crate::process::http_up;
 use crate::repo::Repo;
@@ -73,7 +72,7 @@ pub fn start_database(repo: &Repo) -> anyhow::Result<()> {
     let mut cmd = Command::new(&postgres);
     cmd.arg("-D").arg(repo.controller_db_dir()).current_dir(&repo.dir);
     let child =
-        crate::cluster::spawn_and_wait(&daemon, &mut cmd, "the controller's database", &format!("port {port}"), || postmaster_ready(repo))?;
+        crate::process::spawn_and_wait(&daemon, &mut cmd, "the controller's database", &format!("port {port}"), || postmaster_ready(repo))?;
     say!("controller database started (pid {}): port {port}, log {}", child.id(), daemon.log_file.display());
     Ok(())
 }
@@ -109,7 +108,7 @@ pub fn start_controller(repo: &Repo) -> anyhow::Result<()> {
         .args(["--listen", &conf.controller_addr(), "--advertise", &conf.controller_addr()])
         .current_dir(&repo.dir);
     // Its own token (an admin's) for the pageservers' APIs: heartbeats and orders.
-    crate::cluster::with_auth(repo, &mut cmd, &auth::Claims::admin());
+    repo.with_auth(&mut cmd, &auth::Claims::admin());
     if repo.admin_token().is_none() {
         cmd.env_remove(auth::TOKEN_ENV);
     }
@@ -119,7 +118,7 @@ pub fn start_controller(repo: &Repo) -> anyhow::Result<()> {
         // The database's notices are not the controller's own words.
         cmd.env("RUST_LOG", "info,tokio_postgres::connection=warn");
     }
-    let child = crate::cluster::spawn_and_wait(&daemon, &mut cmd, "the storage controller", &url, || http_up(&url, tls.as_ref()))?;
+    let child = crate::process::spawn_and_wait(&daemon, &mut cmd, "the storage controller", &url, || http_up(&url, tls.as_ref()))?;
     let api = repo.controller_api();
     let deadline = Instant::now() + READY_WAIT;
     loop {
@@ -189,15 +188,6 @@ pub fn stop(repo: &Repo, timeout: Duration) -> anyhow::Result<()> {
         say!("controller database stopped");
     }
     Ok(())
-}
-
-/// Where the controller has `tenant` attached.
-pub fn locate(repo: &Repo, tenant: TenantId) -> anyhow::Result<TenantLocation> {
-    let api = repo.controller_api();
-    api.tenant(tenant).map_err(|e| match e.status() {
-        Some(404) => anyhow::anyhow!("the storage controller has no tenant {tenant}"),
-        _ => anyhow::anyhow!("ask the storage controller where tenant {tenant} is (is it running? `fjord start`): {e}"),
-    })
 }
 
 /// `fjord status` with a controller: the controller, then each pageserver with its health

@@ -15,6 +15,9 @@ use anyhow::{bail, Context};
 use crate::process::refuse_root;
 use crate::repo::Repo;
 
+/// The optional file of further pageserver settings in a repo.
+pub const PAGESERVER_TOML: &str = "pageserver.toml";
+
 /// A pageserver's certificate's name: `pageserver` for the first (as in a repo with one),
 /// `pageserver-N` for the others.
 pub fn cert_name(id: u64) -> String {
@@ -100,7 +103,7 @@ pub fn start(repo: &Repo, id: u64) -> anyhow::Result<bool> {
     cmd.args(repo.server_tls_args(&cert_name(id), true));
     // Further pageserver settings (`pageserver --print-config` lists them) go in
     // pageserver.toml in the repo, for every pageserver; the flags above win over it.
-    let extra = repo.dir.join(crate::cluster::PAGESERVER_TOML);
+    let extra = repo.dir.join(PAGESERVER_TOML);
     if extra.is_file() {
         cmd.arg("--config").arg(&extra);
     }
@@ -109,7 +112,7 @@ pub fn start(repo: &Repo, id: u64) -> anyhow::Result<bool> {
     }
     tracing::info!("starting {} as {name}", conf.pageserver_bin().display());
     let api = repo.api_of(id);
-    let child = crate::cluster::spawn_and_wait(&daemon, &mut cmd, &name, &url, || crate::repo::is_up(&api))?;
+    let child = crate::process::spawn_and_wait(&daemon, &mut cmd, &name, &url, || crate::repo::is_up(&api))?;
     say!(
         "{name} started (pid {}): page service {}, HTTP API {url}, log {}",
         child.id(),

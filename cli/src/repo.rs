@@ -71,6 +71,14 @@ impl Repo {
         self.signer.as_ref().map(|s| s.sign(claims))
     }
 
+    /// With authentication on: `--auth-public-key` and a token with `claims` in
+    /// `FJORD_AUTH_TOKEN` (the environment, not the command line, which every user sees).
+    pub fn with_auth(&self, cmd: &mut std::process::Command, claims: &auth::Claims) {
+        if let Some(token) = self.token(claims) {
+            cmd.arg("--auth-public-key").arg(self.public_key_path()).env(auth::TOKEN_ENV, token);
+        }
+    }
+
     /// The CLI's own token: it manages everything.
     pub fn admin_token(&self) -> Option<String> {
         self.token(&auth::Claims::admin())
@@ -232,7 +240,7 @@ impl Repo {
         if !self.config.has_controller() {
             return self.running_api();
         }
-        let location = crate::controller::locate(self, tenant)?;
+        let location = self.locate(tenant)?;
         let api = self.api_at(&self.config.http_url_of(&location.attached.http_addr));
         if !is_up(&api) {
             bail!(
@@ -251,6 +259,14 @@ impl Repo {
             bail!("the pageserver is not running (nothing answers {}): run `fjord start`", api.base_url());
         }
         Ok(api)
+    }
+
+    /// Where the storage controller has `tenant` attached.
+    pub fn locate(&self, tenant: TenantId) -> anyhow::Result<pageserver_api::controller::TenantLocation> {
+        self.controller_api().tenant(tenant).map_err(|e| match e.status() {
+            Some(404) => anyhow::anyhow!("the storage controller has no tenant {tenant}"),
+            _ => anyhow::anyhow!("ask the storage controller where tenant {tenant} is (is it running? `fjord start`): {e}"),
+        })
     }
 
     /// The client of the storage controller's API, with the CLI's admin token.
