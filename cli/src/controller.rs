@@ -222,7 +222,18 @@ pub fn print_status(repo: &Repo) -> anyhow::Result<()> {
     }
     let (nodes, tenants): (Vec<NodeInfo>, Vec<TenantLocation>) = match (api.nodes(), api.tenants()) {
         (Ok(n), Ok(t)) => (n, t),
-        _ => (Vec::new(), Vec::new()),
+        (Err(e), _) | (_, Err(e)) => {
+            for id in conf.pageserver_ids() {
+                let process = match repo.pageserver(id).running_pid()? {
+                    Some(pid) => format!("running (pid {pid})"),
+                    None => "stopped".to_string(),
+                };
+                say!("pageserver {id}  {process}, page service {}, HTTP API {}", conf.pageserver_pg_addr(id), conf.pageserver_http_url(id));
+            }
+            tracing::info!("the storage controller does not answer: {e}");
+            say!("health and placement unknown: the storage controller does not answer at {}", conf.controller_url());
+            return Ok(());
+        }
     };
     for id in conf.pageserver_ids() {
         let process = match repo.pageserver(id).running_pid()? {

@@ -178,12 +178,13 @@ pub fn add(repo: &mut Repo) -> anyhow::Result<()> {
     crate::state::write_atomically(&Repo::config_path(&repo.dir), config.to_toml()?.as_bytes())?;
     repo.config = config;
     say!("pageserver {id} added to config.toml");
-    start(repo, id)?;
-    if repo.controller().running_pid()?.is_some() {
-        crate::controller::wait_online(repo, &[id])?;
-        say!("pageserver {id} is online at the storage controller");
-    } else {
-        say!("the storage controller is not running: pageserver {id} joins it once it runs (`fjord start`)");
+    // A stopped cluster gets no lone pageserver running: it starts with the others.
+    if repo.controller().running_pid()?.is_none() {
+        say!("the storage controller is not running: pageserver {id} starts and joins it with `fjord start`");
+        return Ok(());
     }
+    start(repo, id)?;
+    crate::controller::wait_online(repo, &[id])?;
+    say!("pageserver {id} is online at the storage controller");
     Ok(())
 }

@@ -111,7 +111,7 @@ def test_a_cluster_of_pageservers_with_one_command(repo_factory):
 def test_one_pageserver_is_the_repo_it_always_was(repo_factory):
     """`--pageservers 1` (the default) writes the same config.toml as before, runs no
     controller, and refuses what needs one with a hint; numbers the ports cannot hold are
-    refused before anything is made."""
+    refused before anything is made; a stopped cluster grows without starting anything."""
     plain = repo_factory("plain").init()
     one = repo_factory("one").init("--pageservers", "1")
     text = lambda r: (r.path / "config.toml").read_text().replace(str(r.path), "REPO").replace(str(r.base_port), "BASE")
@@ -121,6 +121,12 @@ def test_one_pageserver_is_the_repo_it_always_was(repo_factory):
     err = one.fail("pageserver", "add")
     assert "no storage controller" in err and "fjord init --pageservers 2" in err, err
     assert "no pageserver 2" in one.fail("pageserver", "stop", "2")
+
+    # In a stopped cluster `pageserver add` only records the new one: nothing runs alone.
+    stopped = repo_factory("stopped").init("--pageservers", "2")
+    assert "starts and joins it with `fjord start`" in stopped.run("pageserver", "add").stdout
+    assert "pageservers = 3" in (stopped.path / "config.toml").read_text()
+    assert services.processes_under(stopped.path) == []
 
     bad = repo_factory("bad")
     args = ("init", "--base-port", str(bad.base_port), "--pg-bin-dir", str(pg_bin_dir()))
