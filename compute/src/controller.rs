@@ -3,7 +3,8 @@
 //! moves.
 //!
 //! The controller's `GET /v1/tenant/{tenant_id}` names the attached pageserver's page
-//! service and HTTP API and the attachment's generation. compute_ctl asks once at start
+//! service and HTTP API and the attachment's generation (and, while a planned migration
+//! has not cut over, its source, which computes keep reading from). compute_ctl asks once at start
 //! and then polls it ([`Location`] is what it last applied); a move rewrites
 //! `fjord.pageserver_address` in `postgresql.conf`, reloads postgres, and points
 //! compute_ctl's own pageserver client (the lease renewals) at the new HTTP API. The
@@ -25,6 +26,15 @@ struct TenantLocationBody {
     tenant_id: TenantId,
     generation: u32,
     attached: NodeBody,
+    /// A planned migration: until it cuts over, computes stay with its source.
+    #[serde(default)]
+    migration: Option<MigrationBody>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+struct MigrationBody {
+    from: NodeBody,
+    cut_over: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -106,13 +116,18 @@ impl ControllerClient {
         if body.tenant_id != tenant {
             anyhow::bail!("the storage controller answered {url} with tenant {}", body.tenant_id);
         }
-        check_addr(&body.attached.page_addr).context("the storage controller's page_addr")?;
-        check_addr(&body.attached.http_addr).context("the storage controller's http_addr")?;
+        // While a planned migration warms its destination, the source serves the tenant.
+        let node = match body.migration {
+            Some(m) if !m.cut_over => m.from,
+            _ => body.attached,
+        };
+        check_addr(&node.page_addr).context("the storage controller's page_addr")?;
+        check_addr(&node.http_addr).context("the storage controller's http_addr")?;
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         Ok(Location {
-            http_url: format!("{scheme}://{}", body.attached.http_addr),
-            page_addr: body.attached.page_addr,
-            node_id: Some(body.attached.node_id),
+            http_url: format!("{scheme}://{}", node.http_addr),
+            page_addr: node.page_addr,
+            node_id: Some(node.node_id),
             generation: Some(body.generation),
         })
     }

@@ -2,8 +2,9 @@
 //! which tenants it holds, `GET /v1/location` (at most `heartbeat_timeout`); one that has
 //! not answered for `offline_after` is offline, and its tenants fail over to their
 //! secondaries ([`crate::persistence::Db::fail_over`]); tenants whose secondary went
-//! offline get another. Then the answers go to [`crate::reconcile`], which orders each
-//! pageserver to hold what the placements say. Timings: a pageserver that dies is taken for dead between `offline_after` and
+//! offline get another; planned migrations move on ([`crate::migration`]). Then the
+//! answers go to [`crate::reconcile`], which orders each pageserver to hold what the
+//! placements say. Timings: a pageserver that dies is taken for dead between `offline_after` and
 //! `offline_after + heartbeat_interval + heartbeat_timeout` later.
 
 use std::collections::{HashMap, HashSet};
@@ -118,9 +119,31 @@ async fn round(ctl: &Arc<Controller>, reported_stuck: &mut HashSet<proto::Tenant
             t.secondary.as_ref().map_or("none (no other pageserver is online)".to_string(), |s| format!("pageserver {}", s.node_id))
         );
     }
-    // Orders only to nodes that answered this round, from the placements as they are now.
+    // Orders only to nodes that answered this round, from the placements as they are now,
+    // after planned migrations moved on.
     if !held.is_empty() && ctl.is_leader() {
-        let placements = ctl.db.tenants().await?;
+        let mut placements = ctl.db.tenants().await?;
+        if placements.iter().any(|t| t.migration.is_some()) {
+            let ready = crate::migration::ready(&placements, &held, &mut ctl.migration_marks.lock().expect("not poisoned"));
+            let (cut, ended) = ctl.db.advance_migrations(&ctl.instance, &ready, ctl.config.cutover_grace).await?;
+            for tenant in &cut {
+                ctl.metrics.migrations.with_label_values(&["cut_over"]).inc();
+                let to = placements.iter().find(|t| t.tenant_id == *tenant).map_or(0, |t| t.attached.node_id);
+                tracing::info!("tenant {tenant}: the migration to pageserver {to} cut over (it has caught up): computes read from it now");
+            }
+            for t in &ended {
+                ctl.metrics.migrations.with_label_values(&["ended"]).inc();
+                tracing::info!(
+                    "tenant {}: the migration to pageserver {} is done; the source, pageserver {}, holds it as its secondary",
+                    t.tenant_id,
+                    t.attached.node_id,
+                    t.secondary.as_ref().map_or(0, |s| s.node_id)
+                );
+            }
+            if !cut.is_empty() || !ended.is_empty() {
+                placements = ctl.db.tenants().await?;
+            }
+        }
         let online: Vec<(u64, String)> = nodes.iter().map(|n| (n.node.node_id, n.node.http_addr.clone())).collect();
         crate::reconcile::send(ctl, &online, &held, &placements);
     }

@@ -2,8 +2,8 @@
 //! a route wants ([`access`]): a pageserver's own token (storage, naming its node id; or an
 //! admin's) joins as that node with `POST /v1/node` and asks what it holds with
 //! `POST /v1/re-attach`; any token for a tenant
-//! reads `GET /v1/tenant/{tenant_id}`; the rest (`GET /v1/node`, `GET|POST /v1/tenant`)
-//! wants an admin token. Reads are answered by any controller from the database;
+//! reads `GET /v1/tenant/{tenant_id}`; the rest (`GET /v1/node`, `GET|POST /v1/tenant`,
+//! `POST /v1/tenant/{tenant_id}/migrate`) wants an admin token. Reads are answered by any controller from the database;
 //! changes only by the leader (another answers 503 and names the leader). Errors are JSON
 //! `{"error": "..."}` with a status code chosen in one place ([`ApiError`]).
 
@@ -22,9 +22,10 @@ use serde_json::json;
 
 use crate::heartbeat::candidates;
 use crate::models::{
-    NodeInfo, NodeLocation, NodeRegisterRequest, ReAttachRequest, ReAttachResponse, StatusResponse, TenantCreateRequest, TenantLocation,
+    Availability, MigrateRequest, NodeInfo, NodeLocation, NodeRegisterRequest, ReAttachRequest, ReAttachResponse, StatusResponse,
+    TenantCreateRequest, TenantLocation,
 };
-use crate::persistence::DbError;
+use crate::persistence::{DbError, MigrationStart};
 use crate::{scheduler, Controller};
 
 /// What anyone may read: liveness, leadership and the metrics.
@@ -106,6 +107,7 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .route("/v1/node", get(list_nodes).post(register_node))
         .route("/v1/tenant", get(list_tenants).post(create_tenant))
         .route("/v1/tenant/{tenant_id}", get(get_tenant))
+        .route("/v1/tenant/{tenant_id}/migrate", axum::routing::post(migrate_tenant))
         .route("/v1/re-attach", axum::routing::post(re_attach))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .layer(axum::middleware::from_fn_with_state(ctl.clone(), require_token))
@@ -280,6 +282,46 @@ async fn get_tenant(State(ctl): State<Arc<Controller>>, Path(tenant): Path<Strin
     let tenant: TenantId = tenant.parse().map_err(|e| ApiError::BadRequest(format!("tenant id {tenant:?}: {e}")))?;
     match ctl.db.tenant(tenant).await {
         Ok(Some(t)) => Ok(Json(t)),
+        Ok(None) => Err(ApiError::NotFound(format!("tenant {tenant} is not placed"))),
+        Err(e) => Err(db_error(&ctl, e)),
+    }
+}
+
+/// A planned migration: 202 with the tenant's location when it starts (it goes on in the
+/// heartbeat rounds, [`crate::migration`]; `GET /v1/tenant/{id}` shows it until it ends),
+/// 200 if the tenant is attached there already. The destination must be online now.
+async fn migrate_tenant(
+    State(ctl): State<Arc<Controller>>,
+    Path(tenant): Path<String>,
+    body: Result<Json<MigrateRequest>, JsonRejection>,
+) -> Result<(StatusCode, Json<TenantLocation>), ApiError> {
+    let tenant: TenantId = tenant.parse().map_err(|e| ApiError::BadRequest(format!("tenant id {tenant:?}: {e}")))?;
+    let Json(req) = body?;
+    if !ctl.is_leader() {
+        return Err(not_leader(&ctl));
+    }
+    match ctl.availability(req.node_id) {
+        Availability::Online => {}
+        other => {
+            return Err(ApiError::Conflict(format!(
+                "pageserver {} is not online (the leader sees it {}): a tenant moves only to a live pageserver",
+                req.node_id,
+                crate::heartbeat::availability_label(other)
+            )))
+        }
+    }
+    match ctl.db.start_migration(&ctl.instance, tenant, req.node_id).await {
+        Ok(Some(MigrationStart::Started(location))) => {
+            ctl.metrics.migrations.with_label_values(&["started"]).inc();
+            tracing::info!(
+                "tenant {tenant}: migration from pageserver {} to pageserver {} started with generation {}",
+                location.migration.as_ref().map_or(0, |m| m.from.node_id),
+                location.attached.node_id,
+                location.generation
+            );
+            Ok((StatusCode::ACCEPTED, Json(location)))
+        }
+        Ok(Some(MigrationStart::AlreadyThere(location))) => Ok((StatusCode::OK, Json(location))),
         Ok(None) => Err(ApiError::NotFound(format!("tenant {tenant} is not placed"))),
         Err(e) => Err(db_error(&ctl, e)),
     }

@@ -1,7 +1,8 @@
 //! fjord's storage controller: where each tenant is attached, its warm secondary and its
 //! generation, kept in PostgreSQL ([`persistence`]); which pageservers are alive
 //! ([`heartbeat`]); and, when an attached pageserver is taken for dead, the failover of its
-//! tenants to their secondaries with their generations raised; and the orders that make
+//! tenants to their secondaries with their generations raised; planned migrations
+//! ([`migration`]); and the orders that make
 //! each pageserver hold what the placements say ([`reconcile`]). Two controllers may run
 //! against one database: the one holding the lease leads ([`leader`]), the other answers
 //! reads and takes over when the lease lapses. The HTTP API is in [`http`], its types in
@@ -11,6 +12,7 @@ pub mod heartbeat;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod migration;
 pub mod models;
 pub mod persistence;
 pub mod reconcile;
@@ -44,6 +46,9 @@ pub struct Config {
     pub client_tls: Option<tls::ClientTls>,
     /// The token presented to the pageservers (admin), when they require one.
     pub auth_token: Option<String>,
+    /// How long a planned migration's source keeps the tenant after the cutover, so that
+    /// computes (which poll every 250 ms) have moved before it lets go.
+    pub cutover_grace: Duration,
 }
 
 /// A node's health as this controller has observed it since it began leading.
@@ -94,6 +99,8 @@ pub struct Controller {
     pub order_errors: Mutex<HashMap<(u64, proto::TenantId), String>>,
     /// Nodes whose pageserver answered with another node id (reported once).
     pub misnamed: Mutex<std::collections::HashSet<u64>>,
+    /// What each migration's source had ingested at the last heartbeat ([`migration::ready`]).
+    pub migration_marks: Mutex<HashMap<proto::TenantId, Vec<pageserver_api::models::TimelineIngested>>>,
 }
 
 impl Controller {
@@ -112,6 +119,7 @@ impl Controller {
             orders_in_flight: Mutex::new(std::collections::HashSet::new()),
             misnamed: Mutex::new(std::collections::HashSet::new()),
             order_errors: Mutex::new(HashMap::new()),
+            migration_marks: Mutex::new(HashMap::new()),
         })
     }
 

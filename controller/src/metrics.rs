@@ -21,6 +21,8 @@ pub struct Metrics {
     pub http_tls_failures: IntCounterVec,
     /// Location orders sent to pageservers, by result (`ok`, `failed`).
     pub orders: IntCounterVec,
+    /// Planned migrations by step (`started`, `cut_over`, `ended`).
+    pub migrations: IntCounterVec,
 }
 
 impl Metrics {
@@ -51,6 +53,14 @@ impl Metrics {
             &["result"],
         )
         .expect("valid");
+        let migrations = IntCounterVec::new(
+            Opts::new("fjord_controller_migrations_total", "Planned migrations of tenants, by step (started, cut_over, ended)"),
+            &["step"],
+        )
+        .expect("valid");
+        for step in ["started", "cut_over", "ended"] {
+            migrations.with_label_values(&[step]);
+        }
         for result in ["ok", "failed"] {
             orders.with_label_values(&[result]);
         }
@@ -67,7 +77,8 @@ impl Metrics {
         registry.register(Box::new(nodes.clone())).expect("unique");
         registry.register(Box::new(http_tls_failures.clone())).expect("unique");
         registry.register(Box::new(orders.clone())).expect("unique");
-        Metrics { registry, leader, nodes, failovers, heartbeat_failures, database_errors, http_tls_failures, orders }
+        registry.register(Box::new(migrations.clone())).expect("unique");
+        Metrics { registry, leader, nodes, failovers, heartbeat_failures, database_errors, http_tls_failures, orders, migrations }
     }
 
     pub fn render(&self) -> String {

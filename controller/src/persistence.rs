@@ -14,12 +14,22 @@ use proto::TenantId;
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, GenericClient, NoTls, Transaction};
 
-use crate::models::{NodeLocation, NodeRegisterRequest, ReAttachTenant, TenantLocation};
+use crate::models::{Migration, NodeLocation, NodeRegisterRequest, ReAttachTenant, TenantLocation};
 use pageserver_api::models::LocationMode;
 
-/// The schema this build uses; a database with another refuses to serve (no migration
-/// exists yet, and guessing would risk the placements).
-pub const SCHEMA_VERSION: i32 = 1;
+/// The schema this build uses. A database with an older one is upgraded by the steps in
+/// [`UPGRADES`], in one transaction; one with a newer (or unknown) version is refused:
+/// guessing would risk the placements.
+pub const SCHEMA_VERSION: i32 = 2;
+
+/// The statements that take a database from version `n` to `n + 1`, at index `n - 1`.
+const UPGRADES: [&str; 1] = [
+    // 1 -> 2: planned migrations.
+    "ALTER TABLE fjord_controller_tenants
+        ADD COLUMN IF NOT EXISTS migrating_from bigint REFERENCES fjord_controller_nodes
+            CHECK (migrating_from IS NULL OR (migrating_from <> attached AND migrating_from IS DISTINCT FROM secondary)),
+        ADD COLUMN IF NOT EXISTS cut_over_at timestamptz CHECK (cut_over_at IS NULL OR migrating_from IS NOT NULL);",
+];
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS fjord_controller_schema (version integer NOT NULL);
@@ -112,6 +122,8 @@ pub struct Attachment {
     pub generation: u32,
     pub attached: u64,
     pub secondary: Option<u64>,
+    /// The source of a planned migration to `attached`, still holding the tenant.
+    pub migrating_from: Option<u64>,
 }
 
 fn to_u64(v: i64) -> u64 {
@@ -193,9 +205,20 @@ impl Db {
             let versions: Vec<i32> = tx.query("SELECT version FROM fjord_controller_schema", &[]).await?.iter().map(|r| r.get(0)).collect();
             match versions.as_slice() {
                 [] => {
+                    // New tables are made at version 1 above, then upgraded like any other.
+                    for step in UPGRADES {
+                        tx.batch_execute(step).await?;
+                    }
                     tx.execute("INSERT INTO fjord_controller_schema VALUES ($1)", &[&SCHEMA_VERSION]).await?;
                 }
                 [v] if *v == SCHEMA_VERSION => {}
+                [v] if (1..SCHEMA_VERSION).contains(v) => {
+                    for step in &UPGRADES[(*v as usize - 1)..] {
+                        tx.batch_execute(step).await?;
+                    }
+                    tx.execute("UPDATE fjord_controller_schema SET version = $1", &[&SCHEMA_VERSION]).await?;
+                    tracing::info!("upgraded the controller's schema from version {v} to {SCHEMA_VERSION}");
+                }
                 other => {
                     // Rolled back and answered before the error ends the process (a dropped
                     // transaction's rollback is only queued).
@@ -363,6 +386,14 @@ impl Db {
                     generation: to_u32(row.get(1))?,
                 });
             }
+            // A migration's source that restarts no longer holds the tenant: computes go to
+            // the destination at once, and the source holds it as its secondary.
+            tx.execute(
+                "UPDATE fjord_controller_tenants SET migrating_from = NULL, cut_over_at = NULL, secondary = $1, updated_at = clock_timestamp()
+                  WHERE migrating_from = $1",
+                &[&id],
+            )
+            .await?;
             for row in tx.query("SELECT tenant_id FROM fjord_controller_tenants WHERE secondary = $1", &[&id]).await? {
                 out.push(ReAttachTenant { tenant_id: parse_tenant(row.get(0))?, mode: LocationMode::Secondary, generation: 0 });
             }
@@ -392,14 +423,26 @@ impl Db {
             tx.execute("LOCK TABLE fjord_controller_tenants IN SHARE ROW EXCLUSIVE MODE", &[]).await?;
             let mut loads = nodes(&tx).await?;
             let (mut moved, mut stuck) = (Vec::new(), Vec::new());
+            // Migrations away from the dead node cut over at once: its computes cannot read
+            // from it anyway, and the destination holds the tenant with the newest generation.
+            let cut = tx
+                .execute(
+                    "UPDATE fjord_controller_tenants SET migrating_from = NULL, cut_over_at = NULL, updated_at = clock_timestamp()
+                      WHERE migrating_from = $1",
+                    &[&from_id],
+                )
+                .await?;
             for a in attachments(&tx, "attached = $1", from_id).await? {
-                let Some(to) = a.secondary.filter(|s| !unusable.contains(s)) else {
+                // A migration's destination died: back to its source, which still holds the
+                // tenant and is warm; else to the secondary.
+                let Some(to) = a.migrating_from.or(a.secondary).filter(|s| !unusable.contains(s)) else {
                     stuck.push(a);
                     continue;
                 };
                 let secondary = choose(to, &loads).filter(|s| *s != to && *s != from && !unusable.contains(s));
                 tx.execute(
-                    "UPDATE fjord_controller_tenants SET generation = generation + 1, attached = $2, secondary = $3, updated_at = clock_timestamp()
+                    "UPDATE fjord_controller_tenants SET generation = generation + 1, attached = $2, secondary = $3,
+                            migrating_from = NULL, cut_over_at = NULL, updated_at = clock_timestamp()
                       WHERE tenant_id = $1",
                     &[&a.tenant_id.to_string(), &to_i64(to)?, &secondary.map(to_i64).transpose()?],
                 )
@@ -414,7 +457,7 @@ impl Db {
                 }
                 moved.push(tenant_location(&tx, a.tenant_id).await?.expect("locked"));
             }
-            if moved.is_empty() {
+            if moved.is_empty() && cut == 0 {
                 // Nothing changed: rolled back, no fence needed.
                 return Ok((moved, stuck));
             }
@@ -439,7 +482,8 @@ impl Db {
             tx.execute("LOCK TABLE fjord_controller_tenants IN SHARE ROW EXCLUSIVE MODE", &[]).await?;
             let mut loads = nodes(&tx).await?;
             let mut changed = Vec::new();
-            for a in attachments(&tx, "secondary IS NULL OR secondary = ANY($1)", lost_ids).await? {
+            // A migration's source becomes the secondary when it ends: none is chosen before.
+            for a in attachments(&tx, "migrating_from IS NULL AND (secondary IS NULL OR secondary = ANY($1))", lost_ids).await? {
                 let secondary = choose(a.attached, &loads).filter(|s| *s != a.attached && !lost.contains(s));
                 if secondary == a.secondary {
                     continue;
@@ -463,6 +507,104 @@ impl Db {
             fence(&tx, instance).await?;
             tx.commit().await?;
             Ok(changed)
+        })
+        .await
+    }
+}
+
+/// What [`Db::start_migration`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MigrationStart {
+    /// Under way, with the tenant's location now.
+    Started(TenantLocation),
+    /// The tenant is attached there already, with no migration under way.
+    AlreadyThere(TenantLocation),
+}
+
+impl Db {
+    /// Starts a planned migration of `tenant` to `to`: `to` becomes the attached node with
+    /// the generation raised by one, the node it leaves keeps serving computes until the
+    /// migration cuts over ([`Db::advance_migrations`]). One at a time per tenant; a
+    /// secondary that is `to` is dropped (the source becomes the secondary at the end).
+    pub async fn start_migration(&self, instance: &str, tenant: TenantId, to: u64) -> Result<Option<MigrationStart>, DbError> {
+        let to_id = to_i64(to)?;
+        self.with(async |c: &mut Client| {
+            let tx = c.transaction().await?;
+            tx.execute("LOCK TABLE fjord_controller_tenants IN SHARE ROW EXCLUSIVE MODE", &[]).await?;
+            let Some(now) = tenant_location(&tx, tenant).await? else { return Ok(None) };
+            if let Some(m) = &now.migration {
+                return Err(DbError::Refused(format!(
+                    "tenant {tenant} is migrating from pageserver {} to pageserver {} already: wait for it to finish",
+                    m.from.node_id, now.attached.node_id
+                )));
+            }
+            if now.attached.node_id == to {
+                return Ok(Some(MigrationStart::AlreadyThere(now)));
+            }
+            if tx.query_opt("SELECT 1 FROM fjord_controller_nodes WHERE node_id = $1", &[&to_id]).await?.is_none() {
+                return Err(DbError::Refused(format!("pageserver {to} is not registered")));
+            }
+            tx.execute(
+                "UPDATE fjord_controller_tenants
+                    SET generation = generation + 1, migrating_from = attached, attached = $2, cut_over_at = NULL,
+                        secondary = CASE WHEN secondary = $2 THEN NULL ELSE secondary END, updated_at = clock_timestamp()
+                  WHERE tenant_id = $1",
+                &[&tenant.to_string(), &to_id],
+            )
+            .await?;
+            let location = tenant_location(&tx, tenant).await?.expect("locked");
+            fence(&tx, instance).await?;
+            tx.commit().await?;
+            Ok(Some(MigrationStart::Started(location)))
+        })
+        .await
+    }
+
+    /// Moves planned migrations on: those in `ready` (the destination holds the tenant with
+    /// its generation and has caught up with the source) cut over, so computes are told
+    /// the destination; those cut over at least `grace` ago (by the database's clock) end,
+    /// the source becoming the tenant's secondary. Returns the tenants cut over and the
+    /// tenants whose migration ended. One transaction.
+    pub async fn advance_migrations(
+        &self,
+        instance: &str,
+        ready: &[(TenantId, u32)],
+        grace: Duration,
+    ) -> Result<(Vec<TenantId>, Vec<TenantLocation>), DbError> {
+        self.with(async |c: &mut Client| {
+            let tx = c.transaction().await?;
+            let mut cut = Vec::new();
+            for (tenant, generation) in ready {
+                let n = tx
+                    .execute(
+                        "UPDATE fjord_controller_tenants SET cut_over_at = clock_timestamp(), updated_at = clock_timestamp()
+                          WHERE tenant_id = $1 AND generation = $2 AND migrating_from IS NOT NULL AND cut_over_at IS NULL",
+                        &[&tenant.to_string(), &i64::from(*generation)],
+                    )
+                    .await?;
+                if n > 0 {
+                    cut.push(*tenant);
+                }
+            }
+            let ended = tx
+                .query(
+                    "UPDATE fjord_controller_tenants SET secondary = migrating_from, migrating_from = NULL, cut_over_at = NULL,
+                            updated_at = clock_timestamp()
+                      WHERE cut_over_at < clock_timestamp() - make_interval(secs => $1)
+                  RETURNING tenant_id",
+                    &[&grace.as_secs_f64()],
+                )
+                .await?;
+            if cut.is_empty() && ended.is_empty() {
+                return Ok((cut, Vec::new()));
+            }
+            let mut done = Vec::new();
+            for row in ended {
+                done.push(tenant_location(&tx, parse_tenant(row.get(0))?).await?.expect("just updated"));
+            }
+            fence(&tx, instance).await?;
+            tx.commit().await?;
+            Ok((cut, done))
         })
         .await
     }
@@ -518,7 +660,9 @@ async fn attachments<P: tokio_postgres::types::ToSql + Sync>(
 ) -> Result<Vec<Attachment>, DbError> {
     let rows = c
         .query(
-            &format!("SELECT tenant_id, generation, attached, secondary FROM fjord_controller_tenants WHERE {filter} ORDER BY tenant_id"),
+            &format!(
+                "SELECT tenant_id, generation, attached, secondary, migrating_from FROM fjord_controller_tenants WHERE {filter} ORDER BY tenant_id"
+            ),
             &[&param],
         )
         .await?;
@@ -530,6 +674,7 @@ async fn attachments<P: tokio_postgres::types::ToSql + Sync>(
                 generation: u32::try_from(r.get::<_, i64>(1)).expect("the schema bounds generations"),
                 attached: to_u64(r.get(2)),
                 secondary: r.get::<_, Option<i64>>(3).map(to_u64),
+                migrating_from: r.get::<_, Option<i64>>(4).map(to_u64),
             })
         })
         .collect()
@@ -538,18 +683,24 @@ async fn attachments<P: tokio_postgres::types::ToSql + Sync>(
 async fn tenant_location(c: &impl GenericClient, tenant: TenantId) -> Result<Option<TenantLocation>, DbError> {
     let row = c
         .query_opt(
-            "SELECT t.generation, a.node_id, a.http_addr, a.page_addr, s.node_id, s.http_addr, s.page_addr
+            "SELECT t.generation, a.node_id, a.http_addr, a.page_addr, s.node_id, s.http_addr, s.page_addr,
+                    m.node_id, m.http_addr, m.page_addr, t.cut_over_at IS NOT NULL
                FROM fjord_controller_tenants t
                JOIN fjord_controller_nodes a ON a.node_id = t.attached
                LEFT JOIN fjord_controller_nodes s ON s.node_id = t.secondary
+               LEFT JOIN fjord_controller_nodes m ON m.node_id = t.migrating_from
               WHERE t.tenant_id = $1",
             &[&tenant.to_string()],
         )
         .await?;
+    let node = |r: &tokio_postgres::Row, i: usize| {
+        r.get::<_, Option<i64>>(i).map(|id| NodeLocation { node_id: to_u64(id), http_addr: r.get(i + 1), page_addr: r.get(i + 2) })
+    };
     Ok(row.map(|r| TenantLocation {
         tenant_id: tenant,
         generation: u32::try_from(r.get::<_, i64>(0)).expect("the schema bounds generations"),
-        attached: NodeLocation { node_id: to_u64(r.get(1)), http_addr: r.get(2), page_addr: r.get(3) },
-        secondary: r.get::<_, Option<i64>>(4).map(|id| NodeLocation { node_id: to_u64(id), http_addr: r.get(5), page_addr: r.get(6) }),
+        attached: node(&r, 1).expect("attached is NOT NULL"),
+        secondary: node(&r, 4),
+        migration: node(&r, 7).map(|from| Migration { from, cut_over: r.get(10) }),
     }))
 }

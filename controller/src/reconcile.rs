@@ -29,15 +29,19 @@ use crate::Controller;
 /// How long an order may take: an attach downloads the tenant's indexes.
 const ORDER_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// What `node` should do with `tenant` by the placements.
-pub fn desired(tenant: &TenantLocation, node: u64) -> LocationConfig {
-    if tenant.attached.node_id == node {
-        LocationConfig { mode: LocationMode::Attached, generation: Some(tenant.generation) }
+/// What `node` should do with `tenant` by the placements; `None`: nothing, it keeps what
+/// it holds (a planned migration's source, which serves computes until it ends).
+pub fn desired(tenant: &TenantLocation, node: u64) -> Option<LocationConfig> {
+    let mode = if tenant.attached.node_id == node {
+        LocationMode::Attached
+    } else if tenant.migration.as_ref().is_some_and(|m| m.from.node_id == node) {
+        return None;
     } else if tenant.secondary.as_ref().is_some_and(|s| s.node_id == node) {
-        LocationConfig { mode: LocationMode::Secondary, generation: Some(tenant.generation) }
+        LocationMode::Secondary
     } else {
-        LocationConfig { mode: LocationMode::Detached, generation: Some(tenant.generation) }
-    }
+        LocationMode::Detached
+    };
+    Some(LocationConfig { mode, generation: Some(tenant.generation) })
 }
 
 /// The orders that make `held` (a node's answer) match `placements`: (tenant, order).
@@ -45,7 +49,7 @@ pub fn orders(node: u64, held: &LocationList, placements: &[TenantLocation]) -> 
     let held: HashMap<TenantId, (LocationMode, u32)> = held.tenants.iter().map(|t| (t.tenant_id, (t.mode, t.generation))).collect();
     let mut out = Vec::new();
     for t in placements {
-        let want = desired(t, node);
+        let Some(want) = desired(t, node) else { continue };
         let now = held.get(&t.tenant_id).copied();
         let differs = match (want.mode, now) {
             (LocationMode::Attached, Some((LocationMode::Attached, g))) => Some(g) != want.generation,
@@ -113,14 +117,17 @@ mod tests {
     }
 
     fn placed(t: u8, generation: u32, attached: u64, secondary: Option<u64>) -> TenantLocation {
-        TenantLocation { tenant_id: tid(t), generation, attached: node(attached), secondary: secondary.map(node) }
+        TenantLocation { tenant_id: tid(t), generation, attached: node(attached), secondary: secondary.map(node), migration: None }
     }
 
     fn holds(node: u64, tenants: &[(u8, LocationMode, u32)]) -> LocationList {
         LocationList {
             node_id: Some(node),
             joined: true,
-            tenants: tenants.iter().map(|&(t, mode, generation)| TenantLocationState { tenant_id: tid(t), mode, generation }).collect(),
+            tenants: tenants
+                .iter()
+                .map(|&(t, mode, generation)| TenantLocationState { tenant_id: tid(t), mode, generation, timelines: Vec::new() })
+                .collect(),
         }
     }
 
@@ -143,5 +150,28 @@ mod tests {
         assert!(orders(2, &holds(2, &[(1, Secondary, 0), (2, Attached, 1), (3, Attached, 5)]), &placements).is_empty());
         // A node that holds nothing is told to attach and to hold secondaries.
         assert_eq!(orders(2, &holds(2, &[]), &placements).len(), 3);
+    }
+
+    #[test]
+    fn a_migrations_source_is_left_alone_until_it_ends() {
+        use LocationMode::*;
+        let mut t = placed(1, 4, 2, None);
+        t.migration = Some(crate::models::Migration { from: node(1), cut_over: false });
+        // The source holds generation 3 (superseded by 4): no order, cut over or not.
+        assert!(orders(1, &holds(1, &[(1, Attached, 3)]), std::slice::from_ref(&t)).is_empty());
+        t.migration.as_mut().expect("set").cut_over = true;
+        assert!(orders(1, &holds(1, &[(1, Attached, 3)]), std::slice::from_ref(&t)).is_empty());
+        // The destination is told to attach with the new generation.
+        assert_eq!(
+            orders(2, &holds(2, &[]), std::slice::from_ref(&t)),
+            vec![(tid(1), LocationConfig { mode: Attached, generation: Some(4) })]
+        );
+        // Once it ended, the source becomes the secondary.
+        t.migration = None;
+        t.secondary = Some(node(1));
+        assert_eq!(
+            orders(1, &holds(1, &[(1, Attached, 3)]), std::slice::from_ref(&t)),
+            vec![(tid(1), LocationConfig { mode: Secondary, generation: Some(4) })]
+        );
     }
 }

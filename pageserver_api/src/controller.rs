@@ -59,7 +59,8 @@ pub struct NodeLocation {
 }
 
 /// `GET /v1/tenant/{tenant_id}`: where a tenant is. Only the attached pageserver with this
-/// generation may write the tenant's objects; a compute reads from `attached.page_addr`.
+/// generation may write the tenant's objects; a compute reads from [`TenantLocation::page_service`]
+/// (`attached`, except while a planned migration warms its destination).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantLocation {
     pub tenant_id: TenantId,
@@ -67,6 +68,37 @@ pub struct TenantLocation {
     pub attached: NodeLocation,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secondary: Option<NodeLocation>,
+    /// A planned migration under way to `attached`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<Migration>,
+}
+
+impl TenantLocation {
+    /// The pageserver computes read from: the migration's source until it cuts over, else
+    /// the attached one.
+    pub fn page_service(&self) -> &NodeLocation {
+        match &self.migration {
+            Some(m) if !m.cut_over => &m.from,
+            _ => &self.attached,
+        }
+    }
+}
+
+/// A planned migration in progress. Its source keeps the tenant attached with its older
+/// generation (superseded: it ingests and serves reads, and writes nothing to object
+/// storage) until computes have moved; `cut_over` once the destination has caught up and
+/// computes are told to read from it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Migration {
+    pub from: NodeLocation,
+    pub cut_over: bool,
+}
+
+/// `POST /v1/tenant/{tenant_id}/migrate`: move a tenant to another live pageserver.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateRequest {
+    pub node_id: u64,
 }
 
 /// `GET /v1/status`: this controller, whether it leads, and who does.

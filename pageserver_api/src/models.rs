@@ -403,6 +403,17 @@ pub struct TenantLocationState {
     pub tenant_id: TenantId,
     pub mode: LocationMode,
     pub generation: u32,
+    /// For an attached tenant: how far each timeline has ingested (the controller cuts a
+    /// planned migration over once the destination has caught up with the source).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timelines: Vec<TimelineIngested>,
+}
+
+/// A timeline's last ingested record, in a [`TenantLocationState`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimelineIngested {
+    pub timeline_id: TimelineId,
+    pub last_record_lsn: Lsn,
 }
 
 /// `GET /v1/location`: which tenants this pageserver holds and how; the storage

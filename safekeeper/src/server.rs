@@ -14,7 +14,9 @@
 //! the reason: a proposer's `Hello` gets the proposer protocol's `Error`, anything else a
 //! PostgreSQL `FATAL` error (SQLSTATE 28000). Refusals and failed handshakes are logged at
 //! WARN with the client's address and counted in `safekeeper_tls_handshake_failures_total`;
-//! they end only that connection.
+//! they end only that connection. A client that resets or closes the connection in the
+//! middle of the handshake is counted the same way but logged at INFO: a compute stopped
+//! while it connects does that, and is no fault of either side.
 
 use bytes::BytesMut;
 use std::future::Future;
@@ -95,6 +97,10 @@ enum NoTls {
     Closed,
     /// Refused or failed: the metric's reason and the log line.
     Failed(&'static str, String),
+    /// The client left in the middle of the handshake (a reset or an early close): counted
+    /// like a failure, but logged at INFO, since a compute stopped while it connects, or a
+    /// client that does not trust our certificate, does just this.
+    WentAway(&'static str, String),
 }
 
 /// The TLS side of [`dispatch`] (see the module documentation).
@@ -108,6 +114,11 @@ async fn dispatch_tls(stream: TcpStream, peer: SocketAddr, config: Arc<rustls::S
         Err(NoTls::Closed) => Ok(()),
         Err(NoTls::Failed(reason, message)) => {
             tracing::warn!(%peer, "refused a connection to the TLS port: {message}");
+            sk.metrics.tls_handshake_failures.with_label_values(&[reason]).inc();
+            Ok(())
+        }
+        Err(NoTls::WentAway(reason, message)) => {
+            tracing::info!(%peer, "a client left the TLS port during the handshake: {message}");
             sk.metrics.tls_handshake_failures.with_label_values(&[reason]).inc();
             Ok(())
         }
@@ -144,10 +155,14 @@ async fn open_tls(mut tcp: TcpStream, config: Arc<rustls::ServerConfig>) -> Resu
         match (len, code) {
             (8, SSL_REQUEST) => {
                 tcp.write_all(b"S").await.map_err(|e| io("answer the SSLRequest", e))?;
-                let mut tls = tokio_rustls::TlsAcceptor::from(config)
-                    .accept(Socket::new(tcp))
-                    .await
-                    .map_err(|e| NoTls::Failed("handshake", format!("the TLS handshake failed: {e}")))?;
+                let mut tls = tokio_rustls::TlsAcceptor::from(config).accept(Socket::new(tcp)).await.map_err(|e| {
+                    let message = format!("the TLS handshake failed: {e}");
+                    if crate::peer::went_away_io(&e) {
+                        NoTls::WentAway("handshake", message)
+                    } else {
+                        NoTls::Failed("handshake", message)
+                    }
+                })?;
                 let mut first = [0u8; 1];
                 return match tls.read(&mut first).await {
                     Ok(0) => Err(NoTls::Closed),

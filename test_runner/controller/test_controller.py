@@ -266,5 +266,25 @@ def test_a_database_with_another_schema_is_refused(tmp_path, pg_factory):
     c = Controller(tmp_path, "a", db.conninfo)
     r = subprocess.run([str(fjord_bin_dir() / "storage_controller"), "--database", db.conninfo, "--listen", c.addr, *c.tls_args],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and "schema is version [99], this controller's 1: refusing to touch it" in r.stderr, r.stderr
+    assert r.returncode == 1 and "schema is version [99], this controller's 2: refusing to touch it" in r.stderr, r.stderr
     assert db.sql("SELECT version FROM fjord_controller_schema") == [(99,)]
+
+
+def test_a_database_of_the_first_schema_is_upgraded_in_place(tmp_path, pg_factory):
+    """A database made by a controller of schema version 1 (no planned migrations) keeps its
+    nodes and placements and gains the migration columns, in one transaction at start."""
+    db = pg_factory("controller-db").initdb().start()
+    c = Controller(tmp_path, "a", db.conninfo).start()
+    c.http("POST", "/v1/node", {"node_id": 7, "http_addr": "ps-7.example:1", "page_addr": "ps-7.example:2"})
+    c.stop()
+    t = "ab" * 16
+    db.sql("INSERT INTO fjord_controller_tenants (tenant_id, generation, attached) VALUES (%s, 4, 7)", t)
+    # Back to version 1, as such a controller left it.
+    db.sql("ALTER TABLE fjord_controller_tenants DROP COLUMN migrating_from, DROP COLUMN cut_over_at")
+    db.sql("UPDATE fjord_controller_schema SET version = 1")
+    c.start()
+    assert "upgraded the controller's schema from version 1 to 2" in c.log_text()
+    assert db.sql("SELECT version FROM fjord_controller_schema") == [(2,)]
+    loc = c.http("GET", f"/v1/tenant/{t}")
+    assert loc["generation"] == 4 and loc["attached"]["node_id"] == 7 and loc.get("migration") is None, loc
+    c.allowed_errors += ["pageserver 7 is offline"]

@@ -59,9 +59,9 @@ class Cluster:
     one remote storage, three safekeepers, and a tenant placed by the controller with a
     timeline bootstrapped on its attached pageserver."""
 
-    def __init__(self, tmp_path: Path, pg_factory, safekeepers):
+    def __init__(self, tmp_path: Path, pg_factory, safekeepers, **controller_args):
         self.db = db = pg_factory("controller-db").initdb().start()
-        self.controller = Controller(tmp_path, "a", db.conninfo).start()
+        self.controller = Controller(tmp_path, "a", db.conninfo, **controller_args).start()
         self.remote = tmp_path / "remote"
         self.remote.mkdir()
         self.ps = {i: controlled_pageserver(tmp_path, i, self.controller, self.remote).start() for i in (1, 2)}

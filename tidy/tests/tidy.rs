@@ -11,6 +11,7 @@
 //!   and children count), and the pageserver's PostgreSQL data path (`pgdata`) never calls
 //!   its service layer.
 //! - Comments state rules in the present tense: no issue numbers, no dates (`comments`).
+//! - No file holds a merge conflict's markers.
 //! - The docs list what the tree holds: every workspace crate has a README and appears in
 //!   ARCHITECTURE.md's code map and README.md's layout table; every script is named in both.
 
@@ -315,4 +316,42 @@ fn comments_state_rules_without_issue_numbers_or_dates() {
         "comments narrate history (state the rule and its reason instead; a decision that was not obvious goes to docs/decisions/):\n{}",
         found.join("\n")
     );
+}
+
+/// Every text file under `dir`, skipping build outputs, caches and hidden directories.
+fn text_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("list {}: {e}", dir.display())) {
+        let entry = entry.expect("read a directory entry");
+        let (path, name, kind) = (entry.path(), entry.file_name().to_string_lossy().to_string(), entry.file_type().expect("a file type"));
+        if kind.is_symlink() {
+            continue;
+        }
+        if kind.is_dir() {
+            let skipped = ["target", "__pycache__", "node_modules", "corpus", "artifacts", "seeds"].contains(&name.as_str())
+                || (name.starts_with('.') && name != ".ci");
+            if !skipped {
+                text_files(&path, out);
+            }
+        } else if fs::metadata(&path).is_ok_and(|m| m.len() < 4 << 20) {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn no_file_holds_a_merge_conflict() {
+    // Built at run time, so that this file does not hold the markers it looks for.
+    let (ours, theirs) = ("<".repeat(7) + " ", ">".repeat(7) + " ");
+    let mut files = Vec::new();
+    text_files(&root(), &mut files);
+    let mut found = Vec::new();
+    for path in files {
+        let Ok(text) = fs::read_to_string(&path) else { continue };
+        for (i, line) in text.lines().enumerate() {
+            if line.starts_with(&ours) || line.starts_with(&theirs) {
+                found.push(format!("{}:{}: {line}", path.strip_prefix(root()).expect("under the root").display(), i + 1));
+            }
+        }
+    }
+    assert!(found.is_empty(), "merge conflict markers left in:\n{}", found.join("\n"));
 }

@@ -44,6 +44,11 @@ struct Args {
     /// replaced within about this long.
     #[arg(long, value_name = "MS", default_value_t = 3_000, value_parser = clap::value_parser!(u64).range(300..=600_000))]
     lease_ms: u64,
+    /// After a planned migration cuts over to its destination, how long the source keeps
+    /// serving the tenant before it becomes its secondary (computes poll the controller
+    /// every 250 ms and move meanwhile).
+    #[arg(long, value_name = "MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    cutover_grace_ms: u64,
     /// Require a token on every call but /v1/status and /metrics: the cluster's Ed25519
     /// public key (PEM). The controller's own token for the pageservers' APIs (an admin
     /// token) comes from FJORD_AUTH_TOKEN.
@@ -93,6 +98,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         lease: Duration::from_millis(args.lease_ms),
         client_tls: tls.client.clone(),
         auth_token: std::env::var("FJORD_AUTH_TOKEN").ok().filter(|t| !t.is_empty()),
+        cutover_grace: Duration::from_millis(args.cutover_grace_ms),
     };
     let ctl = controller::Controller::new(config, auth);
     ctl.db.migrate().await.context("prepare the controller's database (--database)")?;

@@ -292,9 +292,18 @@ impl TenantRemote {
             if self.is_active(g, timeline_id)? {
                 let mut claims = lock(&self.claims);
                 if claims.generation == ours && claims.superseded_by.is_none() {
-                    tracing::error!(
-                        "generation {g} of this tenant is active in another attachment; this one ({ours}) stops uploading, never deletes, and its remote-consistent LSN stays"
-                    );
+                    if self.reclaim {
+                        tracing::error!(
+                            "generation {g} of this tenant is active in another attachment; this one ({ours}) stops uploading, never deletes, and its remote-consistent LSN stays"
+                        );
+                    } else {
+                        // The storage controller moved the tenant (a planned migration, or a
+                        // failover this node was cut off from): the expected way out, and it
+                        // orders this node to let go in its time.
+                        tracing::info!(
+                            "generation {g} of this tenant, issued by the storage controller, is active in another attachment; this one ({ours}) stops uploading, never deletes, and serves reads until it is told to let go"
+                        );
+                    }
                     claims.superseded_by = Some(g);
                 }
                 return Ok(ClaimCheck::Superseded(claims.superseded_by.unwrap_or(g)));
@@ -755,8 +764,10 @@ impl RemoteTimelineClient {
                 }
                 Err(e) => {
                     let message = format!("{e:#}");
+                    let superseded = self.remote.superseded_by().is_some();
                     let mut state = lock(&self.state);
-                    if state.status.last_error.as_deref() != Some(&message) {
+                    // A superseded attachment's stop was logged when it was found.
+                    if state.status.last_error.as_deref() != Some(&message) && !superseded {
                         tracing::warn!("remote storage operation failed, retrying: {message}");
                     }
                     state.status.failing_since_unix_s.get_or_insert_with(unix_now_s);

@@ -806,6 +806,10 @@ impl Pageserver {
             }
             for t in tenant.timelines() {
                 if !t.wait_for_uploads(deadline.saturating_duration_since(Instant::now())) {
+                    // A superseded attachment uploads nothing more, by design.
+                    if t.remote_status().is_some_and(|s| s.superseded_by.is_some()) {
+                        continue;
+                    }
                     tracing::warn!(tenant = %id, timeline = %t.timeline_id(), "uploads not finished at shutdown; they are retried at the next start");
                 }
             }

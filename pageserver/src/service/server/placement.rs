@@ -32,7 +32,7 @@ use anyhow::Context;
 use layerstore::remote::GenerationSource;
 use layerstore::tenant::Tenant;
 use pageserver_api::controller::{NodeRegisterRequest, ReAttachRequest};
-use pageserver_api::models::{LocationConfig, LocationList, LocationMode, TenantLocationState};
+use pageserver_api::models::{LocationConfig, LocationList, LocationMode, TenantLocationState, TimelineIngested};
 use pageserver_api::{ClientConfig, ControllerClient};
 use proto::TenantId;
 use remote_storage::RemoteStorage;
@@ -58,6 +58,11 @@ impl Pageserver {
                 tenant_id: t.tenant_id(),
                 mode: LocationMode::Attached,
                 generation: t.remote().map_or(0, |r| r.generation().0),
+                timelines: t
+                    .timelines()
+                    .iter()
+                    .map(|tl| TimelineIngested { timeline_id: tl.timeline_id(), last_record_lsn: tl.last_record_lsn() })
+                    .collect(),
             })
             .collect();
         let secondaries = self.secondaries.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -65,6 +70,7 @@ impl Pageserver {
             tenant_id,
             mode: LocationMode::Secondary,
             generation: 0,
+            timelines: Vec::new(),
         }));
         tenants.sort_by_key(|t| t.tenant_id);
         LocationList { node_id: self.conf.node_id, joined: self.joined.load(Ordering::SeqCst), tenants }
@@ -90,6 +96,7 @@ impl Pageserver {
                     tenant_id: tenant,
                     mode: LocationMode::Attached,
                     generation: t.remote().map_or(0, |r| r.generation().0),
+                    timelines: Vec::new(),
                 })
             }
             (LocationMode::Attached, _) => Err(ManagementError::BadRequest("an attach order needs a generation above 0".into())),
@@ -114,7 +121,7 @@ impl Pageserver {
                 } else {
                     secondaries.remove(&tenant);
                 }
-                Ok(TenantLocationState { tenant_id: tenant, mode, generation: 0 })
+                Ok(TenantLocationState { tenant_id: tenant, mode, generation: 0, timelines: Vec::new() })
             }
         }
     }
