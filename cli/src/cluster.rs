@@ -490,8 +490,13 @@ fn status_with_controller(repo: &Repo, state: &State) -> anyhow::Result<()> {
         let default = if state.default_tenant == Some(tenant) { " (default)" } else { "" };
         let secondary =
             location.secondary.as_ref().map_or_else(|| "no secondary".to_string(), |s| format!("secondary on pageserver {}", s.node_id));
+        let migrating = match &location.migration {
+            Some(m) if !m.cut_over => format!(", migrating from pageserver {} (which serves it until the cut-over)", m.from.node_id),
+            Some(m) => format!(", migrated from pageserver {} (cut over)", m.from.node_id),
+            None => String::new(),
+        };
         say!(
-            "tenant {tenant}{default}: attached to pageserver {} (generation {}), {secondary}",
+            "tenant {tenant}{default}: attached to pageserver {} (generation {}){migrating}, {secondary}",
             location.attached.node_id,
             location.generation
         );

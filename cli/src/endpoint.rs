@@ -154,7 +154,7 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     // asks it again at start and follows the tenant when it moves (a failover, a
     // migration), without a restart.
     let page_addr = match conf.has_controller() {
-        true => repo.locate(tenant)?.attached.page_addr,
+        true => repo.locate(tenant)?.page_service().page_addr.clone(),
         false => conf.pageserver_pg_addr(1),
     };
     let mut cmd = Command::new(conf.compute_ctl_bin());

@@ -234,18 +234,20 @@ impl Repo {
     }
 
     /// The API of the pageserver that serves `tenant`, which must be up, with a hint if it
-    /// is not: with a storage controller, the one it says the tenant is attached to; else
-    /// the repo's pageserver.
+    /// is not: with a storage controller, the one it says computes read the tenant from
+    /// (the attached one, or a planned migration's source until it cuts over); else the
+    /// repo's pageserver.
     pub fn tenant_api(&self, tenant: TenantId) -> anyhow::Result<Client> {
         if !self.config.has_controller() {
             return self.running_api();
         }
         let location = self.locate(tenant)?;
-        let api = self.api_at(&self.config.http_url_of(&location.attached.http_addr));
+        let serving = location.page_service();
+        let api = self.api_at(&self.config.http_url_of(&serving.http_addr));
         if !is_up(&api) {
             bail!(
                 "pageserver {} holds tenant {tenant} but is not running (nothing answers {}): run `fjord pageserver start {0}`, or wait for the controller to fail the tenant over",
-                location.attached.node_id,
+                serving.node_id,
                 api.base_url()
             );
         }

@@ -262,7 +262,18 @@ pub fn branch_create(repo: &Repo, name: &str, from: &str, at: Option<Point>, ten
     let tenant = state.tenant(tenant)?;
     let api = match early {
         Some(api) => api,
-        None => repo.tenant_api(tenant)?,
+        None => {
+            // A planned migration's source writes nothing to object storage, and its
+            // destination has not caught up yet: a timeline belongs on neither until the
+            // cut-over.
+            if let Some(m) = repo.locate(tenant)?.migration.filter(|m| !m.cut_over) {
+                bail!(
+                    "tenant {tenant} is migrating from pageserver {}: create the branch once the migration has cut over (`fjord status`)",
+                    m.from.node_id
+                );
+            }
+            repo.tenant_api(tenant)?
+        }
     };
     if state.branch_timeline(tenant, name).is_ok() {
         bail!("branch {name:?} already exists in tenant {tenant}");
