@@ -46,6 +46,15 @@ pub fn make_repo_tls(repo_dir: &Path, services: &[String], advertised: &str) -> 
     Ok(())
 }
 
+/// Issues a certificate for one more service of the repo from its CA (`fjord pageserver
+/// add`).
+pub fn issue_repo_cert(repo_dir: &Path, service: &str, advertised: &str) -> anyhow::Result<()> {
+    let ca = Ca::load_dir(&tls_dir(repo_dir)).context("load the repo's cluster CA")?;
+    let (cert, key) = service_files(repo_dir, service);
+    ca.issue_to_files(service, &hosts_for(advertised), tls::ca::SERVICE_VALIDITY, &cert, &key)
+        .with_context(|| format!("make the certificate of the {service}"))
+}
+
 /// How long until a certificate file expires, for `fjord status`.
 pub fn expires_in(cert: &Path) -> anyhow::Result<String> {
     let not_after = tls::cert_not_after(cert)?;

@@ -3,15 +3,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 
 use crate::config::{RepoConfig, DEFAULT_BASE_PORT};
-use crate::process::{http_up, refuse_root, Daemon};
+use crate::process::{http_up, refuse_root};
 use crate::repo::Repo;
 use crate::state::{write_atomically, State};
-use logtail::log_tail;
 use proto::{TenantId, TimelineId};
 
 #[derive(clap::Args, Debug)]
@@ -51,11 +50,23 @@ pub struct InitArgs {
     /// default `init` makes a cluster CA and a certificate per service in tls/.
     #[arg(long)]
     no_tls: bool,
+    /// How many pageservers (node ids 1..=N). With 2 or more the repo also runs the storage
+    /// controller, which places each tenant on one (and its warm secondary on another) and
+    /// fails it over when that one dies, and the controller's database.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=crate::config::MAX_PAGESERVERS as i64))]
+    pageservers: u8,
+    /// An existing PostgreSQL for the storage controller's tables (a libpq connection
+    /// string or URL) [default: a small PostgreSQL the repo runs, in controller_db/].
+    #[arg(long, value_name = "URL")]
+    controller_database: Option<String>,
 }
 
 pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
     if dir.exists() && std::fs::read_dir(dir).with_context(|| format!("list {}", dir.display()))?.next().is_some() {
         bail!("cannot initialize a repo at {}: it already exists and is not empty", dir.display());
+    }
+    if args.controller_database.is_some() && args.pageservers < 2 {
+        bail!("--controller-database is for a repo with a storage controller: pass --pageservers 2 (or more); a repo with one pageserver runs none");
     }
     let pg_bin_dir = match args.pg_bin_dir {
         Some(d) => d,
@@ -77,7 +88,13 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
             .to_path_buf(),
     };
     let fjord_bin_dir = canonical(&fjord_bin_dir, "--fjord-bin-dir")?;
-    let tools: &[&str] = if args.safekeepers > 0 { &["pageserver", "compute_ctl", "safekeeper"] } else { &["pageserver", "compute_ctl"] };
+    let mut tools = vec!["pageserver", "compute_ctl"];
+    if args.safekeepers > 0 {
+        tools.push("safekeeper");
+    }
+    if args.pageservers > 1 {
+        tools.push("storage_controller");
+    }
     for tool in tools {
         if !fjord_bin_dir.join(tool).is_file() {
             bail!("cannot find {tool} in {} (pass --fjord-bin-dir: `cargo build --release` puts it beside fjord)", fjord_bin_dir.display());
@@ -98,9 +115,18 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
     config.layer_disk_budget_bytes = args.layer_disk_budget_bytes;
     config.auth = !args.no_auth;
     config.tls = Some(!args.no_tls);
+    config.pageservers = args.pageservers;
+    if args.pageservers > 1 {
+        config.controller = Some(crate::config::ControllerConfig { database: args.controller_database });
+    }
+    config.validate()?;
 
-    for sub in ["pageserver", "endpoints", "tmp"] {
+    for sub in ["endpoints", "tmp"] {
         std::fs::create_dir_all(dir.join(sub)).with_context(|| format!("create {}", dir.join(sub).display()))?;
+    }
+    for id in config.pageserver_ids() {
+        let d = Repo::pageserver_workdir_in(dir, id);
+        std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
     }
     for id in config.safekeeper_ids() {
         let d = Repo::safekeeper_dir_in(dir, id);
@@ -110,9 +136,22 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
         auth::generate_key_pair(dir).context("make the repo's key pair")?;
     }
     if !args.no_tls {
-        let mut services = vec!["pageserver".to_string()];
+        let mut services: Vec<String> = config.pageserver_ids().map(crate::pageserver::cert_name).collect();
         services.extend(config.safekeeper_ids().map(safekeeper_name));
+        if config.has_controller() {
+            services.push(crate::controller::CERT_NAME.to_string());
+        }
         crate::certs::make_repo_tls(dir, &services, config.service_host())?;
+    }
+    if config.runs_controller_db() {
+        let user = crate::process::os_user_name()?;
+        crate::controller::init_database(
+            &config.pg_bin_dir,
+            &dir.join("controller_db"),
+            config.controller_db_port(),
+            config.service_host(),
+            &user,
+        )?;
     }
     State::default().save(&dir.join("state.json"))?;
     // config.toml last: its presence is what makes the directory a repo.
@@ -120,8 +159,8 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
     say!(
         "initialized fjord repo at {}: page service 127.0.0.1:{}, HTTP API {}, {} safekeeper(s) from port {}, endpoints from port {}, object storage {}, authentication {}, TLS {}",
         dir.display(),
-        config.pageserver_pg_port(),
-        config.pageserver_http_url(),
+        config.pageserver_pg_port(1),
+        config.pageserver_http_url(1),
         config.safekeepers,
         config.safekeeper_port(1),
         config.endpoint_ports().start,
@@ -129,6 +168,19 @@ pub fn init(dir: &Path, args: InitArgs) -> anyhow::Result<()> {
         if config.auth { "on (tokens signed with auth_private_key.pem)" } else { "OFF (--no-auth: any local process may read every tenant)" },
         if args.no_tls { "OFF (--no-tls: pages, WAL and tokens travel in cleartext)" } else { "on (the cluster CA and every service's certificate in tls/)" }
     );
+    if config.has_controller() {
+        say!(
+            "{} pageservers (node ids 1..={0}; pageserver N >= 2 from port {}), storage controller {}, its database {}",
+            config.pageservers,
+            config.pageserver_pg_port(2),
+            config.controller_url(),
+            if config.runs_controller_db() {
+                format!("in controller_db/ on port {}", config.controller_db_port())
+            } else {
+                "as configured".to_string()
+            }
+        );
+    }
     Ok(())
 }
 
@@ -169,15 +221,35 @@ pub fn safekeeper_name(id: u8) -> String {
     format!("safekeeper-{id}")
 }
 
-/// `fjord start`: the pageserver, then every safekeeper.
+/// `fjord start`: with a controller, its database and the controller; then every
+/// safekeeper, then the pageservers.
 pub fn start(repo: &Repo) -> anyhow::Result<()> {
     refuse_root("start the pageserver")?;
     let _lock = repo.lock()?;
-    // The safekeepers first: the pageserver's WAL receivers connect to them as it starts.
+    // The controller first: a pageserver serves nothing until it has joined it.
+    if repo.config.has_controller() {
+        crate::controller::start_database(repo)?;
+        crate::controller::start_controller(repo)?;
+    }
+    // The safekeepers before the pageservers: their WAL receivers connect to them as they
+    // start.
     for id in repo.config.safekeeper_ids() {
         start_safekeeper(repo, id)?;
     }
-    let started = start_pageserver(repo)?;
+    if repo.config.has_controller() {
+        for id in repo.config.pageserver_ids() {
+            crate::pageserver::start(repo, id)?;
+        }
+        // Placement waits for them: a tenant created now gets a secondary at once.
+        let ids: Vec<u64> = repo.config.pageserver_ids().collect();
+        crate::controller::wait_online(repo, &ids)?;
+        say!("the storage controller sees every pageserver online");
+        // No WAL sources to register again: with a controller a timeline's remote index
+        // names its safekeepers and each pageserver presents its own token to them, so an
+        // attachment (after a restart, a rebuild or a failover) follows them by itself.
+        return Ok(());
+    }
+    let started = crate::pageserver::start(repo, 1)?;
     resume_wal_receivers(repo, started)
 }
 
@@ -220,109 +292,6 @@ fn resume_wal_receivers(repo: &Repo, all: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts the pageserver unless it runs; whether this call started it.
-fn start_pageserver(repo: &Repo) -> anyhow::Result<bool> {
-    let daemon = repo.pageserver();
-    if let Some(pid) = daemon.running_pid()? {
-        say!("pageserver already running (pid {pid})");
-        return Ok(false);
-    }
-    if crate::process::http_answers(&repo.config.pageserver_http_url(), repo.client_tls()?.as_ref()) {
-        bail!(
-            "something else already answers on {}: is another repo using base port {}?",
-            repo.config.pageserver_http_url(),
-            repo.config.base_port
-        );
-    }
-    let conf = &repo.config;
-    let mut cmd = Command::new(conf.pageserver_bin());
-    cmd.arg("--workdir")
-        .arg(repo.pageserver_workdir())
-        .arg("--listen-pg")
-        .arg(conf.pageserver_pg_addr())
-        .arg("--listen-http")
-        .arg(format!("127.0.0.1:{}", conf.pageserver_http_port()))
-        .arg("--pg-bin-dir")
-        .arg(&conf.pg_bin_dir)
-        .current_dir(&repo.dir);
-    if let Some(url) = &conf.remote_storage {
-        cmd.arg("--remote-storage").arg(url);
-    }
-    if let Some(budget) = conf.layer_disk_budget_bytes {
-        cmd.arg("--layer-disk-budget-bytes").arg(budget.to_string());
-    }
-    // It checks tokens with the public key. It has no token of its own: each timeline's
-    // WAL sources come with a storage token for that timeline (`register_wal_sources`).
-    // Nor one inherited from the caller's environment (an operator's admin token for curl).
-    cmd.env_remove(auth::TOKEN_ENV);
-    if repo.token(&auth::Claims::admin()).is_some() {
-        cmd.arg("--auth-public-key").arg(repo.public_key_path());
-    }
-    // The pageserver is a client of the safekeepers too: it gets the CA.
-    cmd.args(repo.server_tls_args("pageserver", true));
-    // Further pageserver settings (`pageserver --print-config` lists them) go in
-    // pageserver.toml in the repo; the flags above win over it.
-    let extra = repo.dir.join(PAGESERVER_TOML);
-    if extra.is_file() {
-        cmd.arg("--config").arg(&extra);
-    }
-    if std::env::var_os("RUST_LOG").is_none() {
-        cmd.env("RUST_LOG", "info");
-    }
-    tracing::info!("starting {}", conf.pageserver_bin().display());
-    let api = repo.api();
-    let child = spawn_and_wait(&daemon, &mut cmd, "the pageserver", &conf.pageserver_http_url(), || crate::repo::is_up(&api))?;
-    say!(
-        "pageserver started (pid {}): page service {}, HTTP API {}, log {}",
-        child.id(),
-        conf.pageserver_pg_addr(),
-        conf.pageserver_http_url(),
-        daemon.log_file.display()
-    );
-    Ok(true)
-}
-
-/// With authentication on: `--auth-public-key` and a token with `claims` in
-/// `FJORD_AUTH_TOKEN` (the environment, not the command line, which every user sees).
-fn with_auth(repo: &Repo, cmd: &mut Command, claims: &auth::Claims) {
-    if let Some(token) = repo.token(claims) {
-        cmd.arg("--auth-public-key").arg(repo.public_key_path()).env(auth::TOKEN_ENV, token);
-    }
-}
-
-/// The optional file of further pageserver settings in a repo.
-pub const PAGESERVER_TOML: &str = "pageserver.toml";
-
-/// Spawns a daemon and waits until `is_up` (its HTTP API answers), at most 30 s.
-fn spawn_and_wait(
-    daemon: &Daemon,
-    cmd: &mut Command,
-    what: &str,
-    url: &str,
-    is_up: impl Fn() -> bool,
-) -> anyhow::Result<std::process::Child> {
-    let mut child = daemon.spawn(cmd)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().with_context(|| format!("wait for {what}"))? {
-            crate::process::remove_file_if_exists(&daemon.pid_file)?;
-            bail!("{what} exited during startup ({status}); the end of {}:\n{}", daemon.log_file.display(), log_tail(&daemon.log_file, 20));
-        }
-        if is_up() {
-            return Ok(child);
-        }
-        if Instant::now() > deadline {
-            daemon.stop(libc::SIGKILL, Duration::from_secs(5))?;
-            bail!(
-                "{what} did not answer on {url} within 30 s; the end of {}:\n{}",
-                daemon.log_file.display(),
-                log_tail(&daemon.log_file, 20)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn check_safekeeper_id(repo: &Repo, id: u8) -> anyhow::Result<()> {
     if !repo.config.safekeeper_ids().contains(&id) {
         bail!("no safekeeper {id}: this repo has {} (ids 1..={0})", repo.config.safekeepers);
@@ -352,12 +321,12 @@ pub fn start_safekeeper(repo: &Repo, id: u8) -> anyhow::Result<()> {
         .arg(&dir)
         .args(["--listen", &conf.safekeeper_addr(id), "--http", &format!("127.0.0.1:{}", conf.safekeeper_http_port(id))])
         .current_dir(&repo.dir);
-    with_auth(repo, &mut cmd, &auth::Claims::storage());
+    repo.with_auth(&mut cmd, &auth::Claims::storage());
     cmd.args(repo.server_tls_args(&safekeeper_name(id), false));
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }
-    let child = spawn_and_wait(&daemon, &mut cmd, &format!("safekeeper {id}"), &url, || http_up(&url, tls.as_ref()))?;
+    let child = crate::process::spawn_and_wait(&daemon, &mut cmd, &format!("safekeeper {id}"), &url, || http_up(&url, tls.as_ref()))?;
     say!("safekeeper {id} started (pid {}): {}, HTTP API {url}, log {}", child.id(), conf.safekeeper_addr(id), daemon.log_file.display());
     Ok(())
 }
@@ -396,8 +365,11 @@ fn print_tls(repo: &Repo) {
                 say!("tls         on, but {e:#}");
                 return;
             }
-            let mut certs = vec![expiry("pageserver")];
+            let mut certs: Vec<String> = repo.config.pageserver_ids().map(|id| expiry(&crate::pageserver::cert_name(id))).collect();
             certs.extend(repo.config.safekeeper_ids().map(|id| expiry(&safekeeper_name(id))));
+            if repo.config.has_controller() {
+                certs.push(expiry(crate::controller::CERT_NAME));
+            }
             say!("tls         on, cluster CA {}; {}", repo.ca_cert_path().display(), certs.join(", "));
         }
     }
@@ -430,34 +402,47 @@ pub fn stop(repo: &Repo, timeout: Duration) -> anyhow::Result<()> {
             say!("endpoint {name} stopped");
         }
     }
-    // The pageserver before the safekeepers it reads WAL from: it then stops streaming on
-    // its own, instead of failing over between safekeepers that are going away.
-    if repo.pageserver().stop(libc::SIGTERM, timeout)? {
-        say!("pageserver stopped");
-    } else {
-        say!("pageserver was not running");
+    // The controller before the pageservers: it would otherwise take each one that goes
+    // away for dead and fail its tenants over to the others, which are going away too. The
+    // pageservers come back with the same placements, their generations raised.
+    if repo.config.has_controller() && repo.controller().stop(libc::SIGTERM, timeout)? {
+        say!("storage controller stopped");
+    }
+    // The pageservers before the safekeepers they read WAL from: they then stop streaming
+    // on their own, instead of failing over between safekeepers that are going away.
+    for id in repo.config.pageserver_ids() {
+        let name = if repo.config.has_controller() { format!("pageserver {id}") } else { "pageserver".to_string() };
+        if repo.pageserver(id).stop(libc::SIGTERM, timeout)? {
+            say!("{name} stopped");
+        } else {
+            say!("{name} was not running");
+        }
     }
     for id in repo.config.safekeeper_ids() {
         if repo.safekeeper(id).stop(libc::SIGTERM, timeout)? {
             say!("safekeeper {id} stopped");
         }
     }
-    Ok(())
+    // Its database last (the controller is stopped already).
+    crate::controller::stop(repo, timeout)
 }
 
 pub fn status(repo: &Repo) -> anyhow::Result<()> {
     let state = repo.load_state()?;
     let conf = &repo.config;
     say!("repo        {}", repo.dir.display());
-    let pid = repo.pageserver().running_pid()?;
+    if conf.has_controller() {
+        return status_with_controller(repo, &state);
+    }
+    let pid = repo.pageserver(1).running_pid()?;
     let api = repo.api();
     let up = crate::repo::is_up(&api);
     match (pid, up) {
         (Some(pid), true) => {
-            say!("pageserver  running (pid {pid}), page service {}, HTTP API {}", conf.pageserver_pg_addr(), conf.pageserver_http_url())
+            say!("pageserver  running (pid {pid}), page service {}, HTTP API {}", conf.pageserver_pg_addr(1), conf.pageserver_http_url(1))
         }
-        (Some(pid), false) => say!("pageserver  not answering (pid {pid}), HTTP API {}", conf.pageserver_http_url()),
-        (None, true) => say!("pageserver  answering on {} but not started by this repo", conf.pageserver_http_url()),
+        (Some(pid), false) => say!("pageserver  not answering (pid {pid}), HTTP API {}", conf.pageserver_http_url(1)),
+        (None, true) => say!("pageserver  answering on {} but not started by this repo", conf.pageserver_http_url(1)),
         (None, false) => say!("pageserver  stopped"),
     }
     print_safekeepers(repo)?;
@@ -484,4 +469,48 @@ pub fn status(repo: &Repo) -> anyhow::Result<()> {
     say!();
     crate::endpoint::print_table(repo, &state)?;
     Ok(())
+}
+
+/// `fjord status` of a repo with a storage controller: the controller and its database,
+/// each pageserver's health and holdings, then each tenant's branches as its attached
+/// pageserver has them.
+fn status_with_controller(repo: &Repo, state: &State) -> anyhow::Result<()> {
+    crate::controller::print_status(repo)?;
+    print_safekeepers(repo)?;
+    print_tls(repo);
+    say!();
+    let placed = repo.controller_api().tenants().ok();
+    if placed.as_ref().is_some_and(|p| p.is_empty()) {
+        say!("no tenants: run `fjord tenant create`");
+    }
+    let mut shown = std::collections::BTreeSet::new();
+    for location in placed.iter().flatten() {
+        let tenant = location.tenant_id;
+        shown.insert(tenant.to_string());
+        let default = if state.default_tenant == Some(tenant) { " (default)" } else { "" };
+        let secondary =
+            location.secondary.as_ref().map_or_else(|| "no secondary".to_string(), |s| format!("secondary on pageserver {}", s.node_id));
+        let migrating = match &location.migration {
+            Some(m) if !m.cut_over => format!(", migrating from pageserver {} (which serves it until the cut-over)", m.from.node_id),
+            Some(m) => format!(", migrated from pageserver {} (cut over)", m.from.node_id),
+            None => String::new(),
+        };
+        say!(
+            "tenant {tenant}{default}: attached to pageserver {} (generation {}){migrating}, {secondary}",
+            location.attached.node_id,
+            location.generation
+        );
+        match repo.tenant_api(tenant).and_then(|api| api.timelines(tenant).map_err(anyhow::Error::from)) {
+            Ok(timelines) => crate::tenant::print_branch_tree(state, tenant, &timelines, "  "),
+            Err(e) => say!("  branches unknown: {e:#}"),
+        }
+    }
+    for (tenant, t) in state.tenants.iter().filter(|(t, _)| !shown.contains(*t)) {
+        say!("tenant {tenant} (where it is unknown while the storage controller does not answer)");
+        for (name, timeline) in &t.branches {
+            say!("  {name:<12} {timeline}");
+        }
+    }
+    say!();
+    crate::endpoint::print_table(repo, state)
 }

@@ -5,11 +5,18 @@
 //!
 //! | port | what |
 //! |---|---|
-//! | base | pageserver page service |
-//! | base + 1 | pageserver HTTP management API |
+//! | base | pageserver 1: page service |
+//! | base + 1 | pageserver 1: HTTP management API |
 //! | base + 2 + 2i | safekeeper i+1: proposer and replication protocols (i = 0..3) |
 //! | base + 3 + 2i | safekeeper i+1: HTTP API |
-//! | base + 10 .. base + 99 | endpoints (computes), in order of creation |
+//! | base + 10 .. base + 69 | endpoints (computes), in order of creation |
+//! | base + 70 | storage controller: HTTP API (a repo with 2 or more pageservers) |
+//! | base + 71 | the storage controller's database (a plain PostgreSQL the repo runs) |
+//! | base + 72 + 2(n-2) | pageserver n: page service (n = 2..=15) |
+//! | base + 73 + 2(n-2) | pageserver n: HTTP management API |
+//!
+//! Pageserver 1 keeps the ports it has in a repo without a controller, so a repo with one
+//! pageserver is exactly what it always was.
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +26,13 @@ use serde::{Deserialize, Serialize};
 /// Ports a repo may use, starting at its base port.
 pub const PORTS_PER_REPO: u16 = 100;
 const FIRST_ENDPOINT_OFFSET: u16 = 10;
+/// Endpoints take the ports below this offset.
+const CONTROLLER_OFFSET: u16 = 70;
+const CONTROLLER_DB_OFFSET: u16 = 71;
+/// Pageserver 2's page service; each further pageserver takes the next two ports.
+const SECOND_PAGESERVER_OFFSET: u16 = 72;
+/// The most pageservers the port plan has room for (node ids 1..=15).
+pub const MAX_PAGESERVERS: u8 = 1 + ((PORTS_PER_REPO - SECOND_PAGESERVER_OFFSET) / 2) as u8;
 pub const DEFAULT_BASE_PORT: u16 = 15000;
 /// How many safekeepers a repo runs unless `fjord init --safekeepers` says otherwise.
 pub const DEFAULT_SAFEKEEPERS: u8 = 3;
@@ -27,6 +41,24 @@ pub const MAX_SAFEKEEPERS: u8 = 4;
 
 fn default_safekeepers() -> u8 {
     DEFAULT_SAFEKEEPERS
+}
+
+fn default_pageservers() -> u8 {
+    1
+}
+
+fn is_one(n: &u8) -> bool {
+    *n == 1
+}
+
+/// The storage controller of a repo with several pageservers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// A connection string of an existing PostgreSQL for the controller's tables; absent:
+    /// the repo runs a small PostgreSQL of its own (`controller_db/`, port base + 71).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -60,6 +92,15 @@ pub struct RepoConfig {
     /// a log line when they start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<bool>,
+    /// How many pageservers (node ids 1..=pageservers). Absent: one, as in every repo made
+    /// before a repo could run several.
+    #[serde(default = "default_pageservers", skip_serializing_if = "is_one")]
+    pub pageservers: u8,
+    /// The storage controller, in a repo with two or more pageservers: it places tenants,
+    /// and fails them over when a pageserver dies. Absent: no controller (one pageserver,
+    /// which holds every tenant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller: Option<ControllerConfig>,
 }
 
 impl RepoConfig {
@@ -73,6 +114,8 @@ impl RepoConfig {
             layer_disk_budget_bytes: None,
             auth: false,
             tls: None,
+            pageservers: 1,
+            controller: None,
         };
         conf.validate()?;
         Ok(conf)
@@ -88,6 +131,10 @@ impl RepoConfig {
         if self.safekeepers > MAX_SAFEKEEPERS {
             bail!("invalid number of safekeepers {}: at most {MAX_SAFEKEEPERS} (3 is the usual quorum)", self.safekeepers);
         }
+        check_pageservers(self.pageservers)?;
+        if self.pageservers > 1 && self.controller.is_none() {
+            bail!("{} pageservers need a storage controller, and there is no [controller] section", self.pageservers);
+        }
         Ok(())
     }
 
@@ -100,23 +147,78 @@ impl RepoConfig {
 
     pub fn to_toml(&self) -> anyhow::Result<String> {
         let body = toml::to_string(self).context("render config.toml")?;
+        let several = if self.controller.is_some() {
+            "# The storage controller = base_port + 70, its database base_port + 71, pageserver N >= 2 =\n\
+             # base_port + 72 + 2(N-2) (and its HTTP API one above).\n"
+        } else {
+            ""
+        };
         Ok(format!(
             "# fjord repo configuration, written by `fjord init`.\n\
              # Ports: page service = base_port, HTTP API = base_port + 1, safekeeper N = base_port + 2N\n\
-             # (and its HTTP API base_port + 2N + 1), endpoints from base_port + 10.\n{body}"
+             # (and its HTTP API base_port + 2N + 1), endpoints from base_port + 10.\n{several}{body}"
         ))
     }
 
-    pub fn pageserver_pg_port(&self) -> u16 {
-        self.base_port
+    /// Pageserver node ids: 1..=pageservers.
+    pub fn pageserver_ids(&self) -> std::ops::RangeInclusive<u64> {
+        1..=u64::from(self.pageservers)
     }
 
-    pub fn pageserver_http_port(&self) -> u16 {
-        self.base_port + 1
+    /// The page service port of pageserver `id` (1-based).
+    pub fn pageserver_pg_port(&self, id: u64) -> u16 {
+        match id {
+            1 => self.base_port,
+            n => self.base_port + SECOND_PAGESERVER_OFFSET + 2 * (n as u16 - 2),
+        }
     }
 
-    pub fn pageserver_pg_addr(&self) -> String {
-        format!("127.0.0.1:{}", self.pageserver_pg_port())
+    pub fn pageserver_http_port(&self, id: u64) -> u16 {
+        self.pageserver_pg_port(id) + 1
+    }
+
+    pub fn pageserver_pg_addr(&self, id: u64) -> String {
+        format!("{}:{}", self.service_host(), self.pageserver_pg_port(id))
+    }
+
+    pub fn pageserver_http_addr(&self, id: u64) -> String {
+        format!("{}:{}", self.service_host(), self.pageserver_http_port(id))
+    }
+
+    /// Whether the repo runs a storage controller.
+    pub fn has_controller(&self) -> bool {
+        self.controller.is_some()
+    }
+
+    pub fn controller_port(&self) -> u16 {
+        self.base_port + CONTROLLER_OFFSET
+    }
+
+    pub fn controller_addr(&self) -> String {
+        format!("{}:{}", self.service_host(), self.controller_port())
+    }
+
+    pub fn controller_url(&self) -> String {
+        format!("{}://{}", self.http_scheme(), self.controller_addr())
+    }
+
+    pub fn controller_db_port(&self) -> u16 {
+        self.base_port + CONTROLLER_DB_OFFSET
+    }
+
+    /// Whether the repo runs the controller's database itself (no `database` given).
+    pub fn runs_controller_db(&self) -> bool {
+        self.controller.as_ref().is_some_and(|c| c.database.is_none())
+    }
+
+    /// The connection string the controller gets: the configured one, else the repo's own
+    /// database, reached as `user` (initdb's superuser).
+    pub fn controller_database(&self, user: &str) -> Option<String> {
+        let c = self.controller.as_ref()?;
+        Some(match &c.database {
+            Some(db) => db.clone(),
+            None => format!("host={} port={} user={user} dbname=postgres", self.service_host(), self.controller_db_port()),
+        })
     }
 
     /// `https` with TLS on: every HTTP API then serves nothing else.
@@ -128,13 +230,18 @@ impl RepoConfig {
         }
     }
 
-    pub fn pageserver_http_url(&self) -> String {
-        format!("{}://127.0.0.1:{}", self.http_scheme(), self.pageserver_http_port())
+    pub fn pageserver_http_url(&self, id: u64) -> String {
+        format!("{}://{}", self.http_scheme(), self.pageserver_http_addr(id))
+    }
+
+    /// The URL of an HTTP API at `addr` (`host:port`, as the controller names a node's).
+    pub fn http_url_of(&self, addr: &str) -> String {
+        format!("{}://{addr}", self.http_scheme())
     }
 
     /// The ports endpoints may use, lowest first.
     pub fn endpoint_ports(&self) -> std::ops::Range<u16> {
-        self.base_port + FIRST_ENDPOINT_OFFSET..self.base_port + PORTS_PER_REPO
+        self.base_port + FIRST_ENDPOINT_OFFSET..self.base_port + CONTROLLER_OFFSET
     }
 
     pub fn pageserver_bin(&self) -> PathBuf {
@@ -143,6 +250,10 @@ impl RepoConfig {
 
     pub fn compute_ctl_bin(&self) -> PathBuf {
         self.fjord_bin_dir.join("compute_ctl")
+    }
+
+    pub fn controller_bin(&self) -> PathBuf {
+        self.fjord_bin_dir.join("storage_controller")
     }
 
     pub fn safekeeper_bin(&self) -> PathBuf {
@@ -182,6 +293,14 @@ impl RepoConfig {
     }
 }
 
+/// Refuses a number of pageservers the port plan has no room for.
+pub fn check_pageservers(n: u8) -> anyhow::Result<()> {
+    if n == 0 || n > MAX_PAGESERVERS {
+        bail!("invalid number of pageservers {n}: from 1 to {MAX_PAGESERVERS} (the ports a repo has room for)");
+    }
+    Ok(())
+}
+
 /// The lowest endpoint port not in `taken`.
 pub fn first_free_port(range: std::ops::Range<u16>, taken: &[u16]) -> anyhow::Result<u16> {
     let (start, end) = (range.start, range.end);
@@ -202,13 +321,13 @@ mod tests {
     #[test]
     fn ports_derive_from_the_base_port() {
         let c = conf(15000);
-        assert_eq!(c.pageserver_pg_port(), 15000);
-        assert_eq!(c.pageserver_http_port(), 15001);
-        assert_eq!(c.pageserver_http_url(), "http://127.0.0.1:15001");
+        assert_eq!(c.pageserver_pg_port(1), 15000);
+        assert_eq!(c.pageserver_http_port(1), 15001);
+        assert_eq!(c.pageserver_http_url(1), "http://127.0.0.1:15001");
         let tls = RepoConfig { tls: Some(true), ..conf(15000) };
-        assert_eq!(tls.pageserver_http_url(), "https://127.0.0.1:15001");
+        assert_eq!(tls.pageserver_http_url(1), "https://127.0.0.1:15001");
         assert_eq!(tls.safekeeper_http_url(2), "https://127.0.0.1:15005");
-        assert_eq!(c.endpoint_ports(), 15010..15100);
+        assert_eq!(c.endpoint_ports(), 15010..15070);
         assert_eq!((c.safekeeper_port(1), c.safekeeper_http_port(1)), (15002, 15003));
         assert_eq!((c.safekeeper_port(3), c.safekeeper_http_port(3)), (15006, 15007));
         assert_eq!(c.safekeepers_list(), "127.0.0.1:15002,127.0.0.1:15004,127.0.0.1:15006");
@@ -217,7 +336,48 @@ mod tests {
         assert!(four.safekeeper_http_port(MAX_SAFEKEEPERS) < four.endpoint_ports().start);
         // Two repos a PORTS_PER_REPO apart share no port.
         let other = conf(15000 + PORTS_PER_REPO);
-        assert!(other.pageserver_pg_port() >= c.endpoint_ports().end);
+        assert!(other.pageserver_pg_port(1) >= c.base_port + PORTS_PER_REPO);
+    }
+
+    #[test]
+    fn several_pageservers_and_the_controller_fit_in_the_plan() {
+        let c = RepoConfig { pageservers: MAX_PAGESERVERS, controller: Some(ControllerConfig::default()), ..conf(15000) };
+        c.validate().unwrap();
+        assert_eq!(MAX_PAGESERVERS, 15);
+        assert_eq!((c.controller_port(), c.controller_db_port()), (15070, 15071));
+        assert_eq!((c.pageserver_pg_port(2), c.pageserver_http_port(2)), (15072, 15073));
+        assert_eq!(c.pageserver_http_port(u64::from(MAX_PAGESERVERS)), 15099);
+        assert_eq!(c.controller_url(), "http://127.0.0.1:15070");
+        assert_eq!(c.controller_database("me").unwrap(), "host=127.0.0.1 port=15071 user=me dbname=postgres");
+        // Every port of the repo is used once, and all lie within its hundred.
+        let mut ports: Vec<u16> = c.endpoint_ports().collect();
+        for id in c.pageserver_ids() {
+            ports.extend([c.pageserver_pg_port(id), c.pageserver_http_port(id)]);
+        }
+        for id in 1..=MAX_SAFEKEEPERS {
+            ports.extend([c.safekeeper_port(id), c.safekeeper_http_port(id)]);
+        }
+        ports.extend([c.controller_port(), c.controller_db_port()]);
+        let n = ports.len();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), n, "a port is used twice");
+        assert!(ports.iter().all(|p| (15000..15100).contains(p)));
+        // More pageservers than that, or several without a controller, are refused.
+        let more = RepoConfig { pageservers: MAX_PAGESERVERS + 1, ..c.clone() };
+        assert!(more.validate().unwrap_err().to_string().contains("from 1 to 15"));
+        let bare = RepoConfig { pageservers: 2, controller: None, ..conf(15000) };
+        assert!(bare.validate().unwrap_err().to_string().contains("storage controller"));
+    }
+
+    #[test]
+    fn one_pageserver_writes_the_config_it_always_did() {
+        let text = conf(16000).to_toml().unwrap();
+        assert!(!text.contains("pageservers") && !text.contains("controller"), "{text}");
+        let two = RepoConfig { pageservers: 2, controller: Some(ControllerConfig { database: Some("host=db".into()) }), ..conf(16000) };
+        let text = two.to_toml().unwrap();
+        assert!(text.contains("pageservers = 2") && text.contains("[controller]"), "{text}");
+        assert_eq!(toml::from_str::<RepoConfig>(&text).unwrap(), two);
     }
 
     #[test]

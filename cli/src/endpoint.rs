@@ -72,7 +72,9 @@ pub fn connection_string(user: &str, port: u16) -> String {
 pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     check_name("endpoint", &args.name)?;
     crate::process::refuse_root("start an endpoint")?;
-    let api = repo.running_api()?;
+    // Without a controller the one pageserver must run, whatever the tenant; with one,
+    // the tenant's attached pageserver must (below).
+    let early = if repo.config.has_controller() { None } else { Some(repo.running_api()?) };
     let _lock = repo.lock()?;
     let mut state = repo.load_state()?;
     let name = args.name.as_str();
@@ -88,6 +90,10 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     };
     let branch = args.branch.clone().or_else(|| previous.as_ref().map(|p| p.branch.clone())).unwrap_or_else(|| MAIN_BRANCH.to_string());
     let timeline = state.branch_timeline(tenant, &branch)?;
+    let api = match early {
+        Some(api) => api,
+        None => repo.tenant_api(tenant)?,
+    };
     let span = tracing::info_span!("endpoint", name, tenant_id = %tenant, timeline_id = %timeline);
     let _entered = span.enter();
 
@@ -144,12 +150,19 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
         api.start_wal_receiver(tenant, timeline, &WalReceiverRequest::Single(source))
             .context("register the compute as the branch's WAL source on the pageserver")?;
     }
+    // The page service of the pageserver serving the tenant; with a controller, compute_ctl
+    // asks it again at start and follows the tenant when it moves (a failover, a
+    // migration), without a restart.
+    let page_addr = match conf.has_controller() {
+        true => repo.locate(tenant)?.page_service().page_addr.clone(),
+        false => conf.pageserver_pg_addr(1),
+    };
     let mut cmd = Command::new(conf.compute_ctl_bin());
     cmd.arg("--pgdata")
         .arg(&pgdata)
         .arg("--pg-bin-dir")
         .arg(&conf.pg_bin_dir)
-        .args(["--pageserver-http", &conf.pageserver_http_url(), "--pageserver-pg", &conf.pageserver_pg_addr()])
+        .args(["--pageserver-http", api.base_url(), "--pageserver-pg", &page_addr])
         .args(["--tenant", &tenant.to_string(), "--timeline", &timeline.to_string(), "--port", &port.to_string()])
         .arg("--postgres-log")
         .arg(dir.join("postgres.log"))
@@ -165,6 +178,9 @@ pub fn start(repo: &Repo, args: StartArgs) -> anyhow::Result<()> {
     // The name goes with the compute's lease (a replica's or an --at compute's) and a
     // replica's application_name.
     cmd.args(["--name", name]);
+    if conf.has_controller() {
+        cmd.args(["--controller", &conf.controller_url()]);
+    }
     if args.replica {
         cmd.arg("--replica");
     }
@@ -332,11 +348,10 @@ pub fn print_table(repo: &Repo, state: &State) -> anyhow::Result<()> {
         return Ok(());
     }
     say!("{:<16} {:<12} {:<6} {:<12} {:<24} TENANT", "ENDPOINT", "BRANCH", "PORT", "LSN", "STATUS");
-    let api = repo.api();
     for (name, ep) in &state.endpoints {
         let running = repo.endpoint(name).running_pid()?;
         let status = match running {
-            Some(pid) if ep.replica => format!("running (pid {pid}){}", replica_lag(repo, &api, name, ep)),
+            Some(pid) if ep.replica => format!("running (pid {pid}){}", replica_lag(repo, name, ep)),
             Some(pid) => format!("running (pid {pid})"),
             None => "stopped".to_string(),
         };
@@ -353,7 +368,7 @@ pub fn print_table(repo: &Repo, state: &State) -> anyhow::Result<()> {
 /// A running replica's position: what it replayed (from compute_ctl's status file, updated
 /// every second) and how far that is behind what the pageserver has ingested of the
 /// branch; empty when either is unknown.
-fn replica_lag(repo: &Repo, api: &pageserver_api::Client, name: &str, ep: &EndpointState) -> String {
+fn replica_lag(repo: &Repo, name: &str, ep: &EndpointState) -> String {
     let status_file = repo.endpoint_dir(name).join("status.json");
     let replayed = std::fs::read_to_string(&status_file)
         .ok()
@@ -365,7 +380,11 @@ fn replica_lag(repo: &Repo, api: &pageserver_api::Client, name: &str, ep: &Endpo
         .parse()
         .ok()
         .zip(ep.timeline_id.parse().ok())
-        .and_then(|(t, tl)| api.timeline(t, tl).ok())
+        .and_then(|(t, tl)| {
+            // The tenant's pageserver: with a controller, the one it is attached to now.
+            let api = if repo.config.has_controller() { repo.tenant_api(t).ok()? } else { repo.api() };
+            api.timeline(t, tl).ok()
+        })
         .map(|info| info.last_record_lsn);
     match latest {
         Some(latest) => format!(", replayed {replayed}, {} bytes behind", latest.0.saturating_sub(replayed.0)),

@@ -3,7 +3,9 @@
 //!
 //! Everything lives in one repo directory (`repo.rs`); every port derives from its base
 //! port (`config.rs`), so several repos run side by side. The CLI starts processes and keeps
-//! names; the pageserver remains the authority on tenants, timelines and LSNs.
+//! names; the pageserver remains the authority on tenants, timelines and LSNs, and in a repo
+//! with several pageservers the storage controller on where each tenant is
+//! (`controller.rs`).
 
 /// `println!` that does not panic when standard output is gone (`fjord stop | head -1`):
 /// a command that stops or starts processes must finish its work whoever reads its report,
@@ -18,7 +20,9 @@ macro_rules! say {
 mod certs;
 mod cluster;
 mod config;
+mod controller;
 mod endpoint;
+mod pageserver;
 mod point;
 mod process;
 mod repo;
@@ -56,16 +60,24 @@ struct Cli {
 enum Command {
     /// Create a repo: config.toml (ports, binaries) and an empty pageserver directory.
     Init(cluster::InitArgs),
-    /// Start the safekeepers and the pageserver in the background.
+    /// Start the safekeepers and the pageserver in the background (with several
+    /// pageservers: the storage controller and its database first, then every pageserver).
     Start,
-    /// Stop every running endpoint, then the pageserver and the safekeepers.
+    /// Stop every running endpoint, then the storage controller (if any), the pageservers,
+    /// the safekeepers and the controller's database.
     Stop {
         /// Seconds to wait for each process before killing it.
         #[arg(long, default_value_t = 30)]
         timeout_secs: u64,
     },
-    /// Show the pageserver, safekeepers, tenants, branches with their LSNs, and endpoints.
+    /// Show the pageserver(s), safekeepers, tenants, branches with their LSNs, and endpoints
+    /// (with a storage controller: its leadership, each pageserver's health, and where each
+    /// tenant is attached and has its secondary).
     Status,
+    /// Pageservers: started and stopped with `fjord start`/`stop`; these commands act on
+    /// one (e.g. to see a tenant fail over), or add one to a repo with a storage controller.
+    #[command(subcommand)]
+    Pageserver(PageserverCommand),
     /// Safekeepers: the WAL quorum (started and stopped with `fjord start`/`stop`; these
     /// commands act on one, e.g. to see the cluster ride out a failure).
     #[command(subcommand)]
@@ -113,6 +125,26 @@ enum AuthCommand {
         #[arg(long, value_name = "SECONDS")]
         expires_in: Option<u64>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum PageserverCommand {
+    /// Start pageserver ID (1-based; the repo's only one is 1).
+    Start { id: u64 },
+    /// Stop pageserver ID.
+    Stop {
+        id: u64,
+        /// Kill it (SIGKILL) as a crash would, instead of a clean shutdown: with a storage
+        /// controller its tenants fail over to their secondaries.
+        #[arg(long)]
+        immediate: bool,
+        /// Seconds to wait before killing it.
+        #[arg(long, default_value_t = 30)]
+        timeout_secs: u64,
+    },
+    /// Add a pageserver (the next node id) to a repo with a storage controller: its
+    /// certificate, its directory, config.toml; started and joined to the controller.
+    Add,
 }
 
 #[derive(Subcommand, Debug)]
@@ -213,7 +245,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Cert(command) = cli.command {
         return certs::run(&dir, command);
     }
-    let repo = repo::Repo::open(&dir)?;
+    let mut repo = repo::Repo::open(&dir)?;
     let span = tracing::info_span!("repo", dir = %dir.display());
     let _entered = span.enter();
     match cli.command {
@@ -221,6 +253,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Start => cluster::start(&repo),
         Command::Stop { timeout_secs } => cluster::stop(&repo, std::time::Duration::from_secs(timeout_secs)),
         Command::Status => cluster::status(&repo),
+        Command::Pageserver(PageserverCommand::Start { id }) => pageserver::start_command(&repo, id),
+        Command::Pageserver(PageserverCommand::Stop { id, immediate, timeout_secs }) => {
+            pageserver::stop_command(&repo, id, immediate, std::time::Duration::from_secs(timeout_secs))
+        }
+        Command::Pageserver(PageserverCommand::Add) => pageserver::add(&mut repo),
         Command::Safekeeper(SafekeeperCommand::Start { id }) => cluster::safekeeper_start(&repo, id),
         Command::Safekeeper(SafekeeperCommand::Stop { id, immediate, timeout_secs }) => {
             cluster::safekeeper_stop(&repo, id, immediate, std::time::Duration::from_secs(timeout_secs))

@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use logtail::log_tail;
 
 /// A process known by pid file.
 pub struct Daemon {
@@ -82,6 +83,36 @@ impl Daemon {
         }
         remove_file_if_exists(&self.pid_file)?;
         Ok(true)
+    }
+}
+
+/// Spawns a daemon and waits until `is_up` (its HTTP API answers), at most 30 s.
+pub fn spawn_and_wait(
+    daemon: &Daemon,
+    cmd: &mut Command,
+    what: &str,
+    url: &str,
+    is_up: impl Fn() -> bool,
+) -> anyhow::Result<std::process::Child> {
+    let mut child = daemon.spawn(cmd)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().with_context(|| format!("wait for {what}"))? {
+            crate::process::remove_file_if_exists(&daemon.pid_file)?;
+            bail!("{what} exited during startup ({status}); the end of {}:\n{}", daemon.log_file.display(), log_tail(&daemon.log_file, 20));
+        }
+        if is_up() {
+            return Ok(child);
+        }
+        if Instant::now() > deadline {
+            daemon.stop(libc::SIGKILL, Duration::from_secs(5))?;
+            bail!(
+                "{what} did not answer on {url} within 30 s; the end of {}:\n{}",
+                daemon.log_file.display(),
+                log_tail(&daemon.log_file, 20)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

@@ -8,8 +8,13 @@
 //! <repo>/tls/<service>.crt, .key  each service's certificate (pageserver, safekeeper-N)
 //! <repo>/state.json                branches and endpoints (state.rs)
 //! <repo>/.lock                     held by commands that change state
-//! <repo>/pageserver/               the pageserver's work directory
+//! <repo>/pageserver/               pageserver 1's work directory
 //! <repo>/pageserver.log, .pid
+//! <repo>/pageservers/ps<N>/        pageserver N's work directory (N >= 2)
+//! <repo>/pageserver<N>.log, .pid   (N >= 2)
+//! <repo>/storage_controller.log, .pid   the storage controller (2 or more pageservers)
+//! <repo>/controller_db/            its database's data directory (unless configured)
+//! <repo>/controller_db.log, .pid
 //! <repo>/safekeepers/sk<N>/        safekeeper N's data directory
 //! <repo>/safekeeper<N>.log, .pid
 //! <repo>/endpoints/<name>/pgdata   refetched at every start
@@ -21,7 +26,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use pageserver_api::{Client, ClientConfig};
+use pageserver_api::{Client, ClientConfig, ControllerClient};
+use proto::TenantId;
 
 use crate::config::RepoConfig;
 use crate::process::Daemon;
@@ -63,6 +69,14 @@ impl Repo {
     /// A token with `claims`, or `None` when the repo has authentication off.
     pub fn token(&self, claims: &auth::Claims) -> Option<String> {
         self.signer.as_ref().map(|s| s.sign(claims))
+    }
+
+    /// With authentication on: `--auth-public-key` and a token with `claims` in
+    /// `FJORD_AUTH_TOKEN` (the environment, not the command line, which every user sees).
+    pub fn with_auth(&self, cmd: &mut std::process::Command, claims: &auth::Claims) {
+        if let Some(token) = self.token(claims) {
+            cmd.arg("--auth-public-key").arg(self.public_key_path()).env(auth::TOKEN_ENV, token);
+        }
     }
 
     /// The CLI's own token: it manages everything.
@@ -135,12 +149,46 @@ impl Repo {
         RepoLock::acquire(&self.dir.join(".lock"))
     }
 
-    pub fn pageserver_workdir(&self) -> PathBuf {
-        self.dir.join("pageserver")
+    /// Pageserver `id`'s work directory: `pageserver/` for the first (where a repo with one
+    /// pageserver has it), `pageservers/ps<N>/` for the others.
+    pub fn pageserver_workdir_in(dir: &Path, id: u64) -> PathBuf {
+        match id {
+            1 => dir.join("pageserver"),
+            n => dir.join("pageservers").join(format!("ps{n}")),
+        }
     }
 
-    pub fn pageserver(&self) -> Daemon {
-        Daemon { pid_file: self.dir.join("pageserver.pid"), log_file: self.dir.join("pageserver.log"), exe_name: "pageserver".into() }
+    pub fn pageserver_workdir(&self, id: u64) -> PathBuf {
+        Repo::pageserver_workdir_in(&self.dir, id)
+    }
+
+    /// Pageserver `id` as a process: `pageserver.pid` and `.log` for the first,
+    /// `pageserver<N>.pid` and `.log` for the others.
+    pub fn pageserver(&self, id: u64) -> Daemon {
+        let stem = if id == 1 { "pageserver".to_string() } else { format!("pageserver{id}") };
+        Daemon {
+            pid_file: self.dir.join(format!("{stem}.pid")),
+            log_file: self.dir.join(format!("{stem}.log")),
+            exe_name: "pageserver".into(),
+        }
+    }
+
+    pub fn controller(&self) -> Daemon {
+        Daemon {
+            pid_file: self.dir.join("storage_controller.pid"),
+            log_file: self.dir.join("storage_controller.log"),
+            exe_name: "storage_controller".into(),
+        }
+    }
+
+    pub fn controller_db_dir(&self) -> PathBuf {
+        self.dir.join("controller_db")
+    }
+
+    /// The controller's database's postmaster (the CLI's own pid file: postgres keeps
+    /// `postmaster.pid` inside the data directory).
+    pub fn controller_db(&self) -> Daemon {
+        Daemon { pid_file: self.dir.join("controller_db.pid"), log_file: self.dir.join("controller_db.log"), exe_name: "postgres".into() }
     }
 
     pub fn safekeeper_dir_in(dir: &Path, id: u8) -> PathBuf {
@@ -159,26 +207,74 @@ impl Repo {
         }
     }
 
-    /// The client of this repo's pageserver.
-    pub fn api(&self) -> Client {
-        let config = ClientConfig {
+    fn client_config(&self) -> ClientConfig {
+        ClientConfig {
             connect_timeout: Duration::from_secs(5),
             // Import of a large data directory takes a while; nothing else does.
             request_timeout: Some(Duration::from_secs(600)),
             // A CA file that does not load leaves the client without one: its https
             // requests then fail saying that the CA is missing.
             tls: self.client_tls().unwrap_or(None),
-        };
-        Client::with_config(&self.config.pageserver_http_url(), config).with_token(self.admin_token())
+        }
+    }
+
+    /// The client of pageserver `id`'s API.
+    pub fn api_of(&self, id: u64) -> Client {
+        self.api_at(&self.config.pageserver_http_url(id))
+    }
+
+    /// The client of the pageserver API at `url`.
+    pub fn api_at(&self, url: &str) -> Client {
+        Client::with_config(url, self.client_config()).with_token(self.admin_token())
+    }
+
+    /// The client of this repo's pageserver (the first one).
+    pub fn api(&self) -> Client {
+        self.api_of(1)
+    }
+
+    /// The API of the pageserver that serves `tenant`, which must be up, with a hint if it
+    /// is not: with a storage controller, the one it says computes read the tenant from
+    /// (the attached one, or a planned migration's source until it cuts over); else the
+    /// repo's pageserver.
+    pub fn tenant_api(&self, tenant: TenantId) -> anyhow::Result<Client> {
+        if !self.config.has_controller() {
+            return self.running_api();
+        }
+        let location = self.locate(tenant)?;
+        let serving = location.page_service();
+        let api = self.api_at(&self.config.http_url_of(&serving.http_addr));
+        if !is_up(&api) {
+            bail!(
+                "pageserver {} holds tenant {tenant} but is not running (nothing answers {}): run `fjord pageserver start {0}`, or wait for the controller to fail the tenant over",
+                serving.node_id,
+                api.base_url()
+            );
+        }
+        Ok(api)
     }
 
     /// The API of a pageserver that must be up, with a hint if it is not.
     pub fn running_api(&self) -> anyhow::Result<Client> {
         let api = self.api();
         if !is_up(&api) {
-            bail!("the pageserver is not running (nothing answers {}): run `fjord start`", self.config.pageserver_http_url());
+            bail!("the pageserver is not running (nothing answers {}): run `fjord start`", api.base_url());
         }
         Ok(api)
+    }
+
+    /// Where the storage controller has `tenant` attached.
+    pub fn locate(&self, tenant: TenantId) -> anyhow::Result<pageserver_api::controller::TenantLocation> {
+        self.controller_api().tenant(tenant).map_err(|e| match e.status() {
+            Some(404) => anyhow::anyhow!("the storage controller has no tenant {tenant}"),
+            _ => anyhow::anyhow!("ask the storage controller where tenant {tenant} is (is it running? `fjord start`): {e}"),
+        })
+    }
+
+    /// The client of the storage controller's API, with the CLI's admin token.
+    pub fn controller_api(&self) -> ControllerClient {
+        let config = ClientConfig { request_timeout: Some(Duration::from_secs(30)), ..self.client_config() };
+        ControllerClient::with_config(&self.config.controller_url(), config).with_token(self.admin_token())
     }
 
     pub fn endpoint_dir(&self, name: &str) -> PathBuf {

@@ -34,7 +34,8 @@ impl Drop for ScratchDir {
 
 pub fn create(repo: &Repo, tenant_id: Option<TenantId>) -> anyhow::Result<()> {
     crate::process::refuse_root("create a tenant")?;
-    let api = repo.running_api()?;
+    // With a controller, the pageserver is the one it places the tenant on (below).
+    let api = if repo.config.has_controller() { None } else { Some(repo.running_api()?) };
     let _lock = repo.lock()?;
     let mut state = repo.load_state()?;
     let user = crate::process::os_user_name()?;
@@ -46,7 +47,13 @@ pub fn create(repo: &Repo, tenant_id: Option<TenantId>) -> anyhow::Result<()> {
     initdb(&repo.config.pg_bin_dir, &scratch.0, &user)?;
 
     check_safekeepers_up(repo)?;
-    let tenant = api.create_tenant(&TenantCreateRequest { tenant_id })?.tenant_id;
+    let (api, tenant) = match api {
+        Some(api) => {
+            let tenant = api.create_tenant(&TenantCreateRequest { tenant_id })?.tenant_id;
+            (api, tenant)
+        }
+        None => place(repo, tenant_id)?,
+    };
     let span = tracing::info_span!("tenant", tenant_id = %tenant);
     let _entered = span.enter();
     let timeline_id = api.create_timeline(tenant, &TimelineCreateRequest::default())?.timeline_id;
@@ -64,6 +71,52 @@ pub fn create(repo: &Repo, tenant_id: Option<TenantId>) -> anyhow::Result<()> {
     );
     say!("{tenant}");
     Ok(())
+}
+
+/// Asks the storage controller to place a new tenant (`POST /v1/tenant`), and waits until
+/// the pageserver it is attached to holds it attached (the controller's order reaches it
+/// with the next heartbeat): the client of that pageserver, and the tenant.
+fn place(repo: &Repo, tenant_id: Option<TenantId>) -> anyhow::Result<(pageserver_api::Client, TenantId)> {
+    let tenant = match tenant_id {
+        Some(t) => t,
+        None => random_tenant_id()?,
+    };
+    let location = repo
+        .controller_api()
+        .create_tenant(&pageserver_api::controller::TenantCreateRequest { tenant_id: tenant })
+        .with_context(|| format!("ask the storage controller at {} to place tenant {tenant}", repo.config.controller_url()))?;
+    let node = location.attached.node_id;
+    let api = repo.api_at(&repo.config.http_url_of(&location.attached.http_addr));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let held = api.locations().ok().is_some_and(|l| {
+            l.tenants.iter().any(|t| {
+                t.tenant_id == tenant && t.mode == pageserver_api::models::LocationMode::Attached && t.generation == location.generation
+            })
+        });
+        if held {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "pageserver {node} did not attach tenant {tenant} within 30 s of its placement (the controller has placed it there; see {} and {})",
+                repo.pageserver(node).log_file.display(),
+                repo.controller().log_file.display()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let secondary = location.secondary.map_or_else(|| "no secondary yet".to_string(), |s| format!("secondary on pageserver {}", s.node_id));
+    eprintln!("the storage controller placed tenant {tenant} on pageserver {node} (generation {}), {secondary}", location.generation);
+    Ok((api, tenant))
+}
+
+/// A random tenant id (the pageserver chooses one when it creates the tenant itself).
+fn random_tenant_id() -> anyhow::Result<TenantId> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).context("read /dev/urandom for a tenant id")?;
+    Ok(TenantId::from_bytes(bytes))
 }
 
 /// Registers the repo's safekeepers as the timeline's WAL sources on the pageserver (an
@@ -183,7 +236,12 @@ pub fn list(repo: &Repo) -> anyhow::Result<()> {
     let state = repo.load_state()?;
     let default = state.default_tenant.map(|t| t.to_string());
     let api = repo.api();
-    let tenants: Vec<String> = if crate::repo::is_up(&api) {
+    let tenants: Vec<String> = if repo.config.has_controller() {
+        match repo.controller_api().tenants() {
+            Ok(placed) => placed.iter().map(|t| t.tenant_id.to_string()).collect(),
+            Err(_) => state.tenants.keys().cloned().collect(),
+        }
+    } else if crate::repo::is_up(&api) {
         api.tenants()?.iter().map(TenantId::to_string).collect()
     } else {
         state.tenants.keys().cloned().collect()
@@ -196,10 +254,27 @@ pub fn list(repo: &Repo) -> anyhow::Result<()> {
 
 pub fn branch_create(repo: &Repo, name: &str, from: &str, at: Option<Point>, tenant: Option<TenantId>) -> anyhow::Result<()> {
     check_name("branch", name)?;
-    let api = repo.running_api()?;
+    // Without a controller the one pageserver must run, whatever the tenant; with one,
+    // the tenant's attached pageserver must.
+    let early = if repo.config.has_controller() { None } else { Some(repo.running_api()?) };
     let _lock = repo.lock()?;
     let mut state = repo.load_state()?;
     let tenant = state.tenant(tenant)?;
+    let api = match early {
+        Some(api) => api,
+        None => {
+            // A planned migration's source writes nothing to object storage, and its
+            // destination has not caught up yet: a timeline belongs on neither until the
+            // cut-over.
+            if let Some(m) = repo.locate(tenant)?.migration.filter(|m| !m.cut_over) {
+                bail!(
+                    "tenant {tenant} is migrating from pageserver {}: create the branch once the migration has cut over (`fjord status`)",
+                    m.from.node_id
+                );
+            }
+            repo.tenant_api(tenant)?
+        }
+    };
     if state.branch_timeline(tenant, name).is_ok() {
         bail!("branch {name:?} already exists in tenant {tenant}");
     }
@@ -224,7 +299,7 @@ pub fn branch_create(repo: &Repo, name: &str, from: &str, at: Option<Point>, ten
 pub fn branch_list(repo: &Repo, tenant: Option<TenantId>) -> anyhow::Result<()> {
     let state = repo.load_state()?;
     let tenant = state.tenant(tenant)?;
-    let api = repo.running_api()?;
+    let api = repo.tenant_api(tenant)?;
     print_branch_tree(&state, tenant, &api.timelines(tenant)?, "");
     Ok(())
 }

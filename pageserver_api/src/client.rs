@@ -480,6 +480,16 @@ impl ControllerClient {
     pub fn create_tenant(&self, request: &controller::TenantCreateRequest) -> Result<controller::TenantLocation, Error> {
         self.0.post_json("/v1/tenant", request)
     }
+
+    /// `GET /v1/node`: every pageserver, its addresses, health and how many tenants it holds.
+    pub fn nodes(&self) -> Result<Vec<controller::NodeInfo>, Error> {
+        self.0.get_json("/v1/node")
+    }
+
+    /// `GET /v1/tenant`: where every tenant is.
+    pub fn tenants(&self) -> Result<Vec<controller::TenantLocation>, Error> {
+        self.0.get_json("/v1/tenant")
+    }
 }
 
 fn timeline_path(tenant: TenantId, timeline: TimelineId) -> String {
