@@ -174,6 +174,19 @@ enum TenantCommand {
     },
     /// List tenants; the default one is marked.
     List,
+    /// Move a tenant to another pageserver with no failed query (a cluster made with
+    /// `init --pageservers N`): the destination attaches and catches up while the current
+    /// one serves, computes move, and the old one becomes the secondary. Waits until done.
+    Migrate {
+        /// Tenant [default: the default tenant].
+        tenant: Option<TenantId>,
+        /// The pageserver (node id) to move it to.
+        #[arg(long, value_name = "ID")]
+        to: u64,
+        /// Seconds to wait for the migration to end.
+        #[arg(long, default_value_t = 120)]
+        timeout_secs: u64,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -264,6 +277,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Tenant(TenantCommand::Create { tenant_id }) => tenant::create(&repo, tenant_id),
         Command::Tenant(TenantCommand::List) => tenant::list(&repo),
+        Command::Tenant(TenantCommand::Migrate { tenant, to, timeout_secs }) => {
+            tenant::migrate(&repo, tenant, to, std::time::Duration::from_secs(timeout_secs))
+        }
         Command::Branch(BranchCommand::Create { name, from, at, tenant }) => tenant::branch_create(&repo, &name, &from, at, tenant),
         Command::Branch(BranchCommand::List { tenant }) => tenant::branch_list(&repo, tenant),
         Command::Endpoint(EndpointCommand::Start(args)) => endpoint::start(&repo, args),

@@ -361,3 +361,47 @@ fn depth_max(children: &BTreeMap<Option<TimelineId>, Vec<&TimelineInfo>>, of: Op
     // Depth is bounded by the number of timelines, since ancestry has no cycles.
     children.get(&of).into_iter().flatten().map(|c| depth_max(children, Some(c.timeline_id), depth + 1)).max().unwrap_or(depth)
 }
+
+/// `fjord tenant migrate`: asks the storage controller to move the tenant to pageserver `to`
+/// and waits until the migration has ended (the old pageserver holds it as secondary),
+/// saying each step as the controller reports it.
+pub fn migrate(repo: &Repo, tenant: Option<TenantId>, to: u64, timeout: std::time::Duration) -> anyhow::Result<()> {
+    if !repo.config.has_controller() {
+        bail!("this repo has one pageserver and no storage controller: there is nowhere to move a tenant (make a cluster with `fjord init --pageservers 2`)");
+    }
+    let state = repo.load_state()?;
+    let tenant = state.tenant(tenant)?;
+    let api = repo.controller_api();
+    let before = repo.locate(tenant)?;
+    let started = api.migrate(tenant, to).map_err(|e| anyhow::anyhow!("migrate tenant {tenant} to pageserver {to}: {e}"))?;
+    if started.migration.is_none() && started.attached.node_id == to {
+        say!("tenant {tenant} is on pageserver {to} already");
+        return Ok(());
+    }
+    say!("tenant {tenant}: moving from pageserver {} to pageserver {to} (generation {})", before.attached.node_id, started.generation);
+    let deadline = std::time::Instant::now() + timeout;
+    let mut cut_over = false;
+    loop {
+        let now = repo.locate(tenant)?;
+        match &now.migration {
+            Some(m) if m.cut_over && !cut_over => {
+                say!("cut over: computes read from pageserver {to}");
+                cut_over = true;
+            }
+            Some(_) => {}
+            None if now.attached.node_id == to => {
+                let secondary = now.secondary.as_ref().map_or("none".to_string(), |s| format!("pageserver {}", s.node_id));
+                say!("done: tenant {tenant} is on pageserver {to} (generation {}), secondary {secondary}", now.generation);
+                return Ok(());
+            }
+            None => bail!(
+                "the migration of tenant {tenant} ended elsewhere: it is on pageserver {} (the destination went offline?); see the controller's log",
+                now.attached.node_id
+            ),
+        }
+        if std::time::Instant::now() >= deadline {
+            bail!("the migration of tenant {tenant} to pageserver {to} has not ended after {timeout:?}; it goes on (see `fjord status`)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}

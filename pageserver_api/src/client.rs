@@ -486,6 +486,12 @@ impl ControllerClient {
         self.0.get_json("/v1/node")
     }
 
+    /// `POST /v1/tenant/{tenant}/migrate`: starts a planned migration to `node_id` (or finds
+    /// the tenant there already).
+    pub fn migrate(&self, tenant: TenantId, node_id: u64) -> Result<controller::TenantLocation, Error> {
+        self.0.post_json(&format!("/v1/tenant/{tenant}/migrate"), &controller::MigrateRequest { node_id })
+    }
+
     /// `GET /v1/tenant`: where every tenant is.
     pub fn tenants(&self) -> Result<Vec<controller::TenantLocation>, Error> {
         self.0.get_json("/v1/tenant")

@@ -100,6 +100,17 @@ def test_a_cluster_of_pageservers_with_one_command(repo_factory):
                lambda: re.search(rf"^pageserver 3 .*secondary: {tenant}", repo.run("status").stdout, re.M))
     assert "no pageserver 4" in repo.fail("pageserver", "start", "4")
 
+    # A planned migration to the new pageserver, the endpoint reading on without a restart.
+    out = repo.run("tenant", "migrate", "--to", "3").stdout
+    assert f"moving from pageserver {other} to pageserver 3" in out and "done" in out, out
+    assert attached_node(repo, tenant) == 3
+    assert re.search(rf"^pageserver {other} .*secondary: {tenant}", repo.run("status").stdout, re.M)
+    with psycopg.connect(connstr, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 5001
+        assert conn.execute("SELECT pg_postmaster_start_time()").fetchone()[0] == started, "the compute restarted"
+    assert "already" in repo.run("tenant", "migrate", "--to", "3").stdout
+    assert "not online" in repo.fail("tenant", "migrate", "--to", str(first))
+
     out = repo.run("stop").stdout
     for what in ("endpoint main", "storage controller", f"pageserver {other}", "pageserver 3", "safekeeper 3",
                  "controller database"):
@@ -121,6 +132,7 @@ def test_one_pageserver_is_the_repo_it_always_was(repo_factory):
     err = one.fail("pageserver", "add")
     assert "no storage controller" in err and "fjord init --pageservers 2" in err, err
     assert "no pageserver 2" in one.fail("pageserver", "stop", "2")
+    assert "no storage controller" in one.fail("tenant", "migrate", "--to", "2")
 
     # In a stopped cluster `pageserver add` only records the new one: nothing runs alone.
     stopped = repo_factory("stopped").init("--pageservers", "2")
