@@ -125,13 +125,24 @@ async fn round(ctl: &Arc<Controller>, reported_stuck: &mut HashSet<proto::Tenant
         let mut placements = ctl.db.tenants().await?;
         if placements.iter().any(|t| t.migration.is_some()) {
             let ready = crate::migration::ready(&placements, &held, &mut ctl.migration_marks.lock().expect("not poisoned"));
-            let (cut, ended) = ctl.db.advance_migrations(&ctl.instance, &ready, ctl.config.cutover_grace).await?;
-            for tenant in &cut {
+            let steps = ctl.db.advance_migrations(&ctl.instance, &ready, ctl.config.cutover_grace, ctl.config.migration_timeout).await?;
+            let (cut, ended) = (&steps.cut_over, &steps.ended);
+            for t in &steps.abandoned {
+                ctl.metrics.migrations.with_label_values(&["abandoned"]).inc();
+                tracing::warn!(
+                    "tenant {}: the migration did not cut over within {:?} (the destination never caught up): back on pageserver {} with generation {}",
+                    t.tenant_id,
+                    ctl.config.migration_timeout,
+                    t.attached.node_id,
+                    t.generation
+                );
+            }
+            for tenant in cut {
                 ctl.metrics.migrations.with_label_values(&["cut_over"]).inc();
                 let to = placements.iter().find(|t| t.tenant_id == *tenant).map_or(0, |t| t.attached.node_id);
                 tracing::info!("tenant {tenant}: the migration to pageserver {to} cut over (it has caught up): computes read from it now");
             }
-            for t in &ended {
+            for t in ended {
                 ctl.metrics.migrations.with_label_values(&["ended"]).inc();
                 tracing::info!(
                     "tenant {}: the migration to pageserver {} is done; the source, pageserver {}, holds it as its secondary",
@@ -140,7 +151,7 @@ async fn round(ctl: &Arc<Controller>, reported_stuck: &mut HashSet<proto::Tenant
                     t.secondary.as_ref().map_or(0, |s| s.node_id)
                 );
             }
-            if !cut.is_empty() || !ended.is_empty() {
+            if !cut.is_empty() || !ended.is_empty() || !steps.abandoned.is_empty() {
                 placements = ctl.db.tenants().await?;
             }
         }

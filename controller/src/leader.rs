@@ -47,8 +47,9 @@ pub async fn run(ctl: Arc<Controller>) {
             if leader {
                 tracing::info!("this controller ({}) now leads: it heartbeats every pageserver and fails tenants over", ctl.instance);
                 // Health is observed afresh: no node is offline before this leader has
-                // waited the whole grace for it.
+                // waited the whole grace for it; so are migrations' catch-up marks.
                 ctl.health.lock().expect("not poisoned").clear();
+                ctl.migration_marks.lock().expect("not poisoned").clear();
             } else {
                 tracing::warn!("this controller ({}) no longer leads", ctl.instance);
                 ctl.health.lock().expect("not poisoned").clear();

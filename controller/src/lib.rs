@@ -49,6 +49,8 @@ pub struct Config {
     /// How long a planned migration's source keeps the tenant after the cutover, so that
     /// computes (which poll every 250 ms) have moved before it lets go.
     pub cutover_grace: Duration,
+    /// A planned migration not cut over this long after it started goes back to its source.
+    pub migration_timeout: Duration,
 }
 
 /// A node's health as this controller has observed it since it began leading.
@@ -103,7 +105,7 @@ pub struct Controller {
     /// Nodes whose pageserver answered with another node id (reported once).
     pub misnamed: Mutex<std::collections::HashSet<u64>>,
     /// What each migration's source had ingested at the last heartbeat ([`migration::ready`]).
-    pub migration_marks: Mutex<HashMap<proto::TenantId, Vec<pageserver_api::models::TimelineIngested>>>,
+    pub migration_marks: Mutex<HashMap<proto::TenantId, migration::Mark>>,
 }
 
 impl Controller {

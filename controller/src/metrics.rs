@@ -21,7 +21,7 @@ pub struct Metrics {
     pub http_tls_failures: IntCounterVec,
     /// Location orders sent to pageservers, by result (`ok`, `failed`).
     pub orders: IntCounterVec,
-    /// Planned migrations by step (`started`, `cut_over`, `ended`).
+    /// Planned migrations by step (`started`, `cut_over`, `ended`, `abandoned`).
     pub migrations: IntCounterVec,
 }
 
@@ -54,11 +54,11 @@ impl Metrics {
         )
         .expect("valid");
         let migrations = IntCounterVec::new(
-            Opts::new("fjord_controller_migrations_total", "Planned migrations of tenants, by step (started, cut_over, ended)"),
+            Opts::new("fjord_controller_migrations_total", "Planned migrations of tenants, by step (started, cut_over, ended, abandoned)"),
             &["step"],
         )
         .expect("valid");
-        for step in ["started", "cut_over", "ended"] {
+        for step in ["started", "cut_over", "ended", "abandoned"] {
             migrations.with_label_values(&[step]);
         }
         for result in ["ok", "failed"] {

@@ -36,6 +36,15 @@ fn ingested(answer: Option<&LocationList>, tenant: TenantId, generation: Option<
         .map(|t| t.timelines.clone())
 }
 
+/// What a migration's source had ingested at a round, and which migration that was (its
+/// source and generation): a mark of another migration is never compared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mark {
+    pub from: u64,
+    pub generation: u32,
+    pub timelines: Vec<TimelineIngested>,
+}
+
 /// The migrations that may cut over now: (tenant, generation). `marks` holds, per tenant,
 /// what its source had ingested at the previous round, and is updated from this round's
 /// answers. A destination that has caught up with the source's previous answer is close
@@ -43,7 +52,7 @@ fn ingested(answer: Option<&LocationList>, tenant: TenantId, generation: Option<
 pub fn ready(
     placements: &[TenantLocation],
     answers: &HashMap<u64, LocationList>,
-    marks: &mut HashMap<TenantId, Vec<TimelineIngested>>,
+    marks: &mut HashMap<TenantId, Mark>,
 ) -> Vec<(TenantId, u32)> {
     let mut out = Vec::new();
     let mut seen = Vec::new();
@@ -52,10 +61,12 @@ pub fn ready(
         seen.push(t.tenant_id);
         let source_now = ingested(answers.get(&m.from.node_id), t.tenant_id, None);
         let dest = ingested(answers.get(&t.attached.node_id), t.tenant_id, Some(t.generation));
-        let caught_up = match (&dest, marks.get(&t.tenant_id)) {
-            (Some(dest), Some(before)) => {
-                before.iter().all(|b| dest.iter().any(|d| d.timeline_id == b.timeline_id && d.last_record_lsn >= b.last_record_lsn))
-            }
+        let mark = marks.get(&t.tenant_id).filter(|k| k.from == m.from.node_id && k.generation == t.generation);
+        let caught_up = match (&dest, mark) {
+            (Some(dest), Some(before)) => before
+                .timelines
+                .iter()
+                .all(|b| dest.iter().any(|d| d.timeline_id == b.timeline_id && d.last_record_lsn >= b.last_record_lsn)),
             // The source answered nothing last round, or holds the tenant no more: nothing
             // to catch up with but the destination's attachment.
             (Some(_), None) => answers.contains_key(&m.from.node_id) && source_now.is_none(),
@@ -65,8 +76,8 @@ pub fn ready(
             out.push((t.tenant_id, t.generation));
         }
         match source_now {
-            Some(now) => {
-                marks.insert(t.tenant_id, now);
+            Some(timelines) => {
+                marks.insert(t.tenant_id, Mark { from: m.from.node_id, generation: t.generation, timelines });
             }
             None => {
                 marks.remove(&t.tenant_id);
@@ -128,5 +139,26 @@ mod tests {
         // Marks of tenants no longer migrating are dropped.
         assert!(ready(&[], &answers, &mut marks).is_empty());
         assert!(marks.is_empty());
+    }
+
+    #[test]
+    fn a_mark_of_another_migration_is_never_compared() {
+        let mut t = TenantLocation {
+            tenant_id: TenantId::from_bytes([1; 16]),
+            generation: 7,
+            attached: node(1),
+            secondary: None,
+            migration: Some(Migration { from: node(2), cut_over: false }),
+        };
+        // Left from an earlier migration from node 1 at generation 5, far behind.
+        let old = Mark { from: 1, generation: 5, timelines: answer(1, 4, 100).tenants[0].timelines.clone() };
+        let mut marks = HashMap::from([(t.tenant_id, old)]);
+        let answers = HashMap::from([(2, answer(2, 6, 500)), (1, answer(1, 7, 150))]);
+        assert!(ready(std::slice::from_ref(&t), &answers, &mut marks).is_empty(), "compared with a mark of another migration");
+        // The next round compares with this migration's own mark (500).
+        let answers = HashMap::from([(2, answer(2, 6, 600)), (1, answer(1, 7, 500))]);
+        assert_eq!(ready(std::slice::from_ref(&t), &answers, &mut marks), vec![(t.tenant_id, 7)]);
+        t.migration = None;
+        assert!(ready(std::slice::from_ref(&t), &answers, &mut marks).is_empty());
     }
 }

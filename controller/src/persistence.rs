@@ -28,7 +28,8 @@ const UPGRADES: [&str; 1] = [
     "ALTER TABLE fjord_controller_tenants
         ADD COLUMN IF NOT EXISTS migrating_from bigint REFERENCES fjord_controller_nodes
             CHECK (migrating_from IS NULL OR (migrating_from <> attached AND migrating_from IS DISTINCT FROM secondary)),
-        ADD COLUMN IF NOT EXISTS cut_over_at timestamptz CHECK (cut_over_at IS NULL OR migrating_from IS NOT NULL);",
+        ADD COLUMN IF NOT EXISTS cut_over_at timestamptz CHECK (cut_over_at IS NULL OR migrating_from IS NOT NULL),
+        ADD COLUMN IF NOT EXISTS migration_started_at timestamptz;",
 ];
 
 const SCHEMA: &str = "
@@ -506,6 +507,15 @@ impl Db {
     }
 }
 
+/// What [`Db::advance_migrations`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MigrationSteps {
+    pub cut_over: Vec<TenantId>,
+    pub ended: Vec<TenantLocation>,
+    /// Not cut over in time: back on their source.
+    pub abandoned: Vec<TenantLocation>,
+}
+
 /// What [`Db::start_migration`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MigrationStart {
@@ -541,6 +551,7 @@ impl Db {
             tx.execute(
                 "UPDATE fjord_controller_tenants
                     SET generation = generation + 1, migrating_from = attached, attached = $2, cut_over_at = NULL,
+                        migration_started_at = clock_timestamp(),
                         secondary = CASE WHEN secondary = $2 THEN NULL ELSE secondary END, updated_at = clock_timestamp()
                   WHERE tenant_id = $1",
                 &[&tenant.to_string(), &to_id],
@@ -557,14 +568,17 @@ impl Db {
     /// Moves planned migrations on: those in `ready` (the destination holds the tenant with
     /// its generation and has caught up with the source) cut over, so computes are told
     /// the destination; those cut over at least `grace` ago (by the database's clock) end,
-    /// the source becoming the tenant's secondary. Returns the tenants cut over and the
-    /// tenants whose migration ended. One transaction.
+    /// the source becoming the tenant's secondary; those not cut over `timeout` after they
+    /// started are abandoned: the tenant goes back to its source (which still holds it),
+    /// one generation up. Returns the tenants cut over, those whose migration ended and
+    /// those abandoned. One transaction.
     pub async fn advance_migrations(
         &self,
         instance: &str,
         ready: &[(TenantId, u32)],
         grace: Duration,
-    ) -> Result<(Vec<TenantId>, Vec<TenantLocation>), DbError> {
+        timeout: Duration,
+    ) -> Result<MigrationSteps, DbError> {
         self.with(async |c: &mut Client| {
             let tx = c.transaction().await?;
             let mut cut = Vec::new();
@@ -583,22 +597,38 @@ impl Db {
             let ended = tx
                 .query(
                     "UPDATE fjord_controller_tenants SET secondary = migrating_from, migrating_from = NULL, cut_over_at = NULL,
-                            updated_at = clock_timestamp()
+                            migration_started_at = NULL, updated_at = clock_timestamp()
                       WHERE cut_over_at < clock_timestamp() - make_interval(secs => $1)
                   RETURNING tenant_id",
                     &[&grace.as_secs_f64()],
                 )
                 .await?;
-            if cut.is_empty() && ended.is_empty() {
-                return Ok((cut, Vec::new()));
+            // The destination that never caught up is let go as any node that holds a
+            // tenant it should not: the reconcile orders it to detach.
+            let abandoned = tx
+                .query(
+                    "UPDATE fjord_controller_tenants SET attached = migrating_from, generation = generation + 1,
+                            secondary = CASE WHEN secondary = migrating_from THEN NULL ELSE secondary END,
+                            migrating_from = NULL, cut_over_at = NULL, migration_started_at = NULL, updated_at = clock_timestamp()
+                      WHERE migrating_from IS NOT NULL AND cut_over_at IS NULL
+                        AND migration_started_at < clock_timestamp() - make_interval(secs => $1)
+                  RETURNING tenant_id",
+                    &[&timeout.as_secs_f64()],
+                )
+                .await?;
+            let mut steps = MigrationSteps { cut_over: cut, ..Default::default() };
+            if steps.cut_over.is_empty() && ended.is_empty() && abandoned.is_empty() {
+                return Ok(steps);
             }
-            let mut done = Vec::new();
             for row in ended {
-                done.push(tenant_location(&tx, parse_tenant(row.get(0))?).await?.expect("just updated"));
+                steps.ended.push(tenant_location(&tx, parse_tenant(row.get(0))?).await?.expect("just updated"));
+            }
+            for row in abandoned {
+                steps.abandoned.push(tenant_location(&tx, parse_tenant(row.get(0))?).await?.expect("just updated"));
             }
             fence(&tx, instance).await?;
             tx.commit().await?;
-            Ok((cut, done))
+            Ok(steps)
         })
         .await
     }

@@ -280,7 +280,7 @@ def test_a_database_of_the_first_schema_is_upgraded_in_place(tmp_path, pg_factor
     t = "ab" * 16
     db.sql("INSERT INTO fjord_controller_tenants (tenant_id, generation, attached) VALUES (%s, 4, 7)", t)
     # Back to version 1, as such a controller left it.
-    db.sql("ALTER TABLE fjord_controller_tenants DROP COLUMN migrating_from, DROP COLUMN cut_over_at")
+    db.sql("ALTER TABLE fjord_controller_tenants DROP COLUMN migrating_from, DROP COLUMN cut_over_at, DROP COLUMN migration_started_at")
     db.sql("UPDATE fjord_controller_schema SET version = 1")
     c.start()
     assert "upgraded the controller's schema from version 1 to 2" in c.log_text()

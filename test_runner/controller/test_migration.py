@@ -144,3 +144,36 @@ def test_a_migration_whose_destination_dies_goes_back_to_its_source(tmp_path, pg
     wait_until("the source to hold generation 3", lambda: attached_with(cl.ps[a], cl.tenant, 3), timeout_s=60)
     ep.sql("INSERT INTO t VALUES (5001, 'after')")
     assert ep.sql("SELECT count(*), max(id) FROM t") == [(5001, 5001)]
+
+
+def test_a_migration_whose_destination_never_attaches_goes_back_to_its_source(tmp_path, pg_factory, safekeepers):
+    """Object storage refuses writes, so the destination cannot claim its generation and
+    never attaches; the migration is abandoned after its timeout and the tenant goes back to
+    its source, one generation up, which attaches it once object storage takes writes again.
+    Computes never left the source."""
+    cl = Cluster(tmp_path, pg_factory, safekeepers, migration_timeout_ms=3000)
+    c = cl.controller
+    a, b = cl.first, cl.second
+    ep = Endpoint(tmp_path, cl.tl, safekeepers=cl.safekeepers, controller=c, settings=SMALL_CACHES).start()
+    ep.sql("CREATE TABLE t AS SELECT i FROM generate_series(1, 5000) i")
+
+    def writable(yes: bool):
+        for d in [cl.remote, *cl.remote.rglob("*")]:
+            if d.is_dir():
+                d.chmod(0o755 if yes else 0o555)
+    for ps in cl.ps.values():
+        ps.allowed_errors += [r"upload of \S+ failed", r"failed \(attempt \d+\)", "Permission denied", "could not publish the heatmap"]
+    c.allowed_errors += ["ordering pageserver", "did not cut over within"]
+    writable(False)
+    try:
+        assert migrate(c, cl.tenant, b)["generation"] == 2
+        wait_until("the migration to be abandoned", lambda: "did not cut over within" in c.log_text(), timeout_s=60)
+        back = placement(c, cl.tenant)
+        assert back["attached"]["node_id"] == a and back["generation"] == 3 and back.get("migration") is None, back
+    finally:
+        writable(True)
+    wait_until("the source to attach with generation 3", lambda: attached_with(cl.ps[a], cl.tenant, 3), timeout_s=60)
+    assert ep.sql("SELECT count(*) FROM t") == [(5000,)]
+    ep.sql("INSERT INTO t VALUES (5001)")
+    assert ep.sql("SELECT count(*) FROM t") == [(5001,)]
+    assert held(cl.ps[b]).get(cl.tenant, {}).get("mode") != "attached"

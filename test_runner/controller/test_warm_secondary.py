@@ -5,6 +5,8 @@ instead of downloading layers one by one as reads need them."""
 
 from __future__ import annotations
 
+import json
+
 from fixtures import logs
 from fixtures.compute import Endpoint
 from fixtures.postgres import wait_until
@@ -40,6 +42,14 @@ def test_a_warm_secondary_takes_over_with_the_layers_on_disk(tmp_path, pg_factor
     assert (cl.remote / "tenants" / cl.tenant / "heatmap.json").exists()
     assert ps2.metrics()["pageserver_secondary_layers_downloaded_total"] >= uploaded
 
+    # The tenant's own PITR window goes with it (in its timelines' remote indexes): the new
+    # attachment's GC must not collect history the tenant keeps.
+    ps1.http("PUT", f"/v1/tenant/{cl.tenant}/config", {"pitr_window": "30d"})
+    # (An object the local store is still writing has a `#` in its name.)
+    wait_until("the remote index to carry the tenant's settings", lambda: any(
+        "tenant_config" in p.read_text() for p in (cl.remote / "tenants" / cl.tenant / "timelines" / cl.tl.timeline).glob("index_part.json-*")
+        if "#" not in p.name))
+
     ps1.kill()
     ps1.allowed_errors += logs.CLIENT_GONE_MID_HANDSHAKE
     wait_until("the failover", lambda: placement(c, cl.tenant)["attached"]["node_id"] == cl.second, timeout_s=30)
@@ -50,3 +60,4 @@ def test_a_warm_secondary_takes_over_with_the_layers_on_disk(tmp_path, pg_factor
     assert cl.tl.status()["remote_storage"]["layers_downloaded"] == 0, "a layer was downloaded on demand after the failover"
     assert f"{uploaded} taken from warm copies" in ps2.log_text()
     assert not (ps2.workdir / "secondary" / cl.tenant).exists(), "the warm copies are moved or removed at the attach"
+    assert "30d" in json.dumps(ps2.http("GET", f"/v1/tenant/{cl.tenant}/config")), "the tenant's PITR window was lost"

@@ -49,6 +49,10 @@ struct Args {
     /// every 250 ms and move meanwhile).
     #[arg(long, value_name = "MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     cutover_grace_ms: u64,
+    /// A planned migration whose destination has not caught up this long after it started
+    /// is abandoned: the tenant goes back to its source, one generation up.
+    #[arg(long, value_name = "MS", default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(1_000..=86_400_000))]
+    migration_timeout_ms: u64,
     /// Require a token on every call but /v1/status and /metrics: the cluster's Ed25519
     /// public key (PEM). The controller's own token for the pageservers' APIs (an admin
     /// token) comes from FJORD_AUTH_TOKEN.
@@ -99,6 +103,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         client_tls: tls.client.clone(),
         auth_token: std::env::var("FJORD_AUTH_TOKEN").ok().filter(|t| !t.is_empty()),
         cutover_grace: Duration::from_millis(args.cutover_grace_ms),
+        migration_timeout: Duration::from_millis(args.migration_timeout_ms),
     };
     let ctl = controller::Controller::new(config, auth);
     ctl.db.migrate().await.context("prepare the controller's database (--database)")?;

@@ -88,6 +88,8 @@ pub struct WarmOutcome {
     pub downloaded_layers: u64,
     pub downloaded_bytes: u64,
     pub removed_layers: u64,
+    /// Named by the heatmap, but no longer in object storage.
+    pub gone_layers: u64,
     /// What the directory holds afterwards.
     pub layers: u64,
     pub bytes: u64,
@@ -95,9 +97,11 @@ pub struct WarmOutcome {
 
 /// Brings `dir` (`<dir>/<timeline>/<warm file name>`) to the hottest layers of `heatmap`
 /// that fit in `budget_bytes`: downloads the missing ones (checked like every download)
-/// and removes copies the heatmap no longer wants. Stops at the first failed download (the
-/// next round tries again), keeping what it has, and before any download once `keep_going`
-/// says no.
+/// and removes copies the heatmap no longer wants. A layer whose object is gone (compacted
+/// or collected since the heatmap was made) is skipped; any other failed download ends the
+/// round (the next one tries again), keeping what it has. Nothing is downloaded once
+/// `keep_going` says no. Names that are not layer file names are ignored: a heatmap never
+/// chooses a path.
 pub fn warm(
     storage: &RemoteStorage,
     tenant: TenantId,
@@ -107,8 +111,12 @@ pub fn warm(
     keep_going: &dyn Fn() -> bool,
 ) -> anyhow::Result<WarmOutcome> {
     // Hottest first across timelines: the layers read most recently anywhere.
-    let mut all: Vec<(&HeatmapTimeline, &HeatmapLayer)> =
-        heatmap.timelines.iter().flat_map(|t| t.layers.iter().map(move |l| (t, l))).collect();
+    let mut all: Vec<(&HeatmapTimeline, &HeatmapLayer)> = heatmap
+        .timelines
+        .iter()
+        .flat_map(|t| t.layers.iter().map(move |l| (t, l)))
+        .filter(|(_, l)| l.name.parse::<crate::layer::LayerDesc>().is_ok_and(|d| d.file_name() == l.name))
+        .collect();
     all.sort_by_key(|(_, l)| l.idle_ms.unwrap_or(u64::MAX));
     let mut wanted: BTreeSet<PathBuf> = BTreeSet::new();
     let mut planned = 0u64;
@@ -143,7 +151,14 @@ pub fn warm(
             let parent = path.parent().expect("under dir");
             std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
             let key = layer_object_key(tenant, t.timeline_id, &l.name, l.object.generation);
-            let bytes = super::get_checked(storage, &key, &l.object)?;
+            let bytes = match storage.get(&key) {
+                Ok(bytes) => super::check_object(&key, bytes, &l.object)?,
+                Err(RemoteError::NotFound { .. }) => {
+                    out.gone_layers += 1;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             crashsafe::write_file_atomic(&path, &bytes).with_context(|| format!("write {}", path.display()))?;
             out.downloaded_layers += 1;
             out.downloaded_bytes += l.object.size_bytes;

@@ -283,6 +283,15 @@ impl TenantRemote {
     /// Looks for generations claimed after ours (see the module documentation). With
     /// `may_reclaim`, a claim pending for longer than the grace time is overtaken: this
     /// attachment claims the next generation and the answer is `Clear`.
+    /// The newest generation claimed in remote storage after this attachment's, if any
+    /// (asked of remote storage now): an attachment with a newer claim is on its way out,
+    /// and whatever it creates would never reach the next one.
+    pub fn newer_claim(&self) -> Result<Option<Generation>, RemoteError> {
+        let ours = self.generation();
+        let claimed = self.storage.list(&format!("tenants/{}/generations", self.tenant_id))?;
+        Ok(claimed.iter().filter_map(|o| o.key.rsplit('/').next().and_then(Generation::parse)).filter(|g| *g > ours).max())
+    }
+
     fn check_claims(&self, timeline_id: TimelineId, may_reclaim: bool) -> Result<ClaimCheck, RemoteError> {
         let ours = self.generation();
         if let Some(g) = self.superseded_by() {
@@ -475,6 +484,11 @@ fn get_checked(storage: &RemoteStorage, key: &str, layer: &IndexLayer) -> anyhow
         Some(Duration::from_secs(30)),
         |attempt, e| tracing::warn!("download of {key} failed (attempt {attempt}): {e}"),
     )?;
+    check_object(key, bytes, layer)
+}
+
+/// `bytes`, read from `key`, if they are the object the index describes.
+fn check_object(key: &str, bytes: Bytes, layer: &IndexLayer) -> anyhow::Result<Bytes> {
     if bytes.len() as u64 != layer.size_bytes {
         bail!("object {key} has {} bytes, the remote index says {}", bytes.len(), layer.size_bytes);
     }

@@ -497,8 +497,15 @@ impl Timeline {
             if warm.is_some_and(|dir| crate::remote::heatmap::adopt(dir, name, entry, &path)) {
                 match LayerFile::open(&path) {
                     Ok(file) => {
-                        file.set_remote(client.remote_copy(*entry));
-                        adopted.push(Arc::new(file));
+                        let file = Arc::new(file);
+                        if missing.contains_key(name) {
+                            // The store lost the object: this copy is the only one now.
+                            tracing::warn!("remote storage lacks layer {name}: uploading its warm copy again");
+                            to_upload.push(Arc::clone(&file));
+                        } else {
+                            file.set_remote(client.remote_copy(*entry));
+                        }
+                        adopted.push(file);
                         continue;
                     }
                     Err(e) => {

@@ -89,6 +89,10 @@ pub struct Jobs {
     /// When this process started: leases live in memory only, so the scheduler runs no GC
     /// until their holders had `settings.lease_grace` to renew them.
     started: Instant,
+    /// When each tenant was attached here after the start (a failover, a migration): its
+    /// leases were held on another pageserver, and their holders need the same grace to
+    /// renew them here.
+    attached: Mutex<HashMap<TenantId, Instant>>,
 }
 
 /// A reader's hold on an LSN: GC keeps it readable until the lease lapses.
@@ -119,7 +123,28 @@ impl Jobs {
         metrics: Arc<Metrics>,
         settings: JobSettings,
     ) -> Jobs {
-        Jobs { tenants, reconstructor, tenant_confs, metrics, settings, leases: Mutex::new(HashMap::new()), started: Instant::now() }
+        Jobs {
+            tenants,
+            reconstructor,
+            tenant_confs,
+            metrics,
+            settings,
+            leases: Mutex::new(HashMap::new()),
+            started: Instant::now(),
+            attached: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `tenant` was attached just now: no scheduled GC of it for the lease grace.
+    pub fn note_attached(&self, tenant: TenantId) {
+        self.attached.lock().unwrap_or_else(|e| e.into_inner()).insert(tenant, Instant::now());
+    }
+
+    /// Whether the scheduler may collect `tenant`'s garbage: every reader's lease had the
+    /// grace to be renewed here since the start, and since the tenant's attach.
+    fn lease_grace_over(&self, tenant: TenantId) -> bool {
+        let since_attach = self.attached.lock().unwrap_or_else(|e| e.into_inner()).get(&tenant).map(|t| t.elapsed());
+        self.started.elapsed() >= self.settings.lease_grace && since_attach.is_none_or(|d| d >= self.settings.lease_grace)
     }
 
     /// The PITR window in force for `tenant`: its own, or the pageserver's default.
@@ -328,7 +353,7 @@ impl Jobs {
                 if let Err(e) = self.compact(&tenant, &timeline, false, false) {
                     tracing::error!("background job failed: {e:#}");
                 }
-                if self.started.elapsed() >= self.settings.lease_grace {
+                if self.lease_grace_over(tenant_id) {
                     if let Err(e) = self.gc(&tenant, &timeline, None) {
                         tracing::error!("background job failed: {e:#}");
                     }

@@ -398,6 +398,15 @@ impl Pageserver {
     ) -> Result<Arc<Timeline>, ManagementError> {
         let _guard = self.create_lock.lock().unwrap_or_else(|p| p.into_inner());
         let tenant = self.tenant(tenant_id)?;
+        if let Some(remote) = tenant.remote() {
+            let newer = remote.newer_claim().map_err(|e| ManagementError::Unavailable(format!("check the tenant's generations: {e}")))?;
+            if let Some(g) = newer {
+                return Err(ManagementError::Conflict(format!(
+                    "tenant {tenant_id} has a newer generation ({}) claimed elsewhere: it is moving to another pageserver; create the timeline where it is placed now",
+                    g.0
+                )));
+            }
+        }
         let created = match ancestor {
             None => tenant.create_timeline(timeline_id),
             Some((ancestor_id, at)) => {
@@ -527,7 +536,13 @@ impl Pageserver {
     /// Replaces the tenant's settings, durably, and returns them as `tenant_config` does.
     pub fn set_tenant_config(&self, tenant: TenantId, config: TenantConfig) -> Result<(TenantConfig, Duration), ManagementError> {
         let t = self.tenant(tenant)?;
-        self.tenant_confs.store(tenant, t.path(), config)?;
+        self.tenant_confs.store(tenant, t.path(), config.clone())?;
+        // In every timeline's remote index too: the next attachment of the tenant (a failover,
+        // a migration) keeps its settings, the PITR window above all, which its GC honours.
+        let json = serde_json::to_string(&config).expect("a tenant config encodes");
+        for timeline in t.timelines() {
+            timeline.set_remote_service_data(placement::INDEX_TENANT_CONFIG, Some(json.clone()));
+        }
         tracing::info!(tenant = %tenant, "tenant settings: {:?}", self.tenant_confs.get(tenant));
         self.tenant_config(tenant)
     }

@@ -163,6 +163,9 @@ impl Pageserver {
         self.secondaries.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
         let _warming = self.warming.lock().unwrap_or_else(|p| p.into_inner());
         let warm = self.warm_dir(id);
+        // Before the load, so that an index uploaded meanwhile makes the files look older
+        // than they are (set aside at a restart), never newer.
+        let loaded = newest_index_generation(remote, id)?;
         let tenant = Tenant::load_as(
             &self.conf.tenants_dir(),
             id,
@@ -179,8 +182,17 @@ impl Pageserver {
         // Everything that can fail comes before the tenant is served: a half-made attach
         // would look done to the controller and never be ordered again.
         let prepared = (|| -> Result<Vec<(Arc<layerstore::timeline::Timeline>, WalSources)>, ManagementError> {
-            write_attachment(tenant.path(), generation, node_id)?;
+            write_attachment(tenant.path(), generation, node_id, loaded)?;
+            // Settings the tenant had on its previous pageserver come with its indexes.
+            let local = tenant.path().join(crate::service::tenant_conf::TENANT_CONFIG_FILE_NAME);
+            if !local.exists() {
+                let from_index = tenant.timelines().iter().find_map(|t| t.remote_service_data(INDEX_TENANT_CONFIG));
+                if let Some(conf) = from_index.and_then(|json| serde_json::from_str::<pageserver_api::models::TenantConfig>(&json).ok()) {
+                    self.tenant_confs.store(id, tenant.path(), conf).with_context(|| format!("store the settings of tenant {id}"))?;
+                }
+            }
             self.tenant_confs.load(id, tenant.path()).with_context(|| format!("load the settings of tenant {id}"))?;
+            self.jobs.note_attached(id);
             let mut follow = Vec::new();
             for t in tenant.timelines() {
                 let path = t.path().join(WAL_RECEIVER_SOURCE_FILE);
@@ -290,26 +302,47 @@ const ATTACHMENT_FILE: &str = "attachment.json";
 struct AttachmentNote {
     generation: u32,
     node_id: u64,
+    /// The newest index generation in object storage before the attach loaded (0: none):
+    /// what the local files build on until this attachment uploads an index of its own.
+    /// Absent from notes written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    loaded: Option<u32>,
 }
 
-fn write_attachment(dir: &Path, generation: u32, node_id: u64) -> anyhow::Result<()> {
+fn write_attachment(dir: &Path, generation: u32, node_id: u64, loaded: u32) -> anyhow::Result<()> {
     let path = dir.join(ATTACHMENT_FILE);
-    let body = serde_json::to_vec(&AttachmentNote { generation, node_id }).expect("encodes");
+    let body = serde_json::to_vec(&AttachmentNote { generation, node_id, loaded: Some(loaded) }).expect("encodes");
     crashsafe::write_private_file_atomic(&path, &body).with_context(|| format!("write {}", path.display()))
 }
 
 /// Why the local files of `id` in `dir` must not be loaded, if they must not: they were
 /// written under a generation older than an index another attachment uploaded since (its
-/// layers would overlap theirs, with other boundaries), or by an attachment that did not
-/// say its generation.
+/// layers would overlap theirs, with other boundaries), or under one that never uploaded
+/// an index while an older attachment (a pending one, a migration's source) uploaded one
+/// newer than what they build on, or by an attachment that did not say its generation.
 fn local_files_unusable(remote: &RemoteStorage, id: TenantId, dir: &Path) -> anyhow::Result<Option<String>> {
     let note = std::fs::read(dir.join(ATTACHMENT_FILE)).ok().and_then(|b| serde_json::from_slice::<AttachmentNote>(&b).ok());
     let Some(note) = note else {
         return Ok(Some("written by an attachment that did not record its generation".into()));
     };
-    let newest = layerstore::remote::newest_indexes(remote, id)?.values().map(|i| i.generation.0).max().unwrap_or(0);
-    Ok((newest > note.generation)
-        .then(|| format!("written under generation {}; object storage has history from generation {newest} since", note.generation)))
+    let newest = newest_index_generation(remote, id)?;
+    if newest > note.generation {
+        return Ok(Some(format!(
+            "written under generation {}; object storage has history from generation {newest} since",
+            note.generation
+        )));
+    }
+    match note.loaded {
+        Some(loaded) if newest < note.generation && newest != loaded => Ok(Some(format!(
+            "written under generation {}, which uploaded no index, on top of generation {loaded}'s; generation {newest} uploaded one since",
+            note.generation
+        ))),
+        _ => Ok(None),
+    }
+}
+
+fn newest_index_generation(remote: &RemoteStorage, id: TenantId) -> anyhow::Result<u32> {
+    Ok(layerstore::remote::newest_indexes(remote, id)?.values().map(|i| i.generation.0).max().unwrap_or(0))
 }
 
 /// Removes the set-aside copies whose every timeline object storage holds up to at least
@@ -355,6 +388,9 @@ fn covered_by_remote(remote: &RemoteStorage, id: TenantId, dir: &Path) -> anyhow
 /// The name of a timeline's WAL sources (without the token) in its remote index's service
 /// data.
 pub(super) const INDEX_WAL_SOURCES: &str = "wal_sources";
+/// The tenant's settings (`pageserver_api::models::TenantConfig`, JSON) in its timelines'
+/// remote indexes, for the next attachment.
+pub(super) const INDEX_TENANT_CONFIG: &str = "tenant_config";
 
 /// The WAL sources a remote index names, as the receiver takes them (no token: the
 /// receiver presents the pageserver's own). `None` if it names none or they do not check.
