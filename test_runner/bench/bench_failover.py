@@ -13,8 +13,15 @@ from the pageserver). pgbench read-write runs against the compute throughout. Ea
    that success (detection by the controller, the transaction that raises the generation,
    the secondary's attach and WAL catch-up, the compute's move). The same read's time on
    the healthy cluster is recorded before the first round, for comparison;
-3. start the killed pageserver again (it joins as the tenant's new secondary) and wait for
-   the placement to name it, then for pgbench to commit again.
+3. a full scan of pgbench_accounts right after that read: its time says how much of the
+   tenant the new pageserver had on local disk (a warm secondary's copies) and how much
+   it downloaded;
+4. start the killed pageserver again (it joins as the tenant's new secondary) and wait for
+   the placement to name it, and for it to hold warm copies of at least 90% of the bytes
+   of the layers the tenant's newest index names (at most 120 s; the fraction reached is
+   recorded), so that every round fails over to a warm secondary. The pageservers publish
+   heatmaps every 5 s and warm every 2 s here (30 s and 10 s by default): the wait between
+   rounds is shorter, the failover itself the same.
 
 The run fails only when something breaks (a process of the cluster dies on its own, pgbench
 fails, a scan errors after the failover, balances differ at the end); the times are
@@ -60,6 +67,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--heartbeat-interval-ms", type=int, default=500)
     ap.add_argument("--offline-after-ms", type=int, default=2000)
+    ap.add_argument("--warm-wait-s", type=float, default=120)
     ap.add_argument("--json", required=True)
     ap.add_argument("--markdown", required=True)
     ap.add_argument("--command", default="scripts/bench-failover")
@@ -82,7 +90,8 @@ def main() -> int:
         remote.mkdir()
         ps = {}
         for i in (1, 2):
-            config = f'remote_storage = "file://{remote}"\ncontroller_url = "https://{ctl.addr}"\nnode_id = {i}\n'
+            config = (f'remote_storage = "file://{remote}"\ncontroller_url = "https://{ctl.addr}"\nnode_id = {i}\n'
+                      "heatmap_period_ms = 5000\nsecondary_download_period_ms = 2000\n")
             ps[i] = Pageserver(base / f"ps{i}", config=config).start()
             started.append(ps[i])
         sks = [Safekeeper(base / "safekeepers", i).start() for i in (1, 2, 3)]
@@ -112,10 +121,26 @@ def main() -> int:
                 point_read(conn)
                 healthy.append(time.monotonic() - t0)
         result["healthy_point_read_ms"] = {"p50": round(percentile(healthy, 50) * 1000, 2), "p99": round(percentile(healthy, 99) * 1000, 2)}
+        def index_bytes() -> int:
+            """The bytes of the layers the tenant's newest index names."""
+            newest = max((p for p in (remote / "tenants" / tenant / "timelines").glob("*/index_part.json-*") if "#" not in p.name),
+                         key=lambda p: p.name)
+            return sum(layer["size_bytes"] for layer in json.loads(newest.read_text())["index"]["layers"].values())
+
+        def warm_fraction(node: int) -> float:
+            held = {t["tenant_id"]: t for t in ps[node].http("GET", "/v1/location")["tenants"]}
+            warm = (held.get(tenant, {}).get("warm") or {}).get("bytes", 0)
+            return warm / max(1, index_bytes())
+
         for r in range(1, args.rounds + 1):
             time.sleep(3)
             where = ctl.http("GET", f"/v1/tenant/{tenant}")
             victim = where["attached"]["node_id"]
+            secondary = (where.get("secondary") or {}).get("node_id")
+            deadline = time.monotonic() + args.warm_wait_s
+            while secondary is not None and warm_fraction(secondary) < 0.9 and time.monotonic() < deadline:
+                time.sleep(1)
+            warm = round(warm_fraction(secondary), 3) if secondary is not None else 0.0
             ps[victim].kill()
             killed = time.monotonic()
             while True:
@@ -126,11 +151,16 @@ def main() -> int:
                 except Exception:  # noqa: BLE001 - retried until the first success
                     time.sleep(0.02)
             took = time.monotonic() - killed
+            t0 = time.monotonic()
+            with ep.connect() as conn:
+                conn.execute("SELECT count(*) FROM pgbench_accounts").fetchone()
+            scan = time.monotonic() - t0
             after = ctl.http("GET", f"/v1/tenant/{tenant}")
-            result["rounds"].append({"round": r, "seconds": round(took, 3), "from": victim, "to": after["attached"]["node_id"],
-                                     "generation": after["generation"]})
-            print(f"round {r}: pageserver {victim} killed; reads again after {took:.2f} s on pageserver "
-                  f"{after['attached']['node_id']} (generation {after['generation']})", flush=True)
+            result["rounds"].append({"round": r, "seconds": round(took, 3), "scan_seconds": round(scan, 3), "warm_fraction": warm,
+                                     "from": victim, "to": after["attached"]["node_id"], "generation": after["generation"]})
+            print(f"round {r}: pageserver {victim} killed ({warm:.0%} of the tenant warm on the secondary); reads again after "
+                  f"{took:.2f} s on pageserver {after['attached']['node_id']} (generation {after['generation']}); "
+                  f"a full scan then took {scan:.2f} s", flush=True)
             if bench.poll() is not None:
                 raise RuntimeError(f"pgbench ended during round {r}: {bench.communicate()}")
             ps[victim].start()
@@ -143,8 +173,11 @@ def main() -> int:
         if len(set(sums)) != 1:
             raise RuntimeError(f"balances differ after the failovers: {sums}")
         times = [x["seconds"] for x in result["rounds"]]
+        scans = [x["scan_seconds"] for x in result["rounds"]]
         result["summary"] = {"rounds": len(times), "p50_s": percentile(times, 50), "p99_s": percentile(times, 99),
-                             "min_s": min(times), "max_s": max(times), "mean_s": round(statistics.mean(times), 3)}
+                             "min_s": min(times), "max_s": max(times), "mean_s": round(statistics.mean(times), 3),
+                             "scan_p50_s": percentile(scans, 50), "scan_p99_s": percentile(scans, 99),
+                             "warm_min": min(x["warm_fraction"] for x in result["rounds"])}
     except BaseException as e:
         result["failure"] = f"{type(e).__name__}: {e}"
         raise
@@ -158,14 +191,18 @@ def main() -> int:
                 pass
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     s = result["summary"]
-    table = "\n".join(f"| {x['round']} | {x['from']} → {x['to']} | {x['generation']} | {x['seconds']:.2f} |" for x in result["rounds"])
+    table = "\n".join(f"| {x['round']} | {x['from']} → {x['to']} | {x['generation']} | {x['warm_fraction']:.0%} | {x['seconds']:.2f} | "
+                      f"{x['scan_seconds']:.2f} |" for x in result["rounds"])
     Path(args.markdown).write_text(
         f"{result['date']}, `{args.command}`, PostgreSQL {args.flavor}, heartbeat every {args.heartbeat_interval_ms} ms, "
         f"offline after {args.offline_after_ms} ms, pgbench scale {args.scale} with {args.clients} clients throughout.\n\n"
         f"Failover time (kill -9 of the attached pageserver to the first successful read of a random "
         f"`pgbench_accounts` row, whose pages the 1 MB caches almost never hold), {s['rounds']} rounds: "
         f"**p50 {s['p50_s']:.2f} s, p99 {s['p99_s']:.2f} s** (min {s['min_s']:.2f}, max {s['max_s']:.2f}). The same read on "
-        f"the healthy cluster: p50 {result['healthy_point_read_ms']['p50']} ms, p99 {result['healthy_point_read_ms']['p99']} ms.\n\n| round | pageserver | generation | seconds |\n|---|---|---|---|\n{table}\n")
+        f"the healthy cluster: p50 {result['healthy_point_read_ms']['p50']} ms, p99 {result['healthy_point_read_ms']['p99']} ms. "
+        f"A full scan of `pgbench_accounts` right after that read: p50 {s['scan_p50_s']:.2f} s, p99 {s['scan_p99_s']:.2f} s, "
+        f"with the secondary holding warm copies of at least {s['warm_min']:.0%} of the tenant's layer bytes at each kill.\n\n"
+        f"| round | pageserver | generation | warm | seconds | full scan, s |\n|---|---|---|---|---|---|\n{table}\n")
     print(f"failover: p50 {s['p50_s']:.2f} s, p99 {s['p99_s']:.2f} s over {s['rounds']} rounds")
     return 0
 

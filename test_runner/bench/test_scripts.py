@@ -170,7 +170,7 @@ def test_bench_soak(tmp_path: Path, short_tmp: Path):
 
 
 def test_bench_failover(tmp_path: Path, short_tmp: Path):
-    r = bench(tmp_path, short_tmp, "failover", "--rounds", "2", "--scale", "1", "--clients", "2")
+    r = bench(tmp_path, short_tmp, "failover", "--rounds", "2", "--scale", "1", "--clients", "2", "--warm-wait-s", "30")
     assert [x["round"] for x in r["rounds"]] == [1, 2]
     # Each round moved the tenant to the other pageserver, one generation up.
     assert r["rounds"][0]["to"] == r["rounds"][1]["from"] and r["rounds"][1]["to"] == r["rounds"][0]["from"]
