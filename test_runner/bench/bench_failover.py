@@ -68,6 +68,7 @@ def main() -> int:
     ap.add_argument("--heartbeat-interval-ms", type=int, default=500)
     ap.add_argument("--offline-after-ms", type=int, default=2000)
     ap.add_argument("--warm-wait-s", type=float, default=120)
+    ap.add_argument("--cold", action="store_true", help="secondaries keep no warm copies (the comparison)")
     ap.add_argument("--json", required=True)
     ap.add_argument("--markdown", required=True)
     ap.add_argument("--command", default="scripts/bench-failover")
@@ -78,7 +79,8 @@ def main() -> int:
     started: list = []
     result: dict = {"command": args.command, "flavor": args.flavor, "host": platform.node(), "rounds": [],
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                    "timings": {"heartbeat_interval_ms": args.heartbeat_interval_ms, "offline_after_ms": args.offline_after_ms}}
+                    "timings": {"heartbeat_interval_ms": args.heartbeat_interval_ms, "offline_after_ms": args.offline_after_ms},
+                    "secondaries": "cold" if args.cold else "warm"}
     bench = None
     try:
         db = PgServer(base, "controller-db").initdb().start()
@@ -91,7 +93,8 @@ def main() -> int:
         ps = {}
         for i in (1, 2):
             config = (f'remote_storage = "file://{remote}"\ncontroller_url = "https://{ctl.addr}"\nnode_id = {i}\n'
-                      "heatmap_period_ms = 5000\nsecondary_download_period_ms = 2000\n")
+                      "heatmap_period_ms = 5000\nsecondary_download_period_ms = 2000\n"
+                      + ("secondary_disk_budget_bytes = 0\n" if args.cold else ""))
             ps[i] = Pageserver(base / f"ps{i}", config=config).start()
             started.append(ps[i])
         sks = [Safekeeper(base / "safekeepers", i).start() for i in (1, 2, 3)]
@@ -138,7 +141,7 @@ def main() -> int:
             victim = where["attached"]["node_id"]
             secondary = (where.get("secondary") or {}).get("node_id")
             deadline = time.monotonic() + args.warm_wait_s
-            while secondary is not None and warm_fraction(secondary) < 0.9 and time.monotonic() < deadline:
+            while not args.cold and secondary is not None and warm_fraction(secondary) < 0.9 and time.monotonic() < deadline:
                 time.sleep(1)
             warm = round(warm_fraction(secondary), 3) if secondary is not None else 0.0
             ps[victim].kill()
@@ -201,8 +204,9 @@ def main() -> int:
         f"**p50 {s['p50_s']:.2f} s, p99 {s['p99_s']:.2f} s** (min {s['min_s']:.2f}, max {s['max_s']:.2f}). The same read on "
         f"the healthy cluster: p50 {result['healthy_point_read_ms']['p50']} ms, p99 {result['healthy_point_read_ms']['p99']} ms. "
         f"A full scan of `pgbench_accounts` right after that read: p50 {s['scan_p50_s']:.2f} s, p99 {s['scan_p99_s']:.2f} s, "
-        f"with the secondary holding warm copies of at least {s['warm_min']:.0%} of the tenant's layer bytes at each kill.\n\n"
-        f"| round | pageserver | generation | warm | seconds | full scan, s |\n|---|---|---|---|---|---|\n{table}\n")
+        + ("with cold secondaries (no warm copies: `--cold`).\n\n" if args.cold else
+           f"with the secondary holding warm copies of at least {s['warm_min']:.0%} of the tenant's layer bytes at each kill.\n\n")
+        + f"| round | pageserver | generation | warm | seconds | full scan, s |\n|---|---|---|---|---|---|\n{table}\n")
     print(f"failover: p50 {s['p50_s']:.2f} s, p99 {s['p99_s']:.2f} s over {s['rounds']} rounds")
     return 0
 
