@@ -1,4 +1,4 @@
-//! The HTTP API. Open: `GET /v1/status`, `GET /metrics`. With authentication on, the token
+//! The HTTP API. Open: `GET /v1/status`, `GET /metrics`, `GET /v1/openapi.json` (the API described, [`ApiDoc`]). With authentication on, the token
 //! a route wants ([`access`]): a pageserver's own token (storage, naming its node id; or an
 //! admin's) joins as that node with `POST /v1/node` and asks what it holds with
 //! `POST /v1/re-attach`; any token for a tenant
@@ -28,8 +28,36 @@ use crate::models::{
 use crate::persistence::{DbError, MigrationStart};
 use crate::{scheduler, Controller};
 
-/// What anyone may read: liveness, leadership and the metrics.
-pub const OPEN_PATHS: [&str; 2] = ["/metrics", "/v1/status"];
+/// What anyone may read: liveness, leadership, the metrics and the API's description.
+pub const OPEN_PATHS: [&str; 3] = ["/metrics", "/v1/status", "/v1/openapi.json"];
+
+/// The API's OpenAPI 3 document, from the handlers' annotations and the types of
+/// `pageserver_api::controller` (`GET /v1/openapi.json`).
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(title = "fjord storage controller", description = "Placement of tenants on pageservers, their generations, failover and planned migration."),
+    paths(status, metrics, list_nodes, register_node, list_tenants, create_tenant, get_tenant, migrate_tenant, re_attach),
+    components(schemas(ErrorBody)),
+    modifiers(&BearerToken)
+)]
+pub struct ApiDoc;
+
+/// The `bearer` scheme the routes name: an EdDSA JWT signed with the cluster's key.
+struct BearerToken;
+
+impl utoipa::Modify for BearerToken {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let scheme = HttpBuilder::new().scheme(HttpAuthScheme::Bearer).bearer_format("JWT").build();
+        openapi.components.get_or_insert_with(Default::default).add_security_scheme("bearer", SecurityScheme::Http(scheme));
+    }
+}
+
+/// Every error's body.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: String,
+}
 
 pub enum ApiError {
     BadRequest(String),
@@ -103,6 +131,7 @@ fn db_error(ctl: &Controller, e: DbError) -> ApiError {
 pub fn router(ctl: Arc<Controller>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
+        .route("/v1/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .route("/v1/node", get(list_nodes).post(register_node))
         .route("/v1/tenant", get(list_tenants).post(create_tenant))
@@ -165,6 +194,12 @@ async fn require_token(State(ctl): State<Arc<Controller>>, req: Request, next: N
     }
 }
 
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(<ApiDoc as utoipa::OpenApi>::openapi())
+}
+
+/// This controller, whether it leads, and who does.
+#[utoipa::path(get, path = "/v1/status", responses((status = 200, body = StatusResponse)))]
 async fn status(State(ctl): State<Arc<Controller>>) -> Json<StatusResponse> {
     let view = ctl.lease_view.lock().expect("not poisoned").clone();
     Json(StatusResponse {
@@ -176,10 +211,15 @@ async fn status(State(ctl): State<Arc<Controller>>) -> Json<StatusResponse> {
     })
 }
 
+/// Prometheus metrics (text format).
+#[utoipa::path(get, path = "/metrics", responses((status = 200, body = String, content_type = "text/plain")))]
 async fn metrics(State(ctl): State<Arc<Controller>>) -> String {
     ctl.metrics.render()
 }
 
+/// Every pageserver: addresses, availability as the leader sees it, and its load.
+#[utoipa::path(get, path = "/v1/node", security(("bearer" = [])),
+    responses((status = 200, body = Vec<NodeInfo>), (status = 503, body = ErrorBody)))]
 async fn list_nodes(State(ctl): State<Arc<Controller>>) -> Result<Json<Vec<NodeInfo>>, ApiError> {
     let rows = match ctl.read_db.nodes().await {
         Ok(rows) => rows,
@@ -217,6 +257,10 @@ fn check_addr(what: &str, addr: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A pageserver joins (or changes its addresses): its own token, naming the node, or an admin's.
+#[utoipa::path(post, path = "/v1/node", request_body = NodeRegisterRequest, security(("bearer" = [])),
+    responses((status = 200, body = NodeLocation), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody),
+              (status = 503, body = ErrorBody)))]
 async fn register_node(
     State(ctl): State<Arc<Controller>>,
     body: Result<Json<NodeRegisterRequest>, JsonRejection>,
@@ -246,6 +290,9 @@ async fn register_node(
     }
 }
 
+/// Where every tenant is.
+#[utoipa::path(get, path = "/v1/tenant", security(("bearer" = [])),
+    responses((status = 200, body = Vec<TenantLocation>), (status = 503, body = ErrorBody)))]
 async fn list_tenants(State(ctl): State<Arc<Controller>>) -> Result<Json<Vec<TenantLocation>>, ApiError> {
     match ctl.read_db.tenants().await {
         Ok(t) => Ok(Json(t)),
@@ -253,6 +300,9 @@ async fn list_tenants(State(ctl): State<Arc<Controller>>) -> Result<Json<Vec<Ten
     }
 }
 
+/// Places a new tenant: an attached pageserver, a secondary when another is online, generation 1.
+#[utoipa::path(post, path = "/v1/tenant", request_body = TenantCreateRequest, security(("bearer" = [])),
+    responses((status = 201, body = TenantLocation), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn create_tenant(
     State(ctl): State<Arc<Controller>>,
     body: Result<Json<TenantCreateRequest>, JsonRejection>,
@@ -278,6 +328,10 @@ async fn create_tenant(
     }
 }
 
+/// Where a tenant is: any token for the tenant (a compute's) may ask.
+#[utoipa::path(get, path = "/v1/tenant/{tenant_id}", params(("tenant_id" = String, Path, description = "32 hex digits")),
+    security(("bearer" = [])),
+    responses((status = 200, body = TenantLocation), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn get_tenant(State(ctl): State<Arc<Controller>>, Path(tenant): Path<String>) -> Result<Json<TenantLocation>, ApiError> {
     let tenant: TenantId = tenant.parse().map_err(|e| ApiError::BadRequest(format!("tenant id {tenant:?}: {e}")))?;
     match ctl.read_db.tenant(tenant).await {
@@ -290,6 +344,10 @@ async fn get_tenant(State(ctl): State<Arc<Controller>>, Path(tenant): Path<Strin
 /// A planned migration: 202 with the tenant's location when it starts (it goes on in the
 /// heartbeat rounds, [`crate::migration`]; `GET /v1/tenant/{id}` shows it until it ends),
 /// 200 if the tenant is attached there already. The destination must be online now.
+#[utoipa::path(post, path = "/v1/tenant/{tenant_id}/migrate", params(("tenant_id" = String, Path, description = "32 hex digits")),
+    request_body = MigrateRequest, security(("bearer" = [])),
+    responses((status = 202, description = "started", body = TenantLocation), (status = 200, description = "already there", body = TenantLocation),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn migrate_tenant(
     State(ctl): State<Arc<Controller>>,
     Path(tenant): Path<String>,
@@ -329,6 +387,8 @@ async fn migrate_tenant(
 
 /// A starting pageserver's question: what it holds. Its attached tenants' generations are
 /// raised (fenced, like every change), so only the leader answers.
+#[utoipa::path(post, path = "/v1/re-attach", request_body = ReAttachRequest, security(("bearer" = [])),
+    responses((status = 200, body = ReAttachResponse), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn re_attach(
     State(ctl): State<Arc<Controller>>,
     body: Result<Json<ReAttachRequest>, JsonRejection>,

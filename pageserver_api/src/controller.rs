@@ -11,6 +11,7 @@ use crate::models::LocationMode;
 /// `POST /v1/node`: a pageserver joins (or re-joins with new addresses). Its id is the one it
 /// was started with; the addresses are the ones the controller, computes and the CLI dial.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NodeRegisterRequest {
     pub node_id: u64,
@@ -23,6 +24,7 @@ pub struct NodeRegisterRequest {
 /// What the leading controller has seen of a node lately. A controller that does not lead,
 /// or has led for less than the offline grace, says `unknown` until it knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Availability {
     Unknown,
@@ -32,6 +34,7 @@ pub enum Availability {
 
 /// `GET /v1/node`: one row each.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeInfo {
     pub node_id: u64,
     pub http_addr: String,
@@ -45,13 +48,16 @@ pub struct NodeInfo {
 /// `POST /v1/tenant`: place a new tenant (an attached pageserver, a secondary when a second
 /// pageserver is online, generation 1).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TenantCreateRequest {
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub tenant_id: TenantId,
 }
 
 /// A node as a tenant's location names it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeLocation {
     pub node_id: u64,
     pub http_addr: String,
@@ -62,7 +68,9 @@ pub struct NodeLocation {
 /// generation may write the tenant's objects; a compute reads from [`TenantLocation::page_service`]
 /// (`attached`, except while a planned migration warms its destination).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TenantLocation {
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub tenant_id: TenantId,
     pub generation: u32,
     pub attached: NodeLocation,
@@ -89,6 +97,7 @@ impl TenantLocation {
 /// storage) until computes have moved; `cut_over` once the destination has caught up and
 /// computes are told to read from it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Migration {
     pub from: NodeLocation,
     pub cut_over: bool,
@@ -96,6 +105,7 @@ pub struct Migration {
 
 /// `POST /v1/tenant/{tenant_id}/migrate`: move a tenant to another live pageserver.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct MigrateRequest {
     pub node_id: u64,
@@ -103,6 +113,7 @@ pub struct MigrateRequest {
 
 /// `GET /v1/status`: this controller, whether it leads, and who does.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StatusResponse {
     /// This process's random id in the leader lease.
     pub instance: String,
@@ -119,6 +130,7 @@ pub struct StatusResponse {
 /// attached to it gets its generation raised in the same transaction (the previous process
 /// on that node may have written under the old one, and may still be finishing).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ReAttachRequest {
     pub node_id: u64,
@@ -127,13 +139,17 @@ pub struct ReAttachRequest {
 /// One tenant in a [`ReAttachResponse`]: `generation` is the new one for `attached`, 0 for
 /// `secondary`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReAttachTenant {
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub tenant_id: TenantId,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub mode: LocationMode,
     pub generation: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReAttachResponse {
     pub tenants: Vec<ReAttachTenant>,
 }

@@ -222,6 +222,16 @@ def test_bad_requests_change_nothing(tmp_path, pg_factory):
     assert error_of(lambda: c.http("GET", "/v1/tenant", token=keys.token("tenant", tenant=t)))[0] == 403
     assert error_of(lambda: c.http("GET", "/v1/node", token=KeyPair(tmp_path / "other").admin()))[0] == 401
     assert c.http("GET", "/v1/status", token="")["leader"] is True
+    # The API describes itself, openly: every route with its methods, bodies and the token.
+    doc = c.http("GET", "/v1/openapi.json", token="")
+    assert doc["openapi"].startswith("3."), doc.get("openapi")
+    assert {p: sorted(ops) for p, ops in doc["paths"].items()} == {
+        "/metrics": ["get"], "/v1/status": ["get"], "/v1/node": ["get", "post"], "/v1/tenant": ["get", "post"],
+        "/v1/tenant/{tenant_id}": ["get"], "/v1/tenant/{tenant_id}/migrate": ["post"], "/v1/re-attach": ["post"]}
+    assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert {"TenantLocation", "MigrateRequest", "NodeInfo", "ErrorBody"} <= set(doc["components"]["schemas"])
+    # A migration's refusals: a tenant's token, an unknown tenant, a destination not online.
+    assert error_of(lambda: c.http("POST", f"/v1/tenant/{t}/migrate", {"node_id": 1}, token=keys.token("tenant", tenant=t)))[0] == 403
 
     code, text = error_of(lambda: c.http("POST", "/v1/tenant", {"tenant_id": t}))
     assert code == 503 and "no pageserver is online" in text, text
