@@ -102,6 +102,9 @@ pub struct Pageserver {
     warm_state: Mutex<HashMap<TenantId, layerstore::remote::heatmap::WarmOutcome>>,
     pub secondary_stats: secondary::SecondaryStats,
     warmer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Tenants attached by the controller since the start and not yet caught up with their
+    /// safekeepers, with when (`secondary::flush_caught_up_attachments`).
+    catching_up: Mutex<HashMap<TenantId, Instant>>,
 }
 
 /// What a checkpoint (freeze and flush) did.
@@ -313,6 +316,7 @@ impl Pageserver {
             warm_state: Mutex::new(HashMap::new()),
             secondary_stats: Default::default(),
             warmer: Mutex::new(None),
+            catching_up: Mutex::new(HashMap::new()),
         })
     }
 

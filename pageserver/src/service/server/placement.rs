@@ -221,6 +221,7 @@ impl Pageserver {
         self.tenants.insert(Arc::clone(&tenant));
         self.secondaries.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
         let following = follow.len();
+        self.catching_up.lock().unwrap_or_else(|p| p.into_inner()).insert(id, Instant::now());
         for (t, sources) in follow {
             self.spawn_wal_receiver(t, sources);
         }

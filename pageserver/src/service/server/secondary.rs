@@ -9,6 +9,9 @@
 //! disk instead of downloading them one by one; what is left is removed. The format and
 //! the rules for trusting a copy are in `layerstore::remote::heatmap`.
 //!
+//! The same thread flushes a newly attached tenant once it has caught up with its
+//! safekeepers ([`Pageserver::flush_caught_up_attachments`]).
+//!
 //! One thread does both, for every tenant in turn. A tenant's sync runs under
 //! `warming`, and checks before each download that the tenant is still held as secondary,
 //! so an attach (which first takes the tenant out of the secondaries, then waits for
@@ -25,6 +28,9 @@ use super::Pageserver;
 
 /// Under the work directory: one directory of warm copies per tenant held as secondary.
 pub const SECONDARY_DIR: &str = "secondary";
+
+/// How long after an attach the flush of what it replayed waits for the catch-up.
+const CATCH_UP_WATCH: Duration = Duration::from_secs(600);
 
 /// What the warm secondaries have done since the process started, for `/metrics`.
 #[derive(Debug, Default)]
@@ -83,7 +89,53 @@ impl Pageserver {
                 self.warm_secondaries();
                 downloads_due = Instant::now() + download_period;
             }
+            self.flush_caught_up_attachments();
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// A tenant attached here by the controller (a failover, a migration) replays the WAL
+    /// since its last uploaded layers; once every timeline it follows has caught up with
+    /// its safekeeper, what it replayed is flushed (and so uploaded), so that the next
+    /// attachment after this one does not replay it all again. Without it, failovers
+    /// closer together than the checkpoint timeout replay more and more WAL each time.
+    fn flush_caught_up_attachments(&self) {
+        let pending: Vec<(TenantId, Instant)> =
+            self.catching_up.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, v)| (*k, *v)).collect();
+        for (id, since) in pending {
+            let forget = || {
+                self.catching_up.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            };
+            let Some(tenant) = self.tenants.get(id) else {
+                forget();
+                continue;
+            };
+            if since.elapsed() > CATCH_UP_WATCH {
+                tracing::info!(tenant = %id, "not caught up with the safekeepers {CATCH_UP_WATCH:?} after the attach; the usual checkpoints take over");
+                forget();
+                continue;
+            }
+            let caught_up = tenant.timelines().iter().all(|t| match self.wal_receiver_status(id, t.timeline_id()) {
+                // Not following any WAL: nothing to catch up with.
+                None => true,
+                Some(s) => s.server_wal_end_lsn.is_some_and(|end| t.last_record_lsn() >= end),
+            });
+            if !caught_up {
+                continue;
+            }
+            forget();
+            for t in tenant.timelines() {
+                match self.checkpoint(id, t.timeline_id()) {
+                    Ok(done) => tracing::info!(
+                        tenant = %id,
+                        timeline = %t.timeline_id(),
+                        "caught up {:.1} s after the attach: flushed {} bytes of what was replayed, for upload",
+                        since.elapsed().as_secs_f64(),
+                        done.bytes_written
+                    ),
+                    Err(e) => tracing::warn!(tenant = %id, timeline = %t.timeline_id(), "flush after catching up failed: {e}"),
+                }
+            }
         }
     }
 
