@@ -15,6 +15,8 @@ controller's host.
   kill). After the failover the cut heals: the old pageserver is ordered to let the tenant
   go, writes nothing under its old generation and deletes nothing the new one wrote, and
   the compute never reads from it again.
+- A planned migration under pgbench read-write: no transaction fails, the compute moves
+  to the destination's host without a restart, and the source becomes the secondary.
 """
 
 from __future__ import annotations
@@ -216,3 +218,29 @@ def test_a_cut_off_pageserver_never_serves_or_writes_again(hosts):
     balances_hold(ep)
     # The compute moved for good: the old pageserver served no page since the heal.
     assert old.metrics().get("pageserver_getpage_seconds_count", 0) == served_before
+
+
+def test_a_planned_migration_between_hosts_fails_no_transaction(hosts):
+    """`POST /v1/tenant/{id}/migrate` under pgbench read-write, each service on its own host:
+    the destination host attaches and catches up while the source serves, the compute moves
+    at the cutover, the source becomes the secondary; no transaction fails, no restart."""
+    cl = hosts
+    ep = cl.endpoint()
+    r = pgbench(ep, "-i", "-s", "1", "-q")
+    assert r.returncode == 0, r.stderr
+    postmaster = ep.postmaster_pid()
+    bench = subprocess.Popen([str(pg_bin_dir() / "pgbench"), "-h", str(ep.pgdata.absolute()), "-p", str(ep.port),
+                              "-U", getpass.getuser(), "-c", "4", "-T", "15", "-n", "postgres"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    started = cl.controller.http("POST", f"/v1/tenant/{cl.tenant}/migrate", {"node_id": cl.second})
+    assert started["generation"] == 2 and started["migration"]["from"]["node_id"] == cl.first, started
+    wait_until("the migration to end", lambda: (lambda p: p.get("migration") is None and p["attached"]["node_id"] == cl.second
+                                                 and (p.get("secondary") or {}).get("node_id") == cl.first)(cl.placement()),
+               timeout_s=60)
+    out, err = bench.communicate(timeout=600)
+    assert bench.returncode == 0 and "aborted" not in err, f"pgbench failed:\n{out}\n{err}"
+    assert "number of failed transactions: 0" in out, out
+    assert ep.postmaster_pid() == postmaster, "the compute restarted"
+    assert f"-> {cl.ps[cl.second].host}:" in ep.logfile.read_text(), "the compute did not move to the destination's host"
+    balances_hold(ep)
