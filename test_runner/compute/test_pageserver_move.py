@@ -62,6 +62,21 @@ class Listener:
         self.sock.close()
 
 
+def sum_in_background(conn) -> tuple[threading.Thread, dict]:
+    """`SELECT sum(i) FROM big` on `conn` in a thread (started): the dict gets its `sum`, or
+    the `error` it raised."""
+    scan: dict = {}
+
+    def run_scan():
+        try:
+            scan["sum"] = conn.execute("SELECT sum(i) FROM big").fetchone()[0]
+        except Exception as e:  # noqa: BLE001 - reported by the caller's assertion
+            scan["error"] = e
+    t = threading.Thread(target=run_scan)
+    t.start()
+    return t, scan
+
+
 def getpages(ps) -> float:
     return ps.metrics()["pageserver_getpage_seconds_count"]
 
@@ -95,15 +110,7 @@ def test_a_moved_pageserver_is_followed_on_reload(tmp_path, pageserver):
     # workers, which never see a reload signalled, read the address from the files at each
     # failure, and find the new one as soon as ALTER SYSTEM has written it).
     pageserver.stop()
-    scan: dict = {}
-
-    def run_scan():
-        try:
-            scan["sum"] = scanner.execute("SELECT sum(i) FROM big").fetchone()[0]
-        except Exception as e:  # noqa: BLE001 - reported by the assertion below
-            scan["error"] = e
-    t = threading.Thread(target=run_scan)
-    t.start()
+    t, scan = sum_in_background(scanner)
     # Its backend has tried the old address and is retrying (the client logs the outage
     # once, at LOG): it is inside the scan, across the switch.
     wait_until("the scan to wait on the stopped pageserver",
@@ -282,15 +289,7 @@ def test_a_read_waiting_on_a_silent_pageserver_moves_on_reload(tmp_path, pageser
         assert relay.accepted > 0, "the scan did not read through the relay"
 
         relay.frozen.set()
-        scan: dict = {}
-
-        def run_scan():
-            try:
-                scan["sum"] = scanner.execute("SELECT sum(i) FROM big").fetchone()[0]
-            except Exception as e:  # noqa: BLE001 - reported by the assertion below
-                scan["error"] = e
-        t = threading.Thread(target=run_scan)
-        t.start()
+        t, scan = sum_in_background(scanner)
         # Its reads are stuck on the silent relay (nothing fails: no error, no close).
         t.join(timeout=2)
         assert t.is_alive() and not scan, scan

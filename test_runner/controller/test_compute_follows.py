@@ -78,12 +78,9 @@ class Load:
         assert not self.errors, self.errors
 
 
-@pytest.mark.parametrize("with_safekeepers", [False, True], ids=["followed_by_the_pageserver", "with_safekeepers"])
-def test_compute_follows_its_tenant_to_a_new_pageserver(tmp_path, pg_factory, keys, monkeypatch, with_safekeepers):
-    """Without safekeepers the pageserver follows the compute's WAL (and is its
-    synchronous standby: commits wait while it moves); with them, it follows the
-    safekeepers. Either way compute_ctl tells the pageserver at its new address where the
-    WAL is, as at start."""
+def one_pageserver_cluster(tmp_path, pg_factory, keys):
+    """A controller with authentication, one pageserver registered with it, and a tenant it
+    placed there with a timeline: (controller, pageserver, timeline, placement)."""
     db = pg_factory("controller-db").initdb().start()
     ctl = Controller(tmp_path, "a", db.conninfo, auth_public_key=keys.public_path).start()
     ctl.token = keys.admin()
@@ -97,6 +94,16 @@ def test_compute_follows_its_tenant_to_a_new_pageserver(tmp_path, pg_factory, ke
     wait_until("the pageserver online", lambda: ctl.http("GET", "/v1/node")[0]["availability"] == "online")
     placed = ctl.http("POST", "/v1/tenant", {"tenant_id": tl.tenant})
     assert placed["attached"]["node_id"] == 1, placed
+    return ctl, ps, tl, placed
+
+
+@pytest.mark.parametrize("with_safekeepers", [False, True], ids=["followed_by_the_pageserver", "with_safekeepers"])
+def test_compute_follows_its_tenant_to_a_new_pageserver(tmp_path, pg_factory, keys, monkeypatch, with_safekeepers):
+    """Without safekeepers the pageserver follows the compute's WAL (and is its
+    synchronous standby: commits wait while it moves); with them, it follows the
+    safekeepers. Either way compute_ctl tells the pageserver at its new address where the
+    WAL is, as at start."""
+    ctl, ps, tl, placed = one_pageserver_cluster(tmp_path, pg_factory, keys)
 
     monkeypatch.setenv("FJORD_AUTH_TOKEN", compute_token(ctl, keys, tl.tenant))
     sks = [Safekeeper(tmp_path / "safekeepers", i).start() for i in (1, 2, 3)] if with_safekeepers else None
@@ -148,15 +155,7 @@ def test_an_address_set_by_hand_is_named_instead_of_silently_winning(tmp_path, p
     address compute_ctl writes into postgresql.conf: compute_ctl refuses to pretend it moved,
     says why once, and moves once the override is reset. `-c fjord.pageserver_address` with
     `--controller` is refused at start."""
-    db = pg_factory("controller-db").initdb().start()
-    ctl = Controller(tmp_path, "a", db.conninfo, auth_public_key=keys.public_path).start()
-    ctl.token = keys.admin()
-    ctl.allowed_errors += [r"pageserver 1 is offline", r"has no (online )?secondary"]
-    ps = Pageserver(tmp_path).start()
-    tl = Timeline(tmp_path, ps)
-    register(ctl, 1, ps)
-    wait_until("the pageserver online", lambda: ctl.http("GET", "/v1/node")[0]["availability"] == "online")
-    ctl.http("POST", "/v1/tenant", {"tenant_id": tl.tenant})
+    ctl, ps, tl, _ = one_pageserver_cluster(tmp_path, pg_factory, keys)
     monkeypatch.setenv("FJORD_AUTH_TOKEN", compute_token(ctl, keys, tl.tenant))
 
     bad = Endpoint(tmp_path, tl, name="bad", settings={"fjord.pageserver_address": "127.0.0.1:1"}, controller=ctl)

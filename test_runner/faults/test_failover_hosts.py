@@ -136,6 +136,13 @@ def pgbench(ep: Endpoint, *args: str, timeout: float = 600) -> subprocess.Comple
                            "-U", getpass.getuser(), *args, "postgres"], capture_output=True, text=True, timeout=timeout)
 
 
+def pgbench_running(ep: Endpoint, seconds: int) -> subprocess.Popen:
+    """pgbench read-write with 4 clients for `seconds`, in the background."""
+    return subprocess.Popen([str(pg_bin_dir() / "pgbench"), "-h", str(ep.pgdata.absolute()), "-p", str(ep.port),
+                             "-U", getpass.getuser(), "-c", "4", "-T", str(seconds), "-n", "postgres"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def balances_hold(ep: Endpoint) -> None:
     sums = ep.sql("SELECT (SELECT sum(abalance) FROM pgbench_accounts), (SELECT sum(bbalance) FROM pgbench_branches),"
                   " (SELECT sum(tbalance) FROM pgbench_tellers), (SELECT coalesce(sum(delta), 0) FROM pgbench_history)")[0]
@@ -164,9 +171,7 @@ def test_a_killed_pageserver_host_fails_over_under_pgbench(hosts):
     assert r.returncode == 0, r.stderr
     postmaster = ep.postmaster_pid()
     # pgbench for 20 s; its transactions count only if acknowledged (it reports failures).
-    bench = subprocess.Popen([str(pg_bin_dir() / "pgbench"), "-h", str(ep.pgdata.absolute()), "-p", str(ep.port),
-                              "-U", getpass.getuser(), "-c", "4", "-T", "20", "-n", "postgres"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    bench = pgbench_running(ep, 20)
     time.sleep(5)
     old.proc.expect_exit(-signal.SIGKILL)  # with everything else on its host
     killed_at = time.monotonic()
@@ -229,9 +234,7 @@ def test_a_planned_migration_between_hosts_fails_no_transaction(hosts):
     r = pgbench(ep, "-i", "-s", "1", "-q")
     assert r.returncode == 0, r.stderr
     postmaster = ep.postmaster_pid()
-    bench = subprocess.Popen([str(pg_bin_dir() / "pgbench"), "-h", str(ep.pgdata.absolute()), "-p", str(ep.port),
-                              "-U", getpass.getuser(), "-c", "4", "-T", "15", "-n", "postgres"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    bench = pgbench_running(ep, 15)
     time.sleep(3)
     started = cl.controller.http("POST", f"/v1/tenant/{cl.tenant}/migrate", {"node_id": cl.second})
     assert started["generation"] == 2 and started["migration"]["from"]["node_id"] == cl.first, started

@@ -280,11 +280,19 @@ fn the_postgres_data_path_never_calls_the_service() {
 /// (`target`), hidden directories (but `.ci`), caches and fuzzing's own directories are
 /// skipped, and so are symbolic links (`target/...` links into the cache).
 fn commented_files(dir: &Path, out: &mut Vec<(PathBuf, comments::Language)>) {
+    let mut files = Vec::new();
+    tree_files(dir, &mut files);
+    out.extend(files.into_iter().filter_map(|path| {
+        let lang = comments::language(path.strip_prefix(root()).expect("under the root"))?;
+        Some((path, lang))
+    }));
+}
+
+/// Every file under `dir` but in the directories [`commented_files`] skips.
+fn tree_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("list {}: {e}", dir.display())) {
         let entry = entry.expect("read a directory entry");
-        let path = entry.path();
-        let name = entry.file_name().to_string_lossy().to_string();
-        let kind = entry.file_type().expect("a file type");
+        let (path, name, kind) = (entry.path(), entry.file_name().to_string_lossy().to_string(), entry.file_type().expect("a file type"));
         if kind.is_symlink() {
             continue;
         }
@@ -292,10 +300,10 @@ fn commented_files(dir: &Path, out: &mut Vec<(PathBuf, comments::Language)>) {
             let skipped = ["target", "__pycache__", "node_modules", "corpus", "artifacts", "seeds"].contains(&name.as_str())
                 || (name.starts_with('.') && name != ".ci");
             if !skipped {
-                commented_files(&path, out);
+                tree_files(&path, out);
             }
-        } else if let Some(lang) = comments::language(path.strip_prefix(root()).expect("under the root")) {
-            out.push((path, lang));
+        } else {
+            out.push(path);
         }
     }
 }
@@ -318,34 +326,14 @@ fn comments_state_rules_without_issue_numbers_or_dates() {
     );
 }
 
-/// Every text file under `dir`, skipping build outputs, caches and hidden directories.
-fn text_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("list {}: {e}", dir.display())) {
-        let entry = entry.expect("read a directory entry");
-        let (path, name, kind) = (entry.path(), entry.file_name().to_string_lossy().to_string(), entry.file_type().expect("a file type"));
-        if kind.is_symlink() {
-            continue;
-        }
-        if kind.is_dir() {
-            let skipped = ["target", "__pycache__", "node_modules", "corpus", "artifacts", "seeds"].contains(&name.as_str())
-                || (name.starts_with('.') && name != ".ci");
-            if !skipped {
-                text_files(&path, out);
-            }
-        } else if fs::metadata(&path).is_ok_and(|m| m.len() < 4 << 20) {
-            out.push(path);
-        }
-    }
-}
-
 #[test]
 fn no_file_holds_a_merge_conflict() {
     // Built at run time, so that this file does not hold the markers it looks for.
     let (ours, theirs) = ("<".repeat(7) + " ", ">".repeat(7) + " ");
     let mut files = Vec::new();
-    text_files(&root(), &mut files);
+    tree_files(&root(), &mut files);
     let mut found = Vec::new();
-    for path in files {
+    for path in files.into_iter().filter(|p| fs::metadata(p).is_ok_and(|m| m.len() < 4 << 20)) {
         let Ok(text) = fs::read_to_string(&path) else { continue };
         for (i, line) in text.lines().enumerate() {
             if line.starts_with(&ours) || line.starts_with(&theirs) {
