@@ -123,7 +123,7 @@ fn db_error(ctl: &Controller, e: DbError) -> ApiError {
             ctl.metrics.database_errors.inc();
             ApiError::Unavailable(e.to_string())
         }
-        DbError::NoNodeOnline => ApiError::Unavailable(e.to_string()),
+        DbError::NoNodeOnline | DbError::SchemaChanged(_) => ApiError::Unavailable(e.to_string()),
         DbError::Refused(m) => ApiError::Conflict(m),
     }
 }

@@ -16,6 +16,13 @@ pub async fn run(ctl: Arc<Controller>) {
     loop {
         let sent = Instant::now();
         let outcome = ctl.lease_db.acquire_lease(&ctl.instance, &ctl.config.advertise, ctl.config.lease).await;
+        if let Err(e @ crate::persistence::DbError::SchemaChanged(_)) = &outcome {
+            // Another controller upgraded the schema: this one must not lead with it, and
+            // ends (the process stops, its lease left to lapse).
+            tracing::error!("{e}: this controller stops");
+            ctl.leadership.lock().expect("not poisoned").until = None;
+            return;
+        }
         // Who leads, for /v1/status and refusals: this instance, or the holder of a live lease.
         let view = match &outcome {
             Ok(true) => LeaseView { leader_address: Some(ctl.config.advertise.clone()), database: "ok".into() },

@@ -75,6 +75,8 @@ pub enum DbError {
     Timeout(Duration),
     #[error("{0}")]
     Refused(String),
+    #[error("the database's controller schema is version {0} now, this controller's {SCHEMA_VERSION}")]
+    SchemaChanged(i32),
 }
 
 /// A database error with what the server said (tokio_postgres's own text is only "db
@@ -214,6 +216,22 @@ impl Db {
                 }
                 [v] if *v == SCHEMA_VERSION => {}
                 [v] if (1..SCHEMA_VERSION).contains(v) => {
+                    // Not under a controller that still runs the old schema: it would go on
+                    // with tables it does not know.
+                    let live = tx
+                        .query_opt(
+                            "SELECT holder, address FROM fjord_controller_leader
+                              WHERE id = 1 AND holder <> '' AND expires_at > clock_timestamp()",
+                            &[],
+                        )
+                        .await?;
+                    if let Some(row) = live {
+                        let address: String = row.get(1);
+                        tx.rollback().await?;
+                        return Err(DbError::Refused(format!(
+                            "the database's controller schema is version {v}, and a controller ({address}) leads with it: stop it (or let its lease lapse) before this controller upgrades the schema to {SCHEMA_VERSION}"
+                        )));
+                    }
                     for step in &UPGRADES[(*v as usize - 1)..] {
                         tx.batch_execute(step).await?;
                     }
@@ -236,10 +254,16 @@ impl Db {
     }
 
     /// Takes or renews the lease for `lease` from now (the database's clock): true if this
-    /// instance holds it afterwards. Only an expired lease, or one's own, is taken.
+    /// instance holds it afterwards. Only an expired lease, or one's own, is taken; never
+    /// by a controller whose schema version is not the database's
+    /// ([`DbError::SchemaChanged`]).
     pub async fn acquire_lease(&self, instance: &str, address: &str, lease: Duration) -> Result<bool, DbError> {
         let secs = lease.as_secs_f64();
         self.with(async |c: &mut Client| {
+            let version: i32 = c.query_one("SELECT version FROM fjord_controller_schema", &[]).await?.get(0);
+            if version != SCHEMA_VERSION {
+                return Err(DbError::SchemaChanged(version));
+            }
             let rows = c
                 .query(
                     "UPDATE fjord_controller_leader
@@ -645,10 +669,13 @@ fn adjust(loads: &mut [NodeRow], node: u64, f: impl FnOnce(&mut NodeRow)) {
 /// commits between this check and the commit, and only for that moment, so that the
 /// holder's own renewals never wait behind a transaction that waits for a table lock.
 async fn fence(tx: &Transaction<'_>, instance: &str) -> Result<(), DbError> {
+    // The schema's version too: a controller of another version (an upgrade made under it)
+    // changes nothing.
     let rows = tx
         .query(
-            "SELECT 1 FROM fjord_controller_leader WHERE id = 1 AND holder = $1 AND expires_at > clock_timestamp() FOR SHARE",
-            &[&instance],
+            "SELECT 1 FROM fjord_controller_leader WHERE id = 1 AND holder = $1 AND expires_at > clock_timestamp()
+                AND (SELECT version FROM fjord_controller_schema) = $2 FOR SHARE",
+            &[&instance, &SCHEMA_VERSION],
         )
         .await?;
     if rows.is_empty() {

@@ -400,12 +400,15 @@ def main() -> None:
             print(f"fjord: select-only after a restart: {restart}", flush=True)
             create_scan_table(ep.port, ep.user)
             loaded = lsn_int(ep.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0])
-            ep.stop()
             # Right after the load: the table's pages exist on the pageserver only as WAL
             # records (no image layer yet), and each is rebuilt by WAL redo. All of the load
             # is ingested first, so that the flush below (and the image layers after the
-            # scan, made at the last flushed LSN) cover it whole.
+            # scan, made at the last flushed LSN) cover it whole. With the compute still up:
+            # the flush LSN may include WAL after the last commit, which the safekeepers
+            # release to the pageserver only once the compute's proposer announces it
+            # committed; a compute stopped first may leave it for the next one's sync.
             fjord_res["scan_load_ingest_wait_s"] = wait_for_ingest(tl, loaded)
+            ep.stop()
             ps_checkpoint(ps, tl)
             fjord_res["cold_scan_s"], fjord_res["warm_scan_s"], cold_smgr, dropped = cold_scan(base, ps, tl, sks, settings, "cold")
             print(f"fjord: cold scan of {SCAN_ROWS} rows right after the load {fjord_res['cold_scan_s']} s "

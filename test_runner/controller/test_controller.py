@@ -298,3 +298,29 @@ def test_a_database_of_the_first_schema_is_upgraded_in_place(tmp_path, pg_factor
     loc = c.http("GET", f"/v1/tenant/{t}")
     assert loc["generation"] == 4 and loc["attached"]["node_id"] == 7 and loc.get("migration") is None, loc
     c.allowed_errors += ["pageserver 7 is offline"]
+
+
+def test_a_schema_upgrade_never_runs_under_a_controller_of_another_version(tmp_path, pg_factory):
+    """A controller that finds the schema changed under it (another controller upgraded it)
+    stops, its lease given up; one that would upgrade the schema while a controller of the
+    old version still leads refuses to start."""
+    db = pg_factory("controller-db").initdb().start()
+    a = Controller(tmp_path, "a", db.conninfo).start()
+    leader_of([a])
+    a.proc.expect_exit(1)
+    a.allowed_errors += ["schema is version 1 now", "this controller stops", "the leader lease task ended"]
+    db.sql("UPDATE fjord_controller_schema SET version = 1")
+    wait_until("the leader to stop", lambda: a.proc.poll() is not None, timeout_s=30)
+    assert "the database's controller schema is version 1 now, this controller's 2: this controller stops" in a.log_text()
+    # A controller of the old version leads (its lease live): no upgrade under it.
+    db.sql("UPDATE fjord_controller_leader SET holder = 'old', address = '10.0.0.9:1234', "
+           "expires_at = clock_timestamp() + interval '1 hour' WHERE id = 1")
+    b = Controller(tmp_path, "b", db.conninfo)
+    r = subprocess.run([str(fjord_bin_dir() / "storage_controller"), "--database", db.conninfo, "--listen", b.addr, *b.tls_args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "a controller (10.0.0.9:1234) leads with it" in r.stderr, r.stderr
+    assert db.sql("SELECT version FROM fjord_controller_schema") == [(1,)]
+    # Once that lease lapses, the upgrade goes ahead.
+    db.sql("UPDATE fjord_controller_leader SET expires_at = '-infinity' WHERE id = 1")
+    b.start()
+    assert db.sql("SELECT version FROM fjord_controller_schema") == [(2,)]

@@ -351,7 +351,11 @@ fn newest_index_generation(remote: &RemoteStorage, id: TenantId) -> anyhow::Resu
 /// others, saying so once per copy.
 pub fn clean_set_aside(remote: &RemoteStorage, workdir: &Path) {
     static CLEANING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // Copies already said to be kept: said once, however often they are looked at again.
+    static KEPT: std::sync::Mutex<std::collections::BTreeSet<std::path::PathBuf>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     let _one = CLEANING.lock().unwrap_or_else(|p| p.into_inner());
+    let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
     let Ok(entries) = std::fs::read_dir(workdir.join(SET_ASIDE_DIR)) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -361,8 +365,11 @@ pub fn clean_set_aside(remote: &RemoteStorage, workdir: &Path) {
                 Ok(()) => tracing::info!(tenant = %id, "removed {}: object storage holds all of it", entry.path().display()),
                 Err(e) => tracing::warn!("could not remove {}: {e}", entry.path().display()),
             },
-            Ok(Some(why)) => tracing::info!(tenant = %id, "keeping {} ({why})", entry.path().display()),
-            Err(e) => tracing::info!(tenant = %id, "keeping {}: could not compare it with object storage: {e:#}", entry.path().display()),
+            Ok(Some(why)) if kept.insert(entry.path()) => tracing::info!(tenant = %id, "keeping {} ({why})", entry.path().display()),
+            Err(e) if kept.insert(entry.path()) => {
+                tracing::info!(tenant = %id, "keeping {}: could not compare it with object storage: {e:#}", entry.path().display())
+            }
+            Ok(Some(_)) | Err(_) => {}
         }
     }
 }

@@ -29,6 +29,9 @@ use super::Pageserver;
 /// Under the work directory: one directory of warm copies per tenant held as secondary.
 pub const SECONDARY_DIR: &str = "secondary";
 
+/// How often the set-aside copies of detached tenants are looked at again.
+const SET_ASIDE_CHECK: Duration = Duration::from_secs(60);
+
 /// How long after an attach the flush of what it replayed waits for the catch-up.
 const CATCH_UP_WATCH: Duration = Duration::from_secs(600);
 
@@ -80,6 +83,7 @@ impl Pageserver {
         let heatmap_period = Duration::from_millis(self.conf.heatmap_period_ms);
         let download_period = Duration::from_millis(self.conf.secondary_download_period_ms);
         let (mut heatmaps_due, mut downloads_due) = (Instant::now(), Instant::now());
+        let mut cleaning_due = Instant::now() + SET_ASIDE_CHECK;
         while !self.stopping.load(Ordering::SeqCst) {
             if Instant::now() >= heatmaps_due {
                 self.upload_heatmaps();
@@ -90,6 +94,14 @@ impl Pageserver {
                 downloads_due = Instant::now() + download_period;
             }
             self.flush_caught_up_attachments();
+            if Instant::now() >= cleaning_due {
+                // Copies set aside at a detach (a migration's end) while the new attachment
+                // had not uploaded all they hold yet: removed once it has.
+                if let Some(remote) = &self.remote {
+                    super::placement::clean_set_aside(remote, &self.conf.workdir);
+                }
+                cleaning_due = Instant::now() + SET_ASIDE_CHECK;
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
