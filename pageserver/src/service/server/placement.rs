@@ -486,7 +486,7 @@ pub fn join_controller(ps: &Pageserver, stop: &std::sync::atomic::AtomicBool) ->
     // Warm copies of tenants this node no longer holds as secondary are of no use.
     let secondary: std::collections::BTreeSet<TenantId> =
         answer.tenants.iter().filter(|t| t.mode == LocationMode::Secondary).map(|t| t.tenant_id).collect();
-    if let Ok(entries) = std::fs::read_dir(ps.conf.workdir.join(super::secondary::SECONDARY_DIR)) {
+    if let Ok(entries) = std::fs::read_dir(ps.warm_root()) {
         for entry in entries.flatten() {
             match entry.file_name().to_string_lossy().parse::<TenantId>() {
                 Ok(id) if secondary.contains(&id) => {}

@@ -45,9 +45,14 @@ pub struct SecondaryStats {
 }
 
 impl Pageserver {
+    /// Where the warm copies of every tenant held as secondary are kept.
+    pub fn warm_root(&self) -> std::path::PathBuf {
+        self.conf.workdir.join(SECONDARY_DIR)
+    }
+
     /// Where the warm copies of `tenant`'s layers are kept while this node is its secondary.
     pub fn warm_dir(&self, tenant: TenantId) -> std::path::PathBuf {
-        self.conf.workdir.join(SECONDARY_DIR).join(tenant.to_string())
+        self.warm_root().join(tenant.to_string())
     }
 
     /// What the warm copies of a tenant held as secondary come to, as of its last sync.
