@@ -132,16 +132,18 @@ impl Pageserver {
                 forget();
                 continue;
             }
-            let caught_up = tenant.timelines().iter().all(|t| match self.wal_receiver_status(id, t.timeline_id()) {
-                // Not following any WAL: nothing to catch up with.
-                None => true,
-                Some(s) => s.server_wal_end_lsn.is_some_and(|end| t.last_record_lsn() >= end),
-            });
+            // Only the timelines that follow their safekeepers replayed anything; one without
+            // a receiver (being created or imported right now) is left alone.
+            let followed: Vec<_> =
+                tenant.timelines().into_iter().filter_map(|t| self.wal_receiver_status(id, t.timeline_id()).map(|s| (t, s))).collect();
+            let caught_up = followed
+                .iter()
+                .all(|(t, s)| s.server_wal_end_lsn.is_some_and(|end| t.last_record_lsn() >= end && t.last_record_lsn().is_valid()));
             if !caught_up {
                 continue;
             }
             forget();
-            for t in tenant.timelines() {
+            for (t, _) in followed {
                 match self.checkpoint(id, t.timeline_id()) {
                     Ok(done) => tracing::info!(
                         tenant = %id,
