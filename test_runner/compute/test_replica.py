@@ -190,10 +190,13 @@ def test_a_replica_starts_while_a_long_transaction_runs(repo):
 
 
 # Expected: the pageserver the test kills and restarts; the safekeeper it stops, as libpq
-# reports it in cleartext and over TLS (an EOF without TLS's close_notify).
+# reports it in cleartext and over TLS (an EOF without TLS's close_notify), while the
+# replica streams from it or while it connects to it.
 @pytest.mark.allowed_errors(r"could not lease the replay position from the pageserver's GC: could not reach the pageserver",
                             r"FATAL:  could not receive data from WAL stream: (server closed the connection unexpectedly"
-                            r"|SSL SYSCALL error: EOF detected|SSL connection has been closed unexpectedly)")
+                            r"|SSL SYSCALL error: EOF detected|SSL connection has been closed unexpectedly)",
+                            r"FATAL:  could not connect to the primary server: connection to server at \S+, port \d+ failed: "
+                            r"server closed the connection unexpectedly")
 def test_a_replica_survives_a_primary_restart_a_safekeeper_failure_and_a_pageserver_restart(repo):
     primary = repo.run("endpoint", "start", "main").stdout.strip()
     with connect(primary) as p:
