@@ -55,7 +55,15 @@ async fn round(ctl: &Arc<Controller>, reported_stuck: &mut HashSet<proto::Tenant
     let mut answers = Vec::new();
     let mut held = HashMap::new();
     while let Some(done) = checks.join_next().await {
-        let (id, answer) = done.expect("a heartbeat does not panic");
+        let (id, answer) = match done {
+            Ok(r) => r,
+            // The runtime is shutting down (the process stops): this round ends here.
+            Err(e) if e.is_cancelled() => return Ok(()),
+            Err(e) => {
+                tracing::error!("a heartbeat task failed: {e}");
+                continue;
+            }
+        };
         let answer = match answer {
             // A pageserver started without a controller names no node: it is only
             // heartbeated (alive or not), never ordered.
